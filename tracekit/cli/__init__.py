@@ -1,0 +1,1 @@
+"""Command-line interface: ``app.py`` wires one module per verb."""

@@ -1,0 +1,30 @@
+"""``tracekit info TRACE``: metadata, event counts per op, time span, devices, streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def info(
+    trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
+) -> None:
+    """Describe a trace: metadata, counts per op, time span, devices and streams."""
+    from tracekit.cli.common import echo_json
+    from tracekit.trace.info import trace_info
+    from tracekit.trace.reader import read_trace
+
+    summary = trace_info(read_trace(trace, strict=strict, extras=False))
+    if json_out:
+        echo_json(summary.to_dict())
+    else:
+        typer.echo(summary.to_text())
+    for warning in summary.skipped:
+        typer.echo(f"tracekit: warning: {trace}: skipped {warning}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("info")(info)

@@ -1,0 +1,122 @@
+"""Events as NumPy columns: the in-memory form of a trace that every stage shares.
+
+No Python object per event: each field is one NumPy array of length n, and
+call-sites are an int32 index into a small tuple of ``path:line:function``
+strings (-1 = none). Nullable on-disk columns use a zero filler here; which
+rows are null follows from the op (``addr`` is null only for ``oom``,
+``rounded`` only for rows that are neither ``malloc`` nor ``oom``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracekit.trace.schema import Op
+
+FIELDS: tuple[tuple[str, type], ...] = (
+    ("seq", np.uint64),
+    ("t_ns", np.int64),
+    ("op", np.int8),
+    ("addr", np.uint64),
+    ("size", np.uint64),
+    ("rounded", np.uint64),
+    ("stream", np.uint64),
+    ("device", np.int16),
+    ("site", np.int32),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class Events:
+    """n events as parallel arrays; ``sites`` is the call-site dictionary."""
+
+    seq: np.ndarray
+    t_ns: np.ndarray
+    op: np.ndarray
+    addr: np.ndarray
+    size: np.ndarray
+    rounded: np.ndarray
+    stream: np.ndarray
+    device: np.ndarray
+    site: np.ndarray
+    sites: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.seq)
+        for name, dtype in FIELDS:
+            arr = getattr(self, name)
+            if arr.dtype != dtype or arr.ndim != 1 or len(arr) != n:
+                raise ValueError(f"Events.{name}: expected 1-D {np.dtype(dtype)} of length {n}")
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    @classmethod
+    def build(
+        cls,
+        op: np.ndarray,
+        size: np.ndarray,
+        *,
+        addr: np.ndarray | None = None,
+        rounded: np.ndarray | None = None,
+        t_ns: np.ndarray | None = None,
+        seq: np.ndarray | None = None,
+        stream: np.ndarray | None = None,
+        device: np.ndarray | None = None,
+        site: np.ndarray | None = None,
+        sites: tuple[str, ...] = (),
+    ) -> Events:
+        """Events from whatever columns are at hand; missing ones get defaults.
+
+        Defaults: ``seq`` = 0..n-1, ``t_ns`` = seq, ``addr``/``rounded`` = 0,
+        ``stream``/``device`` = 0, ``site`` = -1 (none).
+        """
+        n = len(op)
+        ar = np.arange(n, dtype=np.uint64)
+
+        def col(a: np.ndarray | None, dtype: type, default: np.ndarray | int) -> np.ndarray:
+            if a is None:
+                if isinstance(default, np.ndarray):
+                    return default.astype(dtype, copy=False)
+                return np.full(n, default, dtype=dtype)
+            return np.ascontiguousarray(a, dtype=dtype)
+
+        return cls(
+            seq=col(seq, np.uint64, ar),
+            t_ns=col(t_ns, np.int64, ar),
+            op=col(op, np.int8, 0),
+            addr=col(addr, np.uint64, 0),
+            size=col(size, np.uint64, 0),
+            rounded=col(rounded, np.uint64, 0),
+            stream=col(stream, np.uint64, 0),
+            device=col(device, np.int16, 0),
+            site=col(site, np.int32, -1),
+            sites=tuple(sites),
+        )
+
+    def take(self, index: np.ndarray | slice) -> Events:
+        """The events selected by a mask, an index array or a slice (a view), in order."""
+        return Events(**{name: getattr(self, name)[index] for name, _ in FIELDS}, sites=self.sites)
+
+    @classmethod
+    def concat(cls, parts: list[Events]) -> Events:
+        """Join event batches; call-site dictionaries are merged and indices remapped."""
+        if not parts:
+            return cls.build(np.zeros(0, np.int8), np.zeros(0, np.uint64))
+        sites: dict[str, int] = {}
+        remapped = []
+        for p in parts:
+            lut = np.array([sites.setdefault(s, len(sites)) for s in p.sites] + [-1], dtype=np.int32)
+            remapped.append(lut[p.site])  # index -1 picks the trailing -1
+        cols = {name: np.concatenate([getattr(p, name) for p in parts]) for name, _ in FIELDS}
+        cols["site"] = np.concatenate(remapped)
+        return cls(**cols, sites=tuple(sites))
+
+    def count(self, op: Op) -> int:
+        return int(np.count_nonzero(self.op == op))
+
+    def site_name(self, i: int) -> str | None:
+        s = int(self.site[i])
+        return self.sites[s] if s >= 0 else None

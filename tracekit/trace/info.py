@@ -1,0 +1,85 @@
+"""What ``tracekit info`` reports: metadata, counts per op, time span, devices, streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
+from tracekit.units import format_size
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """Summary of one trace. ``duration_s`` = (last t_ns - first t_ns) / 1e9."""
+
+    path: str
+    meta: dict[str, Any]
+    events: int
+    ops: dict[str, int]
+    duration_s: float
+    devices: tuple[int, ...]
+    streams: tuple[int, ...]
+    sites: int
+    skipped: tuple[str, ...]
+    extra_columns: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "metadata": self.meta, "events": self.events, "ops": self.ops,
+            "duration_s": self.duration_s, "devices": list(self.devices),
+            "streams": list(self.streams), "sites": self.sites,
+            "skipped_events": list(self.skipped), "extra_columns": list(self.extra_columns),
+        }
+
+    def to_text(self) -> str:
+        m = self.meta
+        dev = m.get("device") or {}
+        lines = [
+            f"trace        {self.path}",
+            f"source       {m.get('source')}  (schema v{m.get('schema_version')}, "
+            f"created {m.get('created_utc') or 'n/a'})",
+        ]
+        if dev:
+            lines.append(
+                f"device       {dev.get('name') or 'n/a'}: total {format_size(dev.get('total_bytes'))},"
+                f" free at start {format_size(dev.get('free_bytes'))}"
+            )
+        if m.get("pool_limit_bytes") is not None:
+            lines.append(f"pool limit   {format_size(m['pool_limit_bytes'])}")
+        if m.get("command"):
+            lines.append(f"command      {m['command']}")
+        lines.append(f"events       {self.events:,} over {self.duration_s:.3f} s")
+        for op, c in self.ops.items():
+            lines.append(f"  {op:<14}{c:>14,}")
+        lines.append(f"devices      {', '.join(map(str, self.devices)) or 'none'}")
+        streams = ", ".join(hex(s) if s > 9 else str(s) for s in self.streams[:8])
+        more = f" (+{len(self.streams) - 8} more)" if len(self.streams) > 8 else ""
+        lines.append(f"streams      {streams or 'none'}{more}")
+        lines.append(f"call-sites   {self.sites:,}")
+        if self.extra_columns:
+            lines.append(f"extra cols   {', '.join(self.extra_columns)}")
+        for s in self.skipped:
+            lines.append(f"warning      skipped {s}")
+        return "\n".join(lines)
+
+
+def trace_info(trace: Trace) -> TraceInfo:
+    ev = trace.events
+    counts = np.bincount(ev.op.astype(np.int64), minlength=len(Op))
+    dur = float(ev.t_ns[-1] - ev.t_ns[0]) / 1e9 if len(ev) else 0.0
+    return TraceInfo(
+        path=str(trace.path),
+        meta=trace.meta.to_dict(),
+        events=len(ev),
+        ops={op.label: int(counts[op]) for op in Op},
+        duration_s=dur,
+        devices=tuple(int(d) for d in np.unique(ev.device)),
+        streams=tuple(int(s) for s in np.unique(ev.stream)),
+        sites=len(ev.sites),
+        skipped=tuple(i.describe() for i in trace.issues),
+        extra_columns=tuple(trace.extras.column_names) if trace.extras is not None else (),
+    )

@@ -1,0 +1,218 @@
+"""Reading v1 traces, with validation on every read.
+
+Structural faults (not Parquet, truncated, empty, no ``tracekit`` metadata,
+a missing or mistyped column, a null size, an unknown op, seq not strictly
+increasing, t_ns decreasing, a malloc/free without addr) raise
+``TraceFormatError`` with one sentence naming the file and the column or seq.
+Event-level inconsistencies are dropped and reported (``Trace.issues``);
+``strict=True`` turns them into errors. Columns are read one at a time into
+NumPy so peak memory stays near the size of the result.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracekit.errors import InputError, TraceFormatError
+from tracekit.trace.events import Events
+from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
+from tracekit.trace.validate import EventIssue, pair_events, remap_mate
+
+_INT_COLUMNS = {
+    "seq": np.uint64, "t_ns": np.int64, "addr": np.uint64, "size": np.uint64,
+    "rounded": np.uint64, "stream": np.uint64, "device": np.int16,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A validated trace: metadata, events, the malloc/free pairing and extras.
+
+    ``mate[i]`` is the index of the event paired with event i (-1 if none);
+    ``extras`` holds the columns beyond v1 (row-aligned with ``events``);
+    ``issues`` lists the inconsistent events that were skipped.
+    """
+
+    path: Path | None
+    meta: TraceMeta
+    events: Events
+    mate: np.ndarray
+    extras: pa.Table | None
+    issues: tuple[EventIssue, ...]
+    dropped: int = 0
+
+
+def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
+    """Open ``path`` as Parquet, or raise InputError with a one-sentence cause."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if p.is_dir():
+        raise InputError(f"{p}: is a folder, not a trace file")
+    if p.stat().st_size == 0:
+        raise InputError(f"{p}: the file is empty")
+    try:
+        return p, pq.ParquetFile(p)
+    except (pa.ArrowInvalid, OSError) as e:
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"{p}: not a readable Parquet file, or it is truncated ({cause})") from None
+
+
+def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
+    """Only the metadata (cheap: reads the footer)."""
+    p, pf = open_parquet(path)
+    return _meta_of(p, pf)
+
+
+def _meta_of(p: Path, pf: pq.ParquetFile) -> TraceMeta:
+    raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise TraceFormatError(f"{p}: no 'tracekit' metadata; this is not a tracekit trace")
+    return TraceMeta.from_json(raw, str(p))
+
+
+def read_trace(
+    path: str | os.PathLike[str], *, strict: bool = False, extras: bool = True
+) -> Trace:
+    """Read and validate a v1 trace. See the module docstring for what is checked."""
+    p, pf = open_parquet(path)
+    meta = _meta_of(p, pf)
+    schema = pf.schema_arrow
+    names = set(schema.names)
+    for col in REQUIRED:
+        if col not in names and col not in ("site",):
+            raise TraceFormatError(f"{p}: missing required column '{col}'")
+    try:
+        ev = _read_events(p, pf, schema)
+        extra_names = [n for n in schema.names if n not in REQUIRED]
+        extra_tbl = pf.read(columns=extra_names) if (extras and extra_names) else None
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
+    pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq)
+    if strict and pairing.issues:
+        raise TraceFormatError(f"{p}: inconsistent events (--strict): {pairing.issues[0].describe()}")
+    dropped = int(len(ev) - np.count_nonzero(pairing.keep))
+    mate = pairing.mate
+    if dropped:
+        mate = remap_mate(pairing.mate, pairing.keep)
+        ev = ev.take(pairing.keep)
+        if extra_tbl is not None:
+            extra_tbl = extra_tbl.filter(pa.array(pairing.keep))
+    return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped)
+
+
+def _column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
+    return pf.read(columns=[name]).column(0)
+
+
+def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema) -> Events:
+    cols: dict[str, np.ndarray] = {}
+    n = pf.metadata.num_rows
+    op = _read_op(p, pf)
+    for name, dtype in _INT_COLUMNS.items():
+        typ = schema.field(name).type
+        if not pa.types.is_integer(typ):
+            raise TraceFormatError(f"{p}: column '{name}' has type {typ}, expected an integer type")
+        arr = _column(p, pf, name)
+        if arr.null_count:
+            _check_nulls(p, pf, name, arr, op)
+            arr = arr.fill_null(0)
+        cols[name] = _to_numpy(p, name, arr, dtype)
+    # An unknown rounding (null) falls back to the requested size.
+    r = cols["rounded"]
+    needs = (r == 0) & ((op == Op.MALLOC) | (op == Op.OOM))
+    if needs.any():
+        cols["rounded"] = np.where(needs, cols["size"], r)
+    seq = cols["seq"]
+    if n > 1:
+        bad = np.flatnonzero(np.diff(seq.astype(np.int64)) <= 0) if seq.max() < 2**63 else \
+            np.flatnonzero(seq[1:] <= seq[:-1])
+        if len(bad):
+            raise TraceFormatError(
+                f"{p}: seq is not strictly increasing at seq {int(seq[bad[0] + 1])} "
+                f"(after {int(seq[bad[0]])})"
+            )
+        back = np.flatnonzero(np.diff(cols["t_ns"]) < 0)
+        if len(back):
+            raise TraceFormatError(f"{p}: t_ns decreases at seq {int(seq[back[0] + 1])}")
+    site, sites = _read_site(p, pf, schema, n)
+    return Events(op=op, site=site, sites=sites, **cols)
+
+
+def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, op: np.ndarray) -> None:
+    null = arr.is_null().to_numpy(zero_copy_only=False)
+    if name == "addr":
+        bad = null & (op != Op.OOM)
+        what = "addr"
+    elif name == "rounded":
+        return  # rounded may be unknown; readers fall back to size below
+    else:
+        bad = null
+        what = name
+    idx = np.flatnonzero(bad)
+    if len(idx):
+        seq = _column(p, pf, "seq").to_numpy()
+        raise TraceFormatError(
+            f"{p}: missing {what} at seq {int(seq[idx[0]])} ({OP_NAMES[op[idx[0]]]} row)"
+        )
+
+
+def _to_numpy(p: Path, name: str, arr: pa.ChunkedArray, dtype: type) -> np.ndarray:
+    out = arr.to_numpy()
+    if out.dtype.kind == "i" and np.dtype(dtype).kind == "u" and len(out) and out.min() < 0:
+        raise TraceFormatError(f"{p}: column '{name}' has negative values")
+    return out.astype(dtype, copy=False)
+
+
+def _read_op(p: Path, pf: pq.ParquetFile) -> np.ndarray:
+    col = _column(p, pf, "op")
+    typ = col.type
+    if pa.types.is_dictionary(typ) and pa.types.is_string(typ.value_type):
+        col = col.unify_dictionaries()
+        names = col.chunks[0].dictionary.to_pylist() if col.num_chunks else []
+        idx = pa.chunked_array([c.indices for c in col.chunks], type=typ.index_type)
+    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        enc = col.combine_chunks().dictionary_encode()
+        names, idx = enc.dictionary.to_pylist(), pa.chunked_array([enc.indices])
+    else:
+        raise TraceFormatError(f"{p}: column 'op' has type {typ}, expected strings")
+    # One slot per dictionary entry plus a last one for nulls: -1 unknown, -2 null.
+    lut = np.array([OP_NAMES.index(s) if s in OP_NAMES else -1 for s in names] + [-2], np.int8)
+    codes = lut[idx.fill_null(len(names)).to_numpy().astype(np.int64)]
+    bad = np.flatnonzero(codes < 0)
+    if len(bad):
+        i = int(bad[0])
+        seq = int(_column(p, pf, "seq").to_numpy()[i])
+        if codes[i] == -2:
+            raise TraceFormatError(f"{p}: missing op at seq {seq}")
+        name = names[int(idx.to_numpy()[i])]
+        raise TraceFormatError(
+            f"{p}: unknown op {name!r} at seq {seq} (expected one of {', '.join(OP_NAMES)})"
+        )
+    return codes
+
+
+def _read_site(p: Path, pf: pq.ParquetFile, schema: pa.Schema, n: int) -> tuple[np.ndarray, tuple[str, ...]]:
+    if "site" not in schema.names:
+        return np.full(n, -1, dtype=np.int32), ()
+    col = _column(p, pf, "site")
+    typ = col.type
+    if pa.types.is_null(typ):
+        return np.full(n, -1, dtype=np.int32), ()
+    if pa.types.is_dictionary(typ):
+        col = col.unify_dictionaries()
+        merged = col.chunks[0].dictionary if col.num_chunks else pa.array([], pa.string())
+        idx = pa.chunked_array([c.indices for c in col.chunks], type=col.type.index_type)
+    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        enc = col.combine_chunks().dictionary_encode()
+        merged, idx = enc.dictionary, pa.chunked_array([enc.indices])
+    else:
+        raise TraceFormatError(f"{p}: column 'site' has type {typ}, expected strings")
+    site = idx.fill_null(-1).to_numpy().astype(np.int32, copy=False)
+    return site, tuple(merged.to_pylist())

@@ -1,0 +1,173 @@
+"""Trace format v1: the event columns, op codes and the ``tracekit`` metadata.
+
+One Parquet file, one row per event. In memory ops are small integer codes
+(``Op``); on disk they are a dictionary-encoded string column. The metadata is
+one JSON object under the Parquet key ``tracekit``; ``TraceMeta`` is its typed
+form and keeps unknown keys in ``extra`` so nothing a newer writer stored is
+lost on a round trip. See ``docs/trace-format.md`` for the public contract.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import IntEnum, StrEnum
+from typing import Any
+
+import pyarrow as pa
+
+from tracekit.errors import TraceFormatError
+
+SCHEMA_VERSION = 1
+META_KEY = b"tracekit"
+
+
+class Op(IntEnum):
+    """Event kinds; the integer is the in-memory code, the name the on-disk string."""
+
+    MALLOC = 0
+    FREE = 1
+    SEGMENT_ALLOC = 2
+    SEGMENT_FREE = 3
+    OOM = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+OP_NAMES: tuple[str, ...] = tuple(op.label for op in Op)
+
+
+class Source(StrEnum):
+    """Where a trace came from."""
+
+    CUPY = "cupy"
+    TORCH = "torch"
+    SYNTHETIC = "synthetic"
+    REPLAY = "replay"
+
+
+# Required columns, their Arrow types on write, and the kind checked on read.
+COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
+    ("seq", pa.uint64(), False),
+    ("t_ns", pa.int64(), False),
+    ("op", pa.dictionary(pa.int8(), pa.string()), False),
+    ("addr", pa.uint64(), True),
+    ("size", pa.uint64(), False),
+    ("rounded", pa.uint64(), True),
+    ("stream", pa.uint64(), False),
+    ("device", pa.int16(), False),
+    ("site", pa.dictionary(pa.int32(), pa.string()), True),
+)
+REQUIRED = tuple(name for name, _, _ in COLUMNS)
+# ``site`` may be absent entirely (a trace recorded with --no-sites).
+OPTIONAL_REQUIRED = frozenset({"site", "rounded"})
+
+
+def arrow_schema(meta: TraceMeta, extra_fields: tuple[pa.Field, ...] = ()) -> pa.Schema:
+    fields = [pa.field(n, t, nullable=nl) for n, t, nl in COLUMNS]
+    return pa.schema(fields + list(extra_fields), metadata={META_KEY: meta.to_json().encode()})
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a trace was recorded on (or replayed for); bytes are exact."""
+
+    name: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "total_bytes": self.total_bytes, "free_bytes": self.free_bytes}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DeviceInfo:
+        return cls(d.get("name"), _opt_int(d.get("total_bytes")), _opt_int(d.get("free_bytes")))
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """The ``tracekit`` metadata object. Only ``source`` is required on read."""
+
+    source: Source
+    schema_version: int = SCHEMA_VERSION
+    created_utc: str | None = None
+    device: DeviceInfo | None = None
+    pool_limit_bytes: int | None = None
+    command: str | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, source: Source, **kw: Any) -> TraceMeta:
+        """Metadata for a trace being written now (``created_utc`` filled in)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return cls(source=source, created_utc=now, **kw)
+
+    def with_extra(self, **kw: Any) -> TraceMeta:
+        return replace(self, extra={**self.extra, **kw})
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "source": self.source.value,
+            "created_utc": self.created_utc,
+            "device": self.device.to_dict() if self.device else None,
+            "pool_limit_bytes": self.pool_limit_bytes,
+            "command": self.command,
+            "versions": dict(self.versions),
+        }
+        d.update(self.extra)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=False, default=str)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> TraceMeta:
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise TraceFormatError(f"{where}: the 'tracekit' metadata is not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise TraceFormatError(f"{where}: the 'tracekit' metadata is not a JSON object")
+        return cls.from_dict(d, where)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> TraceMeta:
+        version = d.get("schema_version")
+        if version is None:
+            raise TraceFormatError(f"{where}: the 'tracekit' metadata has no schema_version")
+        if version != SCHEMA_VERSION:
+            raise TraceFormatError(
+                f"{where}: unsupported schema_version {version!r} (this tracekit reads version 1)"
+            )
+        src = d.get("source")
+        try:
+            source = Source(src)
+        except ValueError:
+            raise TraceFormatError(
+                f"{where}: unknown source {src!r} in metadata "
+                f"(expected one of {', '.join(s.value for s in Source)})"
+            ) from None
+        dev = d.get("device")
+        known = {"schema_version", "source", "created_utc", "device", "pool_limit_bytes",
+                 "command", "versions"}
+        cmd = d.get("command")
+        return cls(
+            source=source,
+            schema_version=version,
+            created_utc=d.get("created_utc"),
+            device=DeviceInfo.from_dict(dev) if isinstance(dev, dict) else None,
+            pool_limit_bytes=_opt_int(d.get("pool_limit_bytes")),
+            command=" ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
+            versions=dict(d.get("versions") or {}),
+            extra={k: v for k, v in d.items() if k not in known},
+        )
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
