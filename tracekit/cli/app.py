@@ -10,7 +10,6 @@ one-line message on stderr and an exit code (see ``tracekit.errors``).
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
 import typer
@@ -88,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -147,7 +147,7 @@ class TraceMeta:
             )
         src = d.get("source")
         try:
-            source = Source(src)
+            source = Source(str(src))
         except ValueError:
             raise TraceFormatError(
                 f"{where}: unknown source {src!r} in metadata "
