@@ -1,0 +1,1 @@
+"""Simulated allocators: the policy contract (``base``), the policies, the replay engine."""
