@@ -1,0 +1,31 @@
+"""``tracekit synth``: write a synthetic v1 trace (training, random or fragmenting)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+
+class _Pattern(StrEnum):  # mirrors tracekit.synth.Pattern without importing NumPy at --help
+    training = "training"
+    random = "random"
+    fragmenting = "fragmenting"
+
+
+def synth(
+    pattern: _Pattern = typer.Option(..., "--pattern", "-p", help="Allocation pattern."),
+    events: int = typer.Option(1_000_000, "--events", "-n", help="Number of events."),
+    seed: int = typer.Option(0, "--seed", "-s", help="Random seed."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output trace (.parquet)."),
+) -> None:
+    """Write a synthetic trace: weights+activations, random churn, or splintering."""
+    from tracekit.cli.common import wrote
+    from tracekit.synth import Pattern, synthesize
+
+    wrote(synthesize(Pattern(pattern.value), events, seed, output))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("synth")(synth)
