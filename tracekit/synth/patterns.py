@@ -138,7 +138,8 @@ def fragmenting_pattern(
         r_idx = round_no + np.arange(rounds)
         sizes = round512(rng.integers(1 << 20, 4 << 20, (rounds, 2 * pairs)).astype(np.uint64))
         offs = np.cumsum(sizes, axis=1) - sizes
-        addrs = np.uint64(BASE) + ((r_idx % (delay + 1)).astype(np.uint64) * np.uint64(region))[:, None] + offs
+        region_of = (r_idx % (delay + 1)).astype(np.uint64) * np.uint64(region)
+        addrs = np.uint64(BASE) + region_of[:, None] + offs
         big = round512(rng.integers(8 << 20, 16 << 20, rounds).astype(np.uint64))
         # The long blocks (odd columns) of round r die at the start of round r + delay.
         all_long_a = np.vstack([carry_addr, addrs[:, 1::2]])
