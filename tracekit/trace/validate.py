@@ -6,8 +6,8 @@ hold events that break this (the recorder started late, an event was lost),
 so those are warnings, not errors: a free of an address that is not live, a
 double free, and a malloc of an address that is already live. Readers drop
 them and report a count and the first seq of each kind. The pairing is one
-stable sort by address plus one compiled scan: O(n log n), no per-event
-Python objects. ``mate[i]`` is the index of the event paired with event i
+compiled pass with an open-addressing hash table keyed by (device, addr):
+O(n), no per-event Python objects. ``mate[i]`` is the index of the event paired with event i
 (the free of a malloc and the other way round), or -1.
 """
 
@@ -18,8 +18,6 @@ from enum import IntEnum
 
 import numpy as np
 from numba import njit
-
-from tracekit.trace.schema import Op
 
 
 class IssueKind(IntEnum):
@@ -64,58 +62,79 @@ class Pairing:
     issues: tuple[EventIssue, ...]
 
 
+_EMPTY = -1
+
+
 @njit(cache=True)
-def _scan(order, op, addr, device, keep, mate, counts, first):  # pragma: no cover - compiled
-    # For each run of equal (device, addr) in sorted order, walk events in
-    # time order with a live flag per class (0 = block, 1 = segment).
-    n = order.shape[0]
-    start = 0
-    while start < n:
-        a = addr[order[start]]
-        d = device[order[start]]
-        end = start
-        while end < n and addr[order[end]] == a and device[order[end]] == d:
-            end += 1
-        live0 = -1
-        live1 = -1
-        freed0 = False
-        freed1 = False
-        for k in range(start, end):
-            i = order[k]
-            o = op[i]
-            if o == 0 or o == 2:  # malloc / segment_alloc
-                c = 0 if o == 0 else 1
-                live = live0 if c == 0 else live1
-                if live >= 0:
-                    keep[i] = False
-                    kind = 2 + 3 * c
-                    counts[kind] += 1
-                    if first[kind] < 0:
-                        first[kind] = i
-                elif c == 0:
-                    live0 = i
-                else:
-                    live1 = i
-            elif o == 1 or o == 3:  # free / segment_free
-                c = 0 if o == 1 else 1
-                live = live0 if c == 0 else live1
-                freed = freed0 if c == 0 else freed1
-                if live < 0:
-                    keep[i] = False
-                    kind = (1 if freed else 0) + 3 * c
-                    counts[kind] += 1
-                    if first[kind] < 0:
-                        first[kind] = i
-                else:
-                    mate[i] = live
-                    mate[live] = i
-                    if c == 0:
-                        live0 = -1
-                        freed0 = True
-                    else:
-                        live1 = -1
-                        freed1 = True
-        start = end
+def _slot(keys, tags, addr, tag, mask):  # pragma: no cover - compiled
+    # Open addressing with linear probing; Fibonacci hashing of the address.
+    h = ((addr >> np.uint64(8)) * np.uint64(11400714819323198485)) >> np.uint64(20)
+    j = np.int64(h & np.uint64(mask))
+    while tags[j] != _EMPTY and (keys[j] != addr or tags[j] != tag):
+        j = (j + 1) & mask
+    return j
+
+
+@njit(cache=True)
+def _grow(keys, tags, vals):  # pragma: no cover - compiled
+    cap = keys.shape[0] * 2
+    nk = np.zeros(cap, np.uint64)
+    nt = np.full(cap, _EMPTY, np.int32)
+    nv = np.zeros(cap, np.int64)
+    for j in range(keys.shape[0]):
+        if tags[j] != _EMPTY:
+            k = _slot(nk, nt, keys[j], tags[j], cap - 1)
+            nk[k] = keys[j]
+            nt[k] = tags[j]
+            nv[k] = vals[j]
+    return nk, nt, nv
+
+
+@njit(cache=True)
+def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - compiled
+    # One pass in event order. The table maps (device, class, addr) to the index
+    # of the live malloc / segment_alloc, or to -1 once freed (so a second free
+    # is told apart from a free of an address never seen). class 0 = block, 1 = segment.
+    cap = 1 << 12
+    keys = np.zeros(cap, np.uint64)
+    tags = np.full(cap, _EMPTY, np.int32)
+    vals = np.zeros(cap, np.int64)
+    used = 0
+    for i in range(op.shape[0]):
+        o = op[i]
+        if o > 3:
+            continue
+        c = 0 if o < 2 else 1
+        tag = np.int32(device[i]) * 2 + c
+        j = _slot(keys, tags, addr[i], tag, cap - 1)
+        found = tags[j] != _EMPTY
+        if o == 0 or o == 2:  # malloc / segment_alloc
+            if found and vals[j] >= 0:
+                kind = 2 + 3 * c
+                keep[i] = False
+                counts[kind] += 1
+                if first[kind] < 0:
+                    first[kind] = i
+                continue
+            if not found:
+                keys[j] = addr[i]
+                tags[j] = tag
+                used += 1
+            vals[j] = i
+            if used * 2 > cap:
+                keys, tags, vals = _grow(keys, tags, vals)
+                cap = keys.shape[0]
+        else:  # free / segment_free
+            if found and vals[j] >= 0:
+                mate[i] = vals[j]
+                mate[vals[j]] = i
+                vals[j] = -1
+            else:
+                kind = (1 if found else 0) + 3 * c
+                keep[i] = False
+                counts[kind] += 1
+                if first[kind] < 0:
+                    first[kind] = i
 
 
 def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray) -> Pairing:
@@ -123,15 +142,9 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
     n = len(op)
     keep = np.ones(n, dtype=np.bool_)
     mate = np.full(n, -1, dtype=np.int64)
-    idx = np.flatnonzero(op != Op.OOM)
-    dev = device[idx]
-    if len(dev) and np.any(dev != dev[0]):
-        order = idx[np.lexsort((addr[idx], dev))]
-    else:
-        order = idx[np.argsort(addr[idx], kind="stable")]
     counts = np.zeros(len(IssueKind), dtype=np.int64)
     first = np.full(len(IssueKind), -1, dtype=np.int64)
-    _scan(order, op, addr, device, keep, mate, counts, first)
+    _scan(op, addr, device, keep, mate, counts, first)
     issues = tuple(
         EventIssue(IssueKind(k), int(counts[k]), int(seq[first[k]]))
         for k in range(len(IssueKind))
