@@ -20,6 +20,7 @@ round or step, so a synthetic trace is also a valid raw-device trace.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,8 @@ CHUNK = 1 << 20
 BASE = 0x7F00_0000_0000  # a typical CUDA virtual address range
 
 
-def round512(size: np.ndarray) -> np.ndarray:
+def round512(size: Any) -> Any:
+    """Round up to CuPy's 512-byte allocation unit (arrays or NumPy scalars)."""
     return (size + np.uint64(511)) // np.uint64(512) * np.uint64(512)
 
 
