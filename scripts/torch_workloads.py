@@ -119,7 +119,7 @@ def env_info(torch: Any) -> dict[str, Any]:
     except Exception as e:  # the versions are informative only
         smi = f"nvidia-smi failed: {e}"
     return {
-        "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "torch_version": str(torch.__version__), "cuda_version": str(torch.version.cuda),
         "device_name": props.name, "capability": f"{props.major}.{props.minor}",
         "total_bytes": int(total), "free_bytes_at_start": int(free),
         "props_total_memory": int(props.total_memory), "nvidia_smi": smi,
