@@ -1,0 +1,133 @@
+"""Emulating a smaller GPU on a real one: how much to take first, and giving it back on every way out.
+
+``plan_capacity`` is plain arithmetic on the free/total figures: with
+``cuda`` and ``cupy-async`` a capacity C is emulated by taking a *ballast* of
+``free - C`` bytes in one ``cudaMalloc`` before the replay, rounded down to the
+2 MiB device granularity so at least C bytes stay free (at most 2 MiB more);
+with ``cupy`` C is the pool's limit (``set_limit``) and nothing is taken. A
+capacity above the free memory is refused before anything is allocated.
+``Ballast`` holds that one allocation and releases it on normal exit, on an
+exception, on Ctrl-C and on SIGTERM (turned into an exception by
+``sigterm_raises`` so ``finally`` blocks run). Managed memory is never used.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from types import FrameType
+from typing import Any
+
+from tracekit.errors import DeviceError, UsageError
+from tracekit.units import format_size
+
+GRANULARITY = 2 << 20  # bytes; cudaMalloc maps device memory in 2 MiB pages above 1 MiB
+
+
+class Allocator(StrEnum):
+    """The real allocators a trace can be replayed through."""
+
+    CUDA = "cuda"  # every malloc a cudaMalloc, every free a cudaFree
+    CUPY = "cupy"  # a fresh CuPy MemoryPool over cudaMalloc
+    CUPY_ASYNC = "cupy-async"  # CuPy MemoryAsyncPool (cudaMallocAsync)
+
+    @classmethod
+    def parse(cls, text: str) -> Allocator:
+        try:
+            return cls(text)
+        except ValueError:
+            names = ", ".join(a.value for a in cls)
+            raise UsageError(f"unknown --allocator {text!r} (expected one of {names})") from None
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """What to do before replaying: ``ballast`` bytes to take, ``pool_limit`` for CuPy's pool.
+
+    ``capacity`` is what was asked (None = the whole free memory).
+    """
+
+    capacity: int | None
+    ballast: int
+    pool_limit: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "ballast_bytes": self.ballast, "pool_limit": self.pool_limit}
+
+
+def plan_capacity(allocator: Allocator, capacity: int | None, free: int, total: int) -> CapacityPlan:
+    """Decide the ballast / pool limit for ``capacity`` given cudaMemGetInfo ``free`` and ``total``.
+
+    Raises UsageError for a capacity of 0 or above ``free`` (the device cannot
+    emulate a GPU larger than what is free on it).
+    """
+    if capacity is None:
+        return CapacityPlan(None, 0, None)
+    if capacity <= 0:
+        raise UsageError(f"--capacity must be positive, got {capacity} bytes")
+    if capacity > free:
+        raise UsageError(
+            f"--capacity {format_size(capacity)} is more than the device's free memory "
+            f"({format_size(free)} of {format_size(total)}); nothing was allocated"
+        )
+    if allocator is Allocator.CUPY:
+        return CapacityPlan(capacity, 0, capacity)
+    ballast = (free - capacity) // GRANULARITY * GRANULARITY
+    return CapacityPlan(capacity, ballast, None)
+
+
+class Ballast:
+    """One cudaMalloc of ``nbytes`` held for the replay; ``release()`` is idempotent."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.ptr = 0
+        if nbytes <= 0:
+            return
+        from cupy.cuda import runtime
+
+        try:
+            self.ptr = int(runtime.malloc(nbytes))
+        except runtime.CUDARuntimeError as e:
+            raise DeviceError(
+                f"could not take {format_size(nbytes)} to emulate the capacity ({e}); "
+                "the free memory changed while planning"
+            ) from None
+
+    def release(self) -> None:
+        if self.ptr:
+            from cupy.cuda import runtime
+
+            ptr, self.ptr = self.ptr, 0
+            runtime.free(ptr)
+
+    def __enter__(self) -> Ballast:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived during a device replay (a BaseException so generic handlers let it pass)."""
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``Terminated`` so every ``finally`` releases device memory."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,154 @@
+"""From a ``DeviceRun`` to the output trace and the JSON summary.
+
+The output is a v1 trace (``source: replay``): the replayed requests in input
+order with their real addresses, a failed request as an ``oom`` row, the
+allocator's own ``segment_alloc``/``segment_free`` rows inserted where they
+happened, renumbered ``seq`` and real ``t_ns`` (ns since the replay started).
+Extra columns: ``latency_ns`` (the call's duration), ``device_free``
+(cudaMemGetInfo free bytes where sampled, else null) and ``input_seq`` (the
+request's seq in the input trace; null for allocator rows). Sizes follow the
+format: ``rounded`` = ceil(size / 512) x 512 (the granularity every allocator
+here aligns to), a free carries its block's rounded size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit.device.replay import DeviceRun
+from tracekit.sim.base import Status
+from tracekit.trace.events import Events
+from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
+
+EXTRA_FIELDS = (
+    pa.field("latency_ns", pa.int64()),
+    pa.field("device_free", pa.int64()),
+    pa.field("input_seq", pa.uint64()),
+)
+
+
+def round512(size: np.ndarray) -> np.ndarray:
+    return (size + np.uint64(511)) // np.uint64(512) * np.uint64(512)
+
+
+def live_curve(trace: Trace, run: DeviceRun) -> np.ndarray:
+    """Live bytes (sum of rounded sizes of live blocks) after each input event, int64."""
+    ev = trace.events
+    r = round512(ev.size).astype(np.int64)
+    done = run.status == Status.DONE
+    is_malloc = done & ((ev.op == Op.MALLOC) | (ev.op == Op.OOM))
+    is_free = done & (ev.op == Op.FREE) & (trace.mate >= 0)
+    delta = np.zeros(len(ev), np.int64)
+    delta[is_malloc] = r[is_malloc]
+    delta[is_free] = -r[trace.mate[is_free]]
+    return np.cumsum(delta)
+
+
+def output_events(trace: Trace, run: DeviceRun) -> tuple[Events, dict[str, pa.Array]]:
+    """The replay as Events plus its extra columns (see the module docstring)."""
+    ev, n = trace.events, len(trace.events)
+    keep = np.flatnonzero((run.status == Status.DONE) | (run.status == Status.OOM))
+    rows = run.rows
+    m = len(rows)
+    before = np.asarray(rows.before, np.int64)
+    order = np.argsort(np.concatenate([2 * keep + 1, 2 * before]), kind="stable")
+    r = round512(ev.size)
+    st = run.status[keep]
+    op_in = ev.op[keep].copy()
+    op_in[(op_in == Op.OOM) & (st == Status.DONE)] = Op.MALLOC  # an oom row that fits here
+    op_in[st == Status.OOM] = Op.OOM
+    size_in = ev.size[keep].copy()
+    frees = op_in == Op.FREE
+    size_in[frees] = r[trace.mate[keep[frees]]]
+    stream_rows = ev.stream[np.minimum(before, n - 1)] if n else np.zeros(m, np.uint64)
+
+    def cat(a: Any, b: Any, dtype: Any) -> np.ndarray:
+        return np.concatenate([np.asarray(a, dtype), np.asarray(b, dtype)])[order]
+
+    addr_in = np.where(op_in == Op.OOM, 0, run.addr[keep]).astype(np.uint64)
+    out = Events.build(
+        op=cat(op_in, rows.op, np.int8),
+        size=cat(size_in, rows.size, np.uint64),
+        addr=cat(addr_in, rows.addr, np.uint64),
+        rounded=cat(np.where(frees, 0, r[keep]), np.zeros(m), np.uint64),
+        t_ns=np.maximum.accumulate(cat(run.t_end[keep], rows.t_end, np.int64)) if len(order) else None,
+        stream=cat(ev.stream[keep], stream_rows, np.uint64),
+        device=np.full(len(order), run.config.device, np.int16),
+        site=cat(ev.site[keep], np.full(m, -1), np.int32),
+        sites=ev.sites,
+    )
+    lat = cat(run.latency[keep], rows.latency, np.int64)
+    dfree = cat(run.device_free[keep], rows.device_free, np.int64)
+    iseq = cat(ev.seq[keep], np.zeros(m), np.uint64)
+    is_row = cat(np.zeros(len(keep), bool), np.ones(m, bool), bool)
+    extras = {
+        "latency_ns": pa.array(lat, pa.int64(), mask=lat < 0),
+        "device_free": pa.array(dfree, pa.int64(), mask=dfree < 0),
+        "input_seq": pa.array(iseq, pa.uint64(), mask=is_row),
+    }
+    return out, extras
+
+
+def percentiles(lat: np.ndarray) -> dict[str, float | None]:
+    """p50/p99 of a latency array in ns (None when empty)."""
+    if len(lat) == 0:
+        return {"p50": None, "p99": None, "count": 0}
+    p50, p99 = np.percentile(lat, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "count": len(lat)}
+
+
+def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
+    """The simulated replay's JSON keys, plus device, allocator, latency and release figures.
+
+    peak_reserved_bytes: cupy = max sum of the pool's live device allocations
+    (exact); cupy-async = the cudaMemPool ReservedMemHigh attribute; cuda = max of
+    (free at replay start - sampled device_free), so a lower bound between samples.
+    """
+    ev = trace.events
+    live = live_curve(trace, run)
+    done = run.status == Status.DONE
+    mal = done & ((ev.op == Op.MALLOC) | (ev.op == Op.OOM))
+    fre = done & (ev.op == Op.FREE)
+    rows_op = np.asarray(run.rows.op, np.int8)
+    oom: dict[str, Any] | None = None
+    if run.first_oom >= 0:
+        i, st = run.first_oom, run.oom_state or {}
+        live_at = int(live[i])
+        oom = {
+            "seq": int(ev.seq[i]),
+            "size": int(ev.size[i]),
+            "free_bytes": st.get("free_bytes", st.get("device_free")),
+            "largest_free_block": None,
+            "live_bytes": st.get("live_bytes", live_at),
+            "reserved_bytes": st.get("reserved_bytes", run.free_replay - int(st.get("device_free", 0))),
+            "device_free": st.get("device_free"),
+            "error": st.get("error"),
+        }
+    cap = run.plan.capacity
+    return {
+        "policy": run.config.allocator.value,
+        "device": run.config.device,
+        "allocator": run.config.allocator.value,
+        "capacity": cap,
+        "events": len(ev),
+        "replayed": int(np.count_nonzero(run.status != Status.IGNORED)),
+        "peak_live_bytes": int(live.max()) if len(live) else 0,
+        "peak_reserved_bytes": run.peak_reserved,
+        "peak_extent": None,
+        "segment_allocs": int(np.count_nonzero(rows_op == Op.SEGMENT_ALLOC)),
+        "segment_frees": int(np.count_nonzero(rows_op == Op.SEGMENT_FREE)),
+        "ooms": run.ooms,
+        "oom": oom,
+        "malloc_latency_ns": percentiles(run.latency[mal]),
+        "free_latency_ns": percentiles(run.latency[fre]),
+        "device_total": run.total,
+        "device_free_start": run.free_start,
+        "device_free_replay": run.free_replay,
+        "device_free_end": run.free_end,
+        "ballast_bytes": run.plan.ballast,
+        "released": run.free_end == run.free_start,
+    }
