@@ -1,0 +1,43 @@
+"""``tracekit report TRACE``: the analyzer's findings as figures in one self-contained HTML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def report(
+    trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="HTML file to write [default: TRACE with the suffix .html]."
+    ),
+    png: Path | None = typer.Option(None, "--png", help="Also write each figure as PNG into this folder."),
+    baseline: Path | None = typer.Option(
+        None, "--baseline", help="A second trace (e.g. before a fix) to overlay and compare."
+    ),
+    whatif: bool = typer.Option(
+        False, "--whatif", help="Also find the smallest capacity each allocator needs (slower)."
+    ),
+    whatif_json: Path | None = typer.Option(
+        None, "--whatif-json", help="Use saved `tracekit whatif --json` output instead of recomputing."
+    ),
+) -> None:
+    """Draw timeline, memory map, the OOM moment, sizes and call-sites into one HTML page."""
+    from tracekit.cli.common import wrote
+    from tracekit.errors import UsageError
+    from tracekit.report import write_report
+
+    if whatif and whatif_json is not None:
+        raise UsageError("--whatif and --whatif-json are exclusive: give one")
+    out = output if output is not None else trace.with_suffix(".html")
+    if whatif_json is not None and not whatif_json.is_file():
+        raise UsageError(f"{whatif_json}: no such what-if JSON file")
+    what = whatif_json if whatif_json is not None else (True if whatif else None)
+    wrote(write_report(trace, out, png_dir=png, baseline=baseline, whatif=what))
+    if png is not None:
+        wrote(png)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)

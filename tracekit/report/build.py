@@ -1,0 +1,204 @@
+"""Assemble a report: read the trace, run the analyzer, draw every figure, write HTML (+ PNGs).
+
+Order of work: the analyzer's summary and per-event timeline drive the
+timeline and the verdict; block placements come from the trace's own events
+(``tracekit.report.blocks``) for the memory map, the OOM moment and the
+call-sites at the peak. Call-sites are ranked once (bytes x lifetime) so each
+keeps one colour across figures. Files are written to a temporary name beside
+the target and renamed, so an interrupted run never leaves a half report and
+an input is never overwritten.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from tracekit.errors import OutputError
+from tracekit.report import blocks as blk
+from tracekit.report import figures, html
+from tracekit.report.memory_map import draw_memory_map, map_data
+from tracekit.report.oom_view import draw_moment, moment
+from tracekit.report.sections import baseline_section, header, summary_section, whatif_section
+from tracekit.report.style import PALETTE, short_site, site_colours, time_axis
+from tracekit.report.timeline import TimelineData, timeline_data
+from tracekit.trace import Op, Trace, read_trace
+from tracekit.trace.writer import check_output_path
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=figures.DPI)
+    return buf.getvalue()
+
+
+def _index_of_seq(trace: Trace, seq: int) -> int:
+    k = int(np.searchsorted(trace.events.seq, np.uint64(seq)))
+    return min(k, len(trace.events) - 1)
+
+
+def _analyze(trace: Trace, analysis: Any) -> tuple[Any, dict[str, Any]]:
+    if analysis is None:
+        from tracekit.analysis import analyze_trace
+
+        analysis = analyze_trace(trace, timeline=True)
+    return analysis, analysis.summary.to_dict()
+
+
+def build_figures(
+    trace: Trace, analysis: Any, name: str
+) -> tuple[list[html.Rendered], TimelineData, dict[str, Any]]:
+    """Every single-trace figure, rendered, plus the timeline data and the summary dict."""
+    analysis, summary = _analyze(trace, analysis)
+    ev = trace.events
+    tl = timeline_data(analysis.timeline, summary)
+    out = [
+        html.Rendered("timeline", "Timeline", _TIMELINE_CAPTION, png_bytes(figures.draw_timeline(tl, name)))
+    ]
+    if len(ev) == 0:
+        return out, tl, summary
+    b, seg = blk.blocks(trace), blk.segments(trace)
+    top = blk.rank_sites(b, len(ev.sites))
+    rgb = site_colours(len(ev.sites), top)
+    legend = [(short_site(ev.sites[int(s)], 60), PALETTE[i]) for i, s in enumerate(top[: len(PALETTE)])]
+    by_name = {ev.sites[int(s)]: PALETTE[i] for i, s in enumerate(top[: len(PALETTE)])}
+    axis = time_axis(ev.t_ns, ev.seq)
+    xs = axis.x(ev.t_ns, np.arange(len(ev)))
+    x_end = np.append(xs, xs[-1] + max((xs[-1] - xs[0]) * 1e-3, 1e-9))
+    layout, by_seg = blk.layout_for(trace)
+    md = map_data(b, layout, x_end, axis, rgb, legend, by_segment=by_seg)
+    out.append(
+        html.Rendered(
+            "memory-map", "Memory map", _MAP_CAPTION, png_bytes(draw_memory_map(md, name, tl.oom_x))
+        )
+    )
+    oom = summary.get("oom")
+    if oom:
+        k = _index_of_seq(trace, int(oom["seq"]))
+        req = int(oom.get("rounded") or oom.get("size") or 0)
+        m = moment(b, seg, k, int(oom["seq"]), req, True, rgb)
+    else:
+        seq = summary.get("peak_reserved_seq")
+        k = _index_of_seq(trace, int(seq)) if seq is not None else len(ev) - 1
+        m = moment(b, seg, k, int(ev.seq[k]), None, False, rgb)
+    out.append(
+        html.Rendered(
+            "oom-moment",
+            "The moment of the OOM" if oom else "Segments at peak reserved",
+            _MOMENT_CAPTION,
+            png_bytes(draw_moment(m, legend)),
+        )
+    )
+    sizes = ev.size[ev.op == Op.MALLOC]
+    out.append(
+        html.Rendered("sizes", "Allocation sizes", _SIZES_CAPTION, png_bytes(figures.draw_sizes(sizes, name)))
+    )
+    pk = summary.get("peak_live_seq")
+    kp = _index_of_seq(trace, int(pk)) if pk is not None else len(ev) - 1
+    at_peak = [
+        {"site": ev.sites[s] if s >= 0 else None, "bytes": by, "blocks": n}
+        for s, by, n in blk.bytes_by_site(b, b.live_at(kp), len(ev.sites))
+    ]
+    peak_text = f"seq {int(ev.seq[kp])}"
+    out.append(
+        html.Rendered(
+            "sites",
+            "Call-sites at the peak, and blocks never freed",
+            _SITES_CAPTION,
+            png_bytes(figures.draw_sites(at_peak, list(summary.get("leaks") or []), by_name, peak_text)),
+        )
+    )
+    return out, tl, summary
+
+
+def write_report(
+    trace_path: Path,
+    output: Path,
+    analysis: Any = None,
+    *,
+    png_dir: Path | None = None,
+    baseline: Path | None = None,
+    whatif: Any = None,
+) -> Path:
+    """Write the HTML report for ``trace_path`` to ``output`` (and each figure as PNG under ``png_dir``)."""
+    trace_path, output = Path(trace_path), Path(output)
+    inputs = (trace_path,) + ((Path(baseline),) if baseline else ())
+    check_output_path(output, inputs)
+    if png_dir is not None and Path(png_dir).exists() and not Path(png_dir).is_dir():
+        raise OutputError(f"{png_dir}: cannot write PNGs there, it is a file, not a folder")
+    trace = read_trace(trace_path)
+    rendered, tl, summary = build_figures(trace, analysis, trace_path.name)
+    sections = [summary_section(summary)]
+    sections += [html.figure_html(r) for r in rendered]
+    if baseline is not None:
+        base = read_trace(Path(baseline))
+        base_analysis, base_summary = _analyze(base, None)
+        base_tl = timeline_data(base_analysis.timeline, base_summary)
+        fig = figures.draw_baseline(tl, base_tl, (trace_path.name, Path(baseline).name))
+        r = html.Rendered("baseline", "Against the baseline", _BASELINE_CAPTION, png_bytes(fig))
+        rendered.append(r)
+        sections.append(
+            baseline_section(
+                html.figure_html(r), summary, base_summary, (trace_path.name, Path(baseline).name)
+            )
+        )
+    if whatif is not None:
+        wsec, wfig = whatif_section(whatif)
+        if wfig is not None:
+            r = html.Rendered(
+                "whatif", "What-if: smallest capacity per allocator", _WHATIF_CAPTION, png_bytes(wfig)
+            )
+            rendered.append(r)
+            wsec = html.figure_html(r) + wsec
+        sections.append(wsec)
+    doc = html.page(f"tracekit report: {trace_path.name}", header(trace, summary), sections)
+    _atomic_write(output, doc.encode("utf-8"))
+    if png_dir is not None:
+        Path(png_dir).mkdir(parents=True, exist_ok=True)
+        for r in rendered:
+            _atomic_write(Path(png_dir) / f"{r.key}.png", r.png)
+    return output
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+_TIMELINE_CAPTION = (
+    "Bytes over time: live (allocated blocks, after rounding), requested (what the program asked for), "
+    "reserved (segments the pool holds), the largest free block inside the segments, and device free where "
+    "the device total is known. Red, right axis: external fragmentation = 1 - largest free block / free in "
+    "pool. Shaded bands are the min..max within one pixel column, so no spike is hidden."
+)
+_MAP_CAPTION = (
+    "Each rectangle is one block: from its malloc to its free (or the end of the trace) along x, its address "
+    "range within the segments along y. Colours name the call-sites that hold the most bytes over time; grey "
+    "is every other site. Thin lines separate segments."
+)
+_MOMENT_CAPTION = (
+    "Every segment as a bar: coloured pieces are live blocks, pale green is free space inside the segment. "
+    "The largest free gap is outlined; the red bar under it is the failing request at the same scale."
+)
+_SIZES_CAPTION = "Requested sizes in power-of-two bins: left, how many allocations; right, how many bytes."
+_SITES_CAPTION = (
+    "Top: the call-sites holding the most live bytes at the moment of peak live memory. Bottom: "
+    "blocks still live when the trace ended, grouped by call-site."
+)
+_BASELINE_CAPTION = (
+    "Live and reserved bytes of this trace (solid) and the baseline (dashed), each from its start."
+)
+_WHATIF_CAPTION = (
+    "The smallest capacity at which each allocator replays the trace without running out, "
+    "against the lower bound (peak live bytes, which no allocator can beat)."
+)

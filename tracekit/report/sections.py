@@ -1,0 +1,167 @@
+"""The text parts of the report: header and verdict, summary tables, baseline and what-if sections.
+
+Everything here is text built from the analyzer's ``summary.to_dict()`` (and
+the what-if result's ``to_dict()``): the numbers a reader can copy, search
+and quote, next to the pictures. Values are shown in human units with the
+exact byte count beside them (``tracekit.report.html.fmt_value``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from tracekit.report.html import esc, fmt_value, table
+from tracekit.trace import Trace
+from tracekit.units import format_size
+
+SUMMARY_KEYS = (
+    "events",
+    "duration_s",
+    "peak_live_bytes",
+    "peak_live_seq",
+    "peak_requested_bytes",
+    "peak_reserved_bytes",
+    "peak_reserved_seq",
+    "max_external_fragmentation",
+    "min_largest_free_block",
+    "jw1",
+    "jw2",
+    "jw3",
+    "jw4",
+)
+OOM_KEYS = (
+    "seq",
+    "t_ns",
+    "size",
+    "rounded",
+    "site",
+    "live_bytes",
+    "reserved_bytes",
+    "free_in_pool",
+    "largest_free_block",
+    "device_free",
+    "diagnosis",
+)
+
+
+def header(trace: Trace, summary: dict[str, Any]) -> str:
+    """Trace facts and the verdict in one box: the OOM's diagnosis and explanation, or that none occurred."""
+    m = trace.meta
+    dev = m.device
+    facts = [
+        ["trace", str(trace.path)],
+        ["source", m.source.value],
+        ["recorded", m.created_utc or "n/a"],
+        ["device", f"{dev.name or 'unknown'}, {format_size(dev.total_bytes)} total" if dev else "unknown"],
+        ["pool limit", format_size(m.pool_limit_bytes) if m.pool_limit_bytes else "none recorded"],
+        ["command", m.command or "n/a"],
+    ]
+    if trace.dropped:
+        facts.append(["skipped events", f"{trace.dropped:,} inconsistent events were skipped"])
+    oom = summary.get("oom")
+    if oom:
+        verdict = (
+            f'<div class="verdict"><b>Out of memory: {esc(oom.get("diagnosis", "?"))}.</b> '
+            f"{esc(oom.get('explanation', ''))}</div>"
+        )
+    else:
+        verdict = '<div class="ok"><b>No out-of-memory event in this trace.</b></div>'
+    return verdict + "\n" + table(facts)
+
+
+def _site_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [r.get("site") or "(no call-site)", fmt_value("bytes", r["bytes"]), f"{r['blocks']:,}"] for r in rows
+    ]
+
+
+def summary_section(summary: dict[str, Any]) -> str:
+    """Summary metrics, the OOM event's fields and its top live call-sites, and the leaks, as tables."""
+    parts = ['<h2 id="summary">Summary</h2>']
+    parts.append(
+        table(
+            [[k, fmt_value(k, summary.get(k))] for k in SUMMARY_KEYS if k in summary],
+            ["metric", "value"],
+            (1,),
+        )
+    )
+    oom = summary.get("oom")
+    if oom:
+        parts.append('<h2 id="oom">The failing allocation</h2>')
+        parts.append(table([[k, fmt_value(k, oom.get(k))] for k in OOM_KEYS if k in oom], ["field", "value"]))
+        if oom.get("top_live_sites"):
+            parts.append("<p>Call-sites holding the most live bytes at that moment:</p>")
+            parts.append(
+                table(_site_rows(oom["top_live_sites"][:15]), ["call-site", "bytes", "blocks"], (1, 2))
+            )
+    leaks = summary.get("leaks") or []
+    parts.append('<h2 id="leaks">Blocks never freed</h2>')
+    if leaks:
+        parts.append(table(_site_rows(leaks[:25]), ["call-site", "bytes", "blocks"], (1, 2)))
+        if len(leaks) > 25:
+            parts.append(f"<p>… and {len(leaks) - 25} more call-sites.</p>")
+    else:
+        parts.append("<p>Every block was freed by the end of the trace.</p>")
+    return "\n".join(parts)
+
+
+def baseline_section(
+    fig_html: str, this: dict[str, Any], base: dict[str, Any], names: tuple[str, str]
+) -> str:
+    """The overlay figure and both summaries side by side, with the OOM verdict of each."""
+    rows = [[k, fmt_value(k, this.get(k)), fmt_value(k, base.get(k))] for k in SUMMARY_KEYS]
+    oom_row = ["oom"] + [
+        f"{o['diagnosis']} at seq {o['seq']}" if o else "none" for o in (this.get("oom"), base.get("oom"))
+    ]
+    return "\n".join(
+        [fig_html, table([*rows, oom_row], ["metric", names[0], f"baseline: {names[1]}"], (1, 2))]
+    )
+
+
+def load_whatif(whatif: Any) -> dict[str, Any]:
+    """A what-if result as a dict: an object with ``to_dict()``, a dict, or a path to its JSON."""
+    if hasattr(whatif, "to_dict"):
+        return dict(whatif.to_dict())
+    if isinstance(whatif, dict):
+        return whatif
+    return dict(json.loads(Path(whatif).read_text()))
+
+
+def whatif_section(whatif: Any) -> tuple[str, Figure | None]:
+    """Table of per-policy smallest capacities (and the figure, when the result has any)."""
+    from tracekit.report.figures import draw_whatif
+
+    d = load_whatif(whatif)
+    rows = whatif_rows(d)
+    bound = d.get("lower_bound_bytes")
+    parts = ['<h2 id="whatif-table">What-if capacities</h2>']
+    if bound is not None:
+        parts.append(f"<p>Lower bound (peak live bytes): {esc(fmt_value('bytes', bound))}</p>")
+    parts.append(
+        table(
+            [
+                [
+                    r["policy"],
+                    fmt_value("bytes", r["capacity_bytes"]),
+                    "n/a" if r["overhead"] is None else f"{100 * r['overhead']:.1f}%",
+                ]
+                for r in rows
+            ],
+            ["policy", "smallest capacity without OOM", "over the lower bound"],
+            (1, 2),
+        )
+    )
+    return "\n".join(parts), (draw_whatif(rows, bound) if rows else None)
+
+
+def whatif_rows(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """Normalise the what-if dict to ``[{policy, capacity_bytes, overhead}]``."""
+    rows = []
+    for r in d.get("policies") or d.get("results") or []:
+        cap = r.get("capacity_bytes", r.get("min_capacity_bytes"))
+        rows.append({"policy": str(r.get("policy")), "capacity_bytes": cap, "overhead": r.get("overhead")})
+    return rows

@@ -1,0 +1,81 @@
+"""The timeline figure's data: enveloped series from the analyzer's per-event table.
+
+Inputs are the analyzer's timeline columns (bytes per event row) and its
+summary; nothing here recomputes a metric. Series are ``live_bytes``,
+``requested_bytes``, ``reserved_bytes``, ``largest_free_block`` and, where the
+metadata gave the device total, ``device_free``; ``external_fragmentation``
+(1 − largest_free_block / free_in_pool, a fraction) goes on a second axis as
+a percentage. Each series is reduced to a per-pixel min/max envelope
+(``tracekit.report.envelope``), and the OOM marker sits at the x of the row
+whose ``seq`` is the summary's ``oom.seq``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit.report.envelope import Envelope, envelope
+from tracekit.report.style import Scale, TimeAxis, byte_scale, time_axis
+
+SERIES = (
+    ("live_bytes", "live", "live (allocated)"),
+    ("requested_bytes", "requested", "requested"),
+    ("reserved_bytes", "reserved", "reserved (segments)"),
+    ("largest_free_block", "largest_free", "largest free block"),
+    ("device_free", "device_free", "device free"),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class TimelineData:
+    """What the timeline figure draws, in bytes and axis units."""
+
+    axis: TimeAxis
+    series: dict[str, Envelope]  # key from SERIES -> envelope in bytes
+    frag: Envelope  # percent
+    scale: Scale
+    oom_seq: int | None
+    oom_x: float | None
+    oom_text: str | None
+    rows: int
+
+
+def _col(table: pa.Table, name: str) -> np.ndarray | None:
+    if name not in table.column_names:
+        return None
+    col = table.column(name)
+    if col.null_count == len(col):
+        return None
+    return np.asarray(col.to_numpy(), dtype=np.float64)  # nulls become NaN
+
+
+def timeline_data(table: pa.Table, summary: dict[str, Any], npix: int = 1200) -> TimelineData:
+    """Envelopes of every series of ``table`` and the OOM position from ``summary['oom']``."""
+    seq = table.column("seq").to_numpy()
+    t_ns = table.column("t_ns").to_numpy()
+    axis = time_axis(t_ns, seq)
+    x = axis.x(t_ns, np.arange(len(seq)))
+    series: dict[str, Envelope] = {}
+    top = 0.0
+    for col, key, _ in SERIES:
+        y = _col(table, col)
+        if y is None:
+            continue
+        series[key] = envelope(x, y, npix)
+        if key != "device_free" and len(y):
+            top = max(top, float(np.nanmax(y)))
+    frag_y = _col(table, "external_fragmentation")
+    frag = envelope(x, (frag_y if frag_y is not None else np.zeros(len(x))) * 100.0, npix)
+    oom = summary.get("oom") or None
+    oom_seq = oom_x = oom_text = None
+    if oom is not None:
+        oom_seq = int(oom["seq"])
+        row = int(np.searchsorted(seq, np.uint64(oom_seq)))
+        row = min(row, len(x) - 1)
+        oom_x = float(x[row]) if len(x) else 0.0
+        oom_text = str(oom.get("explanation") or "")
+    return TimelineData(axis, series, frag, byte_scale(top), oom_seq, oom_x, oom_text, len(seq))
