@@ -160,3 +160,28 @@ def free_now(device_id: int) -> tuple[int, int]:
     with cp.cuda.Device(device_id):
         free, total = cp.cuda.runtime.memGetInfo()
     return int(free), int(total)
+
+
+def measure_budget(device_id: int, kernel_local_bytes: int | None = None,
+                   probe_largest: bool = False) -> dict[str, Any]:
+    """The full budget: ``cheap_budget`` plus the optional kernel and largest-block probes.
+
+    Adds ``kernel_local`` (see ``tracekit.budget.kernel_probe``), ``probe``
+    (``largest`` and ``granularity``, see ``tracekit.budget.probe``) and
+    ``final`` (cudaMemGetInfo and pool figures after the probes, before any
+    stack-limit restore, which is what the equation's ``free`` term uses).
+    """
+    from tracekit.budget.kernel_probe import probe_kernel_local
+    from tracekit.budget.probe import granularity, largest_allocation
+
+    b = cheap_budget(device_id)
+    if probe_largest:
+        b["probe"] = {"largest": largest_allocation(device_id), "granularity": granularity(device_id)}
+    if kernel_local_bytes is not None:
+        kl = probe_kernel_local(device_id, kernel_local_bytes)
+        b["kernel_local"] = kl
+        free_final = kl["free_before"] - kl["kept_bytes"]
+    else:
+        free_final = free_now(device_id)[0]
+    b["final"] = {"cuda_free": free_final, **_pool_figures(device_id)}
+    return b

@@ -141,3 +141,49 @@ def format_table(terms: list[Term]) -> str:
         mib = "" if t.bytes is None else f"{t.bytes / MiB:,.2f}"
         lines.append(f"{t.name:34} {b:>17} {mib:>11}  {t.how:11}  {t.why}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Check:
+    """An independent consistency check between two measurements, within ``tolerance`` bytes."""
+
+    name: str
+    left: int
+    right: int
+    tolerance: int = GRANULARITY
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.left - self.right) <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "left": self.left, "right": self.right,
+                "difference": self.left - self.right, "tolerance": self.tolerance, "ok": self.ok}
+
+
+def cross_checks(b: dict[str, Any], terms: list[Term]) -> list[Check]:
+    """Checks that compare figures obtained in different ways (NVML vs CUDA, before vs after)."""
+    out = []
+    total, reserved = b.get("nvml_total"), b.get("nvml_reserved")
+    if total is not None and reserved is not None:
+        out.append(Check("CUDA total = NVML total - NVML reserved", int(b["cuda_total"]),
+                         int(total - reserved)))
+    ub, ua, ctx = b.get("nvml_used_before"), b.get("nvml_used_after"), b.get("context_bytes")
+    if ub is not None and ua is not None and ctx is not None and reserved is not None:
+        out.append(Check("context: NVML used after - before = NVML free before - CUDA free", int(ua - ub),
+                         int(ctx)))
+    un = next(t for t in terms if t.name == "unaccounted")
+    summed = int(next(t for t in terms if t.name == "board total").bytes or 0)
+    out.append(Check("terms add up to the board total", summed - int(un.bytes or 0), summed))
+    probe = (b.get("probe") or {}).get("largest")
+    if probe:
+        out.append(Check("largest single allocation = free memory (device not fragmented)",
+                         int(probe["largest"]), int(probe["free"]), tolerance=8 * MiB))
+    return out
+
+
+def format_checks(checks: list[Check]) -> str:
+    return "\n".join(
+        f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.left:,} vs {c.right:,} "
+        f"(difference {c.left - c.right:,} B, tolerance {c.tolerance:,} B)" for c in checks
+    )
