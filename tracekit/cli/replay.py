@@ -1,0 +1,157 @@
+"""``tracekit replay TRACE --sim POLICY | --device N``: replay a trace through an allocator.
+
+With ``--sim`` the trace runs through a simulated allocator (see
+``tracekit.sim``); with ``--device`` it runs on a real GPU (see
+``tracekit.device``). Either way the result is a summary (text or ``--json``)
+and, with ``-o``, the replay as a v1 trace.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+class Allocator(StrEnum):
+    cuda = "cuda"
+    cupy = "cupy"
+    cupy_async = "cupy-async"
+
+
+PROGRESS_MIN_EVENTS = 1_000_000
+
+
+def replay(
+    trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
+    sim: str | None = typer.Option(
+        None, "--sim", metavar="POLICY",
+        help="Simulated allocator: first-fit, best-fit, next-fit, worst-fit, buddy, cupy, torch "
+        "(an unknown name lists all).",
+    ),
+    device: int | None = typer.Option(None, "--device", help="Replay on this GPU instead of simulating."),
+    allocator: Allocator = typer.Option(
+        Allocator.cupy, "--allocator", help="With --device: the allocator that serves the requests."
+    ),
+    compare_sim: str | None = typer.Option(
+        None, "--compare-sim", metavar="POLICY", help="With --device: also simulate POLICY and compare."
+    ),
+    capacity: str | None = typer.Option(
+        None, "--capacity", metavar="SIZE",
+        help="Heap size (free lists) or pool limit (cupy, torch), e.g. 6GiB; default unbounded.",
+    ),
+    device_total: str | None = typer.Option(
+        None, "--device-total", metavar="SIZE", help="Device memory under a pool; default unbounded."
+    ),
+    torch_conf: str | None = typer.Option(
+        None, "--torch-conf", metavar="CONF",
+        help='PyTorch allocator settings, e.g. "expandable_segments:True,max_split_size_mb:256".',
+    ),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write the replay as a v1 trace."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    continue_on_oom: bool = typer.Option(
+        False, "--continue-on-oom", help="Skip a failed request (and its free) and go on."
+    ),
+    fail_on_oom: bool = typer.Option(False, "--fail-on-oom", help="Exit with code 3 if any request failed."),
+) -> None:
+    """Replay a trace through a simulated allocator (--sim) or on a GPU (--device)."""
+    from tracekit.errors import UsageError
+
+    if (sim is None) == (device is None):
+        raise UsageError("give exactly one of --sim POLICY or --device N")
+    if device is not None:
+        if device_total is not None or torch_conf is not None:
+            raise UsageError("--device-total and --torch-conf apply to --sim, not --device")
+        _device(trace, device, allocator.value, capacity, output, json_out, fail_on_oom,
+                continue_on_oom, compare_sim)
+        return
+    if compare_sim is not None:
+        raise UsageError("--compare-sim applies to --device; with --sim, run replay once per policy")
+    assert sim is not None
+    _simulate(trace, sim, capacity, device_total, torch_conf, output, json_out, continue_on_oom,
+              fail_on_oom)
+
+
+def _device(trace: Path, device: int, allocator: str, capacity: str | None, output: Path | None,
+            json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None) -> None:
+    from tracekit.errors import DeviceError
+
+    try:
+        from tracekit.device.command import run_device_replay_cli
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("tracekit"):
+            raise
+        raise DeviceError("replay on a GPU is not available in this installation") from None
+    run_device_replay_cli(
+        trace, device=device, allocator=allocator, capacity=capacity, output=output,
+        json_out=json_out, fail_on_oom=fail_on_oom, continue_on_oom=continue_on_oom,
+        compare_sim=compare_sim,
+    )
+
+
+def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | None,
+              torch_conf: str | None, output: Path | None, json_out: bool, continue_on_oom: bool,
+              fail_on_oom: bool) -> None:
+    from tracekit.cli.common import echo_json, wrote
+    from tracekit.errors import OOMVerdict
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.engine import replay_file
+    from tracekit.sim.options import parse_alloc_conf
+    from tracekit.units import format_size, parse_size
+
+    config = SimConfig(
+        capacity=parse_size(capacity, "--capacity") if capacity is not None else None,
+        device_total=parse_size(device_total, "--device-total") if device_total is not None else None,
+        continue_on_oom=continue_on_oom,
+        options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
+    )
+    bar = _ProgressBar()
+    try:
+        result = replay_file(trace, sim, config, output=output, command=" ".join(["tracekit", *sys.argv[1:]]),
+                             on_progress=bar.update)
+    finally:
+        bar.close()
+    for warning in result.warnings:
+        typer.echo(f"tracekit: warning: {trace}: skipped {warning}", err=True)
+    if output is not None:
+        wrote(output)
+    if json_out:
+        echo_json(result.to_dict())
+    else:
+        typer.echo(result.to_text())
+    oom = result.summary.oom
+    if fail_on_oom and oom is not None:
+        raise OOMVerdict(
+            f"{trace}: out of memory under {sim} at seq {oom.seq} "
+            f"(request {format_size(oom.size)}, largest free block {format_size(oom.largest_free_block)}; "
+            f"{result.summary.oom_count} failed request(s))"
+        )
+
+
+class _ProgressBar:
+    """A progress bar on stderr for long replays, only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._done = 0
+
+    def update(self, done: int, total: int) -> None:
+        if total < PROGRESS_MIN_EVENTS or not sys.stderr.isatty():
+            return
+        if self._bar is None:
+            self._bar = typer.progressbar(length=total, label="replaying", file=sys.stderr)
+            self._bar.__enter__()
+        self._bar.update(done - self._done)
+        self._done = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replay")(replay)

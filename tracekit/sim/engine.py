@@ -1,0 +1,208 @@
+"""The replay engine: run a trace through a named policy, summarize, write the replay.
+
+``replay(trace, policy, config)`` looks the policy up in the registry
+(``tracekit.sim.policies``), runs it and condenses its ``PolicyRun`` into a
+``ReplaySummary``: peak live bytes (the largest sum of the allocated, rounded
+sizes of live blocks), peak reserved bytes (device memory the allocator held;
+for free lists the heap high-water mark), peak extent (free lists: the highest
+end address ever in use), segment counts, and the first OOM with the free
+bytes, largest free block, live and reserved bytes at that moment.
+``write_replay`` turns the run into a v1 trace (``source: replay``) that the
+analyzer reads like a recording. Repeated replays of one trace reuse its
+prepared arrays (``tracekit.sim.prepare``), so ``fits`` is cheap to call in a
+search over capacities.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tracekit.sim import policies, progress
+from tracekit.sim.base import PolicyRun, SimConfig, Stat
+from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.writer import check_output_path
+from tracekit.units import format_size
+
+
+@dataclass(frozen=True)
+class OOMInfo:
+    """The first failed request: its input ``seq``, requested and rounded bytes,
+    and the allocator's state then (bytes). ``cause`` is ``fragmentation`` when
+    free_bytes >= rounded (enough memory, no block big enough), else ``exhausted``."""
+
+    seq: int
+    size: int
+    rounded: int
+    free_bytes: int
+    largest_free_block: int
+    live_bytes: int
+    reserved_bytes: int
+
+    @property
+    def cause(self) -> str:
+        return "fragmentation" if self.free_bytes >= self.rounded else "exhausted"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq, "size": self.size, "rounded": self.rounded,
+            "free_bytes": self.free_bytes, "largest_free_block": self.largest_free_block,
+            "live_bytes": self.live_bytes, "reserved_bytes": self.reserved_bytes, "cause": self.cause,
+        }
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    """The numbers of one replay (bytes unless noted; ``peak_extent`` None for pools)."""
+
+    policy: str
+    capacity: int | None
+    device_total: int | None
+    events: int  # input events
+    peak_live_bytes: int
+    peak_reserved_bytes: int
+    peak_extent: int | None
+    segment_allocs: int
+    segment_frees: int
+    oom: OOMInfo | None
+    oom_count: int
+    stopped: bool  # the replay ended at the first OOM (no --continue-on-oom)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy, "capacity": self.capacity, "device_total": self.device_total,
+            "events": self.events, "peak_live_bytes": self.peak_live_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes, "peak_extent": self.peak_extent,
+            "segment_allocs": self.segment_allocs, "segment_frees": self.segment_frees,
+            "oom": self.oom.to_dict() if self.oom else None, "oom_count": self.oom_count,
+        }
+
+    def to_text(self) -> str:
+        cap = "unbounded"
+        if self.capacity is not None:
+            cap = f"{format_size(self.capacity)} ({self.capacity} bytes)"
+        lines = [
+            f"policy         {self.policy}",
+            f"capacity       {cap}",
+            f"events         {self.events:,}",
+            f"peak live      {format_size(self.peak_live_bytes)}",
+            f"peak reserved  {format_size(self.peak_reserved_bytes)}",
+        ]
+        if self.peak_extent is not None:
+            lines.append(f"peak extent    {format_size(self.peak_extent)}")
+        lines.append(f"segments       {self.segment_allocs} allocated, {self.segment_frees} freed")
+        o = self.oom
+        if o is None:
+            lines.append("out of memory  no")
+            return "\n".join(lines)
+        lines += [
+            f"out of memory  at seq {o.seq}: request {format_size(o.size)} "
+            f"(rounded {format_size(o.rounded)})",
+            f"  free {format_size(o.free_bytes)}, largest free block {format_size(o.largest_free_block)}, "
+            f"live {format_size(o.live_bytes)}, reserved {format_size(o.reserved_bytes)}",
+        ]
+        if o.cause == "fragmentation":
+            lines.append("  cause: fragmentation (enough bytes free, but no free block is large enough)")
+        else:
+            lines.append("  cause: exhausted (fewer bytes free than requested)")
+        if self.stopped:
+            lines.append("  the replay stopped here (--continue-on-oom goes on past failed requests)")
+        elif self.oom_count > 1:
+            lines.append(f"  {self.oom_count:,} requests failed in all")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayResult:
+    """A policy's raw run plus its summary."""
+
+    policy: str
+    config: SimConfig
+    run: PolicyRun
+    summary: ReplaySummary
+    warnings: tuple[str, ...] = ()  # input events the reader skipped, described
+
+    @property
+    def ran_out(self) -> bool:
+        return self.summary.oom is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.summary.to_dict()
+
+    def to_text(self) -> str:
+        return self.summary.to_text()
+
+
+def replay(trace: Trace, policy: str, config: SimConfig | None = None) -> ReplayResult:
+    """Replay ``trace`` through the policy named ``policy`` (UsageError if unknown)."""
+    config = config or SimConfig()
+    run = policies.get(policy).run(trace, config)
+    return ReplayResult(policy, config, run, summarize(trace, policy, config, run))
+
+
+def fits(trace: Trace, policy: str, config: SimConfig) -> bool:
+    """Whether the whole trace replays under ``policy`` with ``config`` without an OOM."""
+    return not replay(trace, policy, replace(config, continue_on_oom=False)).ran_out
+
+
+def summarize(trace: Trace, policy: str, config: SimConfig, run: PolicyRun) -> ReplaySummary:
+    s = [int(v) for v in run.stats]
+    first = s[Stat.FIRST_OOM]
+    oom = None
+    if first >= 0:
+        ev = trace.events
+        rounded = int(run.rounded[first]) if run.rounded is not None else s[Stat.OOM_ROUNDED]
+        oom = OOMInfo(
+            seq=int(ev.seq[first]), size=int(ev.size[first]), rounded=max(rounded, s[Stat.OOM_ROUNDED]),
+            free_bytes=s[Stat.OOM_FREE], largest_free_block=s[Stat.OOM_LARGEST],
+            live_bytes=s[Stat.OOM_LIVE], reserved_bytes=s[Stat.OOM_RESERVED],
+        )
+    return ReplaySummary(
+        policy=policy, capacity=config.capacity, device_total=config.device_total,
+        events=len(trace.events), peak_live_bytes=s[Stat.PEAK_LIVE],
+        peak_reserved_bytes=s[Stat.PEAK_RESERVED],
+        peak_extent=s[Stat.PEAK_EXTENT] if s[Stat.PEAK_EXTENT] >= 0 else None,
+        segment_allocs=s[Stat.SEGMENT_ALLOCS], segment_frees=s[Stat.SEGMENT_FREES],
+        oom=oom, oom_count=s[Stat.OOMS], stopped=oom is not None and not config.continue_on_oom,
+    )
+
+
+def replay_file(
+    path: str | os.PathLike[str],
+    policy: str,
+    config: SimConfig,
+    *,
+    output: str | os.PathLike[str] | None = None,
+    command: str | None = None,
+    on_progress: progress.Callback | None = None,
+) -> ReplayResult:
+    """Read the trace at ``path``, replay it, and write the replay to ``output`` if given.
+
+    The policy name and the output path are checked before the trace is read,
+    so a typo costs nothing on a large file.
+    """
+    policies.get(policy)
+    if output is not None:
+        check_output_path(Path(output), (Path(path),))
+    trace = read_trace(path, extras=output is not None)
+    with progress.reporting(on_progress):
+        result = replay(trace, policy, config)
+    if output is not None:
+        write_replay(result, trace, output, command=command)
+    return replace(result, warnings=tuple(i.describe() for i in trace.issues))
+
+
+def write_replay(
+    result: ReplayResult, trace: Trace, path: str | os.PathLike[str], *, command: str | None = None
+) -> Path:
+    """Write the replay as a v1 trace; see ``tracekit.sim.output`` for the rows."""
+    from tracekit.sim.output import write_replay_trace
+
+    return write_replay_trace(result, trace, Path(path), command=command)
+
+
+__all__ = [
+    "OOMInfo", "ReplayResult", "ReplaySummary", "fits", "replay", "replay_file", "summarize", "write_replay",
+]
