@@ -47,6 +47,10 @@ def run_device_replay_cli(
     alloc, cap = check_args(device, allocator, capacity, fail_on_oom, continue_on_oom)
     if output is not None:
         check_output_path(output, (trace,))
+    if compare_sim is not None:
+        from tracekit.device.compare import check_policy
+
+        check_policy(compare_sim)
     tr = read_trace(trace)
     cfg = DeviceConfig(device=device, allocator=alloc, capacity=cap, continue_on_oom=continue_on_oom)
     try:
@@ -129,7 +133,7 @@ def text_summary(r: dict[str, Any]) -> str:
         lines.append("  no out-of-memory")
     else:
         lines.append(f"  OOM at seq {oom['seq']}: {format_size(oom['size'])} requested, "
-                     f"{format_size(oom['free_bytes'])} free ({r['ooms']} OOM(s) in all)")
+                     f"{format_size(oom['free_bytes'])} free ({r['oom_count']} OOM(s) in all)")
     m, f = r["malloc_latency_ns"], r["free_latency_ns"]
     lines.append(f"  malloc latency p50 {_us(m['p50'])}, p99 {_us(m['p99'])}; "
                  f"free p50 {_us(f['p50'])}, p99 {_us(f['p99'])}")

@@ -118,15 +118,19 @@ def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
     if run.first_oom >= 0:
         i, st = run.first_oom, run.oom_state or {}
         live_at = int(live[i])
+        rounded = int(round512(ev.size[i : i + 1])[0])
+        free_b = st.get("free_bytes", st.get("device_free"))
         oom = {
             "seq": int(ev.seq[i]),
             "size": int(ev.size[i]),
-            "free_bytes": st.get("free_bytes", st.get("device_free")),
+            "rounded": rounded,
+            "free_bytes": free_b,
             "largest_free_block": None,
             "live_bytes": st.get("live_bytes", live_at),
             "reserved_bytes": st.get("reserved_bytes", run.free_replay - int(st.get("device_free", 0))),
             "device_free": st.get("device_free"),
             "error": st.get("error"),
+            "cause": "fragmentation" if free_b is not None and free_b >= rounded else "exhausted",
         }
     cap = run.plan.capacity
     return {
@@ -141,7 +145,7 @@ def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
         "peak_extent": None,
         "segment_allocs": int(np.count_nonzero(rows_op == Op.SEGMENT_ALLOC)),
         "segment_frees": int(np.count_nonzero(rows_op == Op.SEGMENT_FREE)),
-        "ooms": run.ooms,
+        "oom_count": run.ooms,
         "oom": oom,
         "malloc_latency_ns": percentiles(run.latency[mal]),
         "free_latency_ns": percentiles(run.latency[fre]),
