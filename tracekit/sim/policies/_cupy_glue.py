@@ -1,0 +1,78 @@
+"""Python glue shared by the pool models: inputs for the kernels, and the PolicyRun.
+
+Kernels take plain NumPy arrays: op codes, sizes, a group index per event, the
+malloc index paired with each free, and the ``initial`` mask of rows that
+rebuild a starting state (an extra boolean column of imported snapshots).
+Their results (per-event addresses and status, emitted rows, counters) are
+packed here into the ``PolicyRun`` contract of ``tracekit.sim.base``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracekit.sim.base import PolicyRun, Stat
+from tracekit.sim.policies import _cupy_chunks as ck
+from tracekit.trace.reader import Trace
+
+
+def initial_mask(trace: Trace) -> np.ndarray:
+    """Bool per event: True for rows that rebuild the state before the trace began."""
+    n = len(trace.events)
+    tbl = trace.extras
+    if tbl is None or "initial" not in tbl.column_names:
+        return np.zeros(n, dtype=np.bool_)
+    col = tbl.column("initial").fill_null(False)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def stream_groups(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct streams and, per event, the index of its stream (int64).
+
+    Most traces use one stream; that case skips the O(n log n) sort.
+    """
+    if len(stream) == 0 or not (stream != stream[0]).any():
+        first = stream[:1] if len(stream) else np.zeros(1, np.uint64)
+        return first.copy(), np.zeros(len(stream), np.int64)
+    streams, index = np.unique(stream, return_inverse=True)
+    return streams, index.astype(np.int64)
+
+
+def new_stats() -> np.ndarray:
+    """The int64 stats vector with the not-applicable / not-yet values filled in."""
+    stats = np.zeros(len(Stat), dtype=np.int64)
+    stats[Stat.PEAK_EXTENT] = -1
+    stats[Stat.FIRST_OOM] = -1
+    for k in (Stat.OOM_FREE, Stat.OOM_LARGEST, Stat.OOM_LIVE, Stat.OOM_RESERVED, Stat.OOM_ROUNDED):
+        stats[k] = -1
+    return stats
+
+
+def capacity_for_state(trace: Trace) -> tuple[int, int]:
+    """Starting sizes for the chunk and row matrices (they grow when needed)."""
+    n = len(trace.events)
+    return min(max(n // 4, 1024), 1 << 20), min(max(n // 8, 1024), 1 << 20)
+
+
+def pack(
+    addr: np.ndarray, status: np.ndarray, rounded: np.ndarray, R: np.ndarray, S: np.ndarray,
+    stats: np.ndarray,
+) -> PolicyRun:
+    """Trim the row matrix and fill the counters kept in ``S`` into ``stats``."""
+    k = int(S[ck.NROWS])
+    rows = R[:k]
+    stats[Stat.PEAK_LIVE] = S[ck.PEAK_LIVE]
+    stats[Stat.PEAK_RESERVED] = S[ck.PEAK_RES]
+    stats[Stat.SEGMENT_ALLOCS] = S[ck.SEGA]
+    stats[Stat.SEGMENT_FREES] = S[ck.SEGF]
+    return PolicyRun(
+        addr=addr.view(np.uint64),
+        status=status,
+        rows_before=np.ascontiguousarray(rows[:, 0]),
+        rows_op=rows[:, 1].astype(np.int8),
+        rows_addr=np.ascontiguousarray(rows[:, 2]).view(np.uint64),
+        rows_size=np.ascontiguousarray(rows[:, 3]).view(np.uint64),
+        rows_stream=np.ascontiguousarray(rows[:, 4]).view(np.uint64),
+        stats=stats,
+        rounded=rounded.view(np.uint64),
+    )

@@ -1,0 +1,116 @@
+"""Compiled replay loop of CuPy's ``SingleDeviceMemoryPool`` (CuPy 14.x).
+
+Per malloc of s bytes (rounded up to 512): best fit in the stream's arena
+(smallest free chunk >= s, ties to the lowest address); a larger chunk keeps
+its low s bytes and the rest becomes a free chunk. On a miss, ``_try_malloc``:
+with a limit L, s > L fails at once; if reserved + s > L, release every free
+whole device allocation (``free_all_blocks``, all arenas) and fail if still
+over. With a device total, a device allocation that does not fit (cost:
+``device_cost``) releases the same way and retries once. Success takes exactly
+s bytes from the device. A free merges with free neighbours of the same device
+allocation. Ops: 0 malloc, 1 free, 4 oom (replayed as malloc); others ignored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tracekit.sim.policies import _cupy_chunks as ck
+
+DONE, OOM, SKIPPED = 1, 2, 3
+
+
+@njit(cache=True)
+def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - compiled
+    if limit > 0:
+        if s > limit:
+            return False
+        if S[ck.RESERVED] + s > limit:
+            ck.release_all_whole(C, S, R, i, stream)
+            if S[ck.RESERVED] + s > limit:
+                return False
+    if dev_total > 0 and S[ck.DEV_USED] + ck.device_cost(s) > dev_total:
+        ck.release_all_whole(C, S, R, i, stream)
+        if S[ck.DEV_USED] + ck.device_cost(s) > dev_total:
+            return False
+    return True
+
+
+@njit(cache=True)
+def cupy_replay(op, size, arena, mate, init, init_addr, stream, limit, dev_total, cont,
+                C, R, S, stats):  # pragma: no cover - compiled
+    n = op.shape[0]
+    addr = np.zeros(n, dtype=np.int64)
+    status = np.zeros(n, dtype=np.int8)
+    rounded = np.zeros(n, dtype=np.int64)
+    blk = np.full(n, -1, dtype=np.int64)
+    # Starting state (rows marked initial): device allocations first, then live blocks.
+    for i in range(n):
+        if init[i] and op[i] == 2:
+            C = ck.room(C, S, 4)
+            R = ck.rows_room(R, S, 4)
+            x = ck.add_segment(C, S, R, i, init_addr[i], size[i], arena[i], stream[arena[i]])
+            ck.insert_free(C, S, x)
+    for i in range(n):
+        if init[i] and op[i] == 0:
+            C = ck.room(C, S, 4)
+            R = ck.rows_room(R, S, 4)
+            s = (size[i] + 511) // 512 * 512
+            x = ck.place_at(C, S, R, i, init_addr[i], s, arena[i], stream)
+            blk[i] = x
+            addr[i] = init_addr[i]
+            rounded[i] = s
+            status[i] = DONE
+            ck.add_live(S, s)
+    for i in range(n):
+        o = op[i]
+        if init[i]:
+            continue
+        if o == 0 or o == 4:
+            s = (size[i] + 511) // 512 * 512
+            rounded[i] = s
+            if s == 0:  # CuPy returns a null pointer without touching the pool
+                status[i] = DONE
+                continue
+            C = ck.room(C, S, 4)
+            R = ck.rows_room(R, S, S[ck.NALIVE] + 4)
+            a = arena[i]
+            x = ck.lower_bound(C, S, a, s)
+            if x != -1 and C[x, ck.GROUP] == a:
+                ck.remove_free(C, S, x)
+                C[x, ck.STATE] = ck.USED
+                if C[x, ck.SIZE] > s:
+                    ck.split_front(C, S, x, s)
+            elif _try_malloc(C, S, R, i, s, limit, dev_total, stream):
+                x = ck.add_segment(C, S, R, i, -1, s, a, stream[a])
+            else:
+                status[i] = OOM
+                stats[5] += 1
+                if stats[6] < 0:
+                    stats[6] = i
+                    stats[7] = S[ck.RESERVED] - S[ck.LIVE]
+                    big = ck.last_in_group(C, S, a, 0)
+                    stats[8] = C[big, ck.SIZE] if big != -1 else 0
+                    stats[9] = S[ck.LIVE]
+                    stats[10] = S[ck.RESERVED]
+                    stats[11] = s
+                if not cont:
+                    break
+                continue
+            blk[i] = x
+            addr[i] = C[x, ck.ADDR]
+            status[i] = DONE
+            ck.add_live(S, s)
+        elif o == 1:
+            m = mate[i]
+            if m < 0 or status[m] != DONE:
+                status[i] = SKIPPED
+                continue
+            status[i] = DONE
+            x = blk[m]
+            if x < 0:
+                continue
+            ck.add_live(S, -C[x, ck.SIZE])
+            ck.free_merge(C, S, x)
+    return addr, status, rounded, C, R

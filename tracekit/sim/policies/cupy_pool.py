@@ -1,0 +1,63 @@
+"""``cupy``: CuPy 14.x ``SingleDeviceMemoryPool`` as a simulated allocator.
+
+512-byte rounding; one arena per stream; best fit over free chunks with ties
+to the lowest device address (real CuPy breaks ties between equal-size chunks
+by the host address of its ``_Chunk`` objects, which no replay can know); a
+split keeps the low part; a free merges with free neighbours of the same
+device allocation; a miss takes exactly the rounded size from the device.
+``SimConfig.capacity`` is ``set_limit``: a miss that would take reserved bytes
+over it first releases every free whole device allocation in all arenas
+(``free_all_blocks``), then raises OutOfMemoryError if still over.
+``SimConfig.device_total`` bounds the device under the pool, counted at the
+driver's granularity (whole 2 MiB pages above 1 MiB). Device addresses are
+invented (the driver's are not predictable); rows marked ``initial`` keep theirs.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.policies import _cupy_chunks as ck
+from tracekit.sim.policies._cupy_glue import (
+    capacity_for_state,
+    initial_mask,
+    new_stats,
+    pack,
+    stream_groups,
+)
+from tracekit.sim.policies._cupy_kernel import cupy_replay
+from tracekit.trace.reader import Trace
+
+
+class CupyPool:
+    """CuPy's default memory pool (``cupy.get_default_memory_pool()``), one device."""
+
+    name: ClassVar[str] = "cupy"
+    description: ClassVar[str] = (
+        "CuPy 14 SingleDeviceMemoryPool: per-stream arenas, best fit, exact-size device "
+        "allocations, set_limit with free_all_blocks before OutOfMemoryError"
+    )
+
+    def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
+        ev = trace.events
+        streams, arena = stream_groups(ev.stream)
+        init = initial_mask(trace)
+        cap, rows_cap = capacity_for_state(trace)
+        next_addr = ck.ADDR_BASE
+        if init.any():
+            top = int((ev.addr[init] + ev.size[init]).max())
+            next_addr = max(next_addr, (top + ck.PAGE - 1) // ck.PAGE * ck.PAGE + ck.PAGE)
+        C, R, S = ck.new_state(cap, rows_cap, next_addr)
+        stats = new_stats()
+        addr, status, rounded, C, R = cupy_replay(
+            ev.op, ev.size.view(np.int64), arena, trace.mate, init,
+            ev.addr.view(np.int64), streams.view(np.int64), int(config.capacity or 0),
+            int(config.device_total or 0), bool(config.continue_on_oom), C, R, S, stats,
+        )
+        return pack(addr, status, rounded, R, S, stats)
+
+
+MODEL = CupyPool()
