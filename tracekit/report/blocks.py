@@ -73,8 +73,12 @@ class AddressLayout:
         return self.base[g] + (addr.astype(np.float64) - self.lo[g].astype(np.float64))
 
 
-def address_layout(spans: Spans) -> AddressLayout:
-    """Merge overlapping ranges (a segment freed and re-taken at the same address counts once)."""
+def address_layout(spans: Spans, *, merge_touching: bool = False) -> AddressLayout:
+    """Merge overlapping ranges (a segment freed and re-taken at the same address counts once).
+
+    Ranges that only touch stay separate (adjacent segments are distinct), unless
+    ``merge_touching`` (blocks of a raw-device trace: one range per contiguous run).
+    """
     if len(spans) == 0:
         z = np.zeros(0, dtype=np.uint64)
         return AddressLayout(z, z, np.zeros(0))
@@ -83,7 +87,7 @@ def address_layout(spans: Spans) -> AddressLayout:
     hi = lo + spans.size[order]
     run_hi = np.maximum.accumulate(hi)
     new = np.ones(len(lo), dtype=bool)
-    new[1:] = lo[1:] >= run_hi[:-1]
+    new[1:] = (lo[1:] > run_hi[:-1]) if merge_touching else (lo[1:] >= run_hi[:-1])
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(lo)) - 1
     glo, ghi = lo[first], run_hi[last]
@@ -97,7 +101,7 @@ def layout_for(trace: Trace) -> tuple[AddressLayout, bool]:
     seg = segments(trace)
     if len(seg):
         return address_layout(seg), True
-    return address_layout(blocks(trace)), False
+    return address_layout(blocks(trace), merge_touching=True), False
 
 
 def rank_sites(b: Spans, n_sites: int) -> np.ndarray:

@@ -46,6 +46,8 @@ def draw_timeline(d: TimelineData, title: str) -> Figure:
     fig = new_figure(12, 5.6)
     ax = fig.add_subplot()
     labels = {key: text for _, key, text in TL_SERIES}
+    if d.reserved_is_live:
+        labels["live"] = "live = reserved (no segment rows)"
     for key, env in d.series.items():
         lw = 1.0 if key in ("requested", "device_free") else 1.5
         ls = ":" if key == "device_free" else "-"
@@ -134,6 +136,7 @@ def draw_sizes(sizes: np.ndarray, title: str) -> Figure:
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xlabel("requested size (power-of-two bins)")
         ax.set_ylabel(ylabel)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v == int(v) else f"{v:g}"))
         ax.grid(alpha=0.3, axis="y")
     ax_n.set_title("how many allocations of each size", fontsize=10)
     ax_b.set_title("how many bytes each size class requested", fontsize=10)

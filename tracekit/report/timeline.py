@@ -42,6 +42,7 @@ class TimelineData:
     oom_x: float | None
     oom_text: str | None
     rows: int
+    reserved_is_live: bool = False
 
 
 def _col(table: pa.Table, name: str) -> np.ndarray | None:
@@ -61,9 +62,14 @@ def timeline_data(table: pa.Table, summary: dict[str, Any], npix: int = 1200) ->
     x = axis.x(t_ns, np.arange(len(seq)))
     series: dict[str, Envelope] = {}
     top = 0.0
+    live = _col(table, "live_bytes")
+    reserved_is_live = False
     for col, key, _ in SERIES:
         y = _col(table, col)
         if y is None:
+            continue
+        if key == "reserved" and live is not None and np.array_equal(y, live):
+            reserved_is_live = True  # a raw-device trace: one curve, labelled as both
             continue
         series[key] = envelope(x, y, npix)
         if key != "device_free" and len(y):
@@ -78,4 +84,6 @@ def timeline_data(table: pa.Table, summary: dict[str, Any], npix: int = 1200) ->
         row = min(row, len(x) - 1)
         oom_x = float(x[row]) if len(x) else 0.0
         oom_text = str(oom.get("explanation") or "")
-    return TimelineData(axis, series, frag, byte_scale(top), oom_seq, oom_x, oom_text, len(seq))
+    return TimelineData(
+        axis, series, frag, byte_scale(top), oom_seq, oom_x, oom_text, len(seq), reserved_is_live
+    )
