@@ -1,0 +1,127 @@
+"""The device and limit facts an analysis needs, read defensively from trace metadata.
+
+- ``device_total``: the CUDA total (``device.total_bytes``, else the budget's
+  ``cuda_total``), i.e. board memory minus the driver's own reservation.
+- ``free_at_start``: free device memory when recording began (``device.free_bytes``,
+  else the budget's ``cuda_free``).
+- ``overhead`` = device_total − free_at_start: what the driver, this process's
+  CUDA context, other processes and any other reservation held before the
+  first allocation.
+- ``limit``: the binding allocator limit: ``pool_limit_bytes`` (CuPy's
+  ``set_limit``, PyTorch's memory fraction × total), else the capacity of a
+  replay of a pool policy.
+- ``budget``: the numeric terms of the ``budget`` object the recorder stores,
+  any of which may be missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tracekit.trace.schema import Source, TraceMeta
+
+# Budget keys that break the overhead down, in the words the explanation uses.
+OVERHEAD_PARTS: tuple[tuple[str, str], ...] = (
+    ("context_bytes", "this process's CUDA context"),
+    ("other_processes_bytes", "other processes"),
+    ("local_memory_model_bytes", "the local-memory reservation (model)"),
+    ("malloc_heap_size", "the device malloc heap"),
+    ("printf_fifo_size", "the printf buffer"),
+)
+# Replays of these policies model the device itself as one heap of ``capacity`` bytes.
+FREE_LIST_POLICIES = frozenset({"first-fit", "best-fit", "next-fit", "worst-fit", "buddy"})
+
+
+@dataclass(frozen=True)
+class DeviceContext:
+    """Facts about the device and limits at the start of a trace (bytes; None = unknown)."""
+
+    device_name: str | None = None
+    device_total: int | None = None
+    free_at_start: int | None = None
+    limit: int | None = None
+    limit_what: str = "pool limit"
+    budget: tuple[tuple[str, int], ...] = ()
+    replay_policy: str | None = None
+    heap_capacity: int | None = None
+
+    @property
+    def overhead(self) -> int | None:
+        """device_total − free_at_start (bytes held before the first allocation)."""
+        if self.device_total is None or self.free_at_start is None:
+            return None
+        return self.device_total - self.free_at_start
+
+    def overhead_parts(self) -> list[tuple[str, int]]:
+        """Named parts of the overhead from the budget, largest first."""
+        b = dict(self.budget)
+        parts = [(label, b[key]) for key, label in OVERHEAD_PARTS if b.get(key)]
+        return sorted(parts, key=lambda p: -p[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device_name": self.device_name,
+            "device_total_bytes": self.device_total,
+            "device_free_at_start_bytes": self.free_at_start,
+            "overhead_bytes": self.overhead,
+            "limit_bytes": self.limit,
+            "limit_kind": self.limit_what if self.limit is not None else None,
+            "budget": dict(self.budget) or None,
+        }
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v == v and abs(v) < 2**63:
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _budget(raw: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(raw, Mapping):
+        return ()
+    out = [(str(k), _int(v)) for k, v in raw.items()]
+    return tuple((k, v) for k, v in out if v is not None)
+
+
+def _replay(extra: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """Policy and capacity of a replay, from ``replay: {policy, capacity}`` or top-level keys."""
+    r = extra.get("replay")
+    src = r if isinstance(r, Mapping) else extra
+    policy = src.get("policy")
+    cap = _int(src.get("capacity")) if "capacity" in src else _int(src.get("capacity_bytes"))
+    return (str(policy) if policy is not None else None), cap
+
+
+def device_context(meta: TraceMeta) -> DeviceContext:
+    """Collect what the metadata says; anything malformed is treated as unknown."""
+    budget = _budget(meta.extra.get("budget"))
+    b = dict(budget)
+    dev = meta.device
+    total = _int(dev.total_bytes) if dev else None
+    free = _int(dev.free_bytes) if dev else None
+    total = total if total is not None else b.get("cuda_total")
+    free = free if free is not None else b.get("cuda_free")
+    policy, capacity = _replay(meta.extra) if meta.source == Source.REPLAY else (None, None)
+    limit, what = meta.pool_limit_bytes, "pool limit"
+    heap = None
+    if policy in FREE_LIST_POLICIES:
+        heap = capacity
+    elif limit is None and capacity is not None:
+        limit, what = capacity, f"{policy or 'replay'} capacity"
+    if limit is not None and limit <= 0:  # CuPy: 0 means no limit
+        limit = None
+    return DeviceContext(
+        device_name=dev.name if dev else None, device_total=total, free_at_start=free,
+        limit=limit, limit_what=what, budget=budget, replay_policy=policy, heap_capacity=heap,
+    )

@@ -1,0 +1,119 @@
+"""Why a request ran out of memory: the first of four causes that holds, in one sentence.
+
+With R = the rounded request, L = live bytes, S = reserved bytes, F = S − L
+(free inside the pool), G = the largest free block the request could use,
+P = the allocator limit, T = the device total, O = the overhead at start and
+D = T − O − S (device free), all at the failing event:
+
+1. ``fragmentation``: F ≥ R and G < R: the pool held enough free bytes, but
+   no single piece was big enough.
+2. ``limit``: S + R > P while the device still had room (D ≥ R, or D unknown):
+   the pool's or process's limit was the binding constraint.
+3. ``overhead``: S + R ≤ T but S + R > T − O (or D < R): the request would
+   have fit in the device's total, but memory held outside the allocator
+   (driver, CUDA context, other processes, reservations) took the room.
+4. ``exhaustion``: otherwise: live bytes plus the request exceed what exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tracekit.analysis.context import DeviceContext
+from tracekit.units import format_size as fs
+
+
+class Diagnosis(StrEnum):
+    FRAGMENTATION = "fragmentation"
+    LIMIT = "limit"
+    OVERHEAD = "overhead"
+    EXHAUSTION = "exhaustion"
+
+
+@dataclass(frozen=True)
+class OOMFacts:
+    """The numbers at the failing event (bytes; None = unknown)."""
+
+    request: int
+    live: int
+    reserved: int
+    largest_free: int
+    usable_largest_free: int
+    device_free: int | None
+    raw_device: bool
+
+    @property
+    def free_in_pool(self) -> int:
+        return self.reserved - self.live
+
+
+def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
+    """The first cause that holds (see the module docstring) and its explanation."""
+    r, s, free = f.request, f.reserved, f.free_in_pool
+    g = min(f.largest_free, f.usable_largest_free)
+    held = "the heap" if ctx.heap_capacity is not None else "the pool"
+    if free >= r > g:
+        where = ""
+        if f.largest_free >= r:
+            where = f" usable by it (a larger one, {fs(f.largest_free)}, served another stream or pool)"
+        return Diagnosis.FRAGMENTATION, (
+            f"The request for {fs(r)} failed although {held} held {fs(free)} free: that space was "
+            f"split into pieces and the largest free block{where} was only {fs(g)}, so no single "
+            "piece could hold it."
+        )
+    d = f.device_free
+    if ctx.limit is not None and s + r > ctx.limit and (d is None or d >= r):
+        room = f"the device still had {fs(d)} free" if d is not None else "the device's own room unknown"
+        return Diagnosis.LIMIT, (
+            f"The request for {fs(r)} would have taken {held} to {fs(s + r)}, over its "
+            f"{ctx.limit_what} of {fs(ctx.limit)}, with {room}: the limit, not the device, ran out."
+        )
+    t, o = ctx.device_total, ctx.overhead
+    if t is not None and s + r <= t and (o is not None or d is not None):
+        return Diagnosis.OVERHEAD, _overhead_sentence(f, ctx, t, o)
+    return Diagnosis.EXHAUSTION, _exhaustion_sentence(f, ctx)
+
+
+def _overhead_sentence(f: OOMFacts, ctx: DeviceContext, t: int, o: int | None) -> str:
+    r, s = f.request, f.reserved
+    held = "live blocks" if f.raw_device else "the allocator"
+    if o is not None and s + r > t - o:
+        parts = ctx.overhead_parts()
+        biggest = f" (largest part: {parts[0][0]}, {fs(parts[0][1])})" if parts else ""
+        return (
+            f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + r)}, which fits in "
+            f"the device's {fs(t)}, but {fs(o)} was taken before the first allocation by the "
+            f"driver, the CUDA context and other reservations{biggest}, leaving only {fs(t - o)}."
+        )
+    return (
+        f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + r)}, which fits in the "
+        f"device's {fs(t)}, so memory outside the allocator (another process, a kernel's local "
+        "memory or a context created after recording began) must have taken the room."
+    )
+
+
+def _exhaustion_sentence(f: OOMFacts, ctx: DeviceContext) -> str:
+    r, live = f.request, f.live
+    if ctx.heap_capacity is not None:
+        cap, what = ctx.heap_capacity, "heap of"
+    elif ctx.limit is not None:
+        cap, what = ctx.limit, f"{ctx.limit_what} of"
+    elif ctx.device_total is not None:
+        cap, what = ctx.device_total, "device total of"
+    else:
+        return (
+            f"The request for {fs(r)} with {fs(live)} already live needed {fs(live + r)} and the "
+            f"allocator could not get more than the {fs(f.reserved)} it held; the device's size is "
+            "not recorded, so it was presumably full."
+        )
+    if live + r > cap:
+        return (
+            f"The request for {fs(r)} with {fs(live)} already live needed {fs(live + r)}, more than "
+            f"the {what} {fs(cap)}: memory was simply exhausted."
+        )
+    return (
+        f"The request for {fs(r)} with {fs(live)} already live needed {fs(live + r)} of the {what} "
+        f"{fs(cap)}, but with {fs(f.reserved)} already held the allocator could get no more: memory "
+        "was exhausted."
+    )

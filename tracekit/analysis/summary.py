@@ -1,0 +1,161 @@
+"""The analysis summary: peaks, fragmentation measures, the OOM verdict and leaks.
+
+Johnstone & Wilson's four measures ("The Memory Fragmentation Problem:
+Solved?", ISMM '98) compare the memory the allocator holds (H = reserved
+bytes) with the memory the program asked for and still holds (Q = requested
+bytes of live blocks), so rounding (internal fragmentation) counts as well as
+free pieces (external). All four are ratios (0.25 = 25 %), None when the
+denominator is 0:
+
+- ``jw1`` = (Σₜ Hₜ − Σₜ Qₜ) / Σₜ Qₜ, summed over every event (time-averaged).
+- ``jw2`` = (H at the event of peak Q − peak Q) / peak Q.
+- ``jw3`` = (peak H − Q at peak H) / Q at peak H, where Q at peak H is the largest Q
+  among the events at which H is at its peak.
+- ``jw4`` = (peak H − peak Q) / peak Q (the peaks may fall at different events).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tracekit.analysis.context import DeviceContext
+from tracekit.analysis.diagnosis import Diagnosis
+from tracekit.analysis.leaks import SiteBytes
+from tracekit.units import format_size
+
+
+@dataclass(frozen=True)
+class OOMReport:
+    """The failing event (the first ``oom`` row) and the state of memory when it failed."""
+
+    seq: int
+    t_ns: int
+    size: int
+    rounded: int
+    site: str | None
+    stream: int
+    live_bytes: int
+    reserved_bytes: int
+    free_in_pool: int
+    largest_free_block: int
+    device_free: int | None
+    diagnosis: Diagnosis
+    explanation: str
+    top_live_sites: tuple[SiteBytes, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq, "t_ns": self.t_ns, "size": self.size, "rounded": self.rounded,
+            "site": self.site, "stream": self.stream, "live_bytes": self.live_bytes,
+            "reserved_bytes": self.reserved_bytes, "free_in_pool": self.free_in_pool,
+            "largest_free_block": self.largest_free_block, "device_free": self.device_free,
+            "diagnosis": self.diagnosis.value, "explanation": self.explanation,
+            "top_live_sites": [s.to_dict() for s in self.top_live_sites],
+        }
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Whole-trace figures (bytes unless named; ``*_seq`` are event seq numbers)."""
+
+    path: str | None
+    events: int
+    duration_s: float
+    raw_device: bool
+    peak_live_bytes: int
+    peak_live_seq: int | None
+    peak_requested_bytes: int
+    peak_reserved_bytes: int
+    peak_reserved_seq: int | None
+    max_external_fragmentation: float
+    min_largest_free_block: int | None
+    jw1: float | None
+    jw2: float | None
+    jw3: float | None
+    jw4: float | None
+    oom: OOMReport | None
+    oom_events: int
+    leaks: tuple[SiteBytes, ...]
+    leaked_bytes: int
+    leaked_blocks: int
+    context: DeviceContext
+    skipped: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "path": self.path, "events": self.events, "duration_s": self.duration_s,
+            "raw_device": self.raw_device,
+            "peak_live_bytes": self.peak_live_bytes, "peak_live_seq": self.peak_live_seq,
+            "peak_requested_bytes": self.peak_requested_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes, "peak_reserved_seq": self.peak_reserved_seq,
+            "max_external_fragmentation": self.max_external_fragmentation,
+            "min_largest_free_block": self.min_largest_free_block,
+            "jw1": self.jw1, "jw2": self.jw2, "jw3": self.jw3, "jw4": self.jw4,
+            "oom": self.oom.to_dict() if self.oom else None,
+            "oom_events": self.oom_events,
+            "leaks": [s.to_dict() for s in self.leaks],
+            "leaked_bytes": self.leaked_bytes, "leaked_blocks": self.leaked_blocks,
+        }
+        d.update(self.context.to_dict())
+        d["skipped_events"] = list(self.skipped)
+        return d
+
+    def to_text(self) -> str:
+        sz = format_size
+        rows = [
+            ("trace", self.path or "(in memory)"),
+            ("events", f"{self.events:,} over {self.duration_s:.3f} s"
+             + ("  (raw device: no segment rows, reserved = live)" if self.raw_device else "")),
+            ("peak live", f"{sz(self.peak_live_bytes)} at seq {self.peak_live_seq}"),
+            ("peak requested", sz(self.peak_requested_bytes)),
+            ("peak reserved", f"{sz(self.peak_reserved_bytes)} at seq {self.peak_reserved_seq}"),
+            ("max ext. fragm.", f"{self.max_external_fragmentation:.1%}  (1 - largest free / free)"),
+            ("min largest free", sz(self.min_largest_free_block) + "  (while anything was free)"),
+            ("JW #1..#4", "  ".join(_pct(x) for x in (self.jw1, self.jw2, self.jw3, self.jw4))
+             + "  (reserved over requested)"),
+        ]
+        c = self.context
+        if c.device_total is not None:
+            rows.append(("device", f"{c.device_name or 'n/a'}: total {sz(c.device_total)}, "
+                         f"free at start {sz(c.free_at_start)}, overhead {sz(c.overhead)}"))
+        for label, b in c.overhead_parts():
+            rows.append(("  " + label, sz(b)))
+        if c.limit is not None:
+            rows.append((c.limit_what, sz(c.limit)))
+        if c.heap_capacity is not None:
+            rows.append(("heap capacity", sz(c.heap_capacity)))
+        rows.extend(self._oom_rows())
+        rows.append(("still live at end", f"{sz(self.leaked_bytes)} in {self.leaked_blocks:,} blocks"))
+        rows.extend((f"  {s.site or '(no call-site)'}", f"{sz(s.bytes)} in {s.blocks:,} blocks")
+                    for s in self.leaks[:5])
+        rows.extend(("warning", f"skipped {s}") for s in self.skipped)
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def _oom_rows(self) -> list[tuple[str, str]]:
+        o = self.oom
+        if o is None:
+            return [("out of memory", "none")]
+        more = f" (first of {self.oom_events})" if self.oom_events > 1 else ""
+        rows = [
+            ("out of memory", f"seq {o.seq}{more}: {format_size(o.size)} requested "
+             f"({format_size(o.rounded)} rounded) at {o.site or '(no call-site)'}"),
+            ("  diagnosis", o.diagnosis.value.upper()),
+            ("  why", o.explanation),
+            ("  live / reserved", f"{format_size(o.live_bytes)} / {format_size(o.reserved_bytes)}"),
+            ("  free / largest", f"{format_size(o.free_in_pool)} / {format_size(o.largest_free_block)}"),
+            ("  device free", format_size(o.device_free)),
+        ]
+        rows.extend((f"  {s.site or '(no call-site)'}", f"{format_size(s.bytes)} in {s.blocks:,} blocks")
+                    for s in o.top_live_sites[:5])
+        return rows
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def ratio_over(held: float, base: float) -> float | None:
+    """(held − base) / base, None when base is 0."""
+    return None if base <= 0 else (held - base) / base
