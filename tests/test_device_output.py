@@ -1,0 +1,123 @@
+"""The device replay's output trace, JSON summary and comparison, from hand-built runs (no GPU).
+
+A ``DeviceRun`` is plain arrays, so the conversion to a v1 trace and to the
+summary is tested here with a run whose every figure is worked out by hand;
+the GPU tests check that real replays produce such runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.device.allocators import SegmentLog
+from tracekit.device.capacity import Allocator, CapacityPlan
+from tracekit.device.command import text_summary
+from tracekit.device.compare import compare_summaries, format_comparison
+from tracekit.device.replay import DeviceConfig, DeviceRun
+from tracekit.device.result import EXTRA_FIELDS, live_curve, output_events, summary
+from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
+
+MiB = 1 << 20
+M, F, SA, OOM = Op.MALLOC, Op.FREE, Op.SEGMENT_ALLOC, Op.OOM
+
+
+@pytest.fixture
+def trace(tmp_path: Path):
+    # 0 malloc A 1000 | 1 malloc B 3000 | 2 free A | 3 malloc C 5000 | 4 free B | 5 free C | 6 segment row
+    ops = np.array([M, M, F, M, F, F, SA], np.int8)
+    size = np.array([1000, 3000, 1024, 5000, 3072, 5120, 2 * MiB], np.uint64)
+    addr = np.array([4096, 8192, 4096, 12288, 8192, 12288, 1 << 30], np.uint64)
+    p = tmp_path / "in.parquet"
+    write_trace(p, TraceMeta.new(Source.SYNTHETIC), Events.build(ops, size, addr=addr,
+                                                                   seq=np.arange(10, 17, dtype=np.uint64)))
+    return read_trace(p, strict=True)
+
+
+def _run(trace, allocator: Allocator = Allocator.CUPY) -> DeviceRun:
+    """Request 3 failed (OOM) under --continue-on-oom, so the free of C (5) was skipped."""
+    log = SegmentLog()
+    log.add(0, SA, 1 << 40, 2 * MiB, 900, 1_000, 100 * MiB)
+    log.add(1, SA, (1 << 40) + 4 * MiB, 2 * MiB, 800, 3_000, 98 * MiB)
+    log.add(3, Op.SEGMENT_FREE, 1 << 40, 2 * MiB, 700, 6_000, 100 * MiB)
+    d = 1 << 40
+    return DeviceRun(
+        config=DeviceConfig(0, allocator, 4 * MiB, continue_on_oom=True),
+        plan=CapacityPlan(4 * MiB, 0, 4 * MiB),
+        status=np.array([1, 1, 1, 2, 1, 3, 0], np.int8),
+        addr=np.array([d, d + 4 * MiB, d, 0, d + 4 * MiB, 0, 0], np.uint64),
+        latency=np.array([2000, 2100, 300, 5000, 310, -1, -1], np.int64),
+        t_end=np.array([2_000, 4_000, 5_000, 7_000, 8_000, 0, 0], np.int64),
+        device_free=np.array([-1, -1, -1, 96 * MiB, -1, -1, -1], np.int64),
+        rows=log, total=140 * 1024 * MiB, free_start=120 * MiB, free_replay=120 * MiB,
+        free_end=120 * MiB, peak_reserved=4 * MiB, ooms=1, first_oom=3,
+        oom_state={"device_free": 96 * MiB, "error": "Out of memory", "live_bytes": 3072,
+                   "reserved_bytes": 2 * MiB, "free_bytes": 2 * MiB - 3072},
+    )
+
+
+def test_rows_in_order_with_allocator_rows_where_they_happened(trace) -> None:
+    ev, extras = output_events(trace, _run(trace))
+    assert [Op(o).label for o in ev.op] == [
+        "segment_alloc", "malloc", "segment_alloc", "malloc", "free", "segment_free", "oom", "free"]
+    # frees carry the block's rounded size; the oom row the request; segments their bytes
+    assert ev.size.tolist() == [2 * MiB, 1000, 2 * MiB, 3000, 1024, 2 * MiB, 5000, 3072]
+    assert ev.rounded[[1, 3, 6]].tolist() == [1024, 3072, 5120]
+    assert ev.seq.tolist() == list(range(8))
+    assert np.all(np.diff(ev.t_ns) >= 0)
+    assert extras["input_seq"].to_pylist() == [None, 10, None, 11, 12, None, 13, 14]
+    assert extras["latency_ns"].to_pylist() == [900, 2000, 800, 2100, 300, 700, 5000, 310]
+    assert extras["device_free"].to_pylist() == [100 * MiB, None, 98 * MiB, None, None, 100 * MiB,
+                                                 96 * MiB, None]
+
+
+def test_output_is_a_valid_trace_that_pairs(trace, tmp_path: Path) -> None:
+    ev, extras = output_events(trace, _run(trace))
+    out = tmp_path / "out.parquet"
+    write_trace(out, TraceMeta.new(Source.REPLAY), ev, extras, extra_fields=EXTRA_FIELDS)
+    back = read_trace(out, strict=True)
+    assert len(back.events) == 8 and not back.issues
+    assert back.mate[4] == 1 and back.mate[7] == 3  # each free pairs with its real malloc
+    assert back.extras is not None and back.extras.column_names == ["latency_ns", "device_free", "input_seq"]
+
+
+def test_live_curve_and_summary(trace) -> None:
+    run = _run(trace)
+    assert live_curve(trace, run).tolist() == [1024, 4096, 3072, 3072, 0, 0, 0]
+    s = summary(trace, run)
+    assert s["peak_live_bytes"] == 4096
+    assert s["segment_allocs"] == 2 and s["segment_frees"] == 1
+    assert s["oom_count"] == 1 and s["replayed"] == 6
+    assert s["oom"]["seq"] == 13 and s["oom"]["size"] == 5000 and s["oom"]["rounded"] == 5120
+    assert s["oom"]["cause"] == "fragmentation"  # the pool held 2 MiB - 3072 B free, more than 5120 B
+    assert s["malloc_latency_ns"]["count"] == 2 and s["malloc_latency_ns"]["p50"] == 2050
+    assert s["free_latency_ns"]["count"] == 2
+    assert s["released"] is True
+    text = text_summary(s)
+    assert "OOM at seq 13" in text and "device memory released: yes" in text
+
+
+def test_cuda_oom_reserved_comes_from_device_free(trace) -> None:
+    run = _run(trace, Allocator.CUDA)
+    run = DeviceRun(**{**run.__dict__, "oom_state": {"device_free": 96 * MiB, "error": "oom"}})
+    s = summary(trace, run)
+    assert s["oom"]["free_bytes"] == 96 * MiB
+    assert s["oom"]["reserved_bytes"] == 24 * MiB  # 120 MiB at the start - 96 MiB left
+    assert s["oom"]["live_bytes"] == 3072
+
+
+def test_compare_agrees_and_disagrees() -> None:
+    dev = {"allocator": "cupy", "oom": {"seq": 13}, "peak_reserved_bytes": 4 * MiB, "segment_allocs": 2,
+           "segment_frees": 1, "peak_live_bytes": 4096}
+    sim = {**dev, "oom": {"seq": 13}}
+    c = compare_summaries(dev, sim, "cupy")
+    assert c["agree"] is True
+    c = compare_summaries(dev, {**sim, "segment_allocs": 3}, "cupy")
+    assert c["agree"] is False
+    assert "DISAGREE" in format_comparison(c)
+    # the cuda allocator's peak reserved is sampled: shown, but it does not decide
+    c = compare_summaries({**dev, "allocator": "cuda"}, {**sim, "peak_reserved_bytes": 1}, "first-fit")
+    assert c["agree"] is True
+    assert next(r for r in c["rows"] if r["figure"] == "peak_reserved_bytes")["agree"] is None
