@@ -1,0 +1,54 @@
+"""``tracekit import torch SNAPSHOT``: a PyTorch memory snapshot (pickle, optionally gzip) to a v1 trace.
+
+The module is named ``importer`` because ``import`` is a Python keyword; it
+registers the sub-app under the verb name ``import``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+sub = typer.Typer(
+    name="import",
+    help="Convert another tool's allocation history into a tracekit trace.",
+    no_args_is_help=True,
+)
+
+
+@sub.command("torch")
+def torch_cmd(
+    snapshot: Path = typer.Argument(
+        ..., help="A snapshot from torch.cuda.memory._dump_snapshot (.pickle, or gzip-compressed)."
+    ),
+    output: Path = typer.Option(
+        None, "-o", "--output", help="Trace to write (default: the snapshot's name with .parquet)."
+    ),
+    device: int = typer.Option(None, "--device", help="Import only this device ordinal (default: all)."),
+    stacks: bool = typer.Option(
+        False, "--stacks", help="Also store each event's whole Python stack (extra column 'stack')."
+    ),
+    progress: bool = typer.Option(
+        None, "--progress/--no-progress", help="Progress bar on stderr (default: files of 64 MiB or more)."
+    ),
+) -> None:
+    """Import a PyTorch CUDA memory snapshot; untrusted files are safe (nothing in them is run)."""
+    from tracekit.cli.common import wrote
+    from tracekit.importers.torch_snapshot import import_snapshot
+
+    result = import_snapshot(snapshot, output, device=device, stacks=stacks, progress=progress)
+    skipped = ", ".join(f"{n} x {a}" for a, n in sorted(result.skipped.items()))
+    if skipped:
+        typer.echo(f"tracekit: note: {snapshot}: skipped history entries: {skipped}", err=True)
+    if result.initial_rows:
+        typer.echo(
+            f"tracekit: note: {snapshot}: the history starts mid-run; {result.initial_rows} rows at t=0 "
+            "rebuild the state before it (column 'initial')",
+            err=True,
+        )
+    wrote(result.path)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sub, name="import")

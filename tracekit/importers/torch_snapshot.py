@@ -1,0 +1,255 @@
+"""Import a PyTorch CUDA memory snapshot (``_dump_snapshot`` pickle) as a v1 trace.
+
+Mapping, per history entry: ``alloc`` -> ``malloc`` (``size`` = the unrounded
+request, ``rounded`` = ``round_size(size)`` under the snapshot's
+``roundup_power2_divisions``); ``free_completed`` -> ``free`` (``size`` = the
+paired malloc's ``rounded``; the time of the matching ``free_requested`` goes
+to the extra column ``free_requested_ns``); ``segment_alloc`` /
+``segment_free`` -> segment rows; ``segment_map`` / ``segment_unmap`` -> one
+segment row per cell of the device's expandable grid (``torch_state``);
+``oom`` -> ``oom`` (``size`` = ``rounded`` = PyTorch's rounded request, extra
+``device_free``); ``time_us`` -> ``t_ns`` = 1000 (time_us - first time_us);
+frames -> ``site``. ``free_requested`` makes no row; other actions are skipped
+and counted. The state before the first entry is emitted first, at t_ns 0,
+with ``initial`` = true. Metadata: source torch, device and pool limit when
+the snapshot carries a ``tracekit`` key (written by ``record --torch`` and
+``scripts/torch_workloads.py``), ``torch_allocator_settings``, ``torch_import``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit.errors import InputError
+from tracekit.importers import torch_columns as tc
+from tracekit.importers.progress import LARGE_BYTES, Progress
+from tracekit.importers.safe_pickle import load_pickle
+from tracekit.importers.torch_rounding import divisions_from_settings, round_size
+from tracekit.importers.torch_state import Grid, Rows, final_state, initial_rows
+from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
+from tracekit.trace.writer import check_output_path
+
+V1_OP = np.array([Op.MALLOC, -1, Op.FREE, Op.SEGMENT_ALLOC, Op.SEGMENT_FREE, Op.SEGMENT_ALLOC,
+                  Op.SEGMENT_FREE, Op.OOM], dtype=np.int8)
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import wrote: the path, row counts, and the entries it skipped by action."""
+
+    path: Path
+    rows: int
+    initial_rows: int
+    devices: tuple[int, ...]
+    skipped: dict[str, int]
+
+
+@dataclass(frozen=True, eq=False)
+class _DeviceRows:
+    rows: Rows
+    t_us: np.ndarray  # int64, -1 for initial rows
+    initial: np.ndarray
+    req_us: np.ndarray  # int64, free_requested time or -1
+    device_free: np.ndarray
+    stack: np.ndarray
+
+
+def default_output(snapshot: Path) -> Path:
+    name = snapshot.name
+    for suffix in (".gz", ".pickle", ".pkl"):
+        name = name.removesuffix(suffix)
+    return snapshot.with_name(name + ".parquet")
+
+
+def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,
+                    device: int | None = None, stacks: bool = False,
+                    progress: bool | None = None) -> ImportResult:
+    """Read ``path`` with the restricted unpickler and write the v1 trace (``output`` or beside it)."""
+    src = Path(path)
+    out = Path(output) if output is not None else default_output(src)
+    check_output_path(out, (src,))
+    if out.exists() and src.exists() and out.resolve() == src.resolve():
+        raise InputError(f"{out}: refusing to overwrite the snapshot; choose another -o")
+    big = progress if progress is not None else (src.exists() and src.stat().st_size >= LARGE_BYTES)
+    snap = load_pickle(src, progress=big)
+    meta, events, extras, result = convert(snap, src, device=device, stacks=stacks, progress=big)
+    write_trace(out, meta, events, extras)
+    return ImportResult(out, result[0], result[1], result[2], result[3])
+
+
+def _shape(snap: Any, where: Path) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    if isinstance(snap, list):  # legacy: a bare list of segments, no history
+        return snap, [], {}
+    if not isinstance(snap, dict):
+        raise InputError(f"{where}: not a PyTorch memory snapshot (the pickle holds a {type(snap).__name__})")
+    if not any(k in snap for k in ("segments", "device_traces")):
+        raise InputError(f"{where}: not a PyTorch memory snapshot (no 'segments' or 'device_traces' key)")
+    segs, traces = snap.get("segments") or [], snap.get("device_traces") or []
+    if not isinstance(segs, list) or not isinstance(traces, list):
+        raise InputError(f"{where}: not a PyTorch memory snapshot ('segments'/'device_traces' are not lists)")
+    return segs, traces, snap
+
+
+def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool = False,
+            progress: bool = False) -> tuple[TraceMeta, Events, dict[str, Any], tuple[Any, ...]]:
+    """The v1 events, extra columns and metadata of an unpickled snapshot (consumes its history)."""
+    segs, traces, top = _shape(snap, where)
+    present = {i for i, t in enumerate(traces) if t} | {
+        int(s.get("device", 0) or 0) for s in segs if isinstance(s, dict)}
+    if device is not None and device not in present:
+        have = ", ".join(map(str, sorted(present))) or "none"
+        raise InputError(f"{where}: the snapshot has no device {device} (devices with data: {have})")
+    devices = sorted(present) if device is None else [device]
+    settings = top.get("allocator_settings") if isinstance(top.get("allocator_settings"), dict) else {}
+    rnd = partial(round_size, divisions=divisions_from_settings(settings))
+    table, skipped = tc.SiteTable(), Counter[str]()
+    total = sum(len(traces[d]) for d in devices if d < len(traces) and isinstance(traces[d], list))
+    bar = Progress("converting", total, enabled=progress)
+    parts, hists = [], []
+    for d in devices:
+        entries = traces[d] if d < len(traces) and isinstance(traces[d], list) else []
+        h = tc.read_history(entries, d, table, stacks=stacks, progress=bar, where=str(where))
+        if d < len(traces):
+            traces[d] = None  # the entry dicts are no longer needed
+        skipped.update(h.skipped)
+        parts.append(_device_rows(h, final_state(segs, d, table), rnd))
+        hists.append(h)
+    bar.close()
+    events, extras = _merge(parts, devices, hists, table, stacks)
+    _pair_free_sizes(events)
+    ninit = int(np.count_nonzero(extras["initial"]))
+    meta = _meta(top, where, settings, skipped, hists, devices, ninit)
+    return meta, events, extras, (len(events), ninit, tuple(devices), dict(skipped))
+
+
+def _device_rows(h: tc.History, fs: Any, rnd: Any) -> _DeviceRows:
+    grid = Grid(h, fs)
+    init = initial_rows(h, fs, grid, rnd)
+    a = h.action
+    mapped = (a == tc.SEGMENT_MAP) | (a == tc.SEGMENT_UNMAP)
+    n_cells, cell_addr, cell_size = grid.pieces(h.addr[mapped], h.size[mapped])
+    count = np.where(a == tc.FREE_REQUESTED, 0, 1).astype(np.int64)
+    count[mapped] = n_cells
+    src = np.repeat(np.arange(len(h), dtype=np.int64), count)
+    op = V1_OP[a[src]]
+    addr, size = h.addr[src].copy(), h.size[src].copy()
+    from_map = mapped[src]
+    addr[from_map], size[from_map] = cell_addr, cell_size
+    rounded = np.zeros(len(src), np.uint64)
+    is_m = op == Op.MALLOC
+    rounded[is_m] = rnd(size[is_m])
+    rounded[op == Op.OOM] = size[op == Op.OOM]
+    hist = Rows(op, addr, size, rounded, h.stream[src], h.site[src], from_map)
+    req = _free_requested_us(h)[src]
+    ni = len(init.op)
+    cat = np.concatenate
+    rows = Rows(*(cat([getattr(init, f), getattr(hist, f)]) for f in Rows.__dataclass_fields__))
+    return _DeviceRows(
+        rows=rows, t_us=cat([np.full(ni, -1, np.int64), h.time_us[src]]),
+        initial=cat([np.ones(ni, bool), np.zeros(len(src), bool)]),
+        req_us=cat([np.full(ni, -1, np.int64), req]),
+        device_free=cat([np.full(ni, -1, np.int64), h.device_free[src]]),
+        stack=cat([np.full(ni, -1, np.int32), h.stack[src]]),
+    )
+
+
+def _free_requested_us(h: tc.History) -> np.ndarray:
+    """Per entry: for a free_completed, time_us of the free_requested just before it (same addr), else -1."""
+    out = np.full(len(h), -1, np.int64)
+    a = h.action
+    ev = np.flatnonzero((a == tc.ALLOC) | (a == tc.FREE_REQUESTED) | (a == tc.FREE_COMPLETED))
+    if not len(ev):
+        return out
+    ev = ev[np.argsort(h.addr[ev], kind="stable")]  # by address, history order within one
+    prev, cur = ev[:-1], ev[1:]
+    hit = (a[cur] == tc.FREE_COMPLETED) & (a[prev] == tc.FREE_REQUESTED) & (h.addr[cur] == h.addr[prev])
+    out[cur[hit]] = h.time_us[prev[hit]]
+    return out
+
+
+def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History], table: tc.SiteTable,
+           stacks: bool) -> tuple[Events, dict[str, Any]]:
+    """All devices in one trace: initial rows first, then history rows by time (stable)."""
+    has_time = all(h.has_time for h in hists)
+    firsts = [int(p.t_us[~p.initial][0]) for p in parts if np.any(~p.initial)]
+    t0 = min(firsts) if has_time and firsts else 0
+    t_ns, dev, local = [], [], []
+    for p, d in zip(parts, devices, strict=True):
+        if has_time:
+            t = np.where(p.initial, 0, np.maximum(p.t_us - t0, 0) * 1000)
+            t = np.maximum.accumulate(t) if len(t) else t
+        else:  # no clock in the file: the entry index stands in for time
+            t = np.cumsum(~p.initial).astype(np.int64) * (~p.initial)
+        t_ns.append(t), dev.append(np.full(len(t), d, np.int16)), local.append(np.arange(len(t)))
+    cat = np.concatenate
+    t_all, dev_all, initial = cat(t_ns), cat(dev), cat([p.initial for p in parts])
+    order = np.lexsort((cat(local), dev_all, t_all, ~initial))
+
+    def col(name: str) -> np.ndarray:
+        return cat([getattr(p.rows, name) for p in parts])[order]
+
+    ev = Events.build(
+        op=col("op"), size=col("size"), addr=col("addr"), rounded=col("rounded"), t_ns=t_all[order],
+        stream=col("stream"), device=dev_all[order], site=col("site"), sites=table.site_tuple(),
+    )
+    req = cat([p.req_us for p in parts])[order]
+    req_ns = np.where(req >= 0, np.maximum(req - t0, 0) * 1000, 0)
+    dfree = cat([p.device_free for p in parts])[order]
+    extras: dict[str, Any] = {
+        "initial": pa.array(initial[order], pa.bool_()),
+        "free_requested_ns": pa.array(req_ns, pa.int64(), mask=req < 0),
+        "device_free": pa.array(dfree, pa.int64(), mask=dfree < 0),
+        "expandable": pa.array(col("expandable"), pa.bool_()),
+    }
+    if stacks:
+        idx = cat([p.stack for p in parts])[order]
+        extras["stack"] = pa.DictionaryArray.from_arrays(
+            pa.array(idx, pa.int32(), mask=idx < 0), pa.array(list(table.stacks), pa.string()))
+    return ev, extras
+
+
+def _pair_free_sizes(ev: Events) -> None:
+    """A free's size is the rounded bytes of the malloc it pairs with (same (device, addr), most recent)."""
+    from tracekit.trace.validate import pair_events
+
+    mate = pair_events(ev.op, ev.addr, ev.device, ev.seq).mate
+    free = np.flatnonzero((ev.op == Op.FREE) & (mate >= 0))
+    ev.size[free] = ev.rounded[mate[free]]
+
+
+def _meta(top: dict[str, Any], where: Path, settings: dict[str, Any], skipped: Counter[str],
+          hists: list[tc.History], devices: list[int], ninit: int) -> TraceMeta:
+    tk = top.get("tracekit") if isinstance(top.get("tracekit"), dict) else {}
+    dev = None
+    if tk.get("device_name") or tk.get("total_bytes"):
+        free = _int(tk.get("free_bytes_at_start"))
+        dev = DeviceInfo(tk.get("device_name"), _int(tk.get("total_bytes")), free)
+    versions = {k: str(tk[v]) for k, v in (("torch", "torch_version"), ("cuda", "cuda_version")) if tk.get(v)}
+    info = {
+        "snapshot": where.name, "devices": devices, "history_entries": [len(h) for h in hists],
+        "initial_rows": ninit, "skipped_actions": dict(skipped),
+        "time": "time_us" if all(h.has_time for h in hists) else "entry index (the snapshot has no time_us)",
+    }
+    extra: dict[str, Any] = {"torch_allocator_settings": settings, "torch_import": info}
+    for k in ("memory_fraction", "oom_observer", "workload", "schedule", "max_entries"):
+        if k in tk:
+            extra[f"torch_{k}"] = tk[k]
+    return TraceMeta.new(
+        Source.TORCH, device=dev, pool_limit_bytes=_int(tk.get("allowed_bytes")),
+        command=tk.get("command"), versions=versions, extra=extra,
+    )
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
