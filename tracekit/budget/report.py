@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tracekit.budget.kernel_probe import MAX_LOCAL
 from tracekit.budget.measure import measure_budget
 from tracekit.budget.model import MiB, budget_terms, cross_checks, format_checks, format_table
 from tracekit.errors import UsageError
@@ -14,6 +15,9 @@ def budget_report(device: int, kernel_local_bytes: int | None, probe_largest: bo
     """Measure the budget of ``device`` and render it (a table with notes, or one JSON document)."""
     if device < 0:
         raise UsageError(f"--device must be a CUDA device ordinal (0, 1, ...), got {device}")
+    if kernel_local_bytes is not None and not 4 <= kernel_local_bytes <= MAX_LOCAL:
+        raise UsageError(f"--kernel-local-bytes must be between 4 and {MAX_LOCAL:,}, "
+                         f"got {kernel_local_bytes}")
     b = measure_budget(device, kernel_local_bytes, probe_largest)
     terms = budget_terms(b)
     checks = cross_checks(b, terms)
