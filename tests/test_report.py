@@ -31,12 +31,13 @@ BASE = 0x7F00_0000_0000
 SITES = ("model/a.py:10:weights", "model/b.py:20:activations", "model/c.py:30:temporary")
 
 
-def hand_trace(path: Path) -> Path:
-    """The trace of the module docstring (14 events)."""
+def hand_trace(path: Path, *, oom: bool = True) -> Path:
+    """The trace of the module docstring (14 events; 13 without the OOM row)."""
     rows: list[tuple[int, int, int, int, int]] = [(Op.SEGMENT_ALLOC, BASE, 64 * MiB, 0, -1)]
     rows += [(Op.MALLOC, BASE + i * 8 * MiB, 8 * MiB - 100, 8 * MiB, i % 3) for i in range(8)]
     rows += [(Op.FREE, BASE + i * 8 * MiB, 8 * MiB, 0, -1) for i in range(0, 8, 2)]
-    rows.append((Op.OOM, 0, 16 * MiB, 16 * MiB, 2))
+    if oom:
+        rows.append((Op.OOM, 0, 16 * MiB, 16 * MiB, 2))
     op, addr, size, rounded, site = (np.array(c) for c in zip(*rows, strict=True))
     ev = Events.build(op=op, size=size, addr=addr, rounded=rounded, site=site,
                       t_ns=np.arange(len(op)) * 250_000_000, sites=SITES)
@@ -345,3 +346,31 @@ def test_matplotlib_is_not_imported_by_the_cli_or_the_package() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parent.parent)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_cli_report_with_the_analyzer_and_a_baseline(tmp_path: Path) -> None:
+    import html as html_mod
+
+    from tracekit.analysis import analyze_trace
+    from tracekit.cli.app import app
+
+    p = hand_trace(tmp_path / "hand.parquet")
+    base = hand_trace(tmp_path / "fixed.parquet", oom=False)
+    out, png = tmp_path / "r.html", tmp_path / "png"
+    r = CliRunner().invoke(app, ["report", str(p), "-o", str(out), "--png", str(png), "--baseline", str(base)])
+    assert r.exit_code == 0, r.output
+    assert f"Wrote {out}" in r.output
+    text = out.read_text()
+    oom = analyze_trace(read_trace(p)).summary.to_dict()["oom"]
+    assert html_mod.escape(oom["explanation"]) in text  # the analyzer's sentence, verbatim
+    assert text.count("data:image/png") == 6 and "baseline: fixed.parquet" in text
+    assert (png / "baseline.png").is_file()
+
+
+def test_cli_report_default_output_sits_beside_the_trace(tmp_path: Path) -> None:
+    from tracekit.cli.app import app
+
+    p = hand_trace(tmp_path / "hand.parquet")
+    r = CliRunner().invoke(app, ["report", str(p)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "hand.html").is_file()

@@ -50,19 +50,30 @@ def esc(v: Any) -> str:
     return html.escape(str(v), quote=True)
 
 
+BYTE_KEYS = frozenset(
+    {
+        "size",
+        "rounded",
+        "device_free",
+        "free_in_pool",
+        "largest_free_block",
+        "min_largest_free_block",
+        "bytes",
+    }
+)
+
+
 def fmt_value(key: str, v: Any) -> str:
-    """A summary value in human units: bytes as KiB/MiB/GiB, fractions as %, None as n/a."""
+    """A summary value in human units: bytes as KiB/MiB/GiB, ratios as %, None as n/a."""
     if v is None:
         return "n/a"
     if isinstance(v, bool):
         return "yes" if v else "no"
     k = key.lower()
-    if isinstance(v, int | float) and (
-        "bytes" in k or "block" in k or k in ("size", "rounded", "device_free", "free_in_pool")
-    ):
+    if isinstance(v, int | float) and (k.endswith("_bytes") or k in BYTE_KEYS):
         return f"{format_size(v)} ({int(v):,} bytes)" if v > 1024 else f"{int(v):,} bytes"
-    if "fragmentation" in k and isinstance(v, int | float):
-        return f"{100 * v:.1f}%"
+    if ("fragmentation" in k or k in ("jw1", "jw2", "jw3", "jw4")) and isinstance(v, int | float):
+        return f"{100 * v:.1f}%" if v == 0 or abs(v) >= 0.001 else f"{100 * v:.2g}%"
     if k == "duration_s" and isinstance(v, int | float):
         return f"{v:.3f} s"
     if isinstance(v, float):

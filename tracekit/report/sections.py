@@ -32,7 +32,21 @@ SUMMARY_KEYS = (
     "jw2",
     "jw3",
     "jw4",
+    "oom_events",
+    "leaked_bytes",
+    "leaked_blocks",
+    "device_total_bytes",
+    "device_free_at_start_bytes",
+    "overhead_bytes",
+    "limit_bytes",
+    "limit_kind",
 )
+LABELS = {
+    "jw1": "jw1: time-averaged reserved over requested, minus 1",
+    "jw2": "jw2: reserved over requested at peak requested, minus 1",
+    "jw3": "jw3: reserved over requested at peak reserved, minus 1",
+    "jw4": "jw4: peak reserved over peak requested, minus 1",
+}
 OOM_KEYS = (
     "seq",
     "t_ns",
@@ -84,7 +98,7 @@ def summary_section(summary: dict[str, Any]) -> str:
     parts = ['<h2 id="summary">Summary</h2>']
     parts.append(
         table(
-            [[k, fmt_value(k, summary.get(k))] for k in SUMMARY_KEYS if k in summary],
+            [[LABELS.get(k, k), fmt_value(k, summary.get(k))] for k in SUMMARY_KEYS if k in summary],
             ["metric", "value"],
             (1,),
         )
@@ -113,7 +127,11 @@ def baseline_section(
     fig_html: str, this: dict[str, Any], base: dict[str, Any], names: tuple[str, str]
 ) -> str:
     """The overlay figure and both summaries side by side, with the OOM verdict of each."""
-    rows = [[k, fmt_value(k, this.get(k)), fmt_value(k, base.get(k))] for k in SUMMARY_KEYS]
+    rows = [
+        [LABELS.get(k, k), fmt_value(k, this.get(k)), fmt_value(k, base.get(k))]
+        for k in SUMMARY_KEYS
+        if k in this or k in base
+    ]
     oom_row = ["oom"] + [
         f"{o['diagnosis']} at seq {o['seq']}" if o else "none" for o in (this.get("oom"), base.get("oom"))
     ]
