@@ -108,7 +108,8 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
         have = ", ".join(map(str, sorted(present))) or "none"
         raise InputError(f"{where}: the snapshot has no device {device} (devices with data: {have})")
     devices = sorted(present) if device is None else [device]
-    settings = top.get("allocator_settings") if isinstance(top.get("allocator_settings"), dict) else {}
+    raw_settings = top.get("allocator_settings")
+    settings: dict[str, Any] = raw_settings if isinstance(raw_settings, dict) else {}
     rnd = partial(round_size, divisions=divisions_from_settings(settings))
     table, skipped = tc.SiteTable(), Counter[str]()
     total = sum(len(traces[d]) for d in devices if d < len(traces) and isinstance(traces[d], list))
@@ -188,7 +189,9 @@ def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History]
             t = np.maximum.accumulate(t) if len(t) else t
         else:  # no clock in the file: the entry index stands in for time
             t = np.cumsum(~p.initial).astype(np.int64) * (~p.initial)
-        t_ns.append(t), dev.append(np.full(len(t), d, np.int16)), local.append(np.arange(len(t)))
+        t_ns.append(t)
+        dev.append(np.full(len(t), d, np.int16))
+        local.append(np.arange(len(t)))
     cat = np.concatenate
     t_all, dev_all, initial = cat(t_ns), cat(dev), cat([p.initial for p in parts])
     order = np.lexsort((cat(local), dev_all, t_all, ~initial))
@@ -227,7 +230,8 @@ def _pair_free_sizes(ev: Events) -> None:
 
 def _meta(top: dict[str, Any], where: Path, settings: dict[str, Any], skipped: Counter[str],
           hists: list[tc.History], devices: list[int], ninit: int) -> TraceMeta:
-    tk = top.get("tracekit") if isinstance(top.get("tracekit"), dict) else {}
+    raw = top.get("tracekit")
+    tk: dict[str, Any] = raw if isinstance(raw, dict) else {}
     dev = None
     if tk.get("device_name") or tk.get("total_bytes"):
         free = _int(tk.get("free_bytes_at_start"))

@@ -80,8 +80,11 @@ def final_state(segments: list[Any], device: int, table: SiteTable) -> FinalStat
         total = seg.get("total_size")
         if total is None:
             total = sum(int(b.get("size", 0)) for b in blocks)
-        sa.append(addr), ss.append(int(total)), st.append(stream)
-        sx.append(bool(seg.get("is_expandable", False))), sf.append(table.site_of(seg.get("frames")))
+        sa.append(addr)
+        ss.append(int(total))
+        st.append(stream)
+        sx.append(bool(seg.get("is_expandable", False)))
+        sf.append(table.site_of(seg.get("frames")))
         for b in blocks:
             if str(b.get("state", "")) not in LIVE_STATES:
                 continue
@@ -91,8 +94,10 @@ def final_state(segments: list[Any], device: int, table: SiteTable) -> FinalStat
                 frames = frames if frames is not None else hist[-1].get("frames")
                 req = req if req is not None else hist[-1].get("real_size")
             size = int(b.get("size", 0))
-            ba.append(int(b.get("address", 0))), bs.append(size)
-            br.append(int(req if req is not None else size)), bt.append(stream)
+            ba.append(int(b.get("address", 0)))
+            bs.append(size)
+            br.append(int(req if req is not None else size))
+            bt.append(stream)
             bf.append(table.site_of(frames))
     u64 = np.uint64
     return FinalState(
@@ -153,7 +158,9 @@ def initial_rows(h: History, fs: FinalState, grid: Grid, divisions_round: Any) -
     seg_stream = [h.stream[s_from_free], fs.seg_stream[plain]]
     seg_site = [np.full(len(s_from_free), -1, np.int32), fs.seg_site[plain]]
     ex_addr, ex_size, ex_stream = _initial_cells(h, fs, grid)
-    seg_addr.append(ex_addr), seg_size.append(ex_size), seg_stream.append(ex_stream)
+    seg_addr.append(ex_addr)
+    seg_size.append(ex_size)
+    seg_stream.append(ex_stream)
     seg_site.append(np.full(len(ex_addr), -1, np.int32))
     sa, ss = np.concatenate(seg_addr), np.concatenate(seg_size)
     expandable = np.concatenate([np.zeros(len(sa) - len(ex_addr), bool), np.ones(len(ex_addr), bool)])
