@@ -1,0 +1,103 @@
+"""Recording overhead on a CuPy MLP training loop: no hook, no-op hook, recording with/without sites.
+
+Each variant runs a warm-up of the loop (untimed, so a fresh recorded pool
+has its segments) and then the timed loop, ending with a device sync; the
+variants are interleaved over the repeats and the minimum is reported, with
+the ratio to the run without any hook and the allocation events per second.
+Targets: recording with call-sites at most 1.15x, without at most 1.10x.
+
+    PYTHONPATH=. python3 scripts/bench_record_overhead.py [--steps 1000] [--repeats 5] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cupy as cp
+
+from tracekit.record import CupyRecording
+from tracekit.trace import read_trace
+
+HERE = Path(__file__).resolve().parent
+
+
+def _workloads():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("record_workloads", HERE / "record_workloads.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def timed(fn, steps: int) -> float:  # type: ignore[no-untyped-def]
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    fn(steps)
+    cp.cuda.Device().synchronize()
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    mlp = _workloads().run_mlp
+    tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
+    mlp(args.warmup)
+    times: dict[str, list[float]] = {"none": [], "noop_hook": [], "record_no_sites": [], "record_sites": []}
+    finalize_s: dict[str, list[float]] = {"record_no_sites": [], "record_sites": []}
+    events: dict[str, int] = {}
+    for rep in range(args.repeats):
+        for variant in times:
+            if variant == "none":
+                mlp(args.warmup)
+                times[variant].append(timed(mlp, args.steps))
+            elif variant == "noop_hook":
+                with cp.cuda.MemoryHook():
+                    mlp(args.warmup)
+                    times[variant].append(timed(mlp, args.steps))
+            else:
+                out = tmp / f"{variant}-{rep}.parquet"
+                rec = CupyRecording(out, command=["bench"], sites=variant == "record_sites", force=True)
+                rec.start()
+                mlp(args.warmup)
+                times[variant].append(timed(mlp, args.steps))
+                t0 = time.perf_counter()
+                rec.stop({"code": 0}, restore=True)
+                finalize_s[variant].append(time.perf_counter() - t0)
+                events[variant] = len(read_trace(out, extras=False).events)
+                out.unlink()
+    base = min(times["none"])
+    result = {
+        "machine": platform.node(), "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "cupy": cp.__version__, "python": platform.python_version(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+        "seconds_min": {k: min(v) for k, v in times.items()},
+        "seconds_all": times,
+        "ratio": {k: min(v) / base for k, v in times.items()},
+        "events_per_run": events,
+        "events_per_s": {k: n / min(times[k]) * args.steps / (args.steps + args.warmup)
+                         for k, n in events.items()},
+        "finalize_s_min": {k: min(v) for k, v in finalize_s.items()},
+        "targets": {"record_sites": 1.15, "record_no_sites": 1.10},
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

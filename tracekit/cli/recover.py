@@ -1,0 +1,25 @@
+"""``tracekit recover SPOOL [-o TRACE]``: a v1 trace from a recording that was killed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def recover(
+    path: Path = typer.Argument(..., help="The spool (NAME.parquet.spool), or the trace name it was for."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Trace to write (default NAME.parquet)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
+) -> None:
+    """Turn the spool of an unfinished recording into a v1 trace (marked incomplete)."""
+    from tracekit.cli.common import wrote
+    from tracekit.record.recover import recover as run
+
+    wrote(run(path, output, force=force))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("recover")(recover)

@@ -1,0 +1,89 @@
+"""Metadata a CuPy recording stores at start: device, memory, limits, versions, budget.
+
+The cheap device budget (``tracekit.budget.cheap_budget``: NVML before the
+context, the context's cost, the runtime limits) is measured first, before
+this process touches the device, and stored whole under ``"budget"``; the
+top-level keys repeat the figures the analyzer reads most (``nvml``,
+``device_limits``). Every figure the driver will not give is ``None``, and a
+budget that cannot be measured is stored as ``{"error": ...}`` rather than
+stopping the recording.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+from tracekit import __version__
+from tracekit.trace.schema import DeviceInfo, Source, TraceMeta
+
+LIMITS = {"stack_size": 0, "printf_fifo_size": 1, "malloc_heap_size": 2}  # cudaLimit enum values
+
+
+def measure_budget(device_id: int) -> dict[str, Any]:
+    try:
+        from tracekit.budget import cheap_budget
+
+        return dict(cheap_budget(device_id))
+    except Exception as e:  # budget code missing or the driver refused: the recording goes on
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, limit: int | None,
+               pool: Any, budget: dict[str, Any]) -> TraceMeta:
+    """The trace metadata at start (call with ``device_id`` current and the recorded pool installed)."""
+    rt = cupy.cuda.runtime
+    free, total = (int(x) for x in rt.memGetInfo())
+    props = rt.getDeviceProperties(device_id)
+    name = props.get("name")
+    name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+    limits: dict[str, int | None] = {}
+    for key, code in LIMITS.items():
+        try:
+            limits[key] = int(rt.deviceGetLimit(code))
+        except Exception:
+            limits[key] = None
+    pool_limit = int(pool.get_limit())
+    nvml = {k: budget.get(k) for k in ("nvml_total", "nvml_reserved", "nvml_used_before",
+                                        "nvml_used_after", "nvml_free_before")}
+    versions = {
+        "cupy": str(cupy.__version__),
+        "cuda_runtime": _cuda_version(rt.runtimeGetVersion()),
+        "cuda_driver": _cuda_version(rt.driverGetVersion()),
+        "python": platform.python_version(),
+        "tracekit": __version__,
+    }
+    if budget.get("driver_version"):
+        versions["nvidia_driver"] = str(budget["driver_version"])
+    return TraceMeta.new(
+        Source.CUPY,
+        device=DeviceInfo(name=name, total_bytes=total, free_bytes=free),
+        pool_limit_bytes=pool_limit or None,
+        command=" ".join(command),
+        versions=versions,
+    ).with_extra(
+        argv=list(command),
+        device_id=device_id,
+        device_count=int(rt.getDeviceCount()),
+        nvml=nvml if budget.get("nvml") else None,
+        device_limits=limits,
+        pool_limit_requested=limit,
+        budget=budget,
+        recorder={
+            "call_sites": sites,
+            "hook": "cupy.cuda.MemoryHook (malloc/free) + PythonFunctionAllocator (segments)",
+            "threads": "every threading.Thread started after recording began",
+            "pid": os.getpid(),
+            "host": platform.node(),
+        },
+        start_unix_ns=time.time_ns(),
+        executable=sys.executable,
+    )
+
+
+def _cuda_version(v: int) -> str:
+    v = int(v)
+    return f"{v // 1000}.{(v % 1000) // 10}"

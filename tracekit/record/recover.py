@@ -1,0 +1,147 @@
+"""Turning a spool into a v1 trace: at the end of a recording, or after a crash.
+
+``finalize`` reads the spool twice, batch by batch (memory stays near one
+batch plus the output row group): the first pass collects call-site names
+and notes, the second writes the events through ``TraceWriter`` (atomic
+rename), with ``seq`` numbered in spool order. ``recover`` does the same for
+a spool left behind by a killed recording and marks the trace
+``"complete": false``; a last batch cut short by the kill is skipped, so
+what is lost is at most the flush interval before the kill.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit.errors import InputError, OutputError
+from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY
+from tracekit.trace.events import Events
+from tracekit.trace.schema import META_KEY, TraceMeta
+from tracekit.trace.writer import TraceWriter
+
+ROW_GROUP = 1 << 20
+
+
+@dataclass
+class SpoolScan:
+    """What the first pass over a spool found."""
+
+    meta: TraceMeta
+    sites: list[str] = field(default_factory=list)
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    batches: int = 0
+    truncated: bool = False
+
+
+def _open(path: Path) -> pa.ipc.RecordBatchStreamReader:
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    try:
+        reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: not a tracekit recording spool, or killed before it began ({e})") from None
+    md = reader.schema.metadata or {}
+    if SPOOL_KEY not in md or META_KEY not in md:
+        raise InputError(f"{path}: an Arrow stream, but not a tracekit recording spool")
+    return reader
+
+
+def _batches(path: Path, scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
+    reader = _open(path)
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, OSError):  # the last batch was cut short by a kill
+            if scan is not None:
+                scan.truncated = True
+            return
+        yield batch
+
+
+def scan_spool(path: Path) -> SpoolScan:
+    """Pass 1: metadata, call-site names, notes (with the seq of the event each describes), counts."""
+    reader = _open(path)
+    meta = TraceMeta.from_json(reader.schema.metadata[META_KEY], str(path))
+    scan = SpoolScan(meta)
+    for batch in _batches(path, scan):
+        op = batch.column("op").to_numpy()
+        text = batch.column("text")
+        for i in np.flatnonzero(op == SITE_ROW):
+            site = int(batch.column("site")[i].as_py())
+            while len(scan.sites) <= site:
+                scan.sites.append("")
+            scan.sites[site] = text[i].as_py()
+        events_before = np.cumsum(op >= 0)
+        for i in np.flatnonzero(op == NOTE_ROW):
+            note = json.loads(text[i].as_py())
+            scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, **note})
+        scan.events += int(events_before[-1]) if len(op) else 0
+        scan.batches += 1
+    return scan
+
+
+def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...]) -> Events:
+    keep = batch.column("op").to_numpy() >= 0
+    col = {n: batch.column(n).to_numpy()[keep] for n in
+           ("t_ns", "op", "addr", "size", "rounded", "stream", "device", "site")}
+    n = int(keep.sum())
+    return Events.build(
+        col["op"], col["size"], addr=col["addr"], rounded=col["rounded"], t_ns=col["t_ns"],
+        seq=np.arange(seq0, seq0 + n, dtype=np.uint64), stream=col["stream"], device=col["device"],
+        site=col["site"], sites=sites,
+    )
+
+
+def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
+    """Write the v1 trace ``output`` from ``spool``; ``extra`` goes into the metadata."""
+    scan = scan_spool(spool)
+    ooms = [n for n in scan.notes if n.get("kind") == "oom"]
+    meta = scan.meta.with_extra(ooms=ooms, **extra)
+    if scan.truncated:
+        meta = meta.with_extra(spool_truncated=True)
+    sites = tuple(scan.sites)
+    seq = 0
+    pending: list[Events] = []
+    with TraceWriter(output, meta) as w:
+        for batch in _batches(spool):
+            ev = _events(batch, seq, sites)
+            seq += len(ev)
+            pending.append(ev)
+            if sum(map(len, pending)) >= ROW_GROUP:
+                w.write(Events.concat(pending))
+                pending = []
+        if pending:
+            w.write(Events.concat(pending))
+    return output
+
+
+def default_output(spool: Path) -> Path:
+    return spool.with_name(spool.name.removesuffix(".spool")) if spool.name.endswith(".spool") \
+        else spool.with_name(spool.name + ".parquet")
+
+
+def recover(path: Path, output: Path | None = None, *, force: bool = False) -> Path:
+    """Make a v1 trace from the spool of an unfinished recording (``path`` or ``path``.spool)."""
+    spool = path
+    if not spool.name.endswith(".spool") and not spool.exists():
+        spool = path.with_name(path.name + ".spool")
+    elif not spool.name.endswith(".spool") and Path(str(path) + ".spool").exists():
+        spool = Path(str(path) + ".spool")
+    if not spool.exists():
+        raise InputError(f"{path}: no such spool (a recording leaves NAME.parquet.spool while it runs)")
+    out = output or default_output(spool)
+    if out.resolve() == spool.resolve():
+        raise OutputError(f"{out}: refusing to overwrite the spool; choose another -o")
+    if out.exists() and not force:
+        raise OutputError(f"{out}: already exists; choose another -o or pass --force")
+    return finalize(spool, out, {"complete": False, "recovered_from": str(spool)})

@@ -1,0 +1,146 @@
+"""Run a program the way ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would.
+
+Same ``sys.argv``, a fresh ``__main__`` module (``__file__`` absolute, as
+Python 3.9+ sets it), the script's folder (or, for ``-m``, the working
+directory) first on ``sys.path``, and the same outcome: the exit code of
+``sys.exit``, 1 with the traceback printed through ``sys.excepthook`` for an
+uncaught exception (tracekit's own frames trimmed, so the traceback reads as
+it would without tracekit), 130 for Ctrl-C. Non-daemon threads are joined
+before returning, as the interpreter does at exit. The outcome keeps the
+program's globals and the exception alive, so the caller can read the pool's
+state as the program left it before anything is freed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.machinery
+import importlib.util
+import io
+import os
+import runpy
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import InputError, UsageError
+
+_SKIP = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),
+         os.path.abspath(runpy.__file__), "<frozen runpy>")
+
+
+@dataclass
+class Outcome:
+    """How the program ended: the exit code and, if one escaped, the exception."""
+
+    code: int
+    exception: str | None = None
+    message: str | None = None
+    keepalive: Any = None  # the program's globals or exception, released by the caller
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "exception": self.exception, "message": self.message}
+
+
+def check_target(target: list[str], module: bool) -> None:
+    """Fail before anything starts if the script or module does not exist."""
+    if not target:
+        raise UsageError("give the program to record: SCRIPT [ARGS]... or -m MODULE [ARGS]...")
+    name = target[0]
+    if module:
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as e:
+            raise InputError(f"{name}: cannot find the module ({e})") from None
+        finally:
+            sys.path.pop(0)
+        if spec is None:
+            raise InputError(f"{name}: no module of that name (as python -m would look for it)")
+    elif not Path(name).exists():
+        raise InputError(f"{name}: no such script")
+    elif Path(name).is_dir() and not (Path(name) / "__main__.py").exists():
+        raise InputError(f"{name}: is a folder without __main__.py")
+
+
+def run_target(target: list[str], module: bool) -> Outcome:
+    """Run ``target`` (``[script, *args]`` or ``[module, *args]``) and return its outcome."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    try:
+        keep = _run_module(target) if module else _run_script(target)
+        code, exc = 0, None
+    except SystemExit as e:
+        return _finish(Outcome(_exit_code(e.code), None if e.code in (0, None) else "SystemExit",
+                               None if e.code is None else str(e.code), e))
+    except KeyboardInterrupt as e:
+        _report(e)
+        return _finish(Outcome(130, "KeyboardInterrupt", str(e), e))
+    except BaseException as e:
+        _report(e)
+        return _finish(Outcome(1, type(e).__name__, str(e), e))
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return _finish(Outcome(code, exc, None, keep))
+
+
+def _run_script(target: list[str]) -> Any:
+    script = target[0]
+    sys.argv = list(target)
+    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    if os.path.isdir(script) or not _is_source(script):
+        return runpy.run_path(script, run_name="__main__")  # a folder or zip with __main__.py
+    path = os.path.abspath(script)
+    with io.open_code(path) as f:
+        source = f.read()
+    code = compile(source, script, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path, __builtins__=builtins, __spec__=None, __package__=None, __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+    )
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+    return main
+
+
+def _is_source(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) != b"PK\x03\x04"  # not a zip application
+
+
+def _run_module(target: list[str]) -> Any:
+    sys.argv = list(target)
+    sys.path.insert(0, os.getcwd())
+    return runpy.run_module(target[0], run_name="__main__", alter_sys=True)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _report(e: BaseException) -> None:
+    """Print the traceback the way the interpreter would, without tracekit's frames."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_SKIP):
+        tb = tb.tb_next
+    e.__traceback__ = tb
+    sys.stderr.flush()
+    sys.excepthook(type(e), e, tb)
+    sys.stderr.flush()
+
+
+def _finish(outcome: Outcome) -> Outcome:
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and not t.daemon:
+            t.join()
+    sys.stdout.flush()
+    return outcome

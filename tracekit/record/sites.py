@@ -1,0 +1,81 @@
+"""Call-sites: the innermost Python frame outside the skipped libraries, as a small integer.
+
+The recorder asks for a call-site on every malloc and free, so the lookup must
+cost next to nothing: whether a code object belongs to a skipped library
+(CuPy, tracekit) is decided once per code object, and the site of a frame is
+cached by ``(code object, instruction offset)``. Only a cache miss computes
+the line number and the ``path:line:function`` string; equal strings share
+one id. Ids are dense, start at 0 and never change, so a batch of events can
+be written before later sites exist. ``-1`` means no frame outside the
+skipped libraries was found.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import CodeType, FrameType
+
+
+class SiteTable:
+    """Maps frames to site ids; ``names`` holds the ``path:line:function`` string of each id."""
+
+    def __init__(self, skip_dirs: tuple[str, ...] = ()) -> None:
+        # A trailing separator so /x/cupy does not also skip /x/cupy_extras.
+        self._prefixes = tuple(os.path.join(os.path.abspath(d), "") for d in skip_dirs)
+        self.internal: dict[CodeType, bool] = {}  # code -> inside a skipped library
+        self.by_offset: dict[tuple[CodeType, int], int] = {}  # (code, f_lasti) -> site id
+        self.names: list[str] = []
+        self._by_name: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def is_internal(self, code: CodeType) -> bool:
+        flag = self.internal.get(code)
+        if flag is None:
+            name = code.co_filename
+            flag = self.internal[code] = bool(self._prefixes) and os.path.abspath(name).startswith(
+                self._prefixes
+            )
+        return flag
+
+    def site_of(self, frame: FrameType | None) -> int:
+        """The site id of the innermost frame at or above ``frame`` outside the skipped libraries."""
+        internal = self.internal
+        while frame is not None:
+            code = frame.f_code
+            flag = internal.get(code)
+            if flag is None:
+                flag = self.is_internal(code)
+            if not flag:
+                site = self.by_offset.get((code, frame.f_lasti))
+                return self.add(frame) if site is None else site
+            frame = frame.f_back
+        return -1
+
+    def add(self, frame: FrameType) -> int:
+        """Slow path: name the frame's line and give it an id (shared by equal names)."""
+        code = frame.f_code
+        name = f"{code.co_filename}:{frame.f_lineno}:{getattr(code, 'co_qualname', code.co_name)}"
+        with self._lock:  # two threads may miss on the same line at once
+            site = self._by_name.get(name)
+            if site is None:
+                site = self._by_name[name] = len(self.names)
+                self.names.append(name)
+            self.by_offset[(code, frame.f_lasti)] = site
+        return site
+
+    def names_since(self, start: int) -> list[str]:
+        """The names of ids ``start``, ``start+1``, ... known now."""
+        return self.names[start:]
+
+
+def default_skip_dirs() -> tuple[str, ...]:
+    """Package folders whose frames are never a call-site: tracekit itself and CuPy's packages."""
+    import importlib.util
+
+    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    for pkg in ("cupy", "cupyx", "cupy_backends", "fastrlock"):
+        spec = importlib.util.find_spec(pkg)
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(spec.submodule_search_locations)
+    return tuple(dirs)

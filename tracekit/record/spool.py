@@ -1,0 +1,155 @@
+"""The crash-safe spool: an Arrow IPC stream written while the program runs.
+
+A background thread moves rows from the ``EventBuffer`` into one record batch
+at least every ``interval`` seconds (0.5 by default) and as soon as
+``max_events`` rows wait, writes it to the stream and ``fsync``s the file, so
+a process killed with SIGKILL (or a machine that dies) loses at most the
+last interval of events. Each batch holds, in order, the names of call-sites
+first used since the last batch (``op`` -1, ``site`` = id, ``text`` = name),
+then the events, with note rows (``op`` -2, ``text`` = JSON) right after the
+event they describe. Times are nanoseconds since the recording started,
+clamped so they never decrease (threads can stamp a row a little before
+another thread appends an earlier one). The stream's schema metadata holds
+the trace metadata known at start. ``tracekit.record.recover`` turns a spool
+into a v1 trace; a batch cut short by a kill is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit.errors import OutputError
+from tracekit.record.hook import NOTE, EventBuffer, unpack
+from tracekit.record.sites import SiteTable
+from tracekit.trace.schema import META_KEY, TraceMeta
+
+SPOOL_KEY = b"tracekit_spool"
+SITE_ROW, NOTE_ROW = -1, -2
+
+SPOOL_SCHEMA = pa.schema([
+    ("t_ns", pa.int64()), ("op", pa.int8()), ("addr", pa.uint64()), ("size", pa.uint64()),
+    ("rounded", pa.uint64()), ("stream", pa.uint64()), ("device", pa.int16()), ("site", pa.int32()),
+    ("text", pa.string()),
+])
+
+
+def spool_path(output: Path) -> Path:
+    """Where the spool of a recording that will be finalized to ``output`` lives."""
+    return output.with_name(output.name + ".spool")
+
+
+class SpoolWriter:
+    """Writes batches from ``buffer`` to ``path``; ``start()`` runs the periodic flusher."""
+
+    def __init__(
+        self,
+        path: Path,
+        meta: TraceMeta,
+        buffer: EventBuffer,
+        sites: SiteTable | None,
+        t0_ns: int,
+        *,
+        interval: float = 0.5,
+        max_events: int = 65536,
+    ) -> None:
+        if path.exists():
+            raise OutputError(f"{path}: a spool already exists (another recording, or recover it first)")
+        try:
+            self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
+        self.path = path
+        schema = SPOOL_SCHEMA.with_metadata({META_KEY: meta.to_json().encode(), SPOOL_KEY: b"1"})
+        self._writer = pa.ipc.new_stream(self._file, schema)
+        self._fsync()
+        self.buffer, self.sites, self.t0 = buffer, sites, t0_ns
+        self.interval, self.max_events = interval, max_events
+        self.events = 0  # event rows written (notes and site names excluded)
+        self._sites_written = 0
+        self._last_t = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tracekit-spool", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        poll = min(0.05, self.interval)
+        while not self._stop.wait(poll):
+            now = time.monotonic()
+            if now - last >= self.interval or len(self.buffer.rows) >= self.max_events * 6:
+                try:
+                    self.flush()
+                except Exception as e:  # a full disk must not kill the program being recorded
+                    self.error = f"{type(e).__name__}: {e}"
+                    return
+                last = now
+
+    def flush(self) -> int:
+        """Write what the buffer holds now as one batch; returns the number of event rows."""
+        with self._lock:
+            raw = self.buffer.take()  # rows first: every site id they use is named by now
+            names = self.sites.names_since(self._sites_written) if self.sites is not None else []
+            if not len(raw) and not names:
+                return 0
+            batch, n_events = self._batch(raw, names)
+            self._writer.write_batch(batch)
+            self._fsync()
+            self._sites_written += len(names)
+            self.events += n_events
+            return n_events
+
+    def _batch(self, raw: np.ndarray, names: list[str]) -> tuple[pa.RecordBatch, int]:
+        c = unpack(raw)
+        t = np.maximum.accumulate(np.maximum(c["t"] - self.t0, self._last_t)) if len(raw) else c["t"]
+        if len(t):
+            self._last_t = int(t[-1])
+        op = c["op"]
+        is_note = op == NOTE
+        text: list[str | None] = [None] * len(raw)
+        for i in np.flatnonzero(is_note):
+            text[i] = json.dumps(self.buffer.notes[int(c["addr"][i])], default=str)
+        op = np.where(is_note, np.int8(NOTE_ROW), op).astype(np.int8)
+        addr = np.where(is_note, 0, c["addr"])
+        k = len(names)
+        z64 = np.zeros(k, np.int64)
+        cols = [
+            np.concatenate([np.full(k, t[0] if len(t) else self._last_t, np.int64), t]),
+            np.concatenate([np.full(k, SITE_ROW, np.int8), op]),
+            np.concatenate([z64, addr]).astype(np.uint64),
+            np.concatenate([z64, c["size"]]).astype(np.uint64),
+            np.concatenate([z64, c["rounded"]]).astype(np.uint64),
+            np.concatenate([z64, c["stream"]]).astype(np.uint64),
+            np.concatenate([np.zeros(k, np.int16), c["device"]]),
+            np.concatenate([np.arange(self._sites_written, self._sites_written + k, dtype=np.int32),
+                            c["site"]]),
+        ]
+        arrays = [pa.array(a, type=f.type) for a, f in zip(cols, SPOOL_SCHEMA, strict=False)]
+        arrays.append(pa.array(list(names) + text, type=pa.string()))
+        return pa.RecordBatch.from_arrays(arrays, schema=SPOOL_SCHEMA), int(len(raw) - is_note.sum())
+
+    def _fsync(self) -> None:
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Stop the flusher, write what is left and close the stream (end-of-stream marker)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self.flush()
+        finally:
+            self._writer.close()
+            self._fsync()
+            self._file.close()
