@@ -6,8 +6,9 @@ after ``NFIELDS``). Nodes are ordered by the key ``(T[x, K1], T[x, K2])``
 (lexicographic) and heap-ordered by a priority hashed from the key, so the
 expected depth is O(log n) whatever the insertion order. Every node also
 carries ``MX``, the largest ``SZ`` in its subtree, which turns "lowest key
-whose size fits" into one O(log n) descent (first fit when keyed by address).
-Best fit keys the tree by ``(size, address)`` instead. Several trees may share
+whose size fits" into one O(log n) descent (first fit when keyed by address);
+trees that do not need it pass ``aug=False`` and leave MX stale. Best fit
+keys the tree by ``(size, address)`` instead. Several trees may share
 one array (one root per tree); a root of -1 is the empty tree. All functions
 return the (possibly new) root.
 """
@@ -55,7 +56,7 @@ def _prio(k1, k2):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _rotate_up(T, root, x):  # pragma: no cover - compiled
+def _rotate_up(T, root, x, aug):  # pragma: no cover - compiled
     p = T[x, P]
     g = T[p, P]
     if T[p, L] == x:
@@ -77,14 +78,17 @@ def _rotate_up(T, root, x):  # pragma: no cover - compiled
             T[g, R] = x
     else:
         root = x
-    _pull(T, p)
-    _pull(T, x)
+    if aug:
+        _pull(T, p)
+        _pull(T, x)
     return root
 
 
 @njit(cache=True)
-def insert(T, root, x):  # pragma: no cover - compiled
-    """Insert node x (K1, K2, SZ set by the caller); keys must be unique."""
+def insert(T, root, x, aug):  # pragma: no cover - compiled
+    """Insert node x (K1, K2, SZ set by the caller); keys must be unique.
+
+    ``aug``: maintain MX (needed by the fit queries; best fit by size skips it)."""
     T[x, L] = NIL
     T[x, R] = NIL
     T[x, MX] = T[x, SZ]
@@ -97,7 +101,7 @@ def insert(T, root, x):  # pragma: no cover - compiled
     k1 = T[x, K1]
     k2 = T[x, K2]
     while True:
-        if T[y, MX] < s:
+        if aug and T[y, MX] < s:
             T[y, MX] = s
         if _less(T, y, k1, k2):  # y < x: go right
             c = T[y, R]
@@ -112,18 +116,18 @@ def insert(T, root, x):  # pragma: no cover - compiled
         y = c
     T[x, P] = y
     while T[x, P] >= 0 and T[T[x, P], PR] < T[x, PR]:
-        root = _rotate_up(T, root, x)
+        root = _rotate_up(T, root, x, aug)
     return root
 
 
 @njit(cache=True)
-def remove(T, root, x):  # pragma: no cover - compiled
+def remove(T, root, x, aug):  # pragma: no cover - compiled
     """Remove node x from the tree rooted at root."""
     while T[x, L] >= 0 and T[x, R] >= 0:
         a = T[x, L]
         b = T[x, R]
         c = a if T[a, PR] > T[b, PR] else b
-        root = _rotate_up(T, root, c)
+        root = _rotate_up(T, root, c, aug)
     c = T[x, L] if T[x, L] >= 0 else T[x, R]
     p = T[x, P]
     if c >= 0:
@@ -134,7 +138,8 @@ def remove(T, root, x):  # pragma: no cover - compiled
         T[p, L] = c
     else:
         T[p, R] = c
-    fix_up(T, p)
+    if aug:
+        fix_up(T, p)
     return root
 
 
@@ -150,8 +155,8 @@ def fix_up(T, y):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def shrink(T, x, new_k1, new_sz):  # pragma: no cover - compiled
-    """Change x's key and size in place; the caller guarantees its order is unchanged."""
+def rekey(T, x, new_k1, new_sz):  # pragma: no cover - compiled
+    """Change x's K1 and size in place (MX kept); the caller guarantees its order is unchanged."""
     T[x, K1] = new_k1
     T[x, SZ] = new_sz
     y = x

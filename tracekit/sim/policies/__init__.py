@@ -1,8 +1,10 @@
 """The simulated allocator policies, one module each, found by discovery.
 
-Every module in this package that defines ``MODEL`` (an object satisfying
-``tracekit.sim.base.AllocatorModel``) is a policy, known by ``MODEL.name``;
-modules without ``MODEL`` are shared machinery. Adding a policy is adding a
+Every public module in this package that defines ``MODEL`` (an object
+satisfying ``tracekit.sim.base.AllocatorModel``) is a policy, known by
+``MODEL.name``; public modules without ``MODEL`` are shared machinery, and
+modules whose name starts with an underscore are private helpers that
+discovery does not import (their policy module imports them). Adding a policy is adding a
 module: nothing else changes. Modules are imported on the first call to
 ``models()``, so importing this package stays cheap.
 """
@@ -22,6 +24,8 @@ def models() -> dict[str, AllocatorModel]:
     """All policies by name, in name order. Two modules claiming one name is a bug."""
     found: dict[str, AllocatorModel] = {}
     for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
         mod = importlib.import_module(f"{__name__}.{info.name}")
         model = getattr(mod, "MODEL", None)
         if model is None:

@@ -125,7 +125,7 @@ def _place(T, st, x, r):  # pragma: no cover - compiled
     a = T[x, ADDR]
     rest = T[x, SZ] - r
     if rest == 0:
-        st[ROOT] = treap.remove(T, st[ROOT], x)
+        st[ROOT] = treap.remove(T, st[ROOT], x, not by_size)
         T[x, ISFREE] = 0
         return x
     y = _new_node(T, st)
@@ -139,43 +139,69 @@ def _place(T, st, x, r):  # pragma: no cover - compiled
     if p >= 0:
         T[p, NEXT] = y
     if by_size:
-        st[ROOT] = treap.remove(T, st[ROOT], x)
+        st[ROOT] = treap.remove(T, st[ROOT], x, not by_size)
         T[x, ADDR] = a + r
         T[x, SZ] = rest
         _key(T, x, True)
-        st[ROOT] = treap.insert(T, st[ROOT], x)
+        st[ROOT] = treap.insert(T, st[ROOT], x, not by_size)
     else:  # keyed by address: the rest keeps x's place in the order
         T[x, ADDR] = a + r
-        treap.shrink(T, x, a + r, rest)
+        treap.rekey(T, x, a + r, rest)
     return y
+
+
+@njit(cache=True)
+def _unlink(T, st, x):  # pragma: no cover - compiled
+    """Remove node x from the address list and recycle it."""
+    p = T[x, PREV]
+    n = T[x, NEXT]
+    if p >= 0:
+        T[p, NEXT] = n
+    if n >= 0:
+        T[n, PREV] = p
+    _drop_node(T, st, x)
 
 
 @njit(cache=True)
 def _release(T, st, x):  # pragma: no cover - compiled
     """Free used block x, coalescing with free address neighbours."""
-    by_size = st[FIT] == 1 or st[FIT] == 3
     p = T[x, PREV]
-    if p >= 0 and T[p, ISFREE] == 1:
-        st[ROOT] = treap.remove(T, st[ROOT], p)
-        T[x, ADDR] = T[p, ADDR]
-        T[x, SZ] += T[p, SZ]
-        pp = T[p, PREV]
-        T[x, PREV] = pp
-        if pp >= 0:
-            T[pp, NEXT] = x
-        _drop_node(T, st, p)
     n = T[x, NEXT]
-    if n >= 0 and T[n, ISFREE] == 1:
-        st[ROOT] = treap.remove(T, st[ROOT], n)
-        T[x, SZ] += T[n, SZ]
-        nn = T[n, NEXT]
-        T[x, NEXT] = nn
-        if nn >= 0:
-            T[nn, PREV] = x
-        _drop_node(T, st, n)
-    T[x, ISFREE] = 1
-    _key(T, x, by_size)
-    st[ROOT] = treap.insert(T, st[ROOT], x)
+    pf = p >= 0 and T[p, ISFREE] == 1
+    nf = n >= 0 and T[n, ISFREE] == 1
+    if st[FIT] == 1 or st[FIT] == 3:  # keyed by size: merged blocks move in the order
+        if pf:
+            st[ROOT] = treap.remove(T, st[ROOT], p, False)
+            T[x, ADDR] = T[p, ADDR]
+            T[x, SZ] += T[p, SZ]
+            _unlink(T, st, p)
+        if nf:
+            st[ROOT] = treap.remove(T, st[ROOT], n, False)
+            T[x, SZ] += T[n, SZ]
+            _unlink(T, st, n)
+        T[x, ISFREE] = 1
+        _key(T, x, True)
+        st[ROOT] = treap.insert(T, st[ROOT], x, False)
+        return
+    # Keyed by address: a merged block keeps the place of its lowest free part.
+    if pf:
+        grown = T[p, SZ] + T[x, SZ]
+        if nf:
+            grown += T[n, SZ]
+            st[ROOT] = treap.remove(T, st[ROOT], n, True)
+            _unlink(T, st, n)
+        _unlink(T, st, x)
+        treap.rekey(T, p, T[p, ADDR], grown)
+    elif nf:
+        a = T[x, ADDR]
+        grown = T[n, SZ] + T[x, SZ]
+        _unlink(T, st, x)
+        T[n, ADDR] = a
+        treap.rekey(T, n, a, grown)
+    else:
+        T[x, ISFREE] = 1
+        _key(T, x, False)
+        st[ROOT] = treap.insert(T, st[ROOT], x, True)
 
 
 @njit(cache=True)
@@ -183,6 +209,8 @@ def _largest(T, st):  # pragma: no cover - compiled
     root = st[ROOT]
     if root < 0:
         return 0
+    if st[FIT] == 1 or st[FIT] == 3:  # keyed by size: the last node
+        return T[treap.rightmost(T, root), SZ]
     return T[root, MX]
 
 
@@ -259,7 +287,7 @@ class FreeListModel:
             T[0, NEXT] = -1
             T[0, ISFREE] = 1
             _key(T, 0, self.fit in (Fit.BEST, Fit.WORST))
-            st[ROOT] = treap.insert(T, -1, 0)
+            st[ROOT] = treap.insert(T, -1, 0, True)
         else:
             st[ROOT] = -1
         stack = np.empty(4096, np.int64)
