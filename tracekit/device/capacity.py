@@ -7,8 +7,9 @@
 with ``cupy`` C is the pool's limit (``set_limit``) and nothing is taken. A
 capacity above the free memory is refused before anything is allocated.
 ``Ballast`` holds that one allocation and releases it on normal exit, on an
-exception, on Ctrl-C and on SIGTERM (turned into an exception by
-``sigterm_raises`` so ``finally`` blocks run). Managed memory is never used.
+exception, on Ctrl-C and on SIGTERM (``deferred_signals`` holds either signal
+until the replay loop reaches a safe point, then raises, so every ``finally``
+runs with complete bookkeeping). Managed memory is never used.
 """
 
 from __future__ import annotations
@@ -116,18 +117,42 @@ class Terminated(BaseException):
     """SIGTERM arrived during a device replay (a BaseException so generic handlers let it pass)."""
 
 
+class PendingSignal:
+    """A SIGINT/SIGTERM that arrived during a replay, held until the loop reaches a safe point.
+
+    Raising from the handler itself could interrupt the loop between a
+    cudaMalloc returning and its pointer being recorded, leaking it; instead
+    the loop calls ``check()`` every few hundred requests (where its state is
+    consistent) and the exception is raised there.
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def check(self) -> None:
+        if self.signum:
+            signum, self.signum = self.signum, 0
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated()
+
+
 @contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``Terminated`` so every ``finally`` releases device memory."""
+def deferred_signals() -> Iterator[PendingSignal]:
+    """Within the block SIGINT/SIGTERM only mark ``PendingSignal``; it is raised at ``check()``
+    or, at the latest, when the block ends (after its ``finally`` clauses released the device)."""
+    pending = PendingSignal()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield pending
         return
 
-    def _raise(signum: int, frame: FrameType | None) -> None:
-        raise Terminated()
+    def _mark(signum: int, frame: FrameType | None) -> None:
+        pending.signum = signum
 
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {s: signal.signal(s, _mark) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield pending
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
+    pending.check()

@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from tracekit.device.allocators import AsyncPool, ObservedPool, SegmentLog
-from tracekit.device.capacity import Allocator, Ballast, CapacityPlan, plan_capacity, sigterm_raises
+from tracekit.device.capacity import (
+    Allocator,
+    Ballast,
+    CapacityPlan,
+    PendingSignal,
+    deferred_signals,
+    plan_capacity,
+)
 from tracekit.errors import DeviceError
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
@@ -75,9 +82,9 @@ class DeviceRun:
 class _Loop:
     """Mutable state shared by the loops: output arrays, live blocks, OOM bookkeeping."""
 
-    def __init__(self, n: int, cfg: DeviceConfig, t_start: int) -> None:
+    def __init__(self, n: int, cfg: DeviceConfig, pending: PendingSignal) -> None:
         self.cfg = cfg
-        self.t_start = t_start
+        self.pending = pending
         self.status = np.zeros(n, np.int8)
         self.addr = np.zeros(n, np.uint64)
         self.latency = np.full(n, -1, np.int64)
@@ -160,6 +167,9 @@ def _loop_cuda(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray)
             if k == 0:
                 k = every
                 dfree[j] = meminfo()[0]
+                if lp.pending.signum:  # Ctrl-C / SIGTERM: stop here, where the live map is complete
+                    lp.flush(base, addr, lat, tend, stat, dfree)
+                    lp.pending.check()
         lp.flush(base, addr, lat, tend, stat, dfree)
         if stop:
             return
@@ -228,6 +238,9 @@ def _loop_pool(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
                 if k == 0:
                     k = every
                     dfree[j] = meminfo()[0]
+                    if lp.pending.signum:
+                        lp.flush(base, addr, lat, tend, stat, dfree)
+                        lp.pending.check()
             lp.flush(base, addr, lat, tend, stat, dfree)
             if stop:
                 return
@@ -244,11 +257,11 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     ops = ev.op.astype(np.int64)
     sizes, mates = ev.size.astype(np.int64), trace.mate.astype(np.int64)
     _check_device(rt, cfg.device)
-    with cupy.cuda.Device(cfg.device), sigterm_raises():
+    with cupy.cuda.Device(cfg.device), deferred_signals() as pending:
         free_start, total = (int(x) for x in rt.memGetInfo())
         plan = plan_capacity(cfg.allocator, cfg.capacity, free_start, total)
         log = SegmentLog()
-        lp = _Loop(len(ev), cfg, 0)
+        lp = _Loop(len(ev), cfg, pending)
         ballast = Ballast(plan.ballast)
         backend: ObservedPool | AsyncPool | None = None
         try:
