@@ -299,26 +299,29 @@ class FreeListModel:
                       lo, hi, config.continue_on_oom)
             if st[STOPPED]:
                 break
-        return self._finish(config, addr, status, rounded, stats)
+        return heap_run(config, addr, status, rounded, stats)
 
-    def _finish(self, config: SimConfig, addr: np.ndarray, status: np.ndarray,
-                rounded: np.ndarray, stats: np.ndarray) -> PolicyRun:
-        stats[Stat.PEAK_RESERVED] = stats[Stat.PEAK_EXTENT]
-        stats[Stat.SEGMENT_ALLOCS] = 1
-        stats[Stat.SEGMENT_FREES] = 0
-        if config.capacity is None:
-            ext = int(stats[Stat.PEAK_EXTENT])
-            heap = max(SEGMENT_ROUND, -(-ext // SEGMENT_ROUND) * SEGMENT_ROUND)
-        else:
-            heap = int(config.capacity)
-        return PolicyRun(
-            addr=addr,
-            status=status,
-            rows_before=np.zeros(1, np.int64),
-            rows_op=np.array([Op.SEGMENT_ALLOC], np.int8),
-            rows_addr=np.zeros(1, np.uint64),
-            rows_size=np.array([heap], np.uint64),
-            rows_stream=np.zeros(1, np.uint64),
-            stats=stats,
-            rounded=rounded.view(np.uint64),
-        )
+
+def heap_run(config: SimConfig, addr: np.ndarray, status: np.ndarray, rounded: np.ndarray,
+             stats: np.ndarray) -> PolicyRun:
+    """The ``PolicyRun`` of a single-heap policy: one ``segment_alloc`` row for the heap,
+    ``[0, capacity)``, or ``[0, peak extent rounded up to 2 MiB)`` when unbounded."""
+    stats[Stat.PEAK_RESERVED] = stats[Stat.PEAK_EXTENT]
+    stats[Stat.SEGMENT_ALLOCS] = 1
+    stats[Stat.SEGMENT_FREES] = 0
+    if config.capacity is None:
+        ext = int(stats[Stat.PEAK_EXTENT])
+        heap = max(SEGMENT_ROUND, -(-ext // SEGMENT_ROUND) * SEGMENT_ROUND)
+    else:
+        heap = int(config.capacity)
+    return PolicyRun(
+        addr=addr,
+        status=status,
+        rows_before=np.zeros(1, np.int64),
+        rows_op=np.array([Op.SEGMENT_ALLOC], np.int8),
+        rows_addr=np.zeros(1, np.uint64),
+        rows_size=np.array([heap], np.uint64),
+        rows_stream=np.zeros(1, np.uint64),
+        stats=stats,
+        rounded=rounded.view(np.uint64),
+    )
