@@ -39,8 +39,15 @@ def hand_trace(path: Path, *, oom: bool = True) -> Path:
     if oom:
         rows.append((Op.OOM, 0, 16 * MiB, 16 * MiB, 2))
     op, addr, size, rounded, site = (np.array(c) for c in zip(*rows, strict=True))
-    ev = Events.build(op=op, size=size, addr=addr, rounded=rounded, site=site,
-                      t_ns=np.arange(len(op)) * 250_000_000, sites=SITES)
+    ev = Events.build(
+        op=op,
+        size=size,
+        addr=addr,
+        rounded=rounded,
+        site=site,
+        t_ns=np.arange(len(op)) * 250_000_000,
+        sites=SITES,
+    )
     meta = TraceMeta.new(Source.SYNTHETIC, device=DeviceInfo("Test GPU", 80 * MiB, 70 * MiB))
     write_trace(path, meta, ev)
     return path
@@ -68,8 +75,15 @@ def hand_analysis(trace: Trace) -> HandAnalysis:
     ev = trace.events
     live: dict[int, tuple[int, int, int]] = {}
     segs: dict[int, int] = {}
-    names = ("live_bytes", "requested_bytes", "reserved_bytes", "free_in_pool", "largest_free_block",
-             "external_fragmentation", "device_free")
+    names = (
+        "live_bytes",
+        "requested_bytes",
+        "reserved_bytes",
+        "free_in_pool",
+        "largest_free_block",
+        "external_fragmentation",
+        "device_free",
+    )
     cols: dict[str, list[Any]] = {k: [] for k in names}
     start_free = trace.meta.device.free_bytes if trace.meta.device else None
     oom = None
@@ -91,28 +105,61 @@ def hand_analysis(trace: Trace) -> HandAnalysis:
             for b in sorted(x for x in live if s <= x < s + sz):
                 best, cur = max(best, b - cur), b + live[b][0]
             best = max(best, s + sz - cur)
-        vals = [lb, sum(v[1] for v in live.values()), rs, rs - lb, best,
-                0.0 if rs - lb <= 0 else 1 - best / (rs - lb), None if start_free is None else start_free - rs]
+        vals = [
+            lb,
+            sum(v[1] for v in live.values()),
+            rs,
+            rs - lb,
+            best,
+            0.0 if rs - lb <= 0 else 1 - best / (rs - lb),
+            None if start_free is None else start_free - rs,
+        ]
         for k, v in zip(names, vals, strict=True):
             cols[k].append(v)
         if o == Op.OOM and oom is None:
-            oom = {"seq": int(ev.seq[i]), "t_ns": int(ev.t_ns[i]), "size": int(ev.size[i]),
-                   "rounded": int(ev.rounded[i]), "site": ev.site_name(i), "live_bytes": lb,
-                   "reserved_bytes": rs, "free_in_pool": rs - lb, "largest_free_block": best,
-                   "device_free": vals[-1], "diagnosis": "fragmentation",
-                   "explanation": f"hand-made explanation of the OOM at seq {int(ev.seq[i])}",
-                   "top_live_sites": [{"site": SITES[1], "bytes": 16 * MiB, "blocks": 2}]}
-    tbl = pa.table({"seq": pa.array(ev.seq), "t_ns": pa.array(ev.t_ns),
-                    **{k: pa.array(v, pa.float64() if k == "external_fragmentation" else pa.int64())
-                       for k, v in cols.items()}})
+            oom = {
+                "seq": int(ev.seq[i]),
+                "t_ns": int(ev.t_ns[i]),
+                "size": int(ev.size[i]),
+                "rounded": int(ev.rounded[i]),
+                "site": ev.site_name(i),
+                "live_bytes": lb,
+                "reserved_bytes": rs,
+                "free_in_pool": rs - lb,
+                "largest_free_block": best,
+                "device_free": vals[-1],
+                "diagnosis": "fragmentation",
+                "explanation": f"hand-made explanation of the OOM at seq {int(ev.seq[i])}",
+                "top_live_sites": [{"site": SITES[1], "bytes": 16 * MiB, "blocks": 2}],
+            }
+    tbl = pa.table(
+        {
+            "seq": pa.array(ev.seq),
+            "t_ns": pa.array(ev.t_ns),
+            **{
+                k: pa.array(v, pa.float64() if k == "external_fragmentation" else pa.int64())
+                for k, v in cols.items()
+            },
+        }
+    )
     lbs, rss = np.array(cols["live_bytes"]), np.array(cols["reserved_bytes"])
-    summary = {"events": len(ev), "duration_s": float(ev.t_ns[-1] - ev.t_ns[0]) / 1e9,
-               "peak_live_bytes": int(lbs.max()), "peak_live_seq": int(ev.seq[lbs.argmax()]),
-               "peak_requested_bytes": max(cols["requested_bytes"]), "peak_reserved_bytes": int(rss.max()),
-               "peak_reserved_seq": int(ev.seq[rss.argmax()]),
-               "max_external_fragmentation": max(cols["external_fragmentation"]),
-               "min_largest_free_block": 0, "jw1": None, "jw2": None, "jw3": None, "jw4": None, "oom": oom,
-               "leaks": [{"site": SITES[1], "bytes": 16 * MiB, "blocks": 2}]}
+    summary = {
+        "events": len(ev),
+        "duration_s": float(ev.t_ns[-1] - ev.t_ns[0]) / 1e9,
+        "peak_live_bytes": int(lbs.max()),
+        "peak_live_seq": int(ev.seq[lbs.argmax()]),
+        "peak_requested_bytes": max(cols["requested_bytes"]),
+        "peak_reserved_bytes": int(rss.max()),
+        "peak_reserved_seq": int(ev.seq[rss.argmax()]),
+        "max_external_fragmentation": max(cols["external_fragmentation"]),
+        "min_largest_free_block": 0,
+        "jw1": None,
+        "jw2": None,
+        "jw3": None,
+        "jw4": None,
+        "oom": oom,
+        "leaks": [{"site": SITES[1], "bytes": 16 * MiB, "blocks": 2}],
+    }
     return HandAnalysis(tbl, HandSummary(summary))
 
 
@@ -127,8 +174,7 @@ def hand(tmp_path: Path) -> tuple[Path, Trace, HandAnalysis]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 10**12), min_size=1, max_size=3000), st.integers(1, 300),
-       st.booleans())
+@given(st.lists(st.integers(0, 10**12), min_size=1, max_size=3000), st.integers(1, 300), st.booleans())
 def test_envelope_keeps_every_peak(values: list[int], npix: int, uneven: bool) -> None:
     from tracekit.report.envelope import column_starts, envelope
 
@@ -178,8 +224,14 @@ def test_timeline_uses_event_index_when_times_are_only_the_seq() -> None:
     from tracekit.report.timeline import timeline_data
 
     n = 10
-    tbl = pa.table({"seq": pa.array(np.arange(n), pa.uint64()), "t_ns": pa.array(np.arange(n), pa.int64()),
-                    "live_bytes": np.arange(n) * MiB, "reserved_bytes": np.arange(n) * MiB})
+    tbl = pa.table(
+        {
+            "seq": pa.array(np.arange(n), pa.uint64()),
+            "t_ns": pa.array(np.arange(n), pa.int64()),
+            "live_bytes": np.arange(n) * MiB,
+            "reserved_bytes": np.arange(n) * MiB,
+        }
+    )
     d = timeline_data(tbl, {"oom": {"seq": 7, "explanation": "x"}})
     assert d.axis.by_index and d.oom_x == 7.0
     assert d.reserved_is_live and "reserved" not in d.series  # raw-device trace: one curve
@@ -196,7 +248,7 @@ def test_memory_map_places_each_block_exactly(hand: tuple[Path, Trace, HandAnaly
     _, tr, _ = hand
     ev = tr.events
     b = blk.blocks(tr)
-    layout, by_seg = blk.layout_for(tr)
+    layout, by_seg = blk.layout_for(b, blk.segments(tr))
     assert by_seg and layout.total == 64 * MiB
     axis = time_axis(ev.t_ns, ev.seq)
     x = np.append(axis.x(ev.t_ns, np.arange(len(ev))), 3.5)
@@ -217,19 +269,34 @@ def test_memory_map_aggregates_small_blocks_without_losing_bytes() -> None:
     from tracekit.report.style import TimeAxis, site_colours
 
     n = 200  # 200 blocks of 1 KiB side by side, each alive for the whole run: a full 200 KiB band
-    b = Spans(np.zeros(n, np.int64), np.ones(n, np.int64), (np.arange(n) * 1024).astype(np.uint64),
-              np.full(n, 1024, np.uint64), np.zeros(n, np.int32))
+    b = Spans(
+        np.zeros(n, np.int64),
+        np.ones(n, np.int64),
+        (np.arange(n) * 1024).astype(np.uint64),
+        np.full(n, 1024, np.uint64),
+        np.zeros(n, np.int32),
+    )
     layout = address_layout(b, merge_touching=True)
     assert len(address_layout(b).lo) == n
     assert len(layout.lo) == 1 and layout.total == n * 1024  # adjacent blocks merge into one range
     axis = TimeAxis("t", False, 0, 1.0)
-    md = map_data(b, layout, np.array([0.0, 1.0]), axis, site_colours(1, np.zeros(1)), [],
-                  exact=0, width=50, height=20)
+    md = map_data(
+        b, layout, np.array([0.0, 1.0]), axis, site_colours(1, np.zeros(1)), [], exact=0, width=50, height=20
+    )
     assert md.n_exact == 0 and md.n_aggregated == n and md.image is not None
     assert np.allclose(md.image[..., 3], 0.95)  # ten 1 KiB blocks fill each 10 KiB row: fully covered
     half = Spans(b.start[:100], b.end[:100], b.addr[:100] * 2, b.size[:100], b.site[:100])  # every other KiB
-    md = map_data(half, layout, np.array([0.0, 1.0]), axis, site_colours(1, np.zeros(1)), [],
-                  exact=0, width=50, height=20)
+    md = map_data(
+        half,
+        layout,
+        np.array([0.0, 1.0]),
+        axis,
+        site_colours(1, np.zeros(1)),
+        [],
+        exact=0,
+        width=50,
+        height=20,
+    )
     assert md.image is not None and np.allclose(md.image[..., 3], 0.95 * 0.5)  # half of each cell's bytes
 
 
@@ -241,8 +308,15 @@ def test_memory_map_keeps_the_largest_blocks_exact() -> None:
     sizes = np.array([5, 1, 9, 2, 7, 3], np.uint64) * 1024
     addr = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.uint64)
     b = Spans(np.zeros(6, np.int64), np.ones(6, np.int64), addr, sizes, np.zeros(6, np.int32))
-    md = map_data(b, address_layout(b), np.array([0.0, 1.0]), TimeAxis("t", False, 0, 1.0),
-                  site_colours(1, np.zeros(1)), [], exact=3)
+    md = map_data(
+        b,
+        address_layout(b),
+        np.array([0.0, 1.0]),
+        TimeAxis("t", False, 0, 1.0),
+        site_colours(1, np.zeros(1)),
+        [],
+        exact=3,
+    )
     assert sorted((md.rects[:, 3] - md.rects[:, 2]).tolist()) == [5 * 1024, 7 * 1024, 9 * 1024]
     assert md.n_aggregated == 3
 
@@ -251,12 +325,21 @@ def test_address_layout_squeezes_out_the_gaps_between_segments() -> None:
     from tracekit.report.blocks import Spans, address_layout
 
     addr = np.array([BASE + 10 * MiB, BASE, BASE + 10 * MiB], np.uint64)  # one segment re-taken
-    s = Spans(np.array([0, 1, 5]), np.array([4, 9, 9]), addr, np.array([4 * MiB, 2 * MiB, 4 * MiB], np.uint64),
-              np.full(3, -1, np.int32))
+    s = Spans(
+        np.array([0, 1, 5]),
+        np.array([4, 9, 9]),
+        addr,
+        np.array([4 * MiB, 2 * MiB, 4 * MiB], np.uint64),
+        np.full(3, -1, np.int32),
+    )
     lay = address_layout(s)
     assert lay.total == 6 * MiB
-    assert list(lay.offset(np.array([BASE, BASE + MiB, BASE + 10 * MiB, BASE + 13 * MiB], np.uint64))) == \
-        [0, MiB, 2 * MiB, 5 * MiB]
+    assert list(lay.offset(np.array([BASE, BASE + MiB, BASE + 10 * MiB, BASE + 13 * MiB], np.uint64))) == [
+        0,
+        MiB,
+        2 * MiB,
+        5 * MiB,
+    ]
 
 
 def test_oom_moment_shows_the_gaps_and_the_request(hand: tuple[Path, Trace, HandAnalysis]) -> None:
@@ -280,8 +363,9 @@ def test_oom_moment_shows_the_gaps_and_the_request(hand: tuple[Path, Trace, Hand
 # --- the whole report ---------------------------------------------------------------------------------
 
 
-def test_write_report_is_one_self_contained_page(hand: tuple[Path, Trace, HandAnalysis],
-                                                 tmp_path: Path) -> None:
+def test_write_report_is_one_self_contained_page(
+    hand: tuple[Path, Trace, HandAnalysis], tmp_path: Path
+) -> None:
     from tracekit.report import write_report
 
     p, _, an = hand
@@ -291,8 +375,13 @@ def test_write_report_is_one_self_contained_page(hand: tuple[Path, Trace, HandAn
     assert "http://" not in text and "https://" not in text  # nothing to fetch
     assert "hand-made explanation of the OOM at seq 13" in text  # the verdict, as text
     assert "64.00 MiB" in text and "fragmentation" in text
-    assert sorted(f.name for f in (tmp_path / "png").iterdir()) == \
-        ["memory-map.png", "oom-moment.png", "sites.png", "sizes.png", "timeline.png"]
+    assert sorted(f.name for f in (tmp_path / "png").iterdir()) == [
+        "memory-map.png",
+        "oom-moment.png",
+        "sites.png",
+        "sizes.png",
+        "timeline.png",
+    ]
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in (tmp_path / "png").iterdir())
 
 
@@ -311,9 +400,13 @@ def test_whatif_section_from_a_dict(hand: tuple[Path, Trace, HandAnalysis], tmp_
     from tracekit.report import write_report
 
     p, _, an = hand
-    wi = {"lower_bound_bytes": 64 * MiB, "policies": [
-        {"policy": "best-fit", "capacity_bytes": 80 * MiB, "overhead": 0.25},
-        {"policy": "first-fit", "capacity_bytes": 96 * MiB, "overhead": 0.5}]}
+    wi = {
+        "lower_bound_bytes": 64 * MiB,
+        "policies": [
+            {"policy": "best-fit", "capacity_bytes": 80 * MiB, "overhead": 0.25},
+            {"policy": "first-fit", "capacity_bytes": 96 * MiB, "overhead": 0.5},
+        ],
+    }
     text = write_report(p, tmp_path / "w.html", an, whatif=wi).read_text()
     assert text.count("data:image/png") == 6 and "best-fit" in text and "25.0%" in text
 
@@ -324,8 +417,12 @@ def test_whatif_section_from_a_dict(hand: tuple[Path, Trace, HandAnalysis], tmp_
 def test_cli_report_bad_input_is_one_sentence(tmp_path: Path) -> None:
     bad = tmp_path / "not-a-trace.parquet"
     bad.write_text("hello")
-    r = subprocess.run([sys.executable, "-m", "tracekit", "report", str(bad), "-o", str(tmp_path / "o.html")],
-                       capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-m", "tracekit", "report", str(bad), "-o", str(tmp_path / "o.html")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 1
     assert r.stderr.startswith("tracekit: error: ") and "Traceback" not in r.stderr
     assert str(bad) in r.stderr and not (tmp_path / "o.html").exists()
@@ -341,10 +438,16 @@ def test_cli_report_help_lists_the_options() -> None:
 
 
 def test_matplotlib_is_not_imported_by_the_cli_or_the_package() -> None:
-    code = ("import sys, tracekit.cli.app, tracekit.report; "
-            "print(any(m == 'matplotlib' or m.startswith('matplotlib.') for m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys, tracekit.cli.app, tracekit.report; "
+        "print(any(m == 'matplotlib' or m.startswith('matplotlib.') for m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.stdout.strip() == "False", r.stderr
 
 
@@ -357,7 +460,9 @@ def test_cli_report_with_the_analyzer_and_a_baseline(tmp_path: Path) -> None:
     p = hand_trace(tmp_path / "hand.parquet")
     base = hand_trace(tmp_path / "fixed.parquet", oom=False)
     out, png = tmp_path / "r.html", tmp_path / "png"
-    r = CliRunner().invoke(app, ["report", str(p), "-o", str(out), "--png", str(png), "--baseline", str(base)])
+    r = CliRunner().invoke(
+        app, ["report", str(p), "-o", str(out), "--png", str(png), "--baseline", str(base)]
+    )
     assert r.exit_code == 0, r.output
     assert f"Wrote {out}" in r.output
     text = out.read_text()

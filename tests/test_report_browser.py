@@ -17,15 +17,22 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_report import hand_trace  # noqa: E402
+from test_report import hand_trace
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 CHROMIUM = next((p for p in map(shutil.which, CANDIDATES) if p), None)
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-         "--disable-dev-shm-usage")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+)
 
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium binary found (install the Debian package 'chromium')")
+    CHROMIUM is None, reason="no Chromium binary found (install the Debian package 'chromium')"
+)
 
 
 def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -54,7 +61,9 @@ def test_screenshot_is_not_blank(report: Path) -> None:
     from matplotlib.image import imread
 
     shot = report.parent / "shot.png"
-    r = _chromium(["--window-size=1280,2400", f"--screenshot={shot}", report.resolve().as_uri()], report.parent)
+    r = _chromium(
+        ["--window-size=1280,2400", f"--screenshot={shot}", report.resolve().as_uri()], report.parent
+    )
     assert shot.is_file(), f"no screenshot; chromium said: {r.stderr[-500:]}"
     img = imread(shot)[..., :3]
     ink = np.mean(np.any(img < 0.9, axis=-1))  # share of pixels that are not (near) white

@@ -96,12 +96,11 @@ def address_layout(spans: Spans, *, merge_touching: bool = False) -> AddressLayo
     return AddressLayout(glo, ghi, base)
 
 
-def layout_for(trace: Trace) -> tuple[AddressLayout, bool]:
+def layout_for(b: Spans, seg: Spans) -> tuple[AddressLayout, bool]:
     """The layout over segments, or over blocks when the trace has no segment rows (then False)."""
-    seg = segments(trace)
     if len(seg):
         return address_layout(seg), True
-    return address_layout(blocks(trace), merge_touching=True), False
+    return address_layout(b, merge_touching=True), False
 
 
 def rank_sites(b: Spans, n_sites: int) -> np.ndarray:

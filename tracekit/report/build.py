@@ -70,7 +70,7 @@ def build_figures(
     axis = time_axis(ev.t_ns, ev.seq)
     xs = axis.x(ev.t_ns, np.arange(len(ev)))
     x_end = np.append(xs, xs[-1] + max((xs[-1] - xs[0]) * 1e-3, 1e-9))
-    layout, by_seg = blk.layout_for(trace)
+    layout, by_seg = blk.layout_for(b, seg)
     md = map_data(b, layout, x_end, axis, rgb, legend, by_segment=by_seg)
     out.append(
         html.Rendered(

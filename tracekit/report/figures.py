@@ -111,11 +111,12 @@ def draw_sizes(sizes: np.ndarray, title: str) -> Figure:
         for ax in (ax_n, ax_b):
             ax.text(0.5, 0.5, "no allocations", ha="center", va="center", transform=ax.transAxes)
         return fig
-    lo = int(np.floor(np.log2(sizes.min())))
-    hi = int(np.floor(np.log2(sizes.max()))) + 1
+    # frexp's exponent e puts s in [2^(e-1), 2^e): an exact power-of-two bin without log rounding.
+    expo = np.frexp(sizes)[1] - 1
+    lo, hi = int(expo.min()), int(expo.max()) + 1
+    counts = np.bincount(expo - lo, minlength=hi - lo)
+    byt = np.bincount(expo - lo, weights=sizes, minlength=hi - lo)
     edges = 2.0 ** np.arange(lo, hi + 1)
-    counts, _ = np.histogram(sizes, edges)
-    byt, _ = np.histogram(sizes, edges, weights=sizes)
     sc = byte_scale(byt.max())
     for ax, vals, ylabel in (
         (ax_n, counts, "allocations"),

@@ -105,7 +105,9 @@ def _raster(
     h: int,
 ) -> np.ndarray:
     xmin, xmax, total = box
-    layer_rgb, layer = np.unique(site_rgb[colour], axis=0, return_inverse=True)
+    # One layer per distinct colour, found on the small per-site table, not per block.
+    layer_rgb, site_layer = np.unique(site_rgb, axis=0, return_inverse=True)
+    layer = site_layer.ravel()[colour]
     n_layers = len(layer_rgb)
     cx0 = (x0 - xmin) / (xmax - xmin) * w
     cx1 = (x1 - xmin) / (xmax - xmin) * w
@@ -116,7 +118,7 @@ def _raster(
     r1 = np.clip(np.maximum(r0 + 1, np.ceil(ry1)), 1, h).astype(np.int64)
     weight = np.minimum(1.0, ry1 - ry0) * np.minimum(1.0, cx1 - cx0)
     stride_l, stride_r = (h + 1) * (w + 1), w + 1
-    base = layer.ravel().astype(np.int64) * stride_l
+    base = layer.astype(np.int64) * stride_l
     diff = np.zeros(n_layers * stride_l)
     for r, c, sign in ((r0, c0, 1.0), (r0, c1, -1.0), (r1, c0, -1.0), (r1, c1, 1.0)):
         diff += np.bincount(base + r * stride_r + c, weights=sign * weight, minlength=len(diff))

@@ -1,0 +1,74 @@
+"""Benchmark ``tracekit report`` on a large synthetic trace: wall time per stage and peak memory.
+
+Usage: ``python3 scripts/bench_report.py [--events 10000000] [--pattern fragmenting] [--keep DIR]``.
+Writes the trace (unless it exists in ``--keep``), then times reading, the
+analyzer, figure building and the HTML write separately, and prints one
+line per stage plus the total and the peak resident memory of the process.
+Target: under 30 s for 10 million events on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--pattern", default="fragmenting")
+    ap.add_argument("--keep", type=Path, default=None, help="folder for the trace and the report")
+    args = ap.parse_args()
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="tracekit-bench-report-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = folder / f"{args.pattern}-{args.events}.parquet"
+    if not trace.exists():
+        from tracekit.synth import Pattern, synthesize
+
+        t = time.perf_counter()
+        synthesize(Pattern(args.pattern), args.events, 0, trace)
+        print(f"synth     {time.perf_counter() - t:7.2f} s  ({args.events:,} events, not counted)")
+
+    from tracekit.analysis import analyze_trace
+    from tracekit.report.build import _atomic_write, build_figures
+    from tracekit.report.html import figure_html, page
+    from tracekit.report.sections import header, summary_section
+    from tracekit.trace import read_trace
+
+    # Warm numba caches so the figure is steady-state (compilation is cached on disk after a first run).
+    small = folder / "warm.parquet"
+    if not small.exists():
+        from tracekit.synth import Pattern, synthesize
+
+        synthesize(Pattern(args.pattern), 20_000, 0, small)
+    build_figures(read_trace(small), None, "warm")
+
+    t0 = time.perf_counter()
+    tr = read_trace(trace)
+    t1 = time.perf_counter()
+    an = analyze_trace(tr, timeline=True)
+    t2 = time.perf_counter()
+    rendered, _, summary = build_figures(tr, an, trace.name)
+    t3 = time.perf_counter()
+    doc = page(
+        trace.name, header(tr, summary), [summary_section(summary)] + [figure_html(r) for r in rendered]
+    )
+    out = folder / "report.html"
+    _atomic_write(out, doc.encode())
+    t4 = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    print(f"read      {t1 - t0:7.2f} s")
+    print(f"analyze   {t2 - t1:7.2f} s")
+    print(f"figures   {t3 - t2:7.2f} s")
+    print(f"html      {t4 - t3:7.2f} s  ({out.stat().st_size / 1024:.0f} KiB)")
+    print(f"total     {t4 - t0:7.2f} s  for {len(tr.events):,} events; peak RSS {peak:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
