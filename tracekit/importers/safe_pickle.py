@@ -94,11 +94,15 @@ def _unpickle(p: Path, src: BinaryIO) -> Any:
             "builtin containers, so this is not one; nothing in it was run)"
         ) from None
     except EOFError:
-        raise InputError(f"{p}: the pickle is truncated (it ends before its STOP opcode)") from None
+        raise InputError(f"{p}: the file is truncated (it ends before the pickled data does)") from None
     except (gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"{p}: the gzip stream is corrupt ({e})") from None
     except MemoryError:
         raise InputError(f"{p}: not enough memory to load this snapshot") from None
-    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+    except pickle.UnpicklingError as e:
+        if "truncated" in str(e):
+            raise InputError(f"{p}: the file is truncated (it ends before the pickled data does)") from None
+        raise InputError(f"{p}: not a valid pickle, the data is corrupt ({e})") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError,
             UnicodeDecodeError, OverflowError) as e:
         raise InputError(f"{p}: not a valid pickle ({type(e).__name__}: {e})") from None

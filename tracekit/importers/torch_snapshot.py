@@ -180,7 +180,7 @@ def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History]
            stacks: bool) -> tuple[Events, dict[str, Any]]:
     """All devices in one trace: initial rows first, then history rows by time (stable)."""
     has_time = all(h.has_time for h in hists)
-    firsts = [int(p.t_us[~p.initial][0]) for p in parts if np.any(~p.initial)]
+    firsts = [int(h.time_us[0]) for h in hists if len(h)]  # the first entry, rows or not
     t0 = min(firsts) if has_time and firsts else 0
     t_ns, dev, local = [], [], []
     for p, d in zip(parts, devices, strict=True):
@@ -192,8 +192,12 @@ def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History]
         t_ns.append(t)
         dev.append(np.full(len(t), d, np.int16))
         local.append(np.arange(len(t)))
-    cat = np.concatenate
-    t_all, dev_all, initial = cat(t_ns), cat(dev), cat([p.initial for p in parts])
+
+    def cat(xs: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(xs) if xs else np.zeros(0, np.int64)
+
+    t_all, dev_all = cat(t_ns), cat(dev).astype(np.int16)
+    initial = cat([p.initial for p in parts]).astype(bool)
     order = np.lexsort((cat(local), dev_all, t_all, ~initial))
 
     def col(name: str) -> np.ndarray:
