@@ -1,0 +1,120 @@
+"""``record --torch``: a PyTorch program recorded unmodified (GPU tests need PyTorch and a CUDA device).
+
+Without PyTorch the verb fails with one sentence and exit code 1; that part
+runs everywhere PyTorch is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tracekit.cli.app import app
+from tracekit.errors import DeviceError
+from tracekit.importers.torch_record import record_torch, snapshot_path
+from tracekit.trace import Op, read_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch")
+
+PROGRAM = textwrap.dedent("""
+    import sys
+    import torch
+
+    def make(n):
+        return torch.empty(n, dtype=torch.uint8, device="cuda")
+
+    keep = [make(1 << 20) for _ in range(4)]
+    tmp = make(3 << 20)
+    del tmp
+    print("argv", sys.argv[1:])
+    mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    if mode == "raise":
+        raise ValueError("boom")
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "oom":
+        free, total = torch.cuda.mem_get_info()
+        torch.cuda.set_per_process_memory_fraction((256 << 20) / total)
+        big = [make(64 << 20) for _ in range(16)]
+""")
+
+
+def keep_output(tmp: Path, name: str) -> None:
+    dest = os.environ.get("TRACEKIT_GPU_OUT")
+    if dest:
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        for f in tmp.glob("*.p*"):
+            shutil.copy(f, Path(dest) / f"{name}-{f.name}")
+
+
+@pytest.mark.skipif(HAVE_TORCH, reason="checks the message shown when PyTorch is missing")
+def test_without_pytorch_one_sentence(tmp_path: Path) -> None:
+    script = tmp_path / "p.py"
+    script.write_text("print('never runs')\n")
+    with pytest.raises(DeviceError, match="needs PyTorch"):
+        record_torch([str(script)], module=False, output=tmp_path / "t.parquet")
+    r = CliRunner().invoke(app, ["record", "--torch", "-o", str(tmp_path / "t.parquet"), str(script)])
+    assert r.exit_code == 1 and "needs PyTorch" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def run(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    script = tmp / "prog.py"
+    script.write_text(PROGRAM)
+    out = tmp / f"rec-{args[0] if args else 'ok'}.parquet"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "tracekit", "record", "--torch", "-o", str(out), str(script),
+                        *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
+    keep_output(tmp, args[0] if args else "ok")
+    return r, out
+
+
+@pytest.mark.gpu
+@needs_torch
+def test_records_a_program(tmp_path: Path) -> None:
+    r, out = run(tmp_path, "ok", "--flag")
+    assert r.returncode == 0, r.stderr
+    assert "argv ['ok', '--flag']" in r.stdout
+    tr = read_trace(out, strict=True)
+    assert tr.meta.source == "torch" and "prog.py" in (tr.meta.command or "")
+    m = tr.events.op == Op.MALLOC
+    sizes = tr.events.size[m].tolist()
+    assert sizes.count(1 << 20) >= 4 and (3 << 20) in sizes
+    sites = {tr.events.site_name(int(i)) for i in np.flatnonzero(m)}
+    assert any(s and "prog.py" in s and ":make" in s for s in sites)
+    assert snapshot_path(out).exists()
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize(("mode", "code"), [("raise", 1), ("exit", 3)])
+def test_exit_code_and_exception_pass_through(tmp_path: Path, mode: str, code: int) -> None:
+    r, out = run(tmp_path, mode)
+    assert r.returncode == code, r.stderr
+    if mode == "raise":
+        assert "ValueError: boom" in r.stderr and "Traceback" in r.stderr
+    tr = read_trace(out)
+    assert np.count_nonzero(tr.events.op == Op.MALLOC) >= 5
+
+
+@pytest.mark.gpu
+@needs_torch
+def test_out_of_memory_is_recorded_with_the_limit(tmp_path: Path) -> None:
+    r, out = run(tmp_path, "oom")
+    assert r.returncode == 1 and "OutOfMemoryError" in r.stderr
+    tr = read_trace(out)
+    assert np.count_nonzero(tr.events.op == Op.OOM) == 1
+    obs = tr.meta.extra["torch_oom_observer"]
+    assert tr.meta.pool_limit_bytes == obs["total_or_allowed"] < tr.meta.device.total_bytes
+    assert abs(tr.meta.pool_limit_bytes - (256 << 20)) < (1 << 20)
