@@ -95,15 +95,20 @@ class _Loop:
         self.first_oom = -1
         self.oom_state: dict[str, Any] | None = None
 
-    def flush(self, base: int, addr: list, lat: list, tend: list, stat: list, dfree: dict) -> None:
-        sl = slice(base, base + len(stat))
-        self.addr[sl] = addr
-        self.latency[sl] = lat
-        self.t_end[sl] = tend
-        self.status[sl] = stat
+    def flush(self, base: int, addr: list, t0: list, t1: list, stat: list, dfree: dict,
+              stop: int | None = None) -> None:
+        """Copy one chunk's lists into the arrays; with ``stop``, events from there on were not run."""
+        n = len(stat) if stop is None else stop
+        sl = slice(base, base + n)
+        a1 = np.asarray(t1[:n], np.int64)
+        self.addr[sl] = addr[:n]
+        self.latency[sl] = np.where(a1 > 0, a1 - np.asarray(t0[:n], np.int64), -1)
+        self.t_end[sl] = a1
+        self.status[sl] = stat[:n]
         if dfree:
-            idx = np.fromiter(dfree.keys(), np.int64, len(dfree)) + base
-            self.device_free[idx] = np.fromiter(dfree.values(), np.int64, len(dfree))
+            idx = np.fromiter(dfree.keys(), np.int64, len(dfree))
+            keep = idx < n
+            self.device_free[idx[keep] + base] = np.fromiter(dfree.values(), np.int64, len(dfree))[keep]
 
     def note_oom(self, i: int, err: BaseException, free: int, stats: dict[str, Any] | None) -> bool:
         """Record an OOM at input index i; return True when the replay must stop."""
@@ -131,17 +136,18 @@ def _loop_cuda(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray)
     live, every = lp.live, lp.cfg.sample_every
     k = every
     for base in _chunks(len(ops)):
-        o_l, s_l, m_l = (a[base:base + CHUNK].tolist() for a in (ops, sizes, mates))
+        o_arr = ops[base:base + CHUNK]
+        o_l, s_l, m_l = o_arr.tolist(), sizes[base:base + CHUNK].tolist(), mates[base:base + CHUNK].tolist()
         n = len(o_l)
-        addr, lat, tend, stat = [0] * n, [-1] * n, [0] * n, [0] * n
+        addr, t0l, t1l = [0] * n, [0] * n, [0] * n
+        stat = _default_status(o_arr)
         dfree: dict[int, int] = {}
-        stop = False
         for j in range(n):
             o = o_l[j]
             if o == 1:
                 p = live.pop(m_l[j], None)
                 if p is None:
-                    stat[j] = 3
+                    stat[j] = 3  # its malloc failed (--continue-on-oom)
                     continue
                 t0 = clock()
                 free(p)
@@ -151,28 +157,32 @@ def _loop_cuda(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray)
                 try:
                     p = malloc(s_l[j])
                 except err_t as e:
-                    t1 = clock()
-                    lat[j], tend[j], stat[j] = t1 - t0, t1, 2
+                    t1l[j], t0l[j], stat[j] = clock(), t0, 2
                     dfree[j] = meminfo()[0]
-                    stop = lp.note_oom(base + j, e, dfree[j], None)
-                    if stop:
-                        break
+                    if lp.note_oom(base + j, e, dfree[j], None):
+                        lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                        return
                     continue
                 t1 = clock()
                 live[base + j] = p
             else:
                 continue
-            addr[j], lat[j], tend[j], stat[j] = p, t1 - t0, t1, 1
+            addr[j] = p
+            t0l[j] = t0
+            t1l[j] = t1
             k -= 1
             if k == 0:
                 k = every
                 dfree[j] = meminfo()[0]
                 if lp.pending.signum:  # Ctrl-C / SIGTERM: stop here, where the live map is complete
-                    lp.flush(base, addr, lat, tend, stat, dfree)
+                    lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
                     lp.pending.check()
-        lp.flush(base, addr, lat, tend, stat, dfree)
-        if stop:
-            return
+        lp.flush(base, addr, t0l, t1l, stat, dfree)
+
+
+def _default_status(o_arr: np.ndarray) -> list:
+    """DONE for requests (malloc, free, oom), IGNORED for the input's own segment rows."""
+    return ((o_arr == Op.MALLOC) | (o_arr == Op.FREE) | (o_arr == Op.OOM)).astype(np.int8).tolist()
 
 
 def _loop_pool(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, streams: np.ndarray,
@@ -194,11 +204,12 @@ def _loop_pool(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
     cur = -1
     try:
         for base in _chunks(len(ops)):
+            o_arr = ops[base:base + CHUNK]
             o_l, s_l, m_l, st_l = (a[base:base + CHUNK].tolist() for a in (ops, sizes, mates, streams))
             n = len(o_l)
-            addr, lat, tend, stat = [0] * n, [-1] * n, [0] * n, [0] * n
+            addr, t0l, t1l = [0] * n, [0] * n, [0] * n
+            stat = _default_status(o_arr)
             dfree: dict[int, int] = {}
-            stop = False
             for j in range(n):
                 o = o_l[j]
                 if o == 1:
@@ -222,28 +233,27 @@ def _loop_pool(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
                     try:
                         live[base + j] = pool_malloc(s_l[j])
                     except errs as e:
-                        t1 = clock()
-                        lat[j], tend[j], stat[j] = t1 - t0, t1, 2
+                        t1l[j], t0l[j], stat[j] = clock(), t0, 2
                         dfree[j] = meminfo()[0]
-                        stop = lp.note_oom(base + j, e, dfree[j], backend.stats())
-                        if stop:
-                            break
+                        if lp.note_oom(base + j, e, dfree[j], backend.stats()):
+                            lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                            return
                         continue
                     t1 = clock()
                     p = live[base + j].ptr
                 else:
                     continue
-                addr[j], lat[j], tend[j], stat[j] = p, t1 - t0, t1, 1
+                addr[j] = p
+                t0l[j] = t0
+                t1l[j] = t1
                 k -= 1
                 if k == 0:
                     k = every
                     dfree[j] = meminfo()[0]
                     if lp.pending.signum:
-                        lp.flush(base, addr, lat, tend, stat, dfree)
+                        lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
                         lp.pending.check()
-            lp.flush(base, addr, lat, tend, stat, dfree)
-            if stop:
-                return
+            lp.flush(base, addr, t0l, t1l, stat, dfree)
     finally:
         if multi:
             cupy.cuda.Stream.null.use()
