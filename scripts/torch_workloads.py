@@ -18,6 +18,7 @@ Workloads:
               out-of-memory error; the snapshot is dumped by the OOM observer;
   expandable  the training loop with ``expandable_segments:True`` and an
               ``empty_cache()`` halfway (segment_map / segment_unmap);
+  tuned       the training loop with ``roundup_power2_divisions:4,max_split_size_mb:128``;
   wrap        a short run with ``max_entries`` so small that the ring buffer
               wraps (the history starts mid-run).
 
@@ -44,6 +45,7 @@ BATCH = 16
 VOCAB = 16000
 MAX_ENTRIES = 400_000
 WRAP_ENTRIES = 1500
+TUNED_CONF = "roundup_power2_divisions:4,max_split_size_mb:128"
 
 
 def build_model(torch: Any) -> Any:
@@ -211,13 +213,14 @@ def run_all(out: Path) -> int:
     limit = -(-peak // (2 << 20)) * (2 << 20)
     rc |= sub("oom", ["--limit-bytes", str(limit)])
     rc |= sub("expandable", [], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    rc |= sub("tuned", [], {"PYTORCH_CUDA_ALLOC_CONF": TUNED_CONF})
     rc |= sub("wrap", [])
     return rc
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("workload", choices=["all", "train", "oom", "expandable", "wrap"])
+    p.add_argument("workload", choices=["all", "train", "oom", "expandable", "tuned", "wrap"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--limit-bytes", type=int, default=None)
     a = p.parse_args()

@@ -150,3 +150,20 @@ def test_committed_traces_match_a_fresh_import(name: str, tmp_path: Path) -> Non
     assert a.column_names == b.column_names
     for col in a.column_names:
         assert a.column(col).equals(b.column(col)), col
+
+
+@pytest.mark.parametrize("name", [n for n in (*NAMES, "tuned") if (TRACES / f"torch-{n}.pickle.gz").exists()])
+def test_round_size_matches_real_blocks(name: str) -> None:
+    # Small-pool blocks are always split to the rounded size; a large-pool block keeps an unsplit
+    # remainder of at most 1 MiB (kSmallSize), so it is round_size(request) plus 0 to 1 MiB.
+    from tracekit.importers.torch_rounding import divisions_from_settings, round_size
+
+    snap = snapshot(name)
+    blocks = [(b["size"], b["requested_size"], g["segment_type"], g.get("is_expandable", False))
+              for g in snap["segments"] for b in g["blocks"] if b["state"] != "inactive"]
+    size, req = (np.array([b[i] for b in blocks], np.uint64) for i in (0, 1))
+    small = np.array([b[2] == "small" for b in blocks])
+    r = round_size(req, divisions_from_settings(snap.get("allocator_settings")))
+    assert np.array_equal(r[small], size[small])
+    slack = size[~small].astype(np.int64) - r[~small].astype(np.int64)
+    assert np.all((slack >= 0) & (slack <= 1 << 20))
