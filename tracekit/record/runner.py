@@ -95,7 +95,7 @@ def _run_script(target: list[str]) -> Any:
     path = os.path.abspath(script)
     with io.open_code(path) as f:
         source = f.read()
-    code = compile(source, script, "exec", dont_inherit=True)
+    code = compile(source, path, "exec", dont_inherit=True)  # python names the frame by abspath
     main = types.ModuleType("__main__")
     main.__dict__.update(
         __file__=path, __builtins__=builtins, __spec__=None, __package__=None, __cached__=None,

@@ -1,0 +1,184 @@
+"""The spool: batches written while recording, finalized to v1, recovered after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tracekit.cli.app import app
+from tracekit.errors import InputError, OutputError
+from tracekit.record.hook import EventBuffer, TraceHook
+from tracekit.record.recover import finalize, recover
+from tracekit.record.sites import SiteTable
+from tracekit.record.spool import SpoolWriter
+from tracekit.trace import Op, Source, TraceMeta, read_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = 0x7F00_0000_0000
+STREAM = types.SimpleNamespace(ptr=0)
+
+
+def _writer(tmp: Path, clock=time.perf_counter_ns, **kw):  # type: ignore[no-untyped-def]
+    buf, table = EventBuffer(), SiteTable(())
+    hook = TraceHook(buf, sites=table, current_stream=lambda: STREAM, clock=clock,
+                     pool_state=lambda d: {"used_bytes": 512, "total_bytes": 4096, "free_bytes": 3584})
+    meta = TraceMeta.new(Source.CUPY, command="python app.py")
+    w = SpoolWriter(tmp / "t.parquet.spool", meta, buf, table, 0, **kw)
+    return w, hook
+
+
+def _pair(hook: TraceHook, i: int, size: int = 512) -> None:
+    hook.malloc_postprocess(device_id=0, size=size, mem_size=size, mem_ptr=BASE + i * 4096,  # type: ignore[misc]
+                            pmem_id=i)
+    hook.free_postprocess(device_id=0, mem_size=size, mem_ptr=BASE + i * 4096, pmem_id=i)  # type: ignore[misc]
+
+
+def test_finalize_writes_a_valid_v1_trace_with_sites_and_oom_seq(tmp_path: Path) -> None:
+    w, hook = _writer(tmp_path)
+    for i in range(10):
+        _pair(hook, i)
+    w.flush()
+    hook.malloc_postprocess(device_id=0, size=512, mem_size=512, mem_ptr=BASE, pmem_id=1)  # type: ignore[misc]
+    try:
+        raise MemoryError("Out of memory allocating 1,048,576 bytes (allocated so far: 4,096 bytes).")
+    except MemoryError:
+        hook.malloc_postprocess(device_id=0, size=1 << 20, mem_size=1 << 20, mem_ptr=0,  # type: ignore[misc]
+                                pmem_id=0)
+    w.close()
+    out = finalize(w.path, tmp_path / "t.parquet", {"complete": True})
+    t = read_trace(out, strict=True)
+    assert len(t.events) == 22 and t.events.seq.tolist() == list(range(22))
+    assert t.events.op[-1] == Op.OOM and t.events.op[-2] == Op.MALLOC
+    oom = t.meta.extra["ooms"][0]
+    assert oom["seq"] == 21 and oom["rounded"] == 1 << 20 and oom["free_bytes"] == 3584
+    assert t.meta.extra["complete"] is True and t.meta.command == "python app.py"
+    assert all(s.endswith(":_pair") or "test_finalize" in s for s in t.events.sites)
+    assert (np.diff(t.events.t_ns) >= 0).all()
+
+
+def test_times_never_decrease_even_if_the_clock_does(tmp_path: Path) -> None:
+    ticks = iter([50, 40, 60, 10, 70, 80] * 3)
+    w, hook = _writer(tmp_path, clock=lambda: next(ticks))
+    for i in range(3):
+        _pair(hook, i)
+        w.flush()
+    w.close()
+    t = read_trace(finalize(w.path, tmp_path / "t.parquet", {}))
+    assert t.events.t_ns.tolist() == [50, 50, 60, 60, 70, 80]
+
+
+def test_flusher_writes_when_max_events_are_waiting(tmp_path: Path) -> None:
+    w, hook = _writer(tmp_path, interval=60.0, max_events=100)
+    w.start()
+    for i in range(500):
+        _pair(hook, i)
+    deadline = time.monotonic() + 5
+    while w.events < 900 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.events >= 900  # written by the background thread, long before the 60 s interval
+    w.close()
+
+
+def test_flusher_writes_every_interval(tmp_path: Path) -> None:
+    w, hook = _writer(tmp_path, interval=0.1)
+    w.start()
+    _pair(hook, 0)
+    time.sleep(0.5)
+    assert w.events == 2
+    w.close()
+
+
+def test_recover_skips_a_batch_cut_short(tmp_path: Path) -> None:
+    w, hook = _writer(tmp_path)
+    for k in range(3):
+        for i in range(100):
+            _pair(hook, k * 100 + i)
+        w.flush()
+    size = w.path.stat().st_size
+    os.truncate(w.path, size - 40)  # a kill in the middle of the last batch
+    out = recover(w.path)
+    assert out == tmp_path / "t.parquet"
+    t = read_trace(out, strict=True)
+    assert len(t.events) == 400 and t.meta.extra["complete"] is False
+    assert t.meta.extra["spool_truncated"] is True
+    with pytest.raises(OutputError, match="already exists"):
+        recover(w.path)
+    assert len(read_trace(recover(w.path, force=True)).events) == 400
+
+
+def test_recover_rejects_what_is_not_a_spool(tmp_path: Path) -> None:
+    bad = tmp_path / "x.parquet.spool"
+    bad.write_bytes(b"not arrow at all")
+    with pytest.raises(InputError, match="not a tracekit recording spool"):
+        recover(bad)
+    r = CliRunner().invoke(app, ["recover", str(bad)])
+    assert r.exit_code == 1 and "not a tracekit recording spool" in r.output
+    r = CliRunner().invoke(app, ["recover", str(tmp_path / "missing.parquet")])
+    assert r.exit_code == 1 and "no such spool" in r.output
+
+
+CHILD = textwrap.dedent("""
+    import sys, time, types
+    from pathlib import Path
+    from tracekit.record.hook import EventBuffer, TraceHook
+    from tracekit.record.sites import SiteTable
+    from tracekit.record.spool import SpoolWriter
+    from tracekit.trace import Source, TraceMeta
+    buf, table = EventBuffer(), SiteTable(())
+    s = types.SimpleNamespace(ptr=0)
+    hook = TraceHook(buf, sites=table, current_stream=lambda: s)
+    w = SpoolWriter(Path(sys.argv[1]), TraceMeta.new(Source.CUPY), buf, table, time.perf_counter_ns())
+    w.start()
+    n, last = 0, time.monotonic()
+    while True:
+        p = 0x7f0000000000 + n * 512
+        hook.malloc_postprocess(device_id=0, size=512, mem_size=512, mem_ptr=p, pmem_id=n)
+        hook.free_postprocess(device_id=0, mem_size=512, mem_ptr=p, pmem_id=n)
+        n += 1
+        if n % 200 == 0:
+            time.sleep(0.0005)
+            if time.monotonic() - last > 0.05:
+                print(n, flush=True)
+                last = time.monotonic()
+""")
+
+
+def test_sigkill_loses_at_most_the_last_second(tmp_path: Path) -> None:
+    spool = tmp_path / "k.parquet.spool"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(spool)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    assert proc.stdout is not None
+    seen: list[tuple[float, int]] = []
+    while not seen or time.monotonic() - seen[0][0] < 2.0:  # run 2 s after the first event
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append((time.monotonic(), int(line)))
+    killed_at = time.monotonic()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    # events the child had made more than a second before the kill
+    issued = max((n for t, n in seen if t <= killed_at - 1.0), default=0)
+    assert issued > 0
+    r = subprocess.run([sys.executable, "-m", "tracekit", "recover", str(spool)], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"Wrote {tmp_path / 'k.parquet'}" in r.stderr
+    t = read_trace(tmp_path / "k.parquet", strict=True)
+    assert t.events.count(Op.MALLOC) >= issued
+    assert t.meta.extra["complete"] is False
+    info = subprocess.run([sys.executable, "-m", "tracekit", "info", str(tmp_path / "k.parquet")],
+                          capture_output=True, text=True, env=env)
+    assert info.returncode == 0, info.stderr
