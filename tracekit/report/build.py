@@ -71,7 +71,7 @@ def build_figures(
     xs = axis.x(ev.t_ns, np.arange(len(ev)))
     x_end = np.append(xs, xs[-1] + max((xs[-1] - xs[0]) * 1e-3, 1e-9))
     layout, by_seg = blk.layout_for(b, seg)
-    md = map_data(b, layout, x_end, axis, rgb, legend, by_segment=by_seg)
+    md = map_data(b, layout, x_end, axis, rgb, legend, by_segment=by_seg, seg=seg)
     out.append(
         html.Rendered(
             "memory-map", "Memory map", _MAP_CAPTION, png_bytes(draw_memory_map(md, name, tl.oom_x))

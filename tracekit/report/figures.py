@@ -43,51 +43,58 @@ def _draw_env(
 
 def draw_timeline(d: TimelineData, title: str) -> Figure:
     """Live, requested, reserved, largest free block, device free; fragmentation (%) on the right."""
-    fig = new_figure(12, 5.6)
+    fig = new_figure(12, 5.8)
     ax = fig.add_subplot()
+    ax2 = ax.twinx()
+    ax.set_zorder(ax2.get_zorder() + 1)  # memory curves above the fragmentation band
+    ax.patch.set_visible(False)
     labels = {key: text for _, key, text in TL_SERIES}
     if d.reserved_is_live:
         labels["live"] = "live = reserved (no segment rows)"
+    top = max((np.nanmax(e.hi) for k, e in d.series.items() if k != "device_free" and len(e.hi)), default=0.0)
+    top = max(top, d.limit or 0, (d.oom_reserved or 0) + (d.oom_request or 0))
+    ymax = top / d.scale.div * 1.12 if top > 0 else 1.0
+    if "device_free" in d.series and np.nanmin(d.series["device_free"].lo) / d.scale.div > ymax:
+        dev = d.series["device_free"]
+        labels["device_free"] += (
+            f" (off scale: {format_size(np.nanmin(dev.lo))} to {format_size(np.nanmax(dev.hi))})"
+        )
     for key, env in d.series.items():
         lw = 1.0 if key in ("requested", "device_free") else 1.5
         ls = ":" if key == "device_free" else "-"
         _draw_env(ax, env, d.scale.div, SERIES[key], labels[key], lw, ls)
-    top = max((np.nanmax(e.hi) for k, e in d.series.items() if k != "device_free" and len(e.hi)), default=1.0)
-    ax.set_ylim(0, top / d.scale.div * 1.12 if top > 0 else 1)
+    if d.limit:
+        ax.axhline(
+            d.limit / d.scale.div,
+            color="#9467bd",
+            ls="-.",
+            lw=1.2,
+            label=f"pool limit {format_size(d.limit)}",
+        )
+    ax.set_ylim(0, ymax)
     ax.set_ylabel(f"memory ({d.scale.unit})")
     ax.set_xlabel(d.axis.label)
     ax.grid(alpha=0.3)
-    ax2 = ax.twinx()
-    _draw_env(ax2, d.frag, 1.0, SERIES["frag"], "external fragmentation (right axis)", 0.9)
+    _draw_env(ax2, d.frag, 1.0, SERIES["frag"], "external fragmentation (right axis)", 0.8)
     ax2.set_ylim(0, 105)
     ax2.set_ylabel("external fragmentation (%)", color=SERIES["frag"])
     ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}%"))
     if d.oom_x is not None:
         ax.axvline(d.oom_x, color="black", ls="--", lw=1.2, gid="oom-marker", label=f"OOM (seq {d.oom_seq})")
-        ax.annotate(
-            "OOM",
-            (d.oom_x, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(3, -12),
-            textcoords="offset points",
-            fontsize=9,
-            fontweight="bold",
-        )
+        if d.oom_reserved is not None and d.oom_request:
+            ax.vlines(
+                d.oom_x,
+                d.oom_reserved / d.scale.div,
+                (d.oom_reserved + d.oom_request) / d.scale.div,
+                color="black",
+                lw=6,
+                gid="oom-request",
+                label=f"the request ({format_size(d.oom_request)}) on top of reserved",
+            )
         ax.set_title("\n".join(textwrap.wrap(d.oom_text or "", 150)), fontsize=9, loc="left")
-    if "device_free" in d.series and np.nanmax(d.series["device_free"].hi) > top * 1.12:
-        ax.text(
-            0.99,
-            0.98,
-            "device free runs above this scale where not drawn",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=8,
-            color=SERIES["device_free"],
-        )
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncol=4, fontsize=9, frameon=False)
+    fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
     fig.suptitle(title, fontsize=12)
     return fig
 
@@ -166,7 +173,13 @@ def _barh_sites(
     ax.barh(y, vals, color=cols)
     ax.set_yticks(y, [short_site(r["site"], 56) for r in rows], fontsize=8)
     for yi, v, r in zip(y, vals, rows, strict=True):
-        ax.text(v, yi, f" {format_size(r['bytes'])} in {r['blocks']:,} blocks", va="center", fontsize=8)
+        ax.text(
+            v,
+            yi,
+            f" {format_size(r['bytes'])} in {r['blocks']:,} block{'s' if r['blocks'] != 1 else ''}",
+            va="center",
+            fontsize=8,
+        )
     ax.set_xlim(0, vals.max() * 1.35)
     ax.set_xlabel(f"bytes held ({sc.unit})")
     ax.grid(alpha=0.3, axis="x")

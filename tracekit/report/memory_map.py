@@ -25,6 +25,9 @@ from matplotlib.patches import Patch
 from tracekit.report.blocks import AddressLayout, Spans
 from tracekit.report.style import GREY, Scale, TimeAxis, byte_scale
 
+SEGMENT_RGB = (0.93, 0.91, 0.84)  # reserved but not allocated: free space inside segments
+SEGMENT_EDGE = (0.55, 0.52, 0.45)
+
 
 @dataclass(frozen=True, eq=False)
 class MapData:
@@ -36,7 +39,7 @@ class MapData:
     rects: np.ndarray  # (k, 4): x0, x1, y0, y1 (y in bytes)
     rect_rgb: np.ndarray  # (k, 3)
     image: np.ndarray | None  # (height, width, 4) RGBA, row 0 at the lowest offset
-    boundaries: np.ndarray  # offsets (bytes) where one address range ends and the next begins
+    seg_rects: np.ndarray  # (m, 4) segment lifetimes: x0, x1, y0, y1 (drawn behind the blocks)
     legend: list[tuple[str, tuple[float, float, float]]]
     n_exact: int
     n_aggregated: int
@@ -52,6 +55,7 @@ def map_data(
     legend: list[tuple[str, tuple[float, float, float]]],
     *,
     by_segment: bool = True,
+    seg: Spans | None = None,
     exact: int = 2000,
     width: int = 1100,
     height: int = 420,
@@ -77,7 +81,13 @@ def map_data(
         image = _raster(
             x0[rest], x1[rest], y0[rest], y1[rest], colour[rest], site_rgb, (xmin, xmax, total), width, height
         )
-    bounds = layout.base[1:] if len(layout.base) > 1 else np.zeros(0)
+    if seg is not None and len(seg):
+        sy0 = layout.offset(seg.addr)
+        segr = np.column_stack(
+            [x_of_index[seg.start], x_of_index[seg.end], sy0, sy0 + seg.size.astype(np.float64)]
+        )
+    else:
+        segr = np.zeros((0, 4))
     return MapData(
         axis,
         byte_scale(total),
@@ -85,7 +95,7 @@ def map_data(
         rects,
         site_rgb[colour[keep]],
         image,
-        bounds,
+        segr,
         legend,
         len(keep),
         int(rest.sum()),
@@ -130,8 +140,16 @@ def _raster(
     return np.concatenate([rgb, alpha[..., None]], axis=2)
 
 
+def _verts(r: np.ndarray, div: float) -> np.ndarray:
+    """(k, 4) rectangles x0, x1, y0, y1 -> (k, 4, 2) polygon corners, y divided into axis units."""
+    y0, y1 = r[:, 2] / div, r[:, 3] / div
+    return np.stack(
+        [np.column_stack(c) for c in ((r[:, 0], y0), (r[:, 1], y0), (r[:, 1], y1), (r[:, 0], y1))], axis=1
+    )
+
+
 def draw_memory_map(d: MapData, title: str, oom_x: float | None = None) -> Figure:
-    """Blocks over time on the compacted address axis; segment boundaries as thin lines."""
+    """Blocks over time on the compacted address axis, over their segments' lifetimes (pale)."""
     fig = Figure(figsize=(12, 6), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     xmin, xmax, _, total = d.extent
@@ -145,28 +163,26 @@ def draw_memory_map(d: MapData, title: str, oom_x: float | None = None) -> Figur
             interpolation="nearest",
             zorder=1,
         )
-    if len(d.rects):
-        r = d.rects
-        verts = np.stack(
-            [
-                np.column_stack([r[:, 0], r[:, 2] / div]),
-                np.column_stack([r[:, 1], r[:, 2] / div]),
-                np.column_stack([r[:, 1], r[:, 3] / div]),
-                np.column_stack([r[:, 0], r[:, 3] / div]),
-            ],
-            axis=1,
-        )
+    if len(d.seg_rects):
         ax.add_collection(
             PolyCollection(
-                verts,  # type: ignore[arg-type]
-                facecolors=d.rect_rgb,
+                _verts(d.seg_rects, div),
+                facecolors=SEGMENT_RGB,  # type: ignore[arg-type]
+                edgecolors=SEGMENT_EDGE,
+                linewidths=0.5,
+                zorder=0,
+            )
+        )
+    if len(d.rects):
+        ax.add_collection(
+            PolyCollection(
+                _verts(d.rects, div),
+                facecolors=d.rect_rgb,  # type: ignore[arg-type]
                 edgecolors=d.rect_rgb * 0.7,
                 linewidths=0.3,
                 zorder=2,
             )
         )
-    for yb in d.boundaries[:200]:
-        ax.axhline(yb / div, color="black", lw=0.4, alpha=0.35, zorder=3)
     if oom_x is not None:
         ax.axvline(oom_x, color="black", ls="--", lw=1.2, zorder=4)
         ax.annotate(
@@ -185,12 +201,14 @@ def draw_memory_map(d: MapData, title: str, oom_x: float | None = None) -> Figur
     ax.set_xlabel(d.axis.label)
     handles = [Patch(color=c, label=s) for s, c in d.legend]
     handles.append(Patch(color=GREY, label="other call-sites"))
+    if len(d.seg_rects):
+        handles.append(Patch(facecolor=SEGMENT_RGB, edgecolor=SEGMENT_EDGE, label="segment, free inside"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False, title="call-site")
     note = f"{d.n_exact:,} largest blocks drawn exactly"
     if d.n_aggregated:
         note += f", {d.n_aggregated:,} smaller blocks aggregated per pixel"
     ax.set_title(
-        note + "; lines separate " + ("segments" if d.by_segment else "address ranges"),
+        note + ("; pale boxes are segments over their lifetime" if len(d.seg_rects) else ""),
         fontsize=9,
         loc="left",
     )

@@ -25,7 +25,7 @@ from tracekit.units import format_size
 
 FREE_RGB = (0.80, 0.93, 0.80)
 GAP_EDGE = "#2ca02c"
-REQUEST_RGB = "#d62728"
+REQUEST_RGB = "black"
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +131,7 @@ def draw_moment(m: Moment, legend: list[tuple[str, tuple[float, float, float]]])
     """One horizontal bar per segment; the request drawn to scale under the largest free gap."""
     n = len(m.rows)
     fig = Figure(
-        figsize=(12, 2.2 + 0.42 * max(n, 1) + (0.4 if m.request else 0)), dpi=100, layout="constrained"
+        figsize=(12, 2.8 + 0.34 * max(n, 1) + (0.3 if m.request else 0)), dpi=100, layout="constrained"
     )
     ax = fig.add_subplot()
     xmax = max([r.size for r in m.rows] + [m.largest_off + (m.request or 0)] + [1])
@@ -196,7 +196,7 @@ def draw_moment(m: Moment, legend: list[tuple[str, tuple[float, float, float]]])
         f"largest free gap {format_size(m.largest_gap)}"
     )
     more = (
-        f"; {m.n_segments - n} more segments ({format_size(m.hidden_bytes)}) not drawn"
+        f"\n{m.n_segments - n} smaller segments ({format_size(m.hidden_bytes)}) not drawn"
         if m.n_segments > n
         else ""
     )
@@ -208,7 +208,7 @@ def draw_moment(m: Moment, legend: list[tuple[str, tuple[float, float, float]]])
     ]
     if m.request:
         handles.append(Patch(color=REQUEST_RGB, label="the request, to scale"))
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle(
         "Segments at the moment of the OOM" if m.is_oom else "Segments at peak reserved", fontsize=12
     )

@@ -75,12 +75,21 @@ class TimeAxis:
 
 
 def time_axis(t_ns: np.ndarray, seq: np.ndarray) -> TimeAxis:
-    """Seconds (or ms / min) from the first event; event index when times carry no information."""
+    """Seconds (or ms / min) from the first event; else the event index.
+
+    The event index is used when times carry no information (all equal, or
+    ``t_ns == seq``) and when one pause between two events is over 30% of the
+    span, where a time axis would leave the events a sliver at either end.
+    """
     if len(t_ns) == 0:
         return TimeAxis("event index", True, 0, 1.0)
     t0, span = int(t_ns[0]), int(t_ns[-1]) - int(t_ns[0])
     if span <= 0 or np.array_equal(t_ns.astype(np.int64), seq.astype(np.int64)):
         return TimeAxis("event index", True, 0, 1.0)
+    pause = int(np.max(np.diff(t_ns))) if len(t_ns) > 1 else 0
+    if pause > 0.3 * span:
+        # One pause would take most of the width and squash every event into slivers.
+        return TimeAxis(f"event index (time has a {pause / 1e9:.3g} s pause)", True, 0, 1.0)
     if span < 1e9:
         return TimeAxis("time since first event (ms)", False, t0, 1e6)
     if span > 600e9:

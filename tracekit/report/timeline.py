@@ -43,6 +43,9 @@ class TimelineData:
     oom_text: str | None
     rows: int
     reserved_is_live: bool = False
+    limit: int | None = None  # pool / process limit in bytes, where the trace records one
+    oom_reserved: int | None = None  # reserved bytes at the OOM: the request is drawn on top of it
+    oom_request: int | None = None  # rounded bytes of the failing request
 
 
 def _col(table: pa.Table, name: str) -> np.ndarray | None:
@@ -77,13 +80,34 @@ def timeline_data(table: pa.Table, summary: dict[str, Any], npix: int = 1200) ->
     frag_y = _col(table, "external_fragmentation")
     frag = envelope(x, (frag_y if frag_y is not None else np.zeros(len(x))) * 100.0, npix)
     oom = summary.get("oom") or None
-    oom_seq = oom_x = oom_text = None
+    oom_seq = oom_x = oom_text = oom_reserved = oom_request = None
     if oom is not None:
         oom_seq = int(oom["seq"])
-        row = int(np.searchsorted(seq, np.uint64(oom_seq)))
-        row = min(row, len(x) - 1)
+        row = min(int(np.searchsorted(seq, np.uint64(oom_seq))), len(x) - 1)
         oom_x = float(x[row]) if len(x) else 0.0
         oom_text = str(oom.get("explanation") or "")
+        oom_reserved = _int(oom.get("reserved_bytes"))
+        oom_request = _int(oom.get("rounded")) or _int(oom.get("size"))
+        if oom_reserved is not None and oom_request:
+            top = max(top, float(oom_reserved + oom_request))
+    limit = _int(summary.get("limit_bytes"))
+    if limit:
+        top = max(top, float(limit))
     return TimelineData(
-        axis, series, frag, byte_scale(top), oom_seq, oom_x, oom_text, len(seq), reserved_is_live
+        axis,
+        series,
+        frag,
+        byte_scale(top),
+        oom_seq,
+        oom_x,
+        oom_text,
+        len(seq),
+        reserved_is_live,
+        limit,
+        oom_reserved,
+        oom_request,
     )
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
