@@ -51,7 +51,7 @@ def test_mlp_matches_pool_counters(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert t.meta.extra["complete"] is True and t.meta.extra["exit"]["code"] == 0
     _check_end(t)
-    assert t.events.count(Op.MALLOC) > 1000 and t.events.count(Op.SEGMENT_ALLOC) > 0
+    assert t.events.count(Op.MALLOC) > 500 and t.events.count(Op.SEGMENT_ALLOC) > 0
     assert any("record_workloads.py" in s and ":run_mlp" in s for s in t.events.sites)
     assert t.meta.device is not None and t.meta.device.total_bytes
     assert "budget" in t.meta.extra and t.meta.versions["cupy"]

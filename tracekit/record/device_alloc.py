@@ -41,6 +41,8 @@ class SegmentLog:
         self.sizes: dict[tuple[int, int], int] = {}  # (device, ptr) -> bytes of live segments
         self.failures = 0  # cudaMalloc calls that raised (the pool retries or raises OOM)
         self.devices: set[int] = set()
+        self.active = True  # False after the recording ends: frees at exit only release memory
+
 
     def malloc(self, size: int, device_id: int) -> int:
         try:
@@ -55,6 +57,9 @@ class SegmentLog:
         return ptr
 
     def free(self, ptr: int, device_id: int) -> None:
+        if not self.active:
+            self._free(ptr)
+            return
         size = self.sizes.pop((device_id, ptr), 0)
         self._free(ptr)
         self._ext((self._clock(), (device_id << DEVICE_SHIFT) | SEGMENT_FREE, ptr, size, 0,

@@ -119,6 +119,7 @@ class CupyRecording:
             self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
         end = self.end_state()
         self.spool.close()
+        self.segments.active = False
         extra: dict[str, Any] = {
             "complete": True, "exit": exit_info, "pool_end": end,
             "device_alloc_failures": self.segments.failures,
