@@ -479,3 +479,28 @@ def test_cli_report_default_output_sits_beside_the_trace(tmp_path: Path) -> None
     r = CliRunner().invoke(app, ["report", str(p)])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "hand.html").is_file()
+
+
+def test_cli_report_with_saved_whatif_json(tmp_path: Path) -> None:
+    import json
+
+    from tracekit.cli.app import app
+
+    p = hand_trace(tmp_path / "hand.parquet")
+    wi = tmp_path / "whatif.json"
+    wi.write_text(
+        json.dumps(
+            {
+                "lower_bound_bytes": 64 * MiB,
+                "policies": [{"policy": "best-fit", "capacity_bytes": 66 * MiB, "overhead": 66 / 64 - 1}],
+            }
+        )
+    )
+    out = tmp_path / "w.html"
+    r = CliRunner().invoke(
+        app, ["report", str(p), "-o", str(out), "--whatif-json", str(wi), "--png", str(tmp_path)]
+    )
+    assert r.exit_code == 0, r.output
+    assert "best-fit" in out.read_text() and (tmp_path / "whatif.png").is_file()
+    r = CliRunner().invoke(app, ["report", str(p), "--whatif", "--whatif-json", str(wi)])
+    assert r.exit_code == 2 and "exclusive" in r.output

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from tracekit.errors import OutputError
+from tracekit.errors import OutputError, UsageError
 from tracekit.report import blocks as blk
 from tracekit.report import figures, html
 from tracekit.report.memory_map import draw_memory_map, map_data
@@ -147,6 +147,8 @@ def write_report(
                 html.figure_html(r), summary, base_summary, (trace_path.name, Path(baseline).name)
             )
         )
+    if whatif is True:
+        whatif = _run_whatif(trace)
     if whatif is not None:
         wsec, wfig = whatif_section(whatif)
         if wfig is not None:
@@ -163,6 +165,16 @@ def write_report(
         for r in rendered:
             _atomic_write(Path(png_dir) / f"{r.key}.png", r.png)
     return output
+
+
+def _run_whatif(trace: Trace) -> Any:
+    """The what-if search with its default policies (``tracekit whatif``)."""
+    import tracekit.analysis as analysis
+
+    run = getattr(analysis, "whatif", None)
+    if run is None:
+        raise UsageError("--whatif: no what-if search in this tracekit; use --whatif-json with saved results")
+    return run(trace)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
