@@ -21,7 +21,7 @@ from tracekit.importers.torch_snapshot import convert, import_snapshot
 from tracekit.trace import Op, read_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
-NAMES = ("train", "oom", "expandable", "wrap")
+NAMES = ("train", "oom", "expandable", "tuned", "wrap", "record-oom")
 
 
 def snapshot(name: str) -> Any:
@@ -152,7 +152,7 @@ def test_committed_traces_match_a_fresh_import(name: str, tmp_path: Path) -> Non
         assert a.column(col).equals(b.column(col)), col
 
 
-@pytest.mark.parametrize("name", [n for n in (*NAMES, "tuned") if (TRACES / f"torch-{n}.pickle.gz").exists()])
+@pytest.mark.parametrize("name", NAMES)
 def test_round_size_matches_real_blocks(name: str) -> None:
     # Small-pool blocks are always split to the rounded size; a large-pool block keeps an unsplit
     # remainder of at most 1 MiB (kSmallSize), so it is round_size(request) plus 0 to 1 MiB.
@@ -171,3 +171,12 @@ def test_round_size_matches_real_blocks(name: str) -> None:
     limit = np.where(oversize, 20 << 20, 1 << 20)[~small]
     slack = size[~small].astype(np.int64) - r[~small].astype(np.int64)
     assert np.all((slack >= 0) & (slack <= limit))
+
+
+def test_record_torch_output_carries_the_observed_limit(tmp_path: Path) -> None:
+    # Recorded on the GPU by `tracekit record --torch` under a 256 MiB memory fraction.
+    tr = read_trace(import_snapshot(TRACES / "torch-record-oom.pickle.gz", tmp_path / "r.parquet").path)
+    assert tr.meta.pool_limit_bytes == 256 << 20
+    assert tr.meta.extra["torch_import"]["skipped_actions"] == {"snapshot": 1}
+    oom = int(np.flatnonzero(tr.events.op == Op.OOM)[0])
+    assert tr.events.size[oom] == 64 << 20 and tr.events.site_name(oom).endswith(":make")
