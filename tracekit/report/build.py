@@ -43,7 +43,7 @@ def _index_of_seq(trace: Trace, seq: int) -> int:
 
 
 def _analyze(trace: Trace, analysis: Any) -> tuple[Any, dict[str, Any]]:
-    if analysis is None:
+    if analysis is None or getattr(analysis, "timeline", None) is None:  # the timeline figure needs it
         from tracekit.analysis import analyze_trace
 
         analysis = analyze_trace(trace, timeline=True)
@@ -132,6 +132,7 @@ def write_report(
     if png_dir is not None and Path(png_dir).exists() and not Path(png_dir).is_dir():
         raise OutputError(f"{png_dir}: cannot write PNGs there, it is a file, not a folder")
     trace = read_trace(trace_path)
+    analysis, _ = _analyze(trace, analysis)
     rendered, tl, summary = build_figures(trace, analysis, trace_path.name)
     sections = [summary_section(summary)]
     sections += [html.figure_html(r) for r in rendered]
@@ -139,6 +140,9 @@ def write_report(
         base = read_trace(Path(baseline))
         base_analysis, base_summary = _analyze(base, None)
         base_tl = timeline_data(base_analysis.timeline, base_summary)
+        if base_tl.axis.label != tl.axis.label:  # seconds against event index cannot share an axis
+            tl = timeline_data(analysis.timeline, summary, by_index=True)
+            base_tl = timeline_data(base_analysis.timeline, base_summary, by_index=True)
         fig = figures.draw_baseline(tl, base_tl, (trace_path.name, Path(baseline).name))
         r = html.Rendered("baseline", "Against the baseline", _BASELINE_CAPTION, png_bytes(fig))
         rendered.append(r)

@@ -211,7 +211,10 @@ def draw_sites(
 
 
 def draw_baseline(this: TimelineData, base: TimelineData, names: tuple[str, str]) -> Figure:
-    """Live and reserved bytes of two traces on one axis (this trace solid, the baseline dashed)."""
+    """Live and reserved bytes of two traces on one axis (this trace thin, the baseline wide and dashed).
+
+    Each trace is drawn from its own first event; the upper envelope is drawn as the line.
+    """
     fig = new_figure(12, 5)
     ax = fig.add_subplot()
     top = max(
@@ -221,12 +224,26 @@ def draw_baseline(this: TimelineData, base: TimelineData, names: tuple[str, str]
         if k in ("live", "reserved") and len(e.hi)
     )
     sc: Scale = byte_scale(top)
-    for d, ls, name in ((this, "-", names[0]), (base, "--", names[1])):
+    # The baseline goes underneath, wide and translucent, so equal curves still show both.
+    for d, ls, lw, alpha, name in (
+        (base, "--", 3.5, 0.45, f"baseline {names[1]}"),
+        (this, "-", 1.4, 1.0, names[0]),
+    ):
         for key in ("reserved", "live"):
             if key in d.series:
-                _draw_env(ax, d.series[key], sc.div, SERIES[key], f"{name}: {key}", 1.5, ls)
+                env = d.series[key]
+                ax.step(
+                    env.x,
+                    env.hi / sc.div,
+                    where="post",
+                    color=SERIES[key],
+                    lw=lw,
+                    ls=ls,
+                    alpha=alpha,
+                    label=f"{name}: {key}",
+                )
         if d.oom_x is not None:
-            ax.axvline(d.oom_x, color="black", ls=ls, lw=1.0, label=f"{name}: OOM")
+            ax.axvline(d.oom_x, color="black", ls=ls, lw=1.0, alpha=alpha, label=f"{name}: OOM")
     ax.set_ylim(0, top / sc.div * 1.12)
     ax.set_ylabel(f"memory ({sc.unit})")
     same = this.axis.label == base.axis.label

@@ -166,8 +166,8 @@ def draw_memory_map(d: MapData, title: str, oom_x: float | None = None) -> Figur
     if len(d.seg_rects):
         ax.add_collection(
             PolyCollection(
-                _verts(d.seg_rects, div),
-                facecolors=SEGMENT_RGB,  # type: ignore[arg-type]
+                _verts(d.seg_rects, div),  # type: ignore[arg-type]
+                facecolors=SEGMENT_RGB,
                 edgecolors=SEGMENT_EDGE,
                 linewidths=0.5,
                 zorder=0,
@@ -176,8 +176,8 @@ def draw_memory_map(d: MapData, title: str, oom_x: float | None = None) -> Figur
     if len(d.rects):
         ax.add_collection(
             PolyCollection(
-                _verts(d.rects, div),
-                facecolors=d.rect_rgb,  # type: ignore[arg-type]
+                _verts(d.rects, div),  # type: ignore[arg-type]
+                facecolors=d.rect_rgb,
                 edgecolors=d.rect_rgb * 0.7,
                 linewidths=0.3,
                 zorder=2,

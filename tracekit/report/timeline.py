@@ -57,11 +57,16 @@ def _col(table: pa.Table, name: str) -> np.ndarray | None:
     return np.asarray(col.to_numpy(), dtype=np.float64)  # nulls become NaN
 
 
-def timeline_data(table: pa.Table, summary: dict[str, Any], npix: int = 1200) -> TimelineData:
-    """Envelopes of every series of ``table`` and the OOM position from ``summary['oom']``."""
+def timeline_data(
+    table: pa.Table, summary: dict[str, Any], npix: int = 1200, *, by_index: bool = False
+) -> TimelineData:
+    """Envelopes of every series of ``table`` and the OOM position from ``summary['oom']``.
+
+    ``by_index`` forces the event index on x (to compare two traces whose time axes differ).
+    """
     seq = table.column("seq").to_numpy()
     t_ns = table.column("t_ns").to_numpy()
-    axis = time_axis(t_ns, seq)
+    axis = TimeAxis("event index", True, 0, 1.0) if by_index else time_axis(t_ns, seq)
     x = axis.x(t_ns, np.arange(len(seq)))
     series: dict[str, Envelope] = {}
     top = 0.0
