@@ -68,4 +68,27 @@ def test_screenshot_is_not_blank(report: Path) -> None:
     img = imread(shot)[..., :3]
     ink = np.mean(np.any(img < 0.9, axis=-1))  # share of pixels that are not (near) white
     assert ink > 0.03, f"only {ink:.1%} of the screenshot has content"
-    assert len(np.unique((img * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 50  # figures, not text only
+    rgb = (img * 255).astype(np.uint32)
+    colours = np.unique((rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2])
+    assert len(colours) > 50  # figures, not text only
+
+
+def test_a_broken_figure_is_detected(tmp_path: Path) -> None:
+    """The check above can fail: a page whose second image is corrupt reports 1 of 2 loaded."""
+    from matplotlib.figure import Figure
+
+    from tracekit.report.build import png_bytes
+    from tracekit.report.html import Rendered, figure_html, page
+
+    fig = Figure(figsize=(2, 1))
+    fig.add_subplot().plot([0, 1])
+    png = png_bytes(fig)
+    doc = page(
+        "broken",
+        "",
+        [figure_html(Rendered("a", "a", "", png)), figure_html(Rendered("b", "b", "", png[:40]))],
+    )
+    p = tmp_path / "broken.html"
+    p.write_text(doc)
+    r = _chromium(["--virtual-time-budget=10000", "--dump-dom", p.resolve().as_uri()], tmp_path)
+    assert 'data-images="1/2"' in r.stdout
