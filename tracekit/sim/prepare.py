@@ -14,9 +14,9 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from tracekit.trace.reader import Trace
-from tracekit.trace.schema import Op
 
 ALLOC, FREE, OTHER = 0, 1, 2
 
@@ -39,6 +39,29 @@ class ReplayInput:
         return len(self.kind)
 
 
+@njit(cache=True)
+def _classify(op, mate):  # pragma: no cover - compiled
+    """One pass: the kind of each event and the most requests live at once."""
+    n = op.shape[0]
+    kind = np.empty(n, np.int8)
+    live = 0
+    most = 0
+    for i in range(n):
+        o = op[i]
+        if o == 0 or o == 4:  # malloc, or a recorded failure replayed as an attempt
+            kind[i] = ALLOC
+            live += 1
+            if live > most:
+                most = live
+        elif o == 1:
+            kind[i] = FREE
+            if mate[i] >= 0:
+                live -= 1
+        else:
+            kind[i] = OTHER
+    return kind, most
+
+
 _CACHE: weakref.WeakKeyDictionary[Trace, ReplayInput] = weakref.WeakKeyDictionary()
 
 
@@ -48,19 +71,14 @@ def prepare(trace: Trace) -> ReplayInput:
     if hit is not None:
         return hit
     ev = trace.events
-    op = ev.op
-    kind = np.full(len(op), OTHER, dtype=np.int8)
-    kind[(op == Op.MALLOC) | (op == Op.OOM)] = ALLOC
-    kind[op == Op.FREE] = FREE
+    # Kernels read mate only at frees (a free without a malloc, mate -1, frees nothing).
+    mate = trace.mate
+    kind, max_live = _classify(ev.op, mate)
     # Sizes beyond 2**62 bytes cannot fit anywhere; clamping keeps int64 sums exact.
-    if len(op) and int(ev.size.max()) >= 2**62:
+    if len(kind) and int(ev.size.max()) >= 2**62:
         size = np.minimum(ev.size, np.uint64(2**62)).view(np.int64)
     else:
         size = ev.size.view(np.int64)
-    # Kernels read mate only at frees (a free without a malloc, mate -1, frees nothing).
-    mate = trace.mate
-    step = (kind == ALLOC).astype(np.int8) - ((kind == FREE) & (mate >= 0)).astype(np.int8)
-    max_live = int(np.cumsum(step, dtype=np.int32).max()) if len(step) else 0
-    out = ReplayInput(kind, size, mate, ev.stream, max(max_live, 0))
+    out = ReplayInput(kind, size, mate, ev.stream, int(max_live))
     _CACHE[trace] = out
     return out

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from tracekit.errors import UsageError
-from tracekit.sim import progress, treap
+from tracekit.sim import progress, sizeclass, treap
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
 from tracekit.sim.prepare import prepare
 from tracekit.sim.treap import K1, K2, MX, NFIELDS, SZ
@@ -78,13 +78,13 @@ def _key(T, x, by_size):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _find(T, st, stack, r):  # pragma: no cover - compiled
+def _find(T, st, stack, roots, bm, r):  # pragma: no cover - compiled
     fit = st[FIT]
     root = st[ROOT]
     if fit == 0:
         return treap.first_fit(T, root, r)
     if fit == 1:
-        return treap.lower_bound(T, root, r, 0)
+        return sizeclass.best(T, roots, bm, r)
     if fit == 3:
         top = treap.rightmost(T, root)
         if top < 0 or T[top, SZ] < r:
@@ -119,13 +119,34 @@ def _drop_node(T, st, x):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _place(T, st, x, r):  # pragma: no cover - compiled
+def _sized_add(T, st, roots, bm, x):  # pragma: no cover - compiled
+    """Insert free block x into the by-size index (best fit: size classes; worst fit: one tree)."""
+    _key(T, x, True)
+    if st[FIT] == 1:
+        sizeclass.add(T, roots, bm, x)
+    else:
+        st[ROOT] = treap.insert(T, st[ROOT], x, False)
+
+
+@njit(cache=True)
+def _sized_drop(T, st, roots, bm, x):  # pragma: no cover - compiled
+    if st[FIT] == 1:
+        sizeclass.drop(T, roots, bm, x)
+    else:
+        st[ROOT] = treap.remove(T, st[ROOT], x, False)
+
+
+@njit(cache=True)
+def _place(T, st, roots, bm, x, r):  # pragma: no cover - compiled
     """Take the low r bytes of free block x; return the node of the new used block."""
     by_size = st[FIT] == 1 or st[FIT] == 3
     a = T[x, ADDR]
     rest = T[x, SZ] - r
     if rest == 0:
-        st[ROOT] = treap.remove(T, st[ROOT], x, not by_size)
+        if by_size:
+            _sized_drop(T, st, roots, bm, x)
+        else:
+            st[ROOT] = treap.remove(T, st[ROOT], x, True)
         T[x, ISFREE] = 0
         return x
     y = _new_node(T, st)
@@ -139,11 +160,10 @@ def _place(T, st, x, r):  # pragma: no cover - compiled
     if p >= 0:
         T[p, NEXT] = y
     if by_size:
-        st[ROOT] = treap.remove(T, st[ROOT], x, not by_size)
+        _sized_drop(T, st, roots, bm, x)
         T[x, ADDR] = a + r
         T[x, SZ] = rest
-        _key(T, x, True)
-        st[ROOT] = treap.insert(T, st[ROOT], x, not by_size)
+        _sized_add(T, st, roots, bm, x)
     else:  # keyed by address: the rest keeps x's place in the order
         T[x, ADDR] = a + r
         treap.rekey(T, x, a + r, rest)
@@ -163,7 +183,7 @@ def _unlink(T, st, x):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _release(T, st, x):  # pragma: no cover - compiled
+def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
     """Free used block x, coalescing with free address neighbours."""
     p = T[x, PREV]
     n = T[x, NEXT]
@@ -171,17 +191,16 @@ def _release(T, st, x):  # pragma: no cover - compiled
     nf = n >= 0 and T[n, ISFREE] == 1
     if st[FIT] == 1 or st[FIT] == 3:  # keyed by size: merged blocks move in the order
         if pf:
-            st[ROOT] = treap.remove(T, st[ROOT], p, False)
+            _sized_drop(T, st, roots, bm, p)
             T[x, ADDR] = T[p, ADDR]
             T[x, SZ] += T[p, SZ]
             _unlink(T, st, p)
         if nf:
-            st[ROOT] = treap.remove(T, st[ROOT], n, False)
+            _sized_drop(T, st, roots, bm, n)
             T[x, SZ] += T[n, SZ]
             _unlink(T, st, n)
         T[x, ISFREE] = 1
-        _key(T, x, True)
-        st[ROOT] = treap.insert(T, st[ROOT], x, False)
+        _sized_add(T, st, roots, bm, x)
         return
     # Keyed by address: a merged block keeps the place of its lowest free part.
     if pf:
@@ -205,30 +224,33 @@ def _release(T, st, x):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _largest(T, st):  # pragma: no cover - compiled
+def _largest(T, st, roots, bm):  # pragma: no cover - compiled
+    if st[FIT] == 1:
+        return sizeclass.largest(T, roots, bm)
     root = st[ROOT]
     if root < 0:
         return 0
-    if st[FIT] == 1 or st[FIT] == 3:  # keyed by size: the last node
+    if st[FIT] == 3:  # keyed by size: the last node
         return T[treap.rightmost(T, root), SZ]
     return T[root, MX]
 
 
 @njit(cache=True)
-def run_chunk(T, st, stack, kind, rounded, mate, node_of, addr_out, status, stats, lo, hi, cont):
+def run_chunk(T, st, stack, roots, bm, kind, rounded, mate, node_of, addr_out, status, stats, lo, hi,
+              cont):
     # pragma: no cover - compiled
     for i in range(lo, hi):
         k = kind[i]
         if k == 0:
             r = rounded[i]
-            x = _find(T, st, stack, r)
+            x = _find(T, st, stack, roots, bm, r)
             if x < 0:
                 status[i] = 2  # Status.OOM
                 stats[S_OOMS] += 1
                 if stats[S_FIRST_OOM] < 0:
                     stats[S_FIRST_OOM] = i
                     stats[S_OOM_FREE] = st[CAP] - st[LIVE]
-                    stats[S_OOM_LARGEST] = _largest(T, st)
+                    stats[S_OOM_LARGEST] = _largest(T, st, roots, bm)
                     stats[S_OOM_LIVE] = st[LIVE]
                     stats[S_OOM_RESERVED] = st[CAP]
                     stats[S_OOM_ROUNDED] = r
@@ -236,7 +258,7 @@ def run_chunk(T, st, stack, kind, rounded, mate, node_of, addr_out, status, stat
                     st[STOPPED] = 1
                     return
                 continue
-            y = _place(T, st, x, r)
+            y = _place(T, st, roots, bm, x, r)
             a = T[y, ADDR]
             node_of[i] = y
             addr_out[i] = a
@@ -256,8 +278,26 @@ def run_chunk(T, st, stack, kind, rounded, mate, node_of, addr_out, status, stat
                 continue
             y = node_of[m]
             st[LIVE] -= T[y, SZ]
-            _release(T, st, y)
+            _release(T, st, roots, bm, y)
             status[i] = 1
+
+
+@njit(cache=True)
+def _seed(T, st, roots, bm, cap):  # pragma: no cover - compiled
+    """Node 0: the whole heap [0, cap), free (no node for an empty heap)."""
+    st[ROOT] = -1
+    if cap <= 0:
+        return
+    T[0, SZ] = cap
+    T[0, ADDR] = 0
+    T[0, PREV] = -1
+    T[0, NEXT] = -1
+    T[0, ISFREE] = 1
+    if st[FIT] == 1 or st[FIT] == 3:
+        _sized_add(T, st, roots, bm, 0)
+    else:
+        _key(T, 0, False)
+        st[ROOT] = treap.insert(T, -1, 0, True)
 
 
 class FreeListModel:
@@ -280,23 +320,18 @@ class FreeListModel:
         stats = np.zeros(len(Stat), np.int64)
         stats[Stat.FIRST_OOM] = -1
         stats[Stat.PEAK_EXTENT] = 0
-        if cap > 0:  # node 0: the whole heap, free
-            T[0, SZ] = cap
-            T[0, treap.P] = -1
-            T[0, PREV] = -1
-            T[0, NEXT] = -1
-            T[0, ISFREE] = 1
-            _key(T, 0, self.fit in (Fit.BEST, Fit.WORST))
-            st[ROOT] = treap.insert(T, -1, 0, True)
+        if self.fit == Fit.BEST:
+            roots, bm = sizeclass.new_tables()
         else:
-            st[ROOT] = -1
+            roots, bm = np.full(1, -1, np.int64), np.zeros(1, np.int64)
+        _seed(T, st, roots, bm, cap)
         stack = np.empty(4096, np.int64)
         node_of = np.empty(n, np.int32)
         addr = np.zeros(n, np.uint64)
         status = np.zeros(n, np.int8)
         for lo, hi in progress.chunks(n):
-            run_chunk(T, st, stack, inp.kind, rounded, inp.mate, node_of, addr, status, stats,
-                      lo, hi, config.continue_on_oom)
+            run_chunk(T, st, stack, roots, bm, inp.kind, rounded, inp.mate, node_of, addr, status,
+                      stats, lo, hi, config.continue_on_oom)
             if st[STOPPED]:
                 break
         return heap_run(config, addr, status, rounded, stats)

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Benchmark simulated replay: events/s and peak RSS of the whole ``tracekit replay`` command.
+
+For each policy this runs ``python -m tracekit replay TRACE --sim POLICY --json``
+in a fresh process (reading the Parquet, replaying, printing the JSON) and
+reports the wall time, events per second (input events / wall time) and the
+child's peak resident memory (``os.wait4`` rusage). One untimed run per policy
+comes first so compiled kernels are in numba's cache, as they are after the
+first use on a machine. The trace is a ``tracekit synth`` trace (default: 10
+million ``random`` events) unless ``--trace`` names one.
+
+    python3 scripts/bench_sim.py [--events 10000000] [--pattern random] [--policy best-fit ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tracekit(*args: str, capture: bool = True) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "tracekit", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def run_one(trace: Path, policy: str) -> tuple[float, int, dict | None, str]:
+    t0 = time.perf_counter()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tracekit", "replay", str(trace), "--sim", policy, "--json"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
+    assert p.stdout is not None and p.stderr is not None
+    # Read the pipes to the end, then reap the child with wait4 for its own rusage.
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    rss = usage.ru_maxrss * 1024  # KiB on Linux
+    try:
+        doc = json.loads(out) if p.returncode == 0 else None
+    except ValueError:
+        doc = None
+    return wall, rss, doc, err.decode()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--pattern", default="random", choices=["random", "training", "fragmenting"])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--trace", type=Path, help="Use this trace instead of synthesizing one.")
+    ap.add_argument("--policy", action="append", help="Policy to time (repeatable; default: all).")
+    ap.add_argument("--repeat", type=int, default=1, help="Timed runs per policy (best is reported).")
+    a = ap.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    from tracekit.sim import policies
+
+    names = a.policy or policies.names()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_sim_"))
+    trace = a.trace
+    if trace is None:
+        trace = tmp / f"{a.pattern}_{a.events}.parquet"
+        t0 = time.perf_counter()
+        p = tracekit("synth", "--pattern", a.pattern, "--events", str(a.events), "--seed", str(a.seed),
+                     "-o", str(trace))
+        _, err = p.communicate()
+        if p.returncode:
+            print(err.decode(), file=sys.stderr)
+            return 1
+        print(f"synth {a.pattern} {a.events:,} events: {time.perf_counter() - t0:.1f} s")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"trace: {trace} ({trace.stat().st_size / 2**20:.0f} MiB)")
+    print(f"{'policy':<12} {'wall s':>8} {'Mevents/s':>10} {'peak RSS MiB':>13}  result")
+    for name in names:
+        run_one(trace, name)  # warm numba's cache
+        best = None
+        for _ in range(a.repeat):
+            r = run_one(trace, name)
+            if best is None or r[0] < best[0]:
+                best = r
+        assert best is not None
+        wall, rss, doc, err = best
+        if doc is None:
+            print(f"{name:<12} failed: {err.strip().splitlines()[-1] if err.strip() else '?'}")
+            continue
+        n = doc["events"]
+        oom = "no OOM" if doc["oom"] is None else f"OOM at seq {doc['oom']['seq']}"
+        print(f"{name:<12} {wall:>8.2f} {n / wall / 1e6:>10.2f} {rss / 2**20:>13.0f}  {oom}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
