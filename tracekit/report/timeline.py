@@ -22,8 +22,8 @@ from tracekit.report.envelope import Envelope, envelope
 from tracekit.report.style import Scale, TimeAxis, byte_scale, time_axis
 
 SERIES = (
+    ("requested_bytes", "requested", "requested"),  # first, so the live curve is drawn over it
     ("live_bytes", "live", "live (allocated)"),
-    ("requested_bytes", "requested", "requested"),
     ("reserved_bytes", "reserved", "reserved (segments)"),
     ("largest_free_block", "largest_free", "largest free block"),
     ("device_free", "device_free", "device free"),
