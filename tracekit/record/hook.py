@@ -9,7 +9,9 @@ so no Python object outlives a batch. CuPy calls six callbacks per
 malloc/free pair with keyword arguments; the four the recorder does not need
 are bound to ``dict`` (a C call, cheaper than a no-op Python method) and the
 two it needs are closures whose parameters are named, so CPython binds the
-keywords without building a dict. ``op`` 15 marks a note row: ``addr`` is the
+keywords without building a dict. Call-sites are captured for malloc and
+oom rows only: a free belongs to the block its malloc made (readers pair
+them), and a frame lookup at every free would double the cost. ``op`` 15 marks a note row: ``addr`` is the
 index of a JSON-able dict in ``EventBuffer.notes`` describing the event
 written just before it (the pool's state at an out-of-memory error).
 """
@@ -140,16 +142,14 @@ def _callbacks(ext, clock, stream, failed):  # type: ignore[no-untyped-def]
 
 def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyped-def]
     # The fast path of SiteTable.site_of is inlined: the caller's frame is usually user code
-    # already seen at this instruction, so a site costs one frame fetch and two dict lookups.
+    # already seen at this instruction, so a site costs one frame fetch and one dict lookup.
     getframe = sys._getframe
-    internal = sites.internal
     by_offset = sites.by_offset
     site_of = sites.site_of
 
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id):  # type: ignore[no-untyped-def]
         f = getframe(1)
-        c = f.f_code
-        s = by_offset.get((c, f.f_lasti)) if internal.get(c) is False else None
+        s = by_offset.get((id(f.f_code), f.f_lasti))  # only frames outside skipped dirs are keys
         if s is None:
             s = site_of(f)
         if mem_ptr:
@@ -157,15 +157,7 @@ def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyp
         elif size:
             failed(device_id, size, mem_size, s)
 
-    def free_postprocess(device_id, mem_size, mem_ptr, pmem_id):  # type: ignore[no-untyped-def]
-        f = getframe(1)
-        c = f.f_code
-        s = by_offset.get((c, f.f_lasti)) if internal.get(c) is False else None
-        if s is None:
-            s = site_of(f)
-        ext((clock(), ((s + 1) << 20) | (device_id << 4) | 1, mem_ptr, mem_size, 0, stream().ptr))
-
-    return malloc_postprocess, free_postprocess
+    return malloc_postprocess, _callbacks(ext, clock, stream, failed)[1]
 
 
 def cupy_hook(cupy: Any, **kw: Any) -> TraceHook:

@@ -3,7 +3,10 @@
 The recorder asks for a call-site on every malloc and free, so the lookup must
 cost next to nothing: whether a code object belongs to a skipped library
 (CuPy, tracekit) is decided once per code object, and the site of a frame is
-cached by ``(code object, instruction offset)``. Only a cache miss computes
+cached by ``(code object, instruction offset)``, with code objects keyed by
+``id()``: hashing a code object hashes its bytecode and constants on every
+lookup, which alone costs microseconds (the table keeps each code object it
+has seen alive, so an id is never reused). Only a cache miss computes
 the line number and the ``path:line:function`` string; equal strings share
 one id. Ids are dense, start at 0 and never change, so a batch of events can
 be written before later sites exist. ``-1`` means no frame outside the
@@ -23,19 +26,21 @@ class SiteTable:
     def __init__(self, skip_dirs: tuple[str, ...] = ()) -> None:
         # A trailing separator so /x/cupy does not also skip /x/cupy_extras.
         self._prefixes = tuple(os.path.join(os.path.abspath(d), "") for d in skip_dirs)
-        self.internal: dict[CodeType, bool] = {}  # code -> inside a skipped library
-        self.by_offset: dict[tuple[CodeType, int], int] = {}  # (code, f_lasti) -> site id
+        self.internal: dict[int, bool] = {}  # id(code) -> inside a skipped library
+        self.by_offset: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> site id
+        self._codes: list[CodeType] = []  # keeps every code seen alive, so ids stay unique
         self.names: list[str] = []
         self._by_name: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def is_internal(self, code: CodeType) -> bool:
-        flag = self.internal.get(code)
+        flag = self.internal.get(id(code))
         if flag is None:
             name = code.co_filename
-            flag = self.internal[code] = bool(self._prefixes) and os.path.abspath(name).startswith(
-                self._prefixes
-            )
+            flag = bool(self._prefixes) and os.path.abspath(name).startswith(self._prefixes)
+            with self._lock:
+                self._codes.append(code)
+                self.internal[id(code)] = flag
         return flag
 
     def site_of(self, frame: FrameType | None) -> int:
@@ -43,11 +48,11 @@ class SiteTable:
         internal = self.internal
         while frame is not None:
             code = frame.f_code
-            flag = internal.get(code)
+            flag = internal.get(id(code))
             if flag is None:
                 flag = self.is_internal(code)
             if not flag:
-                site = self.by_offset.get((code, frame.f_lasti))
+                site = self.by_offset.get((id(code), frame.f_lasti))
                 return self.add(frame) if site is None else site
             frame = frame.f_back
         return -1
@@ -61,7 +66,8 @@ class SiteTable:
             if site is None:
                 site = self._by_name[name] = len(self.names)
                 self.names.append(name)
-            self.by_offset[(code, frame.f_lasti)] = site
+            self._codes.append(code)
+            self.by_offset[(id(code), frame.f_lasti)] = site
         return site
 
     def names_since(self, start: int) -> list[str]:
