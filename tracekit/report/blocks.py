@@ -82,7 +82,7 @@ def address_layout(spans: Spans, *, merge_touching: bool = False) -> AddressLayo
     if len(spans) == 0:
         z = np.zeros(0, dtype=np.uint64)
         return AddressLayout(z, z, np.zeros(0))
-    order = np.argsort(spans.addr, kind="stable")
+    order = np.argsort(spans.addr)
     lo = spans.addr[order]
     hi = lo + spans.size[order]
     run_hi = np.maximum.accumulate(hi)

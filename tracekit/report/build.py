@@ -134,8 +134,11 @@ def write_report(
     trace = read_trace(trace_path)
     analysis, _ = _analyze(trace, analysis)
     rendered, tl, summary = build_figures(trace, analysis, trace_path.name)
-    sections = [summary_section(summary)]
-    sections += [html.figure_html(r) for r in rendered]
+    # Pictures of what happened first, then the numbers, then the supporting detail.
+    lead = ("timeline", "oom-moment", "memory-map")
+    first = [html.figure_html(r) for k in lead for r in rendered if r.key == k]
+    rest = [html.figure_html(r) for r in rendered if r.key not in lead]
+    sections = [*first, summary_section(summary), *rest]
     if baseline is not None:
         base = read_trace(Path(baseline))
         base_analysis, base_summary = _analyze(base, None)
