@@ -3,7 +3,7 @@
 A kernel with a ``volatile`` per-thread array of N bytes is compiled with
 NVRTC (CuPy ``RawKernel``), loaded, and launched over every resident thread
 slot of the device (SMs x max threads per SM, in blocks of 128). cudaMemGetInfo
-is read before loading, after loading (module + a 4 KiB output buffer), after
+is read before loading, after loading (module + an 8-byte output array), after
 the launch, after unloading and freeing the buffer (``kept``: what the context
 keeps, the local-memory reservation) and after setting ``cudaLimitStackSize``
 back to its old value (``after_restore``: whether the reservation can be handed
@@ -36,8 +36,10 @@ def probe_kernel_local(device: int, local_bytes: int) -> dict[str, Any]:
     if not 4 <= local_bytes <= MAX_LOCAL:
         raise UsageError(f"--kernel-local-bytes must be between 4 and {MAX_LOCAL}, got {local_bytes}")
     import cupy
+    import numpy
 
     rt = cupy.cuda.runtime
+    pool = cupy.get_default_memory_pool()
     words = local_bytes // 4
     with cupy.cuda.Device(device):
         props = rt.getDeviceProperties(device)
@@ -47,22 +49,23 @@ def probe_kernel_local(device: int, local_bytes: int) -> dict[str, Any]:
         try:
             kernel = cupy.RawKernel(_SRC % {"words": words}, "local_probe")
             lsize = int(kernel.local_size_bytes)
-            out = rt.malloc(4096)
+            out = cupy.zeros(2, dtype=cupy.float32)
         except Exception as e:
             raise DeviceError(f"could not compile or load the local-memory probe kernel ({e})") from None
         free1 = int(rt.memGetInfo()[0])
         block = 128
         grid = sms * (tpsm // block)
         try:
-            kernel((grid,), (block,), (out, 1))
+            kernel((grid,), (block,), (out, numpy.int32(1)))
             rt.deviceSynchronize()
         except Exception as e:
-            rt.free(out)
+            del out
+            pool.free_all_blocks()
             raise DeviceError(f"the local-memory probe kernel failed to launch ({e})") from None
         free2 = int(rt.memGetInfo()[0])
         stack_after = int(rt.deviceGetLimit(_LIMIT_STACK))
-        rt.free(out)
-        del kernel
+        del out, kernel
+        pool.free_all_blocks()  # the 8-byte output's page goes back, so only the context keeps memory
         free3 = int(rt.memGetInfo()[0])
         restored = None
         try:
