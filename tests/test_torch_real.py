@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -149,7 +150,11 @@ def test_committed_traces_match_a_fresh_import(name: str, tmp_path: Path) -> Non
     a, b = pq.read_table(TRACES / f"torch-{name}.parquet"), pq.read_table(fresh)
     assert a.column_names == b.column_names
     for col in a.column_names:
-        assert a.column(col).equals(b.column(col)), col
+        x, y = a.column(col), b.column(col)
+        if pa.types.is_dictionary(x.type):  # compare the values, not the dictionary's order
+            assert x.to_pylist() == y.to_pylist(), col
+        else:
+            assert x.equals(y), col
 
 
 @pytest.mark.parametrize("name", NAMES)

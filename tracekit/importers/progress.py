@@ -27,6 +27,11 @@ class Progress:
         self.interval = interval
         self._last = 0.0
         self._last_decile = -1
+        self.done = 0
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        self.update(self.done)
 
     def update(self, done: int) -> None:
         if not self.enabled:

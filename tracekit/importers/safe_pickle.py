@@ -12,6 +12,7 @@ sentence naming the file.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import os
@@ -86,6 +87,10 @@ def load_pickle(path: str | os.PathLike[str], *, progress: bool | None = None) -
 
 
 def _unpickle(p: Path, src: BinaryIO) -> Any:
+    # Millions of new containers would trigger the cyclic collector over and over on an ever larger
+    # heap; a snapshot has no cycles, so collection waits until the tree is built.
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         return RestrictedUnpickler(src).load()
     except ForbiddenGlobal as e:
@@ -106,3 +111,6 @@ def _unpickle(p: Path, src: BinaryIO) -> Any:
     except (ValueError, TypeError, KeyError, IndexError, AttributeError,
             UnicodeDecodeError, OverflowError) as e:
         raise InputError(f"{p}: not a valid pickle ({type(e).__name__}: {e})") from None
+    finally:
+        if was_enabled:
+            gc.enable()

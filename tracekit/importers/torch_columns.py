@@ -12,7 +12,6 @@ snapshot, so sites are cached by the frame object's identity.
 from __future__ import annotations
 
 import re
-from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,19 +42,21 @@ def is_torch_file(filename: str) -> bool:
 
 @dataclass
 class SiteTable:
-    """Interns ``path:line:function`` strings; also full stacks when asked to."""
+    """Interns ``path:line:function`` strings; also full stacks when asked to.
+
+    ``_code`` maps a frame dict's id to its site index, stored as ``-(index + 2)``
+    for PyTorch's own frames so one lookup answers both questions. ``_keep``
+    holds every cached frame so no id is reused while the table lives.
+    """
 
     sites: dict[str, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     stacks: dict[str, int] = field(default_factory=dict)
-    _frame: dict[int, tuple[Any, int, bool]] = field(default_factory=dict)
+    _code: dict[int, int] = field(default_factory=dict)
+    _keep: list[Any] = field(default_factory=list)
     _stack: dict[tuple[int, ...], int] = field(default_factory=dict)
 
-    def frame_site(self, f: Any) -> tuple[int, bool]:
-        """(site index, is a PyTorch frame) of one frame dict, cached by identity."""
-        hit = self._frame.get(id(f))
-        if hit is not None:
-            return hit[1], hit[2]
+    def _add(self, f: Any) -> int:
         if isinstance(f, dict):
             fn, line, name = str(f.get("filename", "")), f.get("line", 0), str(f.get("name", ""))
         else:
@@ -65,20 +66,26 @@ class SiteTable:
         if idx < 0:
             idx = self.sites[text] = len(self.names)
             self.names.append(text)
-        self._frame[id(f)] = (f, idx, is_torch_file(fn))  # holding f keeps its id unique
-        return idx, is_torch_file(fn)
+        code = -(idx + 2) if is_torch_file(fn) else idx
+        self._code[id(f)] = code
+        self._keep.append(f)
+        return code
 
     def site_of(self, frames: Any) -> int:
+        """The innermost frame outside PyTorch (else the innermost frame); -1 without frames."""
         if not frames or not isinstance(frames, list | tuple):
             return -1
-        first = -1
+        get = self._code.get
+        first = 0
         for f in frames:
-            idx, internal = self.frame_site(f)
-            if not internal:
-                return idx
-            if first < 0:
-                first = idx
-        return first
+            c = get(id(f))
+            if c is None:
+                c = self._add(f)
+            if c >= 0:
+                return c
+            if not first:
+                first = c
+        return -first - 2
 
     def stack_of(self, frames: Any) -> int:
         if not frames or not isinstance(frames, list | tuple):
@@ -86,7 +93,10 @@ class SiteTable:
         key = tuple(id(f) for f in frames)
         hit = self._stack.get(key)
         if hit is None:
-            text = "\n".join(self.names[self.frame_site(f)[0]] for f in frames)
+            for f in frames:
+                self.site_of([f])
+            codes = [self._code[id(f)] for f in frames]
+            text = "\n".join(self.names[c if c >= 0 else -c - 2] for c in codes)
             hit = self.stacks.setdefault(text, len(self.stacks))
             self._stack[key] = hit
         return hit
@@ -116,47 +126,45 @@ class History:
 
 def read_history(entries: list[Any], device: int, table: SiteTable, *, stacks: bool = False,
                  progress: Progress | None = None, where: str = "") -> History:
-    """Columns of ``entries``; each entry is set to None once read so its memory can go."""
-    act, site, stk = array("b"), array("i"), array("i")
-    addr, size, stream = array("Q"), array("Q"), array("Q")
-    t, dfree = array("q"), array("q")
-    skipped: Counter[str] = Counter()
+    """Columns of ``entries`` (one list comprehension per field); the list is emptied afterwards."""
+    try:
+        cols = _columns(entries, table, stacks)
+    except (AttributeError, TypeError, ValueError, OverflowError) as err:
+        raise InputError(
+            f"{where}: a history entry of device {device} is malformed ({type(err).__name__}: {err})"
+        ) from None
+    entries.clear()  # the entry dicts can go now
+    if progress is not None:
+        progress.advance(len(cols))
+    return cols
+
+
+def _columns(entries: list[Any], table: SiteTable, stacks: bool) -> History:
     code = ACTIONS.get
-    site_of, stack_of = table.site_of, table.stack_of
-    has_time = True
-    for i, e in enumerate(entries):
-        try:
-            a = code(e.get("action"), SKIPPED)
-            if a == SKIPPED:
-                skipped[str(e.get("action"))] += 1
-                continue
-            act.append(a)
-            addr.append(e.get("addr", 0) or 0)
-            size.append(e.get("size", 0) or 0)
-            stream.append(e.get("stream", 0) or 0)
-            tu = e.get("time_us")
-            if tu is None:
-                has_time = False
-                tu = -1
-            t.append(tu)
-            dfree.append(e.get("device_free", -1) if a == OOM else -1)
-            frames = e.get("frames")
-            site.append(site_of(frames))
-            stk.append(stack_of(frames) if stacks else -1)
-        except (AttributeError, TypeError, OverflowError) as err:
-            raise InputError(
-                f"{where}: history entry {i} of device {device} is malformed ({type(err).__name__}: {err})"
-            ) from None
-        entries[i] = None
-        if progress is not None and (i & 0xFFFF) == 0:
-            progress.update(i)
+    names = [e.get("action") for e in entries]
+    action = np.array([code(a, SKIPPED) for a in names], dtype=np.int8)
+    keep = action != SKIPPED
+    skipped = Counter(str(a) for a, k in zip(names, keep.tolist(), strict=True) if not k)
+    del names
+    if not keep.all():
+        entries = [e for e, k in zip(entries, keep.tolist(), strict=True) if k]
+        action = action[keep]
 
-    def np_of(buf: array, dtype: type) -> np.ndarray:
-        return np.frombuffer(buf, dtype=dtype) if len(buf) else np.zeros(0, dtype)
+    def u64(key: str) -> np.ndarray:
+        return np.array([e.get(key) or 0 for e in entries], dtype=np.uint64)
 
-    return History(
-        action=np_of(act, np.int8), addr=np_of(addr, np.uint64), size=np_of(size, np.uint64),
-        stream=np_of(stream, np.uint64), time_us=np_of(t, np.int64), site=np_of(site, np.int32),
-        stack=np_of(stk, np.int32), device_free=np_of(dfree, np.int64), skipped=skipped,
-        has_time=has_time,
-    )
+    addr, size, stream = u64("addr"), u64("size"), u64("stream")
+    times = [e.get("time_us") for e in entries]
+    has_time = None not in times
+    time_us = np.array(times if has_time else [-1 if t is None else t for t in times], dtype=np.int64)
+    del times
+    oom = np.flatnonzero(action == OOM)
+    device_free = np.full(len(entries), -1, np.int64)
+    device_free[oom] = [entries[i].get("device_free", -1) for i in oom.tolist()]
+    site_of = table.site_of
+    frames = [e.get("frames") for e in entries]
+    site = np.array([site_of(f) if f else -1 for f in frames], dtype=np.int32)
+    stack = (np.array([table.stack_of(f) for f in frames], dtype=np.int32) if stacks
+             else np.full(len(entries), -1, np.int32))
+    return History(action=action, addr=addr, size=size, stream=stream, time_us=time_us, site=site,
+                   stack=stack, device_free=device_free, skipped=skipped, has_time=has_time)

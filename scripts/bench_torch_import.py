@@ -1,0 +1,87 @@
+"""Benchmark ``tracekit import torch`` on a large snapshot: wall time and peak memory against file size.
+
+The snapshot is built from a real one (default ``traces/torch-train.pickle.gz``):
+its history is repeated, each copy shifted to its own address range and later
+in time, until the pickle reaches ``--size-mb``; frame dicts stay shared, as
+PyTorch shares them. The import then runs in a fresh process
+(``python -m tracekit import torch``) and its peak resident memory is read
+from ``getrusage``.
+
+Usage: python scripts/bench_torch_import.py [--size-mb 1024] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(src: Path, dest: Path, size_mb: int) -> int:
+    with gzip.open(src) as f:
+        snap = pickle.load(f)
+    base = snap["device_traces"][0]
+    per_entry = len(pickle.dumps(base, protocol=4)) / len(base)
+    copies = max(1, int(size_mb * 2**20 / per_entry / len(base)))
+    span = base[-1]["time_us"] - base[0]["time_us"] + 1
+    hist = []
+    for r in range(copies):
+        shift, dt = r << 40, r * span
+        for e in base:
+            c = dict(e)
+            if "addr" in c:
+                c["addr"] += shift
+            c["time_us"] += dt
+            c["frames"] = list(e.get("frames", []))
+            hist.append(c)
+    segs = []
+    for r in range(copies):  # the final state of every copy
+        for g in snap["segments"]:
+            g2 = dict(g, address=g["address"] + (r << 40))
+            g2["blocks"] = [dict(b, address=b["address"] + (r << 40)) for b in g["blocks"]]
+            segs.append(g2)
+    snap["segments"], snap["device_traces"] = segs, [hist]
+    with open(dest, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    return len(hist)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--source", type=Path, default=ROOT / "traces" / "torch-train.pickle.gz")
+    ap.add_argument("--keep", type=Path, default=None, help="Folder to keep the snapshot and trace in.")
+    a = ap.parse_args()
+    work = a.keep or Path(tempfile.mkdtemp(prefix="tk-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    snap, out = work / "big.pickle", work / "big.parquet"
+    t = time.perf_counter()
+    entries = build(a.source, snap, a.size_mb)
+    size = snap.stat().st_size
+    print(f"built {snap} : {size / 2**20:.0f} MiB, {entries:,} entries in {time.perf_counter() - t:.1f} s")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "tracekit", "import", "torch", str(snap), "-o", str(out),
+                        "--no-progress"], env=env)
+    wall = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(f"import: exit {r.returncode}, {wall:.1f} s, {entries / wall / 1e6:.2f} M entries/s, "
+          f"peak RSS {peak / 2**30:.2f} GiB = {peak / size:.1f} x the file")
+    if a.keep is None:
+        snap.unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
+        work.rmdir()
+    return r.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
