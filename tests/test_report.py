@@ -214,7 +214,7 @@ def test_timeline_oom_marker_sits_at_the_oom_seq(hand: tuple[Path, Trace, HandAn
     assert d.oom_seq == 13 and d.oom_x == pytest.approx(13 * 0.25)
     assert d.scale.unit == "MiB"
     assert d.series["live"].hi.max() == 64 * MiB  # all eight blocks live after seq 8
-    assert d.frag.hi[-1] == pytest.approx(75.0)  # 1 - 8 MiB / 32 MiB
+    assert d.frag is not None and d.frag.hi[-1] == pytest.approx(75.0)  # 1 - 8 MiB / 32 MiB
     fig = draw_timeline(d, "hand")
     markers = [a for ax in fig.axes for a in ax.get_lines() if a.get_gid() == "oom-marker"]
     assert len(markers) == 1 and list(markers[0].get_xdata()) == [13 * 0.25, 13 * 0.25]
@@ -232,8 +232,9 @@ def test_timeline_uses_event_index_when_times_are_only_the_seq() -> None:
             "reserved_bytes": np.arange(n) * MiB,
         }
     )
-    d = timeline_data(tbl, {"oom": {"seq": 7, "explanation": "x"}})
+    d = timeline_data(tbl, {"oom": {"seq": 7, "explanation": "x"}, "raw_device": True})
     assert d.axis.by_index and d.oom_x == 7.0
+    assert d.frag is None  # no pool: fragmentation is not drawn as a flat zero
     assert d.reserved_is_live and "reserved" not in d.series  # raw-device trace: one curve
 
 

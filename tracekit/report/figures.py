@@ -75,10 +75,13 @@ def draw_timeline(d: TimelineData, title: str) -> Figure:
     ax.set_ylabel(f"memory ({d.scale.unit})")
     ax.set_xlabel(d.axis.label)
     ax.grid(alpha=0.3)
-    _draw_env(ax2, d.frag, 1.0, SERIES["frag"], "external fragmentation (right axis)", 0.8)
-    ax2.set_ylim(0, 105)
-    ax2.set_ylabel("external fragmentation (%)", color=SERIES["frag"])
-    ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}%"))
+    if d.frag is not None:
+        _draw_env(ax2, d.frag, 1.0, SERIES["frag"], "external fragmentation (right axis)", 0.8)
+        ax2.set_ylim(0, 105)
+        ax2.set_ylabel("external fragmentation (%)", color=SERIES["frag"])
+        ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}%"))
+    else:
+        ax2.set_axis_off()
     if d.oom_x is not None:
         ax.axvline(d.oom_x, color="black", ls="--", lw=1.2, gid="oom-marker", label=f"OOM (seq {d.oom_seq})")
         if d.oom_reserved is not None and d.oom_request:
@@ -92,6 +95,12 @@ def draw_timeline(d: TimelineData, title: str) -> Figure:
                 label=f"the request ({format_size(d.oom_request)}) on top of reserved",
             )
         ax.set_title("\n".join(textwrap.wrap(d.oom_text or "", 150)), fontsize=9, loc="left")
+    elif d.frag is None:
+        ax.set_title(
+            "raw-device trace (no segment rows): no pool, so no free block or fragmentation to draw",
+            fontsize=9,
+            loc="left",
+        )
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncol=3, fontsize=9, frameon=False)

@@ -36,7 +36,7 @@ class TimelineData:
 
     axis: TimeAxis
     series: dict[str, Envelope]  # key from SERIES -> envelope in bytes
-    frag: Envelope  # percent
+    frag: Envelope | None  # percent; None for a raw-device trace (no pool, nothing to fragment)
     scale: Scale
     oom_seq: int | None
     oom_x: float | None
@@ -71,19 +71,22 @@ def timeline_data(
     series: dict[str, Envelope] = {}
     top = 0.0
     live = _col(table, "live_bytes")
+    raw = bool(summary.get("raw_device"))
     reserved_is_live = False
     for col, key, _ in SERIES:
         y = _col(table, col)
         if y is None:
             continue
+        if key == "largest_free" and raw:
+            continue  # no segments, so no free space inside a pool to measure
         if key == "reserved" and live is not None and np.array_equal(y, live):
             reserved_is_live = True  # a raw-device trace: one curve, labelled as both
             continue
         series[key] = envelope(x, y, npix)
         if key != "device_free" and len(y):
             top = max(top, float(np.nanmax(y)))
-    frag_y = _col(table, "external_fragmentation")
-    frag = envelope(x, (frag_y if frag_y is not None else np.zeros(len(x))) * 100.0, npix)
+    frag_y = None if raw else _col(table, "external_fragmentation")
+    frag = None if frag_y is None else envelope(x, frag_y * 100.0, npix)
     oom = summary.get("oom") or None
     oom_seq = oom_x = oom_text = oom_reserved = oom_request = None
     if oom is not None:
