@@ -8,8 +8,10 @@
   CUDA context, other processes and any other reservation held before the
   first allocation.
 - ``limit``: the binding allocator limit: ``pool_limit_bytes`` (CuPy's
-  ``set_limit``, PyTorch's memory fraction × total), else the capacity of a
-  replay of a pool policy.
+  ``set_limit``, PyTorch's memory fraction × total); for a replay of a pool
+  policy, its capacity.
+- ``heap_capacity``: for a replay of a free-list policy, the heap it modelled
+  (the whole simulated device, so it is not a limit).
 - ``budget``: the numeric terms of the ``budget`` object the recorder stores,
   any of which may be missing.
 """
@@ -94,17 +96,31 @@ def _budget(raw: Any) -> tuple[tuple[str, int], ...]:
     return tuple((k, v) for k, v in out if v is not None)
 
 
-def _replay(extra: Mapping[str, Any]) -> tuple[str | None, int | None]:
-    """Policy and capacity of a replay, from ``replay: {policy, capacity}`` or top-level keys."""
-    r = extra.get("replay")
-    src = r if isinstance(r, Mapping) else extra
-    policy = src.get("policy")
-    cap = _int(src.get("capacity")) if "capacity" in src else _int(src.get("capacity_bytes"))
-    return (str(policy) if policy is not None else None), cap
+def _replay_context(meta: TraceMeta) -> DeviceContext:
+    """A replay models its own device: ``capacity`` is the heap (free lists) or the
+    pool limit (pools), ``device_total`` the simulated device (None = unbounded,
+    with nothing taken before the first allocation)."""
+    extra = meta.extra
+    policy = extra.get("policy")
+    policy = str(policy) if policy is not None else None
+    capacity = _int(extra.get("capacity"))
+    if capacity is None:
+        capacity = meta.pool_limit_bytes
+    total = _int(extra.get("device_total"))
+    name = meta.device.name if meta.device else None
+    if policy in FREE_LIST_POLICIES:
+        return DeviceContext(device_name=name, replay_policy=policy, heap_capacity=capacity)
+    return DeviceContext(
+        device_name=name, device_total=total, free_at_start=total,
+        limit=capacity if capacity and capacity > 0 else None,
+        limit_what=f"{policy or 'replay'} capacity", replay_policy=policy,
+    )
 
 
 def device_context(meta: TraceMeta) -> DeviceContext:
     """Collect what the metadata says; anything malformed is treated as unknown."""
+    if meta.source == Source.REPLAY:
+        return _replay_context(meta)
     budget = _budget(meta.extra.get("budget"))
     b = dict(budget)
     dev = meta.device
@@ -112,16 +128,10 @@ def device_context(meta: TraceMeta) -> DeviceContext:
     free = _int(dev.free_bytes) if dev else None
     total = total if total is not None else b.get("cuda_total")
     free = free if free is not None else b.get("cuda_free")
-    policy, capacity = _replay(meta.extra) if meta.source == Source.REPLAY else (None, None)
-    limit, what = meta.pool_limit_bytes, "pool limit"
-    heap = None
-    if policy in FREE_LIST_POLICIES:
-        heap = capacity
-    elif limit is None and capacity is not None:
-        limit, what = capacity, f"{policy or 'replay'} capacity"
+    limit = meta.pool_limit_bytes
     if limit is not None and limit <= 0:  # CuPy: 0 means no limit
         limit = None
     return DeviceContext(
         device_name=dev.name if dev else None, device_total=total, free_at_start=free,
-        limit=limit, limit_what=what, budget=budget, replay_policy=policy, heap_capacity=heap,
+        limit=limit, budget=budget,
     )

@@ -1,20 +1,25 @@
-"""The largest free block over time: a compiled interval structure over address ranges.
+"""The largest free block over time: free gaps kept in a compiled max-tree over addresses.
 
-Every address a trace will ever touch is known up front, so the boundaries
-(block starts/ends, segment starts/ends) are coordinate-compressed into a
-sorted list of positions and the address line becomes a row of *leaves*: one
-elementary interval ``[p_k, p_k+1)`` per position, plus a zero-length
-*barrier* leaf before every position that is ever a segment boundary (so a
-free run never crosses from one segment into an adjacent one). Each leaf
-carries a cover count ``u = 1 − (live segments over it) + (live blocks over
-it) + (live segments starting at it)``; a leaf is free exactly when
-``u == 0`` and ``u`` never goes below 0 in a consistent trace. A barrier leaf
-is thus free only inside a segment, never where one segment meets the next.
-Every event is a range add on ``u`` (segment_alloc −1 over the segment and +1
-on its barrier leaf, segment_free the reverse, malloc +1, free −1), so a
-segment tree with
-per-node (min, prefix run, suffix run, best run) at the node's minimum answers
-"longest run of free bytes" at the root in O(1) after an O(log m) update.
+Every address a trace touches is known up front, so block and segment
+boundaries are coordinate-compressed (``compress``) into sorted positions
+p_0 < … < p_m−1, and each free gap ``[p_s, p_e)`` (a maximal run of a live
+segment covered by no live block) is stored at its start position: ``glen[s]
+= p_e − p_s``, ``gend[s] = e``, and ``gstart_of_end[e] = s``. A max-tree over
+``glen`` gives the largest free block at its root in O(1); each event changes
+at most three gaps, each a point update that climbs only while the maximum
+changes:
+
+- malloc ``[a, b)`` *carves* the gap containing it into ``[s, a)`` and
+  ``[b, e)`` (the gap is found at ``a`` directly, else by a predecessor search
+  down the tree);
+- free ``[a, b)`` *releases* the range: it merges with the gap ending at ``a``
+  and the gap starting at ``b``, except across a segment boundary (a position
+  where a live segment starts), so a gap never spans two segments;
+- segment_alloc releases its range (a new gap), segment_free carves it.
+
+With ``merge_adjacent`` (PyTorch expandable segments, where adjacent mapped
+ranges are one virtual segment) the boundary check is off. Blocks that lie in
+no free gap (a trace that started mid-run) are ignored by the structure.
 Nothing is recomputed per event; the whole pass is one ``@njit`` loop that
 also keeps the running live/requested/reserved sums and their peaks.
 """
@@ -33,108 +38,130 @@ SUM_RES, SUM_REQ, MAX_FRAG, N_FSTATS = 0, 1, 2, 3
 
 
 @njit(cache=True)
-def _pull(i, mn, add, pre, suf, best, full, length):  # pragma: no cover - compiled
-    # Combine children 2i and 2i+1; only the runs of a child at the joint min count.
-    a = 2 * i
-    b = a + 1
-    ma = mn[a]
-    mb = mn[b]
-    m = ma if ma < mb else mb
-    if ma == m:
-        ap, asf, ab, af = pre[a], suf[a], best[a], full[a]
-    else:
-        ap, asf, ab, af = 0, 0, 0, 0
-    if mb == m:
-        bp, bs, bb, bf = pre[b], suf[b], best[b], full[b]
-    else:
-        bp, bs, bb, bf = 0, 0, 0, 0
-    x = asf + bp
-    if ab > x:
-        x = ab
-    if bb > x:
-        x = bb
-    best[i] = x
-    pre[i] = length[a] + bp if af else ap
-    suf[i] = length[b] + asf if bf else bs
-    full[i] = af & bf
-    mn[i] = m + add[i]
+def _set(tree, size, k, v):  # pragma: no cover - compiled
+    # Point update of leaf k, climbing only while the subtree maximum changes.
+    i = k + size
+    tree[i] = v
+    i >>= 1
+    while i >= 1:
+        a = tree[2 * i]
+        b = tree[2 * i + 1]
+        m = a if a > b else b
+        if tree[i] == m:
+            return
+        tree[i] = m
+        i >>= 1
 
 
 @njit(cache=True)
-def _range_add(lo, hi, d, size, mn, add, pre, suf, best, full, length):  # pragma: no cover
-    # Add d to u over leaves [lo, hi): bottom-up, no lazy push (a node's min
-    # includes its own pending add), then re-pull the two boundary paths.
-    if lo >= hi:
-        return
-    left = lo + size
-    right = hi + size
-    l0 = left
-    r0 = right - 1
-    while left < right:
-        if left & 1:
-            add[left] += d
-            mn[left] += d
-            left += 1
-        if right & 1:
-            right -= 1
-            add[right] += d
-            mn[right] += d
-        left >>= 1
-        right >>= 1
-    a = l0 >> 1
-    b = r0 >> 1
-    while a != b:
-        _pull(a, mn, add, pre, suf, best, full, length)
-        _pull(b, mn, add, pre, suf, best, full, length)
-        a >>= 1
-        b >>= 1
-    while a >= 1:
-        _pull(a, mn, add, pre, suf, best, full, length)
-        a >>= 1
+def _pred(tree, size, k):  # pragma: no cover - compiled
+    # Rightmost leaf <= k holding a gap, or -1.
+    i = k + size
+    if tree[i] > 0:
+        return k
+    while i > 1:
+        if i & 1 and tree[i - 1] > 0:
+            i -= 1
+            while i < size:
+                i = 2 * i + 1 if tree[2 * i + 1] > 0 else 2 * i
+            return i - size
+        i >>= 1
+    return -1
 
 
 @njit(cache=True)
-def build_tree(leaf_len):  # pragma: no cover - compiled
-    """Arrays of a tree over ``leaf_len`` (int64 bytes per leaf); every leaf starts at u = 1."""
-    m = leaf_len.shape[0]
-    size = 1
-    while size < max(m, 1):
-        size *= 2
-    mn = np.ones(2 * size, np.int32)
-    add = np.zeros(2 * size, np.int32)
-    pre = np.zeros(2 * size, np.int64)
-    suf = np.zeros(2 * size, np.int64)
-    best = np.zeros(2 * size, np.int64)
-    full = np.ones(2 * size, np.uint8)
-    length = np.zeros(2 * size, np.int64)
-    for k in range(m):
-        length[size + k] = leaf_len[k]
-    for k in range(size, 2 * size):
-        add[k] = 1
-        pre[k] = length[k]
-        suf[k] = length[k]
-        best[k] = length[k]
-    for i in range(size - 1, 0, -1):
-        length[i] = length[2 * i] + length[2 * i + 1]
-        _pull(i, mn, add, pre, suf, best, full, length)
-    return size, mn, add, pre, suf, best, full, length
+def _succ(tree, size, k):  # pragma: no cover - compiled
+    # Leftmost leaf >= k holding a gap, or -1.
+    i = k + size
+    if tree[i] > 0:
+        return k
+    while i > 1:
+        if not (i & 1) and tree[i + 1] > 0:
+            i += 1
+            while i < size:
+                i = 2 * i if tree[2 * i] > 0 else 2 * i + 1
+            return i - size
+        i >>= 1
+    return -1
 
 
 @njit(cache=True)
-def scan(op, size, rounded, mate, lo, hi, leaf_len, pooled, probe, want,
+def _add_gap(tree, size, pos, gend, gsoe, s, e):  # pragma: no cover - compiled
+    if pos[e] > pos[s]:
+        gend[s] = e
+        gsoe[e] = s
+        _set(tree, size, s, pos[e] - pos[s])
+
+
+@njit(cache=True)
+def _drop_gap(tree, size, gend, gsoe, s):  # pragma: no cover - compiled
+    gsoe[gend[s]] = -1
+    _set(tree, size, s, 0)
+
+
+@njit(cache=True)
+def _carve(tree, size, pos, gend, gsoe, a, b):  # pragma: no cover - compiled
+    # Take [a, b) out of the gap holding it; False if no gap holds all of it.
+    s = a if tree[a + size] > 0 else _pred(tree, size, a)
+    if s < 0 or gend[s] < b:
+        return False
+    e = gend[s]
+    _drop_gap(tree, size, gend, gsoe, s)
+    if s < a:
+        _add_gap(tree, size, pos, gend, gsoe, s, a)
+    if b < e:
+        _add_gap(tree, size, pos, gend, gsoe, b, e)
+    return True
+
+
+@njit(cache=True)
+def _release(tree, size, pos, gend, gsoe, seg_starts, merge_all, a, b):  # pragma: no cover
+    # Return [a, b) as free, merged with its free neighbours inside one segment.
+    s = a
+    e = b
+    if merge_all or seg_starts[a] == 0:
+        left = gsoe[a]
+        if left >= 0:
+            _drop_gap(tree, size, gend, gsoe, left)
+            s = left
+    if (merge_all or seg_starts[b] == 0) and tree[b + size] > 0:
+        e = gend[b]
+        _drop_gap(tree, size, gend, gsoe, b)
+    _add_gap(tree, size, pos, gend, gsoe, s, e)
+
+
+@njit(cache=True)
+def _clear(tree, size, gend, gsoe, a, b):  # pragma: no cover - compiled
+    # Drop every gap starting in [a, b) (a segment freed while blocks were still live).
+    s = _succ(tree, size, a)
+    while 0 <= s < b:
+        _drop_gap(tree, size, gend, gsoe, s)
+        s = _succ(tree, size, s)
+
+
+@njit(cache=True)
+def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
          out_live, out_req, out_res, out_lfb):  # pragma: no cover - compiled
     """One pass over the events: running sums, the largest free block, peaks.
 
-    ``lo``/``hi`` (int32): the leaf range of each malloc/segment_alloc (and of
-    unpaired frees); a free uses its malloc's range via ``mate``. ``pooled``:
-    the trace has segment rows (else reserved = live and nothing is free).
-    When ``want`` the four ``out_*`` arrays receive the per-event values.
-    ``probe``: an event index whose values after the event go to the PROBE_*
-    slots (-1 = none). Returns (int64 stats, float64 fstats) indexed by the
-    module constants.
+    ``lo``/``hi`` (int64): the position range of each malloc/segment_alloc
+    (and of unpaired frees); a free uses its malloc's range via ``mate``.
+    ``pos`` (int64): the address of each position. ``pooled``: the trace has
+    segment rows (else reserved = live and nothing is free). When ``want``
+    the four ``out_*`` arrays receive the per-event values. ``probe``: an
+    event index whose values after the event go to the PROBE_* slots (-1 =
+    none). Returns (int64 stats, float64 fstats) indexed by the module constants.
     """
     n = op.shape[0]
-    tsize, mn, add, pre, suf, best, full, length = build_tree(leaf_len)
+    m = pos.shape[0]
+    tsize = 1
+    while tsize < max(m, 1):
+        tsize *= 2
+    tree = np.zeros(2 * tsize, np.int64)
+    gend = np.zeros(max(m, 1), np.int64)
+    gsoe = np.full(max(m, 1), -1, np.int64)
+    seg_starts = np.zeros(max(m, 1), np.int32)
+    placed = np.zeros(n if pooled else 0, np.bool_)
     st = np.zeros(N_STATS, np.int64)
     fs = np.zeros(N_FSTATS, np.float64)
     st[PEAK_LIVE_IDX] = -1
@@ -149,34 +176,37 @@ def scan(op, size, rounded, mate, lo, hi, leaf_len, pooled, probe, want,
         if o == 0:  # malloc
             live += np.int64(rounded[i])
             req += np.int64(size[i])
-            if pooled:
-                _range_add(lo[i], hi[i], 1, tsize, mn, add, pre, suf, best, full, length)
+            if pooled and lo[i] < hi[i]:
+                placed[i] = _carve(tree, tsize, pos, gend, gsoe, lo[i], hi[i])
         elif o == 1:  # free
             j = mate[i]
             if j < 0:
-                j = i
                 live -= np.int64(size[i])
                 req -= np.int64(size[i])
             else:
                 live -= np.int64(rounded[j])
                 req -= np.int64(size[j])
-            if pooled:
-                _range_add(lo[j], hi[j], -1, tsize, mn, add, pre, suf, best, full, length)
+                if pooled and placed[j]:
+                    _release(tree, tsize, pos, gend, gsoe, seg_starts, merge_all, lo[j], hi[j])
         elif o == 2 or o == 3:  # segment_alloc / segment_free
             j = mate[i] if o == 3 else i
             if j < 0:
                 j = i
-            d = 1 if o == 2 else -1
-            res += d * np.int64(size[j])
             a = lo[j]
             b = hi[j]
-            if a < b:
-                # Cover the segment's leaves, then block its own barrier leaf: that
-                # leaf splits this segment's free space from a segment ending at a.
-                _range_add(a, b, -d, tsize, mn, add, pre, suf, best, full, length)
-                _range_add(a, a + 1, d, tsize, mn, add, pre, suf, best, full, length)
+            if o == 2:
+                res += np.int64(size[j])
+                if a < b:
+                    seg_starts[a] += 1
+                    _release(tree, tsize, pos, gend, gsoe, seg_starts, merge_all, a, b)
+            else:
+                res -= np.int64(size[j])
+                if a < b:
+                    seg_starts[a] -= 1
+                    if not _carve(tree, tsize, pos, gend, gsoe, a, b):
+                        _clear(tree, tsize, gend, gsoe, a, b)
         r = res if pooled else live
-        lfb = best[1] if (pooled and mn[1] == 0) else np.int64(0)
+        lfb = tree[1] if pooled else np.int64(0)
         free = r - live
         if want:
             out_live[i] = live
@@ -212,3 +242,63 @@ def scan(op, size, rounded, mate, lo, hi, leaf_len, pooled, probe, want,
             if st[MIN_LFB_FREE] < 0 or lfb < st[MIN_LFB_FREE]:
                 st[MIN_LFB_FREE] = lfb
     return st, fs
+
+
+@njit(cache=True)
+def _shift_for(cap):  # pragma: no cover - compiled
+    shift = np.uint64(64)
+    while cap > 1:
+        cap >>= 1
+        shift -= np.uint64(1)
+    return shift
+
+
+@njit(cache=True)
+def _slot(keys, used, key, shift, mask):  # pragma: no cover - compiled
+    j = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+    while used[j] and keys[j] != key:
+        j = (j + 1) & mask
+    return j
+
+
+@njit(cache=True)
+def compress(values):  # pragma: no cover - compiled
+    """Sorted distinct ``values`` (uint64) and each value's index among them.
+
+    An open-addressing hash table (grown as it fills, so it stays the size of
+    the distinct set) dedupes first; only the distinct values are sorted
+    (traces reuse addresses: far fewer distinct values than events).
+    """
+    n = values.shape[0]
+    cap = 1 << 12
+    keys = np.empty(cap, np.uint64)
+    used = np.zeros(cap, np.bool_)
+    shift = _shift_for(cap)
+    distinct = 0
+    for i in range(n):
+        key = values[i]
+        j = _slot(keys, used, key, shift, cap - 1)
+        if not used[j]:
+            used[j] = True
+            keys[j] = key
+            distinct += 1
+            if 2 * distinct > cap:  # grow and rehash
+                old_keys = keys[used]
+                cap *= 4
+                keys = np.empty(cap, np.uint64)
+                used = np.zeros(cap, np.bool_)
+                shift = _shift_for(cap)
+                for k in old_keys:
+                    jj = _slot(keys, used, k, shift, cap - 1)
+                    used[jj] = True
+                    keys[jj] = k
+    slots = np.flatnonzero(used)
+    order = np.argsort(keys[slots])
+    pts = keys[slots][order]
+    rank = np.empty(cap, np.int64)
+    for r in range(order.shape[0]):
+        rank[slots[order[r]]] = r
+    index = np.empty(n, np.int64)
+    for i in range(n):
+        index[i] = rank[_slot(keys, used, values[i], shift, cap - 1)]
+    return pts, index

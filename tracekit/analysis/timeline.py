@@ -17,8 +17,8 @@ Definitions (bytes unless noted; every value is the state *after* the event):
   metadata gives neither.
 
 The running sums and the largest free block come from one compiled pass
-(``largest_free.scan``); the address line is coordinate-compressed here with
-NumPy sorts (see ``leaf_ranges``).
+(``largest_free.scan``) over addresses coordinate-compressed here
+(``position_ranges``).
 """
 
 from __future__ import annotations
@@ -51,15 +51,14 @@ class ScanResult:
     largest_free: np.ndarray | None = None
 
 
-def leaf_ranges(ev: Events, mate: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Coordinate-compress every range the trace touches into tree leaves.
+def position_ranges(ev: Events, mate: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Coordinate-compress every range the trace touches.
 
     Ranges: mallocs ``[addr, addr + rounded)``, segments ``[addr, addr + size)``
     and unpaired frees ``[addr, addr + size)``. Per device, the sorted distinct
-    boundaries p_0 < … < p_m−1 give one leaf per position (``[p_k, p_k+1)``, the
-    last of length 0) preceded by a zero-length barrier leaf where p_k is
-    ever a segment boundary. Returns per-event ``lo``/``hi`` (int32 leaf
-    range, set for the opening rows only) and ``leaf_len`` (int64 bytes).
+    boundaries become positions (devices get disjoint index ranges). Returns
+    per-event ``lo``/``hi`` (int64 position indices, set for the opening rows
+    only) and ``pos`` (int64, the address of each position).
     """
     op = ev.op
     closing = (op == Op.FREE) | (op == Op.SEGMENT_FREE)
@@ -67,46 +66,40 @@ def leaf_ranges(ev: Events, mate: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     idx = np.flatnonzero(opener)
     start = ev.addr[idx]
     end = start + np.where(op[idx] == Op.MALLOC, ev.rounded[idx], ev.size[idx])
-    is_seg = (op[idx] == Op.SEGMENT_ALLOC) | (op[idx] == Op.SEGMENT_FREE)
     dev = ev.device[idx]
-    lo = np.zeros(len(op), np.int32)
-    hi = np.zeros(len(op), np.int32)
-    lens: list[np.ndarray] = []
+    lo = np.zeros(len(op), np.int64)
+    hi = np.zeros(len(op), np.int64)
+    parts: list[np.ndarray] = []
     base = 0
     devices = np.unique(dev)
     for d in devices:
         sel = slice(None) if len(devices) == 1 else (dev == d)
-        s, e, sg = start[sel], end[sel], is_seg[sel]
-        pts = np.unique(np.concatenate([s, e]))
-        bnd = np.unique(np.concatenate([s[sg], e[sg]]))
-        isb = np.zeros(len(pts), np.int64)
-        isb[np.searchsorted(pts, bnd)] = 1
-        first = base + np.arange(len(pts), dtype=np.int64) + np.cumsum(isb) - isb
-        leaf_len = np.zeros(len(pts) + int(isb.sum()), np.int64)
-        leaf_len[first - base + isb[:]] = np.append(np.diff(pts).astype(np.int64), 0)
-        lens.append(leaf_len)
+        s, e = start[sel], end[sel]
+        pts, inv = lf.compress(np.concatenate([s, e]))
         rows = idx[sel]
-        lo[rows] = first[np.searchsorted(pts, s)]
-        hi[rows] = first[np.searchsorted(pts, e)]
-        base += len(leaf_len)
-    if base >= 2**31 - 1:
-        raise ValueError("too many distinct addresses for the interval structure")
-    all_len = np.concatenate(lens) if lens else np.zeros(0, np.int64)
-    return lo, hi, all_len
+        lo[rows] = base + inv[: len(s)]
+        hi[rows] = base + inv[len(s):]
+        parts.append(pts.astype(np.int64))
+        base += len(pts)
+    return lo, hi, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
 
 
-def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1) -> ScanResult:
-    """Run the compiled pass over ``ev``; per-event columns only when ``want``."""
+def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1,
+                merge_adjacent: bool = False) -> ScanResult:
+    """Run the compiled pass over ``ev``; per-event columns only when ``want``.
+
+    ``merge_adjacent``: adjacent segments form one free space (expandable segments).
+    """
     n = len(ev)
     pooled = bool(np.any((ev.op == Op.SEGMENT_ALLOC) | (ev.op == Op.SEGMENT_FREE)))
     if pooled:
-        lo, hi, leaf_len = leaf_ranges(ev, mate)
+        lo, hi, pos = position_ranges(ev, mate)
     else:
-        lo = hi = np.zeros(0, np.int32)
-        leaf_len = np.zeros(0, np.int64)
+        lo = hi = pos = np.zeros(0, np.int64)
     m = n if want else 0
     outs = [np.empty(m, np.int64) for _ in range(4)]
-    st, fs = lf.scan(ev.op, ev.size, ev.rounded, mate, lo, hi, leaf_len, pooled, probe, want, *outs)
+    st, fs = lf.scan(ev.op, ev.size, ev.rounded, mate, lo, hi, pos, pooled, merge_adjacent, probe,
+                     want, *outs)
     if not want:
         return ScanResult(st, fs, pooled)
     return ScanResult(st, fs, pooled, *outs)

@@ -1,0 +1,40 @@
+"""``tracekit analyze TRACE``: fragmentation over time, the OOM event and why, leaks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def analyze(
+    trace: Path = typer.Argument(..., help="A v1 trace (.parquet): recorded, imported or replayed."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    timeline: Path | None = typer.Option(
+        None, "--timeline", help="Write the per-event timeline to this Parquet file."
+    ),
+    report: Path | None = typer.Option(None, "--report", help="Also write an HTML report to this path."),
+    strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
+) -> None:
+    """Explain a trace: live/reserved memory, fragmentation, the OOM and its cause, leaks."""
+    from tracekit.analysis.output import analyze_file, write_timeline
+    from tracekit.cli.common import echo_json, wrote
+
+    want = timeline is not None or report is not None  # the report draws the timeline
+    result = analyze_file(trace, timeline=want, strict=strict, outputs=(timeline, report))
+    if json_out:
+        echo_json(result.summary.to_dict())
+    else:
+        typer.echo(result.summary.to_text())
+    for warning in result.summary.skipped:
+        typer.echo(f"tracekit: warning: {trace}: skipped {warning}", err=True)
+    if timeline is not None:
+        wrote(write_timeline(result, timeline))
+    if report is not None:
+        from tracekit.report import write_report
+
+        wrote(write_report(trace, report, result))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)
