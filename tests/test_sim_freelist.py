@@ -316,3 +316,49 @@ def test_large_random_trace_matches_reference_in_chunks(monkeypatch) -> None:
     trace = make_trace(steps)
     for policy in POLICIES:
         check_against_reference(trace, policy, 48 << 20, True)
+
+
+# Sizes around 32-64 MiB fall in the shared (non-exact) size classes of best fit,
+# where the smallest fitting block may be in the request's own class or the next.
+# One shared class spans 512 KiB here: [48 MiB, 48.5 MiB) is a single class.
+BIG = st.one_of(st.integers(48 << 20, (48 << 20) + (1 << 19)), st.integers(30 << 20, 70 << 20),
+                st.sampled_from([32 << 20, (32 << 20) - 512, 48 << 20]))
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "worst-fit"])
+@settings(max_examples=80, deadline=None)
+@given(steps=steps_strategy(BIG, max_len=40), cap=st.sampled_from([None, 200 << 20, 300 << 20]))
+def test_large_blocks_match_reference(policy: str, steps, cap) -> None:
+    check_against_reference(make_trace(steps), policy, cap, True)
+
+
+def test_size_classes_are_monotone_and_the_bitmap_finds_the_next() -> None:
+    from tracekit.sim import sizeclass as sc
+
+    sizes = np.unique(np.r_[np.arange(0, 1 << 22, 512), (np.int64(1) << np.arange(9, 62)),
+                            (np.int64(1) << np.arange(10, 62)) - 512])
+    classes = np.array([sc.klass(int(s)) for s in sizes])
+    assert np.all(np.diff(classes) >= 0) and classes.max() < sc.NCLASSES
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        _roots, bm = sc.new_tables()
+        on = np.unique(rng.integers(0, sc.NCLASSES, int(rng.integers(0, 40))))
+        for c in on:
+            sc._set(bm, int(c))
+        for c in [*rng.integers(0, sc.NCLASSES, 200).tolist(), 0, sc.NCLASSES - 1]:
+            later = on[on >= c]
+            assert sc.next_class(bm, c) == (int(later[0]) if len(later) else -1)
+        assert sc.last_class(bm) == (int(on[-1]) if len(on) else -1)
+        for c in on:
+            sc._clear(bm, int(c))
+        assert not bm.any()
+
+
+def test_best_fit_skips_a_too_small_block_of_the_same_class() -> None:
+    # 48 MiB + 100 KiB and 48 MiB + 300 KiB share a size class; after freeing the first,
+    # a request of 48 MiB + 200 KiB must skip that hole and take the next best fit.
+    kib = 1 << 10
+    a, b, c = (48 << 20) + 100 * kib, (48 << 20) + 300 * kib, (48 << 20) + 200 * kib
+    steps = [("m", a), ("m", 1), ("m", b), ("m", 1), ("f", 0), ("f", 2), ("m", c)]
+    res = replay(make_trace(steps), "best-fit", SimConfig(capacity=a + b + 1024 + (60 << 20)))
+    assert res.run.addr[-1] == a + 512  # the freed b-sized hole, not the smaller a-sized one
