@@ -8,7 +8,7 @@ active-memory / segment views of PyTorch's memory visualiser. Scale: the
 other block is rasterised into a ``width x height`` grid whose cells hold the
 fraction of the cell's area the block covers (bytes / cell bytes times time /
 cell time, capped at 1), one layer per colour. The layers are summed with 2-D
-prefix sums (four corner updates per block through ``np.bincount``), so cost
+prefix sums (four corner updates per block in one compiled loop), so cost
 is O(blocks + cells) with no per-block Python, and the cell colour is the
 occupancy-weighted mix of the layer colours with opacity = total occupancy.
 """
@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from numba import njit
 
 from tracekit.report.blocks import AddressLayout, Spans
 from tracekit.report.style import GREY, Scale, TimeAxis, byte_scale
@@ -103,6 +104,24 @@ def map_data(
     )
 
 
+@njit(cache=True)
+def _corners(x0, x1, y0, y1, layer, xmin, xscale, yscale, w, h, diff):  # pragma: no cover - compiled
+    """Add each block's weight at the four corners of its cell rectangle (2-D difference array)."""
+    for i in range(len(x0)):
+        cx0, cx1 = (x0[i] - xmin) * xscale, (x1[i] - xmin) * xscale
+        ry0, ry1 = y0[i] * yscale, y1[i] * yscale
+        c0 = min(max(int(np.floor(cx0)), 0), w - 1)
+        c1 = min(max(c0 + 1, int(np.ceil(cx1))), w)
+        r0 = min(max(int(np.floor(ry0)), 0), h - 1)
+        r1 = min(max(r0 + 1, int(np.ceil(ry1))), h)
+        wt = min(1.0, ry1 - ry0) * min(1.0, cx1 - cx0)
+        k = layer[i]
+        diff[k, r0, c0] += wt
+        diff[k, r0, c1] -= wt
+        diff[k, r1, c0] -= wt
+        diff[k, r1, c1] += wt
+
+
 def _raster(
     x0: np.ndarray,
     x1: np.ndarray,
@@ -117,22 +136,11 @@ def _raster(
     xmin, xmax, total = box
     # One layer per distinct colour, found on the small per-site table, not per block.
     layer_rgb, site_layer = np.unique(site_rgb, axis=0, return_inverse=True)
-    layer = site_layer.ravel()[colour]
+    layer = site_layer.ravel().astype(np.int64)[colour]
     n_layers = len(layer_rgb)
-    cx0 = (x0 - xmin) / (xmax - xmin) * w
-    cx1 = (x1 - xmin) / (xmax - xmin) * w
-    ry0, ry1 = y0 / total * h, y1 / total * h
-    c0 = np.clip(np.floor(cx0), 0, w - 1).astype(np.int64)
-    c1 = np.clip(np.maximum(c0 + 1, np.ceil(cx1)), 1, w).astype(np.int64)
-    r0 = np.clip(np.floor(ry0), 0, h - 1).astype(np.int64)
-    r1 = np.clip(np.maximum(r0 + 1, np.ceil(ry1)), 1, h).astype(np.int64)
-    weight = np.minimum(1.0, ry1 - ry0) * np.minimum(1.0, cx1 - cx0)
-    stride_l, stride_r = (h + 1) * (w + 1), w + 1
-    base = layer.astype(np.int64) * stride_l
-    diff = np.zeros(n_layers * stride_l)
-    for r, c, sign in ((r0, c0, 1.0), (r0, c1, -1.0), (r1, c0, -1.0), (r1, c1, 1.0)):
-        diff += np.bincount(base + r * stride_r + c, weights=sign * weight, minlength=len(diff))
-    occ = diff.reshape(n_layers, h + 1, w + 1).cumsum(axis=1).cumsum(axis=2)[:, :h, :w]
+    diff = np.zeros((n_layers, h + 1, w + 1))
+    _corners(x0, x1, y0, y1, layer, float(xmin), w / (xmax - xmin), h / total, w, h, diff)
+    occ = diff.cumsum(axis=1).cumsum(axis=2)[:, :h, :w]
     occ = np.clip(occ, 0.0, None)
     tot = occ.sum(axis=0)
     rgb = np.einsum("lhw,lc->hwc", occ, layer_rgb) / np.maximum(tot, 1e-12)[..., None]
