@@ -3,8 +3,9 @@
 
 For each policy this runs ``python -m tracekit replay TRACE --sim POLICY --json``
 in a fresh process (reading the Parquet, replaying, printing the JSON) and
-reports the wall time, events per second (input events / wall time) and the
-child's peak resident memory (``os.wait4`` rusage). One untimed run per policy
+reports the wall time, events per second (input events / wall time), the
+child's CPU time (user + system; on a shared machine the steadier figure) and
+its peak resident memory (``os.wait4`` rusage). One untimed run per policy
 comes first so compiled kernels are in numba's cache, as they are after the
 first use on a machine. The trace is a ``tracekit synth`` trace (default: 10
 million ``random`` events) unless ``--trace`` names one.
@@ -34,7 +35,7 @@ def tracekit(*args: str, capture: bool = True) -> subprocess.Popen[bytes]:
                             stderr=subprocess.PIPE)
 
 
-def run_one(trace: Path, policy: str) -> tuple[float, int, dict | None, str]:
+def run_one(trace: Path, policy: str) -> tuple[float, float, int, dict | None, str]:
     t0 = time.perf_counter()
     p = subprocess.Popen(
         [sys.executable, "-m", "tracekit", "replay", str(trace), "--sim", policy, "--json"],
@@ -49,11 +50,12 @@ def run_one(trace: Path, policy: str) -> tuple[float, int, dict | None, str]:
     wall = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
     rss = usage.ru_maxrss * 1024  # KiB on Linux
+    cpu = usage.ru_utime + usage.ru_stime
     try:
         doc = json.loads(out) if p.returncode == 0 else None
     except ValueError:
         doc = None
-    return wall, rss, doc, err.decode()
+    return wall, cpu, rss, doc, err.decode()
 
 
 def main() -> int:
@@ -85,7 +87,9 @@ def main() -> int:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"trace: {trace} ({trace.stat().st_size / 2**20:.0f} MiB)")
-    print(f"{'policy':<12} {'wall s':>8} {'Mevents/s':>10} {'peak RSS MiB':>13}  result")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'policy':<12} {'wall s':>7} {'Mev/s':>6} {'CPU s':>6} {'Mev/CPU-s':>9} "
+          f"{'peak RSS MiB':>12}  result")
     for name in names:
         run_one(trace, name)  # warm numba's cache
         best = None
@@ -94,13 +98,14 @@ def main() -> int:
             if best is None or r[0] < best[0]:
                 best = r
         assert best is not None
-        wall, rss, doc, err = best
+        wall, cpu, rss, doc, err = best
         if doc is None:
             print(f"{name:<12} failed: {err.strip().splitlines()[-1] if err.strip() else '?'}")
             continue
         n = doc["events"]
         oom = "no OOM" if doc["oom"] is None else f"OOM at seq {doc['oom']['seq']}"
-        print(f"{name:<12} {wall:>8.2f} {n / wall / 1e6:>10.2f} {rss / 2**20:>13.0f}  {oom}")
+        print(f"{name:<12} {wall:>7.2f} {n / wall / 1e6:>6.2f} {cpu:>6.2f} {n / cpu / 1e6:>9.2f} "
+              f"{rss / 2**20:>12.0f}  {oom}")
     return 0
 
 
