@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-TRACE=${1:-traces/cupy-frag-oom.parquet}
+TRACE=${1:-traces/cupy-oom-frag.parquet}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
