@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracekit.errors import InputError
 from tracekit.importers.torch_snapshot import import_snapshot
@@ -239,3 +241,58 @@ def test_round_trip_columns_are_numpy(tmp_path: Path) -> None:
     hist = [entry("segment_alloc", A, 2 * MiB, 0)] + [entry("alloc", A + 512 * i, 512, i) for i in range(100)]
     tr, _ = load(tmp_path, {"segments": [], "device_traces": [hist]})
     assert isinstance(tr.events.addr, np.ndarray) and len(tr.events) == 101
+
+
+@st.composite
+def histories(draw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A random but consistent history over 3 segments of 8 slots, and the final state it leaves."""
+    live: dict[int, int] = {}  # block addr -> request
+    segs: set[int] = set()
+    hist: list[dict[str, Any]] = []
+    for t in range(draw(st.integers(0, 60))):
+        seg = A + draw(st.integers(0, 2)) * 8 * 4096
+        slot = seg + draw(st.integers(0, 7)) * 4096
+        if seg not in segs:
+            segs.add(seg)
+            hist.append(entry("segment_alloc", seg, 8 * 4096, t))
+        elif slot in live:
+            hist.append(entry("free_requested", slot, live[slot], t))
+            hist.append(entry("free_completed", slot, live.pop(slot), t))
+        elif not any(seg <= a < seg + 8 * 4096 for a in live) and draw(st.booleans()):
+            segs.discard(seg)
+            hist.append(entry("segment_free", seg, 8 * 4096, t))
+        else:
+            live[slot] = draw(st.integers(1, 4096))
+            hist.append(entry("alloc", slot, live[slot], t))
+    span = 8 * 4096
+    final = [segment(s, span, [block(a, 4096, r) for a, r in sorted(live.items()) if s <= a < s + span])
+             for s in sorted(segs)]
+    return hist, final
+
+
+@settings(max_examples=60, deadline=None)
+@given(histories(), st.floats(0, 1))
+def test_any_cut_rebuilds_the_state_at_the_cut(h: Any, frac: float) -> None:
+    from tracekit.importers.torch_snapshot import convert
+
+    hist, final = h
+    k = int(len(hist) * frac)
+    blocks: dict[int, int] = {}
+    segs: dict[int, int] = {}
+    for e in hist[:k]:  # the oracle: the state after the first k entries
+        if e["action"] == "alloc":
+            blocks[e["addr"]] = e["size"]
+        elif e["action"] == "free_completed":
+            del blocks[e["addr"]]
+        elif e["action"] == "segment_alloc":
+            segs[e["addr"]] = e["size"]
+        elif e["action"] == "segment_free":
+            del segs[e["addr"]]
+    _, ev, extras, _ = convert({"segments": final, "device_traces": [hist[k:]]}, Path("mem.pickle"))
+    n = int(extras["initial"].to_numpy(zero_copy_only=False).sum())
+    rows = list(zip(ev.op[:n].tolist(), ev.addr[:n].tolist(), ev.size[:n].tolist(), strict=True))
+    assert {a: s for o, a, s in rows if o == Op.MALLOC} == blocks
+    assert {a: s for o, a, s in rows if o == Op.SEGMENT_ALLOC} == segs
+    from tracekit.trace.validate import pair_events
+
+    assert not pair_events(ev.op, ev.addr, ev.device, ev.seq).issues
