@@ -11,6 +11,7 @@ output so these tests check the drawing, not the analysis.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -505,3 +506,52 @@ def test_cli_report_with_saved_whatif_json(tmp_path: Path) -> None:
     assert "best-fit" in out.read_text() and (tmp_path / "whatif.png").is_file()
     r = CliRunner().invoke(app, ["report", str(p), "--whatif", "--whatif-json", str(wi)])
     assert r.exit_code == 2 and "exclusive" in r.output
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5), st.booleans()), min_size=1, max_size=30))
+def test_oom_moment_blocks_and_gaps_tile_each_segment(layout: list[tuple[int, int, bool]]) -> None:
+    """Blocks placed left to right in 64 KiB segments (gap, size, live?) in units of 1 KiB."""
+    from tracekit.report.blocks import Spans
+    from tracekit.report.oom_view import moment
+    from tracekit.report.style import site_colours
+
+    seg_size, kib = 64 * 1024, 1024
+    addrs, sizes, alive, cur, seg_lo = [], [], [], 0, [0]
+    for gap, size, live in layout:
+        if cur + (gap + size) * kib > seg_lo[-1] + seg_size:  # start the next segment
+            seg_lo.append(seg_lo[-1] + seg_size)
+            cur = seg_lo[-1]
+        cur += gap * kib
+        addrs.append(BASE + cur)
+        sizes.append(size * kib)
+        alive.append(live)
+        cur += size * kib
+    n, k = len(addrs), len(addrs) + 1  # the moment is after every malloc; dead blocks were freed before it
+    b = Spans(
+        np.arange(n, dtype=np.int64),
+        np.where(alive, k + 1, n),
+        np.array(addrs, np.uint64),
+        np.array(sizes, np.uint64),
+        np.zeros(n, np.int32),
+    )
+    m_seg = len(seg_lo)
+    seg = Spans(
+        np.zeros(m_seg, np.int64),
+        np.full(m_seg, k + 1),
+        (BASE + np.array(seg_lo)).astype(np.uint64),
+        np.full(m_seg, seg_size, np.uint64),
+        np.full(m_seg, -1, np.int32),
+    )
+    m = moment(b, seg, k, k, 8 * kib, True, site_colours(1, np.zeros(1)), max_rows=100)
+    assert len(m.rows) == m_seg
+    best = 0
+    for row in m.rows:
+        assert int(row.block_size.sum() + row.gap_size.sum()) == seg_size  # blocks and gaps tile it
+        spans = sorted(
+            [(int(o), int(s)) for o, s in zip(row.block_off, row.block_size, strict=True)]
+            + [(int(o), int(s)) for o, s in zip(row.gap_off, row.gap_size, strict=True)]
+        )
+        assert all(a + s == c for (a, s), (c, _) in itertools.pairwise(spans))  # no overlap, no hole
+        best = max(best, int(row.gap_size.max()) if len(row.gap_size) else 0)
+    assert m.largest_gap == best
