@@ -21,14 +21,14 @@ import numpy as np
 from numba import njit
 
 # Fields of C.
-ADDR, SIZE, GROUP, PREV, NEXT, STATE, PRIO, INW, WPREV, WNEXT, EXP, L0 = range(12)
+ADDR, SIZE, GROUP, PREV, NEXT, STATE, PRIO, INW, WPREV, WNEXT, EXP, HPREV, HNEXT, SEGEND, L0 = range(15)
 NF = L0 + 6  # tree t uses L0 + 3t (left), +1 (right), +2 (parent)
 # STATE values.
 FREE, USED, UNMAPPED, DEAD = 0, 1, 2, 3
 # Slots of S.
 (ROOT0, ROOT1, RNG, HW, FREEL, NALIVE, WHEAD, NROWS, LIVE, RESERVED, PEAK_LIVE, PEAK_RES,
- NEXT_ADDR, DEV_USED, SEGA, SEGF) = range(16)
-NS_SLOTS = 16
+ NEXT_ADDR, DEV_USED, SEGA, SEGF, HHEAD) = range(17)
+NS_SLOTS = 17
 OP_SEG_ALLOC, OP_SEG_FREE = 2, 3
 MIB = 1 << 20
 PAGE = 2 * MIB
@@ -42,7 +42,7 @@ def new_state(
     C = np.zeros((max(cap, 16), NF), dtype=np.int64)
     R = np.zeros((max(rows_cap, 16), 5), dtype=np.int64)
     S = np.zeros(NS_SLOTS, dtype=np.int64)
-    S[ROOT0] = S[ROOT1] = S[FREEL] = S[WHEAD] = -1
+    S[ROOT0] = S[ROOT1] = S[FREEL] = S[WHEAD] = S[HHEAD] = -1
     S[RNG] = 0x9E3779B97F4A7C15 & 0x7FFFFFFFFFFFFFFF
     S[NEXT_ADDR] = next_addr
     return C, R, S
@@ -391,6 +391,13 @@ def add_segment(C, S, R, before, addr, size, group, stream):  # pragma: no cover
         addr = S[NEXT_ADDR]
         S[NEXT_ADDR] = addr + (size + PAGE - 1) // PAGE * PAGE + PAGE
     x = new_node(C, S, addr, size, group, USED)
+    h = S[HHEAD]
+    C[x, SEGEND] = addr + size
+    C[x, HPREV] = -1
+    C[x, HNEXT] = h
+    if h != -1:
+        C[h, HPREV] = x
+    S[HHEAD] = x
     S[RESERVED] += size
     S[DEV_USED] += device_cost(size)
     if S[RESERVED] > S[PEAK_RES]:
@@ -400,9 +407,52 @@ def add_segment(C, S, R, before, addr, size, group, stream):  # pragma: no cover
 
 
 @njit(cache=True)
+def overlaps(C, S, X, a, end):  # pragma: no cover - compiled
+    """True if [a, end) meets a live device allocation or an expandable reservation."""
+    h = S[HHEAD]
+    while h != -1:
+        if C[h, ADDR] < end and a < C[h, SEGEND]:
+            return True
+        h = C[h, HNEXT]
+    for g in range(X.shape[0]):  # noqa: SIM110 - a loop compiles, a generator does not
+        if X[g, 2] != 0 and X[g, 0] < end and a < X[g, 0] + X[g, 3]:
+            return True
+    return False
+
+
+@njit(cache=True)
+def recorded_addr(C, S, X, i, s, hints, exact):  # pragma: no cover - compiled
+    """The device address the recorded allocator got for this allocation, or -1 to invent one.
+
+    ``hints`` rows are (first index of the recorded segment rows just before
+    event i, op, addr, size, taken) per input event. The first untaken
+    recorded ``segment_alloc`` there of size s (any size unless ``exact``)
+    gives its address, unless that range is in use in the replay.
+    """
+    if hints.shape[0] == 0:
+        return -1
+    for j in range(hints[i, 0], i):
+        if hints[j, 1] == OP_SEG_ALLOC and hints[j, 4] == 0 and (hints[j, 3] == s or not exact):
+            a = hints[j, 2]
+            hints[j, 4] = 1
+            if overlaps(C, S, X, a, a + s):
+                return -1
+            return a
+    return -1
+
+
+@njit(cache=True)
 def release_whole(C, S, R, before, x, stream):  # pragma: no cover - compiled
     """Give a free whole device allocation back to the device."""
     remove_free(C, S, x)
+    p = C[x, HPREV]
+    nx = C[x, HNEXT]
+    if p == -1:
+        S[HHEAD] = nx
+    else:
+        C[p, HNEXT] = nx
+    if nx != -1:
+        C[nx, HPREV] = p
     S[RESERVED] -= C[x, SIZE]
     S[DEV_USED] -= device_cost(C[x, SIZE])
     emit(R, S, before, OP_SEG_FREE, C[x, ADDR], C[x, SIZE], stream[C[x, GROUP]])

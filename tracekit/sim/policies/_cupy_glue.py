@@ -9,11 +9,15 @@ packed here into the ``PolicyRun`` contract of ``tracekit.sim.base``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
+from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, Stat
 from tracekit.sim.policies import _cupy_chunks as ck
 from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
 
 
 def initial_mask(trace: Trace) -> np.ndarray:
@@ -36,6 +40,59 @@ def stream_groups(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return first.copy(), np.zeros(len(stream), np.int64)
     streams, index = np.unique(stream, return_inverse=True)
     return streams, index.astype(np.int64)
+
+
+def release_points(op: np.ndarray, init: np.ndarray) -> np.ndarray:
+    """Bool per event: the first row of each run of recorded ``segment_free`` rows.
+
+    The program released cached memory there (``torch.cuda.empty_cache()``,
+    ``free_all_blocks()``) or the allocator did while retrying a request;
+    replaying a release at that point reproduces both (a retry releases the
+    same cached blocks a moment later).
+    """
+    free = (op == Op.SEGMENT_FREE) & ~init
+    first = free.copy()
+    first[1:] &= ~free[:-1]
+    return first
+
+
+def address_hints(trace: Trace, init: np.ndarray, use: bool) -> np.ndarray:
+    """Per event: (first index of the recorded segment rows just before it, op, addr, size, taken).
+
+    Kernels give a new device allocation the address the recorded allocator
+    got for the same allocation (``recorded_addr``), so ties broken by address
+    fall as they did on the GPU. Empty when unused or when the trace has no
+    recorded device allocations (synthetic traces): invented addresses then.
+    """
+    ev = trace.events
+    seg = ((ev.op == Op.SEGMENT_ALLOC) | (ev.op == Op.SEGMENT_FREE)) & ~init
+    if not use or not (seg & (ev.op == Op.SEGMENT_ALLOC)).any():
+        return np.zeros((0, 5), dtype=np.int64)
+    n = len(ev)
+    idx = np.arange(n, dtype=np.int64)
+    last_other = np.maximum.accumulate(np.where(seg, -1, idx))
+    hints = np.zeros((n, 5), dtype=np.int64)
+    hints[1:, 0] = last_other[:-1] + 1
+    hints[:, 1] = np.where(seg, ev.op, -1)
+    hints[:, 2] = ev.addr.view(np.int64)
+    hints[:, 3] = ev.size.view(np.int64)
+    return hints
+
+
+def addresses_option(options: Mapping[str, str], policy: str) -> bool:
+    """``addresses``: ``trace`` (default) reuses recorded device addresses, ``invent`` never does."""
+    value = options.get("addresses", "trace")
+    if value not in ("trace", "invent"):
+        raise UsageError(f"{policy} option addresses: expected 'trace' or 'invent', got {value!r}")
+    return value == "trace"
+
+
+def release_option(options: Mapping[str, str], policy: str) -> bool:
+    """``release_points``: ``trace`` (default) replays recorded releases, ``none`` ignores them."""
+    value = options.get("release_points", "trace")
+    if value not in ("trace", "none"):
+        raise UsageError(f"{policy} option release_points: expected 'trace' or 'none', got {value!r}")
+    return value == "trace"
 
 
 def new_stats() -> np.ndarray:

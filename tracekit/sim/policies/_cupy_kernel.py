@@ -19,6 +19,7 @@ from numba import njit
 from tracekit.sim.policies import _cupy_chunks as ck
 
 DONE, OOM, SKIPPED = 1, 2, 3
+NO_X = np.zeros((0, 4), dtype=np.int64)  # no expandable reservations in CuPy's pool
 
 
 @njit(cache=True)
@@ -38,7 +39,7 @@ def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - 
 
 
 @njit(cache=True)
-def cupy_replay(op, size, arena, mate, init, init_addr, stream, limit, dev_total, cont,
+def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, limit, dev_total, cont,
                 C, R, S, stats):  # pragma: no cover - compiled
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
@@ -67,6 +68,9 @@ def cupy_replay(op, size, arena, mate, init, init_addr, stream, limit, dev_total
         o = op[i]
         if init[i]:
             continue
+        if rel[i]:  # the program (or a retry) released cached memory here
+            R = ck.rows_room(R, S, S[ck.NALIVE] + 4)
+            ck.release_all_whole(C, S, R, i, stream)
         if o == 0 or o == 4:
             s = (size[i] + 511) // 512 * 512
             rounded[i] = s
@@ -83,7 +87,8 @@ def cupy_replay(op, size, arena, mate, init, init_addr, stream, limit, dev_total
                 if C[x, ck.SIZE] > s:
                     ck.split_front(C, S, x, s)
             elif _try_malloc(C, S, R, i, s, limit, dev_total, stream):
-                x = ck.add_segment(C, S, R, i, -1, s, a, stream[a])
+                at = ck.recorded_addr(C, S, NO_X, i, s, hints, True)
+                x = ck.add_segment(C, S, R, i, at, s, a, stream[a])
             else:
                 status[i] = OOM
                 stats[5] += 1

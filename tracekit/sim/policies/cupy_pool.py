@@ -19,13 +19,18 @@ from typing import ClassVar
 
 import numpy as np
 
+from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, SimConfig
 from tracekit.sim.policies import _cupy_chunks as ck
 from tracekit.sim.policies._cupy_glue import (
+    address_hints,
+    addresses_option,
     capacity_for_state,
     initial_mask,
     new_stats,
     pack,
+    release_option,
+    release_points,
     stream_groups,
 )
 from tracekit.sim.policies._cupy_kernel import cupy_replay
@@ -42,9 +47,17 @@ class CupyPool:
     )
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
+        unknown = sorted(set(config.options) - {"release_points", "addresses"})
+        if unknown:
+            raise UsageError(
+                f"unknown cupy policy option {unknown[0]!r} (cupy takes release_points, addresses)"
+            )
+        follow = release_option(config.options, "cupy")
         ev = trace.events
         streams, arena = stream_groups(ev.stream)
         init = initial_mask(trace)
+        rel = release_points(ev.op, init) if follow else np.zeros(len(ev), np.bool_)
+        hints = address_hints(trace, init, addresses_option(config.options, "cupy"))
         cap, rows_cap = capacity_for_state(trace)
         next_addr = ck.ADDR_BASE
         if init.any():
@@ -54,7 +67,7 @@ class CupyPool:
         stats = new_stats()
         addr, status, rounded, C, R = cupy_replay(
             ev.op, ev.size.view(np.int64), arena, trace.mate, init,
-            ev.addr.view(np.int64), streams.view(np.int64), int(config.capacity or 0),
+            ev.addr.view(np.int64), rel, hints, streams.view(np.int64), int(config.capacity or 0),
             int(config.device_total or 0), bool(config.continue_on_oom), C, R, S, stats,
         )
         return pack(addr, status, rounded, R, S, stats)

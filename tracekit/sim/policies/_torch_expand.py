@@ -1,0 +1,191 @@
+"""Expandable segments of PyTorch's caching allocator (``expandable_segments:True``).
+
+One segment per group (pool, stream) reserves a large virtual range (PyTorch:
+1 1/8 x device memory) that starts unmapped (tree 1 of the chunk store).
+``try_allocate`` follows ``try_allocate_expandable_block``: take the lowest
+unmapped range of the group whose run of free-or-unmapped pieces (starting at
+its free predecessor, if any) holds s bytes, then map pages (2 MiB in the small
+pool, 20 MiB in the large) until the free piece there holds s. Each mapping
+emits a ``segment_alloc`` row of the mapped range and counts as reserved.
+``unmap_all_free`` (``release_cached_blocks``) unmaps the whole pages inside
+every free mapped piece, emitting ``segment_free`` rows. ``X[g]`` holds the
+segment's base address, page size, a created flag and its size (PyTorch:
+pages for 9/8 of the device's memory).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tracekit.sim.policies import _cupy_chunks as ck
+
+BASE, PAGE, MADE, VSIZE = 0, 1, 2, 3
+
+
+@njit(cache=True)
+def expandable_size(C, b):  # pragma: no cover - compiled
+    """A free piece's size for best fit: plus the unmapped range right after it."""
+    nx = C[b, ck.NEXT]
+    extra = C[nx, ck.SIZE] if nx != -1 and C[nx, ck.STATE] == ck.UNMAPPED else 0
+    return C[b, ck.SIZE] + extra
+
+
+@njit(cache=True)
+def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
+    """Reserve group g's segment on first use, at the recorded address when there is one."""
+    if X[g, MADE] != 0:
+        return
+    pg = X[g, PAGE]
+    base = ck.recorded_addr(C, S, X, i, X[g, VSIZE], hints, False)
+    if base < 0:
+        base = (S[ck.NEXT_ADDR] + pg - 1) // pg * pg
+        S[ck.NEXT_ADDR] = base + X[g, VSIZE] + pg
+    x = ck.new_node(C, S, base, X[g, VSIZE], g, ck.UNMAPPED)
+    C[x, ck.EXP] = g
+    ck.tree_insert(C, S, x, 1)
+    X[g, BASE] = base
+    X[g, MADE] = 1
+
+
+@njit(cache=True)
+def _find(C, S, g, s, X, i, hints):  # pragma: no cover - compiled
+    _ensure(C, S, g, X, i, hints)
+    c = ck.first_in_group(C, S, g, 1)
+    while c != -1 and C[c, ck.GROUP] == g:
+        cand = c
+        p = C[c, ck.PREV]
+        if p != -1 and C[p, ck.STATE] == ck.FREE:
+            cand = p
+        b = cand
+        tot = 0
+        while tot < s and b != -1 and (C[b, ck.STATE] == ck.FREE or C[b, ck.STATE] == ck.UNMAPPED):
+            tot += C[b, ck.SIZE]
+            b = C[b, ck.NEXT]
+        if tot >= s:
+            return cand
+        c = ck.succ(C, c, 1)
+    return -1
+
+
+@njit(cache=True)
+def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compiled
+    """Map the pages covering the first sz bytes of unmapped piece x; -1 if the device is full."""
+    g = C[x, ck.GROUP]
+    base = X[g, BASE]
+    pg = X[g, PAGE]
+    a = C[x, ck.ADDR]
+    mapped = min(base + (a + sz - base + pg - 1) // pg * pg - a, C[x, ck.SIZE])
+    if dev_total > 0 and S[ck.DEV_USED] + mapped > dev_total:
+        return -1
+    ck.tree_remove(C, S, x, 1)
+    if mapped < C[x, ck.SIZE]:
+        r = ck.new_node(C, S, a + mapped, C[x, ck.SIZE] - mapped, g, ck.UNMAPPED)
+        C[r, ck.EXP] = g
+        nx = C[x, ck.NEXT]
+        C[r, ck.PREV] = x
+        C[r, ck.NEXT] = nx
+        if nx != -1:
+            C[nx, ck.PREV] = r
+        C[x, ck.NEXT] = r
+        C[x, ck.SIZE] = mapped
+        ck.tree_insert(C, S, r, 1)
+    S[ck.RESERVED] += mapped
+    S[ck.DEV_USED] += mapped
+    if S[ck.RESERVED] > S[ck.PEAK_RES]:
+        S[ck.PEAK_RES] = S[ck.RESERVED]
+    ck.emit(R, S, i, ck.OP_SEG_ALLOC, a, mapped, stream[g])
+    C[x, ck.STATE] = ck.USED
+    return ck.free_merge(C, S, x)
+
+
+@njit(cache=True)
+def try_allocate(C, S, R, i, g, s, dev_total, stream, X, hints):  # pragma: no cover - compiled
+    """A free mapped piece of group g holding s bytes, out of every tree; -1 on failure."""
+    c = _find(C, S, g, s, X, i, hints)
+    if c == -1:
+        return -1
+    if C[c, ck.STATE] == ck.UNMAPPED:
+        c = _map(C, S, R, i, c, min(C[c, ck.SIZE], s), dev_total, stream, X)
+        if c == -1:
+            return -1
+    while C[c, ck.SIZE] < s:
+        nx = C[c, ck.NEXT]
+        if nx == -1 or C[nx, ck.STATE] != ck.UNMAPPED:
+            return -1
+        c = _map(C, S, R, i, nx, min(s - C[c, ck.SIZE], C[nx, ck.SIZE]), dev_total, stream, X)
+        if c == -1:
+            return -1
+    ck.remove_free(C, S, c)
+    return c
+
+
+@njit(cache=True)
+def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
+    g = C[b, ck.GROUP]
+    base = X[g, BASE]
+    pg = X[g, PAGE]
+    a = C[b, ck.ADDR]
+    sz = C[b, ck.SIZE]
+    begin = base + (a - base + pg - 1) // pg * pg
+    end = base + (a + sz - base) // pg * pg
+    if begin >= end:
+        return
+    ck.remove_free(C, S, b)
+    if begin > a:
+        f = ck.new_node(C, S, a, begin - a, g, ck.FREE)
+        C[f, ck.EXP] = g
+        p = C[b, ck.PREV]
+        C[f, ck.PREV] = p
+        C[f, ck.NEXT] = b
+        if p != -1:
+            C[p, ck.NEXT] = f
+        C[b, ck.PREV] = f
+        ck.insert_free(C, S, f)
+    if a + sz > end:
+        h = ck.new_node(C, S, end, a + sz - end, g, ck.FREE)
+        C[h, ck.EXP] = g
+        nx = C[b, ck.NEXT]
+        C[h, ck.PREV] = b
+        C[h, ck.NEXT] = nx
+        if nx != -1:
+            C[nx, ck.PREV] = h
+        C[b, ck.NEXT] = h
+        ck.insert_free(C, S, h)
+    C[b, ck.ADDR] = begin
+    C[b, ck.SIZE] = end - begin
+    C[b, ck.STATE] = ck.UNMAPPED
+    p = C[b, ck.PREV]
+    if p != -1 and C[p, ck.STATE] == ck.UNMAPPED:
+        ck.tree_remove(C, S, p, 1)
+        ck.absorb_next(C, S, p)
+        b = p
+    nx = C[b, ck.NEXT]
+    if nx != -1 and C[nx, ck.STATE] == ck.UNMAPPED:
+        ck.tree_remove(C, S, nx, 1)
+        ck.absorb_next(C, S, b)
+    ck.tree_insert(C, S, b, 1)
+    S[ck.RESERVED] -= end - begin
+    S[ck.DEV_USED] -= end - begin
+    ck.emit(R, S, i, ck.OP_SEG_FREE, begin, end - begin, stream[g])
+
+
+@njit(cache=True)
+def unmap_all_free(C, S, R, i, stream, X):  # pragma: no cover - compiled
+    """Unmap the whole pages of every free mapped piece, in (group, size, address) order."""
+    if X.shape[0] == 0 or X[:, MADE].max() == 0:
+        return
+    k = 0
+    x = S[ck.ROOT0]
+    if x == -1:
+        return
+    while ck.pred(C, x, 0) != -1:
+        x = ck.pred(C, x, 0)
+    ids = np.empty(S[ck.NALIVE], dtype=np.int64)
+    while x != -1:
+        if C[x, ck.EXP] != -1:
+            ids[k] = x
+            k += 1
+        x = ck.succ(C, x, 0)
+    for j in range(k):
+        _unmap(C, S, R, i, ids[j], stream, X)

@@ -1,0 +1,189 @@
+"""Compiled replay loop of PyTorch's CUDA caching allocator (``CUDACachingAllocator.cpp``).
+
+A group is (pool, stream) with the large pool first (group = pool * streams +
+stream index), so the free tree's order is PyTorch's (stream, size, address)
+order within each pool. Per malloc of rounded size s: best fit in the group,
+refusing a block >= max_split_size M for s < M and a block >= s + 20 MiB
+(``max_non_split_rounding``) for s >= M; on a miss ``alloc_block`` for the
+segment size (2 MiB / 20 MiB / 2 MiB multiple), failing when reserved +
+segment > capacity or the device total is exceeded; then (only with M set)
+``release_available_cached_blocks`` and retry, then ``release_cached_blocks``
+(every free whole segment, large pool first) and retry, then OOM. Split:
+small pool (or expandable segments) when the remainder is >= 512 B, large pool
+only when s < M and the remainder > 1 MiB. Free merges with free neighbours.
+Expandable segments live in ``_torch_expand``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tracekit.sim.policies import _cupy_chunks as ck
+from tracekit.sim.policies import _torch_expand as xp
+
+DONE, OOM, SKIPPED = 1, 2, 3
+MIB = 1 << 20
+NO_LIMIT = 1 << 62  # max_split_size unset
+
+
+@njit(cache=True)
+def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
+    """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
+    limit = cfg[0]
+    if limit > 0 and S[ck.RESERVED] + seg > limit:
+        return -1
+    if cfg[4] != 0:
+        return xp.try_allocate(C, S, R, i, g, s, cfg[1], stream, X, hints)
+    if cfg[1] > 0 and S[ck.DEV_USED] + ck.device_cost(seg) > cfg[1]:
+        return -1
+    a = ck.recorded_addr(C, S, X, i, seg, hints, True)
+    return ck.add_segment(C, S, R, i, a, seg, g, stream[g])
+
+
+@njit(cache=True)
+def _release_available(C, S, R, i, g, s, M, stream):  # pragma: no cover - compiled
+    """Release cached blocks >= M: one that covers max(s, M), else the largest first."""
+    key = max(s, M)
+    it = ck.lower_bound(C, S, g, key)
+    if it != -1 and C[it, ck.GROUP] == g and C[it, ck.EXP] == -1:
+        if C[it, ck.PREV] == -1 and C[it, ck.NEXT] == -1:
+            ck.release_whole(C, S, R, i, it, stream)
+        return True
+    cur = ck.pred(C, it, 0) if it != -1 else ck.tree_last(C, S, 0)
+    total = 0
+    while cur != -1 and total < key and C[cur, ck.SIZE] >= M and C[cur, ck.GROUP] == g:
+        prv = ck.pred(C, cur, 0)
+        if C[cur, ck.EXP] == -1 and C[cur, ck.PREV] == -1 and C[cur, ck.NEXT] == -1:
+            total += C[cur, ck.SIZE]
+            ck.release_whole(C, S, R, i, cur, stream)
+        cur = prv
+    return total >= key
+
+
+@njit(cache=True)
+def release_cached(C, S, R, i, stream, X):  # pragma: no cover - compiled
+    """``release_cached_blocks``: free whole segments, unmap free expandable pages."""
+    ck.release_all_whole(C, S, R, i, stream)
+    xp.unmap_all_free(C, S, R, i, stream, X)
+
+
+@njit(cache=True)
+def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
+    """``get_free_block``: the cached block to use for s in group g, or -1."""
+    it = ck.lower_bound(C, S, g, s)
+    if it == -1 or C[it, ck.GROUP] != g:
+        return -1
+    if C[it, ck.EXP] != -1 and expandable:
+        nx = ck.succ(C, it, 0)
+        while C[it, ck.EXP] != -1 and nx != -1 and C[nx, ck.GROUP] == g and \
+                xp.expandable_size(C, nx) < xp.expandable_size(C, it):
+            it = nx
+            nx = ck.succ(C, it, 0)
+    size = C[it, ck.SIZE]
+    if s < M and size >= M:
+        return -1
+    if s >= M and size >= s + nsr:
+        return -1
+    return it
+
+
+@njit(cache=True)
+def _oom(C, S, i, g, s, stats):  # pragma: no cover - compiled
+    stats[5] += 1
+    if stats[6] < 0:
+        stats[6] = i
+        stats[7] = S[ck.RESERVED] - S[ck.LIVE]
+        big = ck.last_in_group(C, S, g, 0)
+        stats[8] = C[big, ck.SIZE] if big != -1 else 0
+        stats[9] = S[ck.LIVE]
+        stats[10] = S[ck.RESERVED]
+        stats[11] = s
+
+
+@njit(cache=True)
+def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
+    M = cfg[2]
+    x = _find(C, S, g, s, M, cfg[3], cfg[4] != 0)
+    if x != -1:
+        ck.remove_free(C, S, x)
+    else:
+        x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
+        if x == -1 and M < NO_LIMIT and _release_available(C, S, R, i, g, s, M, stream):
+            x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
+        if x == -1:
+            release_cached(C, S, R, i, stream, X)
+            x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
+        if x == -1:
+            return -1
+    C[x, ck.STATE] = ck.USED
+    rem = C[x, ck.SIZE] - s
+    small = (g // cfg[6]) == 1
+    if small or cfg[4] != 0:
+        if rem >= 512:
+            ck.split_front(C, S, x, s)
+    elif s < M and rem > MIB:
+        ck.split_front(C, S, x, s)
+    return x
+
+
+@njit(cache=True)
+def torch_replay(op, size, rounded, seg, group, mate, init, init_addr, rel, hints, stream, cfg,
+                 C, R, S, X, stats):  # pragma: no cover - compiled
+    """cfg: capacity, device_total, M, max_non_split, expandable, unused, streams, continue."""
+    n = op.shape[0]
+    addr = np.zeros(n, dtype=np.int64)
+    status = np.zeros(n, dtype=np.int8)
+    blk = np.full(n, -1, dtype=np.int64)
+    for i in range(n):  # starting state: segments first, then the live blocks in them
+        if init[i] and op[i] == 2:
+            C = ck.room(C, S, 4)
+            R = ck.rows_room(R, S, 4)
+            x = ck.add_segment(C, S, R, i, init_addr[i], size[i], group[i], stream[group[i]])
+            ck.insert_free(C, S, x)
+    for i in range(n):
+        if init[i] and op[i] == 0:
+            C = ck.room(C, S, 4)
+            R = ck.rows_room(R, S, 4)
+            blk[i] = ck.place_at(C, S, R, i, init_addr[i], rounded[i], group[i], stream)
+            addr[i] = init_addr[i]
+            status[i] = DONE
+            ck.add_live(S, rounded[i])
+    for i in range(n):
+        o = op[i]
+        if init[i]:
+            continue
+        if rel[i]:
+            C = ck.room(C, S, 2 * S[ck.NALIVE] + 8)
+            R = ck.rows_room(R, S, S[ck.NALIVE] + 4)
+            release_cached(C, S, R, i, stream, X)
+        if o == 0 or o == 4:
+            s = rounded[i]
+            if size[i] == 0:  # PyTorch returns nullptr without touching the pool
+                status[i] = DONE
+                continue
+            C = ck.room(C, S, 2 * S[ck.NALIVE] + 8)
+            R = ck.rows_room(R, S, S[ck.NALIVE] + 8)
+            x = _malloc(C, S, R, i, group[i], s, seg[i], cfg, stream, X, hints)
+            if x == -1:
+                status[i] = OOM
+                _oom(C, S, i, group[i], s, stats)
+                if cfg[7] == 0:
+                    break
+                continue
+            blk[i] = x
+            addr[i] = C[x, ck.ADDR]
+            status[i] = DONE
+            ck.add_live(S, C[x, ck.SIZE])
+        elif o == 1:
+            m = mate[i]
+            if m < 0 or status[m] != DONE:
+                status[i] = SKIPPED
+                continue
+            status[i] = DONE
+            x = blk[m]
+            if x < 0:
+                continue
+            ck.add_live(S, -C[x, ck.SIZE])
+            ck.free_merge(C, S, x)
+    return addr, status, C, R

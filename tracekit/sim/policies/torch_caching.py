@@ -1,0 +1,147 @@
+"""``torch``: PyTorch's CUDA caching allocator (2.x ``CUDACachingAllocator``) as a simulated allocator.
+
+Small (<= 1 MiB after ``round_size``) and large pools that never share memory;
+segments of 2 MiB, 20 MiB or the request rounded up to 2 MiB; best fit per
+(stream, size, address); PyTorch's split and ``max_split_size`` rules; merge on
+free; on a miss, release of cached blocks and a retry before OOM.
+``SimConfig.capacity`` is the per-process limit (memory fraction x device
+total): a segment that would take reserved bytes over it fails without a
+device call. ``SimConfig.options`` takes PyTorch's allocator keys
+(``max_split_size_mb``, ``roundup_power2_divisions``, ``expandable_segments``,
+``max_non_split_rounding_mb``) and ``release_points`` (see ``_torch_config``).
+Rows marked ``initial`` (the state a snapshot's ring buffer starts from) are
+loaded first at their recorded addresses; new segments get invented addresses.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.policies import _cupy_chunks as ck
+from tracekit.sim.policies import _torch_expand as xp
+from tracekit.sim.policies._cupy_glue import (
+    address_hints,
+    capacity_for_state,
+    initial_mask,
+    new_stats,
+    pack,
+    release_points,
+    stream_groups,
+)
+from tracekit.sim.policies._torch_config import (
+    MIB,
+    TorchSettings,
+    round_sizes,
+    segment_sizes,
+    settings,
+)
+from tracekit.sim.policies._torch_kernel import torch_replay
+from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
+
+LARGE_PAGE = 20 * MIB  # expandable segments map the large pool in 20 MiB pages
+SMALL_PAGE = 2 * MIB
+DEFAULT_TOTAL = 1 << 40  # device size assumed for reservations when the trace names none
+
+
+def _pools(trace: Trace, rounded: np.ndarray, init: np.ndarray) -> np.ndarray:
+    """1 for the small pool, 0 for the large, per event.
+
+    Requests go by their rounded size. An initial segment is small when the
+    trace says so (an extra ``segment_type`` column) or else when it is a
+    2 MiB segment (large segments are >= 10 MiB), or, for a mapped range of an
+    expandable segment, when it is not a multiple of the 20 MiB large page;
+    initial blocks take the pool of the initial segment that holds them.
+    """
+    ev = trace.events
+    pool = (rounded <= MIB).astype(np.int64)
+    segs = np.flatnonzero(init & (ev.op == Op.SEGMENT_ALLOC))
+    if len(segs) == 0:
+        return pool
+    size = ev.size[segs].astype(np.int64)
+    tbl = trace.extras
+    expandable = np.zeros(len(segs), dtype=np.bool_)
+    if tbl is not None and "expandable" in tbl.column_names:
+        col = tbl.column("expandable").fill_null(False)
+        expandable = np.asarray(col.to_numpy(zero_copy_only=False))[segs]
+    small = (size <= 2 * MIB) | (expandable & (size % LARGE_PAGE != 0))
+    if tbl is not None and "segment_type" in tbl.column_names:
+        kind = np.asarray(tbl.column("segment_type").to_pylist(), dtype=object)[segs]
+        small = np.where(kind == "small", True, np.where(kind == "large", False, small))
+    pool[segs] = small.astype(np.int64)
+    blocks = np.flatnonzero(init & (ev.op == Op.MALLOC))
+    if len(blocks):
+        order = np.argsort(ev.addr[segs])
+        starts = ev.addr[segs][order]
+        k = np.searchsorted(starts, ev.addr[blocks], side="right") - 1
+        kk = np.maximum(k, 0)
+        inside = (k >= 0) & (ev.addr[blocks] < starts[kk] + ev.size[segs][order][kk])
+        pool[blocks[inside]] = small[order][k[inside]]
+    return pool
+
+
+def _cfg(config: SimConfig, st: TorchSettings, n_streams: int) -> np.ndarray:
+    return np.array([
+        config.capacity or 0, config.device_total or 0, st.max_split_size, st.max_non_split_rounding,
+        int(st.expandable_segments), 0, n_streams, int(config.continue_on_oom),
+    ], dtype=np.int64)
+
+
+def _reservations(trace: Trace, config: SimConfig, n_streams: int) -> np.ndarray:
+    """Expandable-segment table: page size and virtual size per group (large pool first).
+
+    PyTorch reserves page-size x ceil(9/8 x device total / page-size) bytes.
+    """
+    dev = trace.meta.device
+    total = config.device_total or (dev.total_bytes if dev and dev.total_bytes else DEFAULT_TOTAL)
+    X = np.zeros((2 * n_streams, 4), dtype=np.int64)
+    for rows, page in ((slice(0, n_streams), LARGE_PAGE), (slice(n_streams, None), SMALL_PAGE)):
+        X[rows, xp.PAGE] = page
+        X[rows, xp.VSIZE] = -(-(total + total // 8) // page) * page
+    return X
+
+
+class TorchCaching:
+    """PyTorch's CUDA caching allocator for one device."""
+
+    name: ClassVar[str] = "torch"
+    description: ClassVar[str] = (
+        "PyTorch CUDACachingAllocator: small/large pools, 2/20 MiB segments, best fit per stream, "
+        "split rules, release and retry before OOM; max_split_size_mb, roundup_power2_divisions, "
+        "expandable_segments via --torch-conf"
+    )
+
+    def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
+        st = settings(config.options)
+        ev = trace.events
+        streams, sidx = stream_groups(ev.stream)
+        ns = len(streams)
+        init = initial_mask(trace)
+        rounded = round_sizes(ev.size.view(np.int64), st.roundup_power2_divisions)
+        # A live block at the start keeps the size PyTorch gave it (slack included).
+        held = init & (ev.op == Op.MALLOC) & (ev.rounded > 0)
+        rounded = np.where(held, ev.rounded.view(np.int64), rounded)
+        group = _pools(trace, rounded, init) * ns + sidx
+        rel = release_points(ev.op, init) if st.release_at_trace_frees else np.zeros(len(ev), np.bool_)
+        hints = address_hints(trace, init, st.recorded_addresses)
+        X = _reservations(trace, config, ns)
+        cfg = _cfg(config, st, ns)
+        cap, rows_cap = capacity_for_state(trace)
+        next_addr = ck.ADDR_BASE
+        if init.any():
+            top = int((ev.addr[init] + ev.size[init]).max())
+            next_addr = max(next_addr, (top + LARGE_PAGE - 1) // LARGE_PAGE * LARGE_PAGE + LARGE_PAGE)
+        C, R, S = ck.new_state(cap, rows_cap, next_addr)
+        stats = new_stats()
+        addr, status, C, R = torch_replay(
+            ev.op, ev.size.view(np.int64), rounded, segment_sizes(rounded), group, trace.mate, init,
+            ev.addr.view(np.int64), rel, hints, np.tile(streams, 2).view(np.int64), cfg, C, R, S, X, stats,
+        )
+        alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
+        return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats)
+
+
+MODEL = TorchCaching()
