@@ -288,7 +288,8 @@ def test_any_cut_rebuilds_the_state_at_the_cut(h: Any, frac: float) -> None:
             segs[e["addr"]] = e["size"]
         elif e["action"] == "segment_free":
             del segs[e["addr"]]
-    _, ev, extras, _ = convert({"segments": final, "device_traces": [hist[k:]]}, Path("mem.pickle"))
+    c = convert({"segments": final, "device_traces": [hist[k:]]}, Path("mem.pickle"))
+    ev, extras = c.events, c.extras
     n = int(extras["initial"].to_numpy(zero_copy_only=False).sum())
     rows = list(zip(ev.op[:n].tolist(), ev.addr[:n].tolist(), ev.size[:n].tolist(), strict=True))
     assert {a: s for o, a, s in rows if o == Op.MALLOC} == blocks

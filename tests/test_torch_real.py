@@ -129,7 +129,8 @@ def test_ring_buffer_cut_starts_from_the_true_state(name: str, cut: float, tmp_p
     k = int(len(hist) * cut)
     blocks, segs, pages = oracle(hist[:k])
     snap["device_traces"][0] = hist[k:]  # what a ring buffer of len(hist) - k entries keeps
-    _, ev, extras, _ = convert(snap, tmp_path / "cut.pickle")
+    c = convert(snap, tmp_path / "cut.pickle")
+    ev, extras = c.events, c.extras
     init = extras["initial"].to_numpy(zero_copy_only=False)
     n = int(init.sum())
     op, addr, size = ev.op[:n], ev.addr[:n].tolist(), ev.size[:n].tolist()

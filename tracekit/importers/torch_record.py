@@ -61,8 +61,8 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     from tracekit.importers.torch_snapshot import convert
     from tracekit.trace import write_trace
 
-    meta, events, extras, _ = convert(snap, rec.path)
-    write_trace(out, meta, events, extras)
+    c = convert(snap, rec.path)
+    write_trace(out, c.meta, c.events, c.extras)
     return out, outcome.code
 
 

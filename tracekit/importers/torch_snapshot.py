@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.errors import InputError
+from tracekit.errors import InputError, OutputError
 from tracekit.importers import torch_columns as tc
 from tracekit.importers.progress import LARGE_BYTES, Progress
 from tracekit.importers.safe_pickle import load_pickle
 from tracekit.importers.torch_rounding import divisions_from_settings, round_size
-from tracekit.importers.torch_state import Grid, Rows, final_state, initial_rows
+from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
 from tracekit.trace.writer import check_output_path
 
@@ -63,6 +63,7 @@ class _DeviceRows:
 
 
 def default_output(snapshot: Path) -> Path:
+    """The snapshot's path with ``.pickle``/``.pkl`` (and ``.gz``) replaced by ``.parquet``."""
     name = snapshot.name
     for suffix in (".gz", ".pickle", ".pkl"):
         name = name.removesuffix(suffix)
@@ -75,14 +76,15 @@ def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str]
     """Read ``path`` with the restricted unpickler and write the v1 trace (``output`` or beside it)."""
     src = Path(path)
     out = Path(output) if output is not None else default_output(src)
-    check_output_path(out, (src,))
     if out.exists() and src.exists() and out.resolve() == src.resolve():
-        raise InputError(f"{out}: refusing to overwrite the snapshot; choose another -o")
+        raise OutputError(f"{out}: refusing to overwrite the snapshot; choose another -o")
+    check_output_path(out)
     big = progress if progress is not None else (src.exists() and src.stat().st_size >= LARGE_BYTES)
     snap = load_pickle(src, progress=big)
-    meta, events, extras, result = convert(snap, src, device=device, stacks=stacks, progress=big)
-    write_trace(out, meta, events, extras)
-    return ImportResult(out, result[0], result[1], result[2], result[3])
+    c = convert(snap, src, device=device, stacks=stacks, progress=big)
+    del snap
+    write_trace(out, c.meta, c.events, c.extras)
+    return ImportResult(out, len(c.events), c.initial_rows, c.devices, c.skipped)
 
 
 def _shape(snap: Any, where: Path) -> tuple[list[Any], list[Any], dict[str, Any]]:
@@ -98,8 +100,20 @@ def _shape(snap: Any, where: Path) -> tuple[list[Any], list[Any], dict[str, Any]
     return segs, traces, snap
 
 
+@dataclass(frozen=True, eq=False)
+class Converted:
+    """A snapshot as a trace in memory: metadata, v1 events and the extra columns (Arrow arrays)."""
+
+    meta: TraceMeta
+    events: Events
+    extras: dict[str, pa.Array]
+    devices: tuple[int, ...]
+    initial_rows: int
+    skipped: dict[str, int]
+
+
 def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool = False,
-            progress: bool = False) -> tuple[TraceMeta, Events, dict[str, Any], tuple[Any, ...]]:
+            progress: bool = False) -> Converted:
     """The v1 events, extra columns and metadata of an unpickled snapshot (consumes its history)."""
     segs, traces, top = _shape(snap, where)
     present = {i for i, t in enumerate(traces) if t} | {
@@ -128,10 +142,10 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
     _pair_free_sizes(events)
     ninit = int(np.count_nonzero(extras["initial"]))
     meta = _meta(top, where, settings, skipped, hists, devices, ninit)
-    return meta, events, extras, (len(events), ninit, tuple(devices), dict(skipped))
+    return Converted(meta, events, extras, tuple(devices), ninit, dict(skipped))
 
 
-def _device_rows(h: tc.History, fs: Any, rnd: Any) -> _DeviceRows:
+def _device_rows(h: tc.History, fs: FinalState, rnd: Any) -> _DeviceRows:
     grid = Grid(h, fs)
     init = initial_rows(h, fs, grid, rnd)
     a = h.action
@@ -177,7 +191,7 @@ def _free_requested_us(h: tc.History) -> np.ndarray:
 
 
 def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History], table: tc.SiteTable,
-           stacks: bool) -> tuple[Events, dict[str, Any]]:
+           stacks: bool) -> tuple[Events, dict[str, pa.Array]]:
     """All devices in one trace: initial rows first, then history rows by time (stable)."""
     has_time = all(h.has_time for h in hists)
     firsts = [int(h.time_us[0]) for h in hists if len(h)]  # the first entry, rows or not
@@ -210,7 +224,7 @@ def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History]
     req = cat([p.req_us for p in parts])[order]
     req_ns = np.where(req >= 0, np.maximum(req - t0, 0) * 1000, 0)
     dfree = cat([p.device_free for p in parts])[order]
-    extras: dict[str, Any] = {
+    extras: dict[str, pa.Array] = {
         "initial": pa.array(initial[order], pa.bool_()),
         "free_requested_ns": pa.array(req_ns, pa.int64(), mask=req < 0),
         "device_free": pa.array(dfree, pa.int64(), mask=dfree < 0),
