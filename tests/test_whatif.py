@@ -1,0 +1,80 @@
+"""What-if capacities on traces whose answers are worked out by hand, and the whatif verb."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tracekit.analysis.whatif import lower_bound, search, whatif
+from tracekit.cli.app import app
+from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
+
+MiB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def hole_trace(tmp_path: Path) -> Path:
+    """A 2 MiB, B 2 MiB, free A, C 4 MiB: at most 6 MiB live (B + C).
+
+    An address-ordered heap of 6 MiB puts A at 0 and B at 2 MiB; freeing A leaves a 2 MiB hole
+    below B, so C must go above B at [4, 8) MiB: first and best fit need 8 MiB. CuPy's pool
+    holds A and B as two exact 2 MiB segments; C needs a third segment, and over a 6 MiB limit
+    the pool releases A's cached segment first: 2 + 4 = 6 MiB, so it fits the lower bound.
+    """
+    op = np.array([Op.MALLOC, Op.MALLOC, Op.FREE, Op.MALLOC])
+    addr = np.array([0x1000_0000, 0x2000_0000, 0x1000_0000, 0x3000_0000], np.uint64)
+    size = np.array([2, 2, 2, 4], np.uint64) * MiB
+    ev = Events.build(op, size, addr=addr, rounded=np.where(op == Op.FREE, 0, size))
+    return write_trace(tmp_path / "hole.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
+
+
+def test_lower_bound_counts_oom_rows_as_live(tmp_path: Path):
+    op = np.array([Op.MALLOC, Op.OOM, Op.MALLOC])
+    ev = Events.build(op, np.array([1000, 5000, 100], np.uint64), addr=np.array([4096, 0, 8192], np.uint64))
+    p = write_trace(tmp_path / "o.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
+    assert lower_bound(read_trace(p)) == 1024 + 5120 + 512
+
+
+def test_hand_worked_capacities(hole_trace: Path):
+    tr = read_trace(hole_trace)
+    assert lower_bound(tr) == 6 * MiB
+    ff = search(tr, "first-fit")
+    assert ff.min_capacity == 8 * MiB and ff.overhead == 2 * MiB and ff.overhead_ratio == pytest.approx(1 / 3)
+    assert search(tr, "best-fit").min_capacity == 8 * MiB
+    cp = search(tr, "cupy")
+    assert cp.min_capacity == 6 * MiB and cp.overhead == 0
+
+
+def test_parallel_matches_serial_and_respects_max_capacity(hole_trace: Path):
+    tr = read_trace(hole_trace)
+    serial = whatif(tr, ["first-fit", "cupy"], jobs=1)
+    parallel = whatif(tr, ["first-fit", "cupy"], jobs=2)
+    expect = [8 * MiB, 6 * MiB]
+    assert [f.min_capacity for f in serial.fits] == [f.min_capacity for f in parallel.fits] == expect
+    capped = whatif(tr, ["first-fit", "cupy"], max_capacity=7 * MiB, jobs=1)
+    assert [f.min_capacity for f in capped.fits] == [None, 6 * MiB]
+    assert "> 7.00 MiB" in capped.to_text()
+
+
+def test_cli_json_and_errors(hole_trace: Path, tmp_path: Path):
+    args = ["whatif", str(hole_trace), "--policies", "first-fit,cupy", "--json", "-j", "1"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["lower_bound_bytes"] == 6 * MiB
+    got = {p["policy"]: p["min_capacity_bytes"] for p in d["policies"]}
+    assert got == {"first-fit": 8 * MiB, "cupy": 6 * MiB}
+    r = CliRunner().invoke(app, ["whatif", str(hole_trace), "--policies", "bestfit"])
+    assert r.exit_code == 2 and "unknown policy 'bestfit'" in r.stderr
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 nope")
+    p = subprocess.run([sys.executable, "-m", "tracekit", "whatif", str(bad)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("tracekit: error: ") and "Traceback" not in p.stderr

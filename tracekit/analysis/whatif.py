@@ -1,0 +1,207 @@
+"""What-if: the smallest capacity at which each simulated allocator replays a trace without OOM.
+
+For each policy the search replays the trace (``tracekit.sim.engine.fits``)
+at capacities that are multiples of ``step`` (2 MiB, the device's own
+allocation granularity) and bisects between a capacity known to fail and
+one known to fit:
+
+- lower bound LB = max over time of Σ ⌈requested / 512⌉ · 512 over live
+  requests, counting ``oom`` rows as requests that stay live (the replay
+  retries them). Every policy rounds to at least 512 bytes, so no allocator
+  can succeed below LB; the largest multiple of ``step`` below LB is the
+  first known failure.
+- upper end: the peak reserved bytes of an unbounded replay, rounded up to
+  ``step`` (doubled until the replay fits, up to ``max_capacity``).
+
+The answer C is verified: the trace fits at C and fails at C − step (more
+capacity is assumed never to hurt; the two replays next to the answer check
+it locally). ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
+run in parallel worker processes; each worker reads the trace once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.schema import Op
+from tracekit.units import format_size
+
+STEP = 2 << 20
+UNIT = 512
+DEFAULT_POLICIES = ("best-fit", "first-fit", "next-fit", "worst-fit", "buddy", "cupy", "torch")
+_LIMIT = 1 << 50  # 1 PiB: where the doubling search gives up
+
+
+@dataclass(frozen=True)
+class PolicyFit:
+    """One policy's answer: ``min_capacity`` None when no capacity up to the limit fits."""
+
+    policy: str
+    min_capacity: int | None
+    lower_bound: int
+    unbounded_peak_reserved: int | None
+    replays: int
+    searched_up_to: int
+    error: str | None = None
+
+    @property
+    def overhead(self) -> int | None:
+        """min_capacity − lower bound (bytes)."""
+        return None if self.min_capacity is None else self.min_capacity - self.lower_bound
+
+    @property
+    def overhead_ratio(self) -> float | None:
+        """min_capacity / lower bound − 1."""
+        if self.min_capacity is None or self.lower_bound <= 0:
+            return None
+        return self.min_capacity / self.lower_bound - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy, "min_capacity_bytes": self.min_capacity,
+            "overhead_bytes": self.overhead, "overhead_ratio": self.overhead_ratio,
+            "unbounded_peak_reserved_bytes": self.unbounded_peak_reserved,
+            "replays": self.replays, "searched_up_to_bytes": self.searched_up_to, "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """Per-policy smallest capacities next to the lower bound (peak live bytes)."""
+
+    trace: str | None
+    lower_bound: int
+    step: int
+    max_capacity: int | None
+    fits: tuple[PolicyFit, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace, "lower_bound_bytes": self.lower_bound, "step_bytes": self.step,
+            "max_capacity_bytes": self.max_capacity, "policies": [f.to_dict() for f in self.fits],
+        }
+
+    def to_text(self) -> str:
+        rows = [("policy", "smallest capacity", "over the bound", "replays")]
+        for f in self.fits:
+            if f.error:
+                rows.append((f.policy, "error", f.error, str(f.replays)))
+            elif f.min_capacity is None:
+                rows.append((f.policy, f"> {format_size(f.searched_up_to)}", "n/a", str(f.replays)))
+            else:
+                assert f.overhead is not None and f.overhead_ratio is not None
+                rows.append((f.policy, format_size(f.min_capacity),
+                             f"+{format_size(f.overhead)} ({f.overhead_ratio:+.1%})", str(f.replays)))
+        w = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = [f"lower bound (peak live bytes): {format_size(self.lower_bound)}"]
+        lines += [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}" for r in rows]
+        lines.append(f"(capacities in steps of {format_size(self.step)}; "
+                     "for cupy and torch the capacity is the pool limit)")
+        return "\n".join(lines)
+
+
+def lower_bound(trace: Trace) -> int:
+    """Peak of Σ ⌈requested/512⌉·512 over live requests; oom rows count as requests that stay live."""
+    ev = trace.events
+    req = (ev.size.astype(np.int64) + (UNIT - 1)) // UNIT * UNIT
+    alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
+    delta = np.where(alloc, req, 0)
+    frees = np.flatnonzero((ev.op == Op.FREE) & (trace.mate >= 0))
+    delta[frees] = -req[trace.mate[frees]]
+    if len(delta) == 0:
+        return 0
+    return int(max(0, np.cumsum(delta).max()))
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,
+           lb: int | None = None) -> PolicyFit:
+    """Bisection for one policy (see the module docstring)."""
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.engine import fits, replay
+
+    lb = lower_bound(trace) if lb is None else lb
+    limit = max_capacity if max_capacity is not None else _LIMIT
+    unbounded = replay(trace, policy, SimConfig()).summary.peak_reserved_bytes
+    replays = 1
+    lo = (lb - 1) // step * step if lb > 0 else -step  # largest multiple of step below lb: fails
+    hi = max(_round_up(max(unbounded, 1), step), lo + step)
+    while True:
+        if hi > limit:
+            hi = limit // step * step
+            replays += 1
+            if hi <= lo or not fits(trace, policy, SimConfig(capacity=hi)):
+                return PolicyFit(policy, None, lb, unbounded, replays, limit)
+            break
+        replays += 1
+        if fits(trace, policy, SimConfig(capacity=hi)):
+            break
+        lo, hi = hi, hi * 2
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        replays += 1
+        if fits(trace, policy, SimConfig(capacity=mid)):
+            hi = mid
+        else:
+            lo = mid
+    return PolicyFit(policy, max(hi, 0), lb, unbounded, replays, limit)
+
+
+_WORKER_TRACE: Trace | None = None
+
+
+def _init_worker(path: str | None, trace: Trace | None) -> None:
+    global _WORKER_TRACE
+    _WORKER_TRACE = read_trace(path, extras=False) if path is not None else trace
+
+
+def _work(policy: str, step: int, max_capacity: int | None, lb: int) -> PolicyFit:
+    assert _WORKER_TRACE is not None
+    try:
+        return search(_WORKER_TRACE, policy, step=step, max_capacity=max_capacity, lb=lb)
+    except Exception as e:  # one policy failing must not hide the others' answers
+        return PolicyFit(policy, None, lb, None, 0, max_capacity or _LIMIT, error=f"{type(e).__name__}: {e}")
+
+
+def whatif(
+    trace: Trace,
+    policies: Sequence[str] | None = None,
+    *,
+    max_capacity: int | None = None,
+    step: int = STEP,
+    jobs: int | None = None,
+) -> WhatIfResult:
+    """Smallest capacity per policy; policies run in up to ``jobs`` processes (default: CPUs)."""
+    from tracekit.sim import policies as registry
+
+    names = list(policies) if policies else [p for p in DEFAULT_POLICIES if p in registry.names()]
+    for name in names:
+        registry.get(name)  # UsageError naming the valid policies
+    lb = lower_bound(trace)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
+    if jobs == 1:
+        _init_worker(None, trace)
+        fits = [_work(p, step, max_capacity, lb) for p in names]
+    else:
+        # Workers read the file themselves when there is one (cheaper than pickling the events).
+        path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
+        # Not fork: the parent holds Arrow's thread pools, which a forked child may find locked.
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(path, None if path else trace)) as pool:
+            fits = list(pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),
+                                 [lb] * len(names)))
+    return WhatIfResult(str(trace.path) if trace.path else None, lb, step, max_capacity, tuple(fits))

@@ -1,0 +1,46 @@
+"""``tracekit whatif TRACE``: the smallest capacity each simulated allocator needs for a trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def whatif(
+    trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
+    policies: str | None = typer.Option(
+        None, "--policies", help="Comma-separated policies (default: every simulated policy)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    max_capacity: str | None = typer.Option(
+        None, "--max-capacity", help="Search no higher than this (e.g. 80GiB); default: unbounded."
+    ),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: CPUs)."),
+) -> None:
+    """Find, per allocator policy, the smallest capacity (to 2 MiB) that replays TRACE without OOM."""
+    from tracekit.analysis.whatif import whatif as run_whatif
+    from tracekit.cli.common import echo_json
+    from tracekit.errors import UsageError
+    from tracekit.sim import policies as registry
+    from tracekit.trace.reader import read_trace
+    from tracekit.units import parse_size
+
+    names = [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else None
+    if names is not None and not names:
+        raise UsageError("--policies is empty; give names such as best-fit,cupy,torch")
+    unknown = [n for n in names or () if n not in registry.names()]
+    if unknown:  # reported before the trace is read
+        raise UsageError(
+            f"unknown policy {unknown[0]!r} in --policies; choose from: {', '.join(registry.names())}"
+        )
+    cap = parse_size(max_capacity, "--max-capacity") if max_capacity is not None else None
+    result = run_whatif(read_trace(trace, extras=False), names, max_capacity=cap, jobs=jobs)
+    if json_out:
+        echo_json(result.to_dict())
+    else:
+        typer.echo(result.to_text())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("whatif")(whatif)
