@@ -297,3 +297,17 @@ def test_any_cut_rebuilds_the_state_at_the_cut(h: Any, frac: float) -> None:
     from tracekit.trace.validate import pair_events
 
     assert not pair_events(ev.op, ev.addr, ev.device, ev.seq).issues
+
+
+def test_cli_progress_and_notes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tracekit.cli.app import app
+
+    hist = [entry("free_completed", A, 100, 0), entry("snapshot", 0, 0, 1)]
+    p = write(tmp_path, {"segments": [], "device_traces": [hist]})
+    r = CliRunner().invoke(app, ["import", "torch", str(p), "--progress"])
+    assert r.exit_code == 0, r.output
+    assert "unpickling: 100%" in r.output and "converting: 100%" in r.output
+    assert "skipped history entries: 1 x snapshot" in r.output and "starts mid-run; 1 rows" in r.output
+    assert f"Wrote {tmp_path / 's.parquet'}" in r.output
