@@ -73,8 +73,10 @@ def main() -> int:
     r = subprocess.run([sys.executable, "-m", "tracekit", "import", "torch", str(snap), "-o", str(out),
                         "--no-progress"], env=env)
     wall = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(f"import: exit {r.returncode}, {wall:.1f} s, {entries / wall / 1e6:.2f} M entries/s, "
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak, cpu = use.ru_maxrss * 1024, use.ru_utime + use.ru_stime
+    print(f"import: exit {r.returncode}, {wall:.1f} s wall, {cpu:.1f} s CPU "
+          f"({entries / cpu / 1e6:.2f} M entries per CPU second), "
           f"peak RSS {peak / 2**30:.2f} GiB = {peak / size:.1f} x the file")
     if a.keep is None:
         snap.unlink(missing_ok=True)
