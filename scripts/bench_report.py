@@ -1,6 +1,7 @@
 """Benchmark ``tracekit report`` on a large synthetic trace: wall time per stage and peak memory.
 
-Usage: ``python3 scripts/bench_report.py [--events 10000000] [--pattern fragmenting] [--keep DIR]``.
+Usage: ``python3 scripts/bench_report.py [--events 10000000] [--pattern fragmenting] [--keep DIR]
+[--trace PATH]`` (``--trace`` benchmarks an existing trace, e.g. a replay with segment rows).
 Writes the trace (unless it exists in ``--keep``), then times reading, the
 analyzer, figure building and the HTML write separately, and prints one
 line per stage plus the total and the peak resident memory of the process.
@@ -24,10 +25,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=10_000_000)
     ap.add_argument("--pattern", default="fragmenting")
     ap.add_argument("--keep", type=Path, default=None, help="folder for the trace and the report")
+    ap.add_argument("--trace", type=Path, default=None, help="an existing trace to use instead")
     args = ap.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="tracekit-bench-report-"))
     folder.mkdir(parents=True, exist_ok=True)
-    trace = folder / f"{args.pattern}-{args.events}.parquet"
+    trace = args.trace or folder / f"{args.pattern}-{args.events}.parquet"
     if not trace.exists():
         from tracekit.synth import Pattern, synthesize
 

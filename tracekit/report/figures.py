@@ -42,12 +42,17 @@ def _draw_env(
 
 
 def draw_timeline(d: TimelineData, title: str) -> Figure:
-    """Live, requested, reserved, largest free block, device free; fragmentation (%) on the right."""
-    fig = new_figure(12, 5.8)
-    ax = fig.add_subplot()
-    ax2 = ax.twinx()
-    ax.set_zorder(ax2.get_zorder() + 1)  # memory curves above the fragmentation band
-    ax.patch.set_visible(False)
+    """Live, requested, reserved, largest free block, device free; fragmentation (%) in a strip below.
+
+    The fragmentation axis is a separate strip sharing x (not a twin axis) so its band never lies
+    over the memory curves.
+    """
+    if d.frag is not None:
+        fig = new_figure(12, 6.6)
+        ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+    else:
+        fig = new_figure(12, 5.6)
+        ax, ax2 = fig.add_subplot(), None
     labels = {key: text for _, key, text in TL_SERIES}
     if d.reserved_is_live:
         labels["live"] = "live = reserved (no segment rows)"
@@ -73,15 +78,19 @@ def draw_timeline(d: TimelineData, title: str) -> Figure:
         )
     ax.set_ylim(0, ymax)
     ax.set_ylabel(f"memory ({d.scale.unit})")
-    ax.set_xlabel(d.axis.label)
     ax.grid(alpha=0.3)
-    if d.frag is not None:
-        _draw_env(ax2, d.frag, 1.0, SERIES["frag"], "external fragmentation (right axis)", 0.8)
+    if ax2 is not None and d.frag is not None:
+        _draw_env(ax2, d.frag, 1.0, SERIES["frag"], "external fragmentation", 0.9)
         ax2.set_ylim(0, 105)
-        ax2.set_ylabel("external fragmentation (%)", color=SERIES["frag"])
+        ax2.set_yticks([0, 50, 100])
+        ax2.set_ylabel("ext. frag. (%)", color=SERIES["frag"])
         ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}%"))
+        ax2.grid(alpha=0.3)
+        ax2.set_xlabel(d.axis.label)
+        if d.oom_x is not None:
+            ax2.axvline(d.oom_x, color="black", ls="--", lw=1.2)
     else:
-        ax2.set_axis_off()
+        ax.set_xlabel(d.axis.label)
     if d.oom_x is not None:
         ax.axvline(d.oom_x, color="black", ls="--", lw=1.2, gid="oom-marker", label=f"OOM (seq {d.oom_seq})")
         if d.oom_reserved is not None and d.oom_request:
@@ -102,7 +111,7 @@ def draw_timeline(d: TimelineData, title: str) -> Figure:
             loc="left",
         )
     h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels() if ax2 is not None else ([], [])
     fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
     fig.suptitle(title, fontsize=12)
     return fig
