@@ -117,3 +117,37 @@ def test_exit_codes_through_a_subprocess(small: Path, tmp_path: Path) -> None:
     missing = _run(str(tmp_path / "missing.parquet"), "--sim", "best-fit")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert missing.stderr.count("\n") == 1
+
+
+def test_device_mode_hands_over_to_the_device_replay(small: Path, monkeypatch) -> None:
+    import tracekit.device.command as command
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(command, "run_device_replay_cli", lambda *a, **kw: calls.append((a, kw)))
+    r = invoke(str(small), "--device", "1", "--allocator", "cupy-async", "--capacity", "1GiB",
+               "--compare-sim", "cupy", "--json", "--fail-on-oom")
+    assert r.exit_code == 0, r.output
+    (args, kw), = calls
+    assert args == (small,)
+    assert kw == {"device": 1, "allocator": "cupy-async", "capacity": "1GiB", "output": None,
+                  "json_out": True, "fail_on_oom": True, "continue_on_oom": False, "compare_sim": "cupy"}
+
+
+def test_progress_bar_only_on_a_terminal_and_long_traces(monkeypatch) -> None:
+    import io
+
+    from tracekit.cli import replay as cli
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr("sys.stderr", err)
+    bar = cli._ProgressBar()
+    bar.update(1 << 20, 5_000)  # short trace: no bar
+    assert err.getvalue() == ""
+    bar.update(1 << 20, 3 << 20)
+    bar.update(3 << 20, 3 << 20)
+    bar.close()
+    assert "replaying" in err.getvalue()
