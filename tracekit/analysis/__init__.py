@@ -12,8 +12,21 @@ from tracekit.analysis.diagnosis import Diagnosis
 from tracekit.analysis.leaks import PoolState, SiteBytes, pool_state_at
 from tracekit.analysis.summary import OOMReport, Summary
 from tracekit.analysis.timeline import COLUMNS as TIMELINE_COLUMNS
+from tracekit.analysis.whatif import PolicyFit, WhatIfResult, whatif
 
 __all__ = [
-    "TIMELINE_COLUMNS", "AnalysisResult", "DeviceContext", "Diagnosis", "OOMReport", "PoolState",
-    "SiteBytes", "Summary", "analyze_trace", "device_context", "pool_state_at",
+    "TIMELINE_COLUMNS",
+    "AnalysisResult",
+    "DeviceContext",
+    "Diagnosis",
+    "OOMReport",
+    "PolicyFit",
+    "PoolState",
+    "SiteBytes",
+    "Summary",
+    "WhatIfResult",
+    "analyze_trace",
+    "device_context",
+    "pool_state_at",
+    "whatif",
 ]

@@ -64,10 +64,11 @@ def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
         )
     d = f.device_free
     if ctx.limit is not None and s + r > ctx.limit and (d is None or d >= r):
-        room = f"the device still had {fs(d)} free" if d is not None else "the device's own room unknown"
+        room = (f"while the device still had {fs(d)} free" if d is not None
+                else "(how much the device had left is not recorded)")
         return Diagnosis.LIMIT, (
             f"The request for {fs(r)} would have taken {held} to {fs(s + r)}, over its "
-            f"{ctx.limit_what} of {fs(ctx.limit)}, with {room}: the limit, not the device, ran out."
+            f"{ctx.limit_what} of {fs(ctx.limit)}, {room}: the limit ran out, not the device."
         )
     t, o = ctx.device_total, ctx.overhead
     if t is not None and s + r <= t and (o is not None or d is not None):

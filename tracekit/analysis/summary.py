@@ -127,11 +127,10 @@ class Summary:
             rows.append(("heap capacity", sz(c.heap_capacity)))
         rows.extend(self._oom_rows())
         rows.append(("still live at end", f"{sz(self.leaked_bytes)} in {self.leaked_blocks:,} blocks"))
-        rows.extend((f"  {s.site or '(no call-site)'}", f"{sz(s.bytes)} in {s.blocks:,} blocks")
-                    for s in self.leaks[:5])
+        rows.extend(_site_rows(self.leaks))
         rows.extend(("warning", f"skipped {s}") for s in self.skipped)
         width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
 
     def _oom_rows(self) -> list[tuple[str, str]]:
         o = self.oom
@@ -147,9 +146,15 @@ class Summary:
             ("  free / largest", f"{format_size(o.free_in_pool)} / {format_size(o.largest_free_block)}"),
             ("  device free", format_size(o.device_free)),
         ]
-        rows.extend((f"  {s.site or '(no call-site)'}", f"{format_size(s.bytes)} in {s.blocks:,} blocks")
-                    for s in o.top_live_sites[:5])
+        rows.append(("  live by site", ""))
+        rows.extend(_site_rows(o.top_live_sites))
         return rows
+
+
+def _site_rows(sites: tuple[SiteBytes, ...], top: int = 5) -> list[tuple[str, str]]:
+    """One row per call-site, bytes first so long paths do not widen the label column."""
+    return [("", f"  {format_size(s.bytes):>11} in {s.blocks:>6,} blocks  {s.site or '(no call-site)'}")
+            for s in sites[:top]]
 
 
 def _pct(x: float | None) -> str:
