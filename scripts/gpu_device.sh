@@ -4,7 +4,9 @@
 # synthetic traces with each allocator (with and without --capacity, --compare-sim cupy), the
 # capacity/OOM/release checks, the replay latency benchmark and the GPU tests.
 # Usage: scripts/gpu_device.sh [OUT_DIR]   (default $OUT, else /tmp/tracekit-device)
-# Writes only under OUT_DIR; everything ends up in OUT_DIR/device.tar.gz. Safe to re-run.
+# SECTIONS="budget fragmentation bench tests replay" (the default: all) picks what runs.
+# Writes only under OUT_DIR; everything ends up in OUT_DIR/device.tar.gz (the folder it was
+# packed from is removed). Safe to re-run.
 set -u
 OUT_DIR=${1:-${OUT:-/tmp/tracekit-device}}
 R="$OUT_DIR/device"
@@ -13,7 +15,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 TK=(python3 -m tracekit)
 START=$(date +%s)
 
-pack() { tar czf "$OUT_DIR/device.tar.gz" -C "$OUT_DIR" device 2>/dev/null; }
+SECTIONS=${SECTIONS:-budget fragmentation bench tests replay}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+pack() { [ -d "$R" ] && tar czf "$OUT_DIR/device.tar.gz" -C "$OUT_DIR" device 2>/dev/null; }
 trap pack EXIT
 step() {  # step NAME TIMEOUT CMD...: run, keep stdout/stderr/rc/seconds, one summary line
   local name=$1 limit=$2; shift 2
@@ -29,49 +33,60 @@ step() {  # step NAME TIMEOUT CMD...: run, keep stdout/stderr/rc/seconds, one su
 cupy.cuda.runtime.driverGetVersion())"; git log --oneline -1; date -u; } >"$R/env.txt" 2>&1
 
 # 1. budget, each in a fresh process so "before the context" is really before it
-step budget_text 60 "${TK[@]}" budget
-step budget_json 60 "${TK[@]}" budget --json
-step budget_kernel_json 90 "${TK[@]}" budget --json --kernel-local-bytes 16384
-step budget_probe_json 90 "${TK[@]}" budget --json --probe-largest
-step budget_full_text 120 "${TK[@]}" budget --kernel-local-bytes 16384 --probe-largest
-pack
+if want budget; then
+  step budget_text 60 "${TK[@]}" budget
+  step budget_json 60 "${TK[@]}" budget --json
+  step budget_kernel_json 90 "${TK[@]}" budget --json --kernel-local-bytes 16384
+  step budget_probe_json 90 "${TK[@]}" budget --json --probe-largest
+  step budget_full_text 120 "${TK[@]}" budget --kernel-local-bytes 16384 --probe-largest
+  pack
+fi
 
 # 2. does the device fragment?
-step fragmentation 90 python3 scripts/device_fragmentation.py --json "$R/fragmentation.json"
-pack
+if want fragmentation; then
+  step fragmentation 90 python3 scripts/device_fragmentation.py --json "$R/fragmentation.json"
+  pack
+fi
 
 # 3. speed: replay vs a bare loop of the same cudaMalloc/cudaFree calls
-step bench 90 python3 scripts/bench_device_replay.py --events 100000 --json "$R/bench.json"
-pack
+if want bench; then
+  step bench 90 python3 scripts/bench_device_replay.py --events 100000 --json "$R/bench.json"
+  pack
+fi
 
 # 4. tests
-step pytest 150 python3 -m pytest -m gpu tests/test_device*.py tests/test_budget*.py -q -rfEs -p no:cacheprovider
-pack
+if want tests; then
+  step pytest 150 python3 -m pytest -m gpu tests/test_device*.py tests/test_budget*.py -q -rfEs -p no:cacheprovider
+  pack
+fi
 
 # 5. device replay: committed traces and synthetic ones, each allocator
-for p in training random fragmenting; do
-  "${TK[@]}" synth -p "$p" -n 100000 -s 3 -o "$R/synth/$p.parquet" 2>>"$R/synth.err"
-done
-for t in traces/cupy*.parquet "$R"/synth/*.parquet; do  # all committed traces: in the tests
-  [ -e "$t" ] || continue
-  b=$(basename "$t" .parquet)
-  for a in cuda cupy cupy-async; do
-    step "replay_${b}_${a}" 60 "${TK[@]}" replay "$t" --device 0 --allocator "$a" --json --continue-on-oom \
-      -o "$R/replays/${b}_${a}.parquet"
+if want replay; then
+  for p in training random fragmenting; do
+    "${TK[@]}" synth -p "$p" -n 100000 -s 3 -o "$R/synth/$p.parquet" 2>>"$R/synth.err"
   done
-done
-# capacity: the OOM happens, --fail-on-oom exits 3, memory comes back (see "released" in the JSON)
-for a in cuda cupy cupy-async; do
-  step "capacity_fragmenting_${a}" 60 "${TK[@]}" replay "$R/synth/fragmenting.parquet" --device 0 --allocator "$a" \
-    --capacity 512MiB --json --fail-on-oom
-done
-step capacity_refused 30 "${TK[@]}" replay "$R/synth/random.parquet" --device 0 --allocator cuda --capacity 100TiB
-for t in "$R"/synth/*.parquet; do
-  b=$(basename "$t" .parquet)
-  step "compare_${b}" 120 "${TK[@]}" replay "$t" --device 0 --allocator cupy --capacity 2GiB --compare-sim cupy
-done
-rm -f "$R"/replays/*random_cupy-async.parquet "$R"/replays/*training_cupy-async.parquet  # keep the tarball small
-pack
+  for t in traces/cupy*.parquet "$R"/synth/*.parquet; do  # all committed traces: in the tests
+    [ -e "$t" ] || continue
+    b=$(basename "$t" .parquet)
+    for a in cuda cupy cupy-async; do
+      step "replay_${b}_${a}" 60 "${TK[@]}" replay "$t" --device 0 --allocator "$a" --json --continue-on-oom \
+        -o "$R/replays/${b}_${a}.parquet"
+    done
+  done
+  # capacity: the OOM happens, --fail-on-oom exits 3, memory comes back (see "released" in the JSON)
+  for a in cuda cupy cupy-async; do
+    step "capacity_fragmenting_${a}" 60 "${TK[@]}" replay "$R/synth/fragmenting.parquet" --device 0 --allocator "$a" \
+      --capacity 512MiB --json --fail-on-oom
+  done
+  step capacity_refused 30 "${TK[@]}" replay "$R/synth/random.parquet" --device 0 --allocator cuda --capacity 100TiB
+  for t in "$R"/synth/*.parquet; do
+    b=$(basename "$t" .parquet)
+    step "compare_${b}" 120 "${TK[@]}" replay "$t" --device 0 --allocator cupy --capacity 2GiB --compare-sim cupy
+  done
+  rm -f "$R"/replays/*random_cupy-async.parquet "$R"/replays/*training_cupy-async.parquet  # keep the tarball small
+  pack
+fi
 
 echo "total $(( $(date +%s) - START ))s" | tee -a "$R/steps.txt"
 pack
+rm -rf "$R"

@@ -43,7 +43,7 @@ BUDGET_KEYS: dict[str, str] = {
     "nvml_free_before": "NVML v2 free before this process's context",
     "nvml_used_v1_before": "NVML v1 used before the context (counts the reservation as used)",
     "other_processes": "list of {pid, bytes} NVML reports on the device (bytes None where hidden)",
-    "other_processes_bytes": "memory held by other processes",
+    "other_processes_bytes": "in use before this context: other processes and driver state (NVML v2 used)",
     "cuda_total": "cudaMemGetInfo total (board memory minus the reservation)",
     "cuda_free": "cudaMemGetInfo free right after the context exists",
     "context_create_s": "seconds to create the context (0 when it existed)",

@@ -78,8 +78,8 @@ def budget_terms(b: dict[str, Any]) -> list[Term]:
     rows.append(reserved_row)
     others, ctx = b.get("other_processes_bytes"), b.get("context_bytes")
     if others is not None and ctx is not None:
-        rows.append(Term("other processes", int(others), How.MEASURED,
-                         "NVML used before this process created its context"))
+        rows.append(Term("in use before this process", int(others), How.MEASURED,
+                         "NVML used before this process's context: other processes, driver state"))
         rows.append(Term("this process's context", int(ctx), How.MEASURED,
                          "NVML free before the context - cudaMemGetInfo free after it"))
     else:

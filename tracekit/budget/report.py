@@ -49,8 +49,8 @@ def render_text(b: dict[str, Any], terms: list, checks: list) -> str:
         parts += ["", f"largest single allocation {lg['largest']:,} B of {lg['free']:,} B free "
                   f"({100 * (lg['fraction'] or 0):.3f}%, gap {lg['gap'] / MiB:.2f} MiB, "
                   f"{lg['attempts']} tries)",
-                  "granularity (device bytes per allocation, 4 allocations each):"]
-        parts += [f"  request {g['request']:>12,} B -> {g['per_allocation']:>12,} B, pointers aligned to "
+                  "granularity (free-memory drop for 4 allocations of each size):"]
+        parts += [f"  request {g['request']:>12,} B x {g['count']}: {g['cost']:>12,} B, pointers aligned to "
                   f"{g['alignment']:,} B" for g in pr["granularity"]]
     return "\n".join(parts)
 

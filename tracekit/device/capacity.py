@@ -2,8 +2,9 @@
 
 ``plan_capacity`` is plain arithmetic on the free/total figures: with
 ``cuda`` and ``cupy-async`` a capacity C is emulated by taking a *ballast* of
-``free - C`` bytes in one ``cudaMalloc`` before the replay, rounded down to the
-2 MiB device granularity so at least C bytes stay free (at most 2 MiB more);
+``free - C - DRIVER_SLACK`` bytes in one ``cudaMalloc`` before the replay,
+rounded down to the 2 MiB device granularity, so C + 4 MiB to C + 6 MiB stay
+free and C bytes can really be allocated (the driver keeps ~3.5 MiB back);
 with ``cupy`` C is the pool's limit (``set_limit``) and nothing is taken. A
 capacity above the free memory is refused before anything is allocated.
 ``Ballast`` holds that one allocation and releases it on normal exit, on an
@@ -27,6 +28,10 @@ from tracekit.errors import DeviceError, UsageError
 from tracekit.units import format_size
 
 GRANULARITY = 2 << 20  # bytes; cudaMalloc maps device memory in 2 MiB pages above 1 MiB
+# The driver never hands out its last few MiB: on an H200 the largest single cudaMalloc is
+# 3.2-3.5 MiB below cudaMemGetInfo's free figure. The ballast leaves this much on top of the
+# capacity so that an allocation of exactly the capacity still succeeds.
+DRIVER_SLACK = 4 << 20
 
 
 class Allocator(StrEnum):
@@ -77,7 +82,7 @@ def plan_capacity(allocator: Allocator, capacity: int | None, free: int, total: 
         )
     if allocator is Allocator.CUPY:
         return CapacityPlan(capacity, 0, capacity)
-    ballast = (free - capacity) // GRANULARITY * GRANULARITY
+    ballast = max(0, (free - capacity - DRIVER_SLACK) // GRANULARITY * GRANULARITY)
     return CapacityPlan(capacity, ballast, None)
 
 
