@@ -7,8 +7,9 @@ allocator and returns a ``DeviceRun`` of NumPy arrays, the device-side
 counterpart of the simulator's ``PolicyRun``. Per request: status, the real
 address, ``latency_ns`` (``perf_counter_ns`` around the one call) and the end
 time; ``device_free`` (cudaMemGetInfo) is sampled every ``sample_every``
-requests, at every segment row and at every OOM. The loops work in chunks of
-``CHUNK`` events turned into Python lists, so per-event work is a few list
+requests (default: n // 1000 clamped to [1, 1000], so every trace gets about
+min(n, 1000) samples or more), at every segment row and at every OOM. The
+loops work in chunks of ``CHUNK`` events turned into Python lists, so per-event work is a few list
 operations around the CUDA call and no Python object outlives its chunk,
 whatever the trace length. Everything taken (ballast, live blocks, pool
 memory) is given back in a ``finally``, also on Ctrl-C and SIGTERM.
@@ -47,7 +48,7 @@ class DeviceConfig:
     allocator: Allocator = Allocator.CUDA
     capacity: int | None = None
     continue_on_oom: bool = False
-    sample_every: int = 1000
+    sample_every: int | None = None  # None: sampling_interval(n)
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +86,7 @@ class _Loop:
     def __init__(self, n: int, cfg: DeviceConfig, pending: PendingSignal) -> None:
         self.cfg = cfg
         self.pending = pending
+        self.every = cfg.sample_every or sampling_interval(n)
         self.status = np.zeros(n, np.int8)
         self.addr = np.zeros(n, np.uint64)
         self.latency = np.full(n, -1, np.int64)
@@ -123,6 +125,11 @@ class _Loop:
         return not self.cfg.continue_on_oom
 
 
+def sampling_interval(n: int) -> int:
+    """Requests between two cudaMemGetInfo samples: n // 1000 clamped to [1, 1000]."""
+    return max(1, min(1000, n // 1000))
+
+
 def _chunks(n: int) -> range:
     return range(0, n, CHUNK)
 
@@ -133,7 +140,7 @@ def _loop_cuda(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray)
 
     malloc, free, meminfo, clock, err_t = rt.malloc, rt.free, rt.memGetInfo, time.perf_counter_ns, \
         rt.CUDARuntimeError
-    live, every = lp.live, lp.cfg.sample_every
+    live, every = lp.live, lp.every
     k = every
     for base in _chunks(len(ops)):
         o_arr = ops[base:base + CHUNK]
@@ -196,7 +203,7 @@ def _loop_pool(lp: _Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
     pool_malloc = backend.pool.malloc
     observed = backend if isinstance(backend, ObservedPool) else None
     errs = (memory.OutOfMemoryError, rt.CUDARuntimeError)
-    live, every = lp.live, lp.cfg.sample_every
+    live, every = lp.live, lp.every
     k = every
     uniq = np.unique(streams[(ops == Op.MALLOC) | (ops == Op.OOM)])
     objs = {int(s): (cupy.cuda.Stream.null if s == 0 else cupy.cuda.Stream()) for s in uniq}
