@@ -405,12 +405,33 @@ def test_whatif_section_from_a_dict(hand: tuple[Path, Trace, HandAnalysis], tmp_
     wi = {
         "lower_bound_bytes": 64 * MiB,
         "policies": [
-            {"policy": "best-fit", "capacity_bytes": 80 * MiB, "overhead": 0.25},
-            {"policy": "first-fit", "capacity_bytes": 96 * MiB, "overhead": 0.5},
+            {"policy": "best-fit", "min_capacity_bytes": 80 * MiB, "overhead_ratio": 0.25},
+            {
+                "policy": "torch",
+                "min_capacity_bytes": None,
+                "overhead_ratio": None,
+                "searched_up_to_bytes": 1 << 40,
+                "error": None,
+            },
         ],
     }
     text = write_report(p, tmp_path / "w.html", an, whatif=wi).read_text()
     assert text.count("data:image/png") == 6 and "best-fit" in text and "25.0%" in text
+    assert "no fit up to 1.00 TiB" in text
+
+
+def test_whatif_result_from_the_search(hand: tuple[Path, Trace, HandAnalysis], tmp_path: Path) -> None:
+    from tracekit.analysis.whatif import whatif
+    from tracekit.report import write_report
+    from tracekit.report.sections import whatif_rows
+
+    p, tr, an = hand
+    res = whatif(tr, ["best-fit", "first-fit"], jobs=1)
+    rows = whatif_rows(res.to_dict())
+    assert [r["policy"] for r in rows] == ["best-fit", "first-fit"]
+    assert all(r["capacity_bytes"] == f.min_capacity for r, f in zip(rows, res.fits, strict=True))
+    text = write_report(p, tmp_path / "w.html", an, whatif=res).read_text()
+    assert "What-if capacities" in text and text.count("data:image/png") == 6
 
 
 # --- the command line ---------------------------------------------------------------------------------

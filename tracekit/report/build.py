@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from tracekit.errors import OutputError, UsageError
+from tracekit.errors import OutputError
 from tracekit.report import blocks as blk
 from tracekit.report import figures, html
 from tracekit.report.memory_map import draw_memory_map, map_data
@@ -175,13 +175,10 @@ def write_report(
 
 
 def _run_whatif(trace: Trace) -> Any:
-    """The what-if search with its default policies (``tracekit whatif``)."""
-    import tracekit.analysis as analysis
+    """The what-if search with its default policies (as ``tracekit whatif`` runs it)."""
+    from tracekit.analysis.whatif import whatif
 
-    run = getattr(analysis, "whatif", None)
-    if run is None:
-        raise UsageError("--whatif: no what-if search in this tracekit; use --whatif-json with saved results")
-    return run(trace)
+    return whatif(trace)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

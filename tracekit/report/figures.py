@@ -273,26 +273,26 @@ def draw_baseline(this: TimelineData, base: TimelineData, names: tuple[str, str]
 
 
 def draw_whatif(rows: list[dict[str, Any]], bound: float | None) -> Figure:
-    """Smallest capacity per policy (bars) against the lower bound (a vertical line)."""
-    fig = new_figure(12, 1.6 + 0.45 * len(rows))
+    """Smallest capacity per policy (bars, labelled with the overhead over the bound) and the lower bound."""
+    fig = new_figure(12, 2.0 + 0.45 * len(rows))
     ax = fig.add_subplot()
     caps = np.array([np.nan if r["capacity_bytes"] is None else r["capacity_bytes"] for r in rows], float)
     sc = byte_scale(np.nanmax(np.append(caps, bound or 0.0)))
     y = np.arange(len(rows))[::-1]
     ax.barh(y, np.nan_to_num(caps) / sc.div, color=SERIES["reserved"])
     ax.set_yticks(y, [r["policy"] for r in rows])
-    for yi, c in zip(y, caps, strict=True):
-        ax.text(
-            0 if np.isnan(c) else c / sc.div,
-            yi,
-            " never fits" if np.isnan(c) else f" {format_size(c)}",
-            va="center",
-            fontsize=9,
-        )
+    for yi, c, r in zip(y, caps, rows, strict=True):
+        if np.isnan(c):
+            text = f" {r.get('note') or 'no fit found'}"
+        else:
+            over = r.get("overhead")
+            text = f" {format_size(c)}" + ("" if over is None else f" ({100 * over:+.1f}% over the bound)")
+        ax.text(0 if np.isnan(c) else c / sc.div, yi, text, va="center", fontsize=9)
     if bound:
         ax.axvline(bound / sc.div, color="black", ls="--", lw=1.2, label=f"lower bound {format_size(bound)}")
-        ax.legend(loc="lower right", fontsize=9)
-    ax.set_xlim(0, np.nanmax(np.append(caps, bound or 0.0)) / sc.div * 1.2)
+        fig.legend(loc="outside lower center", fontsize=9, frameon=False)
+    ax.set_xlim(0, np.nanmax(np.append(caps, bound or 0.0)) / sc.div * 1.35)
     ax.set_xlabel(f"smallest capacity without OOM ({sc.unit})")
     ax.grid(alpha=0.3, axis="x")
+    fig.suptitle("What-if: the smallest capacity each allocator needs", fontsize=12)
     return fig

@@ -166,10 +166,11 @@ def whatif_section(whatif: Any) -> tuple[str, Figure | None]:
                     r["policy"],
                     fmt_value("bytes", r["capacity_bytes"]),
                     "n/a" if r["overhead"] is None else f"{100 * r['overhead']:.1f}%",
+                    r["note"],
                 ]
                 for r in rows
             ],
-            ["policy", "smallest capacity without OOM", "over the lower bound"],
+            ["policy", "smallest capacity without OOM", "over the lower bound", "note"],
             (1, 2),
         )
     )
@@ -177,9 +178,21 @@ def whatif_section(whatif: Any) -> tuple[str, Figure | None]:
 
 
 def whatif_rows(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """Normalise the what-if dict to ``[{policy, capacity_bytes, overhead}]``."""
+    """The what-if policies as ``[{policy, capacity_bytes, overhead, note}]``; ``overhead`` is a ratio."""
     rows = []
-    for r in d.get("policies") or d.get("results") or []:
-        cap = r.get("capacity_bytes", r.get("min_capacity_bytes"))
-        rows.append({"policy": str(r.get("policy")), "capacity_bytes": cap, "overhead": r.get("overhead")})
+    for r in d.get("policies") or []:
+        cap = r.get("min_capacity_bytes", r.get("capacity_bytes"))
+        note = r.get("error") or (
+            f"no fit up to {fmt_value('bytes', r['searched_up_to_bytes'])}"
+            if cap is None and r.get("searched_up_to_bytes")
+            else ""
+        )
+        rows.append(
+            {
+                "policy": str(r.get("policy")),
+                "capacity_bytes": cap,
+                "overhead": r.get("overhead_ratio", r.get("overhead")),
+                "note": note,
+            }
+        )
     return rows
