@@ -10,9 +10,9 @@ from test_sim_freelist import SIZES, make_trace, steps_strategy
 
 from tracekit.sim.base import SimConfig, Stat, Status
 from tracekit.sim.engine import replay
+from tracekit.sim.heap import UNBOUNDED
 from tracekit.sim.output import replay_events
 from tracekit.sim.policies.buddy import block_order
-from tracekit.sim.policies.freelist import UNBOUNDED
 from tracekit.trace.schema import Op
 
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from tracekit.sim.base import SimConfig, Stat, Status
 from tracekit.sim.engine import replay
+from tracekit.sim.heap import UNBOUNDED
 from tracekit.sim.output import replay_events
-from tracekit.sim.policies.freelist import UNBOUNDED
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source, TraceMeta

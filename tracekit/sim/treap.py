@@ -263,28 +263,3 @@ def first_fit_from(T, root, k1, size, stack):  # pragma: no cover - compiled
         if r >= 0 and T[r, MX] >= size:
             return first_fit(T, r, size)
     return NIL
-
-
-@njit(cache=True)
-def depth_bound(T, root):  # pragma: no cover - compiled
-    """The height of the tree (for sizing scratch stacks; O(n), tests only)."""
-    if root < 0:
-        return 0
-    st = np.empty(T.shape[0] + 1, np.int64)
-    dp = np.empty(T.shape[0] + 1, np.int64)
-    st[0] = root
-    dp[0] = 1
-    top = 1
-    best = 0
-    while top > 0:
-        top -= 1
-        y = st[top]
-        d = dp[top]
-        if d > best:
-            best = d
-        for c in (T[y, L], T[y, R]):
-            if c >= 0:
-                st[top] = c
-                dp[top] = d + 1
-                top += 1
-    return best

@@ -22,7 +22,7 @@ from numba import njit
 from tracekit.errors import UsageError
 from tracekit.sim import progress, treap
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
-from tracekit.sim.policies.freelist import (
+from tracekit.sim.heap import (
     S_FIRST_OOM,
     S_OOM_FREE,
     S_OOM_LARGEST,

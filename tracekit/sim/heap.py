@@ -1,0 +1,51 @@
+"""What the single-heap policies (the free lists and the buddy allocator) share.
+
+The heap is ``[0, capacity)``; without a capacity it is unbounded, modelled
+as 2**60 bytes. A replay reports the heap to the analyzer as one
+``segment_alloc`` row at the start: ``[0, capacity)``, or when unbounded
+``[0, peak extent rounded up to 2 MiB)``. Peak reserved bytes of a heap are
+its high-water mark (the peak extent).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracekit.sim.base import PolicyRun, SimConfig, Stat
+from tracekit.trace.schema import Op
+
+UNIT = 512
+UNBOUNDED = 1 << 60
+SEGMENT_ROUND = 2 << 20
+
+# Stat slots as plain ints: compiled code reads them as constants.
+S_PEAK_LIVE, S_PEAK_EXTENT, S_OOMS, S_FIRST_OOM = (
+    int(Stat.PEAK_LIVE), int(Stat.PEAK_EXTENT), int(Stat.OOMS), int(Stat.FIRST_OOM))
+S_OOM_FREE, S_OOM_LARGEST, S_OOM_LIVE, S_OOM_RESERVED, S_OOM_ROUNDED = (
+    int(Stat.OOM_FREE), int(Stat.OOM_LARGEST), int(Stat.OOM_LIVE), int(Stat.OOM_RESERVED),
+    int(Stat.OOM_ROUNDED))
+
+
+def heap_run(config: SimConfig, addr: np.ndarray, status: np.ndarray, rounded: np.ndarray,
+             stats: np.ndarray) -> PolicyRun:
+    """The ``PolicyRun`` of a single-heap policy: one ``segment_alloc`` row for the heap,
+    ``[0, capacity)``, or ``[0, peak extent rounded up to 2 MiB)`` when unbounded."""
+    stats[Stat.PEAK_RESERVED] = stats[Stat.PEAK_EXTENT]
+    stats[Stat.SEGMENT_ALLOCS] = 1
+    stats[Stat.SEGMENT_FREES] = 0
+    if config.capacity is None:
+        ext = int(stats[Stat.PEAK_EXTENT])
+        heap = max(SEGMENT_ROUND, -(-ext // SEGMENT_ROUND) * SEGMENT_ROUND)
+    else:
+        heap = int(config.capacity)
+    return PolicyRun(
+        addr=addr,
+        status=status,
+        rows_before=np.zeros(1, np.int64),
+        rows_op=np.array([Op.SEGMENT_ALLOC], np.int8),
+        rows_addr=np.zeros(1, np.uint64),
+        rows_size=np.array([heap], np.uint64),
+        rows_stream=np.zeros(1, np.uint64),
+        stats=stats,
+        rounded=rounded.view(np.uint64),
+    )
