@@ -311,3 +311,9 @@ def test_cli_progress_and_notes(tmp_path: Path) -> None:
     assert "unpickling: 100%" in r.output and "converting: 100%" in r.output
     assert "skipped history entries: 1 x snapshot" in r.output and "starts mid-run; 1 rows" in r.output
     assert f"Wrote {tmp_path / 's.parquet'}" in r.output
+
+
+def test_pytorch_1_13_free_action(tmp_path: Path) -> None:
+    hist = [entry("segment_alloc", A, 2 * MiB, 0), entry("alloc", A, 700, 1), entry("free", A, 700, 2)]
+    tr, _ = load(tmp_path, {"segments": [], "device_traces": [hist]})
+    assert ops(tr) == ["segment_alloc", "malloc", "free"] and tr.events.size[2] == 1024

@@ -28,6 +28,7 @@ ACTIONS = {
     "alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED,
     "segment_alloc": SEGMENT_ALLOC, "segment_free": SEGMENT_FREE, "segment_map": SEGMENT_MAP,
     "segment_unmap": SEGMENT_UNMAP, "oom": OOM,
+    "free": FREE_COMPLETED,  # PyTorch 1.13 had one free action, before the requested/completed split
 }
 # A file of PyTorch itself: an installed package or a source checkout's python tree.
 _TORCH_FILE = re.compile(
