@@ -183,6 +183,10 @@ def draw_moment(m: Moment, legend: list[tuple[str, tuple[float, float, float]]])
                 color=REQUEST_RGB,
             )
     ax.set_yticks(np.arange(n)[::-1], labels, fontsize=8)
+    if n == 0:
+        ax.text(
+            0.5, 0.5, "nothing was allocated at this moment", ha="center", va="center", transform=ax.transAxes
+        )
     ax.set_ylim(-0.8 if m.request else -0.5, n - 0.5)
     ax.set_xlim(0, xmax / div * 1.18)
     ax.set_xlabel(
