@@ -175,3 +175,16 @@ def test_progress_is_reported_per_chunk(monkeypatch) -> None:
         replay(trace, "best-fit", SimConfig())
     assert seen == [(3, 7), (6, 7), (7, 7)]
 
+
+
+def test_warnings_for_skipped_events_and_several_devices(tmp_path: Path) -> None:
+    # A free of an address never allocated is skipped by the reader; two devices share one heap.
+    op = np.array([Op.MALLOC, Op.FREE, Op.MALLOC], np.int8)
+    ev = Events.build(op, np.array([512, 512, 512], np.uint64), addr=np.array([1, 2, 3], np.uint64),
+                      device=np.array([0, 0, 1]))
+    path = tmp_path / "t.parquet"
+    write_trace(path, TraceMeta.new(Source.CUPY), ev)
+    res = replay_file(path, "first-fit", SimConfig())
+    assert len(res.warnings) == 2
+    assert res.warnings[0].startswith("skipped 1 x free of an address that is not live")
+    assert "several devices" in res.warnings[1]

@@ -115,7 +115,7 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
     finally:
         bar.close()
     for warning in result.warnings:
-        typer.echo(f"tracekit: warning: {trace}: skipped {warning}", err=True)
+        typer.echo(f"tracekit: warning: {trace}: {warning}", err=True)
     if output is not None:
         wrote(output)
     if json_out:

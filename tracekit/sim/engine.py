@@ -122,7 +122,7 @@ class ReplayResult:
     config: SimConfig
     run: PolicyRun
     summary: ReplaySummary
-    warnings: tuple[str, ...] = ()  # input events the reader skipped, described
+    warnings: tuple[str, ...] = ()  # for the user: skipped input events, several devices
 
     @property
     def ran_out(self) -> bool:
@@ -139,7 +139,11 @@ def replay(trace: Trace, policy: str, config: SimConfig | None = None) -> Replay
     """Replay ``trace`` through the policy named ``policy`` (UsageError if unknown)."""
     config = config or SimConfig()
     run = policies.get(policy).run(trace, config)
-    return ReplayResult(policy, config, run, summarize(trace, policy, config, run))
+    warnings: tuple[str, ...] = ()
+    dev = trace.events.device
+    if len(dev) and dev.min() != dev.max():
+        warnings = ("events of several devices, all replayed into one simulated allocator",)
+    return ReplayResult(policy, config, run, summarize(trace, policy, config, run), warnings)
 
 
 def fits(trace: Trace, policy: str, config: SimConfig) -> bool:
@@ -191,7 +195,8 @@ def replay_file(
         result = replay(trace, policy, config)
     if output is not None:
         write_replay(result, trace, output, command=command)
-    return replace(result, warnings=tuple(i.describe() for i in trace.issues))
+    skipped = tuple(f"skipped {i.describe()}" for i in trace.issues)
+    return replace(result, warnings=skipped + result.warnings)
 
 
 def write_replay(
