@@ -27,8 +27,11 @@ def make_trace(rows: list[tuple[int, int, int, int, int]], meta: TraceMeta | Non
     return Trace(None, meta or TraceMeta.new(Source.SYNTHETIC), ev, p.mate, None, ())
 
 
-def reference(rows: list[tuple[int, int, int, int, int]]) -> dict[str, list]:
-    """Per event, recomputed from scratch: sums over live sets and gaps inside each segment."""
+def reference(rows: list[tuple[int, int, int, int, int]], merge: bool = False) -> dict[str, list]:
+    """Per event, recomputed from scratch: sums over live sets and gaps inside each segment.
+
+    ``merge``: touching segments of one device form one free space (expandable segments).
+    """
     blocks: dict[tuple[int, int], tuple[int, int]] = {}  # (dev, addr) -> (rounded, requested)
     segs: dict[tuple[int, int], int] = {}
     pooled = any(r[0] in (Op.SEGMENT_ALLOC, Op.SEGMENT_FREE) for r in rows)
@@ -46,16 +49,22 @@ def reference(rows: list[tuple[int, int, int, int, int]]) -> dict[str, list]:
         out["live"].append(live)
         out["req"].append(sum(b[1] for b in blocks.values()))
         out["res"].append(sum(segs.values()) if pooled else live)
+        extents: list[tuple[int, int, int]] = []
+        for sd, s0 in sorted(segs):
+            if merge and extents and extents[-1][0] == sd and extents[-1][2] == s0:
+                extents[-1] = (sd, extents[-1][1], s0 + segs[(sd, s0)])
+            else:
+                extents.append((sd, s0, s0 + segs[(sd, s0)]))
         best = 0
-        for (sd, s0), ssize in segs.items():
+        for sd, s0, s1 in extents:
             covered = sorted((a, a + r) for (d, a), (r, _) in blocks.items() if d == sd)
             cur = s0
             for a, e in covered:
-                if e <= cur or a >= s0 + ssize:
+                if e <= cur or a >= s1:
                     continue
-                best = max(best, min(a, s0 + ssize) - cur)
+                best = max(best, min(a, s1) - cur)
                 cur = max(cur, e)
-            best = max(best, s0 + ssize - cur)
+            best = max(best, s1 - cur)
         out["lfb"].append(best)
     return out
 
@@ -104,10 +113,11 @@ def pooled_rows(draw: st.DrawFn) -> list[tuple[int, int, int, int, int]]:
     return rows
 
 
-def check(rows: list[tuple[int, int, int, int, int]]) -> None:
-    tl = analyze_trace(make_trace(rows)).timeline
+def check(rows: list[tuple[int, int, int, int, int]], merge: bool = False) -> None:
+    meta = TraceMeta.new(Source.TORCH).with_extra(torch_allocator_settings={"expandable_segments": merge})
+    tl = analyze_trace(make_trace(rows, meta)).timeline
     assert tl is not None and tuple(tl.column_names) == TIMELINE_COLUMNS
-    ref = reference(rows)
+    ref = reference(rows, merge)
     got = {k: tl.column(c).to_pylist() for k, c in (
         ("live", "live_bytes"), ("req", "requested_bytes"), ("res", "reserved_bytes"),
         ("lfb", "largest_free_block"))}
@@ -123,6 +133,13 @@ def check(rows: list[tuple[int, int, int, int, int]]) -> None:
 def test_timeline_matches_reference_on_pooled_traces(rows):
     if rows:
         check(rows)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pooled_rows())
+def test_timeline_matches_reference_with_expandable_segments(rows):
+    if rows:
+        check(rows, merge=True)
 
 
 @settings(max_examples=40, deadline=None)

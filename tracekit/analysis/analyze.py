@@ -42,7 +42,7 @@ def analyze_trace(trace: Trace, *, timeline: bool = True) -> AnalysisResult:
     ctx = device_context(trace.meta)
     ooms = np.flatnonzero(ev.op == Op.OOM)
     probe = int(ooms[0]) if len(ooms) else -1
-    scan = scan_events(ev, mate, want=timeline, probe=probe)
+    scan = scan_events(ev, mate, want=timeline, probe=probe, merge_adjacent=ctx.expandable_segments)
     table = timeline_table(ev, scan, ctx.free_at_start) if timeline else None
     oom = _oom_report(trace, scan, ctx, probe) if probe >= 0 else None
     summary = _summary(trace, scan, ctx, oom, len(ooms))
@@ -94,9 +94,10 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int) -> O
     live, reserved, lfb = int(st[lf.PROBE_LIVE]), int(st[lf.PROBE_RES]), int(st[lf.PROBE_LFB])
     usable = lfb
     if scan.pooled:
-        seg, _, length = state.gaps()
+        seg, _, length = state.gaps(ctx.expandable_segments)
         ok = state.seg_stream[seg] == ev.stream[k]
-        if trace.meta.source == Source.TORCH or ctx.replay_policy == "torch":
+        torch = trace.meta.source == Source.TORCH or ctx.replay_policy == "torch"
+        if torch and not ctx.expandable_segments:
             small = state.seg_size[seg] == TORCH_SMALL_SEGMENT
             ok &= small if request <= TORCH_SMALL_REQUEST else ~small
         usable = int(length[ok].max()) if ok.any() else 0

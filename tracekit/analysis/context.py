@@ -48,6 +48,7 @@ class DeviceContext:
     budget: tuple[tuple[str, int], ...] = ()
     replay_policy: str | None = None
     heap_capacity: int | None = None
+    expandable_segments: bool = False
 
     @property
     def overhead(self) -> int | None:
@@ -96,6 +97,19 @@ def _budget(raw: Any) -> tuple[tuple[str, int], ...]:
     return tuple((k, v) for k, v in out if v is not None)
 
 
+def _truthy(v: Any) -> bool:
+    return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes"))
+
+
+def expandable(meta: TraceMeta) -> bool:
+    """PyTorch expandable segments: adjacent segment rows are pieces of one virtual segment."""
+    settings = meta.extra.get("torch_allocator_settings")
+    if isinstance(settings, Mapping) and _truthy(settings.get("expandable_segments")):
+        return True
+    options = meta.extra.get("options")
+    return isinstance(options, Mapping) and _truthy(options.get("expandable_segments"))
+
+
 def _replay_context(meta: TraceMeta) -> DeviceContext:
     """A replay models its own device: ``capacity`` is the heap (free lists) or the
     pool limit (pools), ``device_total`` the simulated device (None = unbounded,
@@ -114,6 +128,7 @@ def _replay_context(meta: TraceMeta) -> DeviceContext:
         device_name=name, device_total=total, free_at_start=total,
         limit=capacity if capacity and capacity > 0 else None,
         limit_what=f"{policy or 'replay'} capacity", replay_policy=policy,
+        expandable_segments=expandable(meta),
     )
 
 
@@ -133,5 +148,5 @@ def device_context(meta: TraceMeta) -> DeviceContext:
         limit = None
     return DeviceContext(
         device_name=dev.name if dev else None, device_total=total, free_at_start=free,
-        limit=limit, budget=budget,
+        limit=limit, budget=budget, expandable_segments=expandable(meta),
     )

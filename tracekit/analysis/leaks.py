@@ -51,10 +51,12 @@ class PoolState:
     seg_stream: np.ndarray
     sites: tuple[str, ...]
 
-    def gaps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def gaps(self, merge_adjacent: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Free gaps inside segments: (segment index, gap start, gap length), address order.
 
         A gap is a maximal run of a segment's addresses not covered by a block.
+        With ``merge_adjacent`` (expandable segments) touching segments of one
+        stream count as one, indexed by the first of them.
         """
         seg_i: list[int] = []
         starts: list[int] = []
@@ -62,23 +64,33 @@ class PoolState:
         order = np.argsort(self.block_addr, kind="stable")
         b_addr = self.block_addr[order].astype(np.int64)
         b_end = b_addr + self.block_size[order].astype(np.int64)
-        for s in np.argsort(self.seg_addr, kind="stable"):
-            s0 = int(self.seg_addr[s])
-            s1 = s0 + int(self.seg_size[s])
+        for s, s0, s1 in self._extents(merge_adjacent):
             a = int(np.searchsorted(b_end, s0, side="right"))
             b = int(np.searchsorted(b_addr, s1, side="left"))
             cur = s0
             for k in range(a, b):
                 if b_addr[k] > cur:
-                    seg_i.append(int(s))
+                    seg_i.append(s)
                     starts.append(cur)
                     lens.append(int(b_addr[k]) - cur)
                 cur = max(cur, int(b_end[k]))
             if s1 > cur:
-                seg_i.append(int(s))
+                seg_i.append(s)
                 starts.append(cur)
                 lens.append(s1 - cur)
         return (np.array(seg_i, np.int64), np.array(starts, np.int64), np.array(lens, np.int64))
+
+    def _extents(self, merge_adjacent: bool) -> list[tuple[int, int, int]]:
+        out: list[tuple[int, int, int]] = []
+        for s in np.argsort(self.seg_addr, kind="stable"):
+            s0 = int(self.seg_addr[s])
+            s1 = s0 + int(self.seg_size[s])
+            if (merge_adjacent and out and out[-1][2] == s0
+                    and self.seg_stream[out[-1][0]] == self.seg_stream[s]):
+                out[-1] = (out[-1][0], out[-1][1], s1)
+            else:
+                out.append((int(s), s0, s1))
+        return out
 
     def largest_free_block(self, stream: int | None = None) -> int:
         """Longest gap, over all segments or only those of ``stream``."""
