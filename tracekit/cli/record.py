@@ -35,7 +35,7 @@ def record(
         except ImportError as e:
             raise DeviceError(f"PyTorch recording is not available in this install ({e})") from None
 
-        path, code = record_torch(target, module=module, output=output)
+        path, code = record_torch(target, module=module, output=output, force=force)
     else:
         from tracekit.record import record_cupy
         from tracekit.units import parse_size
