@@ -4,7 +4,7 @@
 # synthetic traces with each allocator (with and without --capacity, --compare-sim cupy), the
 # capacity/OOM/release checks, the replay latency benchmark and the GPU tests.
 # Usage: scripts/gpu_device.sh [OUT_DIR]   (default $OUT, else /tmp/tracekit-device)
-# SECTIONS="budget fragmentation bench tests replay" (the default: all) picks what runs.
+# SECTIONS="budget fragmentation bench tests replay capacity" (the default: all) picks what runs.
 # Writes only under OUT_DIR; everything ends up in OUT_DIR/device.tar.gz (the folder it was
 # packed from is removed). Safe to re-run.
 set -u
@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 TK=(python3 -m tracekit)
 START=$(date +%s)
 
-SECTIONS=${SECTIONS:-budget fragmentation bench tests replay}
+SECTIONS=${SECTIONS:-budget fragmentation bench tests replay capacity}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 pack() { [ -d "$R" ] && tar czf "$OUT_DIR/device.tar.gz" -C "$OUT_DIR" device 2>/dev/null; }
 trap pack EXIT
@@ -73,7 +73,13 @@ if want replay; then
         -o "$R/replays/${b}_${a}.parquet"
     done
   done
-  # capacity: the OOM happens, --fail-on-oom exits 3, memory comes back (see "released" in the JSON)
+fi
+
+# 6. capacity: the OOM happens, --fail-on-oom exits 3, memory comes back ("released" in the JSON)
+if want capacity; then
+  for p in random fragmenting; do
+    [ -e "$R/synth/$p.parquet" ] || "${TK[@]}" synth -p "$p" -n 100000 -s 3 -o "$R/synth/$p.parquet" 2>>"$R/synth.err"
+  done
   for a in cuda cupy cupy-async; do
     step "capacity_fragmenting_${a}" 60 "${TK[@]}" replay "$R/synth/fragmenting.parquet" --device 0 --allocator "$a" \
       --capacity 512MiB --json --fail-on-oom
