@@ -141,17 +141,22 @@ def _callbacks(ext, clock, stream, failed):  # type: ignore[no-untyped-def]
 
 
 def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyped-def]
-    # The fast path of SiteTable.site_of is inlined: the caller's frame is usually user code
-    # already seen at this instruction, so a site costs one frame fetch and one dict lookup.
+    # The fast paths of SiteTable.site_of are inlined: the caller's frame is usually user code
+    # already seen at this instruction (one frame fetch, one dict lookup), or one CuPy Python
+    # function (cupy.empty, cupy.arange, ...) called from such a line (one more of each).
     getframe = sys._getframe
     by_offset = sites.by_offset
+    internal = sites.internal
     site_of = sites.site_of
 
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id):  # type: ignore[no-untyped-def]
         f = getframe(1)
-        s = by_offset.get((id(f.f_code), f.f_lasti))  # only frames outside skipped dirs are keys
+        c = id(f.f_code)
+        s = by_offset.get((c, f.f_lasti))  # only frames outside skipped dirs are keys
         if s is None:
-            s = site_of(f)
+            b = f.f_back
+            if b is None or not internal.get(c) or (s := by_offset.get((id(b.f_code), b.f_lasti))) is None:
+                s = site_of(f)
         if mem_ptr:
             ext((clock(), ((s + 1) << 20) | (device_id << 4), mem_ptr, size, mem_size, stream().ptr))
         elif size:
