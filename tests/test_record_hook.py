@@ -76,6 +76,8 @@ def test_frames_in_skipped_library_folders_are_not_sites(tmp_path: Path) -> None
     (lib / "creation.py").write_text(
         "def zeros(hook, n, ptr):\n"
         "    hook.malloc_postprocess(device_id=0, size=n, mem_size=n, mem_ptr=ptr, pmem_id=7)\n"
+        "def ones(hook, n, ptr):\n"
+        "    return zeros(hook, n, ptr)\n"
     )
     sys.path.insert(0, str(tmp_path))
     try:
@@ -96,6 +98,13 @@ def test_frames_in_skipped_library_folders_are_not_sites(tmp_path: Path) -> None
     for _ in range(3):
         creation.zeros(hook, 512, BASE)
     assert len(set(unpack(buf.take())["site"].tolist())) == 1 and len(table.names) == 3
+    # two library frames deep, twice from the same line and once from another
+    line = sys._getframe().f_lineno + 2
+    for _ in range(2):
+        creation.ones(hook, 512, BASE)
+    creation.ones(hook, 512, BASE)
+    got = [table.names[s] for s in unpack(buf.take())["site"]]
+    assert [n.split(":")[-2] for n in got] == [str(line), str(line), str(line + 1)]
 
 
 def test_no_sites_mode_records_minus_one() -> None:
