@@ -227,6 +227,21 @@ def lower_bound(C, S, g, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def find_free(C, S, g, s, a):  # pragma: no cover - compiled
+    """Tree 0: the free piece with key exactly (g, s, a), or -1."""
+    cur = S[ROOT0]
+    while cur != -1:
+        gc = C[cur, GROUP]
+        sc = C[cur, SIZE]
+        ac = C[cur, ADDR]
+        if gc == g and sc == s and ac == a:
+            return cur
+        right = gc < g or (gc == g and (sc < s or (sc == s and ac < a)))
+        cur = C[cur, L0 + 1] if right else C[cur, L0]
+    return -1
+
+
+@njit(cache=True)
 def first_in_group(C, S, g, t):  # pragma: no cover - compiled
     """The smallest key of group g in tree t, or -1."""
     cur = S[ROOT0 + t]

@@ -1,7 +1,8 @@
 """Compiled replay loop of CuPy's ``SingleDeviceMemoryPool`` (CuPy 14.x).
 
 Per malloc of s bytes (rounded up to 512): best fit in the stream's arena
-(smallest free chunk >= s, ties to the lowest address); a larger chunk keeps
+(smallest free chunk >= s; among equal sizes the chunk the recorded
+trace shows CuPy taking, when the trace is a recording, else the lowest address); a larger chunk keeps
 its low s bytes and the rest becomes a free chunk. On a miss, ``_try_malloc``:
 with a limit L, s > L fails at once; if reserved + s > L, release every free
 whole device allocation (``free_all_blocks``, all arenas) and fail if still
@@ -39,7 +40,7 @@ def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - 
 
 
 @njit(cache=True)
-def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, limit, dev_total, cont,
+def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, ties, stream, limit, dev_total, cont,
                 C, R, S, stats):  # pragma: no cover - compiled
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
@@ -82,6 +83,11 @@ def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, limi
             a = arena[i]
             x = ck.lower_bound(C, S, a, s)
             if x != -1 and C[x, ck.GROUP] == a:
+                if ties and C[x, ck.ADDR] != init_addr[i]:
+                    # CuPy breaks size ties by host object address: follow the recorded choice.
+                    y = ck.find_free(C, S, a, C[x, ck.SIZE], init_addr[i])
+                    if y != -1:
+                        x = y
                 ck.remove_free(C, S, x)
                 C[x, ck.STATE] = ck.USED
                 if C[x, ck.SIZE] > s:

@@ -10,7 +10,14 @@ over it first releases every free whole device allocation in all arenas
 (``free_all_blocks``), then raises OutOfMemoryError if still over.
 ``SimConfig.device_total`` bounds the device under the pool, counted at the
 driver's granularity (whole 2 MiB pages above 1 MiB). Device addresses are
-invented (the driver's are not predictable); rows marked ``initial`` keep theirs.
+invented (the driver's are not predictable) unless the trace recorded them.
+
+Options (``SimConfig.options``): ``release_points`` ``trace`` (default: release
+free whole allocations where the recording shows the pool releasing them) or
+``none``; ``addresses`` ``trace`` (default: a new device allocation takes the
+recorded address of the same allocation) or ``invent``; ``ties`` ``trace``
+(default: among equal-size best fits, take the chunk the recording shows CuPy
+taking) or ``address`` (always the lowest address).
 """
 
 from __future__ import annotations
@@ -47,11 +54,14 @@ class CupyPool:
     )
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
-        unknown = sorted(set(config.options) - {"release_points", "addresses"})
+        unknown = sorted(set(config.options) - {"release_points", "addresses", "ties"})
         if unknown:
             raise UsageError(
-                f"unknown cupy policy option {unknown[0]!r} (cupy takes release_points, addresses)"
+                f"unknown cupy policy option {unknown[0]!r} (cupy takes release_points, addresses, ties)"
             )
+        ties = config.options.get("ties", "trace")
+        if ties not in ("trace", "address"):
+            raise UsageError(f"cupy option ties: expected 'trace' or 'address', got {ties!r}")
         follow = release_option(config.options, "cupy")
         ev = trace.events
         streams, arena = stream_groups(ev.stream)
@@ -65,9 +75,10 @@ class CupyPool:
             next_addr = max(next_addr, (top + ck.PAGE - 1) // ck.PAGE * ck.PAGE + ck.PAGE)
         C, R, S = ck.new_state(cap, rows_cap, next_addr)
         stats = new_stats()
+        follow_ties = ties == "trace" and len(hints) > 0
         addr, status, rounded, C, R = cupy_replay(
-            ev.op, ev.size.view(np.int64), arena, trace.mate, init,
-            ev.addr.view(np.int64), rel, hints, streams.view(np.int64), int(config.capacity or 0),
+            ev.op, ev.size.view(np.int64), arena, trace.mate, init, ev.addr.view(np.int64), rel,
+            hints, follow_ties, streams.view(np.int64), int(config.capacity or 0),
             int(config.device_total or 0), bool(config.continue_on_oom), C, R, S, stats,
         )
         return pack(addr, status, rounded, R, S, stats)

@@ -1,0 +1,213 @@
+"""Fidelity: the ``cupy`` and ``torch`` policies replay real GPU traces as the real allocators ran them.
+
+Each committed trace under ``traces/`` was recorded on an NVIDIA H200 (CuPy
+14.2 pool traces by ``tracekit record``; PyTorch 2.11 snapshots imported by
+``tracekit import torch``). The replay runs under the recorded pool limit and
+allocator settings and must reproduce the recorded allocator's own history:
+the sizes of its device allocations in order (``segment_alloc``; for
+expandable segments, the bytes mapped per request), the reserved bytes after
+every request, the request that raised out-of-memory, and where the traces
+carry them, the address of every block. Run this file as a script to print
+the agreement table quoted in ``docs/fidelity.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.sim.base import PolicyRun, SimConfig, Status
+from tracekit.sim.policies._cupy_glue import initial_mask
+from tracekit.sim.policies._torch_config import options_from_snapshot
+from tracekit.sim.policies.cupy_pool import MODEL as CUPY
+from tracekit.sim.policies.torch_caching import MODEL as TORCH
+from tracekit.trace import Op, Source, Trace, read_trace
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+FILES = sorted(p.name for p in TRACES.glob("*.parquet")) if TRACES.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How one replay compares with the recorded allocator (counts, and first misses as input index)."""
+
+    requests: int
+    reserved_same: int
+    first_reserved_miss: int  # -1 when every request agrees
+    seg_real: tuple[int, ...]  # non-initial segment_alloc sizes, recorded
+    seg_sim: tuple[int, ...]
+    mapped_real: tuple[int, ...]  # bytes of device memory taken per request that took any
+    mapped_sim: tuple[int, ...]
+    oom_real: int  # index of the first recorded oom row, -1 none
+    oom_sim: int
+    mallocs: int
+    same_address: int
+
+
+def _attach(ev_op: np.ndarray, req: np.ndarray) -> np.ndarray:
+    """Per input row: the index of the first request at or after it (n when none)."""
+    n = len(ev_op)
+    nxt = np.where(req, np.arange(n), n)
+    return np.minimum.accumulate(nxt[::-1])[::-1]
+
+
+def replay(trace: Trace, extra: dict[str, str] | None = None) -> PolicyRun:
+    """The matching policy under the recorded limit and settings (plus ``extra`` options)."""
+    if trace.meta.source == Source.TORCH:
+        opts = options_from_snapshot(trace.meta.extra.get("torch_allocator_settings") or {})
+        return TORCH.run(trace, SimConfig(trace.meta.pool_limit_bytes, options={**opts, **(extra or {})}))
+    return CUPY.run(trace, SimConfig(trace.meta.pool_limit_bytes, options=extra or {}))
+
+
+def agreement(trace: Trace, extra: dict[str, str] | None = None) -> Agreement:
+    ev = trace.events
+    n = len(ev)
+    r = replay(trace, extra)
+    init = initial_mask(trace)
+    req = ((ev.op == Op.MALLOC) | (ev.op == Op.FREE) | (ev.op == Op.OOM)) & ~init
+    at = _attach(ev.op, req)
+    sign = np.where(ev.op == Op.SEGMENT_ALLOC, 1, np.where(ev.op == Op.SEGMENT_FREE, -1, 0))
+    real_delta = np.zeros(n + 1, np.int64)
+    np.add.at(real_delta, at, sign * ev.size.astype(np.int64))
+    sim_at = _attach(ev.op, req)[np.minimum(r.rows_before, n - 1)] if n else r.rows_before
+    sim_at = np.where(r.rows_before >= n, n, sim_at)
+    sim_sign = np.where(r.rows_op == Op.SEGMENT_ALLOC, 1, -1)
+    sim_delta = np.zeros(n + 1, np.int64)
+    np.add.at(sim_delta, sim_at, sim_sign * r.rows_size.astype(np.int64))
+    ran = req & (r.status != Status.IGNORED)
+    idx = np.flatnonzero(ran)
+    real_res, sim_res = np.cumsum(real_delta)[idx], np.cumsum(sim_delta)[idx]
+    miss = idx[real_res != sim_res]
+    seg = (ev.op == Op.SEGMENT_ALLOC) & ~init
+    sim_init = np.zeros(len(r.rows_before), bool)
+    inside = r.rows_before < n
+    sim_init[inside] = init[r.rows_before[inside]]
+    sim_seg = (r.rows_op == Op.SEGMENT_ALLOC) & ~sim_init
+    mapped_real = np.zeros(n + 1, np.int64)
+    np.add.at(mapped_real, at[seg], ev.size[seg].astype(np.int64))
+    mapped_sim = np.zeros(n + 1, np.int64)
+    np.add.at(mapped_sim, sim_at[sim_seg], r.rows_size[sim_seg].astype(np.int64))
+    ooms = np.flatnonzero(ev.op == Op.OOM)
+    m = np.flatnonzero((ev.op == Op.MALLOC) & ~init & (r.status == Status.DONE))
+    return Agreement(
+        requests=len(idx), reserved_same=len(idx) - len(miss),
+        first_reserved_miss=int(miss[0]) if len(miss) else -1,
+        seg_real=tuple(int(x) for x in ev.size[seg]), seg_sim=tuple(int(x) for x in r.rows_size[sim_seg]),
+        mapped_real=tuple(int(x) for x in mapped_real[mapped_real > 0]),
+        mapped_sim=tuple(int(x) for x in mapped_sim[mapped_sim > 0]),
+        oom_real=int(ooms[0]) if len(ooms) else -1, oom_sim=int(r.stats[6]),
+        mallocs=len(m), same_address=int(np.count_nonzero(ev.addr[m] == r.addr[m])),
+    )
+
+
+def _expandable(trace: Trace) -> bool:
+    return bool((trace.meta.extra.get("torch_allocator_settings") or {}).get("expandable_segments"))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_replay_reproduces_the_recorded_allocator(name: str) -> None:
+    trace = read_trace(TRACES / name)
+    a = agreement(trace)
+    assert a.requests > 0
+    assert a.first_reserved_miss == -1, f"reserved bytes differ first at input row {a.first_reserved_miss}"
+    assert a.reserved_same == a.requests
+    if _expandable(trace):
+        # The importer cuts each mapping into cells of the segment grid; compare bytes per request.
+        assert a.mapped_sim == a.mapped_real
+    else:
+        assert a.seg_sim == a.seg_real
+    assert a.oom_sim == a.oom_real
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_block_lands_where_the_gpu_put_it(name: str) -> None:
+    a = agreement(read_trace(TRACES / name))
+    if name == "torch-wrap.parquet":
+        # The ring buffer wrapped: blocks live at its start that are freed inside it have unknown
+        # block sizes (history keeps the requested size). The importer assumes round_size, but
+        # PyTorch can leave up to 1 MiB unsplit in a large block; two later requests land 1 MiB
+        # lower than on the GPU. Reserved bytes and segments still agree (test above).
+        assert a.mallocs - a.same_address == 2
+    else:
+        assert a.same_address == a.mallocs
+
+
+def _recorded_free_gaps(trace: Trace, upto: int) -> dict[int, int]:
+    """Free gaps (start -> bytes) of the recorded pool just before row ``upto``."""
+    ev = trace.events
+    segs: dict[int, int] = {}
+    live: dict[int, int] = {}
+    for j in range(upto):
+        o, a = int(ev.op[j]), int(ev.addr[j])
+        if o == Op.SEGMENT_ALLOC:
+            segs[a] = int(ev.size[j])
+        elif o == Op.SEGMENT_FREE:
+            segs.pop(a)
+        elif o == Op.MALLOC:
+            live[a] = int(ev.rounded[j])
+        elif o == Op.FREE:
+            live.pop(a)
+    gaps: dict[int, int] = {}
+    blocks = sorted(live.items())
+    for base, size in segs.items():
+        cur = base
+        for b, sz in blocks:
+            if base <= b < base + size:
+                if b > cur:
+                    gaps[cur] = b - cur
+                cur = b + sz
+        if cur < base + size:
+            gaps[cur] = base + size - cur
+    return gaps
+
+
+@pytest.mark.parametrize("name", [f for f in FILES if f.startswith("cupy-")])
+def test_cupy_lowest_address_rule_departs_only_at_ties(name: str) -> None:
+    """Without the recorded tie choices, the first different block is a tie between equal chunks."""
+    trace = read_trace(TRACES / name)
+    ev = trace.events
+    r = CUPY.run(trace, SimConfig(capacity=trace.meta.pool_limit_bytes, options={"ties": "address"}))
+    m = np.flatnonzero((ev.op == Op.MALLOC) & (r.status == Status.DONE))
+    differ = m[ev.addr[m] != r.addr[m]]
+    if len(differ) == 0:
+        return
+    i = int(differ[0])
+    gaps = _recorded_free_gaps(trace, i)
+    need = int(ev.rounded[i])
+    best = min(g for g in gaps.values() if g >= need)
+    assert gaps[int(ev.addr[i])] == gaps[int(r.addr[i])] == best
+    assert int(r.addr[i]) < int(ev.addr[i])  # the replay took the lowest address, CuPy another
+
+
+def _seq(trace: Trace, i: int) -> str:
+    return "-" if i < 0 else str(int(trace.events.seq[i]))
+
+
+def main() -> None:
+    """Print the agreement of every committed trace (the tables in docs/fidelity.md)."""
+    variants = (("defaults", None), ("ties:address (cupy)", {"ties": "address"}),
+                ("addresses:invent", {"addresses": "invent"}),
+                ("release_points:none", {"release_points": "none"}))
+    for title, extra in variants:
+        print(f"\n{title}\n")
+        print("| trace | requests | reserved agrees (first miss seq) | device allocations real/replay "
+              "| same sizes | OOM seq real/replay | blocks at the GPU's address |")
+        print("|---|---|---|---|---|---|---|")
+        for name in FILES:
+            if title.endswith("(cupy)") and not name.startswith("cupy-"):
+                continue
+            trace = read_trace(TRACES / name)
+            a = agreement(trace, extra)
+            same = a.mapped_sim == a.mapped_real if _expandable(trace) else a.seg_sim == a.seg_real
+            miss = "" if a.first_reserved_miss < 0 else f" ({_seq(trace, a.first_reserved_miss)})"
+            print(f"| {name} | {a.requests:,} | {a.reserved_same:,}{miss} "
+                  f"| {len(a.seg_real)}/{len(a.seg_sim)} "
+                  f"| {'yes' if same else 'no'} | {_seq(trace, a.oom_real)}/{_seq(trace, a.oom_sim)} "
+                  f"| {a.same_address:,}/{a.mallocs:,} |")
+
+
+if __name__ == "__main__":
+    main()
