@@ -73,8 +73,9 @@ def run_target(target: list[str], module: bool) -> Outcome:
         keep = _run_module(target) if module else _run_script(target)
         code, exc = 0, None
     except SystemExit as e:
-        return _finish(Outcome(_exit_code(e.code), None if e.code in (0, None) else "SystemExit",
-                               None if e.code is None else str(e.code), e))
+        quiet = e.code in (0, None)
+        return _finish(Outcome(_exit_code(e.code), None if quiet else "SystemExit",
+                               None if quiet else str(e.code), e))
     except KeyboardInterrupt as e:
         _report(e)
         return _finish(Outcome(130, "KeyboardInterrupt", str(e), e))
