@@ -114,6 +114,9 @@ def test_recover_skips_a_batch_cut_short(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match="already exists"):
         recover(w.path)
     assert len(read_trace(recover(w.path, force=True)).events) == 400
+    # the trace's own name finds its spool; -o picks another output; the spool is kept
+    other = recover(tmp_path / "t.parquet", tmp_path / "other.parquet")
+    assert len(read_trace(other).events) == 400 and w.path.exists()
 
 
 def test_recover_rejects_what_is_not_a_spool(tmp_path: Path) -> None:
