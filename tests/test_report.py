@@ -576,3 +576,17 @@ def test_oom_moment_blocks_and_gaps_tile_each_segment(layout: list[tuple[int, in
         assert all(a + s == c for (a, s), (c, _) in itertools.pairwise(spans))  # no overlap, no hole
         best = max(best, int(row.gap_size.max()) if len(row.gap_size) else 0)
     assert m.largest_gap == best
+
+
+def test_envelope_holds_the_last_value_across_empty_columns() -> None:
+    """A burst then a long quiet stretch: after the burst the curve holds its last value, not its range."""
+    from tracekit.report.envelope import envelope
+
+    x = np.concatenate([np.linspace(0, 0.001, 5000), [1.0]])
+    y = np.concatenate([np.tile([0.0, 9.0], 2500)[:-1], [4.0], [4.0]])  # the burst ends at 4
+    env = envelope(x, y, 100)
+    xs, lo, hi = env.steps()
+    assert env.hi[0] == 9.0 and env.lo[0] == 0.0  # the burst's range, in its column
+    assert env.last is not None and env.last[0] == 4.0
+    assert len(xs) == 4 and xs[2] == 1.0  # nothing else is drawn until the next event at x = 1
+    assert lo[1] == hi[1] == 4.0 and xs[1] == pytest.approx(0.01)  # the first column ends at 1/100

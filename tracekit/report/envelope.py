@@ -28,6 +28,21 @@ class Envelope:
     lo: np.ndarray
     hi: np.ndarray
     exact: bool  # True when nothing was merged (lo == hi == y)
+    # Where each column ends and the value its last event leaves behind: after a column the curve
+    # holds that value (not the column's whole range) until the next non-empty column.
+    x_end: np.ndarray | None = None
+    last: np.ndarray | None = None
+
+    def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Points for a step-post band: each column's range, then its held last value to the next."""
+        if self.exact or self.x_end is None or self.last is None:
+            return self.x, self.lo, self.hi
+        k = len(self.x)
+        xs, lo, hi = np.empty(2 * k), np.empty(2 * k), np.empty(2 * k)
+        xs[0::2], xs[1::2] = self.x, self.x_end
+        lo[0::2], lo[1::2] = self.lo, self.last
+        hi[0::2], hi[1::2] = self.hi, self.last
+        return xs, lo, hi
 
 
 def column_starts(x: np.ndarray, npix: int) -> np.ndarray:
@@ -58,4 +73,8 @@ def envelope(x: np.ndarray, y: np.ndarray, npix: int = 1200) -> Envelope:
         carried = y[starts[1:] - 1]
         lo[1:] = np.fmin(lo[1:], carried)
         hi[1:] = np.fmax(hi[1:], carried)
-    return Envelope(x[starts], lo, hi, False)
+    width = max((float(x[-1]) - float(x[0])) / npix, np.finfo(np.float64).tiny)  # all x equal: one column
+    col = np.minimum(np.floor((x[starts] - x[0]) / width), npix - 1)
+    x_end = np.minimum(x[0] + (col + 1) * width, x[-1])
+    last = y[np.append(starts[1:], len(y)) - 1]
+    return Envelope(x[starts], lo, hi, False, x_end, last)

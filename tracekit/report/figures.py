@@ -35,10 +35,10 @@ def _draw_env(
 ) -> None:
     if len(env.x) == 0:
         return
-    hi = env.hi / scale
+    xs, lo, hi = env.steps()
     if not env.exact:
-        ax.fill_between(env.x, env.lo / scale, hi, step="post", color=colour, alpha=0.25, lw=0)
-    ax.step(env.x, hi, where="post", color=colour, lw=lw, ls=ls, label=label)
+        ax.fill_between(xs, lo / scale, hi / scale, step="post", color=colour, alpha=0.25, lw=0)
+    ax.step(xs, hi / scale, where="post", color=colour, lw=lw, ls=ls, label=label)
 
 
 def draw_timeline(d: TimelineData, title: str) -> Figure:
@@ -249,10 +249,10 @@ def draw_baseline(this: TimelineData, base: TimelineData, names: tuple[str, str]
     ):
         for key in ("reserved", "live"):
             if key in d.series:
-                env = d.series[key]
+                xs, _, hi = d.series[key].steps()
                 ax.step(
-                    env.x,
-                    env.hi / sc.div,
+                    xs,
+                    hi / sc.div,
                     where="post",
                     color=SERIES[key],
                     lw=lw,
