@@ -58,8 +58,8 @@ def rnd(size: int) -> int:
 class RefFreeList:
     """Slow, obvious free list over [0, cap)."""
 
-    def __init__(self, policy: str, cap: int) -> None:
-        self.policy, self.cap = policy, cap
+    def __init__(self, policy: str, cap: int, grows: bool = False) -> None:
+        self.policy, self.cap, self.grows = policy, cap, grows
         self.blocks = [[0, cap, True]] if cap > 0 else []
         self.rover = 0
 
@@ -67,6 +67,9 @@ class RefFreeList:
         free = [b for b in self.blocks if b[2] and b[1] >= r]
         if not free:
             return None
+        # An unbounded heap grows (takes the free space at its top) only when nothing else fits.
+        if self.grows and len(free) > 1 and free[-1][0] + free[-1][1] == self.cap:
+            free = free[:-1]
         if self.policy == "first-fit":
             pick = min(free, key=lambda b: b[0])
         elif self.policy == "best-fit":
@@ -112,8 +115,8 @@ class RefFreeList:
         assert used == live and used + free == self.cap
 
 
-def reference(trace: Trace, policy: str, cap: int, cont: bool) -> dict:
-    ref = RefFreeList(policy, cap)
+def reference(trace: Trace, policy: str, cap: int, cont: bool, grows: bool = False) -> dict:
+    ref = RefFreeList(policy, cap, grows)
     ev = trace.events
     n = len(ev)
     addr = np.zeros(n, np.int64)
@@ -150,7 +153,7 @@ def reference(trace: Trace, policy: str, cap: int, cont: bool) -> dict:
 
 def check_against_reference(trace: Trace, policy: str, cap: int | None, cont: bool) -> None:
     res = replay(trace, policy, SimConfig(capacity=cap, continue_on_oom=cont))
-    exp = reference(trace, policy, UNBOUNDED if cap is None else cap, cont)
+    exp = reference(trace, policy, UNBOUNDED if cap is None else cap, cont, grows=cap is None)
     run = res.run
     np.testing.assert_array_equal(run.status, exp["status"])
     done = run.status == Status.DONE
@@ -282,6 +285,14 @@ def test_stop_and_continue_on_oom() -> None:
     go = replay(make_trace(steps), "first-fit", SimConfig(capacity=8192, continue_on_oom=True))
     assert go.run.status.tolist() == [Status.DONE, Status.OOM, Status.SKIPPED, Status.DONE, Status.DONE]
     assert go.run.addr[3] == 4096 and go.summary.oom_count == 1
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_unbounded_heap_grows_only_when_nothing_fits(policy: str) -> None:
+    # A 4 KiB hole at 0 below a 512 B block: every policy reuses it before growing the heap.
+    steps = [("m", 4096), ("m", 512), ("f", 0), ("m", 1024), ("m", 2048)]
+    res = replay(make_trace(steps), policy, SimConfig())
+    assert res.run.addr[3:].tolist() == [0, 1024] and res.summary.peak_extent == 4608
 
 
 def test_unbounded_heap_never_fails_and_segment_is_rounded() -> None:

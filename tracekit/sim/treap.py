@@ -223,6 +223,16 @@ def rightmost(T, root):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def predecessor(T, x):  # pragma: no cover - compiled
+    """The node just before x in key order, or -1."""
+    if T[x, L] >= 0:
+        return rightmost(T, T[x, L])
+    while T[x, P] >= 0 and T[T[x, P], L] == x:
+        x = T[x, P]
+    return T[x, P]
+
+
+@njit(cache=True)
 def first_fit(T, root, size):  # pragma: no cover - compiled
     """The lowest-keyed node with SZ >= size, or -1 (uses MX)."""
     y = root

@@ -31,7 +31,7 @@ from tracekit.sim.treap import K1, K2, MX, NFIELDS, SZ
 ADDR, PREV, NEXT, ISFREE = NFIELDS, NFIELDS + 1, NFIELDS + 2, NFIELDS + 3
 WIDTH = NFIELDS + 4
 # Slots of the kernel's scalar state.
-ROOT, RECYCLE, NEXT_ID, ROVER, LIVE, CAP, FIT, STOPPED = range(8)
+ROOT, RECYCLE, NEXT_ID, ROVER, LIVE, CAP, FIT, STOPPED, GROWS = range(9)
 
 
 @njit(cache=True, inline="always")
@@ -42,6 +42,12 @@ def _key(T, x, by_size):  # pragma: no cover - compiled
     else:
         T[x, K1] = T[x, ADDR]
         T[x, K2] = 0
+
+
+@njit(cache=True, inline="always")
+def _is_top(T, st, x):  # pragma: no cover - compiled
+    """Whether x is the free block running to the end of an unbounded heap."""
+    return st[GROWS] == 1 and T[x, ADDR] + T[x, SZ] == st[CAP]
 
 
 @njit(cache=True)
@@ -56,6 +62,11 @@ def _find(T, st, stack, roots, bm, r):  # pragma: no cover - compiled
         top = treap.rightmost(T, root)
         if top < 0 or T[top, SZ] < r:
             return -1
+        if _is_top(T, st, top):  # an unbounded heap grows only when nothing else fits
+            p = treap.predecessor(T, top)
+            if p < 0 or T[p, SZ] < r:
+                return top
+            top = p
         return treap.lower_bound(T, root, T[top, SZ], 0)
     # next fit: start at the free block containing the rover, else the next one up
     start = st[ROVER]
@@ -63,8 +74,10 @@ def _find(T, st, stack, roots, bm, r):  # pragma: no cover - compiled
     if y >= 0 and T[y, ADDR] + T[y, SZ] > start:
         start = T[y, ADDR]
     x = treap.first_fit_from(T, root, start, r, stack)
-    if x < 0:
-        x = treap.first_fit(T, root, r)
+    if x < 0 or _is_top(T, st, x):  # wrap around before growing the heap
+        w = treap.first_fit(T, root, r)
+        if w >= 0:
+            x = w
     return x
 
 

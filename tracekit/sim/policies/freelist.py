@@ -1,11 +1,15 @@
 """The address-ordered free list over one contiguous heap, with four placement policies.
 
-The heap is ``[0, capacity)`` (unbounded when no capacity is given: a heap of
-2**60 bytes). Requests are rounded up to a multiple of 512 bytes (at least
-512). A placement takes a free block of at least the rounded size, keeps its
-low part for the request and leaves the rest free; a free coalesces the block
-with both address neighbours when they are free, so no two free blocks are
-ever adjacent. Placement policies (``Fit``):
+The heap is ``[0, capacity)``. Without a capacity it is unbounded and grows
+only when no free block below its top fits, as a heap grown with ``sbrk``
+would: the free space above the highest block is the last resort of every
+policy (first and best fit pick it last anyway; next fit wraps around and
+worst fit takes the largest other block before growing). Requests are
+rounded up to a multiple of 512 bytes (at least 512). A placement takes a
+free block of at least the rounded size, keeps its low part for the request
+and leaves the rest free; a free coalesces the block with both address
+neighbours when they are free, so no two free blocks are ever adjacent.
+Placement policies (``Fit``):
 
 - first fit: the lowest-addressed free block that fits;
 - best fit: the smallest free block that fits, ties to the lowest address;
@@ -63,7 +67,7 @@ class FreeListModel:
         rounded = round_request(inp.size)
         rows = 2 * inp.max_live + 2  # no two free blocks are adjacent
         T = np.zeros((rows, k.WIDTH), np.int64)
-        st = np.array([0, -1, 1, 0, 0, cap, int(self.fit), 0], np.int64)
+        st = np.array([0, -1, 1, 0, 0, cap, int(self.fit), 0, config.capacity is None], np.int64)
         stats = np.zeros(len(Stat), np.int64)
         stats[Stat.FIRST_OOM] = -1
         stats[Stat.PEAK_EXTENT] = 0
