@@ -317,3 +317,13 @@ def test_pytorch_1_13_free_action(tmp_path: Path) -> None:
     hist = [entry("segment_alloc", A, 2 * MiB, 0), entry("alloc", A, 700, 1), entry("free", A, 700, 2)]
     tr, _ = load(tmp_path, {"segments": [], "device_traces": [hist]})
     assert ops(tr) == ["segment_alloc", "malloc", "free"] and tr.events.size[2] == 1024
+
+
+def test_native_frames_are_never_the_site(tmp_path: Path) -> None:
+    cpp = {"filename": "/pytorch/c10/cuda/CUDACachingAllocator.cpp", "line": 1500, "name": "malloc"}
+    so = {"filename": "/venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so", "line": 0,
+          "name": "at::empty"}
+    cell = {"filename": "<ipython-input-3>", "line": 2, "name": "<module>"}
+    hist = [entry("segment_alloc", A, 2 * MiB, 0), entry("alloc", A, 512, 1, [cpp, so, TORCH, cell, USER])]
+    tr, _ = load(tmp_path, {"segments": [], "device_traces": [hist]})
+    assert tr.events.site_name(1) == "<ipython-input-3>:2:<module>"

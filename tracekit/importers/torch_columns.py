@@ -37,8 +37,17 @@ _TORCH_FILE = re.compile(
 
 
 def is_torch_file(filename: str) -> bool:
-    """True for frames inside PyTorch's own Python files (and for frames with no file)."""
-    return not filename or filename == "??" or bool(_TORCH_FILE.search(filename))
+    """True for frames that are not the user's: PyTorch's own Python files, and native frames.
+
+    ``stacks="all"`` adds C++ frames (``.cpp``/``.h`` sources, shared libraries, ``??``);
+    they are never the call-site. A user frame is a ``.py`` file outside PyTorch or
+    code without a file (``<stdin>``, ``<string>``, notebook cells).
+    """
+    if not filename or filename == "??":
+        return True
+    if not (filename.endswith((".py", ".pyw")) or filename.startswith("<")):
+        return True
+    return bool(_TORCH_FILE.search(filename))
 
 
 @dataclass
