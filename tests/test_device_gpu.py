@@ -175,7 +175,9 @@ def _not_reproducible(trace, capacity) -> str | None:
         m = ops == Op.SEGMENT_ALLOC
         seqs.append(_segment_allocs(trace, np.asarray(run.rows.before)[m], np.asarray(run.rows.size)[m]))
     if seqs[0] != seqs[1]:
-        return f"two replays of the real pool differ ({len(seqs[0])} vs {len(seqs[1])} device allocations)"
+        i = next((k for k, (a, b) in enumerate(zip(*seqs, strict=False)) if a != b), min(map(len, seqs)))
+        return (f"two replays of the real pool differ from device allocation {i} "
+                f"({len(seqs[0])} vs {len(seqs[1])} in all)")
     if trace.meta.source == Source.CUPY and trace.meta.pool_limit_bytes == capacity:
         ev = trace.events
         idx = np.flatnonzero(ev.op == Op.SEGMENT_ALLOC)
