@@ -170,3 +170,11 @@ def test_help_does_not_import_heavy_modules() -> None:
             "print(','.join(bad))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == ""
+
+
+def test_unfinished_recording_points_to_recover(tmp_path: Path) -> None:
+    spool = tmp_path / "run.parquet.spool"
+    spool.write_bytes(b"\xff" * 16)
+    for target in (spool, tmp_path / "run.parquet"):
+        with pytest.raises(InputError, match="did not finish; run 'tracekit recover"):
+            read_trace(target)

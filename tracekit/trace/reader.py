@@ -51,6 +51,11 @@ class Trace:
 def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
     """Open ``path`` as Parquet, or raise InputError with a one-sentence cause."""
     p = Path(path)
+    spool = p if p.suffix == ".spool" else p.with_name(p.name + ".spool")
+    if spool.exists() and (p == spool or not p.exists()):
+        raise InputError(
+            f"{p}: this recording did not finish; run 'tracekit recover {spool}' to turn it into a trace"
+        )
     if not p.exists():
         raise InputError(f"{p}: no such file")
     if p.is_dir():
