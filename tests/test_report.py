@@ -590,3 +590,13 @@ def test_envelope_holds_the_last_value_across_empty_columns() -> None:
     assert env.last is not None and env.last[0] == 4.0
     assert len(xs) == 4 and xs[2] == 1.0  # nothing else is drawn until the next event at x = 1
     assert lo[1] == hi[1] == 4.0 and xs[1] == pytest.approx(0.01)  # the first column ends at 1/100
+
+
+def test_analyze_verb_writes_the_same_report(tmp_path: Path) -> None:
+    from tracekit.cli.app import app
+
+    p = hand_trace(tmp_path / "hand.parquet")
+    out = tmp_path / "from-analyze.html"
+    r = CliRunner().invoke(app, ["analyze", str(p), "--report", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_text().count("data:image/png") == 5
