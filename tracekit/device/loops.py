@@ -1,0 +1,213 @@
+"""The timed replay loops, one per kind of allocator, and the state they fill.
+
+``loop_cuda`` calls cudaMalloc/cudaFree directly; ``loop_pool`` calls a pool's
+``malloc`` and frees by dropping the last reference to the returned
+``MemoryPointer`` (CuPy's pools take a block back at that moment). Both work
+in chunks of ``CHUNK`` events turned into Python lists: per event the work is
+list indexing, one dict operation, two ``perf_counter_ns`` reads and three list
+stores around the call, and no Python object outlives its chunk. Every
+``Loop.every`` requests they sample cudaMemGetInfo and look for a pending
+Ctrl-C/SIGTERM, raising it there, where the map of live blocks is complete.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from tracekit.device.allocators import AsyncPool, ObservedPool
+from tracekit.device.capacity import PendingSignal
+from tracekit.errors import DeviceError
+from tracekit.trace.schema import Op
+
+CHUNK = 1 << 16
+_CUDA_OOM = 2  # cudaErrorMemoryAllocation
+
+
+class Loop:
+    """Mutable state shared by the loops: output arrays, live blocks, OOM bookkeeping."""
+
+    def __init__(self, n: int, continue_on_oom: bool, sample_every: int | None,
+                 pending: PendingSignal) -> None:
+        self.continue_on_oom = continue_on_oom
+        self.pending = pending
+        self.every = sample_every or sampling_interval(n)
+        self.status = np.zeros(n, np.int8)
+        self.addr = np.zeros(n, np.uint64)
+        self.latency = np.full(n, -1, np.int64)
+        self.t_end = np.zeros(n, np.int64)
+        self.device_free = np.full(n, -1, np.int64)
+        self.live: dict[int, Any] = {}
+        self.ooms = 0
+        self.first_oom = -1
+        self.oom_state: dict[str, Any] | None = None
+
+    def flush(self, base: int, addr: list, t0: list, t1: list, stat: list, dfree: dict,
+              stop: int | None = None) -> None:
+        """Copy one chunk's lists into the arrays; with ``stop``, events from there on were not run."""
+        n = len(stat) if stop is None else stop
+        sl = slice(base, base + n)
+        a1 = np.asarray(t1[:n], np.int64)
+        self.addr[sl] = addr[:n]
+        self.latency[sl] = np.where(a1 > 0, a1 - np.asarray(t0[:n], np.int64), -1)
+        self.t_end[sl] = a1
+        self.status[sl] = stat[:n]
+        if dfree:
+            idx = np.fromiter(dfree.keys(), np.int64, len(dfree))
+            keep = idx < n
+            self.device_free[idx[keep] + base] = np.fromiter(dfree.values(), np.int64, len(dfree))[keep]
+
+    def note_oom(self, i: int, err: BaseException, free: int, stats: dict[str, Any] | None) -> bool:
+        """Record an OOM at input index i; return True when the replay must stop."""
+        from cupy.cuda import runtime
+
+        if isinstance(err, runtime.CUDARuntimeError) and err.status != _CUDA_OOM:
+            raise DeviceError(f"CUDA error at event {i}: {err}") from None
+        self.ooms += 1
+        if self.first_oom < 0:
+            self.first_oom = i
+            self.oom_state = {"device_free": free, "error": str(err), **(stats or {})}
+        return not self.continue_on_oom
+
+
+def sampling_interval(n: int) -> int:
+    """Requests between two cudaMemGetInfo samples: n // 1000 clamped to [1, 1000]."""
+    return max(1, min(1000, n // 1000))
+
+
+def _chunks(n: int) -> range:
+    return range(0, n, CHUNK)
+
+
+def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray) -> None:
+    """cudaMalloc/cudaFree per request; the hot loop is kept to list indexing and two clock reads."""
+    from cupy.cuda import runtime as rt
+
+    malloc, free, meminfo, clock, err_t = rt.malloc, rt.free, rt.memGetInfo, time.perf_counter_ns, \
+        rt.CUDARuntimeError
+    live, every = lp.live, lp.every
+    k = every
+    for base in _chunks(len(ops)):
+        o_arr = ops[base:base + CHUNK]
+        o_l, s_l, m_l = o_arr.tolist(), sizes[base:base + CHUNK].tolist(), mates[base:base + CHUNK].tolist()
+        n = len(o_l)
+        addr, t0l, t1l = [0] * n, [0] * n, [0] * n
+        stat = _default_status(o_arr)
+        dfree: dict[int, int] = {}
+        for j in range(n):
+            o = o_l[j]
+            if o == 1:
+                p = live.pop(m_l[j], None)
+                if p is None:
+                    stat[j] = 3  # its malloc failed (--continue-on-oom)
+                    continue
+                t0 = clock()
+                free(p)
+                t1 = clock()
+            elif o == 0 or o == 4:
+                t0 = clock()
+                try:
+                    p = malloc(s_l[j])
+                except err_t as e:
+                    t1l[j], t0l[j], stat[j] = clock(), t0, 2
+                    dfree[j] = meminfo()[0]
+                    if lp.note_oom(base + j, e, dfree[j], None):
+                        lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                        return
+                    continue
+                t1 = clock()
+                live[base + j] = p
+            else:
+                continue
+            addr[j] = p
+            t0l[j] = t0
+            t1l[j] = t1
+            k -= 1
+            if k == 0:
+                k = every
+                dfree[j] = meminfo()[0]
+                if lp.pending.signum:  # Ctrl-C / SIGTERM: stop here, where the live map is complete
+                    lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                    lp.pending.check()
+        lp.flush(base, addr, t0l, t1l, stat, dfree)
+
+
+def _default_status(o_arr: np.ndarray) -> list:
+    """DONE for requests (malloc, free, oom), IGNORED for the input's own segment rows."""
+    return ((o_arr == Op.MALLOC) | (o_arr == Op.FREE) | (o_arr == Op.OOM)).astype(np.int8).tolist()
+
+
+def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, streams: np.ndarray,
+               backend: ObservedPool | AsyncPool) -> None:
+    """Pool malloc per request; a free is dropping the last reference to its MemoryPointer."""
+    import cupy
+    from cupy.cuda import memory
+    from cupy.cuda import runtime as rt
+
+    meminfo, clock = rt.memGetInfo, time.perf_counter_ns
+    pool_malloc = backend.pool.malloc
+    observed = backend if isinstance(backend, ObservedPool) else None
+    errs = (memory.OutOfMemoryError, rt.CUDARuntimeError)
+    live, every = lp.live, lp.every
+    k = every
+    uniq = np.unique(streams[(ops == Op.MALLOC) | (ops == Op.OOM)])
+    objs = {int(s): (cupy.cuda.Stream.null if s == 0 else cupy.cuda.Stream()) for s in uniq}
+    multi = len(objs) > 1
+    cur = -1
+    try:
+        for base in _chunks(len(ops)):
+            o_arr = ops[base:base + CHUNK]
+            o_l, s_l, m_l, st_l = (a[base:base + CHUNK].tolist() for a in (ops, sizes, mates, streams))
+            n = len(o_l)
+            addr, t0l, t1l = [0] * n, [0] * n, [0] * n
+            stat = _default_status(o_arr)
+            dfree: dict[int, int] = {}
+            for j in range(n):
+                o = o_l[j]
+                if o == 1:
+                    q = live.pop(m_l[j], None)
+                    if q is None:
+                        stat[j] = 3
+                        continue
+                    p = q.ptr
+                    if observed is not None:
+                        observed.current = base + j
+                    t0 = clock()
+                    del q  # the pool takes the chunk back when its last reference goes
+                    t1 = clock()
+                elif o == 0 or o == 4:
+                    if observed is not None:
+                        observed.current = base + j
+                    if multi and st_l[j] != cur:
+                        cur = st_l[j]
+                        objs[cur].use()
+                    t0 = clock()
+                    try:
+                        live[base + j] = pool_malloc(s_l[j])
+                    except errs as e:
+                        t1l[j], t0l[j], stat[j] = clock(), t0, 2
+                        dfree[j] = meminfo()[0]
+                        if lp.note_oom(base + j, e, dfree[j], backend.stats()):
+                            lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                            return
+                        continue
+                    t1 = clock()
+                    p = live[base + j].ptr
+                else:
+                    continue
+                addr[j] = p
+                t0l[j] = t0
+                t1l[j] = t1
+                k -= 1
+                if k == 0:
+                    k = every
+                    dfree[j] = meminfo()[0]
+                    if lp.pending.signum:
+                        lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                        lp.pending.check()
+            lp.flush(base, addr, t0l, t1l, stat, dfree)
+    finally:
+        if multi:
+            cupy.cuda.Stream.null.use()
