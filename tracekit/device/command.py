@@ -97,7 +97,9 @@ def write_output(tr: Any, run: Any, output: Path) -> Path:
                 "capacity": run.plan.capacity, "ballast_bytes": run.plan.ballast,
                 "free_at_start": run.free_replay, "input": str(tr.path)},
         allocator=run.config.allocator.value,
+        policy=run.config.allocator.value,
         capacity=run.plan.capacity,
+        device_total=run.free_replay,  # what the replay had: the emulated device under any pool limit
     )
     return write_trace(output, meta, ev, extras, extra_fields=_fields())
 
