@@ -194,17 +194,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
 _TIMELINE_CAPTION = (
     "Bytes over time: live (allocated blocks, after rounding), requested (what the program asked for), "
     "reserved (segments the pool holds), the largest free block inside the segments, and device free where "
-    "the device total is known. Red, right axis: external fragmentation = 1 - largest free block / free in "
-    "pool. Shaded bands are the min..max within one pixel column, so no spike is hidden."
+    "the device total is known. The strip below: external fragmentation = 1 - largest free block / free in "
+    "pool. At the OOM (dashed line) the black bar is the failing request stacked on the reserved bytes. "
+    "Shaded bands are the min..max within one pixel column, so no spike is hidden."
 )
 _MAP_CAPTION = (
     "Each rectangle is one block: from its malloc to its free (or the end of the trace) along x, its address "
     "range within the segments along y. Colours name the call-sites that hold the most bytes over time; grey "
-    "is every other site. Thin lines separate segments."
+    "is every other site. Pale boxes are segments over their lifetime: pale area is reserved but free."
 )
 _MOMENT_CAPTION = (
     "Every segment as a bar: coloured pieces are live blocks, pale green is free space inside the segment. "
-    "The largest free gap is outlined; the red bar under it is the failing request at the same scale."
+    "The largest free gap is outlined; the black bar under it is the failing request at the same scale."
 )
 _SIZES_CAPTION = "Requested sizes in power-of-two bins: left, how many allocations; right, how many bytes."
 _SITES_CAPTION = (
