@@ -600,3 +600,13 @@ def test_analyze_verb_writes_the_same_report(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["analyze", str(p), "--report", str(out)])
     assert r.exit_code == 0, r.output
     assert out.read_text().count("data:image/png") == 5
+
+
+def test_a_missing_baseline_fails_before_any_work(tmp_path: Path) -> None:
+    from tracekit.errors import InputError
+    from tracekit.report import write_report
+
+    p = hand_trace(tmp_path / "hand.parquet")
+    with pytest.raises(InputError, match="no such file"):
+        write_report(p, tmp_path / "r.html", baseline=tmp_path / "missing.parquet")
+    assert not (tmp_path / "r.html").exists()

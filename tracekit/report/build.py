@@ -27,7 +27,7 @@ from tracekit.report.oom_view import draw_moment, moment
 from tracekit.report.sections import baseline_section, header, summary_section, whatif_section
 from tracekit.report.style import PALETTE, short_site, site_colours, time_axis
 from tracekit.report.timeline import TimelineData, timeline_data
-from tracekit.trace import Op, Trace, read_trace
+from tracekit.trace import Op, Trace, read_meta, read_trace
 from tracekit.trace.writer import check_output_path
 
 
@@ -131,6 +131,8 @@ def write_report(
     check_output_path(output, inputs)
     if png_dir is not None and Path(png_dir).exists() and not Path(png_dir).is_dir():
         raise OutputError(f"{png_dir}: cannot write PNGs there, it is a file, not a folder")
+    if baseline is not None:
+        read_meta(baseline)  # a bad baseline fails now, before the main trace's figures are drawn
     trace = read_trace(trace_path)
     analysis, _ = _analyze(trace, analysis)
     rendered, tl, summary = build_figures(trace, analysis, trace_path.name)

@@ -78,9 +78,11 @@ def header(trace: Trace, summary: dict[str, Any]) -> str:
         facts.append(["skipped events", f"{trace.dropped:,} inconsistent events were skipped"])
     oom = summary.get("oom")
     if oom:
+        more = summary.get("oom_events") or 1
+        tail = f" (the first of {more} failed requests in this trace)" if more > 1 else ""
         verdict = (
             f'<div class="verdict"><b>Out of memory: {esc(oom.get("diagnosis", "?"))}.</b> '
-            f"{esc(oom.get('explanation', ''))}</div>"
+            f"{esc(oom.get('explanation', ''))}{esc(tail)}</div>"
         )
     else:
         verdict = '<div class="ok"><b>No out-of-memory event in this trace.</b></div>'
