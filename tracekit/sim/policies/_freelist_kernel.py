@@ -216,13 +216,14 @@ def _largest(T, st, roots, bm):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def run_chunk(T, st, stack, roots, bm, kind, rounded, mate, node_of, addr_out, status, stats, lo, hi,
-              cont):
+def run_chunk(T, st, stack, roots, bm, kind, size, mate, rounded, node_of, addr_out, status, stats,
+              lo, hi, cont):
     # pragma: no cover - compiled
     for i in range(lo, hi):
         k = kind[i]
         if k == 0:
-            r = rounded[i]
+            r = max(((size[i] + 511) >> 9) << 9, 512)  # 512-byte units, at least one
+            rounded[i] = r
             x = _find(T, st, stack, roots, bm, r)
             if x < 0:
                 status[i] = 2  # Status.OOM

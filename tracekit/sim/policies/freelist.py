@@ -33,7 +33,7 @@ import numpy as np
 from tracekit.errors import UsageError
 from tracekit.sim import progress, sizeclass
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
-from tracekit.sim.heap import UNBOUNDED, UNIT, heap_run
+from tracekit.sim.heap import UNBOUNDED, heap_run
 from tracekit.sim.policies import _freelist_kernel as k
 from tracekit.sim.prepare import prepare
 from tracekit.trace.reader import Trace
@@ -44,11 +44,6 @@ class Fit(IntEnum):
     BEST = 1
     NEXT = 2
     WORST = 3
-
-
-def round_request(size: np.ndarray) -> np.ndarray:
-    """Requested bytes -> block bytes: up to a multiple of 512, at least 512."""
-    return np.maximum((size + (UNIT - 1)) // UNIT * UNIT, UNIT)
 
 
 class FreeListModel:
@@ -64,7 +59,7 @@ class FreeListModel:
         inp = prepare(trace)
         n = len(inp)
         cap = UNBOUNDED if config.capacity is None else int(config.capacity)
-        rounded = round_request(inp.size)
+        rounded = np.zeros(n, np.int64)  # filled by the kernel at allocation attempts
         rows = 2 * inp.max_live + 2  # no two free blocks are adjacent
         T = np.zeros((rows, k.WIDTH), np.int64)
         st = np.array([0, -1, 1, 0, 0, cap, int(self.fit), 0, config.capacity is None], np.int64)
@@ -81,8 +76,8 @@ class FreeListModel:
         addr = np.zeros(n, np.uint64)
         status = np.zeros(n, np.int8)
         for lo, hi in progress.chunks(n):
-            k.run_chunk(T, st, stack, roots, bm, inp.kind, rounded, inp.mate, node_of, addr, status,
-                      stats, lo, hi, config.continue_on_oom)
+            k.run_chunk(T, st, stack, roots, bm, inp.kind, inp.size, inp.mate, rounded, node_of, addr,
+                        status, stats, lo, hi, config.continue_on_oom)
             if st[k.STOPPED]:
                 break
         return heap_run(config, addr, status, rounded, stats)
