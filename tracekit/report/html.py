@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,13 @@ def figure_html(f: Rendered) -> str:
     )
 
 
+def contents(sections: list[str]) -> str:
+    """Links to every section heading (``<h2 id=...>``) in page order."""
+    heads = re.findall(r'<h2 id="([^"]+)">([^<]+)</h2>', "\n".join(sections))
+    links = " · ".join(f'<a href="#{i}">{t}</a>' for i, t in heads)  # already escaped when built
+    return f'<p class="caption">Contents: {links}</p>' if heads else ""
+
+
 def page(title: str, header_html: str, sections: list[str]) -> str:
     """The whole document; ``header_html`` and ``sections`` are trusted HTML built by this package."""
     return "\n".join(
@@ -124,6 +132,7 @@ def page(title: str, header_html: str, sections: list[str]) -> str:
             "<body>",
             f"<h1>{esc(title)}</h1>",
             header_html,
+            contents(sections),
             *sections,
             "</body>",
             "</html>",

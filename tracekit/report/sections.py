@@ -62,6 +62,11 @@ OOM_KEYS = (
 )
 
 
+def label(key: str) -> str:
+    """A summary key as row text: its own words, with the key itself kept for searching."""
+    return LABELS.get(key, key.replace("_", " ")) + f"  [{key}]"
+
+
 def header(trace: Trace, summary: dict[str, Any]) -> str:
     """Trace facts and the verdict in one box: the OOM's diagnosis and explanation, or that none occurred."""
     m = trace.meta
@@ -100,7 +105,7 @@ def summary_section(summary: dict[str, Any]) -> str:
     parts = ['<h2 id="summary">Summary</h2>']
     parts.append(
         table(
-            [[LABELS.get(k, k), fmt_value(k, summary.get(k))] for k in SUMMARY_KEYS if k in summary],
+            [[label(k), fmt_value(k, summary.get(k))] for k in SUMMARY_KEYS if k in summary],
             ["metric", "value"],
             (1,),
         )
@@ -130,7 +135,7 @@ def baseline_section(
 ) -> str:
     """The overlay figure and both summaries side by side, with the OOM verdict of each."""
     rows = [
-        [LABELS.get(k, k), fmt_value(k, this.get(k)), fmt_value(k, base.get(k))]
+        [label(k), fmt_value(k, this.get(k)), fmt_value(k, base.get(k))]
         for k in SUMMARY_KEYS
         if k in this or k in base
     ]
