@@ -54,6 +54,10 @@ class CupyPool:
     )
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
+        return self.run_with_state(trace, config)[0]
+
+    def run_with_state(self, trace: Trace, config: SimConfig) -> tuple[PolicyRun, np.ndarray, np.ndarray]:
+        """The run, plus the final chunk store and counters (for consistency checks)."""
         unknown = sorted(set(config.options) - {"release_points", "addresses", "ties"})
         if unknown:
             raise UsageError(
@@ -81,7 +85,7 @@ class CupyPool:
             hints, follow_ties, streams.view(np.int64), int(config.capacity or 0),
             int(config.device_total or 0), bool(config.continue_on_oom), C, R, S, stats,
         )
-        return pack(addr, status, rounded, R, S, stats)
+        return pack(addr, status, rounded, R, S, stats), C, S
 
 
 MODEL = CupyPool()

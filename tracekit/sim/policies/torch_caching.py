@@ -115,6 +115,10 @@ class TorchCaching:
     )
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
+        return self.run_with_state(trace, config)[0]
+
+    def run_with_state(self, trace: Trace, config: SimConfig) -> tuple[PolicyRun, np.ndarray, np.ndarray]:
+        """The run, plus the final chunk store and counters (for consistency checks)."""
         st = settings(config.options)
         ev = trace.events
         streams, sidx = stream_groups(ev.stream)
@@ -141,7 +145,7 @@ class TorchCaching:
             ev.addr.view(np.int64), rel, hints, np.tile(streams, 2).view(np.int64), cfg, C, R, S, X, stats,
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
-        return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats)
+        return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats), C, S
 
 
 MODEL = TorchCaching()
