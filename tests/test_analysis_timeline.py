@@ -174,3 +174,15 @@ def test_adjacent_segments_do_not_merge_their_free_space():
     assert tl is not None
     assert tl.column("largest_free_block").to_pylist() == [8192, 8192]
     assert tl.column("external_fragmentation").to_pylist() == [0.0, 0.5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 2, 511, 512, 2**63, 2**64 - 2, 2**64 - 1]) | st.integers(0, 2**64 - 1),
+                max_size=9000))
+def test_compress_sorts_and_indexes_like_numpy(values):
+    from tracekit.analysis.largest_free import compress
+
+    v = np.array(values, np.uint64)
+    pts, idx = compress(v)
+    expect, inv = np.unique(v, return_inverse=True)
+    assert pts.tolist() == expect.tolist() and idx.tolist() == inv.ravel().tolist()

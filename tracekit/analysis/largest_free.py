@@ -3,9 +3,9 @@
 Every address a trace touches is known up front, so block and segment
 boundaries are coordinate-compressed (``compress``) into sorted positions
 p_0 < … < p_m−1, and each free gap ``[p_s, p_e)`` (a maximal run of a live
-segment covered by no live block) is stored at its start position: ``glen[s]
-= p_e − p_s``, ``gend[s] = e``, and ``gstart_of_end[e] = s``. A max-tree over
-``glen`` gives the largest free block at its root in O(1); each event changes
+segment covered by no live block) is stored at its start position: leaf s of
+a max-tree holds p_e − p_s, and a per-position record holds the gap's end e
+(at s) and start s (at e). The max-tree gives the largest free block at its root in O(1); each event changes
 at most three gaps, each a point update that climbs only while the maximum
 changes:
 
@@ -85,57 +85,65 @@ def _succ(tree, size, k):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
-def _add_gap(tree, size, pos, gend, gsoe, s, e):  # pragma: no cover - compiled
-    if pos[e] > pos[s]:
-        gend[s] = e
-        gsoe[e] = s
-        _set(tree, size, s, pos[e] - pos[s])
+# Columns of the per-position record table (one row per position, so the facts
+# about one address share a cache line): its address, the end position of the
+# gap starting there, the start position of the gap ending there (-1 = none),
+# and how many live segments start there.
+POS, GEND, GSOE, SEGS, RCOLS = 0, 1, 2, 3, 4
 
 
 @njit(cache=True)
-def _drop_gap(tree, size, gend, gsoe, s):  # pragma: no cover - compiled
-    gsoe[gend[s]] = -1
+def _add_gap(tree, size, R, s, e):  # pragma: no cover - compiled
+    length = R[e, POS] - R[s, POS]
+    if length > 0:
+        R[s, GEND] = e
+        R[e, GSOE] = s
+        _set(tree, size, s, length)
+
+
+@njit(cache=True)
+def _drop_gap(tree, size, R, s):  # pragma: no cover - compiled
+    R[R[s, GEND], GSOE] = -1
     _set(tree, size, s, 0)
 
 
 @njit(cache=True)
-def _carve(tree, size, pos, gend, gsoe, a, b):  # pragma: no cover - compiled
+def _carve(tree, size, R, a, b):  # pragma: no cover - compiled
     # Take [a, b) out of the gap holding it; False if no gap holds all of it.
     s = a if tree[a + size] > 0 else _pred(tree, size, a)
-    if s < 0 or gend[s] < b:
+    if s < 0 or R[s, GEND] < b:
         return False
-    e = gend[s]
-    _drop_gap(tree, size, gend, gsoe, s)
+    e = R[s, GEND]
+    _drop_gap(tree, size, R, s)
     if s < a:
-        _add_gap(tree, size, pos, gend, gsoe, s, a)
+        _add_gap(tree, size, R, s, a)
     if b < e:
-        _add_gap(tree, size, pos, gend, gsoe, b, e)
+        _add_gap(tree, size, R, b, e)
     return True
 
 
 @njit(cache=True)
-def _release(tree, size, pos, gend, gsoe, seg_starts, merge_all, a, b):  # pragma: no cover
+def _release(tree, size, R, merge_all, a, b):  # pragma: no cover - compiled
     # Return [a, b) as free, merged with its free neighbours inside one segment.
     s = a
     e = b
-    if merge_all or seg_starts[a] == 0:
-        left = gsoe[a]
+    if merge_all or R[a, SEGS] == 0:
+        left = R[a, GSOE]
         if left >= 0:
-            _drop_gap(tree, size, gend, gsoe, left)
+            _drop_gap(tree, size, R, left)
             s = left
-    if (merge_all or seg_starts[b] == 0) and tree[b + size] > 0:
-        e = gend[b]
-        _drop_gap(tree, size, gend, gsoe, b)
-    _add_gap(tree, size, pos, gend, gsoe, s, e)
+    if (merge_all or R[b, SEGS] == 0) and tree[b + size] > 0:
+        e = R[b, GEND]
+        _drop_gap(tree, size, R, b)
+    _add_gap(tree, size, R, s, e)
 
 
 @njit(cache=True)
-def _clear(tree, size, gend, gsoe, a, b):  # pragma: no cover - compiled
+def _clear(tree, size, R, a, b):  # pragma: no cover - compiled
     # Drop every gap starting in [a, b) (a segment freed while blocks were still live).
     s = _succ(tree, size, a)
     while 0 <= s < b:
-        _drop_gap(tree, size, gend, gsoe, s)
+        _drop_gap(tree, size, R, s)
         s = _succ(tree, size, s)
 
 
@@ -158,9 +166,10 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
     while tsize < max(m, 1):
         tsize *= 2
     tree = np.zeros(2 * tsize, np.int64)
-    gend = np.zeros(max(m, 1), np.int64)
-    gsoe = np.full(max(m, 1), -1, np.int64)
-    seg_starts = np.zeros(max(m, 1), np.int32)
+    R = np.zeros((max(m, 1), RCOLS), np.int64)
+    for k in range(m):
+        R[k, POS] = pos[k]
+        R[k, GSOE] = -1
     placed = np.zeros(n if pooled else 0, np.bool_)
     st = np.zeros(N_STATS, np.int64)
     fs = np.zeros(N_FSTATS, np.float64)
@@ -177,7 +186,7 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
             live += np.int64(rounded[i])
             req += np.int64(size[i])
             if pooled and lo[i] < hi[i]:
-                placed[i] = _carve(tree, tsize, pos, gend, gsoe, lo[i], hi[i])
+                placed[i] = _carve(tree, tsize, R, lo[i], hi[i])
         elif o == 1:  # free
             j = mate[i]
             if j < 0:
@@ -187,7 +196,7 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
                 live -= np.int64(rounded[j])
                 req -= np.int64(size[j])
                 if pooled and placed[j]:
-                    _release(tree, tsize, pos, gend, gsoe, seg_starts, merge_all, lo[j], hi[j])
+                    _release(tree, tsize, R, merge_all, lo[j], hi[j])
         elif o == 2 or o == 3:  # segment_alloc / segment_free
             j = mate[i] if o == 3 else i
             if j < 0:
@@ -197,14 +206,14 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
             if o == 2:
                 res += np.int64(size[j])
                 if a < b:
-                    seg_starts[a] += 1
-                    _release(tree, tsize, pos, gend, gsoe, seg_starts, merge_all, a, b)
+                    R[a, SEGS] += 1
+                    _release(tree, tsize, R, merge_all, a, b)
             else:
                 res -= np.int64(size[j])
                 if a < b:
-                    seg_starts[a] -= 1
-                    if not _carve(tree, tsize, pos, gend, gsoe, a, b):
-                        _clear(tree, tsize, gend, gsoe, a, b)
+                    R[a, SEGS] -= 1
+                    if not _carve(tree, tsize, R, a, b):
+                        _clear(tree, tsize, R, a, b)
         r = res if pooled else live
         lfb = tree[1] if pooled else np.int64(0)
         free = r - live
@@ -244,6 +253,9 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
     return st, fs
 
 
+EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # free slot marker of the hash table
+
+
 @njit(cache=True)
 def _shift_for(cap):  # pragma: no cover - compiled
     shift = np.uint64(64)
@@ -254,51 +266,72 @@ def _shift_for(cap):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _slot(keys, used, key, shift, mask):  # pragma: no cover - compiled
+def _probe(tab, key, shift, mask):  # pragma: no cover - compiled
+    # Fibonacci hashing with linear probing: the slot holding key, or the empty slot for it.
     j = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-    while used[j] and keys[j] != key:
+    while True:
+        k = tab[j, 0]
+        if k == key or k == EMPTY:  # noqa: SIM109 (plain compares compile best)
+            return j
         j = (j + 1) & mask
-    return j
 
 
 @njit(cache=True)
 def compress(values):  # pragma: no cover - compiled
     """Sorted distinct ``values`` (uint64) and each value's index among them.
 
-    An open-addressing hash table (grown as it fills, so it stays the size of
-    the distinct set) dedupes first; only the distinct values are sorted
-    (traces reuse addresses: far fewer distinct values than events).
+    An open-addressing hash table of (key, rank) rows, grown as it fills so it
+    stays the size of the distinct set, dedupes first; only the distinct
+    values are sorted (traces reuse addresses: far fewer distinct values than
+    events). Slots remembered in the first pass are reused in the second
+    unless the table grew after them.
     """
     n = values.shape[0]
     cap = 1 << 12
-    keys = np.empty(cap, np.uint64)
-    used = np.zeros(cap, np.bool_)
+    tab = np.full((cap, 2), EMPTY, np.uint64)
     shift = _shift_for(cap)
     distinct = 0
+    has_empty = False
+    slot_of = np.empty(n, np.int64)
+    valid_from = 0
     for i in range(n):
         key = values[i]
-        j = _slot(keys, used, key, shift, cap - 1)
-        if not used[j]:
-            used[j] = True
-            keys[j] = key
+        if key == EMPTY:
+            has_empty = True
+            continue
+        j = _probe(tab, key, shift, cap - 1)
+        slot_of[i] = j
+        if tab[j, 0] == EMPTY:
+            tab[j, 0] = key
             distinct += 1
-            if 2 * distinct > cap:  # grow and rehash
-                old_keys = keys[used]
+            if 2 * distinct > cap:  # grow and rehash; earlier slots are stale
+                old = tab
                 cap *= 4
-                keys = np.empty(cap, np.uint64)
-                used = np.zeros(cap, np.bool_)
+                tab = np.full((cap, 2), EMPTY, np.uint64)
                 shift = _shift_for(cap)
-                for k in old_keys:
-                    jj = _slot(keys, used, k, shift, cap - 1)
-                    used[jj] = True
-                    keys[jj] = k
-    slots = np.flatnonzero(used)
-    order = np.argsort(keys[slots])
-    pts = keys[slots][order]
-    rank = np.empty(cap, np.int64)
-    for r in range(order.shape[0]):
-        rank[slots[order[r]]] = r
+                for r in range(old.shape[0]):
+                    k = old[r, 0]
+                    if k != EMPTY:
+                        tab[_probe(tab, k, shift, cap - 1), 0] = k
+                valid_from = i + 1
+    keys = np.empty(distinct + (1 if has_empty else 0), np.uint64)
+    c = 0
+    for r in range(cap):
+        if tab[r, 0] != EMPTY:
+            keys[c] = tab[r, 0]
+            c += 1
+    if has_empty:
+        keys[c] = EMPTY  # the largest uint64 sorts last
+    keys[:distinct].sort()
+    for r in range(distinct):
+        tab[_probe(tab, keys[r], shift, cap - 1), 1] = r
     index = np.empty(n, np.int64)
     for i in range(n):
-        index[i] = rank[_slot(keys, used, values[i], shift, cap - 1)]
-    return pts, index
+        key = values[i]
+        if key == EMPTY:
+            index[i] = distinct
+        elif i >= valid_from:
+            index[i] = np.int64(tab[slot_of[i], 1])
+        else:
+            index[i] = np.int64(tab[_probe(tab, key, shift, cap - 1), 1])
+    return keys, index
