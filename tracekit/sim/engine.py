@@ -152,14 +152,17 @@ def fits(trace: Trace, policy: str, config: SimConfig) -> bool:
 
 
 def summarize(trace: Trace, policy: str, config: SimConfig, run: PolicyRun) -> ReplaySummary:
+    """The summary of ``run`` (a policy's raw result over ``trace``)."""
     s = [int(v) for v in run.stats]
     first = s[Stat.FIRST_OOM]
     oom = None
     if first >= 0:
         ev = trace.events
-        rounded = int(run.rounded[first]) if run.rounded is not None else s[Stat.OOM_ROUNDED]
+        rounded = s[Stat.OOM_ROUNDED]
+        if rounded <= 0:  # a policy that leaves the slot empty: its per-event rounding, else the request
+            rounded = int(run.rounded[first]) if run.rounded is not None else int(ev.size[first])
         oom = OOMInfo(
-            seq=int(ev.seq[first]), size=int(ev.size[first]), rounded=max(rounded, s[Stat.OOM_ROUNDED]),
+            seq=int(ev.seq[first]), size=int(ev.size[first]), rounded=rounded,
             free_bytes=s[Stat.OOM_FREE], largest_free_block=s[Stat.OOM_LARGEST],
             live_bytes=s[Stat.OOM_LIVE], reserved_bytes=s[Stat.OOM_RESERVED],
         )
