@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, Stat
@@ -24,10 +25,16 @@ def initial_mask(trace: Trace) -> np.ndarray:
     """Bool per event: True for rows that rebuild the state before the trace began."""
     n = len(trace.events)
     tbl = trace.extras
-    if tbl is None or "initial" not in tbl.column_names:
-        return np.zeros(n, dtype=np.bool_)
-    col = tbl.column("initial").fill_null(False)
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    if tbl is not None and "initial" in tbl.column_names:
+        col = tbl.column("initial").fill_null(False)
+        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    if tbl is None and trace.path is not None and trace.dropped == 0:
+        # Read without its extra columns: the starting state still matters, so fetch that one.
+        pf = pq.ParquetFile(trace.path)
+        if "initial" in pf.schema_arrow.names and pf.metadata.num_rows == n:
+            col = pf.read(columns=["initial"]).column(0).fill_null(False)
+            return np.asarray(col.to_numpy(), dtype=np.bool_)
+    return np.zeros(n, dtype=np.bool_)
 
 
 def stream_groups(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +125,10 @@ def pack(
     """Trim the row matrix and fill the counters kept in ``S`` into ``stats``."""
     k = int(S[ck.NROWS])
     rows = R[:k]
+    # Rows are emitted in event order, except starting-state rows of a trace whose
+    # initial rows are not all at the front: a stable sort keeps emission order.
+    if k > 1 and np.any(np.diff(rows[:, 0]) < 0):
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
     stats[Stat.PEAK_LIVE] = S[ck.PEAK_LIVE]
     stats[Stat.PEAK_RESERVED] = S[ck.PEAK_RES]
     stats[Stat.SEGMENT_ALLOCS] = S[ck.SEGA]
