@@ -254,11 +254,13 @@ def first_fit_from(T, root, k1, size, stack):  # pragma: no cover - compiled
 
     The nodes with K1 >= k1 are exactly the nodes where the search path for
     k1 turns left, each with its right subtree; trying them deepest first
-    visits them in key order. ``stack`` is scratch space (grown by the caller).
+    visits them in key order. ``stack`` is scratch space longer than any
+    realistic treap path (expected depth ~2 ln n); the guard only keeps a
+    pathological tree from writing past it.
     """
     depth = 0
     y = root
-    while y >= 0:
+    while y >= 0 and depth < stack.shape[0]:
         if T[y, K1] < k1:
             y = T[y, R]
         else:
