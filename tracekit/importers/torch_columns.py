@@ -178,3 +178,41 @@ def _columns(entries: list[Any], table: SiteTable, stacks: bool) -> History:
              else np.full(len(entries), -1, np.int32))
     return History(action=action, addr=addr, size=size, stream=stream, time_us=time_us, site=site,
                    stack=stack, device_free=device_free, skipped=skipped, has_time=has_time)
+
+
+def read_scanned(entries: Any, table: SiteTable, where: str = "") -> History:
+    """A History from a compiled scan's entry columns (``pickle_scan.EntryList``), no per-entry object."""
+    sc = entries.scan
+    col = sc.entries
+    rows = np.flatnonzero(col[:, 10] == entries.node)
+    sel: Any = slice(None) if len(rows) == len(col) else rows
+    act = col[sel, 0]
+    skipped: Counter[str] = Counter()
+    for i in np.flatnonzero(act < 0).tolist():
+        r = int(rows[i])
+        skipped["None" if col[r, 0] == -2 else sc.text(int(col[r, 1]), int(col[r, 2]))] += 1
+    keep = act >= 0
+    if not keep.all():
+        sel = rows[keep]
+    action = col[sel, 0].astype(np.int8)
+    ints = [col[sel, k] for k in (3, 4, 5)]
+    if any(len(c) and int(c.min()) < 0 for c in ints):
+        raise InputError(f"{where}: a history entry has a negative address, size or stream")
+    has_time = bool(np.all(col[sel, 7] == 1))
+    time_us = col[sel, 6].copy() if has_time else np.where(col[sel, 7] == 1, col[sel, 6], -1)
+    device_free = np.where(action == OOM, col[sel, 8], -1).astype(np.int64)
+    node = col[sel, 9]
+    site = np.full(len(action), -1, np.int32)
+    has = node >= 0
+    nd = node[has]
+    f = np.where(sc.site[nd] >= 0, sc.site[nd], sc.first[nd])
+    with_frames = sc.nfr[nd] > 0
+    uniq, inv = np.unique(f[with_frames], return_inverse=True)
+    lut = np.array([table.site_of([sc.frame(int(u))]) for u in uniq.tolist()], dtype=np.int32)
+    s = np.full(len(nd), -1, np.int32)
+    s[with_frames] = lut[inv] if len(uniq) else s[with_frames]
+    site[has] = s
+    return History(action=action, addr=ints[0].astype(np.uint64), size=ints[1].astype(np.uint64),
+                   stream=ints[2].astype(np.uint64), time_us=time_us, site=site,
+                   stack=np.full(len(action), -1, np.int32), device_free=device_free, skipped=skipped,
+                   has_time=has_time)

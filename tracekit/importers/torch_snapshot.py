@@ -18,7 +18,10 @@ the snapshot carries a ``tracekit`` key (written by ``record --torch`` and
 
 from __future__ import annotations
 
+import gzip
+import mmap
 import os
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
@@ -30,8 +33,9 @@ import pyarrow as pa
 
 from tracekit.errors import InputError, OutputError
 from tracekit.importers import torch_columns as tc
+from tracekit.importers.pickle_scan import EntryList, scan
 from tracekit.importers.progress import LARGE_BYTES, Progress
-from tracekit.importers.safe_pickle import load_pickle
+from tracekit.importers.safe_pickle import GZIP_MAGIC, load_pickle
 from tracekit.importers.torch_rounding import divisions_from_settings, round_size
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
@@ -71,20 +75,50 @@ def default_output(snapshot: Path) -> Path:
 
 
 def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,
-                    device: int | None = None, stacks: bool = False,
-                    progress: bool | None = None) -> ImportResult:
-    """Read ``path`` with the restricted unpickler and write the v1 trace (``output`` or beside it)."""
+                    device: int | None = None, stacks: bool = False, progress: bool | None = None,
+                    fast: bool | None = None) -> ImportResult:
+    """Read ``path`` and write the v1 trace (``output`` or beside it).
+
+    Snapshots of ``LARGE_BYTES`` or more (or any, with ``fast=True``) go through the
+    compiled scanner (``pickle_scan``), which keeps no Python object per history
+    entry; anything it does not handle, and every smaller file, is read with the
+    restricted unpickler. Both give the same trace.
+    """
     src = Path(path)
     out = Path(output) if output is not None else default_output(src)
     if out.exists() and src.exists() and out.resolve() == src.resolve():
         raise OutputError(f"{out}: refusing to overwrite the snapshot; choose another -o")
     check_output_path(out)
     big = progress if progress is not None else (src.exists() and src.stat().st_size >= LARGE_BYTES)
-    snap = load_pickle(src, progress=big)
+    snap = None
+    if (fast if fast is not None else big) and not stacks:
+        snap = scan_file(src, progress=big)
+    if snap is None:
+        snap = load_pickle(src, progress=big)
     c = convert(snap, src, device=device, stacks=stacks, progress=big)
     del snap
     write_trace(out, c.meta, c.events, c.extras)
     return ImportResult(out, len(c.events), c.initial_rows, c.devices, c.skipped)
+
+
+def scan_file(src: Path, *, progress: bool = False) -> Any | None:
+    """The snapshot read by the compiled scanner, or None when it must go to the unpickler."""
+    try:
+        with open(src, "rb") as f:
+            gz = f.read(2) == GZIP_MAGIC
+            if gz:
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f) as g:
+                    buf = np.frombuffer(g.read(), dtype=np.uint8)
+            else:
+                buf = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+    except (OSError, EOFError, zlib.error, ValueError):
+        return None  # the unpickler path reports what is wrong with the file
+    bar = Progress("scanning", len(buf), enabled=progress)
+    try:
+        return scan(buf, bar)
+    finally:
+        bar.close()
 
 
 def _shape(snap: Any, where: Path) -> tuple[list[Any], list[Any], dict[str, Any]]:
@@ -126,12 +160,16 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
     settings: dict[str, Any] = raw_settings if isinstance(raw_settings, dict) else {}
     rnd = partial(round_size, divisions=divisions_from_settings(settings))
     table, skipped = tc.SiteTable(), Counter[str]()
-    total = sum(len(traces[d]) for d in devices if d < len(traces) and isinstance(traces[d], list))
-    bar = Progress("converting", total, enabled=progress)
+    usable = {d: traces[d] for d in devices if d < len(traces) and isinstance(traces[d], list | EntryList)}
+    bar = Progress("converting", sum(len(t) for t in usable.values()), enabled=progress)
     parts, hists = [], []
     for d in devices:
-        entries = traces[d] if d < len(traces) and isinstance(traces[d], list) else []
-        h = tc.read_history(entries, d, table, stacks=stacks, progress=bar, where=str(where))
+        entries = usable.get(d, [])
+        if isinstance(entries, EntryList):
+            h = tc.read_scanned(entries, table, where=str(where))
+            bar.advance(len(h))
+        else:
+            h = tc.read_history(entries, d, table, stacks=stacks, progress=bar, where=str(where))
         if d < len(traces):
             traces[d] = None  # the entry dicts are no longer needed
         skipped.update(h.skipped)
