@@ -180,7 +180,7 @@ def test_adjacent_segments_do_not_merge_their_free_space():
 @given(st.lists(st.sampled_from([0, 1, 2, 511, 512, 2**63, 2**64 - 2, 2**64 - 1]) | st.integers(0, 2**64 - 1),
                 max_size=9000))
 def test_compress_sorts_and_indexes_like_numpy(values):
-    from tracekit.analysis.largest_free import compress
+    from tracekit.analysis.compress import compress
 
     v = np.array(values, np.uint64)
     pts, idx = compress(v)

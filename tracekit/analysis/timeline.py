@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.analysis import largest_free as lf
+from tracekit.analysis.compress import compress
 from tracekit.trace.events import Events
 from tracekit.trace.schema import Op
 
@@ -75,7 +76,7 @@ def position_ranges(ev: Events, mate: np.ndarray) -> tuple[np.ndarray, np.ndarra
     for d in devices:
         sel = slice(None) if len(devices) == 1 else (dev == d)
         s, e = start[sel], end[sel]
-        pts, inv = lf.compress(np.concatenate([s, e]))
+        pts, inv = compress(np.concatenate([s, e]))
         rows = idx[sel]
         lo[rows] = base + inv[: len(s)]
         hi[rows] = base + inv[len(s):]
