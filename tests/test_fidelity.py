@@ -182,6 +182,24 @@ def test_cupy_lowest_address_rule_departs_only_at_ties(name: str) -> None:
     assert int(r.addr[i]) < int(ev.addr[i])  # the replay took the lowest address, CuPy another
 
 
+@pytest.mark.skipif("cupy-oom-frag.parquet" not in FILES, reason="trace not committed")
+def test_cli_replay_of_the_cupy_oom_fails_at_the_recorded_request() -> None:
+    """End to end: ``tracekit replay --sim cupy`` under CuPy's 256 MiB limit exits 3 at seq 164."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(TRACES.parent)}
+    cmd = [sys.executable, "-m", "tracekit", "replay", str(TRACES / "cupy-oom-frag.parquet"),
+           "--sim", "cupy", "--capacity", "256MiB", "--json", "--fail-on-oom"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=TRACES.parent, check=False)
+    assert p.returncode == 3, p.stderr
+    oom = json.loads(p.stdout)["oom"]
+    assert oom["seq"] == 164 and oom["size"] == 64 << 20
+    assert oom["largest_free_block"] == 56 << 20 and oom["reserved_bytes"] == 243 * (1 << 20) + (1 << 19)
+
+
 def _seq(trace: Trace, i: int) -> str:
     return "-" if i < 0 else str(int(trace.events.seq[i]))
 
