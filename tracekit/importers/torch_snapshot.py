@@ -89,9 +89,10 @@ def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str]
     if out.exists() and src.exists() and out.resolve() == src.resolve():
         raise OutputError(f"{out}: refusing to overwrite the snapshot; choose another -o")
     check_output_path(out)
-    big = progress if progress is not None else (src.exists() and src.stat().st_size >= LARGE_BYTES)
+    large = src.is_file() and src.stat().st_size >= LARGE_BYTES
+    big = progress if progress is not None else large
     snap = None
-    if (fast if fast is not None else big) and not stacks:
+    if (fast if fast is not None else large) and not stacks:
         snap = scan_file(src, progress=big)
     if snap is None:
         snap = load_pickle(src, progress=big)
