@@ -439,20 +439,23 @@ def overlaps(C, S, X, a, end):  # pragma: no cover - compiled
 def recorded_addr(C, S, X, i, s, hints, exact):  # pragma: no cover - compiled
     """The device address the recorded allocator got for this allocation, or -1 to invent one.
 
-    ``hints`` rows are (first index of the recorded segment rows just before
-    event i, op, addr, size, taken) per input event. The first untaken
-    recorded ``segment_alloc`` there of size s (any size unless ``exact``)
+    ``hints`` holds the recorded ``segment_alloc`` rows as columns: the
+    request each precedes (non-decreasing), addr, size, and a taken flag. The
+    first untaken one before request i of size s (any size unless ``exact``)
     gives its address, unless that range is in use in the replay.
     """
-    if hints.shape[0] == 0:
+    m = hints.shape[1]
+    if m == 0:
         return -1
-    for j in range(hints[i, 0], i):
-        if hints[j, 1] == OP_SEG_ALLOC and hints[j, 4] == 0 and (hints[j, 3] == s or not exact):
-            a = hints[j, 2]
-            hints[j, 4] = 1
+    j = np.searchsorted(hints[0], i)
+    while j < m and hints[0, j] == i:
+        if hints[3, j] == 0 and (hints[2, j] == s or not exact):
+            a = hints[1, j]
+            hints[3, j] = 1
             if overlaps(C, S, X, a, a + s):
                 return -1
             return a
+        j += 1
     return -1
 
 

@@ -64,25 +64,25 @@ def release_points(op: np.ndarray, init: np.ndarray) -> np.ndarray:
 
 
 def address_hints(trace: Trace, init: np.ndarray, use: bool) -> np.ndarray:
-    """Per event: (first index of the recorded segment rows just before it, op, addr, size, taken).
+    """The recorded device allocations as columns: (request they precede, addr, size, taken).
 
     Kernels give a new device allocation the address the recorded allocator
     got for the same allocation (``recorded_addr``), so ties broken by address
-    fall as they did on the GPU. Empty when unused or when the trace has no
-    recorded device allocations (synthetic traces): invented addresses then.
+    fall as they did on the GPU. A recorded ``segment_alloc`` precedes the
+    first later row that is not a segment row. Empty when unused or when the
+    trace recorded no device allocations (synthetic traces): invented addresses then.
     """
     ev = trace.events
     seg = ((ev.op == Op.SEGMENT_ALLOC) | (ev.op == Op.SEGMENT_FREE)) & ~init
-    if not use or not (seg & (ev.op == Op.SEGMENT_ALLOC)).any():
-        return np.zeros((0, 5), dtype=np.int64)
+    allocs = np.flatnonzero(seg & (ev.op == Op.SEGMENT_ALLOC))
+    if not use or len(allocs) == 0:
+        return np.zeros((4, 0), dtype=np.int64)
     n = len(ev)
-    idx = np.arange(n, dtype=np.int64)
-    last_other = np.maximum.accumulate(np.where(seg, -1, idx))
-    hints = np.zeros((n, 5), dtype=np.int64)
-    hints[1:, 0] = last_other[:-1] + 1
-    hints[:, 1] = np.where(seg, ev.op, -1)
-    hints[:, 2] = ev.addr.view(np.int64)
-    hints[:, 3] = ev.size.view(np.int64)
+    nxt = np.minimum.accumulate(np.where(seg, n, np.arange(n, dtype=np.int64))[::-1])[::-1]
+    hints = np.zeros((4, len(allocs)), dtype=np.int64)
+    hints[0] = nxt[allocs]
+    hints[1] = ev.addr[allocs].view(np.int64)
+    hints[2] = ev.size[allocs].view(np.int64)
     return hints
 
 

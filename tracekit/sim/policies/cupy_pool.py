@@ -79,7 +79,7 @@ class CupyPool:
             next_addr = max(next_addr, (top + ck.PAGE - 1) // ck.PAGE * ck.PAGE + ck.PAGE)
         C, R, S = ck.new_state(cap, rows_cap, next_addr)
         stats = new_stats()
-        follow_ties = ties == "trace" and len(hints) > 0
+        follow_ties = ties == "trace" and hints.shape[1] > 0
         addr, status, rounded, C, R = cupy_replay(
             ev.op, ev.size.view(np.int64), arena, trace.mate, init, ev.addr.view(np.int64), rel,
             hints, follow_ties, streams.view(np.int64), int(config.capacity or 0),
