@@ -186,3 +186,12 @@ def test_compress_sorts_and_indexes_like_numpy(values):
     pts, idx = compress(v)
     expect, inv = np.unique(v, return_inverse=True)
     assert pts.tolist() == expect.tolist() and idx.tolist() == inv.ravel().tolist()
+
+
+def test_segment_freed_with_live_blocks_drops_its_gaps():
+    # Malformed on purpose: the 8 KiB segment goes while a block in its middle is live.
+    rows = [(Op.SEGMENT_ALLOC, 0x10000, 8192, 0, 0), (Op.MALLOC, 0x11000, 512, 512, 0),
+            (Op.SEGMENT_ALLOC, 0x40000, 2048, 0, 0), (Op.SEGMENT_FREE, 0x10000, 8192, 0, 0)]
+    tl = analyze_trace(make_trace(rows)).timeline
+    assert tl is not None
+    assert tl.column("largest_free_block").to_pylist() == [8192, 4096, 4096, 2048]

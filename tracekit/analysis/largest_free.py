@@ -19,7 +19,9 @@ gaps, each a point update that climbs only while the maximum changes:
 
 With ``merge_adjacent`` (PyTorch expandable segments, where adjacent mapped
 ranges are one virtual segment) the boundary check is off. Blocks that lie in
-no free gap (a trace that started mid-run) are ignored by the structure.
+no free gap (a trace that started mid-run) are ignored by the structure. A
+segment freed while blocks in it are live (no real allocator does this) loses
+its gaps at once, but the later free of such a block counts as free space.
 Nothing is recomputed per event; the whole pass is one ``@njit`` loop that
 also keeps the running live/requested/reserved sums and their peaks.
 """
@@ -37,51 +39,91 @@ PROBE_LIVE, PROBE_REQ, PROBE_RES, PROBE_LFB, N_STATS = 9, 10, 11, 12, 13
 SUM_RES, SUM_REQ, MAX_FRAG, N_FSTATS = 0, 1, 2, 3
 
 
+# The max-tree is 8-ary and implicit: node j's children are 8j+1 … 8j+8 (one
+# 64-byte line once the array is aligned), so an update climbs about log8(m)
+# levels, reading one cache line per level. Elsewhere ``size`` is the index of
+# leaf 0 (leaf k is ``tree[size + k]``) and the root ``tree[0]`` is the maximum.
+FAN = 8
+
+
 @njit(cache=True)
-def _set(tree, size, k, v):  # pragma: no cover - compiled
-    # Point update of leaf k, climbing only while the subtree maximum changes.
-    i = k + size
-    tree[i] = v
-    i >>= 1
-    while i >= 1:
-        a = tree[2 * i]
-        b = tree[2 * i + 1]
-        m = a if a > b else b
-        if tree[i] == m:
+def _new_tree(m):  # pragma: no cover - compiled
+    # Leaves: FAN**depth >= m; returns (array, index of leaf 0), aligned so sibling groups share a line.
+    leaves = 1
+    first = 0
+    while leaves < max(m, 1):
+        first += leaves
+        leaves *= FAN
+    n = first + leaves
+    raw = np.zeros(n + 16, np.int64)
+    # Sibling groups start at indices 8p+1; shift so that index lands on a 64-byte boundary.
+    base = raw.ctypes.data // 8
+    off = (7 - base) % 8
+    return raw[off:off + n], first
+
+
+@njit(cache=True)
+def _set(tree, first, k, v):  # pragma: no cover - compiled
+    # Point update of leaf k, climbing only while the group maximum changes.
+    j = first + k
+    tree[j] = v
+    while j > 0:
+        p = (j - 1) >> 3
+        c = 8 * p + 1
+        m = tree[c]
+        for q in range(c + 1, c + FAN):
+            if tree[q] > m:
+                m = tree[q]
+        if tree[p] == m:
             return
-        tree[i] = m
-        i >>= 1
+        tree[p] = m
+        j = p
 
 
 @njit(cache=True)
-def _pred(tree, size, k):  # pragma: no cover - compiled
+def _down(tree, first, j, rightmost):  # pragma: no cover - compiled
+    # From a node known to hold a gap, descend to its rightmost (or leftmost) gap leaf.
+    while j < first:
+        c = 8 * j + 1
+        if rightmost:
+            q = c + FAN - 1
+            while tree[q] <= 0:
+                q -= 1
+        else:
+            q = c
+            while tree[q] <= 0:
+                q += 1
+        j = q
+    return j - first
+
+
+@njit(cache=True)
+def _pred(tree, first, k):  # pragma: no cover - compiled
     # Rightmost leaf <= k holding a gap, or -1.
-    i = k + size
-    if tree[i] > 0:
+    j = first + k
+    if tree[j] > 0:
         return k
-    while i > 1:
-        if i & 1 and tree[i - 1] > 0:
-            i -= 1
-            while i < size:
-                i = 2 * i + 1 if tree[2 * i + 1] > 0 else 2 * i
-            return i - size
-        i >>= 1
+    while j > 0:
+        c = 8 * ((j - 1) >> 3) + 1
+        for q in range(j - 1, c - 1, -1):
+            if tree[q] > 0:
+                return _down(tree, first, q, True)
+        j = (j - 1) >> 3
     return -1
 
 
 @njit(cache=True)
-def _succ(tree, size, k):  # pragma: no cover - compiled
+def _succ(tree, first, k):  # pragma: no cover - compiled
     # Leftmost leaf >= k holding a gap, or -1.
-    i = k + size
-    if tree[i] > 0:
+    j = first + k
+    if tree[j] > 0:
         return k
-    while i > 1:
-        if not (i & 1) and tree[i + 1] > 0:
-            i += 1
-            while i < size:
-                i = 2 * i if tree[2 * i] > 0 else 2 * i + 1
-            return i - size
-        i >>= 1
+    while j > 0:
+        c = 8 * ((j - 1) >> 3) + 1
+        for q in range(j + 1, c + FAN):
+            if tree[q] > 0:
+                return _down(tree, first, q, False)
+        j = (j - 1) >> 3
     return -1
 
 
@@ -162,10 +204,7 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
     """
     n = op.shape[0]
     m = pos.shape[0]
-    tsize = 1
-    while tsize < max(m, 1):
-        tsize *= 2
-    tree = np.zeros(2 * tsize, np.int64)
+    tree, tsize = _new_tree(m)
     R = np.zeros((max(m, 1), RCOLS), np.int64)
     for k in range(m):
         R[k, POS] = pos[k]
@@ -215,7 +254,7 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
                     if not _carve(tree, tsize, R, a, b):
                         _clear(tree, tsize, R, a, b)
         r = res if pooled else live
-        lfb = tree[1] if pooled else np.int64(0)
+        lfb = tree[0] if pooled else np.int64(0)
         free = r - live
         if want:
             out_live[i] = live

@@ -107,9 +107,9 @@ class Summary:
             ("trace", self.path or "(in memory)"),
             ("events", f"{self.events:,} over {self.duration_s:.3f} s"
              + ("  (raw device: no segment rows, reserved = live)" if self.raw_device else "")),
-            ("peak live", f"{sz(self.peak_live_bytes)} at seq {self.peak_live_seq}"),
+            ("peak live", f"{sz(self.peak_live_bytes)} at seq {_opt(self.peak_live_seq)}"),
             ("peak requested", sz(self.peak_requested_bytes)),
-            ("peak reserved", f"{sz(self.peak_reserved_bytes)} at seq {self.peak_reserved_seq}"),
+            ("peak reserved", f"{sz(self.peak_reserved_bytes)} at seq {_opt(self.peak_reserved_seq)}"),
             ("max ext. fragm.", f"{self.max_external_fragmentation:.1%}  (1 - largest free / free)"),
             ("min largest free", sz(self.min_largest_free_block) + "  (while anything was free)"),
             ("JW #1..#4", "  ".join(_pct(x) for x in (self.jw1, self.jw2, self.jw3, self.jw4))
@@ -164,3 +164,7 @@ def _pct(x: float | None) -> str:
 def ratio_over(held: float, base: float) -> float | None:
     """(held − base) / base, None when base is 0."""
     return None if base <= 0 else (held - base) / base
+
+
+def _opt(x: int | None) -> str:
+    return "n/a" if x is None else str(x)
