@@ -93,3 +93,30 @@ def compress(values):  # pragma: no cover - compiled
         else:
             index[i] = np.int64(tab[_probe(tab, key, shift, cap - 1), 1])
     return keys, index
+
+
+@njit(cache=True)
+def opening_ranges(op, addr, size, rounded, mate):  # pragma: no cover - compiled
+    """The rows that open an address range and the range bounds, in one pass.
+
+    Opening rows: malloc ``[addr, addr + rounded)``, segment_alloc and unpaired
+    free / segment_free ``[addr, addr + size)``. Returns (row indices, bounds)
+    where bounds holds all starts, then all ends (uint64).
+    """
+    n = op.shape[0]
+    k = 0
+    for i in range(n):
+        o = op[i]
+        if o == 0 or o == 2 or ((o == 1 or o == 3) and mate[i] < 0):
+            k += 1
+    rows = np.empty(k, np.int64)
+    bounds = np.empty(2 * k, np.uint64)
+    r = 0
+    for i in range(n):
+        o = op[i]
+        if o == 0 or o == 2 or ((o == 1 or o == 3) and mate[i] < 0):
+            rows[r] = i
+            bounds[r] = addr[i]
+            bounds[k + r] = addr[i] + (rounded[i] if o == 0 else size[i])
+            r += 1
+    return rows, bounds

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.analysis import largest_free as lf
-from tracekit.analysis.compress import compress
+from tracekit.analysis.compress import compress, opening_ranges
 from tracekit.trace.events import Events
 from tracekit.trace.schema import Op
 
@@ -61,25 +61,23 @@ def position_ranges(ev: Events, mate: np.ndarray) -> tuple[np.ndarray, np.ndarra
     per-event ``lo``/``hi`` (int64 position indices, set for the opening rows
     only) and ``pos`` (int64, the address of each position).
     """
-    op = ev.op
-    closing = (op == Op.FREE) | (op == Op.SEGMENT_FREE)
-    opener = (op == Op.MALLOC) | (op == Op.SEGMENT_ALLOC) | (closing & (mate < 0))
-    idx = np.flatnonzero(opener)
-    start = ev.addr[idx]
-    end = start + np.where(op[idx] == Op.MALLOC, ev.rounded[idx], ev.size[idx])
+    idx, bounds = opening_ranges(ev.op, ev.addr, ev.size, ev.rounded, mate)
+    k = len(idx)
+    lo = np.zeros(len(ev), np.int64)
+    hi = np.zeros(len(ev), np.int64)
     dev = ev.device[idx]
-    lo = np.zeros(len(op), np.int64)
-    hi = np.zeros(len(op), np.int64)
+    if k == 0 or dev.min() == dev.max():  # one device: no split needed
+        pts, inv = compress(bounds)
+        lo[idx] = inv[:k]
+        hi[idx] = inv[k:]
+        return lo, hi, pts.astype(np.int64)
     parts: list[np.ndarray] = []
     base = 0
-    devices = np.unique(dev)
-    for d in devices:
-        sel = slice(None) if len(devices) == 1 else (dev == d)
-        s, e = start[sel], end[sel]
-        pts, inv = compress(np.concatenate([s, e]))
-        rows = idx[sel]
-        lo[rows] = base + inv[: len(s)]
-        hi[rows] = base + inv[len(s):]
+    for d in np.unique(dev):
+        sel = np.flatnonzero(dev == d)
+        pts, inv = compress(np.concatenate([bounds[sel], bounds[k + sel]]))
+        lo[idx[sel]] = base + inv[: len(sel)]
+        hi[idx[sel]] = base + inv[len(sel):]
         parts.append(pts.astype(np.int64))
         base += len(pts)
     return lo, hi, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
