@@ -28,7 +28,7 @@ MIB = 1 << 20
 M, F, SA, SF = Op.MALLOC, Op.FREE, Op.SEGMENT_ALLOC, Op.SEGMENT_FREE
 
 
-def mk(rows, initial=None, rounded=None) -> Trace:
+def mk(rows, initial=None, rounded=None, expandable=None) -> Trace:
     """A trace from (op, size, addr[, stream]) rows; addr only pairs frees with mallocs."""
     op = np.array([r[0] for r in rows], np.int8)
     size = np.array([r[1] for r in rows], np.uint64)
@@ -37,7 +37,9 @@ def mk(rows, initial=None, rounded=None) -> Trace:
     rnd = None if rounded is None else np.array(rounded, np.uint64)
     ev = Events.build(op, size, addr=addr, stream=stream, rounded=rnd)
     pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq)
-    extras = None if initial is None else pa.table({"initial": pa.array(initial, pa.bool_())})
+    cols = {"initial": initial, "expandable": expandable}
+    given = {k: pa.array(v, pa.bool_()) for k, v in cols.items() if v is not None}
+    extras = pa.table(given) if given else None
     return Trace(None, TraceMeta.new(Source.SYNTHETIC), ev, pairing.mate, extras, ())
 
 
@@ -236,3 +238,16 @@ def test_initial_state_holds_segments_and_blocks():
     # The freed [2, 6) borders live blocks only; 6 MiB takes the free [14, 20).
     assert int(r.addr[5]) == base + 14 * MIB
     assert seg_rows(r) == [("alloc", 20)] and list(r.rows_before) == [0]
+
+
+def test_initial_state_of_expandable_segments():
+    base = 0x300000000
+    rows = [(SA, 40 * MIB, base), (M, 3 * MIB, base), (M, 30 * MIB, 1), (M, 10 * MIB, 2)]
+    r = run(rows, options={"expandable_segments": "True"}, initial=[True, True, False, False],
+            expandable=[True, False, False, False])
+    # The recorded 40 MiB mapping holds the live 3 MiB block; 30 MiB fits the mapped free rest.
+    assert int(r.addr[2]) == base + 3 * MIB
+    # 10 MiB: the free [33, 40) MiB borders unmapped space of the same segment: one more 20 MiB page.
+    assert int(r.addr[3]) == base + 33 * MIB
+    assert seg_rows(r) == [("alloc", 40), ("alloc", 20)]
+    assert [int(a) for a in r.rows_addr] == [base, base + 40 * MIB]

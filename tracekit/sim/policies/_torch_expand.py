@@ -49,6 +49,61 @@ def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compiled
+    """Starting state: [a, a + size) of group g's segment is mapped (a recorded mapped range).
+
+    The segment is reserved at ``X[g, BASE]`` (the lowest recorded mapped
+    address of the group, set by the caller with ``X[g, MADE] = 2``). The range
+    becomes a free mapped piece, merged with mapped neighbours; -1 if it does
+    not lie in unmapped space of that segment.
+    """
+    if X[g, MADE] == 2:
+        x = ck.new_node(C, S, X[g, BASE], X[g, VSIZE], g, ck.UNMAPPED)
+        C[x, ck.EXP] = g
+        ck.tree_insert(C, S, x, 1)
+        X[g, MADE] = 1
+    c = ck.first_in_group(C, S, g, 1)
+    while c != -1 and C[c, ck.GROUP] == g:
+        if C[c, ck.ADDR] <= a and a + size <= C[c, ck.ADDR] + C[c, ck.SIZE]:
+            break
+        c = ck.succ(C, c, 1)
+    if c == -1 or C[c, ck.GROUP] != g:
+        return -1
+    ck.tree_remove(C, S, c, 1)
+    ca = C[c, ck.ADDR]
+    if a > ca:
+        f = ck.new_node(C, S, ca, a - ca, g, ck.UNMAPPED)
+        C[f, ck.EXP] = g
+        p = C[c, ck.PREV]
+        C[f, ck.PREV] = p
+        C[f, ck.NEXT] = c
+        if p != -1:
+            C[p, ck.NEXT] = f
+        C[c, ck.PREV] = f
+        ck.tree_insert(C, S, f, 1)
+        C[c, ck.ADDR] = a
+        C[c, ck.SIZE] -= a - ca
+    if C[c, ck.SIZE] > size:
+        r = ck.new_node(C, S, a + size, C[c, ck.SIZE] - size, g, ck.UNMAPPED)
+        C[r, ck.EXP] = g
+        nx = C[c, ck.NEXT]
+        C[r, ck.PREV] = c
+        C[r, ck.NEXT] = nx
+        if nx != -1:
+            C[nx, ck.PREV] = r
+        C[c, ck.NEXT] = r
+        C[c, ck.SIZE] = size
+        ck.tree_insert(C, S, r, 1)
+    S[ck.RESERVED] += size
+    S[ck.DEV_USED] += size
+    if S[ck.RESERVED] > S[ck.PEAK_RES]:
+        S[ck.PEAK_RES] = S[ck.RESERVED]
+    ck.emit(R, S, i, ck.OP_SEG_ALLOC, a, size, stream[g])
+    C[c, ck.STATE] = ck.USED
+    return ck.free_merge(C, S, c)
+
+
+@njit(cache=True)
 def _find(C, S, g, s, X, i, hints):  # pragma: no cover - compiled
     _ensure(C, S, g, X, i, hints)
     c = ck.first_in_group(C, S, g, 1)

@@ -128,7 +128,7 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
 
 
 @njit(cache=True)
-def torch_replay(op, size, rounded, seg, group, mate, init, init_addr, rel, hints, stream, cfg,
+def torch_replay(op, size, rounded, seg, group, mate, init, init_exp, init_addr, rel, hints, stream, cfg,
                  C, R, S, X, stats):  # pragma: no cover - compiled
     """cfg: capacity, device_total, M, max_non_split, expandable, unused, streams, continue."""
     n = op.shape[0]
@@ -139,8 +139,11 @@ def torch_replay(op, size, rounded, seg, group, mate, init, init_addr, rel, hint
         if init[i] and op[i] == 2:
             C = ck.room(C, S, 4)
             R = ck.rows_room(R, S, 4)
-            x = ck.add_segment(C, S, R, i, init_addr[i], size[i], group[i], stream[group[i]])
-            ck.insert_free(C, S, x)
+            if cfg[4] != 0 and init_exp[i]:
+                xp.map_initial(C, S, R, i, group[i], init_addr[i], size[i], stream, X)
+            else:
+                x = ck.add_segment(C, S, R, i, init_addr[i], size[i], group[i], stream[group[i]])
+                ck.insert_free(C, S, x)
     for i in range(n):
         if init[i] and op[i] == 0:
             C = ck.room(C, S, 4)

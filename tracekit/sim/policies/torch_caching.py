@@ -47,6 +47,15 @@ SMALL_PAGE = 2 * MIB
 DEFAULT_TOTAL = 1 << 40  # device size assumed for reservations when the trace names none
 
 
+def _expandable_rows(trace: Trace) -> np.ndarray:
+    """Bool per event: the row is (part of) an expandable segment (importer's ``expandable`` column)."""
+    tbl = trace.extras
+    if tbl is None or "expandable" not in tbl.column_names:
+        return np.zeros(len(trace.events), dtype=np.bool_)
+    col = tbl.column("expandable").fill_null(False)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
 def _pools(trace: Trace, rounded: np.ndarray, init: np.ndarray) -> np.ndarray:
     """1 for the small pool, 0 for the large, per event.
 
@@ -63,10 +72,7 @@ def _pools(trace: Trace, rounded: np.ndarray, init: np.ndarray) -> np.ndarray:
         return pool
     size = ev.size[segs].astype(np.int64)
     tbl = trace.extras
-    expandable = np.zeros(len(segs), dtype=np.bool_)
-    if tbl is not None and "expandable" in tbl.column_names:
-        col = tbl.column("expandable").fill_null(False)
-        expandable = np.asarray(col.to_numpy(zero_copy_only=False))[segs]
+    expandable = _expandable_rows(trace)[segs]
     small = (size <= 2 * MIB) | (expandable & (size % LARGE_PAGE != 0))
     if tbl is not None and "segment_type" in tbl.column_names:
         kind = np.asarray(tbl.column("segment_type").to_pylist(), dtype=object)[segs]
@@ -132,6 +138,13 @@ class TorchCaching:
         rel = release_points(ev.op, init) if st.release_at_trace_frees else np.zeros(len(ev), np.bool_)
         hints = address_hints(trace, init, st.recorded_addresses)
         X = _reservations(trace, config, ns)
+        init_exp = init & _expandable_rows(trace) & (ev.op == Op.SEGMENT_ALLOC)
+        if st.expandable_segments and init_exp.any():
+            # Recorded mapped ranges: each group's segment starts at its lowest one.
+            rows = np.flatnonzero(init_exp)
+            for g in np.unique(group[rows]):
+                X[g, xp.BASE] = int(ev.addr[rows[group[rows] == g]].min())
+                X[g, xp.MADE] = 2
         cfg = _cfg(config, st, ns)
         cap, rows_cap = capacity_for_state(trace)
         next_addr = ck.ADDR_BASE
@@ -141,7 +154,7 @@ class TorchCaching:
         C, R, S = ck.new_state(cap, rows_cap, next_addr)
         stats = new_stats()
         addr, status, C, R = torch_replay(
-            ev.op, ev.size.view(np.int64), rounded, segment_sizes(rounded), group, trace.mate, init,
+            ev.op, ev.size.view(np.int64), rounded, segment_sizes(rounded), group, trace.mate, init, init_exp,
             ev.addr.view(np.int64), rel, hints, np.tile(streams, 2).view(np.int64), cfg, C, R, S, X, stats,
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
