@@ -6,7 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sim_freelist import make_trace
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_sim_freelist import SIZES, make_trace, steps_strategy
 
 from tracekit.errors import OutputError, UsageError
 from tracekit.sim import policies, progress
@@ -188,3 +190,20 @@ def test_warnings_for_skipped_events_and_several_devices(tmp_path: Path) -> None
     assert len(res.warnings) == 2
     assert res.warnings[0].startswith("skipped 1 x free of an address that is not live")
     assert "several devices" in res.warnings[1]
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "best-fit", "next-fit", "worst-fit", "buddy"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=steps_strategy(SIZES, max_len=40), cap=st.sampled_from([None, 4096, 8192]), cont=st.booleans())
+def test_written_replay_reads_back_strictly(tmp_path: Path, policy: str, steps, cap, cont) -> None:
+    # The simulated addresses must pair every free with its malloc again (the reader's --strict).
+    trace = make_trace(steps)
+    res = replay(trace, policy, SimConfig(capacity=cap, continue_on_oom=cont))
+    back = read_trace(write_replay(res, trace, tmp_path / f"{policy}.parquet"), strict=True)
+    ev = back.events
+    assert ev.count(Op.OOM) == res.summary.oom_count
+    assert ev.count(Op.MALLOC) == int(np.count_nonzero(
+        (res.run.status == Status.DONE) & (trace.events.op != Op.FREE)))
+    frees = np.flatnonzero(ev.op == Op.FREE)
+    assert np.all(back.mate[frees] >= 0)
+    assert np.array_equal(ev.size[frees], ev.rounded[back.mate[frees]])
