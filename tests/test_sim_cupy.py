@@ -157,3 +157,27 @@ def test_initial_state_is_loaded():
     assert int(r.addr[2]) != base and r.stats[Stat.SEGMENT_ALLOCS] == 2
     # After the free, the whole 8u is one chunk again; 4u goes to its start.
     assert int(r.addr[4]) == base
+
+
+def test_recorded_addresses_and_tie_choices_are_followed():
+    a, b = 1 << 30, 1 << 31
+    rows = [(SA, 4 * U, a), (M, 4 * U, a), (SA, 4 * U, b), (M, 4 * U, b), (F, 4 * U, a), (F, 4 * U, b),
+            (M, 4 * U, b)]
+    r = MODEL.run(mk(rows), SimConfig())
+    assert [int(x) for x in r.addr[[1, 3]]] == [a, b]  # device addresses as recorded
+    assert int(r.addr[6]) == b  # the recording shows CuPy taking b among two equal chunks
+    low = MODEL.run(mk(rows), SimConfig(options={"ties": "address"}))
+    assert int(low.addr[6]) == a
+    invented = MODEL.run(mk(rows), SimConfig(options={"addresses": "invent"}))
+    assert int(invented.addr[1]) not in (a, b)
+
+
+def test_bad_options_are_usage_errors():
+    import pytest
+
+    from tracekit.errors import UsageError
+
+    for opts in ({"expandable_segments": "True"}, {"ties": "random"}, {"addresses": "x"},
+                 {"release_points": "always"}):
+        with pytest.raises(UsageError):
+            MODEL.run(mk([(M, U, 1)]), SimConfig(options=opts))
