@@ -201,3 +201,14 @@ def test_pool_state_at_rebuilds_segments_blocks_and_gaps():
     end = pool_state_at(tr.events, tr.mate, len(tr.events))
     assert end.block_addr.tolist() == [SEG + 3072]
     assert end.gaps()[2].tolist() == [3072, 1024] and end.largest_free_block() == 3072
+
+
+def test_torch_limit_counts_the_segment_it_must_allocate():
+    # PyTorch: 16 MiB reserved and all in use, limit 30 MiB. A 2 MiB request needs a new 20 MiB
+    # large-pool segment: 16 + 20 = 36 MiB > 30 MiB, although 16 + 2 = 18 MiB would fit.
+    rows = [(Op.SEGMENT_ALLOC, SEG, 16 * MiB, 0, -1), (Op.MALLOC, SEG, 16 * MiB, 16 * MiB, 0),
+            (Op.OOM, 0, 2 * MiB, 2 * MiB, 1)]
+    meta = TraceMeta.new(Source.TORCH, pool_limit_bytes=30 * MiB, device=DeviceInfo("H", 80 * GiB, 79 * GiB))
+    o = analyze_trace(trace_of(rows, meta)).summary.oom
+    assert o is not None and o.diagnosis is Diagnosis.LIMIT
+    assert "a new 20.00 MiB segment" in o.explanation and "36.00 MiB" in o.explanation

@@ -24,8 +24,19 @@ from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 
 TOP_SITES = 10
-TORCH_SMALL_REQUEST = 1 << 20  # PyTorch serves requests <= 1 MiB from 2 MiB small-pool segments
-TORCH_SMALL_SEGMENT = 2 << 20
+MiB = 1 << 20
+TORCH_SMALL_REQUEST = MiB  # PyTorch serves requests <= 1 MiB from 2 MiB small-pool segments
+TORCH_SMALL_SEGMENT = 2 * MiB
+
+
+def torch_segment_size(rounded: int) -> int:
+    """The segment PyTorch's caching allocator cudaMallocs for a request it cannot place:
+    2 MiB for <= 1 MiB, 20 MiB below 10 MiB, else the request rounded up to 2 MiB."""
+    if rounded <= TORCH_SMALL_REQUEST:
+        return TORCH_SMALL_SEGMENT
+    if rounded < 10 * MiB:
+        return 20 * MiB
+    return -(-rounded // (2 * MiB)) * (2 * MiB)
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,16 +104,17 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int) -> O
     request = int(ev.rounded[k])
     live, reserved, lfb = int(st[lf.PROBE_LIVE]), int(st[lf.PROBE_RES]), int(st[lf.PROBE_LFB])
     usable = lfb
+    torch = trace.meta.source == Source.TORCH or ctx.replay_policy == "torch"
+    segment = torch_segment_size(request) if torch and not ctx.expandable_segments else request
     if scan.pooled:
         seg, _, length = state.gaps(ctx.expandable_segments)
         ok = state.seg_stream[seg] == ev.stream[k]
-        torch = trace.meta.source == Source.TORCH or ctx.replay_policy == "torch"
         if torch and not ctx.expandable_segments:
             small = state.seg_size[seg] == TORCH_SMALL_SEGMENT
             ok &= small if request <= TORCH_SMALL_REQUEST else ~small
         usable = int(length[ok].max()) if ok.any() else 0
     dev_free = ctx.free_at_start - reserved if ctx.free_at_start is not None else None
-    facts = OOMFacts(request=request, live=live, reserved=reserved, largest_free=lfb,
+    facts = OOMFacts(request=request, segment=segment, live=live, reserved=reserved, largest_free=lfb,
                      usable_largest_free=usable, device_free=dev_free, raw_device=not scan.pooled)
     diagnosis, explanation = diagnose(facts, ctx)
     return OOMReport(

@@ -1,15 +1,17 @@
 """Why a request ran out of memory: the first of four causes that holds, in one sentence.
 
-With R = the rounded request, L = live bytes, S = reserved bytes, F = S − L
-(free inside the pool), G = the largest free block the request could use,
-P = the allocator limit, T = the device total, O = the overhead at start and
-D = T − O − S (device free), all at the failing event:
+With R = the rounded request, N = the device memory the allocator must add to
+serve it (R, or PyTorch's segment size: 2 MiB for R ≤ 1 MiB, 20 MiB below
+10 MiB, else R rounded up to 2 MiB), L = live bytes, S = reserved bytes,
+F = S − L (free inside the pool), G = the largest free block the request could
+use, P = the allocator limit, T = the device total, O = the overhead at start
+and D = T − O − S (device free), all at the failing event:
 
 1. ``fragmentation``: F ≥ R and G < R: the pool held enough free bytes, but
    no single piece was big enough.
-2. ``limit``: S + R > P while the device still had room (D ≥ R, or D unknown):
+2. ``limit``: S + N > P while the device still had room (D ≥ N, or D unknown):
    the pool's or process's limit was the binding constraint.
-3. ``overhead``: S + R ≤ T but S + R > T − O (or D < R): the request would
+3. ``overhead``: S + N ≤ T but S + N > T − O (or D < N): the request would
    have fit in the device's total, but memory held outside the allocator
    (driver, CUDA context, other processes, reservations) took the room.
 4. ``exhaustion``: otherwise: live bytes plus the request exceed what exists.
@@ -36,6 +38,7 @@ class OOMFacts:
     """The numbers at the failing event (bytes; None = unknown)."""
 
     request: int
+    segment: int  # device memory needed to serve the request (N)
     live: int
     reserved: int
     largest_free: int
@@ -50,7 +53,7 @@ class OOMFacts:
 
 def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
     """The first cause that holds (see the module docstring) and its explanation."""
-    r, s, free = f.request, f.reserved, f.free_in_pool
+    r, s, free, n = f.request, f.reserved, f.free_in_pool, f.segment
     g = min(f.largest_free, f.usable_largest_free)
     held = "the heap" if ctx.heap_capacity is not None else "the pool"
     if free >= r > g:
@@ -63,32 +66,33 @@ def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
             "piece could hold it."
         )
     d = f.device_free
-    if ctx.limit is not None and s + r > ctx.limit and (d is None or d >= r):
+    if ctx.limit is not None and s + n > ctx.limit and (d is None or d >= n):
         room = (f"while the device still had {fs(d)} free" if d is not None
                 else "(how much the device had left is not recorded)")
+        seg = f" (a new {fs(n)} segment)" if n != r else ""
         return Diagnosis.LIMIT, (
-            f"The request for {fs(r)} would have taken {held} to {fs(s + r)}, over its "
+            f"The request for {fs(r)}{seg} would have taken {held} to {fs(s + n)}, over its "
             f"{ctx.limit_what} of {fs(ctx.limit)}, {room}: the limit ran out, not the device."
         )
     t, o = ctx.device_total, ctx.overhead
-    if t is not None and s + r <= t and (o is not None or d is not None):
+    if t is not None and s + n <= t and (o is not None or d is not None):
         return Diagnosis.OVERHEAD, _overhead_sentence(f, ctx, t, o)
     return Diagnosis.EXHAUSTION, _exhaustion_sentence(f, ctx)
 
 
 def _overhead_sentence(f: OOMFacts, ctx: DeviceContext, t: int, o: int | None) -> str:
-    r, s = f.request, f.reserved
+    r, s, n = f.request, f.reserved, f.segment
     held = "live blocks" if f.raw_device else "the allocator"
-    if o is not None and s + r > t - o:
+    if o is not None and s + n > t - o:
         parts = ctx.overhead_parts()
         biggest = f" (largest part: {parts[0][0]}, {fs(parts[0][1])})" if parts else ""
         return (
-            f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + r)}, which fits in "
+            f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + n)}, which fits in "
             f"the device's {fs(t)}, but {fs(o)} was taken before the first allocation by the "
             f"driver, the CUDA context and other reservations{biggest}, leaving only {fs(t - o)}."
         )
     return (
-        f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + r)}, which fits in the "
+        f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + n)}, which fits in the "
         f"device's {fs(t)}, so memory outside the allocator (another process, a kernel's local "
         "memory or a context created after recording began) must have taken the room."
     )
