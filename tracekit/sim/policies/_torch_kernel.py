@@ -28,6 +28,16 @@ NO_LIMIT = 1 << 62  # max_split_size unset
 
 
 @njit(cache=True)
+def segment_size(s):  # pragma: no cover - compiled
+    """Bytes cudaMalloc'd on a miss: 2 MiB (<= 1 MiB), 20 MiB (< 10 MiB), else 2 MiB multiples."""
+    if s <= MIB:
+        return 2 * MIB
+    if s < 10 * MIB:
+        return 20 * MIB
+    return (s + 2 * MIB - 1) // (2 * MIB) * (2 * MIB)
+
+
+@njit(cache=True)
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
     limit = cfg[0]
@@ -128,7 +138,7 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
 
 
 @njit(cache=True)
-def torch_replay(op, size, rounded, seg, group, mate, init, init_exp, init_addr, rel, hints, stream, cfg,
+def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel, hints, stream, cfg,
                  C, R, S, X, stats):  # pragma: no cover - compiled
     """cfg: capacity, device_total, M, max_non_split, expandable, unused, streams, continue."""
     n = op.shape[0]
@@ -167,7 +177,7 @@ def torch_replay(op, size, rounded, seg, group, mate, init, init_exp, init_addr,
                 continue
             C = ck.room(C, S, 2 * S[ck.NALIVE] + 8)
             R = ck.rows_room(R, S, S[ck.NALIVE] + 8)
-            x = _malloc(C, S, R, i, group[i], s, seg[i], cfg, stream, X, hints)
+            x = _malloc(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints)
             if x == -1:
                 status[i] = OOM
                 _oom(C, S, i, group[i], s, stats)

@@ -35,7 +35,6 @@ from tracekit.sim.policies._torch_config import (
     MIB,
     TorchSettings,
     round_sizes,
-    segment_sizes,
     settings,
 )
 from tracekit.sim.policies._torch_kernel import torch_replay
@@ -154,7 +153,7 @@ class TorchCaching:
         C, R, S = ck.new_state(cap, rows_cap, next_addr)
         stats = new_stats()
         addr, status, C, R = torch_replay(
-            ev.op, ev.size.view(np.int64), rounded, segment_sizes(rounded), group, trace.mate, init, init_exp,
+            ev.op, ev.size.view(np.int64), rounded, group, trace.mate, init, init_exp,
             ev.addr.view(np.int64), rel, hints, np.tile(streams, 2).view(np.int64), cfg, C, R, S, X, stats,
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
