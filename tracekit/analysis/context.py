@@ -28,9 +28,12 @@ from tracekit.trace.schema import Source, TraceMeta
 OVERHEAD_PARTS: tuple[tuple[str, str], ...] = (
     ("context_bytes", "this process's CUDA context"),
     ("other_processes_bytes", "other processes"),
-    ("local_memory_model_bytes", "the local-memory reservation (model)"),
-    ("malloc_heap_size", "the device malloc heap"),
-    ("printf_fifo_size", "the printf buffer"),
+)
+# Estimated pieces of the context (the driver reports the context as one number).
+CONTEXT_PARTS: tuple[tuple[str, str], ...] = (
+    ("local_memory_model_bytes", "local memory for kernels (model)"),
+    ("malloc_heap_size", "device malloc heap (limit)"),
+    ("printf_fifo_size", "printf buffer"),
 )
 # Replays of these policies model the device itself as one heap of ``capacity`` bytes.
 FREE_LIST_POLICIES = frozenset({"first-fit", "best-fit", "next-fit", "worst-fit", "buddy"})
@@ -58,10 +61,12 @@ class DeviceContext:
         return self.device_total - self.free_at_start
 
     def overhead_parts(self) -> list[tuple[str, int]]:
-        """Named parts of the overhead from the budget, largest first."""
-        b = dict(self.budget)
-        parts = [(label, b[key]) for key, label in OVERHEAD_PARTS if b.get(key)]
-        return sorted(parts, key=lambda p: -p[1])
+        """Named parts of the overhead from the budget (context, other processes), largest first."""
+        return _parts(self.budget, OVERHEAD_PARTS)
+
+    def context_parts(self) -> list[tuple[str, int]]:
+        """Estimated pieces of the context (local-memory model, malloc heap, printf buffer)."""
+        return _parts(self.budget, CONTEXT_PARTS)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +78,11 @@ class DeviceContext:
             "limit_kind": self.limit_what if self.limit is not None else None,
             "budget": dict(self.budget) or None,
         }
+
+
+def _parts(budget: tuple[tuple[str, int], ...], names: tuple[tuple[str, str], ...]) -> list[tuple[str, int]]:
+    b = dict(budget)
+    return sorted(((label, b[key]) for key, label in names if b.get(key)), key=lambda p: -p[1])
 
 
 def _int(v: Any) -> int | None:

@@ -121,6 +121,8 @@ class Summary:
                          f"free at start {sz(c.free_at_start)}, overhead {sz(c.overhead)}"))
         for label, b in c.overhead_parts():
             rows.append(("  " + label, sz(b)))
+            if label.endswith("context"):
+                rows.extend(("", f"  of which {lab}: {sz(x)}") for lab, x in c.context_parts())
         if c.limit is not None:
             rows.append((c.limit_what, sz(c.limit)))
         if c.heap_capacity is not None:
