@@ -78,3 +78,15 @@ def test_cli_json_and_errors(hole_trace: Path, tmp_path: Path):
     p = subprocess.run([sys.executable, "-m", "tracekit", "whatif", str(bad)], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 1 and p.stderr.startswith("tracekit: error: ") and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(("name", "policy"), [("cupy-oom-frag", "cupy"), ("torch-oom", "torch")])
+def test_real_oom_traces_need_more_than_the_limit_they_failed_under(name: str, policy: str):
+    # Each was recorded on an H200 and ran out of memory under its pool / process limit, so the
+    # model of its own allocator must need more than that limit (and at least the lower bound).
+    tr = read_trace(ROOT / "traces" / f"{name}.parquet")
+    limit = tr.meta.pool_limit_bytes
+    assert limit is not None
+    fit = search(tr, policy)
+    assert fit.min_capacity is not None and fit.min_capacity > limit >= 0
+    assert fit.min_capacity >= fit.lower_bound
