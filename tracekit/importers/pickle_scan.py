@@ -134,16 +134,19 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
     st_a = np.zeros(64, np.int64)
     st_b = np.zeros(64, np.int64)
     marks = np.empty(16, np.int64)
-    mm_t = np.full(1024, -1, np.int8)
-    mm_a = np.empty(1024, np.int64)
-    mm_b = np.empty(1024, np.int64)
-    nd_kind = np.empty(1024, np.int8)
-    nd_aux = np.empty(1024, np.int64)
-    nd_first = np.empty(1024, np.int32)
-    nd_site = np.empty(1024, np.int32)
-    nd_nfr = np.empty(1024, np.int32)
-    nd_nent = np.empty(1024, np.int32)
-    nd_ned = np.empty(1024, np.int32)
+    # Sized from the file so they rarely grow (a copy would double them); pages never written are never
+    # resident. A memo slot holds tag + 1, so 0 (calloc'd, lazily zeroed) means unset.
+    cap_memo, cap_node, cap_entry = n // 8 + 1024, n // 16 + 1024, n // 48 + 1024
+    mm_t = np.zeros(cap_memo, np.int8)
+    mm_a = np.empty(cap_memo, np.int64)
+    mm_b = np.empty(cap_memo, np.int64)
+    nd_kind = np.empty(cap_node, np.int8)
+    nd_aux = np.empty(cap_node, np.int32)
+    nd_first = np.empty(cap_node, np.int32)
+    nd_site = np.empty(cap_node, np.int32)
+    nd_nfr = np.empty(cap_node, np.int32)
+    nd_nent = np.empty(cap_node, np.int32)
+    nd_ned = np.empty(cap_node, np.int32)
     ed_p = np.empty(1024, np.int32)
     ed_kt = np.empty(1024, np.int8)
     ed_ka = np.empty(1024, np.int64)
@@ -152,7 +155,7 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
     ed_va = np.empty(1024, np.int64)
     ed_vb = np.empty(1024, np.int64)
     # per entry: act, act_off, act_len, addr, size, stream, time, has_time, dfree, frames, list
-    en = np.empty((1024, 11), np.int64)
+    en = np.empty((cap_entry, 11), np.int64)
     # per frame: file_off, file_len, line (or its offset), name_off, name_len, torch, line is big, its length
     fr = np.empty((64, 8), np.int64)
     sp = mp = memo_n = nn = ne = nen = nfr = 0
@@ -260,14 +263,12 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
             if sp == 0 or idx > n:
                 break
             if idx >= mm_t.shape[0]:
-                old = mm_t.shape[0]
-                mm_t = _grow(mm_t, idx)
-                mm_t[old:] = -1
+                mm_t = _grow(mm_t, idx)  # zero-filled: unset
                 mm_a = _grow(mm_a, idx)
                 mm_b = _grow(mm_b, idx)
-            if mm_t[idx] < 0:
+            if mm_t[idx] == 0:
                 memo_n += 1
-            mm_t[idx], mm_a[idx], mm_b[idx] = st_t[sp - 1], st_a[sp - 1], st_b[sp - 1]
+            mm_t[idx], mm_a[idx], mm_b[idx] = st_t[sp - 1] + 1, st_a[sp - 1], st_b[sp - 1]
         elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
             if op == 0x68:
                 idx = np.int64(buf[pos])
@@ -275,9 +276,9 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
             else:
                 idx = _int_at(buf, pos, 4, False)
                 pos += 4
-            if idx < 0 or idx >= mm_t.shape[0] or mm_t[idx] < 0:
+            if idx < 0 or idx >= mm_t.shape[0] or mm_t[idx] == 0:
                 break
-            t, a, b = mm_t[idx], mm_a[idx], mm_b[idx]
+            t, a, b = mm_t[idx] - 1, mm_a[idx], mm_b[idx]
         elif op == 0x85 or op == 0x86 or op == 0x87 or op == 0x74:  # TUPLE1/2/3, TUPLE
             if op == 0x74:
                 if mp == 0:
