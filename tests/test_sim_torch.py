@@ -79,16 +79,18 @@ def test_settings_checks_keys_and_values():
                   "roundup_power2_divisions": "[>:4]", "release_lock_on_cudamalloc": "True"})
     assert s.max_split_size == 256 * MIB and s.expandable_segments
     for bad in ({"max_split_size_mb": "20"}, {"expandable_segments": "yes"}, {"nope": "1"},
-                {"garbage_collection_threshold": "0.6"}, {"release_points": "x"}):
+                {"garbage_collection_threshold": "1.5"}, {"release_points": "x"}):
         with pytest.raises(UsageError):
             settings(bad)
 
 
 def test_options_from_snapshot_settings():
     snap = {"expandable_segments": True, "max_split_size": 512 * MIB,
-            "roundup_power2_divisions": {"1": 0, "2": 4}}
-    assert options_from_snapshot(snap) == {
-        "expandable_segments": "True", "max_split_size_mb": "512", "roundup_power2_divisions": "[1:0,2:4]"}
+            "roundup_power2_divisions": {"1": 0, "2": 4}, "garbage_collection_threshold": 0.6}
+    opts = options_from_snapshot(snap)
+    assert opts == {"expandable_segments": "True", "max_split_size_mb": "512",
+                    "roundup_power2_divisions": "[1:0,2:4]", "garbage_collection_threshold": "0.6"}
+    assert settings(opts).roundup_power2_divisions[1] == 4
     assert options_from_snapshot({"max_split_size": -1, "expandable_segments": False}) == {}
 
 
@@ -251,3 +253,16 @@ def test_initial_state_of_expandable_segments():
     assert int(r.addr[3]) == base + 33 * MIB
     assert seg_rows(r) == [("alloc", 40), ("alloc", 20)]
     assert [int(a) for a in r.rows_addr] == [base, base + 40 * MIB]
+
+
+def test_garbage_collection_threshold_releases_old_cached_blocks():
+    # Limit 200 MiB, threshold 0.4 -> collect above 80 MiB reserved. Large-pool lookups count
+    # ages: A is cached after lookup 2, B after lookup 3; at lookup 4 (H misses with 94 MiB
+    # reserved) A is 2 old, B 1; the average is 1.5, so only A goes, which covers 94 - 80.
+    rows = [(M, 30 * MIB, 1), (M, 24 * MIB, 2), (F, 0, 1), (M, 40 * MIB, 3), (F, 0, 2), (M, 50 * MIB, 4)]
+    opts = {"garbage_collection_threshold": "0.4"}
+    r = run(rows, capacity=200 * MIB, options=opts)
+    assert seg_rows(r) == [("alloc", 30), ("alloc", 24), ("alloc", 40), ("free", 30), ("alloc", 50)]
+    assert list(r.rows_before) == [0, 1, 3, 5, 5]
+    # Without a limit (no memory fraction) PyTorch never collects.
+    assert seg_rows(run(rows, options=opts)) == [("alloc", 30), ("alloc", 24), ("alloc", 40), ("alloc", 50)]

@@ -24,7 +24,7 @@ sizes = st.one_of(st.integers(1, MIB), st.integers(MIB + 1, 12 * MIB), st.intege
 step = st.one_of(st.tuples(st.just("m"), sizes, st.sampled_from([0, 0, 0, 5])),
                  st.tuples(st.just("f"), st.integers(0, 1000)))
 options = st.sampled_from([{}, {"expandable_segments": "True"}, {"max_split_size_mb": "40"},
-                           {"roundup_power2_divisions": "4"}])
+                           {"roundup_power2_divisions": "4"}, {"garbage_collection_threshold": "0.5"}])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

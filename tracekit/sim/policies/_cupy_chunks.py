@@ -21,14 +21,15 @@ import numpy as np
 from numba import njit
 
 # Fields of C.
-ADDR, SIZE, GROUP, PREV, NEXT, STATE, PRIO, INW, WPREV, WNEXT, EXP, HPREV, HNEXT, SEGEND, L0 = range(15)
+(ADDR, SIZE, GROUP, PREV, NEXT, STATE, PRIO, INW, WPREV, WNEXT, EXP, HPREV, HNEXT, SEGEND, GCBASE,
+ L0) = range(16)
 NF = L0 + 6  # tree t uses L0 + 3t (left), +1 (right), +2 (parent)
 # STATE values.
 FREE, USED, UNMAPPED, DEAD = 0, 1, 2, 3
 # Slots of S.
 (ROOT0, ROOT1, RNG, HW, FREEL, NALIVE, WHEAD, NROWS, LIVE, RESERVED, PEAK_LIVE, PEAK_RES,
- NEXT_ADDR, DEV_USED, SEGA, SEGF, HHEAD) = range(17)
-NS_SLOTS = 17
+ NEXT_ADDR, DEV_USED, SEGA, SEGF, HHEAD, GCL) = range(18)
+NS_SLOTS = 18
 OP_SEG_ALLOC, OP_SEG_FREE = 2, 3
 MIB = 1 << 20
 PAGE = 2 * MIB
@@ -321,6 +322,7 @@ def pred(C, x, t):  # pragma: no cover - compiled
 def insert_free(C, S, x):  # pragma: no cover - compiled
     """Put piece x in the free tree (and on the whole-allocation list if unsplit)."""
     C[x, STATE] = FREE
+    C[x, GCBASE] = S[GCL]  # PyTorch's gc_count_base: lookups counted when it was cached
     tree_insert(C, S, x, 0)
     if C[x, PREV] == -1 and C[x, NEXT] == -1 and C[x, EXP] == -1:
         h = S[WHEAD]

@@ -118,9 +118,7 @@ def settings(options: Mapping[str, str]) -> TorchSettings:
                 raise UsageError(f"torch option {key}: expected a number, got {value!r}") from None
             if not 0.0 < t < 1.0:
                 raise UsageError(f"torch option {key}: must be between 0 and 1, got {value}")
-            raise UsageError(
-                f"torch option {key}: the age-based release of cached blocks is not modelled"
-            )
+            kw["garbage_collection_threshold"] = t
         elif key == "release_points":
             if value not in ("trace", "none"):
                 raise UsageError(f"torch option {key}: expected 'trace' or 'none', got {value!r}")
@@ -172,6 +170,9 @@ def options_from_snapshot(allocator_settings: Mapping[str, object]) -> dict[str,
     m = allocator_settings.get("max_split_size")
     if isinstance(m, int) and 0 < m < NO_SPLIT_LIMIT:
         out["max_split_size_mb"] = str(m // MIB)
+    gc = allocator_settings.get("garbage_collection_threshold")
+    if isinstance(gc, int | float) and 0.0 < gc < 1.0:
+        out["garbage_collection_threshold"] = repr(float(gc))
     div = allocator_settings.get("roundup_power2_divisions")
     if isinstance(div, Mapping) and any(int(v) > 1 for v in div.values()):
         items = sorted((int(k), int(v)) for k, v in div.items())

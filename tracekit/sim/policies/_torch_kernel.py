@@ -79,6 +79,52 @@ def release_cached(C, S, R, i, stream, X):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _garbage_collect(C, S, R, i, thr, n_streams, stream):  # pragma: no cover - compiled
+    """``garbage_collect_cached_blocks``: with reserved over the threshold, release the
+    unsplit large cached blocks whose age (large-pool lookups since they were cached) is
+    at least the average, pass after pass, until reserved - threshold bytes are back."""
+    if S[ck.RESERVED] <= thr:
+        return
+    target = S[ck.RESERVED] - thr
+    k = 0
+    x = S[ck.WHEAD]
+    while x != -1:
+        k += 1
+        x = C[x, ck.WNEXT]
+    ids = np.empty(k, dtype=np.int64)
+    k = 0
+    total_age = 0
+    x = S[ck.WHEAD]
+    while x != -1:
+        if C[x, ck.GROUP] < n_streams:  # large pool only
+            ids[k] = x
+            total_age += S[ck.GCL] - C[x, ck.GCBASE]
+            k += 1
+        x = C[x, ck.WNEXT]
+    ids = ids[:k]
+    ids = ids[np.argsort(C[ids, ck.ADDR], kind="mergesort")]
+    ids = ids[np.argsort(C[ids, ck.SIZE], kind="mergesort")]
+    ids = ids[np.argsort(C[ids, ck.GROUP], kind="mergesort")]
+    alive = np.ones(k, dtype=np.bool_)
+    count = k
+    reclaimed = 0
+    freed = True
+    while reclaimed < target and freed and count > 0:
+        threshold = total_age / count
+        freed = False
+        for j in range(k):
+            x = ids[j]
+            age = S[ck.GCL] - C[x, ck.GCBASE]
+            if alive[j] and age >= threshold:
+                alive[j] = False
+                freed = True
+                reclaimed += C[x, ck.SIZE]
+                total_age -= age
+                count -= 1
+                ck.release_whole(C, S, R, i, x, stream)
+
+
+@njit(cache=True)
 def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
     """``get_free_block``: the cached block to use for s in group g, or -1."""
     it = ck.lower_bound(C, S, g, s)
@@ -114,10 +160,15 @@ def _oom(C, S, i, g, s, stats):  # pragma: no cover - compiled
 @njit(cache=True)
 def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     M = cfg[2]
+    large = g < cfg[6]
+    if cfg[5] > 0 and large:
+        S[ck.GCL] += 1  # get_free_blocks_call_count of the large pool
     x = _find(C, S, g, s, M, cfg[3], cfg[4] != 0)
     if x != -1:
         ck.remove_free(C, S, x)
     else:
+        if cfg[5] > 0:
+            _garbage_collect(C, S, R, i, cfg[5], cfg[6], stream)
         x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
         if x == -1 and M < NO_LIMIT and _release_available(C, S, R, i, g, s, M, stream):
             x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
@@ -140,7 +191,7 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
 @njit(cache=True)
 def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel, hints, stream, cfg,
                  C, R, S, X, stats):  # pragma: no cover - compiled
-    """cfg: capacity, device_total, M, max_non_split, expandable, unused, streams, continue."""
+    """cfg: capacity, device_total, M, max_non_split, expandable, gc threshold bytes, streams, continue."""
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)

@@ -88,10 +88,20 @@ def _pools(trace: Trace, rounded: np.ndarray, init: np.ndarray) -> np.ndarray:
     return pool
 
 
+def _gc_threshold(config: SimConfig, st: TorchSettings) -> int:
+    """Bytes above which cached blocks are garbage-collected: threshold x the per-process limit.
+
+    PyTorch collects only when a memory fraction is set (here: a capacity).
+    """
+    if not config.capacity or st.garbage_collection_threshold <= 0.0:
+        return 0
+    return max(int(st.garbage_collection_threshold * config.capacity), 1)
+
+
 def _cfg(config: SimConfig, st: TorchSettings, n_streams: int) -> np.ndarray:
     return np.array([
         config.capacity or 0, config.device_total or 0, st.max_split_size, st.max_non_split_rounding,
-        int(st.expandable_segments), 0, n_streams, int(config.continue_on_oom),
+        int(st.expandable_segments), _gc_threshold(config, st), n_streams, int(config.continue_on_oom),
     ], dtype=np.int64)
 
 
