@@ -42,7 +42,9 @@ def write_timeline(result: AnalysisResult, path: str | os.PathLike[str]) -> Path
     check_output_path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        pq.write_table(result.timeline, tmp, compression="zstd", row_group_size=1 << 20)
+        # Dictionary encoding does not pay on these numeric columns; trying it costs time.
+        pq.write_table(result.timeline, tmp, compression="zstd", use_dictionary=False,
+                       row_group_size=1 << 20)
         os.replace(tmp, out)
     except OSError as e:
         tmp.unlink(missing_ok=True)

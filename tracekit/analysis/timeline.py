@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+from numba import njit
 
 from tracekit.analysis import largest_free as lf
 from tracekit.analysis.compress import compress, opening_ranges
@@ -104,14 +105,25 @@ def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1,
     return ScanResult(st, fs, pooled, *outs)
 
 
+@njit(cache=True)
+def _free_and_fragmentation(live, reserved, largest):  # pragma: no cover - compiled
+    # One pass instead of several NumPy temporaries of n float64 each.
+    n = live.shape[0]
+    free = np.empty(n, np.int64)
+    frag = np.zeros(n, np.float64)
+    for i in range(n):
+        f = reserved[i] - live[i]
+        free[i] = f
+        if f > 0 and largest[i] < f:
+            frag[i] = 1.0 - largest[i] / f
+    return free, frag
+
+
 def timeline_table(ev: Events, scan: ScanResult, device_free_at_start: int | None) -> pa.Table:
     """The per-event timeline as an Arrow table (columns ``COLUMNS``)."""
     assert scan.live is not None and scan.reserved is not None
     assert scan.requested is not None and scan.largest_free is not None
-    free = scan.reserved - scan.live
-    with np.errstate(divide="ignore", invalid="ignore"):
-        frag = np.where(free > 0, 1.0 - scan.largest_free / np.maximum(free, 1), 0.0)
-    np.maximum(frag, 0.0, out=frag)
+    free, frag = _free_and_fragmentation(scan.live, scan.reserved, scan.largest_free)
     if device_free_at_start is None:
         dev_free = pa.nulls(len(ev), pa.int64())
     else:
