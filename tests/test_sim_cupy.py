@@ -181,3 +181,8 @@ def test_bad_options_are_usage_errors():
                  {"release_points": "always"}):
         with pytest.raises(UsageError):
             MODEL.run(mk([(M, U, 1)]), SimConfig(options=opts))
+
+
+def test_impossible_request_is_an_oom_not_an_overflow():
+    r = run([(M, 2**63 + 5, 1), (M, U, 2)], limit=1 << 40, cont=True)
+    assert list(r.status) == [Status.OOM, Status.DONE]

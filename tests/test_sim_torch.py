@@ -266,3 +266,8 @@ def test_garbage_collection_threshold_releases_old_cached_blocks():
     assert list(r.rows_before) == [0, 1, 3, 5, 5]
     # Without a limit (no memory fraction) PyTorch never collects.
     assert seg_rows(run(rows, options=opts)) == [("alloc", 30), ("alloc", 24), ("alloc", 40), ("alloc", 50)]
+
+
+def test_impossible_request_is_an_oom_not_an_overflow():
+    r = run([(M, 2**63 + 5, 1), (M, 512, 2)], capacity=1 << 40, cont=True)
+    assert list(r.status) == [Status.OOM, Status.DONE]

@@ -102,6 +102,14 @@ def release_option(options: Mapping[str, str], policy: str) -> bool:
     return value == "trace"
 
 
+def sizes(trace: Trace) -> np.ndarray:
+    """Sizes as int64; beyond 2**62 bytes (fits nowhere anyway) clamped so sums stay exact."""
+    size = trace.events.size
+    if len(size) and int(size.max()) >= 1 << 62:
+        return np.minimum(size, np.uint64(1 << 62)).astype(np.int64)
+    return size.view(np.int64)
+
+
 def new_stats() -> np.ndarray:
     """The int64 stats vector with the not-applicable / not-yet values filled in."""
     stats = np.zeros(len(Stat), dtype=np.int64)

@@ -38,6 +38,7 @@ from tracekit.sim.policies._cupy_glue import (
     pack,
     release_option,
     release_points,
+    sizes,
     stream_groups,
 )
 from tracekit.sim.policies._cupy_kernel import cupy_replay
@@ -81,7 +82,7 @@ class CupyPool:
         stats = new_stats()
         follow_ties = ties == "trace" and hints.shape[1] > 0
         addr, status, rounded, C, R = cupy_replay(
-            ev.op, ev.size.view(np.int64), arena, trace.mate, init, ev.addr.view(np.int64), rel,
+            ev.op, sizes(trace), arena, trace.mate, init, ev.addr.view(np.int64), rel,
             hints, follow_ties, streams.view(np.int64), int(config.capacity or 0),
             int(config.device_total or 0), bool(config.continue_on_oom), C, R, S, stats,
         )

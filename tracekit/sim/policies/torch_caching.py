@@ -29,6 +29,7 @@ from tracekit.sim.policies._cupy_glue import (
     new_stats,
     pack,
     release_points,
+    sizes,
     stream_groups,
 )
 from tracekit.sim.policies._torch_config import (
@@ -139,7 +140,8 @@ class TorchCaching:
         streams, sidx = stream_groups(ev.stream)
         ns = len(streams)
         init = initial_mask(trace)
-        rounded = round_sizes(ev.size.view(np.int64), st.roundup_power2_divisions)
+        size = sizes(trace)
+        rounded = round_sizes(size, st.roundup_power2_divisions)
         # A live block at the start keeps the size PyTorch gave it (slack included).
         held = init & (ev.op == Op.MALLOC) & (ev.rounded > 0)
         rounded = np.where(held, ev.rounded.view(np.int64), rounded)
@@ -163,7 +165,7 @@ class TorchCaching:
         C, R, S = ck.new_state(cap, rows_cap, next_addr)
         stats = new_stats()
         addr, status, C, R = torch_replay(
-            ev.op, ev.size.view(np.int64), rounded, group, trace.mate, init, init_exp,
+            ev.op, size, rounded, group, trace.mate, init, init_exp,
             ev.addr.view(np.int64), rel, hints, np.tile(streams, 2).view(np.int64), cfg, C, R, S, X, stats,
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
