@@ -193,7 +193,10 @@ def whatif(
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
     if jobs == 1:
         _init_worker(None, trace)
-        fits = [_work(p, step, max_capacity, lb) for p in names]
+        try:
+            fits = [_work(p, step, max_capacity, lb) for p in names]
+        finally:
+            _init_worker(None, None)  # do not keep the trace alive in this process
     else:
         # Workers read the file themselves when there is one (cheaper than pickling the events).
         path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
