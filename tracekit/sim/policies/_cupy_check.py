@@ -18,7 +18,7 @@ from numba import njit
 from tracekit.sim.policies import _cupy_chunks as ck
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _tree_count(C, S, t):  # pragma: no cover - compiled
     x = S[ck.ROOT0 + t]
     if x == -1:
@@ -37,7 +37,7 @@ def _tree_count(C, S, t):  # pragma: no cover - compiled
     return k, ordered
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def check_state(C, S):  # pragma: no cover - compiled
     n_free = n_unmapped = n_whole = live = mapped = 0
     starts = []

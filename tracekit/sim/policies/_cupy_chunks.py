@@ -49,7 +49,7 @@ def new_state(
     return C, R, S
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def room(C, S, extra):  # pragma: no cover - compiled
     """C with room for ``extra`` more live pieces (a new matrix if it had to grow)."""
     if C.shape[0] - S[NALIVE] >= extra:
@@ -60,7 +60,7 @@ def room(C, S, extra):  # pragma: no cover - compiled
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rows_room(R, S, extra):  # pragma: no cover - compiled
     if R.shape[0] - S[NROWS] >= extra:
         return R
@@ -69,7 +69,7 @@ def rows_room(R, S, extra):  # pragma: no cover - compiled
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def emit(R, S, before, op, addr, size, stream):  # pragma: no cover - compiled
     k = S[NROWS]
     R[k, 0] = before
@@ -84,7 +84,7 @@ def emit(R, S, before, op, addr, size, stream):  # pragma: no cover - compiled
         S[SEGF] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def new_node(C, S, addr, size, group, state):  # pragma: no cover - compiled
     x = S[FREEL]
     if x != -1:
@@ -111,7 +111,7 @@ def new_node(C, S, addr, size, group, state):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def kill(C, S, x):  # pragma: no cover - compiled
     C[x, STATE] = DEAD
     C[x, L0] = S[FREEL]
@@ -119,7 +119,7 @@ def kill(C, S, x):  # pragma: no cover - compiled
     S[NALIVE] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _less(C, x, y, t):  # pragma: no cover - compiled
     gx = C[x, GROUP]
     gy = C[y, GROUP]
@@ -133,7 +133,7 @@ def _less(C, x, y, t):  # pragma: no cover - compiled
     return C[x, ADDR] < C[y, ADDR]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rotate_up(C, S, x, t):  # pragma: no cover - compiled
     L = L0 + 3 * t
     R = L + 1
@@ -162,7 +162,7 @@ def _rotate_up(C, S, x, t):  # pragma: no cover - compiled
         C[g, R] = x
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def tree_insert(C, S, x, t):  # pragma: no cover - compiled
     L = L0 + 3 * t
     R = L + 1
@@ -191,7 +191,7 @@ def tree_insert(C, S, x, t):  # pragma: no cover - compiled
         _rotate_up(C, S, x, t)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def tree_remove(C, S, x, t):  # pragma: no cover - compiled
     L = L0 + 3 * t
     R = L + 1
@@ -212,7 +212,7 @@ def tree_remove(C, S, x, t):  # pragma: no cover - compiled
         C[p, R] = child
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def lower_bound(C, S, g, s):  # pragma: no cover - compiled
     """Tree 0: the first free piece with (group, size) >= (g, s), or -1."""
     cur = S[ROOT0]
@@ -227,7 +227,7 @@ def lower_bound(C, S, g, s):  # pragma: no cover - compiled
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def find_free(C, S, g, s, a):  # pragma: no cover - compiled
     """Tree 0: the free piece with key exactly (g, s, a), or -1."""
     cur = S[ROOT0]
@@ -242,7 +242,7 @@ def find_free(C, S, g, s, a):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def first_in_group(C, S, g, t):  # pragma: no cover - compiled
     """The smallest key of group g in tree t, or -1."""
     cur = S[ROOT0 + t]
@@ -258,7 +258,7 @@ def first_in_group(C, S, g, t):  # pragma: no cover - compiled
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def last_in_group(C, S, g, t):  # pragma: no cover - compiled
     """The largest key of group g in tree t (tree 0: the largest free piece), or -1."""
     cur = S[ROOT0 + t]
@@ -274,7 +274,7 @@ def last_in_group(C, S, g, t):  # pragma: no cover - compiled
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def tree_last(C, S, t):  # pragma: no cover - compiled
     cur = S[ROOT0 + t]
     if cur == -1:
@@ -284,7 +284,7 @@ def tree_last(C, S, t):  # pragma: no cover - compiled
     return cur
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def succ(C, x, t):  # pragma: no cover - compiled
     L = L0 + 3 * t
     R = L + 1
@@ -301,7 +301,7 @@ def succ(C, x, t):  # pragma: no cover - compiled
     return p
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def pred(C, x, t):  # pragma: no cover - compiled
     L = L0 + 3 * t
     R = L + 1
@@ -318,7 +318,7 @@ def pred(C, x, t):  # pragma: no cover - compiled
     return p
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def insert_free(C, S, x):  # pragma: no cover - compiled
     """Put piece x in the free tree (and on the whole-allocation list if unsplit)."""
     C[x, STATE] = FREE
@@ -334,7 +334,7 @@ def insert_free(C, S, x):  # pragma: no cover - compiled
         S[WHEAD] = x
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def remove_free(C, S, x):  # pragma: no cover - compiled
     tree_remove(C, S, x, 0)
     if C[x, INW] == 1:
@@ -349,7 +349,7 @@ def remove_free(C, S, x):  # pragma: no cover - compiled
         C[x, INW] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def split_front(C, S, x, s):  # pragma: no cover - compiled
     """Cut x to its first s bytes; the rest becomes a free piece right after it."""
     r = new_node(C, S, C[x, ADDR] + s, C[x, SIZE] - s, C[x, GROUP], FREE)
@@ -365,7 +365,7 @@ def split_front(C, S, x, s):  # pragma: no cover - compiled
     return r
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def absorb_next(C, S, x):  # pragma: no cover - compiled
     """Merge x's next piece (already out of every tree) into x and drop it."""
     nx = C[x, NEXT]
@@ -377,7 +377,7 @@ def absorb_next(C, S, x):  # pragma: no cover - compiled
     kill(C, S, nx)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def free_merge(C, S, x):  # pragma: no cover - compiled
     """Return a used piece to the pool, merging with free (mapped) neighbours."""
     nx = C[x, NEXT]
@@ -393,7 +393,7 @@ def free_merge(C, S, x):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def device_cost(s):  # pragma: no cover - compiled
     """Device bytes a cudaMalloc of s takes: s up to 1 MiB (shared pages), else whole 2 MiB pages."""
     if s <= MIB:
@@ -401,7 +401,7 @@ def device_cost(s):  # pragma: no cover - compiled
     return (s + PAGE - 1) // PAGE * PAGE
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def add_segment(C, S, R, before, addr, size, group, stream):  # pragma: no cover - compiled
     """A new device allocation, wholly one used piece; addr < 0 invents the address."""
     if addr < 0:
@@ -423,7 +423,7 @@ def add_segment(C, S, R, before, addr, size, group, stream):  # pragma: no cover
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def overlaps(C, S, X, a, end):  # pragma: no cover - compiled
     """True if [a, end) meets a live device allocation or an expandable reservation."""
     h = S[HHEAD]
@@ -437,7 +437,7 @@ def overlaps(C, S, X, a, end):  # pragma: no cover - compiled
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def recorded_addr(C, S, X, i, s, hints, exact):  # pragma: no cover - compiled
     """The device address the recorded allocator got for this allocation, or -1 to invent one.
 
@@ -461,7 +461,7 @@ def recorded_addr(C, S, X, i, s, hints, exact):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def release_whole(C, S, R, before, x, stream):  # pragma: no cover - compiled
     """Give a free whole device allocation back to the device."""
     remove_free(C, S, x)
@@ -479,7 +479,7 @@ def release_whole(C, S, R, before, x, stream):  # pragma: no cover - compiled
     kill(C, S, x)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def release_all_whole(C, S, R, before, stream):  # pragma: no cover - compiled
     """Release every free whole allocation, in (group, size, address) order."""
     k = 0
@@ -502,7 +502,7 @@ def release_all_whole(C, S, R, before, stream):  # pragma: no cover - compiled
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def place_at(C, S, R, before, addr, size, group, stream):  # pragma: no cover - compiled
     """Mark [addr, addr+size) used inside the free piece that holds it (initial state).
 
@@ -529,7 +529,7 @@ def place_at(C, S, R, before, addr, size, group, stream):  # pragma: no cover - 
     return add_segment(C, S, R, before, addr, size, group, stream[group])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def add_live(S, size):  # pragma: no cover - compiled
     S[LIVE] += size
     if S[LIVE] > S[PEAK_LIVE]:

@@ -23,7 +23,7 @@ DONE, OOM, SKIPPED = 1, 2, 3
 NO_X = np.zeros((0, 4), dtype=np.int64)  # no expandable reservations in CuPy's pool
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - compiled
     if limit > 0:
         if s > limit:
@@ -39,7 +39,7 @@ def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - 
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, ties, stream, limit, dev_total, cont,
                 C, R, S, stats):  # pragma: no cover - compiled
     n = op.shape[0]

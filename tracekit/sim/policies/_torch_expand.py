@@ -23,7 +23,7 @@ from tracekit.sim.policies import _cupy_chunks as ck
 BASE, PAGE, MADE, VSIZE = 0, 1, 2, 3
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def expandable_size(C, b):  # pragma: no cover - compiled
     """A free piece's size for best fit: plus the unmapped range right after it."""
     nx = C[b, ck.NEXT]
@@ -31,7 +31,7 @@ def expandable_size(C, b):  # pragma: no cover - compiled
     return C[b, ck.SIZE] + extra
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     """Reserve group g's segment on first use, at the recorded address when there is one."""
     if X[g, MADE] != 0:
@@ -48,7 +48,7 @@ def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     X[g, MADE] = 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compiled
     """Starting state: [a, a + size) of group g's segment is mapped (a recorded mapped range).
 
@@ -103,7 +103,7 @@ def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compil
     return ck.free_merge(C, S, c)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _find(C, S, g, s, X, i, hints):  # pragma: no cover - compiled
     _ensure(C, S, g, X, i, hints)
     c = ck.first_in_group(C, S, g, 1)
@@ -123,7 +123,7 @@ def _find(C, S, g, s, X, i, hints):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compiled
     """Map the pages covering the first sz bytes of unmapped piece x; -1 if the device is full."""
     g = C[x, ck.GROUP]
@@ -154,7 +154,7 @@ def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compile
     return ck.free_merge(C, S, x)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def try_allocate(C, S, R, i, g, s, dev_total, stream, X, hints):  # pragma: no cover - compiled
     """A free mapped piece of group g holding s bytes, out of every tree; -1 on failure."""
     c = _find(C, S, g, s, X, i, hints)
@@ -175,7 +175,7 @@ def try_allocate(C, S, R, i, g, s, dev_total, stream, X, hints):  # pragma: no c
     return c
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
     g = C[b, ck.GROUP]
     base = X[g, BASE]
@@ -225,7 +225,7 @@ def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
     ck.emit(R, S, i, ck.OP_SEG_FREE, begin, end - begin, stream[g])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def unmap_all_free(C, S, R, i, stream, X):  # pragma: no cover - compiled
     """Unmap the whole pages of every free mapped piece, in (group, size, address) order."""
     if X.shape[0] == 0 or X[:, MADE].max() == 0:

@@ -27,7 +27,7 @@ MIB = 1 << 20
 NO_LIMIT = 1 << 62  # max_split_size unset
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def segment_size(s):  # pragma: no cover - compiled
     """Bytes cudaMalloc'd on a miss: 2 MiB (<= 1 MiB), 20 MiB (< 10 MiB), else 2 MiB multiples."""
     if s <= MIB:
@@ -37,7 +37,7 @@ def segment_size(s):  # pragma: no cover - compiled
     return (s + 2 * MIB - 1) // (2 * MIB) * (2 * MIB)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
     limit = cfg[0]
@@ -51,7 +51,7 @@ def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no co
     return ck.add_segment(C, S, R, i, a, seg, g, stream[g])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _release_available(C, S, R, i, g, s, M, stream):  # pragma: no cover - compiled
     """Release cached blocks >= M: one that covers max(s, M), else the largest first."""
     key = max(s, M)
@@ -71,14 +71,14 @@ def _release_available(C, S, R, i, g, s, M, stream):  # pragma: no cover - compi
     return total >= key
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def release_cached(C, S, R, i, stream, X):  # pragma: no cover - compiled
     """``release_cached_blocks``: free whole segments, unmap free expandable pages."""
     ck.release_all_whole(C, S, R, i, stream)
     xp.unmap_all_free(C, S, R, i, stream, X)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _garbage_collect(C, S, R, i, thr, n_streams, stream):  # pragma: no cover - compiled
     """``garbage_collect_cached_blocks``: with reserved over the threshold, release the
     unsplit large cached blocks whose age (large-pool lookups since they were cached) is
@@ -124,7 +124,7 @@ def _garbage_collect(C, S, R, i, thr, n_streams, stream):  # pragma: no cover - 
                 ck.release_whole(C, S, R, i, x, stream)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
     """``get_free_block``: the cached block to use for s in group g, or -1."""
     it = ck.lower_bound(C, S, g, s)
@@ -144,7 +144,7 @@ def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
     return it
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _oom(C, S, i, g, s, stats):  # pragma: no cover - compiled
     stats[5] += 1
     if stats[6] < 0:
@@ -157,7 +157,7 @@ def _oom(C, S, i, g, s, stats):  # pragma: no cover - compiled
         stats[11] = s
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     M = cfg[2]
     large = g < cfg[6]
@@ -188,7 +188,7 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel, hints, stream, cfg,
                  C, R, S, X, stats):  # pragma: no cover - compiled
     """cfg: capacity, device_total, M, max_non_split, expandable, gc threshold bytes, streams, continue."""
