@@ -72,13 +72,7 @@ def _root(
 
 
 for _verb in VERBS:
-    try:
-        _mod = importlib.import_module(f"tracekit.cli.{_verb}")
-    except ModuleNotFoundError as _e:  # a verb still being written in this tree
-        if _e.name != f"tracekit.cli.{_verb}":
-            raise
-        continue
-    _mod.register(app)
+    importlib.import_module(f"tracekit.cli.{_verb}").register(app)
 
 
 def main() -> None:
