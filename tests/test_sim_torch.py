@@ -204,7 +204,7 @@ def test_expandable_segments_map_pages():
     rows = [(M, 1000, 1), (M, 3 * MIB, 2), (M, 30 * MIB, 3), (F, 0, 2), (M, 2 * MIB, 4)]
     r = run(rows, options=opts)
     # Small pool maps a 2 MiB page; the large pool maps 20 MiB pages on demand: 3 MiB maps one,
-    # 30 MiB uses the 17 MiB free tail plus one more page.
+    # 30 MiB uses the 17 MiB free tail plus one more page. One row per page.
     assert seg_rows(r) == [("alloc", 2), ("alloc", 20), ("alloc", 20)]
     base = int(r.addr[1])
     assert int(r.addr[2]) == base + 3 * MIB
@@ -218,8 +218,8 @@ def test_expandable_release_unmaps_free_pages():
     r = run(rows, options=opts)
     # [0, 30) is free, [30, 33) is live: only the first 20 MiB page is wholly free; the
     # 10 MiB request then fits the still-mapped [20, 30) exactly, mapping nothing.
-    assert seg_rows(r) == [("alloc", 40), ("free", 20)]
-    assert list(r.rows_addr[1:]) == [r.addr[0]]
+    assert seg_rows(r) == [("alloc", 20), ("alloc", 20), ("free", 20)]
+    assert list(r.rows_addr) == [r.addr[0], r.addr[0] + 20 * MIB, r.addr[0]]
     assert int(r.addr[4]) == int(r.addr[0]) + 20 * MIB
 
 
@@ -251,8 +251,8 @@ def test_initial_state_of_expandable_segments():
     assert int(r.addr[2]) == base + 3 * MIB
     # 10 MiB: the free [33, 40) MiB borders unmapped space of the same segment: one more 20 MiB page.
     assert int(r.addr[3]) == base + 33 * MIB
-    assert seg_rows(r) == [("alloc", 40), ("alloc", 20)]
-    assert [int(a) for a in r.rows_addr] == [base, base + 40 * MIB]
+    assert seg_rows(r) == [("alloc", 20), ("alloc", 20), ("alloc", 20)]
+    assert [int(a) for a in r.rows_addr] == [base, base + 20 * MIB, base + 40 * MIB]
 
 
 def test_garbage_collection_threshold_releases_old_cached_blocks():

@@ -5,10 +5,11 @@ One segment per group (pool, stream) reserves a large virtual range (PyTorch:
 ``try_allocate`` follows ``try_allocate_expandable_block``: take the lowest
 unmapped range of the group whose run of free-or-unmapped pieces (starting at
 its free predecessor, if any) holds s bytes, then map pages (2 MiB in the small
-pool, 20 MiB in the large) until the free piece there holds s. Each mapping
-emits a ``segment_alloc`` row of the mapped range and counts as reserved.
+pool, 20 MiB in the large) until the free piece there holds s. Mapped pages
+count as reserved and are emitted as one ``segment_alloc`` row per page.
 ``unmap_all_free`` (``release_cached_blocks``) unmaps the whole pages inside
-every free mapped piece, emitting ``segment_free`` rows. ``X[g]`` holds the
+every free mapped piece, one ``segment_free`` row per page, so the rows of an
+output trace pair by address as v1 requires. ``X[g]`` holds the
 segment's base address, page size, a created flag and its size (PyTorch:
 pages for 9/8 of the device's memory).
 """
@@ -46,6 +47,13 @@ def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     ck.tree_insert(C, S, x, 1)
     X[g, BASE] = base
     X[g, MADE] = 1
+
+
+@njit(cache=True, error_model="numpy")
+def _emit_pages(R, S, i, op, a, size, pg, stream):  # pragma: no cover - compiled
+    """One row per page, so every segment_free pairs with a segment_alloc of its address."""
+    for p in range(a, a + size, pg):
+        ck.emit(R, S, i, op, p, pg, stream)
 
 
 @njit(cache=True, error_model="numpy")
@@ -98,7 +106,7 @@ def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compil
     S[ck.DEV_USED] += size
     if S[ck.RESERVED] > S[ck.PEAK_RES]:
         S[ck.PEAK_RES] = S[ck.RESERVED]
-    ck.emit(R, S, i, ck.OP_SEG_ALLOC, a, size, stream[g])
+    _emit_pages(R, S, i, ck.OP_SEG_ALLOC, a, size, X[g, PAGE], stream[g])
     C[c, ck.STATE] = ck.USED
     return ck.free_merge(C, S, c)
 
@@ -149,7 +157,7 @@ def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compile
     S[ck.DEV_USED] += mapped
     if S[ck.RESERVED] > S[ck.PEAK_RES]:
         S[ck.PEAK_RES] = S[ck.RESERVED]
-    ck.emit(R, S, i, ck.OP_SEG_ALLOC, a, mapped, stream[g])
+    _emit_pages(R, S, i, ck.OP_SEG_ALLOC, a, mapped, pg, stream[g])
     C[x, ck.STATE] = ck.USED
     return ck.free_merge(C, S, x)
 
@@ -222,7 +230,7 @@ def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
     ck.tree_insert(C, S, b, 1)
     S[ck.RESERVED] -= end - begin
     S[ck.DEV_USED] -= end - begin
-    ck.emit(R, S, i, ck.OP_SEG_FREE, begin, end - begin, stream[g])
+    _emit_pages(R, S, i, ck.OP_SEG_FREE, begin, end - begin, pg, stream[g])
 
 
 @njit(cache=True, error_model="numpy")

@@ -38,6 +38,14 @@ def segment_size(s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
+def _pages(S, cfg, s):  # pragma: no cover - compiled
+    """Most page rows one event can emit with expandable segments (unmap all, map s)."""
+    if cfg[4] == 0:
+        return 0
+    return (S[ck.RESERVED] + segment_size(s)) // (2 * MIB) + 2
+
+
+@njit(cache=True, error_model="numpy")
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
     limit = cfg[0]
@@ -199,7 +207,7 @@ def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel,
     for i in range(n):  # starting state: segments first, then the live blocks in them
         if init[i] and op[i] == 2:
             C = ck.room(C, S, 4)
-            R = ck.rows_room(R, S, 4)
+            R = ck.rows_room(R, S, 4 + size[i] // (2 * MIB))
             if cfg[4] != 0 and init_exp[i]:
                 xp.map_initial(C, S, R, i, group[i], init_addr[i], size[i], stream, X)
             else:
@@ -219,7 +227,7 @@ def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel,
             continue
         if rel[i]:
             C = ck.room(C, S, 2 * S[ck.NALIVE] + 8)
-            R = ck.rows_room(R, S, S[ck.NALIVE] + 4)
+            R = ck.rows_room(R, S, S[ck.NALIVE] + 4 + _pages(S, cfg, 0))
             release_cached(C, S, R, i, stream, X)
         if o == 0 or o == 4:
             s = rounded[i]
@@ -227,7 +235,7 @@ def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel,
                 status[i] = DONE
                 continue
             C = ck.room(C, S, 2 * S[ck.NALIVE] + 8)
-            R = ck.rows_room(R, S, S[ck.NALIVE] + 8)
+            R = ck.rows_room(R, S, S[ck.NALIVE] + 8 + _pages(S, cfg, s))
             x = _malloc(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints)
             if x == -1:
                 status[i] = OOM
