@@ -23,11 +23,18 @@ KIB = 1024
 
 
 def build(steps) -> Trace:
-    """Rows from steps: ("m", size, stream) allocates, ("f", k) frees the k-th live block (mod count)."""
+    """Rows from steps: ("m", size, stream) allocates, ("f", k) frees the k-th live block (mod
+    count), ("r",) is a recorded release point."""
     op, size, addr, stream = [], [], [], []
     live: list[int] = []
     nxt = 1
     for s in steps:
+        if s[0] == "r":  # a recorded release (empty_cache / free_all_blocks): a segment_free row
+            op.append(Op.SEGMENT_FREE)
+            size.append(0)
+            addr.append(0)
+            stream.append(0)
+            continue
         if s[0] == "m" or not live:
             sz = s[1] if s[0] == "m" else 1
             op.append(Op.MALLOC)
@@ -84,10 +91,10 @@ def check_outputs(trace: Trace, r) -> None:
 
 sizes = st.one_of(st.integers(1, 4 * KIB), st.integers(1, 3 << 20), st.sampled_from([512, 1024, 4096]))
 step = st.one_of(st.tuples(st.just("m"), sizes, st.sampled_from([0, 0, 0, 7])),
-                 st.tuples(st.just("f"), st.integers(0, 1000)))
+                 st.tuples(st.just("f"), st.integers(0, 1000)), st.tuples(st.just("r")))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, min_size=1, max_size=60),
        limit=st.one_of(st.none(), st.integers(1, 16).map(lambda m: m << 20)))
 def test_cupy_invariants(steps, limit):

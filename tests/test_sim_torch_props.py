@@ -22,12 +22,12 @@ MIB = 1 << 20
 sizes = st.one_of(st.integers(1, MIB), st.integers(MIB + 1, 12 * MIB), st.integers(20 * MIB, 60 * MIB),
                   st.sampled_from([512, 2 * MIB, 20 * MIB]))
 step = st.one_of(st.tuples(st.just("m"), sizes, st.sampled_from([0, 0, 0, 5])),
-                 st.tuples(st.just("f"), st.integers(0, 1000)))
+                 st.tuples(st.just("f"), st.integers(0, 1000)), st.tuples(st.just("r")))
 options = st.sampled_from([{}, {"expandable_segments": "True"}, {"max_split_size_mb": "40"},
                            {"roundup_power2_divisions": "4"}, {"garbage_collection_threshold": "0.5"}])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, min_size=1, max_size=50), opts=options,
        limit=st.one_of(st.none(), st.integers(2, 200).map(lambda m: m * MIB)))
 def test_torch_invariants(steps, opts, limit):
