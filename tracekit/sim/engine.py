@@ -193,7 +193,7 @@ def replay_file(
     policies.get(policy)
     if output is not None:
         check_output_path(Path(output), (Path(path),))
-    trace = read_trace(path, extras=output is not None)
+    trace = read_trace(path)  # extras too: policies start from an imported `initial` state
     with progress.reporting(on_progress):
         result = replay(trace, policy, config)
     if output is not None:

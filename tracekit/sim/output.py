@@ -114,4 +114,23 @@ def write_replay_trace(result: ReplayResult, trace: Trace, path: Path, *, comman
         idx = pa.array(src, type=pa.int64(), mask=src < 0)
         taken = trace.extras.take(idx)
         extras = {name: taken.column(name).combine_chunks() for name in taken.column_names}
+        if "initial" in extras:
+            extras["initial"] = _initial_with_policy_rows(trace, src)
     return write_trace(path, replay_meta(result, trace, command), out, extras)
+
+
+def _initial_with_policy_rows(trace: Trace, src: np.ndarray) -> np.ndarray:
+    """``initial`` per output row; a policy row takes the value of the input row it precedes.
+
+    So the segments a policy creates to hold the starting state are marked as
+    part of that state, like the input's own initial rows.
+    """
+    tbl = trace.extras
+    assert tbl is not None
+    init_in = np.asarray(tbl.column("initial").fill_null(False).to_numpy(zero_copy_only=False), np.bool_)
+    n = len(init_in)
+    # Index of the next input row at or after each output row (n past the last one).
+    nxt = np.where(src >= 0, src, n)[::-1]
+    nxt = np.minimum.accumulate(nxt)[::-1]
+    padded = np.append(init_in, False)
+    return padded[nxt]

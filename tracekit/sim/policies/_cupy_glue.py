@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, Stat
@@ -28,12 +27,6 @@ def initial_mask(trace: Trace) -> np.ndarray:
     if tbl is not None and "initial" in tbl.column_names:
         col = tbl.column("initial").fill_null(False)
         return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
-    if tbl is None and trace.path is not None and trace.dropped == 0:
-        # Read without its extra columns: the starting state still matters, so fetch that one.
-        pf = pq.ParquetFile(trace.path)
-        if "initial" in pf.schema_arrow.names and pf.metadata.num_rows == n:
-            col = pf.read(columns=["initial"]).column(0).fill_null(False)
-            return np.asarray(col.to_numpy(), dtype=np.bool_)
     return np.zeros(n, dtype=np.bool_)
 
 

@@ -15,6 +15,7 @@ loaded first at their recorded addresses; new segments get invented addresses.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
@@ -35,6 +36,7 @@ from tracekit.sim.policies._cupy_glue import (
 from tracekit.sim.policies._torch_config import (
     MIB,
     TorchSettings,
+    options_from_snapshot,
     round_sizes,
     settings,
 )
@@ -135,7 +137,7 @@ class TorchCaching:
 
     def run_with_state(self, trace: Trace, config: SimConfig) -> tuple[PolicyRun, np.ndarray, np.ndarray]:
         """The run, plus the final chunk store and counters (for consistency checks)."""
-        st = settings(config.options)
+        st = settings(_with_recorded_settings(trace, config.options))
         ev = trace.events
         streams, sidx = stream_groups(ev.stream)
         ns = len(streams)
@@ -170,6 +172,17 @@ class TorchCaching:
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
         return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats), C, S
+
+
+def _with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[str, str]:
+    """The allocator settings the trace was recorded with, overridden by explicit options.
+
+    An imported snapshot stores PyTorch's ``allocator_settings``; replaying it
+    under the settings it ran with is what a user means by default.
+    """
+    recorded = trace.meta.extra.get("torch_allocator_settings")
+    base = options_from_snapshot(recorded) if isinstance(recorded, Mapping) else {}
+    return {**base, **options}
 
 
 MODEL = TorchCaching()
