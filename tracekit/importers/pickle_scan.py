@@ -51,24 +51,6 @@ for _op, _n in ((0x95, 8), (0x4A, 4), (0x4B, 1), (0x4D, 2), (0x8A, 1), (0x47, 8)
 
 
 @njit(cache=True)
-def _grow(a, n):  # pragma: no cover - compiled
-    if n < a.shape[0]:
-        return a
-    b = np.zeros(max(2 * a.shape[0], n + 16), a.dtype)
-    b[: a.shape[0]] = a
-    return b
-
-
-@njit(cache=True)
-def _grow2(a, n):  # pragma: no cover - compiled
-    if n < a.shape[0]:
-        return a
-    b = np.empty((max(2 * a.shape[0], n + 16), a.shape[1]), a.dtype)
-    b[: a.shape[0]] = a
-    return b
-
-
-@njit(cache=True)
 def _eq(buf, off, ln, lits, lo, k):  # pragma: no cover - compiled
     a = lo[k]
     if lo[k + 1] - a != ln:
@@ -128,36 +110,37 @@ def _int_at(buf, pos, n, signed):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compiled
+def _scan(buf, lits, lo, codes, arglen, progress, caps):  # pragma: no cover - compiled
+    # No array is ever reassigned inside the loop (a reassigned array costs reference counting on
+    # every iteration); running out of any capacity returns status 2 and the caller retries bigger.
     n = buf.shape[0]
-    st_t = np.zeros(64, np.int8)
-    st_a = np.zeros(64, np.int64)
-    st_b = np.zeros(64, np.int64)
-    marks = np.empty(16, np.int64)
-    # Sized from the file so they rarely grow (a copy would double them); pages never written are never
-    # resident. A memo slot holds tag + 1, so 0 (calloc'd, lazily zeroed) means unset.
-    cap_memo, cap_node, cap_entry = n // 8 + 1024, n // 16 + 1024, n // 48 + 1024
-    mm_t = np.zeros(cap_memo, np.int8)
-    mm_a = np.empty(cap_memo, np.int64)
-    mm_b = np.empty(cap_memo, np.int64)
-    nd_kind = np.empty(cap_node, np.int8)
-    nd_aux = np.empty(cap_node, np.int32)
-    nd_first = np.empty(cap_node, np.int32)
-    nd_site = np.empty(cap_node, np.int32)
-    nd_nfr = np.empty(cap_node, np.int32)
-    nd_nent = np.empty(cap_node, np.int32)
-    nd_ned = np.empty(cap_node, np.int32)
-    ed_p = np.empty(1024, np.int32)
-    ed_kt = np.empty(1024, np.int8)
-    ed_ka = np.empty(1024, np.int64)
-    ed_kb = np.empty(1024, np.int64)
-    ed_vt = np.empty(1024, np.int8)
-    ed_va = np.empty(1024, np.int64)
-    ed_vb = np.empty(1024, np.int64)
+    st_t = np.zeros(caps[0], np.int8)
+    st_a = np.zeros(caps[0], np.int64)
+    st_b = np.zeros(caps[0], np.int64)
+    marks = np.empty(caps[1], np.int64)
+    # Pages never written are never resident, so generous sizes cost address space only.
+    # A memo slot holds tag + 1, so 0 (calloc'd, lazily zeroed) means unset.
+    mm_t = np.zeros(caps[2], np.int8)
+    mm_a = np.empty(caps[2], np.int64)
+    mm_b = np.empty(caps[2], np.int64)
+    nd_kind = np.empty(caps[3], np.int8)
+    nd_aux = np.empty(caps[3], np.int32)
+    nd_first = np.empty(caps[3], np.int32)
+    nd_site = np.empty(caps[3], np.int32)
+    nd_nfr = np.empty(caps[3], np.int32)
+    nd_nent = np.empty(caps[3], np.int32)
+    nd_ned = np.empty(caps[3], np.int32)
+    ed_p = np.empty(caps[4], np.int32)
+    ed_kt = np.empty(caps[4], np.int8)
+    ed_ka = np.empty(caps[4], np.int64)
+    ed_kb = np.empty(caps[4], np.int64)
+    ed_vt = np.empty(caps[4], np.int8)
+    ed_va = np.empty(caps[4], np.int64)
+    ed_vb = np.empty(caps[4], np.int64)
     # per entry: act, act_off, act_len, addr, size, stream, time, has_time, dfree, frames, list
-    en = np.empty((cap_entry, 11), np.int64)
+    en = np.empty((caps[5], 11), np.int64)
     # per frame: file_off, file_len, line (or its offset), name_off, name_len, torch, line is big, its length
-    fr = np.empty((64, 8), np.int64)
+    fr = np.empty((caps[6], 8), np.int64)
     sp = mp = memo_n = nn = ne = nen = nfr = 0
     pos = 0
     if n < 2 or buf[0] != 0x80 or buf[1] < 2:
@@ -174,9 +157,8 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
         if pos + arglen[op] > n:
             break  # truncated
         if sp + 4 >= st_t.shape[0]:
-            st_t = _grow(st_t, sp + 4)
-            st_a = _grow(st_a, sp + 4)
-            st_b = _grow(st_b, sp + 4)
+            status = 2
+            break
         t, a, b = -1, np.int64(0), np.int64(0)  # a value to push, if t >= 0
         if op == 0x95:  # FRAME
             pos += 8
@@ -184,18 +166,15 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
             status = 0 if sp == 1 else 1
             break
         elif op == 0x28:  # MARK
-            marks = _grow(marks, mp + 1)
+            if mp + 1 >= marks.shape[0]:
+                status = 2
+                break
             marks[mp] = sp
             mp += 1
         elif op == 0x7D or op == 0x5D or op == 0x29:  # EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
             if nn + 1 >= nd_kind.shape[0]:
-                nd_kind = _grow(nd_kind, nn + 1)
-                nd_aux = _grow(nd_aux, nn + 1)
-                nd_first = _grow(nd_first, nn + 1)
-                nd_site = _grow(nd_site, nn + 1)
-                nd_nfr = _grow(nd_nfr, nn + 1)
-                nd_nent = _grow(nd_nent, nn + 1)
-                nd_ned = _grow(nd_ned, nn + 1)
+                status = 2
+                break
             nd_kind[nn] = K_DICT if op == 0x7D else (K_LIST if op == 0x5D else K_TUPLE)
             nd_aux[nn] = -1
             nd_first[nn] = -1
@@ -263,9 +242,8 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
             if sp == 0 or idx > n:
                 break
             if idx >= mm_t.shape[0]:
-                mm_t = _grow(mm_t, idx)  # zero-filled: unset
-                mm_a = _grow(mm_a, idx)
-                mm_b = _grow(mm_b, idx)
+                status = 2
+                break
             if mm_t[idx] == 0:
                 memo_n += 1
             mm_t[idx], mm_a[idx], mm_b[idx] = st_t[sp - 1] + 1, st_a[sp - 1], st_b[sp - 1]
@@ -292,13 +270,8 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
             if lo_ < 0:
                 break
             if nn + 1 >= nd_kind.shape[0]:
-                nd_kind = _grow(nd_kind, nn + 1)
-                nd_aux = _grow(nd_aux, nn + 1)
-                nd_first = _grow(nd_first, nn + 1)
-                nd_site = _grow(nd_site, nn + 1)
-                nd_nfr = _grow(nd_nfr, nn + 1)
-                nd_nent = _grow(nd_nent, nn + 1)
-                nd_ned = _grow(nd_ned, nn + 1)
+                status = 2
+                break
             nd_kind[nn] = K_TUPLE
             nd_aux[nn] = -1
             nd_first[nn] = -1
@@ -306,14 +279,10 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
             nd_nfr[nn] = 0
             nd_nent[nn] = 0
             nd_ned[nn] = sp - lo_
+            if ne + (sp - lo_) >= ed_p.shape[0]:
+                status = 2
+                break
             for j in range(lo_, sp):
-                ed_p = _grow(ed_p, ne)
-                ed_kt = _grow(ed_kt, ne)
-                ed_ka = _grow(ed_ka, ne)
-                ed_kb = _grow(ed_kb, ne)
-                ed_vt = _grow(ed_vt, ne)
-                ed_va = _grow(ed_va, ne)
-                ed_vb = _grow(ed_vb, ne)
                 ed_p[ne], ed_kt[ne], ed_vt[ne], ed_va[ne], ed_vb[ne] = nn, -1, st_t[j], st_a[j], st_b[j]
                 ne += 1
             sp = lo_
@@ -332,6 +301,9 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
             if lo_ < 1 or st_t[lo_ - 1] != T_OBJ or nd_kind[st_a[lo_ - 1]] != K_LIST:
                 break
             lst = st_a[lo_ - 1]
+            if ne + (sp - lo_) >= ed_p.shape[0]:
+                status = 2
+                break
             bad = False
             for j in range(lo_, sp):
                 ct = st_t[j]
@@ -351,13 +323,6 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
                     en[e, 10] = lst
                     nd_nent[lst] += 1
                 else:
-                    ed_p = _grow(ed_p, ne)
-                    ed_kt = _grow(ed_kt, ne)
-                    ed_ka = _grow(ed_ka, ne)
-                    ed_kb = _grow(ed_kb, ne)
-                    ed_vt = _grow(ed_vt, ne)
-                    ed_va = _grow(ed_va, ne)
-                    ed_vb = _grow(ed_vb, ne)
                     ed_p[ne], ed_kt[ne], ed_vt[ne], ed_va[ne], ed_vb[ne] = lst, -1, ct, st_a[j], st_b[j]
                     ne += 1
                     nd_ned[lst] += 1
@@ -386,7 +351,9 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
                     if st_t[j] == T_STR and _eq(buf, st_a[j], st_b[j], lits, lo, 7):
                         kind = K_FRAME
                 if kind == K_ENTRY:
-                    en = _grow2(en, nen)
+                    if nen >= en.shape[0]:
+                        status = 2
+                        break
                     en[nen, 0] = -2
                     en[nen, 1:] = 0
                     en[nen, 8] = -1
@@ -395,7 +362,9 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
                     nd_aux[d] = nen
                     nen += 1
                 elif kind == K_FRAME:
-                    fr = _grow2(fr, nfr)
+                    if nfr >= fr.shape[0]:
+                        status = 2
+                        break
                     fr[nfr, :] = 0
                     nd_aux[d] = nfr
                     nfr += 1
@@ -485,14 +454,10 @@ def _scan(buf, lits, lo, codes, arglen, progress):  # pragma: no cover - compile
                 if fr[f, 1] == 0:
                     fr[f, 5] = 1
             elif kind == K_DICT:
+                if ne + (sp - lo_) // 2 >= ed_p.shape[0]:
+                    status = 2
+                    break
                 for j in range(lo_, sp, 2):
-                    ed_p = _grow(ed_p, ne)
-                    ed_kt = _grow(ed_kt, ne)
-                    ed_ka = _grow(ed_ka, ne)
-                    ed_kb = _grow(ed_kb, ne)
-                    ed_vt = _grow(ed_vt, ne)
-                    ed_va = _grow(ed_va, ne)
-                    ed_vb = _grow(ed_vb, ne)
                     ed_p[ne], ed_kt[ne], ed_ka[ne], ed_kb[ne] = d, st_t[j], st_a[j], st_b[j]
                     ed_vt[ne], ed_va[ne], ed_vb[ne] = st_t[j + 1], st_a[j + 1], st_b[j + 1]
                     ne += 1
@@ -599,18 +564,30 @@ class _Unsupported(Exception):
 
 def scan(buf: np.ndarray, progress: Any = None) -> Any | None:
     """The snapshot in ``buf`` with each device history as an ``EntryList``; None if out of the subset."""
+    n = len(buf)
+    caps = np.array([1 << 14, 1 << 12, n // 8, n // 16, n // 32, n // 48, n // 64], np.int64) + 1024
+    for _ in range(5):  # capacities too small (an unusual file): retry with twice as much
+        out = _run(buf, caps, progress)
+        if out is None or out[0] != 2:
+            break
+        caps *= 2
+    if out is None or out[0] != 0:
+        return None
+    try:
+        return Scan(buf, out).root()
+    except (_Unsupported, RecursionError, UnicodeDecodeError):
+        return None
+
+
+def _run(buf: np.ndarray, caps: np.ndarray, progress: Any) -> tuple[Any, ...] | None:
+    """One scan in a worker thread (the compiled code releases the GIL) while progress is shown."""
     pos = np.zeros(1, np.int64)
     box: list[Any] = []
     worker = threading.Thread(target=lambda: box.append(
-        _scan(buf, LITS, LIT_OFF, ACTION_CODES, ARGLEN, pos)), daemon=True)
+        _scan(buf, LITS, LIT_OFF, ACTION_CODES, ARGLEN, pos, caps)), daemon=True)
     worker.start()
     while worker.is_alive():
         worker.join(0.25)
         if progress is not None:
             progress.update(int(pos[0]))
-    if not box or box[0][0] != 0:
-        return None
-    try:
-        return Scan(buf, box[0]).root()
-    except (_Unsupported, RecursionError, UnicodeDecodeError):
-        return None
+    return box[0] if box else None

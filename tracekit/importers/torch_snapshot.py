@@ -165,14 +165,15 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
     bar = Progress("converting", sum(len(t) for t in usable.values()), enabled=progress)
     parts, hists = [], []
     for d in devices:
-        entries = usable.get(d, [])
+        entries = usable.pop(d, [])
+        if d < len(traces):
+            traces[d] = None  # nothing but ``entries`` holds the history now
         if isinstance(entries, EntryList):
             h = tc.read_scanned(entries, table, where=str(where))
             bar.advance(len(h))
         else:
             h = tc.read_history(entries, d, table, stacks=stacks, progress=bar, where=str(where))
-        if d < len(traces):
-            traces[d] = None  # the entry dicts are no longer needed
+        del entries  # the scanned arrays or entry dicts can go before the rows are built
         skipped.update(h.skipped)
         parts.append(_device_rows(h, final_state(segs, d, table), rnd))
         hists.append(h)
