@@ -495,7 +495,10 @@ class Scan:
          self.entries, self.frames) = out
         self.buf = buf
         order = np.argsort(ep, kind="stable")
-        self.ep, self.order = ep[order], order
+        nodes, start, count = np.unique(ep[order], return_index=True, return_counts=True)
+        self.order = order
+        self.span = dict(zip(nodes.tolist(), zip(start.tolist(), (start + count).tolist(), strict=True),
+                             strict=True))  # node -> its edges in ``order``; only nodes that have some
         self._frame_objs: dict[int, dict[str, Any]] = {}
 
     def text(self, off: int, ln: int) -> str:
@@ -533,17 +536,19 @@ class Scan:
 
     def node(self, nd: int) -> Any:
         kind = int(self.kind[nd])
-        lo = int(np.searchsorted(self.ep, nd, "left"))
-        hi = int(np.searchsorted(self.ep, nd, "right"))
-        idx = self.order[lo:hi]
+        lo, hi = self.span.get(nd, (0, 0))
+        idx = self.order[lo:hi].tolist()
         if kind == K_FRAME:
             return self.frame(int(self.aux[nd]))
         if kind == K_ENTRY:
             raise _Unsupported("a history entry outside a device's list")
         if kind == K_DICT:
-            return {self.value(int(self.ekt[i]), int(self.eka[i]), int(self.ekb[i])):
-                    self.value(int(self.evt[i]), int(self.eva[i]), int(self.evb[i])) for i in idx}
-        items = [self.value(int(self.evt[i]), int(self.eva[i]), int(self.evb[i])) for i in idx]
+            kt, ka, kb = self.ekt[idx].tolist(), self.eka[idx].tolist(), self.ekb[idx].tolist()
+            vt, va, vb = self.evt[idx].tolist(), self.eva[idx].tolist(), self.evb[idx].tolist()
+            return {self.value(*k): self.value(*v)
+                    for k, v in zip(zip(kt, ka, kb, strict=True), zip(vt, va, vb, strict=True), strict=True)}
+        items = [self.value(t, a, b) for t, a, b in zip(self.evt[idx].tolist(), self.eva[idx].tolist(),
+                                                          self.evb[idx].tolist(), strict=True)]
         if kind == K_TUPLE:
             return tuple(items)
         if self.nfr[nd]:  # a stack: its first frame and the innermost one outside PyTorch suffice
