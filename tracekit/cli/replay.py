@@ -41,7 +41,8 @@ def replay(
     ),
     capacity: str | None = typer.Option(
         None, "--capacity", metavar="SIZE",
-        help="Heap size (free lists) or pool limit (cupy, torch), e.g. 6GiB; default unbounded.",
+        help="Heap size (free lists) or pool limit (cupy, torch), e.g. 6GiB, or 'none'. Default: "
+        "unbounded for free lists; for cupy and torch the pool limit the trace was recorded under.",
     ),
     device_total: str | None = typer.Option(
         None, "--device-total", metavar="SIZE", help="Device memory under a pool; default unbounded."
@@ -103,7 +104,7 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
     from tracekit.units import format_size, parse_size
 
     config = SimConfig(
-        capacity=parse_size(capacity, "--capacity") if capacity is not None else None,
+        capacity=_capacity(trace, sim, capacity),
         device_total=parse_size(device_total, "--device-total") if device_total is not None else None,
         continue_on_oom=continue_on_oom,
         options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
@@ -129,6 +130,26 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
             f"(request {format_size(oom.size)}, largest free block {format_size(oom.largest_free_block)}; "
             f"{result.summary.oom_count} failed request(s))"
         )
+
+
+POOL_POLICIES = ("cupy", "torch")
+
+
+def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
+    """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit."""
+    from tracekit.trace.reader import read_meta
+    from tracekit.units import format_size, parse_size
+
+    if capacity is not None:
+        unbounded = capacity.strip().lower() in ("none", "unbounded")
+        return None if unbounded else parse_size(capacity, "--capacity")
+    if sim not in POOL_POLICIES:
+        return None
+    limit = read_meta(trace).pool_limit_bytes
+    if limit:
+        typer.echo(f"tracekit: note: {trace}: replaying under the recorded pool limit of "
+                   f"{format_size(limit)} ({limit} bytes); --capacity none lifts it", err=True)
+    return limit
 
 
 class _ProgressBar:

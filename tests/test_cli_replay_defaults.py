@@ -1,0 +1,43 @@
+"""Pool replays default to the limit the trace was recorded under (real H200 traces)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tracekit.cli.app import app
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+runner = CliRunner()
+
+
+def _replay(*args: str) -> tuple[int, dict]:
+    res = runner.invoke(app, ["replay", *args, "--json"])
+    return res.exit_code, json.loads(res.stdout) if res.stdout.strip() else {}
+
+
+def test_recorded_pool_limit_is_the_default() -> None:
+    # CuPy recorded this trace under set_limit(256 MiB); the 64 MiB request at seq 164 failed there.
+    code, d = _replay(str(TRACES / "cupy-oom-frag.parquet"), "--sim", "cupy")
+    assert code == 0
+    assert d["capacity"] == 256 << 20
+    assert d["oom"]["seq"] == 164
+
+
+def test_capacity_none_lifts_the_recorded_limit() -> None:
+    code, d = _replay(str(TRACES / "cupy-oom-frag.parquet"), "--sim", "cupy", "--capacity", "none")
+    assert code == 0 and d["capacity"] is None and d["oom"] is None
+
+
+def test_torch_snapshot_fails_where_pytorch_failed() -> None:
+    # The snapshot's memory fraction allowed 15,038,676,992 bytes; PyTorch raised at seq 20175.
+    code, d = _replay(str(TRACES / "torch-oom.parquet"), "--sim", "torch", "--fail-on-oom")
+    assert code == 3
+    assert d["capacity"] == 15_038_676_992 and d["oom"]["seq"] == 20175
+
+
+def test_free_lists_stay_unbounded_by_default() -> None:
+    code, d = _replay(str(TRACES / "cupy-oom-frag.parquet"), "--sim", "best-fit")
+    assert code == 0 and d["capacity"] is None and d["oom"] is None
