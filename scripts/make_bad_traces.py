@@ -56,6 +56,12 @@ def main() -> None:
     write("bad_version.parquet", table(), {"schema_version": 2, "source": "cupy"})
     write("bad_source.parquet", table(), {"schema_version": 1, "source": "tensorflow"})
     write("no_metadata.parquet", table(), None)
+    write("huge_size.parquet", table(size=pa.array([100, 2**63 + 5, 512], pa.uint64())))
+    write("device_out_of_range.parquet", table(device=pa.array([0, 70000, 0], pa.int32())))
+    write("bad_meta_value.parquet", table(), {"schema_version": 1, "source": "cupy",
+                                              "pool_limit_bytes": "4GiB"})
+    write("bad_meta_versions.parquet", table(), {"schema_version": 1, "source": "cupy",
+                                                 "versions": [1, 2]})
     ops = ["malloc", "free", "free", "free", "malloc", "malloc"]
     write("inconsistent.parquet", table(
         seq=pa.array(range(6), pa.uint64()), t_ns=pa.array(range(6), pa.int64()),

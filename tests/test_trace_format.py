@@ -33,6 +33,10 @@ BAD = {
     "empty.parquet": "the file is empty",
     "not_parquet.parquet": "not a readable Parquet file, or it is truncated",
     "truncated.parquet": "not a readable Parquet file, or it is truncated",
+    "huge_size.parquet": "column 'size' holds 9223372036854775813 bytes, beyond any device",
+    "device_out_of_range.parquet": "column 'device' holds 70000, outside the int16 range",
+    "bad_meta_value.parquet": "malformed value (pool_limit_bytes must be an integer, got '4GiB')",
+    "bad_meta_versions.parquet": "malformed value (versions must be an object, got list)",
 }
 
 

@@ -168,11 +168,24 @@ def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, o
         )
 
 
+# No allocation is 4 EiB; larger sizes would wrap once arithmetic moves to int64.
+MAX_SIZE = 1 << 62
+
+
 def _to_numpy(p: Path, name: str, arr: pa.ChunkedArray, dtype: type) -> np.ndarray:
     out = arr.to_numpy()
-    if out.dtype.kind == "i" and np.dtype(dtype).kind == "u" and len(out) and out.min() < 0:
-        raise TraceFormatError(f"{p}: column '{name}' has negative values")
-    return out.astype(dtype, copy=False)
+    if len(out) and out.dtype != np.dtype(dtype):
+        info = np.iinfo(dtype)
+        lo, hi = out.min(), out.max()
+        if lo < info.min or hi > info.max:
+            bad = int(lo) if lo < info.min else int(hi)
+            raise TraceFormatError(
+                f"{p}: column '{name}' holds {bad}, outside the {np.dtype(dtype)} range of the format"
+            )
+    out = out.astype(dtype, copy=False)
+    if name in ("size", "rounded") and len(out) and out.max() >= MAX_SIZE:
+        raise TraceFormatError(f"{p}: column '{name}' holds {int(out.max())} bytes, beyond any device")
+    return out
 
 
 def _read_op(p: Path, pf: pq.ParquetFile) -> np.ndarray:

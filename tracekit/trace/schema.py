@@ -62,9 +62,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
     ("device", pa.int16(), False),
     ("site", pa.dictionary(pa.int32(), pa.string()), True),
 )
-REQUIRED = tuple(name for name, _, _ in COLUMNS)
-# ``site`` may be absent entirely (a trace recorded with --no-sites).
-OPTIONAL_REQUIRED = frozenset({"site", "rounded"})
+REQUIRED = tuple(name for name, _, _ in COLUMNS)  # all but ``site`` must be present on read
 
 
 def arrow_schema(meta: TraceMeta, extra_fields: tuple[pa.Field, ...] = ()) -> pa.Schema:
@@ -85,7 +83,11 @@ class DeviceInfo:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DeviceInfo:
-        return cls(d.get("name"), _opt_int(d.get("total_bytes")), _opt_int(d.get("free_bytes")))
+        return cls(
+            d.get("name"),
+            _opt_int(d.get("total_bytes"), "device.total_bytes"),
+            _opt_int(d.get("free_bytes"), "device.free_bytes"),
+        )
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,13 @@ class TraceMeta:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> TraceMeta:
+        try:
+            return cls._from_dict(d, where)
+        except (TypeError, ValueError) as e:
+            raise TraceFormatError(f"{where}: the 'tracekit' metadata has a malformed value ({e})") from None
+
+    @classmethod
+    def _from_dict(cls, d: Mapping[str, Any], where: str) -> TraceMeta:
         version = d.get("schema_version")
         if version is None:
             raise TraceFormatError(f"{where}: the 'tracekit' metadata has no schema_version")
@@ -162,12 +171,24 @@ class TraceMeta:
             schema_version=version,
             created_utc=d.get("created_utc"),
             device=DeviceInfo.from_dict(dev) if isinstance(dev, dict) else None,
-            pool_limit_bytes=_opt_int(d.get("pool_limit_bytes")),
+            pool_limit_bytes=_opt_int(d.get("pool_limit_bytes"), "pool_limit_bytes"),
             command=" ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
-            versions=dict(d.get("versions") or {}),
+            versions=_versions(d.get("versions")),
             extra={k: v for k, v in d.items() if k not in known},
         )
 
 
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
+def _opt_int(v: Any, key: str = "") -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v):
+        raise ValueError(f"{key or 'a size'} must be an integer, got {v!r}")
+    return int(v)
+
+
+def _versions(v: Any) -> dict[str, str]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"versions must be an object, got {type(v).__name__}")
+    return {str(k): str(x) for k, x in v.items()}

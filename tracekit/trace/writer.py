@@ -41,11 +41,14 @@ def events_to_arrays(ev: Events) -> list[pa.Array]:
     ]
 
 
-def check_output_path(path: Path, inputs: tuple[Path, ...] = ()) -> None:
-    """Refuse an output that is one of the inputs or whose folder does not exist."""
+def check_output_path(path: Path, inputs: tuple[Path, ...] = (), option: str = "-o") -> None:
+    """Refuse an output that is one of the inputs or whose folder does not exist.
+
+    ``option`` names the command-line option the path came from, for the message.
+    """
     for src in inputs:
         if path.exists() and src.exists() and path.resolve() == src.resolve():
-            raise OutputError(f"{path}: refusing to overwrite the input trace; choose another -o")
+            raise OutputError(f"{path}: refusing to overwrite the input trace; choose another {option}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError(f"{path}: cannot write, folder {parent} does not exist")
