@@ -27,12 +27,6 @@ from tracekit.errors import DeviceError, OutputError
 MAX_ENTRIES = 1_000_000
 
 
-def default_output(target: list[str], module: bool) -> Path:
-    """tracekit-<script or module>-<pid>.parquet in the working directory, as for CuPy recordings."""
-    stem = target[0] if module else Path(target[0].rstrip("/")).stem
-    return Path(f"tracekit-{stem}-{os.getpid()}.parquet")
-
-
 def snapshot_path(trace: Path) -> Path:
     """Where the raw snapshot goes: beside the trace, ``TRACE.pickle`` (PyTorch's viewer reads it)."""
     return trace.with_name(trace.name.removesuffix(".parquet") + ".pickle")
@@ -41,12 +35,11 @@ def snapshot_path(trace: Path) -> Path:
 def record_torch(target: list[str], *, module: bool, output: Path | None,
                  force: bool = False) -> tuple[Path, int]:
     """Run ``target`` like ``python [-m] target...``; returns (trace path, the program's exit code)."""
-    from tracekit.record.runner import check_target, run_target
+    from tracekit.record.runner import check_target, default_output, refuse_existing, run_target
 
     check_target(target, module)
     out = Path(output) if output is not None else default_output(target, module)
-    if out.exists() and not force:
-        raise OutputError(f"{out}: already exists; choose another -o or pass --force")
+    refuse_existing(out, force)
     if not out.parent.is_dir():
         raise OutputError(f"{out}: cannot write, folder {out.parent} does not exist")
     torch = _torch()

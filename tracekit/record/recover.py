@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import InputError, OutputError
+from tracekit.record.runner import refuse_existing
 from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, TraceMeta
@@ -142,6 +143,5 @@ def recover(path: Path, output: Path | None = None, *, force: bool = False) -> P
     out = output or default_output(spool)
     if out.resolve() == spool.resolve():
         raise OutputError(f"{out}: refusing to overwrite the spool; choose another -o")
-    if out.exists() and not force:
-        raise OutputError(f"{out}: already exists; choose another -o or pass --force")
+    refuse_existing(out, force)
     return finalize(spool, out, {"complete": False, "recovered_from": str(spool)})

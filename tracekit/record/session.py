@@ -14,7 +14,6 @@ into the v1 trace and removes the spool. ``record_cupy`` wraps it around
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from tracekit.record.device_alloc import SegmentLog, install_pool, pool_state, r
 from tracekit.record.hook import EventBuffer, cupy_hook
 from tracekit.record.meta import measure_budget, start_meta
 from tracekit.record.recover import finalize
-from tracekit.record.runner import check_target, run_target
+from tracekit.record.runner import check_target, default_output, refuse_existing, run_target
 from tracekit.record.sites import SiteTable, default_skip_dirs
 from tracekit.record.spool import SpoolWriter, spool_path
 from tracekit.trace.writer import check_output_path
@@ -69,8 +68,7 @@ class CupyRecording:
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
                  interval: float = 0.5, max_events: int = 65536, force: bool = False) -> None:
         check_output_path(output)
-        if output.exists() and not force:
-            raise OutputError(f"{output}: already exists; choose another -o or pass --force")
+        refuse_existing(output, force)
         self.output, self.spool_path = output, spool_path(output)
         if self.spool_path.exists():
             raise OutputError(f"{self.spool_path}: a spool already exists (a recording still running, "
@@ -136,11 +134,6 @@ class CupyRecording:
                               f"{self.spool_path}: run `tracekit recover {self.spool_path}`") from None
         self.spool_path.unlink()
         return self.output
-
-
-def default_output(target: list[str], module: bool) -> Path:
-    stem = target[0] if module else Path(target[0].rstrip("/")).stem
-    return Path(f"tracekit-{stem}-{os.getpid()}.parquet")
 
 
 def record_cupy(target: list[str], *, module: bool = False, output: Path | None = None,
