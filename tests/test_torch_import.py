@@ -55,7 +55,7 @@ def write(tmp: Path, snap: Any, name: str = "s.pickle", protocol: int = 4, gz: b
 
 
 def load(tmp: Path, snap: Any, **kw: Any) -> Any:
-    r = import_snapshot(write(tmp, snap), tmp / "out.parquet", **kw)
+    r = import_snapshot(write(tmp, snap), tmp / "out.parquet", force=True, **kw)
     tr = read_trace(r.path, strict=True)
     return tr, tr.extras.to_pydict()
 

@@ -86,8 +86,21 @@ def test_existing_output_survives_a_failed_import(tmp_path: Path) -> None:
     out = tmp_path / "keep.parquet"
     out.write_bytes(b"precious")
     with pytest.raises(InputError):
-        import_snapshot(DATA / "torch_truncated.pickle", out)
+        import_snapshot(DATA / "torch_truncated.pickle", out, force=True)
     assert out.read_bytes() == b"precious"
+
+
+def test_existing_output_is_refused_unless_forced(tmp_path: Path) -> None:
+    snap = tmp_path / "s.pickle"
+    snap.write_bytes(pickle.dumps({"segments": [], "device_traces": []}))
+    out = tmp_path / "s.parquet"
+    out.write_bytes(b"precious")
+    r = CliRunner().invoke(app, ["import", "torch", str(snap)])
+    assert r.exit_code == 1 and "already exists; choose another -o or pass --force" in r.output
+    assert out.read_bytes() == b"precious"
+    r = CliRunner().invoke(app, ["import", "torch", str(snap), "--force"])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:4] == b"PAR1"
 
 
 def test_output_may_not_be_the_input(tmp_path: Path) -> None:

@@ -32,12 +32,14 @@ def torch_cmd(
     progress: bool = typer.Option(
         None, "--progress/--no-progress", help="Progress bar on stderr (default: files of 64 MiB or more)."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
     """Import a PyTorch CUDA memory snapshot; untrusted files are safe (nothing in them is run)."""
     from tracekit.cli.common import wrote
     from tracekit.importers.torch_snapshot import import_snapshot
 
-    result = import_snapshot(snapshot, output, device=device, stacks=stacks, progress=progress)
+    result = import_snapshot(snapshot, output, device=device, stacks=stacks, progress=progress,
+                             force=force)
     skipped = ", ".join(f"{n} x {a}" for a, n in sorted(result.skipped.items()))
     if skipped:
         typer.echo(f"tracekit: note: {snapshot}: skipped history entries: {skipped}", err=True)

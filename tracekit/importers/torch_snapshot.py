@@ -31,13 +31,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.errors import InputError, OutputError
+from tracekit.errors import InputError
 from tracekit.importers import torch_columns as tc
 from tracekit.importers.pickle_scan import EntryList, scan
 from tracekit.importers.progress import LARGE_BYTES, Progress
 from tracekit.importers.safe_pickle import GZIP_MAGIC, load_pickle
 from tracekit.importers.torch_rounding import divisions_from_settings, round_size
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
+from tracekit.record.runner import refuse_existing
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
 from tracekit.trace.writer import check_output_path
 
@@ -76,19 +77,19 @@ def default_output(snapshot: Path) -> Path:
 
 def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,
                     device: int | None = None, stacks: bool = False, progress: bool | None = None,
-                    fast: bool | None = None) -> ImportResult:
+                    fast: bool | None = None, force: bool = False) -> ImportResult:
     """Read ``path`` and write the v1 trace (``output`` or beside it).
 
     Snapshots of ``LARGE_BYTES`` or more (or any, with ``fast=True``) go through the
     compiled scanner (``pickle_scan``), which keeps no Python object per history
     entry; anything it does not handle, and every smaller file, is read with the
-    restricted unpickler. Both give the same trace.
+    restricted unpickler. Both give the same trace. An existing ``output`` is
+    refused (OutputError) unless ``force``; the snapshot itself never is.
     """
     src = Path(path)
     out = Path(output) if output is not None else default_output(src)
-    if out.exists() and src.exists() and out.resolve() == src.resolve():
-        raise OutputError(f"{out}: refusing to overwrite the snapshot; choose another -o")
-    check_output_path(out)
+    check_output_path(out, (src,))
+    refuse_existing(out, force)
     large = src.is_file() and src.stat().st_size >= LARGE_BYTES
     big = progress if progress is not None else large
     snap = None
