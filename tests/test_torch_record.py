@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tracekit.cli.app import app
-from tracekit.errors import DeviceError
+from tracekit.errors import DeviceError, OutputError
 from tracekit.importers.torch_record import record_torch, snapshot_path
 from tracekit.trace import Op, read_trace
 
@@ -118,3 +118,14 @@ def test_out_of_memory_is_recorded_with_the_limit(tmp_path: Path) -> None:
     obs = tr.meta.extra["torch_oom_observer"]
     assert tr.meta.pool_limit_bytes == obs["total_or_allowed"] < tr.meta.device.total_bytes
     assert abs(tr.meta.pool_limit_bytes - (256 << 20)) < (1 << 20)
+
+
+def test_an_existing_snapshot_beside_the_trace_is_refused_before_the_program_runs(tmp_path: Path) -> None:
+    script = tmp_path / "p.py"
+    script.write_text("open('ran', 'w').close()\n")
+    out = tmp_path / "t.parquet"
+    snapshot_path(out).write_bytes(b"precious")
+    with pytest.raises(OutputError, match=r"t\.pickle: already exists; choose another -o or pass --force"):
+        record_torch([str(script)], module=False, output=out)
+    assert snapshot_path(out).read_bytes() == b"precious" and not (tmp_path / "ran").exists()
+

@@ -40,6 +40,7 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     check_target(target, module)
     out = Path(output) if output is not None else default_output(target, module)
     refuse_existing(out, force)
+    refuse_existing(snapshot_path(out), force)  # the snapshot is written beside the trace
     if not out.parent.is_dir():
         raise OutputError(f"{out}: cannot write, folder {out.parent} does not exist")
     torch = _torch()
