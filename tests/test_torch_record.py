@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tracekit.cli.app import app
-from tracekit.errors import DeviceError, OutputError
-from tracekit.importers.torch_record import record_torch, snapshot_path
+from tracekit.errors import DeviceError, OutputError, UsageError
+from tracekit.importers.torch_record import max_entries, record_torch, snapshot_path
 from tracekit.trace import Op, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,3 +129,11 @@ def test_an_existing_snapshot_beside_the_trace_is_refused_before_the_program_run
         record_torch([str(script)], module=False, output=out)
     assert snapshot_path(out).read_bytes() == b"precious" and not (tmp_path / "ran").exists()
 
+
+@pytest.mark.parametrize("value", ["lots", "0", "-5", "1e6"])
+def test_a_bad_max_entries_variable_is_a_usage_error(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEKIT_TORCH_MAX_ENTRIES", value)
+    with pytest.raises(UsageError, match=f"TRACEKIT_TORCH_MAX_ENTRIES='{value}'"):
+        max_entries()
+    monkeypatch.setenv("TRACEKIT_TORCH_MAX_ENTRIES", "5000")
+    assert max_entries() == 5000

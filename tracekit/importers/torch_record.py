@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import DeviceError, OutputError
+from tracekit.errors import DeviceError, OutputError, UsageError
 
 MAX_ENTRIES = 1_000_000
 
@@ -43,9 +43,10 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     refuse_existing(snapshot_path(out), force)  # the snapshot is written beside the trace
     if not out.parent.is_dir():
         raise OutputError(f"{out}: cannot write, folder {out.parent} does not exist")
+    entries = max_entries()
     torch = _torch()
     command = ["python", "-m", *target] if module else ["python", *target]
-    rec = _Recording(torch, snapshot_path(out), command)
+    rec = _Recording(torch, snapshot_path(out), command, entries)
     rec.start()
     outcome = run_target(target, module)
     try:
@@ -58,6 +59,20 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     c = convert(snap, rec.path)
     write_trace(out, c.meta, c.events, c.extras)
     return out, outcome.code
+
+
+def max_entries() -> int:
+    """The history ring buffer's length: ``TRACEKIT_TORCH_MAX_ENTRIES`` or ``MAX_ENTRIES``."""
+    text = os.environ.get("TRACEKIT_TORCH_MAX_ENTRIES")
+    if text is None:
+        return MAX_ENTRIES
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise UsageError(f"TRACEKIT_TORCH_MAX_ENTRIES={text!r} is not a positive whole number of entries")
+    return n
 
 
 def _torch() -> Any:
@@ -73,9 +88,8 @@ def _torch() -> Any:
 class _Recording:
     """History on, OOM observer attached; ``stop`` dumps the final snapshot and turns history off."""
 
-    def __init__(self, torch: Any, path: Path, command: list[str]) -> None:
+    def __init__(self, torch: Any, path: Path, command: list[str], entries: int = MAX_ENTRIES) -> None:
         self.torch, self.path = torch, path
-        entries = int(os.environ.get("TRACEKIT_TORCH_MAX_ENTRIES", MAX_ENTRIES))
         free, total = torch.cuda.mem_get_info()
         self.info: dict[str, Any] = {
             "command": " ".join(command), "max_entries": entries,
