@@ -90,3 +90,24 @@ def test_real_oom_traces_need_more_than_the_limit_they_failed_under(name: str, p
     fit = search(tr, policy)
     assert fit.min_capacity is not None and fit.min_capacity > limit >= 0
     assert fit.min_capacity >= fit.lower_bound
+
+
+def test_torch_answer_is_the_smallest_capacity_replay_accepts():
+    """torch-wrap starts from an imported pool state (the `initial` and `expandable` extra columns):
+    whatif must replay what `replay --sim torch` replays, with one worker process or several."""
+    from tracekit.analysis.whatif import STEP
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.engine import replay_file
+
+    path = ROOT / "traces" / "torch-wrap.parquet"
+    answers = []
+    for jobs in ("1", "2"):
+        args = ["whatif", str(path), "--policies", "torch,first-fit", "--json", "-j", jobs]
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        answers.append({p["policy"]: p["min_capacity_bytes"] for p in json.loads(r.stdout)["policies"]})
+    assert answers[0] == answers[1]
+    cap = answers[0]["torch"]
+    assert cap is not None
+    assert not replay_file(path, "torch", SimConfig(capacity=cap)).ran_out
+    assert replay_file(path, "torch", SimConfig(capacity=cap - STEP)).ran_out

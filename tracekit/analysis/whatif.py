@@ -15,7 +15,11 @@ one known to fit:
 
 The answer C is verified: the trace fits at C and fails at C − step (more
 capacity is assumed never to hurt; the two replays next to the answer check
-it locally). ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
+it locally). A trace that starts from an imported pool state (PyTorch
+snapshots: the ``initial`` extra column) can fit below LB, because blocks
+held before the trace begins are not subject to the limit; the first known
+failure is therefore replayed too, and the search continues below it when it
+fits. ``overhead`` is then negative. ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
 run in parallel worker processes; each worker reads the trace once.
 """
 
@@ -99,8 +103,9 @@ class WhatIfResult:
                 rows.append((f.policy, f"> {format_size(f.searched_up_to)}", "n/a", str(f.replays)))
             else:
                 assert f.overhead is not None and f.overhead_ratio is not None
-                rows.append((f.policy, format_size(f.min_capacity),
-                             f"+{format_size(f.overhead)} ({f.overhead_ratio:+.1%})", str(f.replays)))
+                sign = "+" if f.overhead >= 0 else "-"
+                over = f"{sign}{format_size(abs(f.overhead))} ({f.overhead_ratio:+.1%})"
+                rows.append((f.policy, format_size(f.min_capacity), over, str(f.replays)))
         w = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [f"lower bound (peak live bytes): {format_size(self.lower_bound)}"]
         lines += [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}" for r in rows]
@@ -149,13 +154,23 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
         if fits(trace, policy, SimConfig(capacity=hi)):
             break
         lo, hi = hi, hi * 2
-    while hi - lo > step:
-        mid = (lo + hi) // 2 // step * step
+    lo_checked = False
+    while True:
+        while hi - lo > step:
+            mid = (lo + hi) // 2 // step * step
+            replays += 1
+            if fits(trace, policy, SimConfig(capacity=mid)):
+                hi = mid
+            else:
+                lo, lo_checked = mid, True
+        if lo_checked or lo <= 0:
+            break
+        # lo came from the bound, not a replay: a starting state (blocks already held when the
+        # trace begins) is not subject to the limit, so the trace may fit below the bound.
         replays += 1
-        if fits(trace, policy, SimConfig(capacity=mid)):
-            hi = mid
-        else:
-            lo = mid
+        if not fits(trace, policy, SimConfig(capacity=lo)):
+            break
+        lo, hi = 0, lo  # capacity 0 means unbounded to SimConfig: never tried, taken as failing
     return PolicyFit(policy, max(hi, 0), lb, unbounded, replays, limit)
 
 
@@ -164,7 +179,7 @@ _WORKER_TRACE: Trace | None = None
 
 def _init_worker(path: str | None, trace: Trace | None) -> None:
     global _WORKER_TRACE
-    _WORKER_TRACE = read_trace(path, extras=False) if path is not None else trace
+    _WORKER_TRACE = read_trace(path) if path is not None else trace
 
 
 def _work(policy: str, step: int, max_capacity: int | None, lb: int) -> PolicyFit:

@@ -35,7 +35,7 @@ def whatif(
             f"unknown policy {unknown[0]!r} in --policies; choose from: {', '.join(registry.names())}"
         )
     cap = parse_size(max_capacity, "--max-capacity") if max_capacity is not None else None
-    result = run_whatif(read_trace(trace, extras=False), names, max_capacity=cap, jobs=jobs)
+    result = run_whatif(read_trace(trace), names, max_capacity=cap, jobs=jobs)
     if json_out:
         echo_json(result.to_dict())
     else:
