@@ -183,3 +183,31 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path: Path) -> None:
     assert t.meta.extra["complete"] is False
     info = CliRunner().invoke(app, ["info", str(tmp_path / "k.parquet")])
     assert info.exit_code == 0 and "malloc" in info.output, info.output
+
+
+def test_stop_keeps_the_events_when_reading_the_pool_fails(tmp_path: Path) -> None:
+    """A CUDA error left by the program breaks the pool read: the trace is still written, spool gone."""
+    from tracekit.record.device_alloc import SegmentLog
+    from tracekit.record.session import CupyRecording
+
+    class StickyError(RuntimeError):
+        pass
+
+    class Broken(CupyRecording):
+        def end_state(self) -> dict[str, dict[str, int]]:
+            raise StickyError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    out = tmp_path / "t.parquet"
+    rec = Broken(out, command=["python", "app.py"])
+    w, hook = _writer(tmp_path)
+    for i in range(3):
+        _pair(hook, i)
+    rec.spool, rec.t0, rec.hook = w, 0, types.SimpleNamespace(__exit__=lambda *a: None)
+    rec._unpatch = lambda: None
+    rec.segments = SegmentLog(w.buffer, device_malloc=lambda n: 0, device_free=lambda p: None,
+                              current_stream=lambda: STREAM)
+    assert rec.stop({"code": 0}) == out
+    t = read_trace(out, strict=True)
+    assert len(t.events) == 6 and t.meta.extra["pool_end"] is None
+    assert t.meta.extra["pool_end_error"].startswith("StickyError: cudaErrorIllegalAddress")
+    assert not rec.spool_path.exists()

@@ -111,18 +111,32 @@ class CupyRecording:
         return out
 
     def stop(self, exit_info: dict[str, Any] | None = None, *, restore: bool = False) -> Path:
-        """Stop recording and write the trace; ``restore`` puts the previous default pool back."""
-        self._unpatch()
-        with contextlib.suppress(KeyError):
-            self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
-        end = self.end_state()
-        self.spool.close()
-        self.segments.active = False
+        """Stop recording and write the trace; ``restore`` puts the previous default pool back.
+
+        A CUDA error the program left behind can make reading the pool fail: it is
+        stored as ``pool_end_error`` and the trace is still written; the spool is
+        closed however ``stop`` ends, so a failed finalize leaves it recoverable.
+        """
+        end: dict[str, dict[str, int]] | None = None
+        end_error: str | None = None
+        try:
+            self._unpatch()
+            with contextlib.suppress(KeyError):
+                self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
+            try:
+                end = self.end_state()
+            except Exception as e:  # e.g. a sticky CUDA error from the program: keep its events
+                end_error = f"{type(e).__name__}: {e}"
+        finally:
+            self.spool.close()
+            self.segments.active = False
         extra: dict[str, Any] = {
             "complete": True, "exit": exit_info, "pool_end": end,
             "device_alloc_failures": self.segments.failures,
             "duration_ns": time.perf_counter_ns() - self.t0,
         }
+        if end_error is not None:
+            extra["pool_end_error"] = end_error
         if self.spool.error:
             extra["spool_error"] = self.spool.error
         if restore:
