@@ -121,3 +121,40 @@ def test_compare_agrees_and_disagrees() -> None:
     c = compare_summaries({**dev, "allocator": "cuda"}, {**sim, "peak_reserved_bytes": 1}, "first-fit")
     assert c["agree"] is True
     assert next(r for r in c["rows"] if r["figure"] == "peak_reserved_bytes")["agree"] is None
+
+
+class _Runtime:
+    """A stand-in for cupy.cuda.runtime that fails one cudaFree and the synchronize."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+        self.freed: list[int] = []
+
+    def free(self, p: int) -> None:
+        if p == self.bad:
+            raise RuntimeError("cudaErrorInvalidValue")
+        self.freed.append(p)
+
+    def deviceSynchronize(self) -> None:
+        raise RuntimeError("cudaErrorLaunchFailure")
+
+
+class _Ballast:
+    released = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_cleanup_frees_every_block_and_the_ballast_when_one_free_fails() -> None:
+    from tracekit.device.capacity import PendingSignal
+    from tracekit.device.loops import Loop
+    from tracekit.device.replay import release_all
+
+    lp = Loop(4, False, None, PendingSignal())
+    lp.live.update({0: 0x1000, 1: 0x2000, 2: 0x3000})
+    rt, ballast = _Runtime(bad=0x1000), _Ballast()
+    errors = release_all(rt, lp, None, ballast)
+    assert rt.freed == [0x2000, 0x3000] and ballast.released and not lp.live
+    assert errors == ["cudaFree(0x1000): cudaErrorInvalidValue",
+                      "cudaDeviceSynchronize: cudaErrorLaunchFailure"]

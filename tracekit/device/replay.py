@@ -11,7 +11,7 @@ requests (default: n // 1000 clamped to [1, 1000], so every trace gets about
 min(n, 1000) samples or more), at every segment row and at every OOM (the
 loops themselves are in ``tracekit.device.loops``). Everything taken (ballast,
 live blocks, pool memory) is given back in a ``finally``, also on Ctrl-C and
-SIGTERM.
+SIGTERM; one failed release does not keep the others from running.
 """
 
 from __future__ import annotations
@@ -102,9 +102,14 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
             else:
                 loop_pool(lp, ops, sizes, mates, ev.stream, backend)
             peak = _peak_reserved(cfg.allocator, backend, lp, free_replay)
-        finally:
-            _release(rt, lp, backend)
-            ballast.release()
+        except BaseException as e:
+            for err in release_all(rt, lp, backend, ballast):  # the replay's own error says what failed
+                e.add_note(f"also while releasing device memory: {err}")
+            raise
+        errors = release_all(rt, lp, backend, ballast)
+        if errors:
+            raise DeviceError(f"device {cfg.device}: could not give back all memory after the replay "
+                              f"({len(errors)} error(s), first: {errors[0]})")
         free_end = int(rt.memGetInfo()[0])
     lp.t_end[lp.t_end > 0] -= t_start
     if len(log):
@@ -123,19 +128,35 @@ def _peak_reserved(alloc: Allocator, backend: Any, lp: Loop, free_replay: int) -
     return int(free_replay - sampled.min()) if len(sampled) else 0
 
 
-def _release(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | None) -> None:
-    """Give back every live block and all pool memory; device memory returns to its start value."""
-    if backend is None:
-        ptrs = list(lp.live.values())
-        lp.live.clear()
-        for p in ptrs:
-            rt.free(p)
-    else:
-        if isinstance(backend, ObservedPool):
-            backend.recording = False
-        lp.live.clear()
-        backend.release()
-    rt.deviceSynchronize()
+def release_all(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | None, ballast: Any) -> list[str]:
+    """Give back every live block, all pool memory and the ballast; returns the errors met.
+
+    Each step runs whatever the others did (one failed cudaFree must not keep the
+    remaining blocks or the ballast), and the ballast goes back even on Ctrl-C here.
+    """
+    errors: list[str] = []
+
+    def attempt(what: str, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:
+            errors.append(f"{what}: {e}")
+
+    try:
+        if backend is None:
+            ptrs = list(lp.live.values())
+            lp.live.clear()
+            for p in ptrs:
+                attempt(f"cudaFree({int(p):#x})", rt.free, p)
+        else:
+            if isinstance(backend, ObservedPool):
+                backend.recording = False
+            lp.live.clear()
+            attempt("releasing the pool", backend.release)
+        attempt("cudaDeviceSynchronize", rt.deviceSynchronize)
+    finally:
+        attempt("releasing the ballast", ballast.release)
+    return errors
 
 
 def _import_cupy() -> Any:
