@@ -610,3 +610,33 @@ def test_a_missing_baseline_fails_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
         write_report(p, tmp_path / "r.html", baseline=tmp_path / "missing.parquet")
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "found a list"),
+        ('{"policies": {"policy": "cupy"}}', "'policies' must be a list"),
+        ('{"policies": [{"policy": "cupy", "min_capacity_bytes": "6GiB"}]}', "must be a number or null"),
+    ],
+)
+def test_bad_whatif_json_is_refused_before_any_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, cause: str
+) -> None:
+    from tracekit.cli.app import app
+    from tracekit.errors import InputError
+    from tracekit.report import build
+
+    p = hand_trace(tmp_path / "hand.parquet")
+    wi = tmp_path / "whatif.json"
+    wi.write_text(text)
+    out = tmp_path / "w.html"
+    drawn: list[int] = []
+    monkeypatch.setattr(build, "build_figures", lambda *a, **k: drawn.append(1))
+    with pytest.raises(InputError, match=cause) as e:
+        build.write_report(p, out, whatif=wi)
+    assert str(wi) in str(e.value) and not drawn and not out.exists()
+    monkeypatch.undo()
+    r = CliRunner().invoke(app, ["report", str(p), "-o", str(out), "--whatif-json", str(wi)])
+    assert r.exit_code == 1 and cause in r.stderr and "Traceback" not in r.output and not out.exists()

@@ -24,7 +24,13 @@ from tracekit.report import blocks as blk
 from tracekit.report import figures, html
 from tracekit.report.memory_map import draw_memory_map, map_data
 from tracekit.report.oom_view import draw_moment, moment
-from tracekit.report.sections import baseline_section, header, summary_section, whatif_section
+from tracekit.report.sections import (
+    baseline_section,
+    header,
+    load_whatif,
+    summary_section,
+    whatif_section,
+)
 from tracekit.report.style import PALETTE, short_site, site_colours, time_axis
 from tracekit.report.timeline import TimelineData, timeline_data
 from tracekit.trace import Op, Trace, read_meta, read_trace
@@ -133,6 +139,8 @@ def write_report(
         raise OutputError(f"{png_dir}: cannot write PNGs there, it is a file, not a folder")
     if baseline is not None:
         read_meta(baseline)  # a bad baseline fails now, before the main trace's figures are drawn
+    if whatif is not None and whatif is not True:
+        whatif = load_whatif(whatif)  # likewise a bad what-if JSON
     trace = read_trace(trace_path)
     analysis, _ = _analyze(trace, analysis)
     rendered, tl, summary = build_figures(trace, analysis, trace_path.name)

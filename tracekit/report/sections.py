@@ -14,6 +14,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from tracekit.errors import InputError
 from tracekit.report.html import esc, fmt_value, table
 from tracekit.trace import Trace
 from tracekit.units import format_size
@@ -148,12 +149,38 @@ def baseline_section(
 
 
 def load_whatif(whatif: Any) -> dict[str, Any]:
-    """A what-if result as a dict: an object with ``to_dict()``, a dict, or a path to its JSON."""
+    """A what-if result as a dict: an object with ``to_dict()``, a dict, or a path to its JSON.
+
+    A file that is not ``tracekit whatif --json`` output raises InputError naming it and the cause.
+    """
     if hasattr(whatif, "to_dict"):
         return dict(whatif.to_dict())
     if isinstance(whatif, dict):
         return whatif
-    return dict(json.loads(Path(whatif).read_text()))
+    path = Path(whatif)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the what-if JSON ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a what-if JSON file (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    if not isinstance(d, dict):
+        raise InputError(
+            f"{path}: expected the JSON object `tracekit whatif --json` prints, found a {type(d).__name__}"
+        )
+    pol = d.get("policies", [])
+    if not isinstance(pol, list) or not all(isinstance(r, dict) for r in pol):
+        raise InputError(f"{path}: 'policies' must be a list of objects, as `tracekit whatif --json` prints")
+    numbers = [("lower_bound_bytes", d.get("lower_bound_bytes"))]
+    numbers += [(f"policies[{i}].{k}", r.get(k)) for i, r in enumerate(pol)
+                for k in ("min_capacity_bytes", "capacity_bytes", "overhead_ratio", "overhead",
+                          "searched_up_to_bytes")]
+    for key, v in numbers:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise InputError(f"{path}: '{key}' must be a number or null, found {json.dumps(v)}")
+    return d
 
 
 def whatif_section(whatif: Any) -> tuple[str, Figure | None]:
