@@ -143,3 +143,40 @@ def test_budget_bad_arguments_exit_2(args: list[str], match: str) -> None:
     p = subprocess.run([sys.executable, "-m", "tracekit", "budget", *args], capture_output=True, text=True)
     assert p.returncode == 2, p.stderr
     assert match in p.stderr
+
+
+class _Runtime:
+    """A stand-in for cupy.cuda.runtime whose third cudaMalloc fails."""
+
+    class CUDARuntimeError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.taken: set[int] = set()
+        self.calls = 0
+
+    def memGetInfo(self) -> tuple[int, int]:
+        return (1 << 30) - (2 << 20) * len(self.taken), 1 << 30
+
+    def malloc(self, size: int) -> int:
+        self.calls += 1
+        if self.calls == 3:
+            raise self.CUDARuntimeError("cudaErrorMemoryAllocation: out of memory")
+        p = 0x1000_0000 * self.calls
+        self.taken.add(p)
+        return p
+
+    def free(self, p: int) -> None:
+        self.taken.remove(p)
+
+
+def test_granularity_frees_what_it_took_when_a_malloc_fails() -> None:
+    from tracekit.budget.probe import measure_cost
+    from tracekit.errors import DeviceError
+
+    rt = _Runtime()
+    assert measure_cost(rt, 512, 2) == (4 << 20, [0x1000_0000, 0x2000_0000]) and not rt.taken
+    rt = _Runtime()
+    with pytest.raises(DeviceError, match="cudaMalloc of 512 bytes failed"):
+        measure_cost(rt, 512, 4)
+    assert not rt.taken

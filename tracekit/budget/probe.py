@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracekit.errors import DeviceError
+
 MiB = 1 << 20
 STEP = 2 * MiB
 GRANULARITY_SIZES = (512, 4096, 64 * 1024, MiB, MiB + 1, 2 * MiB + 1, 64 * MiB + 1)
@@ -51,14 +53,28 @@ def granularity(
     rows = []
     with cupy.cuda.Device(device):
         for s in sizes:
-            before = int(rt.memGetInfo()[0])
-            ptrs = [rt.malloc(s) for _ in range(count)]
-            cost = before - int(rt.memGetInfo()[0])
-            for p in ptrs:
-                rt.free(p)
+            cost, ptrs = measure_cost(rt, s, count)
             rows.append({"request": s, "count": count, "cost": cost, "per_allocation": cost // count,
                          "alignment": _alignment(ptrs)})
     return rows
+
+
+def measure_cost(rt: Any, size: int, count: int) -> tuple[int, list[int]]:
+    """Free-memory drop over ``count`` cudaMallocs of ``size`` and their pointers (all freed again).
+
+    Whatever was taken is freed also when a later cudaMalloc fails (DeviceError).
+    """
+    ptrs: list[int] = []
+    try:
+        before = int(rt.memGetInfo()[0])
+        for _ in range(count):
+            ptrs.append(int(rt.malloc(size)))
+        return before - int(rt.memGetInfo()[0]), list(ptrs)
+    except rt.CUDARuntimeError as e:
+        raise DeviceError(f"cudaMalloc of {size} bytes failed while measuring granularity ({e})") from None
+    finally:
+        for p in ptrs:
+            rt.free(p)
 
 
 def _alignment(ptrs: list[int]) -> int:
