@@ -158,3 +158,28 @@ def test_cleanup_frees_every_block_and_the_ballast_when_one_free_fails() -> None
     assert rt.freed == [0x2000, 0x3000] and ballast.released and not lp.live
     assert errors == ["cudaFree(0x1000): cudaErrorInvalidValue",
                       "cudaDeviceSynchronize: cudaErrorLaunchFailure"]
+
+
+def test_a_failed_cuda_free_is_a_device_error_naming_the_event() -> None:
+    from tracekit.device.capacity import PendingSignal
+    from tracekit.device.loops import Loop, loop_cuda
+    from tracekit.errors import DeviceError
+
+    class Runtime:
+        class CUDARuntimeError(Exception):
+            status = 700  # cudaErrorIllegalAddress, not an out-of-memory
+
+        def malloc(self, size: int) -> int:
+            return 0x1000
+
+        def free(self, p: int) -> None:
+            raise self.CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access")
+
+        def memGetInfo(self) -> tuple[int, int]:
+            return (1 << 30, 1 << 30)
+
+    ops = np.array([Op.MALLOC, Op.FREE], np.int64)
+    lp = Loop(2, False, None, PendingSignal())
+    with pytest.raises(DeviceError, match=r"CUDA error at event 1 \(cudaFree\): cudaErrorIllegalAddress"):
+        loop_cuda(lp, ops, np.array([512, 512], np.int64), np.array([1, 0], np.int64), rt=Runtime())
+    assert lp.addr[0] == 0x1000 and lp.status[0] == 1

@@ -20,10 +20,11 @@ import numpy as np
 from tracekit.device.allocators import AsyncPool, ObservedPool
 from tracekit.device.capacity import PendingSignal
 from tracekit.errors import DeviceError
+from tracekit.sim.base import Status
 from tracekit.trace.schema import Op
 
 CHUNK = 1 << 16
-_CUDA_OOM = 2  # cudaErrorMemoryAllocation
+_CUDA_OOM = 2  # cudaErrorMemoryAllocation (cudaError_t)
 
 
 class Loop:
@@ -81,13 +82,20 @@ def _chunks(n: int) -> range:
     return range(0, n, CHUNK)
 
 
-def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray) -> None:
-    """cudaMalloc/cudaFree per request; the hot loop is kept to list indexing and two clock reads."""
-    from cupy.cuda import runtime as rt
+def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, rt: Any = None) -> None:
+    """cudaMalloc/cudaFree per request; the hot loop is kept to list indexing and two clock reads.
+
+    ``rt`` is ``cupy.cuda.runtime`` unless given. A failed cudaFree is a DeviceError.
+    """
+    if rt is None:
+        from cupy.cuda import runtime as rt
 
     malloc, free, meminfo, clock, err_t = rt.malloc, rt.free, rt.memGetInfo, time.perf_counter_ns, \
         rt.CUDARuntimeError
     live, every = lp.live, lp.every
+    # plain ints in locals: an IntEnum compare or attribute load per event would slow the loop
+    FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
+    S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
     k = every
     for base in _chunks(len(ops)):
         o_arr = ops[base:base + CHUNK]
@@ -98,20 +106,24 @@ def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray) -
         dfree: dict[int, int] = {}
         for j in range(n):
             o = o_l[j]
-            if o == 1:
+            if o == FREE:
                 p = live.pop(m_l[j], None)
                 if p is None:
-                    stat[j] = 3  # its malloc failed (--continue-on-oom)
+                    stat[j] = S_SKIPPED  # its malloc failed (--continue-on-oom)
                     continue
                 t0 = clock()
-                free(p)
+                try:
+                    free(p)
+                except err_t as e:
+                    lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j)
+                    raise DeviceError(f"CUDA error at event {base + j} (cudaFree): {e}") from None
                 t1 = clock()
-            elif o == 0 or o == 4:
+            elif o == MALLOC or o == OOM:  # noqa: SIM109 - a tuple per event is slower
                 t0 = clock()
                 try:
                     p = malloc(s_l[j])
                 except err_t as e:
-                    t1l[j], t0l[j], stat[j] = clock(), t0, 2
+                    t1l[j], t0l[j], stat[j] = clock(), t0, S_OOM
                     dfree[j] = meminfo()[0]
                     if lp.note_oom(base + j, e, dfree[j], None):
                         lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
@@ -151,6 +163,8 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
     observed = backend if isinstance(backend, ObservedPool) else None
     errs = (memory.OutOfMemoryError, rt.CUDARuntimeError)
     live, every = lp.live, lp.every
+    FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
+    S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
     k = every
     uniq = np.unique(streams[(ops == Op.MALLOC) | (ops == Op.OOM)])
     objs = {int(s): (cupy.cuda.Stream.null if s == 0 else cupy.cuda.Stream()) for s in uniq}
@@ -166,10 +180,10 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
             dfree: dict[int, int] = {}
             for j in range(n):
                 o = o_l[j]
-                if o == 1:
+                if o == FREE:
                     q = live.pop(m_l[j], None)
                     if q is None:
-                        stat[j] = 3
+                        stat[j] = S_SKIPPED
                         continue
                     p = q.ptr
                     if observed is not None:
@@ -177,7 +191,7 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
                     t0 = clock()
                     del q  # the pool takes the chunk back when its last reference goes
                     t1 = clock()
-                elif o == 0 or o == 4:
+                elif o == MALLOC or o == OOM:  # noqa: SIM109 - a tuple per event is slower
                     if observed is not None:
                         observed.current = base + j
                     if multi and st_l[j] != cur:
@@ -187,7 +201,7 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
                     try:
                         live[base + j] = pool_malloc(s_l[j])
                     except errs as e:
-                        t1l[j], t0l[j], stat[j] = clock(), t0, 2
+                        t1l[j], t0l[j], stat[j] = clock(), t0, S_OOM
                         dfree[j] = meminfo()[0]
                         if lp.note_oom(base + j, e, dfree[j], backend.stats()):
                             lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
