@@ -123,3 +123,16 @@ def test_cli_without_cupy_says_so_in_one_line(tmp_path) -> None:
     assert p.returncode == 1
     assert p.stderr.startswith("tracekit: error: device replay needs CuPy")
     assert "Traceback" not in p.stderr
+
+
+def test_sigterm_during_a_replay_is_a_tracekit_error_exiting_143() -> None:
+    import signal
+
+    from tracekit.device.capacity import PendingSignal, Terminated
+    from tracekit.errors import TracekitError
+
+    pending = PendingSignal()
+    pending.signum = signal.SIGTERM
+    with pytest.raises(TracekitError, match="terminated by SIGTERM; all device memory") as info:
+        pending.check()
+    assert isinstance(info.value, Terminated) and info.value.exit_code == 143

@@ -24,7 +24,7 @@ from enum import StrEnum
 from types import FrameType
 from typing import Any
 
-from tracekit.errors import DeviceError, UsageError
+from tracekit.errors import DeviceError, TracekitError, UsageError
 from tracekit.units import format_size
 
 GRANULARITY = 2 << 20  # bytes; cudaMalloc maps device memory in 2 MiB pages above 1 MiB
@@ -118,8 +118,16 @@ class Ballast:
         self.release()
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived during a device replay (a BaseException so generic handlers let it pass)."""
+class Terminated(TracekitError):
+    """SIGTERM arrived during a device replay; raised only after everything taken was released.
+
+    Exits 143 (128 + SIGTERM), as a process killed by the signal would.
+    """
+
+    exit_code = 143
+
+    def __init__(self) -> None:
+        super().__init__("terminated by SIGTERM; all device memory taken by the replay was released")
 
 
 class PendingSignal:

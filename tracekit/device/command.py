@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from tracekit.device.capacity import Allocator, Terminated
+from tracekit.device.capacity import Allocator
 from tracekit.errors import OOMVerdict, UsageError
 from tracekit.units import format_size, parse_size
 
@@ -53,11 +53,7 @@ def run_device_replay_cli(
         check_policy(compare_sim)
     tr = read_trace(trace)
     cfg = DeviceConfig(device=device, allocator=alloc, capacity=cap, continue_on_oom=continue_on_oom)
-    try:
-        run = replay_on_device(tr, cfg)
-    except Terminated:
-        typer.echo("tracekit: terminated; all device memory taken by the replay was released", err=True)
-        raise SystemExit(143) from None
+    run = replay_on_device(tr, cfg)  # SIGTERM: Terminated (exit 143) once the device is released
     result = summary(tr, run)
     if output is not None:
         wrote(write_output(tr, run, output))
