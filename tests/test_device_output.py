@@ -183,3 +183,17 @@ def test_a_failed_cuda_free_is_a_device_error_naming_the_event() -> None:
     with pytest.raises(DeviceError, match=r"CUDA error at event 1 \(cudaFree\): cudaErrorIllegalAddress"):
         loop_cuda(lp, ops, np.array([512, 512], np.int64), np.array([1, 0], np.int64), rt=Runtime())
     assert lp.addr[0] == 0x1000 and lp.status[0] == 1
+
+
+def test_cuda_oom_within_the_driver_slack_is_exhaustion(trace) -> None:
+    """For cuda the driver's slack is not usable: free bytes within it mean the device is full."""
+    from tracekit.device.capacity import DRIVER_SLACK
+
+    run = _run(trace, Allocator.CUDA)
+    near = DRIVER_SLACK + 4096  # free figure just above the slack: 4 KiB usable < 5120 B rounded
+    run = DeviceRun(**{**run.__dict__, "oom_state": {"device_free": near, "error": "oom"}})
+    assert summary(trace, run)["oom"]["cause"] == "exhausted"
+    roomy = DeviceRun(**{**run.__dict__, "oom_state": {"device_free": DRIVER_SLACK + 8192, "error": "oom"}})
+    assert summary(trace, roomy)["oom"]["cause"] == "fragmentation"
+    pool = DeviceRun(**{**_run(trace).__dict__, "oom_state": {"free_bytes": 8192, "device_free": 8192}})
+    assert summary(trace, pool)["oom"]["cause"] == "fragmentation"  # a pool's free bytes count whole

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tracekit.device.capacity import DRIVER_SLACK, Allocator
 from tracekit.device.replay import DeviceRun
 from tracekit.sim.base import Status
 from tracekit.trace.events import Events
@@ -101,12 +102,27 @@ def percentiles(lat: np.ndarray) -> dict[str, float | None]:
     return {"p50": float(p50), "p99": float(p99), "count": len(lat)}
 
 
+def _cause(allocator: Allocator, free_b: int | None, rounded: int) -> str:
+    """"fragmentation" when the free bytes would have held the request, else "exhausted".
+
+    For ``cuda`` the free figure is cudaMemGetInfo's, of which the driver never hands
+    out the last ``DRIVER_SLACK`` bytes (~3.5 MiB), so those are not counted: the
+    device itself does not fragment (docs/device-replay.md), and a request within the
+    slack of the free figure is exhaustion, not fragmentation.
+    """
+    if free_b is None:
+        return "exhausted"
+    usable = free_b - DRIVER_SLACK if allocator is Allocator.CUDA else free_b
+    return "fragmentation" if usable >= rounded else "exhausted"
+
+
 def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
     """The simulated replay's JSON keys, plus device, allocator, latency and release figures.
 
     peak_reserved_bytes: cupy = max sum of the pool's live device allocations
     (exact); cupy-async = the cudaMemPool ReservedMemHigh attribute; cuda = max of
     (free at replay start - sampled device_free), so a lower bound between samples.
+    oom.cause: see ``_cause`` (for cuda the driver's ~3.5 MiB slack is not counted as free).
     """
     ev = trace.events
     live = live_curve(trace, run)
@@ -130,7 +146,7 @@ def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
             "reserved_bytes": st.get("reserved_bytes", run.free_replay - int(st.get("device_free", 0))),
             "device_free": st.get("device_free"),
             "error": st.get("error"),
-            "cause": "fragmentation" if free_b is not None and free_b >= rounded else "exhausted",
+            "cause": _cause(run.config.allocator, free_b, rounded),
         }
     cap = run.plan.capacity
     return {
