@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -174,7 +176,8 @@ def test_summary_figures_worked_by_hand():
     assert (s.peak_reserved_bytes, s.peak_reserved_seq) == (65536, 0)
     assert s.max_external_fragmentation == pytest.approx(1 - 3072 / 4096)
     assert s.min_largest_free_block == 1024  # event 6: 1 KiB free, all in one piece
-    assert s.jw1 == pytest.approx((65536 * 3 + 8192 * 4 - 15000) / 15000)
+    # t_ns = 0..7: events 0..6 each last 1 ns, the last one 0 ns.
+    assert s.jw1 == pytest.approx((65536 * 3 + 8192 * 3 - 11000) / 11000)
     assert s.jw2 == pytest.approx((8192 - 7000) / 7000)
     assert s.jw3 == pytest.approx((65536 - 1000) / 1000)  # the most requested while H peaked
     assert s.jw4 == pytest.approx((65536 - 7000) / 7000)
@@ -212,3 +215,20 @@ def test_torch_limit_counts_the_segment_it_must_allocate():
     o = analyze_trace(trace_of(rows, meta)).summary.oom
     assert o is not None and o.diagnosis is Diagnosis.LIMIT
     assert "a new 20.00 MiB segment" in o.explanation and "36.00 MiB" in o.explanation
+
+
+def test_jw1_is_weighted_by_how_long_each_state_lasts():
+    # A 4096-byte segment; a 1000-byte block lives 1 s, then a 4000-byte block lives 9 s.
+    # H = 4096 throughout; Q = 1000 for 1 s, 4000 for 9 s:
+    # jw1 = (4096·10 − (1000·1 + 4000·9)) / (1000·1 + 4000·9). Per event it would differ.
+    rows = [(Op.SEGMENT_ALLOC, SEG, 4096, 0, -1), (Op.MALLOC, SEG, 1000, 1024, 0),
+            (Op.FREE, SEG, 1024, 0, -1), (Op.MALLOC, SEG, 4000, 4096, 1), (Op.FREE, SEG, 4096, 0, -1)]
+    tr = trace_of(rows, TraceMeta.new(Source.CUPY))
+    s_ = 1_000_000_000
+    t = np.array([0, 0, s_, s_, 10 * s_], np.int64)
+    timed = Trace(None, tr.meta, dataclasses.replace(tr.events, t_ns=t), tr.mate, None, ())
+    q = 1000 * 1 + 4000 * 9
+    assert analyze_trace(timed).summary.jw1 == pytest.approx((4096 * 10 - q) / q)
+    # All events at one instant: averaged per event (Q = 0, 1000, 0, 4000, 0; H = 4096 each).
+    flat = Trace(None, tr.meta, dataclasses.replace(tr.events, t_ns=np.zeros(5, np.int64)), tr.mate, None, ())
+    assert analyze_trace(flat).summary.jw1 == pytest.approx((4096 * 5 - 5000) / 5000)

@@ -64,6 +64,13 @@ def _seq(ev: Events, i: int) -> int | None:
     return int(ev.seq[i]) if i >= 0 else None
 
 
+def _jw1(fs: np.ndarray) -> float | None:
+    """Time-weighted (Σ H·Δt − Σ Q·Δt) / Σ Q·Δt; per event when the trace has no time span."""
+    if fs[lf.SUM_DT] > 0:
+        return ratio_over(fs[lf.TSUM_RES], fs[lf.TSUM_REQ])
+    return ratio_over(fs[lf.SUM_RES], fs[lf.SUM_REQ])
+
+
 def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport | None,
              n_ooms: int) -> Summary:
     ev, st, fs = trace.events, scan.stats, scan.fstats
@@ -84,7 +91,7 @@ def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport 
         peak_reserved_seq=_seq(ev, int(st[lf.PEAK_RES_IDX])),
         max_external_fragmentation=float(fs[lf.MAX_FRAG]),
         min_largest_free_block=min_lfb if min_lfb >= 0 else None,
-        jw1=ratio_over(fs[lf.SUM_RES], fs[lf.SUM_REQ]),
+        jw1=_jw1(fs),
         jw2=ratio_over(int(st[lf.RES_AT_PEAK_REQ]), peak_req),
         jw3=ratio_over(peak_res, int(st[lf.REQ_AT_PEAK_RES])),
         jw4=ratio_over(peak_res, peak_req),

@@ -36,7 +36,8 @@ PEAK_LIVE, PEAK_LIVE_IDX, PEAK_REQ, PEAK_REQ_IDX, RES_AT_PEAK_REQ = 0, 1, 2, 3, 
 PEAK_RES, PEAK_RES_IDX, REQ_AT_PEAK_RES, MIN_LFB_FREE = 5, 6, 7, 8
 PROBE_LIVE, PROBE_REQ, PROBE_RES, PROBE_LFB, N_STATS = 9, 10, 11, 12, 13
 # Slots of the float64 ``fstats`` array.
-SUM_RES, SUM_REQ, MAX_FRAG, N_FSTATS = 0, 1, 2, 3
+# SUM_*: Σ over events; TSUM_*: Σ weighted by the time to the next event (ns); SUM_DT: Σ of those weights.
+SUM_RES, SUM_REQ, MAX_FRAG, TSUM_RES, TSUM_REQ, SUM_DT, N_FSTATS = 0, 1, 2, 3, 4, 5, 6
 
 
 # The max-tree is 8-ary and implicit: node j's children are 8j+1 … 8j+8 (one
@@ -190,7 +191,7 @@ def _clear(tree, size, R, a, b):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
+def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, want,
          out_live, out_req, out_res, out_lfb):  # pragma: no cover - compiled
     """One pass over the events: running sums, the largest free block, peaks.
 
@@ -200,7 +201,10 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
     segment rows (else reserved = live and nothing is free). When ``want``
     the four ``out_*`` arrays receive the per-event values. ``probe``: an
     event index whose values after the event go to the PROBE_* slots (-1 =
-    none). Returns (int64 stats, float64 fstats) indexed by the module constants.
+    none). ``t_ns``: event times; the state after event i is weighted by
+    t_ns[i+1] − t_ns[i] (0 for the last event or when time goes backwards) in
+    the TSUM_* sums. Returns (int64 stats, float64 fstats) indexed by the
+    module constants.
     """
     n = op.shape[0]
     m = pos.shape[0]
@@ -283,6 +287,11 @@ def scan(op, size, rounded, mate, lo, hi, pos, pooled, merge_all, probe, want,
             st[PROBE_LFB] = lfb
         fs[SUM_RES] += r
         fs[SUM_REQ] += req
+        if i + 1 < n and t_ns[i + 1] > t_ns[i]:
+            dt = np.float64(t_ns[i + 1] - t_ns[i])
+            fs[TSUM_RES] += r * dt
+            fs[TSUM_REQ] += req * dt
+            fs[SUM_DT] += dt
         if free > 0:
             frag = 1.0 - lfb / free
             if frag > fs[MAX_FRAG]:

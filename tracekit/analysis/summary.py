@@ -7,7 +7,9 @@ bytes of live blocks), so rounding (internal fragmentation) counts as well as
 free pieces (external). All four are ratios (0.25 = 25 %), None when the
 denominator is 0:
 
-- ``jw1`` = (Σₜ Hₜ − Σₜ Qₜ) / Σₜ Qₜ, summed over every event (time-averaged).
+- ``jw1`` = (Σᵢ Hᵢ·Δtᵢ − Σᵢ Qᵢ·Δtᵢ) / Σᵢ Qᵢ·Δtᵢ: time-averaged, the state after
+  event i weighted by Δtᵢ = t_ns[i+1] − t_ns[i] (how long it lasted, ns; the last
+  event weighs 0). A trace whose events all share one time stamp is averaged per event.
 - ``jw2`` = (H at the event of peak Q − peak Q) / peak Q.
 - ``jw3`` = (peak H − Q at peak H) / Q at peak H, where Q at peak H is the largest Q
   among the events at which H is at its peak.

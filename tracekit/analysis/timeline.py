@@ -98,8 +98,8 @@ def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1,
         lo = hi = pos = np.zeros(0, np.int64)
     m = n if want else 0
     outs = [np.empty(m, np.int64) for _ in range(4)]
-    st, fs = lf.scan(ev.op, ev.size, ev.rounded, mate, lo, hi, pos, pooled, merge_adjacent, probe,
-                     want, *outs)
+    st, fs = lf.scan(ev.op, ev.size, ev.rounded, ev.t_ns, mate, lo, hi, pos, pooled, merge_adjacent,
+                     probe, want, *outs)
     if not want:
         return ScanResult(st, fs, pooled)
     return ScanResult(st, fs, pooled, *outs)
