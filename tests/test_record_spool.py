@@ -130,6 +130,24 @@ def test_recover_rejects_what_is_not_a_spool(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "no such spool" in r.output
 
 
+def test_spool_memory_maps_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    opened = []
+    real = pa.memory_map
+
+    def tracked(*a, **kw):  # type: ignore[no-untyped-def]
+        opened.append(real(*a, **kw))
+        return opened[-1]
+
+    w, hook = _writer(tmp_path)
+    _pair(hook, 0)
+    w.close()
+    monkeypatch.setattr(pa, "memory_map", tracked)
+    finalize(w.path, tmp_path / "t.parquet", {"complete": True})
+    assert len(opened) >= 2 and all(m.closed for m in opened)
+
+
 CHILD = textwrap.dedent("""
     import sys, time, types
     from pathlib import Path

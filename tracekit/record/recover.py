@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,21 +43,29 @@ class SpoolScan:
     truncated: bool = False
 
 
-def _open(path: Path) -> pa.ipc.RecordBatchStreamReader:
+@contextmanager
+def _open(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
+    """The spool's stream reader; the memory map is closed when the block ends."""
     if not path.exists():
         raise InputError(f"{path}: no such file")
+    bad = f"{path}: not a tracekit recording spool, or killed before it began"
     try:
-        reader = pa.ipc.open_stream(pa.memory_map(str(path)))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"{path}: not a tracekit recording spool, or killed before it began ({e})") from None
-    md = reader.schema.metadata or {}
-    if SPOOL_KEY not in md or META_KEY not in md:
-        raise InputError(f"{path}: an Arrow stream, but not a tracekit recording spool")
-    return reader
+        source = pa.memory_map(str(path))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the spool ({e.strerror or e})") from None
+    with source:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except (pa.ArrowInvalid, OSError):
+            raise InputError(bad) from None
+        md = reader.schema.metadata or {}
+        if SPOOL_KEY not in md or META_KEY not in md:
+            raise InputError(f"{path}: an Arrow stream, but not a tracekit recording spool")
+        yield reader
 
 
-def _batches(path: Path, scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
-    reader = _open(path)
+def _batches(reader: pa.ipc.RecordBatchStreamReader,
+             scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
     while True:
         try:
             batch = reader.read_next_batch()
@@ -71,24 +80,28 @@ def _batches(path: Path, scan: SpoolScan | None = None) -> Iterator[pa.RecordBat
 
 def scan_spool(path: Path) -> SpoolScan:
     """Pass 1: metadata, call-site names, notes (with the seq of the event each describes), counts."""
-    reader = _open(path)
-    meta = TraceMeta.from_json(reader.schema.metadata[META_KEY], str(path))
-    scan = SpoolScan(meta)
-    for batch in _batches(path, scan):
-        op = batch.column("op").to_numpy()
-        text = batch.column("text")
-        for i in np.flatnonzero(op == SITE_ROW):
-            site = int(batch.column("site")[i].as_py())
-            while len(scan.sites) <= site:
-                scan.sites.append("")
-            scan.sites[site] = text[i].as_py()
-        events_before = np.cumsum(op >= 0)
-        for i in np.flatnonzero(op == NOTE_ROW):
-            note = json.loads(text[i].as_py())
-            scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, **note})
-        scan.events += int(events_before[-1]) if len(op) else 0
-        scan.batches += 1
+    with _open(path) as reader:
+        meta = TraceMeta.from_json(reader.schema.metadata[META_KEY], str(path))
+        scan = SpoolScan(meta)
+        for batch in _batches(reader, scan):
+            _scan_batch(scan, batch)
     return scan
+
+
+def _scan_batch(scan: SpoolScan, batch: pa.RecordBatch) -> None:
+    op = batch.column("op").to_numpy()
+    text = batch.column("text")
+    for i in np.flatnonzero(op == SITE_ROW):
+        site = int(batch.column("site")[i].as_py())
+        while len(scan.sites) <= site:
+            scan.sites.append("")
+        scan.sites[site] = text[i].as_py()
+    events_before = np.cumsum(op >= 0)
+    for i in np.flatnonzero(op == NOTE_ROW):
+        note = json.loads(text[i].as_py())
+        scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, **note})
+    scan.events += int(events_before[-1]) if len(op) else 0
+    scan.batches += 1
 
 
 def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...]) -> Events:
@@ -113,8 +126,8 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     sites = tuple(scan.sites)
     seq = 0
     pending: list[Events] = []
-    with TraceWriter(output, meta) as w:
-        for batch in _batches(spool):
+    with _open(spool) as reader, TraceWriter(output, meta) as w:
+        for batch in _batches(reader):
             ev = _events(batch, seq, sites)
             seq += len(ev)
             pending.append(ev)
