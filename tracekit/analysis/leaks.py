@@ -56,41 +56,43 @@ class PoolState:
 
         A gap is a maximal run of a segment's addresses not covered by a block.
         With ``merge_adjacent`` (expandable segments) touching segments of one
-        stream count as one, indexed by the first of them.
+        stream count as one, indexed by the first of them. Vectorized: the
+        complement of the union of blocks, clipped to each segment.
         """
-        seg_i: list[int] = []
-        starts: list[int] = []
-        lens: list[int] = []
+        seg, s0, s1 = self._extents(merge_adjacent)
+        # The union of all blocks as disjoint covered runs, then the holes between them.
         order = np.argsort(self.block_addr, kind="stable")
-        b_addr = self.block_addr[order].astype(np.int64)
-        b_end = b_addr + self.block_size[order].astype(np.int64)
-        for s, s0, s1 in self._extents(merge_adjacent):
-            a = int(np.searchsorted(b_end, s0, side="right"))
-            b = int(np.searchsorted(b_addr, s1, side="left"))
-            cur = s0
-            for k in range(a, b):
-                if b_addr[k] > cur:
-                    seg_i.append(s)
-                    starts.append(cur)
-                    lens.append(int(b_addr[k]) - cur)
-                cur = max(cur, int(b_end[k]))
-            if s1 > cur:
-                seg_i.append(s)
-                starts.append(cur)
-                lens.append(s1 - cur)
-        return (np.array(seg_i, np.int64), np.array(starts, np.int64), np.array(lens, np.int64))
+        b0 = self.block_addr[order].astype(np.int64)
+        b1 = np.maximum.accumulate(b0 + self.block_size[order].astype(np.int64)) if len(b0) else b0
+        new_run = np.r_[True, b0[1:] > b1[:-1]] if len(b0) else np.zeros(0, np.bool_)
+        run_start = b0[new_run]
+        run_end = b1[np.r_[np.flatnonzero(new_run)[1:] - 1, len(b0) - 1]] if len(b0) else b0
+        lo = np.iinfo(np.int64).min
+        hole0 = np.r_[lo, run_end]
+        hole1 = np.r_[run_start, np.iinfo(np.int64).max]
+        # Holes overlapping each segment [s0, s1): a contiguous index range per segment.
+        a = np.searchsorted(hole1, s0, side="right")
+        b = np.searchsorted(hole0, s1, side="left")
+        count = np.maximum(b - a, 0)
+        owner = np.repeat(np.arange(len(seg)), count)
+        hole = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + np.repeat(a, count)
+        g0 = np.maximum(hole0[hole], s0[owner])
+        g1 = np.minimum(hole1[hole], s1[owner])
+        keep = g1 > g0
+        return seg[owner][keep], g0[keep], (g1 - g0)[keep]
 
-    def _extents(self, merge_adjacent: bool) -> list[tuple[int, int, int]]:
-        out: list[tuple[int, int, int]] = []
-        for s in np.argsort(self.seg_addr, kind="stable"):
-            s0 = int(self.seg_addr[s])
-            s1 = s0 + int(self.seg_size[s])
-            if (merge_adjacent and out and out[-1][2] == s0
-                    and self.seg_stream[out[-1][0]] == self.seg_stream[s]):
-                out[-1] = (out[-1][0], out[-1][1], s1)
-            else:
-                out.append((int(s), s0, s1))
-        return out
+    def _extents(self, merge_adjacent: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first segment index, start, end) of each extent, address order (int64)."""
+        order = np.argsort(self.seg_addr, kind="stable")
+        s0 = self.seg_addr[order].astype(np.int64)
+        s1 = s0 + self.seg_size[order].astype(np.int64)
+        first = np.ones(len(order), np.bool_)
+        if merge_adjacent and len(order) > 1:
+            stream = self.seg_stream[order]
+            first[1:] = (s0[1:] != s1[:-1]) | (stream[1:] != stream[:-1])
+        heads = np.flatnonzero(first)
+        tails = np.r_[heads[1:] - 1, len(order) - 1] if len(heads) else heads
+        return order[heads].astype(np.int64), s0[heads], s1[tails]
 
     def largest_free_block(self, stream: int | None = None) -> int:
         """Longest gap, over all segments or only those of ``stream``."""
