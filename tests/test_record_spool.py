@@ -127,7 +127,19 @@ def test_recover_rejects_what_is_not_a_spool(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["recover", str(bad)])
     assert r.exit_code == 1 and "not a tracekit recording spool" in r.output
     r = CliRunner().invoke(app, ["recover", str(tmp_path / "missing.parquet")])
-    assert r.exit_code == 1 and "no such spool" in r.output
+    assert r.exit_code == 1 and "no spool beside it" in r.output
+
+
+def test_recover_on_a_finished_trace_says_there_is_no_spool(tmp_path: Path) -> None:
+    w, hook = _writer(tmp_path)
+    _pair(hook, 0)
+    w.close()
+    done = finalize(w.path, tmp_path / "t.parquet", {"complete": True})
+    w.path.unlink()
+    r = CliRunner().invoke(app, ["recover", str(done)])
+    assert r.exit_code == 1, r.output
+    assert r.output.strip() == (f"tracekit: error: {done}: no spool beside it ({done}.spool); "
+                                "nothing to recover")
 
 
 def test_spool_memory_maps_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,7 +48,7 @@ def _open(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
     """The spool's stream reader; the memory map is closed when the block ends."""
     if not path.exists():
         raise InputError(f"{path}: no such file")
-    bad = f"{path}: not a tracekit recording spool, or killed before it began"
+    bad = f"{path}: not a tracekit recording spool, or the recording was killed before it began"
     try:
         source = pa.memory_map(str(path))
     except OSError as e:
@@ -146,13 +146,9 @@ def default_output(spool: Path) -> Path:
 
 def recover(path: Path, output: Path | None = None, *, force: bool = False) -> Path:
     """Make a v1 trace from the spool of an unfinished recording (``path`` or ``path``.spool)."""
-    spool = path
-    if not spool.name.endswith(".spool") and not spool.exists():
-        spool = path.with_name(path.name + ".spool")
-    elif not spool.name.endswith(".spool") and Path(str(path) + ".spool").exists():
-        spool = Path(str(path) + ".spool")
+    spool = path if path.name.endswith(".spool") else path.with_name(path.name + ".spool")
     if not spool.exists():
-        raise InputError(f"{path}: no such spool (a recording leaves NAME.parquet.spool while it runs)")
+        raise InputError(f"{path}: no spool beside it ({spool}); nothing to recover")
     out = output or default_output(spool)
     if out.resolve() == spool.resolve():
         raise OutputError(f"{out}: refusing to overwrite the spool; choose another -o")
