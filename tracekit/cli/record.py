@@ -40,7 +40,7 @@ def record(
         from tracekit.record import record_cupy
         from tracekit.units import parse_size
 
-        size = parse_size(limit) if limit is not None else None
+        size = parse_size(limit, "--limit") if limit is not None else None
         path, code = record_cupy(target, module=module, output=output, limit=size,
                                  sites=not no_sites, force=force)
     wrote(path)
