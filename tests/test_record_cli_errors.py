@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tracekit.cli.app import app
+from tracekit.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,4 +18,12 @@ def test_a_bad_limit_names_the_limit_option(tmp_path: Path) -> None:
     script.write_text("pass\n")
     r = CliRunner().invoke(app, ["record", "--limit", "lots", str(script)])
     assert r.exit_code == 2 and "invalid --limit 'lots'" in r.output
+
+
+def test_an_unknown_compare_sim_policy_names_compare_sim() -> None:
+    from tracekit.device.compare import check_policy
+
+    with pytest.raises(UsageError, match=r"unknown policy 'bogus' for --compare-sim; choose one of: .*cupy"):
+        check_policy("bogus")
+    check_policy("cupy")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracekit.errors import UsageError
 from tracekit.trace.reader import Trace
 
 ROWS = ("first_oom_seq", "peak_reserved_bytes", "segment_allocs", "segment_frees", "peak_live_bytes")
@@ -22,7 +23,9 @@ def check_policy(policy: str) -> None:
     """UsageError for an unknown policy, before any device work starts."""
     from tracekit.sim import policies
 
-    policies.get(policy)
+    names = policies.models()
+    if policy not in names:
+        raise UsageError(f"unknown policy {policy!r} for --compare-sim; choose one of: {', '.join(names)}")
 
 
 def compare_with_sim(trace: Trace, policy: str, capacity: int | None, continue_on_oom: bool,
