@@ -27,3 +27,10 @@ def test_an_unknown_compare_sim_policy_names_compare_sim() -> None:
         check_policy("bogus")
     check_policy("cupy")
 
+
+def test_a_missing_whatif_json_is_bad_input(tmp_path: Path) -> None:
+    trace = ROOT / "traces" / "cupy-fft.parquet"
+    r = CliRunner().invoke(app, ["report", str(trace), "-o", str(tmp_path / "r.html"),
+                                 "--whatif-json", str(tmp_path / "missing.json")])
+    assert r.exit_code == 1, r.output
+    assert "missing.json: no such what-if JSON file" in r.output and not (tmp_path / "r.html").exists()

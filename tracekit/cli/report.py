@@ -25,14 +25,14 @@ def report(
 ) -> None:
     """Draw timeline, memory map, the OOM moment, sizes and call-sites into one HTML page."""
     from tracekit.cli.common import wrote
-    from tracekit.errors import UsageError
+    from tracekit.errors import InputError, UsageError
     from tracekit.report import write_report
 
     if whatif and whatif_json is not None:
         raise UsageError("--whatif and --whatif-json are exclusive: give one")
     out = output if output is not None else trace.with_suffix(".html")
     if whatif_json is not None and not whatif_json.is_file():
-        raise UsageError(f"{whatif_json}: no such what-if JSON file")
+        raise InputError(f"{whatif_json}: no such what-if JSON file")
     what = whatif_json if whatif_json is not None else (True if whatif else None)
     wrote(write_report(trace, out, png_dir=png, baseline=baseline, whatif=what))
     if png is not None:
