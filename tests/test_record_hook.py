@@ -223,3 +223,23 @@ def test_take_is_safe_while_another_thread_appends() -> None:
     got.append(buf.take())
     addr = np.concatenate([unpack(g)["addr"] for g in got])
     assert len(addr) == buf.taken and (np.diff(addr) == 512).all()  # nothing lost or duplicated
+
+
+def test_device_limits_come_from_the_budget_and_are_read_only_when_it_failed() -> None:
+    from tracekit.record.meta import device_limits
+
+    class Runtime:
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        def deviceGetLimit(self, code: int) -> int:
+            self.calls.append(code)
+            if code == 1:
+                raise RuntimeError("cudaErrorUnsupportedLimit")
+            return 100 + code
+
+    rt = Runtime()
+    budget = {"stack_size": 1024, "printf_fifo_size": 1 << 20, "malloc_heap_size": 8 << 20}
+    assert device_limits(rt, budget) == budget and rt.calls == []
+    assert device_limits(rt, {"error": "NVMLError"}) == {
+        "stack_size": 100, "printf_fifo_size": None, "malloc_heap_size": 102}

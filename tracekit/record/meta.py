@@ -40,12 +40,7 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
     props = rt.getDeviceProperties(device_id)
     name = props.get("name")
     name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
-    limits: dict[str, int | None] = {}
-    for key, code in LIMITS.items():
-        try:
-            limits[key] = int(rt.deviceGetLimit(code))
-        except Exception:
-            limits[key] = None
+    limits = device_limits(rt, budget)
     pool_limit = int(pool.get_limit())
     nvml = {k: budget.get(k) for k in ("nvml_total", "nvml_reserved", "nvml_used_before",
                                         "nvml_used_after", "nvml_free_before")}
@@ -82,6 +77,20 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
         start_unix_ns=time.time_ns(),
         executable=sys.executable,
     )
+
+
+def device_limits(rt: Any, budget: dict[str, Any]) -> dict[str, int | None]:
+    """cudaLimit values: those the budget measured, else read now (the budget failed); None if refused."""
+    limits: dict[str, int | None] = {}
+    for key, code in LIMITS.items():
+        if budget.get(key) is not None:
+            limits[key] = int(budget[key])
+            continue
+        try:
+            limits[key] = int(rt.deviceGetLimit(code))
+        except Exception:
+            limits[key] = None
+    return limits
 
 
 def _cuda_version(v: int) -> str:
