@@ -345,12 +345,13 @@ def test_address_layout_squeezes_out_the_gaps_between_segments() -> None:
 
 
 def test_oom_moment_shows_the_gaps_and_the_request(hand: tuple[Path, Trace, HandAnalysis]) -> None:
-    from tracekit.report import blocks as blk
+    from tracekit.analysis import pool_state_at
     from tracekit.report.oom_view import draw_moment, moment
     from tracekit.report.style import site_colours
 
     _, tr, _ = hand
-    m = moment(blk.blocks(tr), blk.segments(tr), 13, 13, 16 * MiB, True, site_colours(3, np.arange(3)))
+    state = pool_state_at(tr.events, tr.mate, 14)  # right after the OOM row (index 13)
+    m = moment(state, 13, 13, 16 * MiB, True, site_colours(3, np.arange(3)))
     assert len(m.rows) == 1 and m.rows[0].size == 64 * MiB
     assert list(m.rows[0].block_off) == [8 * MiB, 24 * MiB, 40 * MiB, 56 * MiB]
     assert list(m.rows[0].gap_off) == [0, 16 * MiB, 32 * MiB, 48 * MiB]
@@ -533,7 +534,7 @@ def test_cli_report_with_saved_whatif_json(tmp_path: Path) -> None:
 @given(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5), st.booleans()), min_size=1, max_size=30))
 def test_oom_moment_blocks_and_gaps_tile_each_segment(layout: list[tuple[int, int, bool]]) -> None:
     """Blocks placed left to right in 64 KiB segments (gap, size, live?) in units of 1 KiB."""
-    from tracekit.report.blocks import Spans
+    from tracekit.analysis.leaks import PoolState
     from tracekit.report.oom_view import moment
     from tracekit.report.style import site_colours
 
@@ -548,23 +549,17 @@ def test_oom_moment_blocks_and_gaps_tile_each_segment(layout: list[tuple[int, in
         sizes.append(size * kib)
         alive.append(live)
         cur += size * kib
-    n, k = len(addrs), len(addrs) + 1  # the moment is after every malloc; dead blocks were freed before it
-    b = Spans(
-        np.arange(n, dtype=np.int64),
-        np.where(alive, k + 1, n),
-        np.array(addrs, np.uint64),
-        np.array(sizes, np.uint64),
-        np.zeros(n, np.int32),
-    )
+    k = len(addrs) + 1  # the moment is after every malloc; dead blocks were freed before it
+    live = np.array(alive, bool)
+    u64 = lambda xs: np.array(xs, np.uint64)  # noqa: E731
     m_seg = len(seg_lo)
-    seg = Spans(
-        np.zeros(m_seg, np.int64),
-        np.full(m_seg, k + 1),
-        (BASE + np.array(seg_lo)).astype(np.uint64),
-        np.full(m_seg, seg_size, np.uint64),
-        np.full(m_seg, -1, np.int32),
+    state = PoolState(
+        block_addr=u64(addrs)[live], block_size=u64(sizes)[live], block_requested=u64(sizes)[live],
+        block_stream=np.zeros(int(live.sum()), np.uint64), block_site=np.zeros(int(live.sum()), np.int32),
+        block_index=np.flatnonzero(live), seg_addr=(BASE + np.array(seg_lo)).astype(np.uint64),
+        seg_size=np.full(m_seg, seg_size, np.uint64), seg_stream=np.zeros(m_seg, np.uint64), sites=(),
     )
-    m = moment(b, seg, k, k, 8 * kib, True, site_colours(1, np.zeros(1)), max_rows=100)
+    m = moment(state, k, k, 8 * kib, True, site_colours(1, np.zeros(1)), max_rows=100)
     assert len(m.rows) == m_seg
     best = 0
     for row in m.rows:

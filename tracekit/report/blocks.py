@@ -32,10 +32,6 @@ class Spans:
     def __len__(self) -> int:
         return len(self.start)
 
-    def live_at(self, k: int) -> np.ndarray:
-        """Mask of spans alive right after event index ``k`` (allocated at or before it, freed after)."""
-        return (self.start <= k) & (self.end > k)
-
 
 def _spans(trace: Trace, op: Op, size_col: str) -> Spans:
     ev = trace.events
@@ -112,12 +108,3 @@ def rank_sites(b: Spans, n_sites: int) -> np.ndarray:
     w = np.bincount(b.site[has], weights=area, minlength=n_sites)
     order = np.argsort(-w, kind="stable")
     return order[w[order] > 0]
-
-
-def bytes_by_site(b: Spans, mask: np.ndarray, n_sites: int) -> list[tuple[int, int, int]]:
-    """``(site, bytes, blocks)`` of the masked spans per site (-1 = none), most bytes first."""
-    s = b.site[mask].astype(np.int64) + 1
-    byt = np.bincount(s, weights=b.size[mask].astype(np.float64), minlength=n_sites + 1)
-    cnt = np.bincount(s, minlength=n_sites + 1)
-    order = np.argsort(-byt, kind="stable")
-    return [(int(i) - 1, int(byt[i]), int(cnt[i])) for i in order if cnt[i] > 0]

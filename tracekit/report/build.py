@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from tracekit.analysis.leaks import by_site, pool_state_at
 from tracekit.errors import OutputError
 from tracekit.report import blocks as blk
 from tracekit.report import figures, html
@@ -87,11 +88,11 @@ def build_figures(
     if oom:
         k = _index_of_seq(trace, int(oom["seq"]))
         req = int(oom.get("rounded") or oom.get("size") or 0)
-        m = moment(b, seg, k, int(oom["seq"]), req, True, rgb)
+        m = moment(pool_state_at(ev, trace.mate, k + 1), k, int(oom["seq"]), req, True, rgb)
     else:
         seq = summary.get("peak_reserved_seq")
         k = _index_of_seq(trace, int(seq)) if seq is not None else len(ev) - 1
-        m = moment(b, seg, k, int(ev.seq[k]), None, False, rgb)
+        m = moment(pool_state_at(ev, trace.mate, k + 1), k, int(ev.seq[k]), None, False, rgb)
     out.append(
         html.Rendered(
             "oom-moment",
@@ -106,10 +107,8 @@ def build_figures(
     )
     pk = summary.get("peak_live_seq")
     kp = _index_of_seq(trace, int(pk)) if pk is not None else len(ev) - 1
-    at_peak = [
-        {"site": ev.sites[s] if s >= 0 else None, "bytes": by, "blocks": n}
-        for s, by, n in blk.bytes_by_site(b, b.live_at(kp), len(ev.sites))
-    ]
+    peak = pool_state_at(ev, trace.mate, kp + 1)  # right after the peak event
+    at_peak = [s.to_dict() for s in by_site(peak.block_site, peak.block_size, ev.sites)]
     peak_text = f"seq {int(ev.seq[kp])}"
     out.append(
         html.Rendered(

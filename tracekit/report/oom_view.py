@@ -1,25 +1,25 @@
 """The OOM moment: each live segment as a bar of live blocks and free gaps, the request beside it.
 
 At event index ``k`` (the OOM row, or the peak-reserved row when the trace
-never ran out) the live blocks are the mallocs at or before ``k`` whose free
-comes after ``k``, and likewise for segments (``Spans.live_at``). Inside a
-segment ``[lo, hi)`` holding blocks sorted by address, the free gaps are
-``addr[i] - end[i-1]`` (with ``end[-1] = lo``) and ``hi - end[last]``. A trace
-without segment rows is drawn as one pseudo-segment spanning its live blocks.
+never ran out) the live blocks and segments are those of the analyzer's
+``pool_state_at(events, mate, k + 1)``: allocated at or before ``k``, freed
+after it. The free gaps inside each segment are ``PoolState.gaps`` (the
+addresses no live block covers). A trace without segment rows is drawn as
+one pseudo-segment spanning its live blocks.
 At most ``max_rows`` segments are drawn: the one with the largest gap, then
 the largest ones; the rest are summarised in the title.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from tracekit.report.blocks import Spans
+from tracekit.analysis.leaks import PoolState
 from tracekit.report.style import byte_scale
 from tracekit.units import format_size
 
@@ -57,8 +57,7 @@ class Moment:
 
 
 def moment(
-    b: Spans,
-    seg: Spans,
+    state: PoolState,
     k: int,
     seq: int,
     request: int | None,
@@ -66,23 +65,23 @@ def moment(
     site_rgb: np.ndarray,
     max_rows: int = 24,
 ) -> Moment:
-    """Segments, blocks and gaps live right after event index ``k``."""
-    live = b.live_at(k)
-    addr, size = b.addr[live], b.size[live]
-    col = np.where(b.site[live] >= 0, b.site[live], len(site_rgb) - 1)
-    order = np.argsort(addr, kind="stable")
-    addr, size, col = addr[order], size[order], col[order]
-    segs = seg.live_at(k)
-    by_segment = bool(segs.any())
-    if by_segment:
-        s_lo, s_size = seg.addr[segs], seg.size[segs]
-        so = np.argsort(s_lo)
-        s_lo, s_size = s_lo[so], s_size[so]
-    elif len(addr):
-        s_lo = addr[:1]
-        s_size = np.array([int(np.max(addr + size)) - int(addr[0])], dtype=np.uint64)
-    else:
-        s_lo = s_size = np.zeros(0, dtype=np.uint64)
+    """Segments, blocks and gaps of ``state`` (the pool right after event index ``k``)."""
+    order = np.argsort(state.block_addr, kind="stable")
+    addr, size = state.block_addr[order], state.block_size[order]
+    site = state.block_site[order]
+    col = np.where(site >= 0, site, len(site_rgb) - 1)
+    by_segment = len(state.seg_addr) > 0
+    if not by_segment and len(addr):  # one pseudo-segment spanning the live blocks
+        lo = addr[:1]
+        span = np.array([int(np.max(addr + size)) - int(addr[0])], dtype=np.uint64)
+        state = replace(state, seg_addr=lo, seg_size=span, seg_stream=np.zeros(1, np.uint64))
+    so = np.argsort(state.seg_addr, kind="stable")
+    s_lo, s_size = state.seg_addr[so], state.seg_size[so]
+    g_seg, g_start, g_len = state.gaps()
+    rank = np.empty(len(so), np.int64)
+    rank[so] = np.arange(len(so))
+    g_row = rank[g_seg]  # gaps come in address order, so rows are ascending
+    g_cut = np.searchsorted(g_row, np.arange(len(s_lo) + 1))
     g = np.searchsorted(s_lo, addr, side="right") - 1
     cut = np.searchsorted(g, np.arange(len(s_lo) + 1))
     rows, gaps_max = [], np.zeros(len(s_lo), dtype=np.int64)
@@ -90,17 +89,15 @@ def moment(
     for i in range(len(s_lo)):
         a, z = cut[i], cut[i + 1]
         off = (addr[a:z] - s_lo[i]).astype(np.int64)
-        sz = size[a:z].astype(np.int64)
-        ends = np.concatenate(([0], off + sz))
-        starts = np.concatenate((off, [int(s_size[i])]))
-        gsz = starts - ends
-        free = gsz > 0
+        gl = g_len[g_cut[i]:g_cut[i + 1]]
+        goff = g_start[g_cut[i]:g_cut[i + 1]] - np.int64(s_lo[i])
         rows.append(
-            SegmentRow(int(s_lo[i]), int(s_size[i]), off, sz, site_rgb[col[a:z]], ends[free], gsz[free])
+            SegmentRow(int(s_lo[i]), int(s_size[i]), off, size[a:z].astype(np.int64),
+                       site_rgb[col[a:z]], goff, gl)
         )
-        if free.any():
-            j = int(np.argmax(gsz))
-            gaps_max[i], gap_at[i] = gsz[j], ends[j]
+        if len(gl):
+            j = int(np.argmax(gl))
+            gaps_max[i], gap_at[i] = gl[j], goff[j]
     big = int(np.argmax(gaps_max)) if len(gaps_max) and gaps_max.max() > 0 else -1
     pick = [big] if big >= 0 else []
     for i in np.argsort(-s_size.astype(np.float64), kind="stable"):
