@@ -19,6 +19,7 @@ from tracekit.analysis.diagnosis import OOMFacts, diagnose
 from tracekit.analysis.leaks import by_site, leaks, pool_state_at
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
+from tracekit.sim.policies._torch_config import segment_sizes
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
@@ -30,13 +31,9 @@ TORCH_SMALL_SEGMENT = 2 * MiB
 
 
 def torch_segment_size(rounded: int) -> int:
-    """The segment PyTorch's caching allocator cudaMallocs for a request it cannot place:
-    2 MiB for <= 1 MiB, 20 MiB below 10 MiB, else the request rounded up to 2 MiB."""
-    if rounded <= TORCH_SMALL_REQUEST:
-        return TORCH_SMALL_SEGMENT
-    if rounded < 10 * MiB:
-        return 20 * MiB
-    return -(-rounded // (2 * MiB)) * (2 * MiB)
+    """The segment PyTorch's caching allocator cudaMallocs for a request it cannot place
+    (the simulator's ``segment_sizes``: 2 MiB for <= 1 MiB, 20 MiB below 10 MiB, else 2 MiB multiples)."""
+    return int(segment_sizes(np.array([rounded], np.int64))[0])
 
 
 @dataclass(frozen=True, eq=False)
