@@ -112,7 +112,7 @@ def test_record_command_line() -> None:
     r = runner.invoke(app, ["record", "/nonexistent/app.py", "--lr", "1"])
     assert r.exit_code == 1 and "no such script" in r.output
     r = runner.invoke(app, ["record", "--limit", "lots", "x.py"])
-    assert r.exit_code == 2 and "invalid size 'lots'" in r.output
+    assert r.exit_code == 2 and "invalid --limit 'lots'" in r.output
     r = runner.invoke(app, ["record", "--torch", "--no-sites", "x.py"])
     assert r.exit_code == 2
 
