@@ -81,14 +81,13 @@ def test_zero_capacity_is_refused() -> None:
     ],
 )
 def test_check_args_rejects(kw: dict, match: str) -> None:
-    args = {"device": 0, "allocator": "cuda", "capacity": None, "fail_on_oom": False,
-            "continue_on_oom": False, **kw}
+    args = {"device": 0, "allocator": "cuda", "capacity": None, **kw}
     with pytest.raises(UsageError, match=match):
         check_args(**args)
 
 
 def test_check_args_accepts() -> None:
-    alloc, cap = check_args(0, "cupy-async", "1.5GB", False, True)
+    alloc, cap = check_args(0, "cupy-async", "1.5GB")
     assert alloc is Allocator.CUPY_ASYNC and cap == 1_500_000_000
 
 

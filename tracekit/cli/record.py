@@ -24,16 +24,13 @@ def record(
 ) -> None:
     """Run a CuPy (or, with --torch, PyTorch) program unmodified and record its allocations."""
     from tracekit.cli.common import wrote
-    from tracekit.errors import DeviceError, UsageError
+    from tracekit.errors import UsageError
 
     target = list(target or [])
     if torch:
         if limit is not None or no_sites:
             raise UsageError("--limit and --no-sites apply to CuPy recordings, not --torch")
-        try:
-            from tracekit.importers.torch_record import record_torch
-        except ImportError as e:
-            raise DeviceError(f"PyTorch recording is not available in this install ({e})") from None
+        from tracekit.importers.torch_record import record_torch  # imports torch only when it runs
 
         path, code = record_torch(target, module=module, output=output, force=force)
     else:

@@ -21,8 +21,7 @@ from tracekit.errors import OOMVerdict, UsageError
 from tracekit.units import format_size, parse_size
 
 
-def check_args(device: int, allocator: str, capacity: str | None, fail_on_oom: bool,
-               continue_on_oom: bool) -> tuple[Allocator, int | None]:
+def check_args(device: int, allocator: str, capacity: str | None) -> tuple[Allocator, int | None]:
     """Validate the options (no GPU needed); return the allocator and capacity in bytes."""
     if device < 0:
         raise UsageError(f"--device must be a CUDA device ordinal (0, 1, ...), got {device}")
@@ -44,7 +43,7 @@ def run_device_replay_cli(
     from tracekit.trace.reader import read_trace
     from tracekit.trace.writer import check_output_path
 
-    alloc, cap = check_args(device, allocator, capacity, fail_on_oom, continue_on_oom)
+    alloc, cap = check_args(device, allocator, capacity)
     if output is not None:
         check_output_path(output, (trace,))
     if compare_sim is not None:
