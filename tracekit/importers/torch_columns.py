@@ -1,9 +1,10 @@
 """One pass over a PyTorch device trace: entry dicts in, compact NumPy columns out.
 
 The restricted unpickler hands back one dict per history entry; this module
-reads each entry once, appends its fields to typed ``array`` buffers (8 bytes
-a field, no Python object kept per event) and releases the entry, so the
-object tree can be dropped device by device. Frames become a call-site index:
+builds each field with one list comprehension over the entries, turns it
+into a NumPy column at once (the short-lived list is the only per-entry Python
+object) and then empties the entry list, so the object tree can be dropped
+device by device. Frames become a call-site index:
 the innermost frame whose file is not part of PyTorch itself (the first frame
 when every frame is PyTorch's). Frame dicts are shared between entries in a
 snapshot, so sites are cached by the frame object's identity.

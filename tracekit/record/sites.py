@@ -1,6 +1,6 @@
 """Call-sites: the innermost Python frame outside the skipped libraries, as a small integer.
 
-The recorder asks for a call-site on every malloc and free, so the lookup must
+The recorder asks for a call-site on every malloc (and out-of-memory), so the lookup must
 cost next to nothing: whether a code object belongs to a skipped library
 (CuPy, tracekit) is decided once per code object, and the site of a frame is
 cached by ``(code object, instruction offset)``, with code objects keyed by
