@@ -127,15 +127,18 @@ class TraceHook:
         self.buffer.note(row, note, self._clock)
 
 
+# The row-code constants are bound as parameter defaults: locals cost no global lookup per event.
 def _callbacks(ext, clock, stream, failed):  # type: ignore[no-untyped-def]
-    def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id):  # type: ignore[no-untyped-def]
+    def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
+                           _dev=DEVICE_SHIFT):
         if mem_ptr:
-            ext((clock(), device_id << 4, mem_ptr, size, mem_size, stream().ptr))
+            ext((clock(), device_id << _dev, mem_ptr, size, mem_size, stream().ptr))
         elif size:
             failed(device_id, size, mem_size, -1)
 
-    def free_postprocess(device_id, mem_size, mem_ptr, pmem_id):  # type: ignore[no-untyped-def]
-        ext((clock(), (device_id << 4) | 1, mem_ptr, mem_size, 0, stream().ptr))
+    def free_postprocess(device_id, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
+                         _dev=DEVICE_SHIFT, _free=FREE):
+        ext((clock(), (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr))
 
     return malloc_postprocess, free_postprocess
 
@@ -149,7 +152,8 @@ def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyp
     internal = sites.internal
     site_of = sites.site_of
 
-    def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id):  # type: ignore[no-untyped-def]
+    def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
+                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT):
         f = getframe(1)
         c = id(f.f_code)
         s = by_offset.get((c, f.f_lasti))  # only frames outside skipped dirs are keys
@@ -158,7 +162,7 @@ def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyp
             if b is None or not internal.get(c) or (s := by_offset.get((id(b.f_code), b.f_lasti))) is None:
                 s = site_of(f)
         if mem_ptr:
-            ext((clock(), ((s + 1) << 20) | (device_id << 4), mem_ptr, size, mem_size, stream().ptr))
+            ext((clock(), ((s + 1) << _site) | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr))
         elif size:
             failed(device_id, size, mem_size, s)
 

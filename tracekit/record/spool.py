@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import OutputError
-from tracekit.record.hook import NOTE, EventBuffer, unpack
+from tracekit.record.hook import NOTE, ROW, EventBuffer, unpack
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import META_KEY, TraceMeta
 
@@ -88,7 +88,7 @@ class SpoolWriter:
         poll = min(0.05, self.interval)
         while not self._stop.wait(poll):
             now = time.monotonic()
-            if now - last >= self.interval or len(self.buffer.rows) >= self.max_events * 6:
+            if now - last >= self.interval or len(self.buffer.rows) >= self.max_events * ROW:
                 try:
                     self.flush()
                 except Exception as e:  # a full disk must not kill the program being recorded
