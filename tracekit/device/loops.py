@@ -88,7 +88,9 @@ def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, r
     ``rt`` is ``cupy.cuda.runtime`` unless given. A failed cudaFree is a DeviceError.
     """
     if rt is None:
-        from cupy.cuda import runtime as rt
+        from cupy.cuda import runtime
+
+        rt = runtime
 
     malloc, free, meminfo, clock, err_t = rt.malloc, rt.free, rt.memGetInfo, time.perf_counter_ns, \
         rt.CUDARuntimeError
