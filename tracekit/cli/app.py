@@ -31,6 +31,8 @@ class TracekitGroup(TyperGroup):
             return super().invoke(ctx)
         except TracekitError as e:
             typer.echo(f"tracekit: error: {e}", err=True)
+            for note in getattr(e, "__notes__", ()):  # e.g. a cleanup that failed as well
+                typer.echo(f"tracekit: note: {note}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("tracekit: interrupted", err=True)
