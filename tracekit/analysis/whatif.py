@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.sim.heap import round_up
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
 
 STEP = 2 << 20
-UNIT = 512
 DEFAULT_POLICIES = ("best-fit", "first-fit", "next-fit", "worst-fit", "buddy", "cupy", "torch")
 _LIMIT = 1 << 50  # 1 PiB: where the doubling search gives up
 
@@ -117,7 +117,7 @@ class WhatIfResult:
 def lower_bound(trace: Trace) -> int:
     """Peak of Σ ⌈requested/512⌉·512 over live requests; oom rows count as requests that stay live."""
     ev = trace.events
-    req = (ev.size.astype(np.int64) + (UNIT - 1)) // UNIT * UNIT
+    req = round_up(ev.size.astype(np.int64))
     alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
     delta = np.where(alloc, req, 0)
     frees = np.flatnonzero((ev.op == Op.FREE) & (trace.mate >= 0))
@@ -125,10 +125,6 @@ def lower_bound(trace: Trace) -> int:
     if len(delta) == 0:
         return 0
     return int(max(0, np.cumsum(delta).max()))
-
-
-def _round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
 
 
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,
@@ -142,7 +138,7 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
     unbounded = replay(trace, policy, SimConfig()).summary.peak_reserved_bytes
     replays = 1
     lo = (lb - 1) // step * step if lb > 0 else -step  # largest multiple of step below lb: fails
-    hi = max(_round_up(max(unbounded, 1), step), lo + step)
+    hi = max(round_up(max(unbounded, 1), step), lo + step)
     while True:
         if hi > limit:
             hi = limit // step * step

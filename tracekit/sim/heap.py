@@ -9,14 +9,27 @@ its high-water mark (the peak extent).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
 from tracekit.trace.schema import Op
 
-UNIT = 512
+UNIT = 512  # every policy hands out multiples of 512 bytes
 UNBOUNDED = 1 << 60
 SEGMENT_ROUND = 2 << 20
+
+_N = TypeVar("_N", int, np.ndarray)
+
+
+def round_up(n: _N, step: int = UNIT) -> _N:
+    """``n`` rounded up to a multiple of ``step`` (an int, or elementwise over an integer array).
+
+    The compiled kernels inline the same expression: they cannot call Python.
+    """
+    return -(-n // step) * step
+
 
 # Stat slots as plain ints: compiled code reads them as constants.
 S_PEAK_LIVE, S_PEAK_EXTENT, S_OOMS, S_FIRST_OOM = (
@@ -35,7 +48,7 @@ def heap_run(config: SimConfig, addr: np.ndarray, status: np.ndarray, rounded: n
     stats[Stat.SEGMENT_FREES] = 0
     if config.capacity is None:
         ext = int(stats[Stat.PEAK_EXTENT])
-        heap = max(SEGMENT_ROUND, -(-ext // SEGMENT_ROUND) * SEGMENT_ROUND)
+        heap = max(SEGMENT_ROUND, round_up(ext, SEGMENT_ROUND))
     else:
         heap = int(config.capacity)
     return PolicyRun(

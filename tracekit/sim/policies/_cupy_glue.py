@@ -15,6 +15,7 @@ import numpy as np
 
 from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, Stat
+from tracekit.sim.heap import round_up
 from tracekit.sim.policies import _cupy_chunks as ck
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
@@ -28,6 +29,16 @@ def initial_mask(trace: Trace) -> np.ndarray:
         col = tbl.column("initial").fill_null(False)
         return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
     return np.zeros(n, dtype=np.bool_)
+
+
+def next_address(trace: Trace, init: np.ndarray, page: int) -> int:
+    """Where new segments start: ``ck.ADDR_BASE``, or one ``page`` above the starting state's
+    highest end (rounded up to ``page``) so new segments never overlap imported ones."""
+    if not init.any():
+        return ck.ADDR_BASE
+    ev = trace.events
+    top = int((ev.addr[init] + ev.size[init]).max())
+    return max(ck.ADDR_BASE, round_up(top, page) + page)
 
 
 def stream_groups(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit.errors import UsageError
+from tracekit.sim.heap import UNIT, round_up
 
 MIB = 1 << 20
 NO_SPLIT_LIMIT = (1 << 62)  # max_split_size unset (PyTorch: SIZE_MAX)
@@ -135,7 +136,7 @@ def settings(options: Mapping[str, str]) -> TorchSettings:
 def round_sizes(size: np.ndarray, divisions: tuple[int, ...] = (0,) * INTERVALS) -> np.ndarray:
     """PyTorch's ``round_size`` for every element of ``size`` (int64 result)."""
     s = size.astype(np.int64)
-    out = np.maximum((s + 511) // 512 * 512, 512)
+    out = np.maximum(round_up(s), UNIT)
     div = np.asarray(divisions, dtype=np.int64)
     if len(s) == 0 or div.max() <= 1:
         return out

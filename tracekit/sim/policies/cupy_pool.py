@@ -35,6 +35,7 @@ from tracekit.sim.policies._cupy_glue import (
     capacity_for_state,
     initial_mask,
     new_stats,
+    next_address,
     pack,
     release_option,
     release_points,
@@ -74,11 +75,7 @@ class CupyPool:
         rel = release_points(ev.op, init) if follow else np.zeros(len(ev), np.bool_)
         hints = address_hints(trace, init, addresses_option(config.options, "cupy"))
         cap, rows_cap = capacity_for_state(trace)
-        next_addr = ck.ADDR_BASE
-        if init.any():
-            top = int((ev.addr[init] + ev.size[init]).max())
-            next_addr = max(next_addr, (top + ck.PAGE - 1) // ck.PAGE * ck.PAGE + ck.PAGE)
-        C, R, S = ck.new_state(cap, rows_cap, next_addr)
+        C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, ck.PAGE))
         stats = new_stats()
         follow_ties = ties == "trace" and hints.shape[1] > 0
         addr, status, rounded, C, R = cupy_replay(

@@ -28,6 +28,7 @@ from tracekit.sim.policies._cupy_glue import (
     capacity_for_state,
     initial_mask,
     new_stats,
+    next_address,
     pack,
     release_points,
     sizes,
@@ -160,11 +161,7 @@ class TorchCaching:
                 X[g, xp.MADE] = 2
         cfg = _cfg(config, st, ns)
         cap, rows_cap = capacity_for_state(trace)
-        next_addr = ck.ADDR_BASE
-        if init.any():
-            top = int((ev.addr[init] + ev.size[init]).max())
-            next_addr = max(next_addr, (top + LARGE_PAGE - 1) // LARGE_PAGE * LARGE_PAGE + LARGE_PAGE)
-        C, R, S = ck.new_state(cap, rows_cap, next_addr)
+        C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, LARGE_PAGE))
         stats = new_stats()
         addr, status, C, R = torch_replay(
             ev.op, size, rounded, group, trace.mate, init, init_exp,
