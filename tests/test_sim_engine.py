@@ -208,3 +208,13 @@ def test_written_replay_reads_back_strictly(tmp_path: Path, policy: str, steps, 
     frees = np.flatnonzero(ev.op == Op.FREE)
     assert np.all(back.mate[frees] >= 0)
     assert np.array_equal(ev.size[frees], ev.rounded[back.mate[frees]])
+
+
+def test_heap_peak_reserved_is_labelled_as_the_high_water_mark(tmp_path: Path) -> None:
+    # Unbounded first fit over 1000 B + 6000 B: high-water mark 1024 + 6144 = 7168 B; the heap
+    # segment written for the analyzer is that rounded up to 2 MiB, so the label must say which.
+    trace = read_trace(_recorded(tmp_path))
+    heap = replay(trace, "first-fit")
+    assert heap.summary.peak_reserved_bytes == heap.summary.peak_extent
+    assert "peak reserved  " in heap.to_text() and "(heap high-water mark)" in heap.to_text()
+    assert "high-water" not in replay(trace, "cupy").to_text()

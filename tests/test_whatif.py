@@ -69,6 +69,9 @@ def test_cli_json_and_errors(hole_trace: Path, tmp_path: Path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["lower_bound_bytes"] == 6 * MiB
+    assert d["lower_bound_description"].startswith("peak live bytes (512 B rounded)")
+    r = CliRunner().invoke(app, [*args[:-3], "-j", "1"])
+    assert "lower bound (peak live bytes, 512 B rounded): 6.00 MiB" in r.stdout
     got = {p["policy"]: p["min_capacity_bytes"] for p in d["policies"]}
     assert got == {"first-fit": 8 * MiB, "cupy": 6 * MiB}
     r = CliRunner().invoke(app, ["whatif", str(hole_trace), "--policies", "bestfit"])

@@ -42,6 +42,10 @@ from tracekit.units import format_size
 
 STEP = 2 << 20
 DEFAULT_POLICIES = ("best-fit", "first-fit", "next-fit", "worst-fit", "buddy", "cupy", "torch")
+LOWER_BOUND_DESCRIPTION = (
+    "peak live bytes (512 B rounded): max over time of the sum of requests rounded up to 512 B, "
+    "oom rows counted as live"
+)
 _LIMIT = 1 << 50  # 1 PiB: where the doubling search gives up
 
 
@@ -80,7 +84,7 @@ class PolicyFit:
 
 @dataclass(frozen=True)
 class WhatIfResult:
-    """Per-policy smallest capacities next to the lower bound (peak live bytes)."""
+    """Per-policy smallest capacities next to the lower bound (peak live bytes, 512 B rounded)."""
 
     trace: str | None
     lower_bound: int
@@ -90,7 +94,8 @@ class WhatIfResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "trace": self.trace, "lower_bound_bytes": self.lower_bound, "step_bytes": self.step,
+            "trace": self.trace, "lower_bound_bytes": self.lower_bound,
+            "lower_bound_description": LOWER_BOUND_DESCRIPTION, "step_bytes": self.step,
             "max_capacity_bytes": self.max_capacity, "policies": [f.to_dict() for f in self.fits],
         }
 
@@ -107,7 +112,7 @@ class WhatIfResult:
                 over = f"{sign}{format_size(abs(f.overhead))} ({f.overhead_ratio:+.1%})"
                 rows.append((f.policy, format_size(f.min_capacity), over, str(f.replays)))
         w = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = [f"lower bound (peak live bytes): {format_size(self.lower_bound)}"]
+        lines = [f"lower bound (peak live bytes, 512 B rounded): {format_size(self.lower_bound)}"]
         lines += [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}" for r in rows]
         lines.append(f"(capacities in steps of {format_size(self.step)}; "
                      "for cupy and torch the capacity is the pool limit)")

@@ -226,5 +226,6 @@ _BASELINE_CAPTION = (
 )
 _WHATIF_CAPTION = (
     "The smallest capacity at which each allocator replays the trace without running out, "
-    "against the lower bound (peak live bytes, which no allocator can beat)."
+    "against the lower bound (peak live bytes, 512 B rounded: requests rounded up to 512 B, failed "
+    "requests counted as live)."
 )

@@ -192,7 +192,7 @@ def whatif_section(whatif: Any) -> tuple[str, Figure | None]:
     bound = d.get("lower_bound_bytes")
     parts = ['<h2 id="whatif-table">What-if capacities</h2>']
     if bound is not None:
-        parts.append(f"<p>Lower bound (peak live bytes): {esc(fmt_value('bytes', bound))}</p>")
+        parts.append(f"<p>Lower bound (peak live bytes, 512 B rounded): {esc(fmt_value('bytes', bound))}</p>")
     parts.append(
         table(
             [

@@ -4,8 +4,9 @@
 (``tracekit.sim.policies``), runs it and condenses its ``PolicyRun`` into a
 ``ReplaySummary``: peak live bytes (the largest sum of the allocated, rounded
 sizes of live blocks), peak reserved bytes (device memory the allocator held;
-for free lists the heap high-water mark), peak extent (free lists: the highest
-end address ever in use), segment counts, and the first OOM with the free
+for free lists and buddy the heap high-water mark, printed as such), peak
+extent (the same number for a single heap: the highest end address ever in
+use; None for pools), segment counts, and the first OOM with the free
 bytes, largest free block, live and reserved bytes at that moment.
 ``write_replay`` turns the run into a v1 trace (``source: replay``) that the
 analyzer reads like a recording. Repeated replays of one trace reuse its
@@ -83,15 +84,16 @@ class ReplaySummary:
         cap = "unbounded"
         if self.capacity is not None:
             cap = f"{format_size(self.capacity)} ({self.capacity} bytes)"
+        reserved = format_size(self.peak_reserved_bytes)
+        if self.peak_extent is not None:  # a single heap: what it held is how far it reached
+            reserved += " (heap high-water mark)"
         lines = [
             f"policy         {self.policy}",
             f"capacity       {cap}",
             f"events         {self.events:,}",
             f"peak live      {format_size(self.peak_live_bytes)}",
-            f"peak reserved  {format_size(self.peak_reserved_bytes)}",
+            f"peak reserved  {reserved}",
         ]
-        if self.peak_extent is not None:
-            lines.append(f"peak extent    {format_size(self.peak_extent)}")
         lines.append(f"segments       {self.segment_allocs} allocated, {self.segment_frees} freed")
         o = self.oom
         if o is None:

@@ -4,7 +4,10 @@ The heap is ``[0, capacity)``; without a capacity it is unbounded, modelled
 as 2**60 bytes. A replay reports the heap to the analyzer as one
 ``segment_alloc`` row at the start: ``[0, capacity)``, or when unbounded
 ``[0, peak extent rounded up to 2 MiB)``. Peak reserved bytes of a heap are
-its high-water mark (the peak extent).
+its high-water mark (the peak extent), and the replay summary says so
+("peak reserved ... (heap high-water mark)"). Analyzing the replay's output
+trace reports the heap segment row as reserved instead: the capacity, or the
+high-water mark rounded up to 2 MiB, so that figure can be larger.
 """
 
 from __future__ import annotations
