@@ -192,7 +192,7 @@ def _clear(tree, size, R, a, b):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, want,
-         out_live, out_req, out_res, out_lfb):  # pragma: no cover - compiled
+         out_live, out_req, out_res, out_lfb, out_free, out_frag):  # pragma: no cover - compiled
     """One pass over the events: running sums, the largest free block, peaks.
 
     ``lo``/``hi`` (int64): the position range of each malloc/segment_alloc
@@ -201,7 +201,9 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
     segment rows (else reserved = live and nothing is free). When ``want``
     the four ``out_*`` arrays receive the per-event values. ``probe``: an
     event index whose values after the event go to the PROBE_* slots (-1 =
-    none). ``t_ns``: event times; the state after event i is weighted by
+    none). ``out_free`` gets reserved − live, ``out_frag`` the external
+    fragmentation 1 − largest free / free (0 when nothing is free).
+    ``t_ns``: event times; the state after event i is weighted by
     t_ns[i+1] − t_ns[i] (0 for the last event or when time goes backwards) in
     the TSUM_* sums. Returns (int64 stats, float64 fstats) indexed by the
     module constants.
@@ -260,11 +262,14 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
         r = res if pooled else live
         lfb = tree[0] if pooled else np.int64(0)
         free = r - live
+        frag = 1.0 - lfb / free if free > 0 else 0.0
         if want:
             out_live[i] = live
             out_req[i] = req
             out_res[i] = r
             out_lfb[i] = lfb
+            out_free[i] = free
+            out_frag[i] = frag if frag > 0.0 else 0.0
         if live > st[PEAK_LIVE] or st[PEAK_LIVE_IDX] < 0:
             st[PEAK_LIVE] = live
             st[PEAK_LIVE_IDX] = i
@@ -293,7 +298,6 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
             fs[TSUM_REQ] += req * dt
             fs[SUM_DT] += dt
         if free > 0:
-            frag = 1.0 - lfb / free
             if frag > fs[MAX_FRAG]:
                 fs[MAX_FRAG] = frag
             if st[MIN_LFB_FREE] < 0 or lfb < st[MIN_LFB_FREE]:

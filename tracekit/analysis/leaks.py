@@ -94,13 +94,6 @@ class PoolState:
         tails = np.r_[heads[1:] - 1, len(order) - 1] if len(heads) else heads
         return order[heads].astype(np.int64), s0[heads], s1[tails]
 
-    def largest_free_block(self, stream: int | None = None) -> int:
-        """Longest gap, over all segments or only those of ``stream``."""
-        seg, _, length = self.gaps()
-        if stream is not None:
-            length = length[self.seg_stream[seg] == stream]
-        return int(length.max()) if len(length) else 0
-
 
 def _live_mask(ev: Events, mate: np.ndarray, k: int, opener: Op) -> np.ndarray:
     idx = np.arange(len(ev))

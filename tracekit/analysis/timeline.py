@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
 from tracekit.analysis import largest_free as lf
 from tracekit.analysis.compress import compress, opening_ranges
@@ -51,6 +50,8 @@ class ScanResult:
     requested: np.ndarray | None = None
     reserved: np.ndarray | None = None
     largest_free: np.ndarray | None = None
+    free: np.ndarray | None = None  # reserved − live
+    fragmentation: np.ndarray | None = None  # 1 − largest_free / free, 0 when nothing is free
 
 
 def position_ranges(ev: Events, mate: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -97,7 +98,7 @@ def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1,
     else:
         lo = hi = pos = np.zeros(0, np.int64)
     m = n if want else 0
-    outs = [np.empty(m, np.int64) for _ in range(4)]
+    outs = [np.empty(m, np.int64) for _ in range(5)] + [np.empty(m, np.float64)]
     st, fs = lf.scan(ev.op, ev.size, ev.rounded, ev.t_ns, mate, lo, hi, pos, pooled, merge_adjacent,
                      probe, want, *outs)
     if not want:
@@ -105,25 +106,12 @@ def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1,
     return ScanResult(st, fs, pooled, *outs)
 
 
-@njit(cache=True)
-def _free_and_fragmentation(live, reserved, largest):  # pragma: no cover - compiled
-    # One pass instead of several NumPy temporaries of n float64 each.
-    n = live.shape[0]
-    free = np.empty(n, np.int64)
-    frag = np.zeros(n, np.float64)
-    for i in range(n):
-        f = reserved[i] - live[i]
-        free[i] = f
-        if f > 0 and largest[i] < f:
-            frag[i] = 1.0 - largest[i] / f
-    return free, frag
-
-
 def timeline_table(ev: Events, scan: ScanResult, device_free_at_start: int | None) -> pa.Table:
     """The per-event timeline as an Arrow table (columns ``COLUMNS``)."""
     assert scan.live is not None and scan.reserved is not None
     assert scan.requested is not None and scan.largest_free is not None
-    free, frag = _free_and_fragmentation(scan.live, scan.reserved, scan.largest_free)
+    assert scan.free is not None and scan.fragmentation is not None
+    free, frag = scan.free, scan.fragmentation
     if device_free_at_start is None:
         dev_free = pa.nulls(len(ev), pa.int64())
     else:

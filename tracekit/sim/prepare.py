@@ -25,14 +25,13 @@ ALLOC, FREE, OTHER = 0, 1, 2
 class ReplayInput:
     """Per input event: ``kind`` (int8: ALLOC, FREE, OTHER), ``size`` (int64:
     requested bytes for an allocation attempt), ``mate`` (int64: for a free,
-    the index of its malloc, -1 if none), ``stream`` (uint64). ``max_live`` is
+    the index of its malloc, -1 if none). ``max_live`` is
     the largest number of simultaneously live requested blocks (an upper bound
     for kernels sizing their tables)."""
 
     kind: np.ndarray
     size: np.ndarray
     mate: np.ndarray
-    stream: np.ndarray
     max_live: int
 
     def __len__(self) -> int:
@@ -79,6 +78,6 @@ def prepare(trace: Trace) -> ReplayInput:
         size = np.minimum(ev.size, np.uint64(2**62)).view(np.int64)
     else:
         size = ev.size.view(np.int64)
-    out = ReplayInput(kind, size, mate, ev.stream, int(max_live))
+    out = ReplayInput(kind, size, mate, int(max_live))
     _CACHE[trace] = out
     return out
