@@ -71,7 +71,9 @@ def test_timeline_refuses_to_overwrite_the_input(frag_trace: Path):
     before = frag_trace.read_bytes()
     r = runner.invoke(app, ["analyze", str(frag_trace), "--timeline", str(frag_trace)])
     assert r.exit_code == 1
-    assert "refusing to overwrite the input" in r.stderr
+    assert "refusing to overwrite the input" in r.stderr and "choose another --timeline" in r.stderr
+    r = runner.invoke(app, ["analyze", str(frag_trace), "--report", str(frag_trace)])
+    assert r.exit_code == 1 and "choose another --report" in r.stderr
     assert frag_trace.read_bytes() == before
 
 

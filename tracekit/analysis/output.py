@@ -22,13 +22,14 @@ from tracekit.trace.writer import check_output_path
 
 def analyze_file(
     path: str | os.PathLike[str], *, timeline: bool, strict: bool = False,
-    outputs: Iterable[Path | None] = (),
+    outputs: Iterable[tuple[Path | None, str]] = (),
 ) -> AnalysisResult:
-    """Check ``outputs`` against ``path``, read the trace and analyze it."""
+    """Check ``outputs`` (path, the option that named it) against ``path``, read the trace, analyze it."""
     src = Path(path)
-    wanted = [Path(o) for o in outputs if o is not None]
-    for out in wanted:
-        check_output_path(out, (src,))
+    named = [(Path(o), opt) for o, opt in outputs if o is not None]
+    for out, opt in named:
+        check_output_path(out, (src,), option=opt)
+    wanted = [o for o, _ in named]
     if len(wanted) != len({o.resolve() for o in wanted}):
         raise OutputError(f"{wanted[0]}: the same path is given for two outputs")
     return analyze_trace(read_trace(src, strict=strict, extras=False), timeline=timeline)

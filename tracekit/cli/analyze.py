@@ -21,7 +21,8 @@ def analyze(
     from tracekit.cli.common import echo_json, wrote
 
     want = timeline is not None or report is not None  # the report draws the timeline
-    result = analyze_file(trace, timeline=want, strict=strict, outputs=(timeline, report))
+    outputs = ((timeline, "--timeline"), (report, "--report"))
+    result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs)
     if json_out:
         echo_json(result.summary.to_dict())
     else:
