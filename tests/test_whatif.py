@@ -113,4 +113,9 @@ def test_torch_answer_is_the_smallest_capacity_replay_accepts():
     cap = answers[0]["torch"]
     assert cap is not None
     assert not replay_file(path, "torch", SimConfig(capacity=cap)).ran_out
-    assert replay_file(path, "torch", SimConfig(capacity=cap - STEP)).ran_out
+    # The answer never undercuts the floor no allocator can beat (peak live bytes, 512 B rounded).
+    r = CliRunner().invoke(app, ["whatif", str(path), "--policies", "torch", "--json"])
+    doc = json.loads(r.stdout)
+    assert cap >= doc["lower_bound_bytes"]
+    assert cap - STEP < doc["lower_bound_bytes"] or replay_file(
+        path, "torch", SimConfig(capacity=cap - STEP)).ran_out

@@ -15,11 +15,10 @@ one known to fit:
 
 The answer C is verified: the trace fits at C and fails at C − step (more
 capacity is assumed never to hurt; the two replays next to the answer check
-it locally). A trace that starts from an imported pool state (PyTorch
-snapshots: the ``initial`` extra column) can fit below LB, because blocks
-held before the trace begins are not subject to the limit; the first known
-failure is therefore replayed too, and the search continues below it when it
-fits. ``overhead`` is then negative. ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
+it locally). LB is a floor for every allocator, so the search never goes
+below it, also for a trace that starts from an imported pool state (PyTorch
+snapshots: the ``initial`` extra column), whose starting blocks a replay does
+not re-check against the capacity. ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
 run in parallel worker processes; each worker reads the trace once.
 """
 
@@ -155,23 +154,13 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
         if fits(trace, policy, SimConfig(capacity=hi)):
             break
         lo, hi = hi, hi * 2
-    lo_checked = False
-    while True:
-        while hi - lo > step:
-            mid = (lo + hi) // 2 // step * step
-            replays += 1
-            if fits(trace, policy, SimConfig(capacity=mid)):
-                hi = mid
-            else:
-                lo, lo_checked = mid, True
-        if lo_checked or lo <= 0:
-            break
-        # lo came from the bound, not a replay: a starting state (blocks already held when the
-        # trace begins) is not subject to the limit, so the trace may fit below the bound.
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
         replays += 1
-        if not fits(trace, policy, SimConfig(capacity=lo)):
-            break
-        lo, hi = 0, lo  # capacity 0 means unbounded to SimConfig: never tried, taken as failing
+        if fits(trace, policy, SimConfig(capacity=mid)):
+            hi = mid
+        else:
+            lo = mid
     return PolicyFit(policy, max(hi, 0), lb, unbounded, replays, limit)
 
 
