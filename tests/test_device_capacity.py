@@ -120,7 +120,8 @@ def test_cli_without_cupy_says_so_in_one_line(tmp_path) -> None:
     p = subprocess.run([sys.executable, "-m", "tracekit", "replay", str(trace), "--device", "0"],
                        capture_output=True, text=True)
     assert p.returncode == 1
-    assert p.stderr.startswith("tracekit: error: device replay needs CuPy")
+    assert p.stderr.startswith("tracekit: error: CuPy is not importable")
+    assert "device replay needs CuPy and a GPU" in p.stderr
     assert "Traceback" not in p.stderr
 
 

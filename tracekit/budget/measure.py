@@ -20,7 +20,7 @@ from typing import Any
 from tracekit.budget.cudactx import primary_context_active
 from tracekit.budget.model import local_memory_model
 from tracekit.budget.nvml import Nvml
-from tracekit.errors import DeviceError
+from tracekit.device.cuda import check_device, import_cupy
 
 SCHEMA = "tracekit.budget/1"
 
@@ -63,24 +63,14 @@ BUDGET_KEYS: dict[str, str] = {
 
 
 def _cupy() -> Any:
-    try:
-        import cupy
-    except Exception as e:
-        msg = f"CuPy is not importable ({type(e).__name__}: {e}); the budget needs a GPU"
-        raise DeviceError(msg) from None
-    return cupy
+    return import_cupy("the budget needs a GPU")
 
 
 def cheap_budget(device_id: int) -> dict[str, Any]:
     """The budget without kernel launches or bisection; see BUDGET_KEYS for every key."""
     cp = _cupy()
     rt = cp.cuda.runtime
-    try:
-        n = rt.getDeviceCount()
-    except Exception as e:
-        raise DeviceError(f"no CUDA device is usable ({e})") from None
-    if not 0 <= device_id < n:
-        raise DeviceError(f"device {device_id} does not exist (this machine has {n} CUDA device(s))")
+    check_device(rt, device_id)
     existed = primary_context_active(device_id)
     props = rt.getDeviceProperties(device_id)
     try:

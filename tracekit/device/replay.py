@@ -30,6 +30,7 @@ from tracekit.device.capacity import (
     deferred_signals,
     plan_capacity,
 )
+from tracekit.device.cuda import check_device, import_cupy
 from tracekit.device.loops import Loop, loop_cuda, loop_pool
 from tracekit.errors import DeviceError
 from tracekit.trace.reader import Trace
@@ -77,12 +78,12 @@ class DeviceRun:
 
 def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     """Replay ``trace`` on ``cfg.device``; everything taken is released before returning or raising."""
-    cupy = _import_cupy()
+    cupy = import_cupy("device replay needs CuPy and a GPU")
     rt = cupy.cuda.runtime
     ev = trace.events
     ops = ev.op.astype(np.int64)
     sizes, mates = ev.size.astype(np.int64), trace.mate.astype(np.int64)
-    _check_device(rt, cfg.device)
+    check_device(rt, cfg.device, "--device")
     with cupy.cuda.Device(cfg.device), deferred_signals() as pending:
         free_start, total = (int(x) for x in rt.memGetInfo())
         plan = plan_capacity(cfg.allocator, cfg.capacity, free_start, total)
@@ -157,20 +158,3 @@ def release_all(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | None, bal
     finally:
         attempt("releasing the ballast", ballast.release)
     return errors
-
-
-def _import_cupy() -> Any:
-    try:
-        import cupy
-    except Exception as e:
-        raise DeviceError(f"device replay needs CuPy and a GPU ({type(e).__name__}: {e})") from None
-    return cupy
-
-
-def _check_device(rt: Any, device: int) -> None:
-    try:
-        n = rt.getDeviceCount()
-    except Exception as e:
-        raise DeviceError(f"no CUDA device is usable ({e})") from None
-    if not 0 <= device < n:
-        raise DeviceError(f"--device {device} does not exist (this machine has {n} CUDA device(s))")

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import DeviceError, OutputError
+from tracekit.device import cuda
+from tracekit.errors import OutputError
 from tracekit.record.device_alloc import SegmentLog, install_pool, pool_state, restore_pool
 from tracekit.record.hook import EventBuffer, cupy_hook
 from tracekit.record.meta import measure_budget, start_meta
@@ -51,14 +52,8 @@ def patch_threads(install: Callable[[], None]) -> Callable[[], None]:
 
 
 def import_cupy() -> Any:
-    try:
-        import cupy
-    except Exception as e:
-        raise DeviceError(f"CuPy is not importable ({type(e).__name__}: {e}); recording needs it") from None
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        raise DeviceError(f"no CUDA device is usable ({e})") from None
+    cupy = cuda.import_cupy("recording needs it")
+    cuda.device_count(cupy.cuda.runtime)
     return cupy
 
 
