@@ -91,24 +91,37 @@ def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compil
         ck.tree_insert(C, S, f, 1)
         C[c, ck.ADDR] = a
         C[c, ck.SIZE] -= a - ca
-    if C[c, ck.SIZE] > size:
-        r = ck.new_node(C, S, a + size, C[c, ck.SIZE] - size, g, ck.UNMAPPED)
+    return _map_front(C, S, R, i, c, size, X[g, PAGE], stream[g])
+
+
+@njit(cache=True, error_model="numpy")
+def _map_front(C, S, R, i, x, size, page, st):  # pragma: no cover - compiled
+    """Map the first ``size`` bytes of unmapped piece x (already out of the trees).
+
+    The rest of x stays an unmapped piece; the mapped bytes count as reserved
+    and device-used, are emitted as ``segment_alloc`` rows of ``page`` bytes,
+    and become a free piece merged with its free neighbours (returned).
+    """
+    g = C[x, ck.GROUP]
+    a = C[x, ck.ADDR]
+    if C[x, ck.SIZE] > size:
+        r = ck.new_node(C, S, a + size, C[x, ck.SIZE] - size, g, ck.UNMAPPED)
         C[r, ck.EXP] = g
-        nx = C[c, ck.NEXT]
-        C[r, ck.PREV] = c
+        nx = C[x, ck.NEXT]
+        C[r, ck.PREV] = x
         C[r, ck.NEXT] = nx
         if nx != -1:
             C[nx, ck.PREV] = r
-        C[c, ck.NEXT] = r
-        C[c, ck.SIZE] = size
+        C[x, ck.NEXT] = r
+        C[x, ck.SIZE] = size
         ck.tree_insert(C, S, r, 1)
     S[ck.RESERVED] += size
     S[ck.DEV_USED] += size
     if S[ck.RESERVED] > S[ck.PEAK_RES]:
         S[ck.PEAK_RES] = S[ck.RESERVED]
-    _emit_pages(R, S, i, ck.OP_SEG_ALLOC, a, size, X[g, PAGE], stream[g])
-    C[c, ck.STATE] = ck.USED
-    return ck.free_merge(C, S, c)
+    _emit_pages(R, S, i, ck.OP_SEG_ALLOC, a, size, page, st)
+    C[x, ck.STATE] = ck.USED
+    return ck.free_merge(C, S, x)
 
 
 @njit(cache=True, error_model="numpy")
@@ -142,24 +155,7 @@ def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compile
     if dev_total > 0 and S[ck.DEV_USED] + mapped > dev_total:
         return -1
     ck.tree_remove(C, S, x, 1)
-    if mapped < C[x, ck.SIZE]:
-        r = ck.new_node(C, S, a + mapped, C[x, ck.SIZE] - mapped, g, ck.UNMAPPED)
-        C[r, ck.EXP] = g
-        nx = C[x, ck.NEXT]
-        C[r, ck.PREV] = x
-        C[r, ck.NEXT] = nx
-        if nx != -1:
-            C[nx, ck.PREV] = r
-        C[x, ck.NEXT] = r
-        C[x, ck.SIZE] = mapped
-        ck.tree_insert(C, S, r, 1)
-    S[ck.RESERVED] += mapped
-    S[ck.DEV_USED] += mapped
-    if S[ck.RESERVED] > S[ck.PEAK_RES]:
-        S[ck.PEAK_RES] = S[ck.RESERVED]
-    _emit_pages(R, S, i, ck.OP_SEG_ALLOC, a, mapped, pg, stream[g])
-    C[x, ck.STATE] = ck.USED
-    return ck.free_merge(C, S, x)
+    return _map_front(C, S, R, i, x, mapped, pg, stream[g])
 
 
 @njit(cache=True, error_model="numpy")
