@@ -204,16 +204,33 @@ def remove_free(C, S, x):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def split_front(C, S, x, s):  # pragma: no cover - compiled
-    """Cut x to its first s bytes; the rest becomes a free piece right after it."""
-    r = new_node(C, S, C[x, ADDR] + s, C[x, SIZE] - s, C[x, GROUP], FREE)
-    C[r, EXP] = C[x, EXP]
+def link_after(C, x, r):  # pragma: no cover - compiled
+    """Put node r right after x in x's address-ordered list."""
     nx = C[x, NEXT]
     C[r, PREV] = x
     C[r, NEXT] = nx
     if nx != -1:
         C[nx, PREV] = r
     C[x, NEXT] = r
+
+
+@njit(cache=True, error_model="numpy")
+def link_before(C, x, f):  # pragma: no cover - compiled
+    """Put node f right before x in x's address-ordered list."""
+    p = C[x, PREV]
+    C[f, PREV] = p
+    C[f, NEXT] = x
+    if p != -1:
+        C[p, NEXT] = f
+    C[x, PREV] = f
+
+
+@njit(cache=True, error_model="numpy")
+def split_front(C, S, x, s):  # pragma: no cover - compiled
+    """Cut x to its first s bytes; the rest becomes a free piece right after it."""
+    r = new_node(C, S, C[x, ADDR] + s, C[x, SIZE] - s, C[x, GROUP], FREE)
+    C[r, EXP] = C[x, EXP]
+    link_after(C, x, r)
     C[x, SIZE] = s
     insert_free(C, S, r)
     return r

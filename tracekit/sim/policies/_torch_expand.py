@@ -82,12 +82,7 @@ def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compil
     if a > ca:
         f = ck.new_node(C, S, ca, a - ca, g, ck.UNMAPPED)
         C[f, ck.EXP] = g
-        p = C[c, ck.PREV]
-        C[f, ck.PREV] = p
-        C[f, ck.NEXT] = c
-        if p != -1:
-            C[p, ck.NEXT] = f
-        C[c, ck.PREV] = f
+        ck.link_before(C, c, f)
         ck.tree_insert(C, S, f, 1)
         C[c, ck.ADDR] = a
         C[c, ck.SIZE] -= a - ca
@@ -107,12 +102,7 @@ def _map_front(C, S, R, i, x, size, page, st):  # pragma: no cover - compiled
     if C[x, ck.SIZE] > size:
         r = ck.new_node(C, S, a + size, C[x, ck.SIZE] - size, g, ck.UNMAPPED)
         C[r, ck.EXP] = g
-        nx = C[x, ck.NEXT]
-        C[r, ck.PREV] = x
-        C[r, ck.NEXT] = nx
-        if nx != -1:
-            C[nx, ck.PREV] = r
-        C[x, ck.NEXT] = r
+        ck.link_after(C, x, r)
         C[x, ck.SIZE] = size
         ck.tree_insert(C, S, r, 1)
     S[ck.RESERVED] += size
@@ -194,22 +184,12 @@ def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
     if begin > a:
         f = ck.new_node(C, S, a, begin - a, g, ck.FREE)
         C[f, ck.EXP] = g
-        p = C[b, ck.PREV]
-        C[f, ck.PREV] = p
-        C[f, ck.NEXT] = b
-        if p != -1:
-            C[p, ck.NEXT] = f
-        C[b, ck.PREV] = f
+        ck.link_before(C, b, f)
         ck.insert_free(C, S, f)
     if a + sz > end:
         h = ck.new_node(C, S, end, a + sz - end, g, ck.FREE)
         C[h, ck.EXP] = g
-        nx = C[b, ck.NEXT]
-        C[h, ck.PREV] = b
-        C[h, ck.NEXT] = nx
-        if nx != -1:
-            C[nx, ck.PREV] = h
-        C[b, ck.NEXT] = h
+        ck.link_after(C, b, h)
         ck.insert_free(C, S, h)
     C[b, ck.ADDR] = begin
     C[b, ck.SIZE] = end - begin
