@@ -405,3 +405,18 @@ def add_live(S, size):  # pragma: no cover - compiled
     S[LIVE] += size
     if S[LIVE] > S[PEAK_LIVE]:
         S[PEAK_LIVE] = S[LIVE]
+
+
+@njit(cache=True, error_model="numpy")
+def free_request(C, S, blk, status, mate, i):  # pragma: no cover - compiled
+    """Input event i frees the block its malloc got: status 1 (done) or 3 (its malloc failed)."""
+    m = mate[i]
+    if m < 0 or status[m] != 1:
+        status[i] = 3
+        return
+    status[i] = 1
+    x = blk[m]
+    if x < 0:
+        return
+    add_live(S, -C[x, SIZE])
+    free_merge(C, S, x)

@@ -114,14 +114,5 @@ def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, ties, stream
             status[i] = DONE
             ck.add_live(S, s)
         elif o == 1:
-            m = mate[i]
-            if m < 0 or status[m] != DONE:
-                status[i] = SKIPPED
-                continue
-            status[i] = DONE
-            x = blk[m]
-            if x < 0:
-                continue
-            ck.add_live(S, -C[x, ck.SIZE])
-            ck.free_merge(C, S, x)
+            ck.free_request(C, S, blk, status, mate, i)
     return addr, status, rounded, C, R

@@ -248,14 +248,5 @@ def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel,
             status[i] = DONE
             ck.add_live(S, C[x, ck.SIZE])
         elif o == 1:
-            m = mate[i]
-            if m < 0 or status[m] != DONE:
-                status[i] = SKIPPED
-                continue
-            status[i] = DONE
-            x = blk[m]
-            if x < 0:
-                continue
-            ck.add_live(S, -C[x, ck.SIZE])
-            ck.free_merge(C, S, x)
+            ck.free_request(C, S, blk, status, mate, i)
     return addr, status, C, R
