@@ -130,10 +130,11 @@ def test_device_mode_hands_over_to_the_device_replay(small: Path, monkeypatch) -
     (args, kw), = calls
     assert args == (small,)
     assert kw == {"device": 1, "allocator": "cupy-async", "capacity": "1GiB", "output": None,
-                  "json_out": True, "fail_on_oom": True, "continue_on_oom": False, "compare_sim": "cupy"}
+                  "json_out": True, "fail_on_oom": True, "continue_on_oom": False, "compare_sim": "cupy",
+                  "force": False}
 
 
-def test_progress_bar_only_on_a_terminal_and_long_traces(monkeypatch) -> None:
+def test_progress_bar_only_on_a_terminal_and_long_traces() -> None:
     import io
 
     from tracekit.cli import replay as cli
@@ -142,12 +143,14 @@ def test_progress_bar_only_on_a_terminal_and_long_traces(monkeypatch) -> None:
         def isatty(self) -> bool:
             return True
 
+    from tracekit.progress import Progress
+
     err = Tty()
-    monkeypatch.setattr("sys.stderr", err)
-    bar = cli._ProgressBar()
-    bar.update(1 << 20, 5_000)  # short trace: no bar
-    assert err.getvalue() == ""
-    bar.update(1 << 20, 3 << 20)
-    bar.update(3 << 20, 3 << 20)
+    bar = Progress("replaying", stream=err, enabled=err.isatty(), min_total=cli.PROGRESS_MIN_EVENTS)
+    bar(1 << 20, 5_000)  # short trace: no bar
     bar.close()
-    assert "replaying" in err.getvalue()
+    assert err.getvalue() == ""
+    bar(1 << 20, 3 << 20)
+    bar(3 << 20, 3 << 20)
+    bar.close()
+    assert "replaying" in err.getvalue() and "100.0%" in err.getvalue()

@@ -310,7 +310,7 @@ def test_options_are_refused() -> None:
 
 def test_large_random_trace_matches_reference_in_chunks(monkeypatch) -> None:
     # A few thousand events through several kernel chunks (state carried across calls).
-    from tracekit.sim import progress
+    from tracekit import progress
 
     monkeypatch.setattr(progress, "CHUNK", 97)
     rng = np.random.default_rng(7)

@@ -47,3 +47,17 @@ class OOMVerdict(TracekitError):
     """A replay ran out of memory and the user asked for that to fail the run."""
 
     exit_code = 3
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal asked tracekit to stop: SIGTERM (exit 143), or SIGINT raised as this (exit 130).
+
+    A KeyboardInterrupt, so every ``finally`` and every ``except KeyboardInterrupt``
+    that cleans up runs for SIGTERM exactly as for Ctrl-C, and ``except Exception``
+    never swallows it. Exit code: 128 + the signal number, as a shell reports it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum

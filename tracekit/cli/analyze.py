@@ -15,6 +15,7 @@ def analyze(
     ),
     report: Path | None = typer.Option(None, "--report", help="Also write an HTML report to this path."),
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
+    force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Explain a trace: live/reserved memory, fragmentation, the OOM and its cause, leaks."""
     from tracekit.analysis.output import analyze_file, write_timeline
@@ -22,7 +23,7 @@ def analyze(
 
     want = timeline is not None or report is not None  # the report draws the timeline
     outputs = ((timeline, "--timeline"), (report, "--report"))
-    result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs)
+    result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs, force=force)
     if json_out:
         echo_json(result.summary.to_dict())
     else:
@@ -34,7 +35,7 @@ def analyze(
     if report is not None:
         from tracekit.report import write_report
 
-        wrote(write_report(trace, report, result))
+        wrote(write_report(trace, report, result, force=force))
 
 
 def register(app: typer.Typer) -> None:

@@ -3,19 +3,28 @@
 Every verb module in ``VERBS`` exposes ``register(app)``. Verb modules import
 only typer at module level so ``tracekit --help`` stays fast; heavy imports
 (numba, polars, matplotlib, cupy, torch) happen inside the command bodies.
-``TracekitGroup.invoke`` is the single place where library errors become a
-one-line message on stderr and an exit code (see ``tracekit.errors``).
+``TracekitGroup`` is the single place where library errors, usage errors
+(click's "No such option" and the like) and signals become a one-line message
+on stderr and an exit code (see ``tracekit.errors``): Ctrl-C exits 130 and
+SIGTERM 143, after every ``finally`` (temporary files, device memory) ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no public alias
 from typer.core import TyperGroup
 
-from tracekit.errors import TracekitError
+from tracekit.errors import Interrupted, TracekitError
 
 VERBS = (
     "info", "synth", "replay", "analyze", "whatif", "record", "recover", "budget",
@@ -34,14 +43,63 @@ class TracekitGroup(TyperGroup):
             for note in getattr(e, "__notes__", ()):  # e.g. a cleanup that failed as well
                 typer.echo(f"tracekit: note: {note}", err=True)
             raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
-            typer.echo("tracekit: interrupted", err=True)
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:
+            code = getattr(e, "exit_code", 130)
+            typer.echo("tracekit: terminated (SIGTERM)" if code == 143 else "tracekit: interrupted",
+                       err=True)
+            raise typer.Exit(code) from None
         except BrokenPipeError:
             raise typer.Exit(0) from None
 
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        """Click's main with usage errors in tracekit's one-line form and SIGTERM as an exception."""
+        with _sigterm_raises():
+            try:
+                rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                  standalone_mode=False,
+                                  windows_expand_args=windows_expand_args, **extra)
+                code = rv if isinstance(rv, int) else 0
+            except NoArgsIsHelpError as e:
+                typer.echo(e.format_message(), err=True)
+                code = e.exit_code
+            except typer.TyperException as e:
+                typer.echo(f"tracekit: error: {_one_sentence(e)}", err=True)
+                code = e.exit_code
+            except typer.Abort:
+                typer.echo("tracekit: interrupted", err=True)
+                code = 130
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # keep the pipeline order, not alphabetical
+
+
+def _one_sentence(e: typer.TyperException) -> str:
+    msg = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return msg.rstrip(".") + hint
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises Interrupted, so cleanups run as for Ctrl-C (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 app = typer.Typer(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -57,6 +56,7 @@ def replay(
         False, "--continue-on-oom", help="Skip a failed request (and its free) and go on."
     ),
     fail_on_oom: bool = typer.Option(False, "--fail-on-oom", help="Exit with code 3 if any request failed."),
+    force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Replay a trace through a simulated allocator (--sim) or on a GPU (--device)."""
     from tracekit.errors import UsageError
@@ -67,17 +67,18 @@ def replay(
         if device_total is not None or torch_conf is not None:
             raise UsageError("--device-total and --torch-conf apply to --sim, not --device")
         _device(trace, device, allocator.value, capacity, output, json_out, fail_on_oom,
-                continue_on_oom, compare_sim)
+                continue_on_oom, compare_sim, force)
         return
     if compare_sim is not None:
         raise UsageError("--compare-sim applies to --device; with --sim, run replay once per policy")
     assert sim is not None
     _simulate(trace, sim, capacity, device_total, torch_conf, output, json_out, continue_on_oom,
-              fail_on_oom)
+              fail_on_oom, force)
 
 
 def _device(trace: Path, device: int, allocator: str, capacity: str | None, output: Path | None,
-            json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None) -> None:
+            json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None,
+            force: bool) -> None:
     from tracekit.errors import DeviceError
 
     try:
@@ -89,15 +90,16 @@ def _device(trace: Path, device: int, allocator: str, capacity: str | None, outp
     run_device_replay_cli(
         trace, device=device, allocator=allocator, capacity=capacity, output=output,
         json_out=json_out, fail_on_oom=fail_on_oom, continue_on_oom=continue_on_oom,
-        compare_sim=compare_sim,
+        compare_sim=compare_sim, force=force,
     )
 
 
 def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | None,
               torch_conf: str | None, output: Path | None, json_out: bool, continue_on_oom: bool,
-              fail_on_oom: bool) -> None:
+              fail_on_oom: bool, force: bool) -> None:
     from tracekit.cli.common import echo_json, wrote
     from tracekit.errors import OOMVerdict
+    from tracekit.progress import Progress
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay_file
     from tracekit.sim.options import parse_alloc_conf
@@ -109,10 +111,10 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
         continue_on_oom=continue_on_oom,
         options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
     )
-    bar = _ProgressBar()
+    bar = Progress("replaying", enabled=sys.stderr.isatty(), min_total=PROGRESS_MIN_EVENTS)
     try:
         result = replay_file(trace, sim, config, output=output, command=" ".join(["tracekit", *sys.argv[1:]]),
-                             on_progress=bar.update)
+                             on_progress=bar, force=force)
     finally:
         bar.close()
     for warning in result.warnings:
@@ -150,28 +152,6 @@ def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
         typer.echo(f"tracekit: note: {trace}: replaying under the recorded pool limit of "
                    f"{format_size(limit)} ({limit} bytes); --capacity none lifts it", err=True)
     return limit
-
-
-class _ProgressBar:
-    """A progress bar on stderr for long replays, only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self._bar: Any = None
-        self._done = 0
-
-    def update(self, done: int, total: int) -> None:
-        if total < PROGRESS_MIN_EVENTS or not sys.stderr.isatty():
-            return
-        if self._bar is None:
-            self._bar = typer.progressbar(length=total, label="replaying", file=sys.stderr)
-            self._bar.__enter__()
-        self._bar.update(done - self._done)
-        self._done = done
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)
-            self._bar = None
 
 
 def register(app: typer.Typer) -> None:

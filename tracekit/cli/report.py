@@ -22,6 +22,7 @@ def report(
     whatif_json: Path | None = typer.Option(
         None, "--whatif-json", help="Use saved `tracekit whatif --json` output instead of recomputing."
     ),
+    force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Draw timeline, memory map, the OOM moment, sizes and call-sites into one HTML page."""
     from tracekit.cli.common import wrote
@@ -34,7 +35,7 @@ def report(
     if whatif_json is not None and not whatif_json.is_file():
         raise InputError(f"{whatif_json}: no such what-if JSON file")
     what = whatif_json if whatif_json is not None else (True if whatif else None)
-    wrote(write_report(trace, out, png_dir=png, baseline=baseline, whatif=what))
+    wrote(write_report(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force))
     if png is not None:
         wrote(png)
 

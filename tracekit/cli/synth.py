@@ -19,12 +19,13 @@ def synth(
     events: int = typer.Option(1_000_000, "--events", "-n", help="Number of events."),
     seed: int = typer.Option(0, "--seed", "-s", help="Random seed."),
     output: Path = typer.Option(..., "-o", "--output", help="Output trace (.parquet)."),
+    force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Write a synthetic trace: weights+activations, random churn, or splintering."""
     from tracekit.cli.common import wrote
     from tracekit.synth import Pattern, synthesize
 
-    wrote(synthesize(Pattern(pattern.value), events, seed, output))
+    wrote(synthesize(Pattern(pattern.value), events, seed, output, force=force))
 
 
 def register(app: typer.Typer) -> None:

@@ -35,17 +35,18 @@ def check_args(device: int, allocator: str, capacity: str | None) -> tuple[Alloc
 def run_device_replay_cli(
     trace: Path, *, device: int, allocator: str, capacity: str | None, output: Path | None,
     json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None,
+    force: bool = False,
 ) -> None:
     """The ``replay --device`` verb body; raises OOMVerdict when ``fail_on_oom`` and an OOM happened."""
     from tracekit.cli.common import echo_json, wrote
     from tracekit.device.replay import DeviceConfig, replay_on_device
     from tracekit.device.result import summary
+    from tracekit.outputs import check_output
     from tracekit.trace.reader import read_trace
-    from tracekit.trace.writer import check_output_path
 
     alloc, cap = check_args(device, allocator, capacity)
     if output is not None:
-        check_output_path(output, (trace,))
+        check_output(output, (trace,), force=force)
     if compare_sim is not None:
         from tracekit.device.compare import check_policy
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tracekit.errors import InputError
-from tracekit.importers.progress import LARGE_BYTES, Progress
+from tracekit.progress import LARGE_BYTES, Progress
 
 GZIP_MAGIC = b"\x1f\x8b"
 

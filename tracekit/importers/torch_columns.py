@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.errors import InputError
-from tracekit.importers.progress import Progress
+from tracekit.progress import Progress
 
 # Codes for history actions (not v1 ops: several map to none or to several rows).
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, OOM = range(8)

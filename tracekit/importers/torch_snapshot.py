@@ -34,13 +34,12 @@ import pyarrow as pa
 from tracekit.errors import InputError
 from tracekit.importers import torch_columns as tc
 from tracekit.importers.pickle_scan import EntryList, scan
-from tracekit.importers.progress import LARGE_BYTES, Progress
 from tracekit.importers.safe_pickle import GZIP_MAGIC, load_pickle
 from tracekit.importers.torch_rounding import divisions_from_settings, round_size
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
-from tracekit.record.runner import refuse_existing
+from tracekit.outputs import check_output
+from tracekit.progress import LARGE_BYTES, Progress
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
-from tracekit.trace.writer import check_output_path
 
 V1_OP = np.array([Op.MALLOC, -1, Op.FREE, Op.SEGMENT_ALLOC, Op.SEGMENT_FREE, Op.SEGMENT_ALLOC,
                   Op.SEGMENT_FREE, Op.OOM], dtype=np.int8)
@@ -88,8 +87,7 @@ def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str]
     """
     src = Path(path)
     out = Path(output) if output is not None else default_output(src)
-    check_output_path(out, (src,))
-    refuse_existing(out, force)
+    check_output(out, (src,), force=force)
     large = src.is_file() and src.stat().st_size >= LARGE_BYTES
     big = progress if progress is not None else large
     snap = None

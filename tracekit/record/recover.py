@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.errors import InputError, OutputError
-from tracekit.record.runner import refuse_existing
+from tracekit.errors import InputError
+from tracekit.outputs import check_output
 from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, TraceMeta
@@ -150,7 +150,5 @@ def recover(path: Path, output: Path | None = None, *, force: bool = False) -> P
     if not spool.exists():
         raise InputError(f"{path}: no spool beside it ({spool}); nothing to recover")
     out = output or default_output(spool)
-    if out.resolve() == spool.resolve():
-        raise OutputError(f"{out}: refusing to overwrite the spool; choose another -o")
-    refuse_existing(out, force)
+    check_output(out, (path, spool), force=force)
     return finalize(spool, out, {"complete": False, "recovered_from": str(spool)})

@@ -22,14 +22,14 @@ from typing import Any
 
 from tracekit.device import cuda
 from tracekit.errors import OutputError
+from tracekit.outputs import check_output
 from tracekit.record.device_alloc import SegmentLog, install_pool, pool_state, restore_pool
 from tracekit.record.hook import EventBuffer, cupy_hook
 from tracekit.record.meta import measure_budget, start_meta
 from tracekit.record.recover import finalize
-from tracekit.record.runner import check_target, default_output, refuse_existing, run_target
+from tracekit.record.runner import check_target, default_output, run_target
 from tracekit.record.sites import SiteTable, default_skip_dirs
 from tracekit.record.spool import SpoolWriter, spool_path
-from tracekit.trace.writer import check_output_path
 
 
 def patch_threads(install: Callable[[], None]) -> Callable[[], None]:
@@ -62,8 +62,7 @@ class CupyRecording:
 
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
                  interval: float = 0.5, max_events: int = 65536, force: bool = False) -> None:
-        check_output_path(output)
-        refuse_existing(output, force)
+        check_output(output, force=force)
         self.output, self.spool_path = output, spool_path(output)
         if self.spool_path.exists():
             raise OutputError(f"{self.spool_path}: a spool already exists (a recording still running, "

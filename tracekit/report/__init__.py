@@ -22,11 +22,13 @@ def write_report(
     png_dir: Path | None = None,
     baseline: Path | None = None,
     whatif: Any = None,
+    force: bool = False,
 ) -> Path:
     """Write the report for ``trace_path`` to ``output``; see ``tracekit.report.build.write_report``."""
     from tracekit.report.build import write_report as _write
 
-    return _write(trace_path, output, analysis, png_dir=png_dir, baseline=baseline, whatif=whatif)
+    return _write(trace_path, output, analysis, png_dir=png_dir, baseline=baseline, whatif=whatif,
+                  force=force)
 
 
 __all__ = ["write_report"]

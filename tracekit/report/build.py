@@ -4,9 +4,10 @@ Order of work: the analyzer's summary and per-event timeline drive the
 timeline and the verdict; block placements come from the trace's own events
 (``tracekit.report.blocks``) for the memory map, the OOM moment and the
 call-sites at the peak. Call-sites are ranked once (bytes x lifetime) so each
-keeps one colour across figures. Files are written to a temporary name beside
-the target and renamed, so an interrupted run never leaves a half report and
-an input is never overwritten.
+keeps one colour across figures. Every output (the HTML and each PNG) is
+checked against every input before anything is written, and written through
+``tracekit.outputs`` (a temporary name beside the target, renamed), so an
+interrupted run never leaves a half report and an input is never overwritten.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from matplotlib.figure import Figure
 
 from tracekit.analysis.leaks import by_site, pool_state_at
 from tracekit.errors import OutputError
+from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.report import blocks as blk
 from tracekit.report import figures, html
 from tracekit.report.memory_map import draw_memory_map, map_data
@@ -35,7 +37,6 @@ from tracekit.report.sections import (
 from tracekit.report.style import PALETTE, short_site, site_colours, time_axis
 from tracekit.report.timeline import TimelineData, timeline_data
 from tracekit.trace import Op, Trace, read_meta, read_trace
-from tracekit.trace.writer import check_output_path
 
 
 def png_bytes(fig: Figure) -> bytes:
@@ -129,13 +130,18 @@ def write_report(
     png_dir: Path | None = None,
     baseline: Path | None = None,
     whatif: Any = None,
+    force: bool = False,
 ) -> Path:
-    """Write the HTML report for ``trace_path`` to ``output`` (and each figure as PNG under ``png_dir``)."""
+    """Write the HTML report for ``trace_path`` to ``output`` (and each figure as PNG under ``png_dir``).
+
+    Existing outputs are refused unless ``force``; an input never is an output.
+    """
     trace_path, output = Path(trace_path), Path(output)
-    inputs = (trace_path,) + ((Path(baseline),) if baseline else ())
-    check_output_path(output, inputs)
-    if png_dir is not None and Path(png_dir).exists() and not Path(png_dir).is_dir():
-        raise OutputError(f"{png_dir}: cannot write PNGs there, it is a file, not a folder")
+    inputs = (trace_path,) + ((Path(baseline),) if baseline else ()) \
+        + ((Path(whatif),) if isinstance(whatif, str | os.PathLike) else ())
+    check_output(output, inputs, force=force)
+    if png_dir is not None:
+        check_folder(png_dir, "--png")
     if baseline is not None:
         read_meta(baseline)  # a bad baseline fails now, before the main trace's figures are drawn
     if whatif is not None and whatif is not True:
@@ -175,11 +181,14 @@ def write_report(
             wsec = html.figure_html(r) + wsec
         sections.append(wsec)
     doc = html.page(f"tracekit report: {trace_path.name}", header(trace, summary), sections)
-    _atomic_write(output, doc.encode("utf-8"))
-    if png_dir is not None:
-        Path(png_dir).mkdir(parents=True, exist_ok=True)
-        for r in rendered:
-            _atomic_write(Path(png_dir) / f"{r.key}.png", r.png)
+    pngs = [] if png_dir is None else [(Path(png_dir) / f"{r.key}.png", r.png) for r in rendered]
+    if png_dir is not None:  # every output is checked and the folder made before anything is written
+        _make_folder(Path(png_dir))
+        for p, _ in pngs:
+            check_output(p, (*inputs, output), option="--png", force=force)
+    write_bytes(output, doc.encode("utf-8"))
+    for p, data in pngs:
+        write_bytes(p, data)
     return output
 
 
@@ -190,14 +199,11 @@ def _run_whatif(trace: Trace) -> Any:
     return whatif(trace)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _make_folder(folder: Path) -> None:
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise OutputError(f"{folder}: cannot make the --png folder ({e.strerror or e})") from None
 
 
 _TIMELINE_CAPTION = (

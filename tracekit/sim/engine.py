@@ -21,10 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tracekit.sim import policies, progress
+from tracekit import progress
+from tracekit.outputs import check_output
+from tracekit.sim import policies
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
 from tracekit.trace.reader import Trace, read_trace
-from tracekit.trace.writer import check_output_path
 from tracekit.units import format_size
 
 
@@ -186,15 +187,16 @@ def replay_file(
     output: str | os.PathLike[str] | None = None,
     command: str | None = None,
     on_progress: progress.Callback | None = None,
+    force: bool = False,
 ) -> ReplayResult:
     """Read the trace at ``path``, replay it, and write the replay to ``output`` if given.
 
     The policy name and the output path are checked before the trace is read,
-    so a typo costs nothing on a large file.
+    so a typo costs nothing on a large file; an existing output is refused unless ``force``.
     """
     policies.get(policy)
     if output is not None:
-        check_output_path(Path(output), (Path(path),))
+        check_output(Path(output), (Path(path),), force=force)
     trace = read_trace(path)  # extras too: policies start from an imported `initial` state
     with progress.reporting(on_progress):
         result = replay(trace, policy, config)

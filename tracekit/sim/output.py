@@ -22,12 +22,13 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit import __version__
+from tracekit.outputs import check_output
 from tracekit.sim.base import PolicyRun, Status
 from tracekit.sim.prepare import ALLOC, FREE, prepare
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source, TraceMeta
-from tracekit.trace.writer import check_output_path, write_trace
+from tracekit.trace.writer import write_trace
 
 if TYPE_CHECKING:
     from tracekit.sim.engine import ReplayResult
@@ -107,7 +108,7 @@ def replay_meta(result: ReplayResult, trace: Trace, command: str | None) -> Trac
 
 def write_replay_trace(result: ReplayResult, trace: Trace, path: Path, *, command: str | None) -> Path:
     inputs = (trace.path,) if trace.path is not None else ()
-    check_output_path(path, inputs)
+    check_output(path, inputs, force=True)  # the caller refused an existing file unless --force
     out, src = replay_events(result.run, trace)
     extras: dict[str, np.ndarray | pa.Array] = {}
     if trace.extras is not None and trace.extras.num_columns:

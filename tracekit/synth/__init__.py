@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from tracekit.errors import UsageError
+from tracekit.outputs import check_output
 from tracekit.synth.patterns import fragmenting_pattern, random_pattern, training_pattern
 from tracekit.trace.events import Events
 from tracekit.trace.schema import Source, TraceMeta
@@ -32,10 +33,20 @@ _GENERATORS = {
 }
 
 
-def synthesize(pattern: Pattern, events: int, seed: int, output: Path) -> Path:
-    """Write exactly ``events`` events of ``pattern`` to ``output``; return the path."""
-    if events <= 0:
-        raise UsageError(f"--events must be positive, got {events}")
+# Bounds on the options: a trace beyond a billion events takes over ten minutes and
+# tens of GB to write, which is never what a test workload needs; NumPy seeds are
+# non-negative and stored in the metadata as JSON integers.
+MAX_EVENTS = 1_000_000_000
+MAX_SEED = 2**64 - 1
+
+
+def synthesize(pattern: Pattern, events: int, seed: int, output: Path, *, force: bool = False) -> Path:
+    """Write exactly ``events`` events of ``pattern`` to ``output`` (existing: only with ``force``)."""
+    if not 0 < events <= MAX_EVENTS:
+        raise UsageError(f"--events must be between 1 and {MAX_EVENTS:,}, got {events:,}")
+    if not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and 2^64-1, got {seed}")
+    check_output(output, force=force)
     rng = np.random.default_rng(seed)
     meta = TraceMeta.new(Source.SYNTHETIC).with_extra(
         synth={"pattern": pattern.value, "events": events, "seed": seed}

@@ -1,9 +1,11 @@
 """Writing v1 traces: in row groups, zstd-compressed, atomically.
 
 ``TraceWriter`` streams batches of ``Events`` into a temporary file beside the
-target and renames it into place only when closed cleanly, so an interrupted
-write never leaves a half file under the user's name and never clobbers an
-existing file with garbage. ``write_trace`` is the one-shot form.
+target and renames it into place only when closed cleanly (``tracekit.outputs``,
+the one writer of every output), so an interrupted write never leaves a half
+file under the user's name and never clobbers an existing file with garbage.
+The caller checks the path first (``outputs.check_output``: inputs, --force).
+``write_trace`` is the one-shot form.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.errors import OutputError
+from tracekit.outputs import Staged
 from tracekit.trace.events import Events
 from tracekit.trace.schema import OP_NAMES, Op, TraceMeta, arrow_schema
 
@@ -41,21 +44,6 @@ def events_to_arrays(ev: Events) -> list[pa.Array]:
     ]
 
 
-def check_output_path(path: Path, inputs: tuple[Path, ...] = (), option: str = "-o") -> None:
-    """Refuse an output that is one of the inputs or whose folder does not exist.
-
-    ``option`` names the command-line option the path came from, for the message.
-    """
-    for src in inputs:
-        if path.exists() and src.exists() and path.resolve() == src.resolve():
-            raise OutputError(f"{path}: refusing to overwrite the input trace; choose another {option}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{path}: cannot write, folder {parent} does not exist")
-    if path.is_dir():
-        raise OutputError(f"{path}: cannot write, it is a folder")
-
-
 class TraceWriter:
     """Stream ``Events`` batches (plus optional extra columns) into a v1 Parquet file."""
 
@@ -67,14 +55,14 @@ class TraceWriter:
         row_group_size: int = ROW_GROUP,
     ) -> None:
         self.path = Path(path)
-        check_output_path(self.path)
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         self.schema = arrow_schema(meta, extra_fields)
         self.row_group_size = row_group_size
         self.rows = 0
+        self._staged = Staged(self.path)
         try:
-            self._pq = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
+            self._pq = pq.ParquetWriter(self._staged.tmp, self.schema, compression="zstd")
         except OSError as e:
+            self._staged.discard()
             raise OutputError(f"{self.path}: cannot write ({e})") from None
 
     def write(self, ev: Events, extras: dict[str, np.ndarray | pa.Array] | None = None) -> None:
@@ -92,15 +80,19 @@ class TraceWriter:
         self.rows += len(ev)
 
     def close(self) -> Path:
-        self._pq.close()
-        os.replace(self._tmp, self.path)
-        return self.path
+        try:
+            self._pq.close()
+            return self._staged.commit()
+        except OSError as e:
+            raise OutputError(f"{self.path}: cannot write ({e.strerror or e})") from None
+        finally:
+            self._staged.discard()
 
     def abort(self) -> None:
         try:
             self._pq.close()
         finally:
-            self._tmp.unlink(missing_ok=True)
+            self._staged.discard()
 
     def __enter__(self) -> TraceWriter:
         return self

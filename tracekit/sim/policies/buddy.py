@@ -19,8 +19,9 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
+from tracekit import progress
 from tracekit.errors import UsageError
-from tracekit.sim import progress, treap
+from tracekit.sim import treap
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
 from tracekit.sim.heap import (
     S_FIRST_OOM,

@@ -30,8 +30,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from tracekit import progress
 from tracekit.errors import UsageError
-from tracekit.sim import progress, sizeclass
+from tracekit.sim import sizeclass
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
 from tracekit.sim.heap import UNBOUNDED, heap_run
 from tracekit.sim.policies import _freelist_kernel as k
