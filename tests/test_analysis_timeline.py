@@ -30,13 +30,16 @@ def make_trace(rows: list[tuple[int, int, int, int, int]], meta: TraceMeta | Non
 def reference(rows: list[tuple[int, int, int, int, int]], merge: bool = False) -> dict[str, list]:
     """Per event, recomputed from scratch: sums over live sets and gaps inside each segment.
 
-    ``merge``: touching segments of one device form one free space (expandable segments).
+    Every row reports its own device's state: devices are never summed together, and a
+    device without segment rows is a raw device (reserved = live). ``merge``: touching
+    segments of one device form one free space (expandable segments).
     """
-    blocks: dict[tuple[int, int], tuple[int, int]] = {}  # (dev, addr) -> (rounded, requested)
-    segs: dict[tuple[int, int], int] = {}
-    pooled = any(r[0] in (Op.SEGMENT_ALLOC, Op.SEGMENT_FREE) for r in rows)
+    all_blocks: dict[tuple[int, int], tuple[int, int]] = {}  # (dev, addr) -> (rounded, requested)
+    all_segs: dict[tuple[int, int], int] = {}
+    pooled_devs = {r[4] for r in rows if r[0] in (Op.SEGMENT_ALLOC, Op.SEGMENT_FREE)}
     out: dict[str, list] = {c: [] for c in ("live", "req", "res", "lfb")}
     for o, addr, size, rounded, dev in rows:
+        blocks, segs = all_blocks, all_segs
         if o == Op.MALLOC:
             blocks[(dev, addr)] = (rounded, size)
         elif o == Op.FREE:
@@ -45,10 +48,12 @@ def reference(rows: list[tuple[int, int, int, int, int]], merge: bool = False) -
             segs[(dev, addr)] = size
         elif o == Op.SEGMENT_FREE:
             del segs[(dev, addr)]
+        blocks = {k: v for k, v in all_blocks.items() if k[0] == dev}
+        segs = {k: v for k, v in all_segs.items() if k[0] == dev}
         live = sum(b[0] for b in blocks.values())
         out["live"].append(live)
         out["req"].append(sum(b[1] for b in blocks.values()))
-        out["res"].append(sum(segs.values()) if pooled else live)
+        out["res"].append(sum(segs.values()) if dev in pooled_devs else live)
         extents: list[tuple[int, int, int]] = []
         for sd, s0 in sorted(segs):
             if merge and extents and extents[-1][0] == sd and extents[-1][2] == s0:

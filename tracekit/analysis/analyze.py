@@ -8,23 +8,35 @@ were never freed, grouped by call-site.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 
 from tracekit.analysis import largest_free as lf
-from tracekit.analysis.context import DeviceContext, device_context
+from tracekit.analysis.context import DeviceContext, device_context_for
 from tracekit.analysis.diagnosis import OOMFacts, diagnose
-from tracekit.analysis.leaks import by_site, leaks, pool_state_at
+from tracekit.analysis.fatal import fatal_seq
+from tracekit.analysis.leaks import PoolState, SiteBytes, by_site, leaks, pool_state_at
+from tracekit.analysis.oom_budget import FreeSource, Moment, oom_budget
+from tracekit.analysis.recording import (
+    OOMState,
+    StartState,
+    extra_column,
+    home_device,
+    oom_states,
+    start_state,
+)
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
 from tracekit.sim.policies._torch_config import segment_sizes
+from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 
 TOP_SITES = 10
+DETAILED = 64  # OOMs (besides the reported one) that get a pool-state rebuild and a device budget
 MiB = 1 << 20
 TORCH_SMALL_REQUEST = MiB  # PyTorch serves requests <= 1 MiB from 2 MiB small-pool segments
 TORCH_SMALL_SEGMENT = 2 * MiB
@@ -45,16 +57,80 @@ class AnalysisResult:
 
 
 def analyze_trace(trace: Trace, *, timeline: bool = True) -> AnalysisResult:
-    """Analyze a trace; ``timeline=False`` keeps memory to the summary's needs."""
-    ev, mate = trace.events, trace.mate
-    ctx = device_context(trace.meta)
-    ooms = np.flatnonzero(ev.op == Op.OOM)
-    probe = int(ooms[0]) if len(ooms) else -1
-    scan = scan_events(ev, mate, want=timeline, probe=probe, merge_adjacent=ctx.expandable_segments)
-    table = timeline_table(ev, scan, ctx.free_at_start) if timeline else None
-    oom = _oom_report(trace, scan, ctx, probe) if probe >= 0 else None
-    summary = _summary(trace, scan, ctx, oom, len(ooms))
+    """Analyze a trace, each device on its own; ``timeline=False`` keeps memory to the summary's needs.
+
+    A trace of several devices gives one summary per device (``Summary.devices``); the
+    top-level figures are those of the device of the reported OOM (the fatal one, else the
+    first), or of the device with the highest peak reserved; ``ooms`` lists every device's.
+    """
+    devs = device_ids(trace)
+    fatal = fatal_seq(trace.events, trace.meta.extra)
+    if len(devs) <= 1:
+        return _analyze_device(trace, timeline, devs[0] if devs else 0, True, fatal)
+    home = home_device(trace.meta.extra, devs)
+    parts = [_analyze_device(select_device(trace, d), timeline, d, d == home, fatal) for d in devs]
+    return _combine(parts)
+
+
+def _combine(parts: list[AnalysisResult]) -> AnalysisResult:
+    sums = [p.summary for p in parts]
+    ooms = tuple(sorted((o for s in sums for o in s.ooms), key=lambda o: o.seq))
+    top = next((o for o in ooms if not o.handled), ooms[0] if ooms else None)
+    main = next((s for s in sums if top is not None and s.device == top.device), None)
+    if main is None:
+        main = max(sums, key=lambda s: s.peak_reserved_bytes)
+    summary = replace(main, oom=top, ooms=ooms, oom_events=len(ooms), devices=tuple(sums))
+    tables = [p.timeline for p in parts if p.timeline is not None]
+    table = None
+    if len(tables) == len(parts):
+        joined = pa.concat_tables(tables)
+        table = joined.take(pa.array(np.argsort(joined.column("seq").to_numpy(), kind="stable")))
     return AnalysisResult(summary=summary, timeline=table)
+
+
+def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal: int | None
+                    ) -> AnalysisResult:
+    ev, mate = trace.events, trace.mate
+    ctx = device_context_for(trace.meta, device, home)
+    ooms = np.flatnonzero(ev.op == Op.OOM)
+    free_col = extra_column(trace, "device_free")
+    measured = np.flatnonzero(free_col >= 0) if free_col is not None else np.zeros(0, np.int64)
+    probes = np.union1d(ooms, measured).astype(np.int64)
+    scan = scan_events(ev, mate, want=timeline, probes=probes, merge_adjacent=ctx.expandable_segments)
+    table = timeline_table(ev, scan, ctx.free_at_start, free_col) if timeline else None
+    at = _Probed(probes, scan.probed, measured, free_col)
+    start = start_state(trace.meta.extra, ctx.device_total, ctx.free_at_start) if home else None
+    states = oom_states(trace.meta.extra)
+    reports = []
+    for n, k in enumerate(ooms):
+        lead = n == 0 or (fatal is not None and int(ev.seq[k]) == fatal)
+        detail = lead or n < DETAILED
+        reports.append(_oom_report(trace, scan, ctx, int(k), at, start, states, device, fatal, detail, lead))
+    oom = next((r for r in reports if not r.handled), reports[0] if reports else None)
+    summary = _summary(trace, scan, ctx, oom, len(ooms))
+    return AnalysisResult(summary=replace(summary, ooms=tuple(reports), device=device), timeline=table)
+
+
+@dataclass(frozen=True, eq=False)
+class _Probed:
+    """The scan's state after the probed rows, and the device free measured at rows."""
+
+    probes: np.ndarray
+    values: np.ndarray
+    measured: np.ndarray
+    free_col: np.ndarray | None
+
+    def row(self, k: int) -> np.ndarray:
+        return self.values[int(np.searchsorted(self.probes, k))]
+
+    def points(self, ev: Events, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(seq, free, reserved after) of the measured rows up to and including row k."""
+        rows = self.measured[self.measured <= k]
+        if self.free_col is None or len(rows) == 0:
+            z = np.zeros(0, np.int64)
+            return z, z, z
+        res = self.values[np.searchsorted(self.probes, rows), lf.PROBE_RES]
+        return ev.seq[rows].astype(np.int64), self.free_col[rows], res
 
 
 def _seq(ev: Events, i: int) -> int | None:
@@ -102,29 +178,60 @@ def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport 
     )
 
 
-def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int) -> OOMReport:
-    ev, st = trace.events, scan.stats
-    state = pool_state_at(ev, trace.mate, k)
+def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: _Probed,
+                start: StartState | None, states: dict[int, OOMState], device: int, fatal: int | None,
+                detail: bool, lead: bool) -> OOMReport:
+    """The verdict at the OOM row k; ``detail``: the largest free block the request could use
+    is found per stream and pool (else the largest of all); ``lead``: list the top call-sites."""
+    ev = trace.events
+    seq = int(ev.seq[k])
     request = int(ev.rounded[k])
-    live, reserved, lfb = int(st[lf.PROBE_LIVE]), int(st[lf.PROBE_RES]), int(st[lf.PROBE_LFB])
-    usable = lfb
+    p = at.row(k)
+    live, reserved, lfb = int(p[lf.PROBE_LIVE]), int(p[lf.PROBE_RES]), int(p[lf.PROBE_LFB])
     torch = trace.meta.source == Source.TORCH or ctx.replay_policy == "torch"
     segment = torch_segment_size(request) if torch and not ctx.expandable_segments else request
-    if scan.pooled:
-        seg, _, length = state.gaps(ctx.expandable_segments)
-        ok = state.seg_stream[seg] == ev.stream[k]
-        if torch and not ctx.expandable_segments:
-            small = state.seg_size[seg] == TORCH_SMALL_SEGMENT
-            ok &= small if request <= TORCH_SMALL_REQUEST else ~small
-        usable = int(length[ok].max()) if ok.any() else 0
-    dev_free = ctx.free_at_start - reserved if ctx.free_at_start is not None else None
+    usable = lfb
+    top: tuple[SiteBytes, ...] = ()
+    if detail and (scan.pooled or lead):
+        state = pool_state_at(ev, trace.mate, k)
+        if scan.pooled:
+            usable = _usable(state, int(ev.stream[k]), request, torch and not ctx.expandable_segments,
+                             ctx.expandable_segments)
+        if lead:
+            top = by_site(state.block_site, state.block_size, ev.sites, TOP_SITES)
+    st = states.get(seq)
+    column = int(at.free_col[k]) if at.free_col is not None and at.free_col[k] >= 0 else None
+    budget = oom_budget(Moment(seq, reserved, live, start, st, column, at.points(ev, k))) if detail else None
+    if budget is not None:
+        dev_free, source = budget.free, budget.free_source
+    elif column is not None or (st is not None and st.mem_free is not None):
+        dev_free, source = (st.mem_free if st is not None and st.mem_free is not None else column), \
+            FreeSource.MEASURED
+    elif ctx.free_at_start is not None:
+        dev_free, source = ctx.free_at_start - reserved, FreeSource.DERIVED
+    else:
+        dev_free, source = None, FreeSource.UNKNOWN
+    if st is not None and st.pool_limit is not None and ctx.replay_policy is None:
+        ctx = replace(ctx, limit=st.pool_limit)
     facts = OOMFacts(request=request, segment=segment, live=live, reserved=reserved, largest_free=lfb,
-                     usable_largest_free=usable, device_free=dev_free, raw_device=not scan.pooled)
+                     usable_largest_free=usable, device_free=dev_free, raw_device=not scan.pooled,
+                     device=device, free_measured=source is FreeSource.MEASURED,
+                     takers=budget.takers if budget is not None else "")
     diagnosis, explanation = diagnose(facts, ctx)
     return OOMReport(
-        seq=int(ev.seq[k]), t_ns=int(ev.t_ns[k]), size=int(ev.size[k]), rounded=request,
+        seq=seq, t_ns=int(ev.t_ns[k]), size=int(ev.size[k]), rounded=request,
         site=ev.site_name(k), stream=int(ev.stream[k]), live_bytes=live, reserved_bytes=reserved,
         free_in_pool=reserved - live, largest_free_block=lfb, device_free=dev_free,
-        diagnosis=diagnosis, explanation=explanation,
-        top_live_sites=by_site(state.block_site, state.block_size, ev.sites, TOP_SITES),
+        diagnosis=diagnosis, explanation=explanation, top_live_sites=top, device=device,
+        handled=fatal is None or seq != fatal, device_free_source=source, budget=budget,
     )
+
+
+def _usable(state: PoolState, stream: int, request: int, torch_pools: bool, merge: bool) -> int:
+    """The largest free gap on the request's stream (and, for PyTorch, in its small or large pool)."""
+    seg, _, length = state.gaps(merge)
+    ok = state.seg_stream[seg] == stream
+    if torch_pools:
+        small = state.seg_size[seg] == TORCH_SMALL_SEGMENT
+        ok &= small if request <= TORCH_SMALL_REQUEST else ~small
+    return int(length[ok].max()) if ok.any() else 0

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tracekit.trace.schema import Source, TraceMeta
@@ -160,3 +160,19 @@ def device_context(meta: TraceMeta) -> DeviceContext:
         device_name=dev.name if dev else None, device_total=total, free_at_start=free,
         limit=limit, budget=budget, expandable_segments=expandable(meta),
     )
+
+
+def device_context_for(meta: TraceMeta, device: int, home: bool) -> DeviceContext:
+    """The context of one device of a trace: the start metadata (device total, free at start,
+    budget, ``pool_limit_bytes``) describes the ``home`` device only; a ``pools`` entry with a
+    limit on ``device`` (its lowest pool id) gives that device's pool limit."""
+    from tracekit.analysis.recording import pool_limits
+
+    ctx = device_context(meta)
+    if ctx.replay_policy is not None:
+        return ctx
+    limits = sorted((pid, lim) for (dev, pid), lim in pool_limits(meta.extra).items() if dev == device)
+    limit = limits[0][1] if limits else (ctx.limit if home else None)
+    if home:
+        return replace(ctx, limit=limit)
+    return DeviceContext(limit=limit, expandable_segments=ctx.expandable_segments)

@@ -45,6 +45,9 @@ class OOMFacts:
     usable_largest_free: int
     device_free: int | None
     raw_device: bool
+    device: int = 0
+    free_measured: bool = False  # device_free was measured at the OOM (else derived from the start)
+    takers: str = ""  # what took the device's memory, from the budget at the OOM (may be empty)
 
     @property
     def free_in_pool(self) -> int:
@@ -75,9 +78,22 @@ def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
             f"{ctx.limit_what} of {fs(ctx.limit)}, {room}: the limit ran out, not the device."
         )
     t, o = ctx.device_total, ctx.overhead
+    if t is not None and s + n <= t and f.free_measured and d is not None and d < n:
+        return Diagnosis.OVERHEAD, _measured_sentence(f, t)
     if t is not None and s + n <= t and (o is not None or d is not None):
         return Diagnosis.OVERHEAD, _overhead_sentence(f, ctx, t, o)
     return Diagnosis.EXHAUSTION, _exhaustion_sentence(f, ctx)
+
+
+def _measured_sentence(f: OOMFacts, t: int) -> str:
+    """Overhead with the device's free memory measured at the OOM: name the takers."""
+    r, s = f.request, f.reserved
+    assert f.device_free is not None
+    held = "live blocks" if f.raw_device else "the allocator"
+    head = (f"The request for {fs(r)} on device {f.device} failed with only {fs(f.device_free)} free on "
+            f"the device (measured) while {held} held {fs(s)}; {fs(s + f.segment)} would fit in the "
+            f"device's {fs(t)}, so memory outside the allocator took the room")
+    return f"{head}: {f.takers}." if f.takers else head + "."
 
 
 def _overhead_sentence(f: OOMFacts, ctx: DeviceContext, t: int, o: int | None) -> str:

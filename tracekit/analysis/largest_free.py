@@ -31,10 +31,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.trace.schema import Op
+
 # Slots of the int64 ``stats`` array filled by ``scan``.
 PEAK_LIVE, PEAK_LIVE_IDX, PEAK_REQ, PEAK_REQ_IDX, RES_AT_PEAK_REQ = 0, 1, 2, 3, 4
-PEAK_RES, PEAK_RES_IDX, REQ_AT_PEAK_RES, MIN_LFB_FREE = 5, 6, 7, 8
-PROBE_LIVE, PROBE_REQ, PROBE_RES, PROBE_LFB, N_STATS = 9, 10, 11, 12, 13
+PEAK_RES, PEAK_RES_IDX, REQ_AT_PEAK_RES, MIN_LFB_FREE, N_STATS = 5, 6, 7, 8, 9
+# Columns of the int64 ``probed`` array: the state after each probed event.
+PROBE_LIVE, PROBE_REQ, PROBE_RES, PROBE_LFB, N_PROBE = 0, 1, 2, 3, 4
 # Slots of the float64 ``fstats`` array.
 # SUM_*: Σ over events; TSUM_*: Σ weighted by the time to the next event (ns); SUM_DT: Σ of those weights.
 SUM_RES, SUM_REQ, MAX_FRAG, TSUM_RES, TSUM_REQ, SUM_DT, N_FSTATS = 0, 1, 2, 3, 4, 5, 6
@@ -191,7 +194,7 @@ def _clear(tree, size, R, a, b):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, want,
+def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probes, want,
          out_live, out_req, out_res, out_lfb, out_free, out_frag):  # pragma: no cover - compiled
     """One pass over the events: running sums, the largest free block, peaks.
 
@@ -199,14 +202,15 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
     (and of unpaired frees); a free uses its malloc's range via ``mate``.
     ``pos`` (int64): the address of each position. ``pooled``: the trace has
     segment rows (else reserved = live and nothing is free). When ``want``
-    the four ``out_*`` arrays receive the per-event values. ``probe``: an
-    event index whose values after the event go to the PROBE_* slots (-1 =
-    none). ``out_free`` gets reserved − live, ``out_frag`` the external
-    fragmentation 1 − largest free / free (0 when nothing is free).
+    the four ``out_*`` arrays receive the per-event values. ``probes``:
+    increasing event indices (int64) whose state after the event goes to the
+    row of the returned ``probed`` array (columns PROBE_*). ``out_free``
+    gets reserved − live, ``out_frag`` the external fragmentation
+    1 − largest free / free (0 when nothing is free).
     ``t_ns``: event times; the state after event i is weighted by
     t_ns[i+1] − t_ns[i] (0 for the last event or when time goes backwards) in
-    the TSUM_* sums. Returns (int64 stats, float64 fstats) indexed by the
-    module constants.
+    the TSUM_* sums. Returns (int64 stats, float64 fstats, int64 probed)
+    indexed by the module constants.
     """
     n = op.shape[0]
     m = pos.shape[0]
@@ -218,6 +222,8 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
     placed = np.zeros(n if pooled else 0, np.bool_)
     st = np.zeros(N_STATS, np.int64)
     fs = np.zeros(N_FSTATS, np.float64)
+    probed = np.zeros((probes.shape[0], N_PROBE), np.int64)
+    p = 0
     st[PEAK_LIVE_IDX] = -1
     st[PEAK_REQ_IDX] = -1
     st[PEAK_RES_IDX] = -1
@@ -227,12 +233,12 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
     res = np.int64(0)
     for i in range(n):
         o = op[i]
-        if o == 0:  # malloc
+        if o == Op.MALLOC:
             live += np.int64(rounded[i])
             req += np.int64(size[i])
             if pooled and lo[i] < hi[i]:
                 placed[i] = _carve(tree, tsize, R, lo[i], hi[i])
-        elif o == 1:  # free
+        elif o == Op.FREE:
             j = mate[i]
             if j < 0:
                 live -= np.int64(size[i])
@@ -242,13 +248,13 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
                 req -= np.int64(size[j])
                 if pooled and placed[j]:
                     _release(tree, tsize, R, merge_all, lo[j], hi[j])
-        elif o == 2 or o == 3:  # segment_alloc / segment_free
-            j = mate[i] if o == 3 else i
+        elif o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE:
+            j = mate[i] if o == Op.SEGMENT_FREE else i
             if j < 0:
                 j = i
             a = lo[j]
             b = hi[j]
-            if o == 2:
+            if o == Op.SEGMENT_ALLOC:
                 res += np.int64(size[j])
                 if a < b:
                     R[a, SEGS] += 1
@@ -285,11 +291,12 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
             # A segment is reserved an event before the block it serves: among the
             # events at peak reserved, use the one with the most requested bytes.
             st[REQ_AT_PEAK_RES] = req
-        if i == probe:
-            st[PROBE_LIVE] = live
-            st[PROBE_REQ] = req
-            st[PROBE_RES] = r
-            st[PROBE_LFB] = lfb
+        while p < probes.shape[0] and probes[p] == i:
+            probed[p, PROBE_LIVE] = live
+            probed[p, PROBE_REQ] = req
+            probed[p, PROBE_RES] = r
+            probed[p, PROBE_LFB] = lfb
+            p += 1
         fs[SUM_RES] += r
         fs[SUM_REQ] += req
         if i + 1 < n and t_ns[i + 1] > t_ns[i]:
@@ -302,4 +309,4 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probe, w
                 fs[MAX_FRAG] = frag
             if st[MIN_LFB_FREE] < 0 or lfb < st[MIN_LFB_FREE]:
                 st[MIN_LFB_FREE] = lfb
-    return st, fs
+    return st, fs, probed

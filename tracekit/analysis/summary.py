@@ -23,13 +23,21 @@ from typing import Any
 
 from tracekit.analysis.context import DeviceContext
 from tracekit.analysis.diagnosis import Diagnosis
+from tracekit.analysis.fatal import handler
 from tracekit.analysis.leaks import SiteBytes
+from tracekit.analysis.oom_budget import FreeSource, OOMBudget
 from tracekit.units import format_size
 
 
 @dataclass(frozen=True)
 class OOMReport:
-    """The failing event (the first ``oom`` row) and the state of memory when it failed."""
+    """One failing request (an ``oom`` row) and the state of its device's memory when it failed.
+
+    ``device_free`` is the device's free memory at that moment and ``device_free_source``
+    says how it was had: ``measured`` (cudaMemGetInfo at the OOM), ``derived`` (free at
+    start − the pool's growth; it assumes nothing else took memory) or ``unknown``.
+    ``handled``: the program survived it (see ``tracekit.analysis.fatal``).
+    """
 
     seq: int
     t_ns: int
@@ -45,16 +53,35 @@ class OOMReport:
     diagnosis: Diagnosis
     explanation: str
     top_live_sites: tuple[SiteBytes, ...]
+    device: int = 0
+    handled: bool = False
+    device_free_source: FreeSource = FreeSource.UNKNOWN
+    budget: OOMBudget | None = None
+
+    @property
+    def handler(self) -> str | None:
+        """Who handles an OOM at this call-site, where the call-site shows it."""
+        return handler(self.site)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "seq": self.seq, "t_ns": self.t_ns, "size": self.size, "rounded": self.rounded,
-            "site": self.site, "stream": self.stream, "live_bytes": self.live_bytes,
+            "seq": self.seq, "t_ns": self.t_ns, "device": self.device, "stream": self.stream,
+            "size": self.size, "rounded": self.rounded, "site": self.site,
+            "handled": self.handled, "handler": self.handler, "live_bytes": self.live_bytes,
             "reserved_bytes": self.reserved_bytes, "free_in_pool": self.free_in_pool,
             "largest_free_block": self.largest_free_block, "device_free": self.device_free,
+            "device_free_bytes": self.device_free, "device_free_source": self.device_free_source.value,
             "diagnosis": self.diagnosis.value, "explanation": self.explanation,
             "top_live_sites": [s.to_dict() for s in self.top_live_sites],
+            "budget": self.budget.to_dict() if self.budget is not None else None,
         }
+
+    def brief(self) -> dict[str, Any]:
+        """The ``ooms`` list entry: what failed, where, why, and whether it was survived."""
+        d = self.to_dict()
+        for key in ("top_live_sites", "budget", "explanation"):
+            d.pop(key)
+        return d
 
 
 @dataclass(frozen=True)
@@ -83,6 +110,18 @@ class Summary:
     leaked_blocks: int
     context: DeviceContext
     skipped: tuple[str, ...] = ()
+    ooms: tuple[OOMReport, ...] = ()  # every OOM in seq order (every device's, at the top level)
+    device: int | None = None  # the device these figures describe
+    devices: tuple[Summary, ...] = ()  # a trace of several devices: each device's own summary
+
+    def handled_by(self) -> list[dict[str, Any]]:
+        """Handled OOMs grouped by call-site: ``site``, ``handler`` (where it shows), ``count``."""
+        counts: dict[str | None, int] = {}
+        for o in self.ooms:
+            if o.handled:
+                counts[o.site] = counts.get(o.site, 0) + 1
+        return [{"site": k, "handler": handler(k), "count": v}
+                for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -94,16 +133,27 @@ class Summary:
             "max_external_fragmentation": self.max_external_fragmentation,
             "min_largest_free_block": self.min_largest_free_block,
             "jw1": self.jw1, "jw2": self.jw2, "jw3": self.jw3, "jw4": self.jw4,
+            "device": self.device,
             "oom": self.oom.to_dict() if self.oom else None,
             "oom_events": self.oom_events,
+            "ooms": [o.brief() for o in self.ooms],
+            "handled_ooms": sum(o.handled for o in self.ooms),
+            "handled_by": self.handled_by(),
             "leaks": [s.to_dict() for s in self.leaks],
             "leaked_bytes": self.leaked_bytes, "leaked_blocks": self.leaked_blocks,
         }
         d.update(self.context.to_dict())
         d["skipped_events"] = list(self.skipped)
+        if self.devices:
+            d["devices"] = [p.to_dict() for p in self.devices]
         return d
 
     def to_text(self) -> str:
+        if self.devices:
+            fatal = f"; the OOM below is on device {self.device}" if self.oom else ""
+            head = (f"trace  {self.path or '(in memory)'}: {len(self.devices)} devices, each analyzed on its "
+                    f"own (its own pool, limit and timeline){fatal}")
+            return "\n\n".join([head, *(f"== device {p.device} ==\n{p.to_text()}" for p in self.devices)])
         sz = format_size
         rows = [
             ("trace", self.path or "(in memory)"),
@@ -140,19 +190,49 @@ class Summary:
         o = self.oom
         if o is None:
             return [("out of memory", "none")]
-        more = f" (first of {self.oom_events})" if self.oom_events > 1 else ""
+        fate = "survived: the program went on" if o.handled else "fatal: the program died of it"
         rows = [
-            ("out of memory", f"seq {o.seq}{more}: {format_size(o.size)} requested "
-             f"({format_size(o.rounded)} rounded) at {o.site or '(no call-site)'}"),
+            ("out of memory", f"seq {o.seq} on device {o.device} ({fate}): {format_size(o.size)} "
+             f"requested ({format_size(o.rounded)} rounded) at {o.site or '(no call-site)'}"),
             ("  diagnosis", o.diagnosis.value.upper()),
             ("  why", o.explanation),
             ("  live / reserved", f"{format_size(o.live_bytes)} / {format_size(o.reserved_bytes)}"),
             ("  free / largest", f"{format_size(o.free_in_pool)} / {format_size(o.largest_free_block)}"),
-            ("  device free", format_size(o.device_free)),
+            _device_free_row(o),
         ]
+        if o.budget is not None:
+            rows.append(("  device budget", "at start -> at the OOM (change)  [how] why"))
+            rows.extend(("    " + k, v) for k, v in o.budget.rows())
         rows.append(("  live by site", ""))
         rows.extend(_site_rows(o.top_live_sites))
+        rows.extend(self._every_oom_rows())
         return rows
+
+    def _every_oom_rows(self, top: int = 20) -> list[tuple[str, str]]:
+        if len(self.ooms) < 2:
+            return []
+        handled = sum(o.handled for o in self.ooms)
+        rows = [("every OOM", f"{len(self.ooms)}, of which {handled} handled and "
+                 f"{len(self.ooms) - handled} fatal")]
+        for h in self.handled_by():
+            who = f" ({h['handler']})" if h["handler"] else ""
+            rows.append(("  handled at", f"{h['count']:>6,} x {h['site'] or '(no call-site)'}{who}"))
+        for o in self.ooms[:top]:
+            mark = "handled" if o.handled else "FATAL"
+            rows.append(("", f"  seq {o.seq:>8} dev {o.device} {format_size(o.rounded):>11} {mark:<7} "
+                         f"{o.diagnosis.value:<13} {o.site or '(no call-site)'}"))
+        if len(self.ooms) > top:
+            rows.append(("", f"  ... and {len(self.ooms) - top} more (--json lists them all)"))
+        return rows
+
+
+def _device_free_row(o: OOMReport) -> tuple[str, str]:
+    if o.device_free_source is FreeSource.MEASURED:
+        return ("  device free", f"{format_size(o.device_free)} (measured)")
+    if o.device_free_source is FreeSource.DERIVED:
+        return ("  device free", f"not measured; free at start - the pool's growth = "
+                f"{format_size(o.device_free)} (derived: misses whatever else took memory)")
+    return ("  device free", "unknown (not recorded)")
 
 
 def _site_rows(sites: tuple[SiteBytes, ...], top: int = 5) -> list[tuple[str, str]]:

@@ -14,7 +14,11 @@ Definitions (bytes unless noted; every value is the state *after* the event):
   free_in_pool ≤ 0 (float64, in [0, 1)).
 - ``device_free`` = device_free_at_start − reserved_bytes, i.e. total − reserved
   − overhead at start (overhead = total − free at start); null when the
-  metadata gives neither.
+  metadata gives neither. *Derived*: it assumes nothing but the pool took memory
+  after the start.
+- ``device_free_measured`` = cudaMemGetInfo free recorded at the row (the
+  trace's ``device_free`` column, trace format v2); null where not measured.
+- ``device``: the row's device; each device's rows are its own timeline.
 
 The running sums and the largest free block come from one compiled pass
 (``largest_free.scan``) over addresses coordinate-compressed here
@@ -35,7 +39,7 @@ from tracekit.trace.schema import Op
 
 COLUMNS = (
     "seq", "t_ns", "live_bytes", "requested_bytes", "reserved_bytes", "free_in_pool",
-    "largest_free_block", "external_fragmentation", "device_free",
+    "largest_free_block", "external_fragmentation", "device_free", "device", "device_free_measured",
 )
 
 
@@ -46,6 +50,7 @@ class ScanResult:
     stats: np.ndarray
     fstats: np.ndarray
     pooled: bool
+    probed: np.ndarray  # (len(probes), N_PROBE): live, requested, reserved, largest free after each probe
     live: np.ndarray | None = None
     requested: np.ndarray | None = None
     reserved: np.ndarray | None = None
@@ -85,12 +90,15 @@ def position_ranges(ev: Events, mate: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return lo, hi, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
 
 
-def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1,
+def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probes: np.ndarray | None = None,
                 merge_adjacent: bool = False) -> ScanResult:
     """Run the compiled pass over ``ev``; per-event columns only when ``want``.
 
-    ``merge_adjacent``: adjacent segments form one free space (expandable segments).
+    ``probes``: increasing event indices whose state after the event is kept
+    (``ScanResult.probed``); ``merge_adjacent``: adjacent segments form one
+    free space (expandable segments).
     """
+    probes = np.zeros(0, np.int64) if probes is None else np.asarray(probes, np.int64)
     n = len(ev)
     pooled = bool(np.any((ev.op == Op.SEGMENT_ALLOC) | (ev.op == Op.SEGMENT_FREE)))
     if pooled:
@@ -99,15 +107,19 @@ def scan_events(ev: Events, mate: np.ndarray, *, want: bool, probe: int = -1,
         lo = hi = pos = np.zeros(0, np.int64)
     m = n if want else 0
     outs = [np.empty(m, np.int64) for _ in range(5)] + [np.empty(m, np.float64)]
-    st, fs = lf.scan(ev.op, ev.size, ev.rounded, ev.t_ns, mate, lo, hi, pos, pooled, merge_adjacent,
-                     probe, want, *outs)
+    st, fs, probed = lf.scan(ev.op, ev.size, ev.rounded, ev.t_ns, mate, lo, hi, pos, pooled,
+                             merge_adjacent, probes, want, *outs)
     if not want:
-        return ScanResult(st, fs, pooled)
-    return ScanResult(st, fs, pooled, *outs)
+        return ScanResult(st, fs, pooled, probed)
+    return ScanResult(st, fs, pooled, probed, *outs)
 
 
-def timeline_table(ev: Events, scan: ScanResult, device_free_at_start: int | None) -> pa.Table:
-    """The per-event timeline as an Arrow table (columns ``COLUMNS``)."""
+def timeline_table(ev: Events, scan: ScanResult, device_free_at_start: int | None,
+                   measured: np.ndarray | None = None) -> pa.Table:
+    """The per-event timeline as an Arrow table (columns ``COLUMNS``).
+
+    ``measured``: the trace's ``device_free`` column (int64, -1 = not measured), or None.
+    """
     assert scan.live is not None and scan.reserved is not None
     assert scan.requested is not None and scan.largest_free is not None
     assert scan.free is not None and scan.fragmentation is not None
@@ -127,5 +139,8 @@ def timeline_table(ev: Events, scan: ScanResult, device_free_at_start: int | Non
             "largest_free_block": scan.largest_free,
             "external_fragmentation": frag,
             "device_free": dev_free,
+            "device": pa.array(ev.device, pa.int16()),
+            "device_free_measured": (pa.nulls(len(ev), pa.int64()) if measured is None
+                                     else pa.array(measured, pa.int64(), mask=measured < 0)),
         }
     )

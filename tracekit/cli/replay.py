@@ -103,6 +103,7 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay_file
     from tracekit.sim.options import parse_alloc_conf
+    from tracekit.trace.devices import require_single_device_file
     from tracekit.units import format_size, parse_size
 
     config = SimConfig(
@@ -111,6 +112,7 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
         continue_on_oom=continue_on_oom,
         options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
     )
+    require_single_device_file(trace, "a simulated replay")
     bar = Progress("replaying", enabled=sys.stderr.isatty(), min_total=PROGRESS_MIN_EVENTS)
     try:
         result = replay_file(trace, sim, config, output=output, command=" ".join(["tracekit", *sys.argv[1:]]),

@@ -1,0 +1,75 @@
+"""One device at a time: the devices a trace's events are on, and one device's events alone.
+
+Every device has its own memory, pools, limits and address space, so a trace recorded on
+several GPUs is never analyzed or replayed as one device: ``select_device`` cuts out one
+device's events (with their malloc/free and segment pairing re-indexed and the extra
+columns filtered alike), and ``single_device`` refuses a mixed trace in one sentence
+where a stage models one device only (``replay --sim``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit.errors import InputError
+from tracekit.trace.reader import Trace
+from tracekit.trace.validate import remap_mate
+
+
+def device_ids(trace: Trace) -> list[int]:
+    """The distinct device ordinals of the events, ascending (empty for an empty trace)."""
+    return [int(d) for d in np.unique(trace.events.device)]
+
+
+def select_device(trace: Trace, device: int) -> Trace:
+    """The events of ``device`` only, in order, paired among themselves.
+
+    A malloc and its free are always on one device (the reader pairs by device and
+    address), so no pair is cut; the result keeps ``meta``, ``path`` and ``issues``.
+    """
+    keep = trace.events.device == device
+    if keep.all():
+        return trace
+    extras = trace.extras.filter(pa.array(keep)) if trace.extras is not None else None
+    return dataclasses.replace(trace, events=trace.events.take(keep), mate=remap_mate(trace.mate, keep),
+                               extras=extras)
+
+
+def single_device(trace: Trace, what: str) -> Trace:
+    """``trace`` itself when its events are on at most one device; else InputError naming them.
+
+    ``what`` names the stage that models one device (e.g. "a simulated replay").
+    """
+    devs = device_ids(trace)
+    if len(devs) <= 1:
+        return trace
+    raise InputError(_mixed(trace.path if trace.path is not None else "the trace", devs, what))
+
+
+def require_single_device_file(path: str | os.PathLike[str], what: str) -> None:
+    """``single_device`` for a trace file, reading only its ``device`` column (cheap).
+
+    A file that cannot be read this way is left for the full reader to reject.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        col = pq.ParquetFile(path).read(columns=["device"]).column(0)
+        devs = sorted(int(d) for d in pc.unique(col).to_pylist() if d is not None)
+    except (OSError, ValueError, KeyError, pa.ArrowException):
+        return
+    if len(devs) > 1:
+        raise InputError(_mixed(path, devs, what))
+
+
+def _mixed(where: object, devs: list[int], what: str) -> str:
+    return (
+        f"{where}: the events are on {len(devs)} devices ({', '.join(map(str, devs))}), and {what} "
+        "models one device's allocator; devices are never merged into one address space (analyze, "
+        "whatif and report treat each device on its own)"
+    )
