@@ -119,3 +119,18 @@ def test_torch_answer_is_the_smallest_capacity_replay_accepts():
     assert cap >= doc["lower_bound_bytes"]
     assert cap - STEP < doc["lower_bound_bytes"] or replay_file(
         path, "torch", SimConfig(capacity=cap - STEP)).ran_out
+
+
+def test_whatif_searches_each_device_on_its_own():
+    # Device 0 holds 8 MiB at most; device 1 holds 240 MiB and asks for 60 MiB more (the oom
+    # row counts as live): bounds 8 MiB and 300 MiB. Merged, device 1's blocks would land on
+    # device 0's addresses and the bound would be 308 MiB.
+    from test_analysis_ooms import trace_of, two_device_meta, two_device_rows
+
+    res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit"], jobs=1)
+    assert res.lower_bound is None and not res.fits
+    assert [(p.device, p.lower_bound) for p in res.devices] == [(0, 8 * MiB), (1, 300 * MiB)]
+    assert [p.fits[0].min_capacity for p in res.devices] == [8 * MiB, 300 * MiB]
+    d = res.to_dict()
+    assert [x["device"] for x in d["devices"]] == [0, 1] and d["policies"] == []
+    assert "device 1:" in res.to_text()

@@ -20,6 +20,9 @@ below it, also for a trace that starts from an imported pool state (PyTorch
 snapshots: the ``initial`` extra column), whose starting blocks a replay does
 not re-check against the capacity. ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
 run in parallel worker processes; each worker reads the trace once.
+
+A trace of several devices is searched per device (each device's events alone, its own
+bound and capacities): devices never share one simulated address space.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.sim.heap import round_up
+from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
@@ -83,22 +87,33 @@ class PolicyFit:
 
 @dataclass(frozen=True)
 class WhatIfResult:
-    """Per-policy smallest capacities next to the lower bound (peak live bytes, 512 B rounded)."""
+    """Per-policy smallest capacities next to the lower bound (peak live bytes, 512 B rounded).
+
+    ``device``: the device searched; a trace of several devices has one result per device in
+    ``devices`` and no figures of its own (``lower_bound`` None, ``fits`` empty).
+    """
 
     trace: str | None
-    lower_bound: int
+    lower_bound: int | None
     step: int
     max_capacity: int | None
     fits: tuple[PolicyFit, ...] = field(default_factory=tuple)
+    device: int | None = None
+    devices: tuple[WhatIfResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "trace": self.trace, "lower_bound_bytes": self.lower_bound,
+        d = {
+            "trace": self.trace, "device": self.device, "lower_bound_bytes": self.lower_bound,
             "lower_bound_description": LOWER_BOUND_DESCRIPTION, "step_bytes": self.step,
             "max_capacity_bytes": self.max_capacity, "policies": [f.to_dict() for f in self.fits],
         }
+        if self.devices:
+            d["devices"] = [p.to_dict() for p in self.devices]
+        return d
 
     def to_text(self) -> str:
+        if self.devices:
+            return "\n\n".join(f"device {p.device}:\n{p.to_text()}" for p in self.devices)
         rows = [("policy", "smallest capacity", "over the bound", "replays")]
         for f in self.fits:
             if f.error:
@@ -167,9 +182,11 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
 _WORKER_TRACE: Trace | None = None
 
 
-def _init_worker(path: str | None, trace: Trace | None) -> None:
+def _init_worker(path: str | None, trace: Trace | None, device: int | None) -> None:
     global _WORKER_TRACE
     _WORKER_TRACE = read_trace(path) if path is not None else trace
+    if _WORKER_TRACE is not None and device is not None:
+        _WORKER_TRACE = select_device(_WORKER_TRACE, device)
 
 
 def _work(policy: str, step: int, max_capacity: int | None, lb: int) -> PolicyFit:
@@ -188,20 +205,31 @@ def whatif(
     step: int = STEP,
     jobs: int | None = None,
 ) -> WhatIfResult:
-    """Smallest capacity per policy; policies run in up to ``jobs`` processes (default: CPUs)."""
+    """Smallest capacity per policy (per device); policies run in up to ``jobs`` processes (default: CPUs)."""
     from tracekit.sim import policies as registry
 
     names = list(policies) if policies else [p for p in DEFAULT_POLICIES if p in registry.names()]
     for name in names:
         registry.get(name)  # UsageError naming the valid policies
+    devs = device_ids(trace)
+    if len(devs) <= 1:
+        return _whatif_device(trace, names, None, max_capacity, step, jobs)
+    parts = tuple(_whatif_device(trace, names, d, max_capacity, step, jobs) for d in devs)
+    return WhatIfResult(parts[0].trace, None, step, max_capacity, devices=parts)
+
+
+def _whatif_device(whole: Trace, names: list[str], device: int | None, max_capacity: int | None,
+                   step: int, jobs: int | None) -> WhatIfResult:
+    """The search over one device's events (``device`` None: the trace has one device)."""
+    trace = select_device(whole, device) if device is not None else whole
     lb = lower_bound(trace)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
     if jobs == 1:
-        _init_worker(None, trace)
+        _init_worker(None, trace, None)
         try:
             fits = [_work(p, step, max_capacity, lb) for p in names]
         finally:
-            _init_worker(None, None)  # do not keep the trace alive in this process
+            _init_worker(None, None, None)  # do not keep the trace alive in this process
     else:
         # Workers read the file themselves when there is one (cheaper than pickling the events).
         path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
@@ -209,7 +237,8 @@ def whatif(
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(path, None if path else trace)) as pool:
+                                 initargs=(path, None if path else trace, device)) as pool:
             fits = list(pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),
                                  [lb] * len(names)))
-    return WhatIfResult(str(trace.path) if trace.path else None, lb, step, max_capacity, tuple(fits))
+    return WhatIfResult(str(trace.path) if trace.path else None, lb, step, max_capacity, tuple(fits),
+                        device=int(trace.events.device[0]) if len(trace.events) else None)

@@ -1,0 +1,164 @@
+"""Every OOM, which one was fatal, who handled the others; and a trace of two devices, each on its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from tracekit.analysis import Diagnosis, analyze_trace
+from tracekit.cli.app import app
+from tracekit.errors import InputError
+from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
+from tracekit.trace.devices import select_device, single_device
+from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.validate import pair_events
+
+MiB, GiB = 1 << 20, 1 << 30
+BASE = 0x7F00_0000_0000
+CONV = "torch/nn/modules/conv.py:456:_conv_forward"
+SITES = (CONV, "model.py:20:forward")
+
+
+def trace_of(rows: list[tuple], meta: TraceMeta) -> Trace:
+    """rows: (op, addr, size, site, device) -> an in-memory Trace paired like the reader."""
+    ev = Events.build(
+        np.array([r[0] for r in rows], np.int8), np.array([r[2] for r in rows], np.uint64),
+        addr=np.array([r[1] for r in rows], np.uint64), rounded=np.array([r[2] for r in rows], np.uint64),
+        site=np.array([r[3] for r in rows]), device=np.array([r[4] for r in rows], np.int16), sites=SITES,
+    )
+    p = pair_events(ev.op, ev.addr, ev.device, ev.seq)
+    assert p.keep.all()
+    return Trace(None, meta, ev, p.mate, None, ())
+
+
+def cudnn_rows() -> list[tuple]:
+    """A 1 GiB pool: three workspace attempts fail and a smaller one succeeds each time (handled);
+    then the forward pass asks for 2 GiB and nothing follows but frees (fatal)."""
+    rows: list[tuple] = [(Op.SEGMENT_ALLOC, BASE, GiB, -1, 0), (Op.MALLOC, BASE, 512 * MiB, 1, 0)]
+    for i in range(3):
+        a = BASE + 512 * MiB + i * 64 * MiB
+        rows += [(Op.OOM, 0, 4 * GiB, 0, 0), (Op.MALLOC, a, 64 * MiB, 0, 0)]
+    rows += [(Op.OOM, 0, 2 * GiB, 1, 0), (Op.FREE, BASE, 512 * MiB, -1, 0)]
+    return rows
+
+
+def test_handled_and_fatal_from_what_followed():
+    # No exit record: the OOMs at seq 2, 4, 6 were each followed by a malloc on the same device
+    # and stream, so the program survived them; after seq 8 only a free came: fatal.
+    s = analyze_trace(trace_of(cudnn_rows(), TraceMeta.new(Source.TORCH)), timeline=False).summary
+    assert [o.seq for o in s.ooms] == [2, 4, 6, 8]
+    assert [o.handled for o in s.ooms] == [True, True, True, False]
+    assert s.oom is not None and s.oom.seq == 8 and not s.oom.handled and s.oom.site == SITES[1]
+    d = s.to_dict()
+    assert d["oom_events"] == 4 and d["handled_ooms"] == 3
+    assert d["handled_by"] == [{"site": CONV, "handler": d["handled_by"][0]["handler"], "count": 3}]
+    assert "cuDNN" in d["handled_by"][0]["handler"]
+    assert [o["handled"] for o in d["ooms"]] == [True, True, True, False]
+    assert {"seq", "device", "size", "site", "diagnosis", "handled"} <= set(d["ooms"][0])
+    text = s.to_text()
+    assert "seq 8 on device 0 (fatal: the program died of it)" in text
+    assert "4, of which 3 handled and 1 fatal" in text and f"3 x {CONV}" in text
+
+
+def test_exit_record_names_the_fatal_oom():
+    # The recorder's exit record says seq 4 ended the program (e.g. the later ones ran in
+    # an exception handler): it wins over what followed.
+    meta = TraceMeta.new(Source.CUPY).with_extra(exit={"status": "exception", "oom_seq": 4})
+    s = analyze_trace(trace_of(cudnn_rows(), meta), timeline=False).summary
+    assert s.oom is not None and s.oom.seq == 4
+    assert [o.handled for o in s.ooms] == [True, False, True, True]
+
+
+def test_a_program_that_survived_every_oom_reports_the_first_as_handled():
+    meta = TraceMeta.new(Source.CUPY).with_extra(exit={"status": "ok", "code": 0, "oom_seq": None})
+    s = analyze_trace(trace_of(cudnn_rows(), meta), timeline=False).summary
+    assert s.oom is not None and s.oom.seq == 2 and s.oom.handled
+    assert all(o.handled for o in s.ooms)
+    assert "seq 2 on device 0 (survived: the program went on)" in s.to_text()
+
+
+def test_version_1_exit_message_matches_an_oom_entry():
+    msg = "Out of memory allocating 2,147,483,648 bytes"
+    meta = TraceMeta.new(Source.CUPY).with_extra(
+        exit={"code": 1, "exception": "OutOfMemoryError", "message": msg},
+        ooms=[{"seq": 2, "message": "other"}, {"seq": 6, "message": msg}])
+    s = analyze_trace(trace_of(cudnn_rows(), meta), timeline=False).summary
+    assert s.oom is not None and s.oom.seq == 6
+
+
+def two_device_rows() -> list[tuple]:
+    """Device 0: an 8 MiB segment with four 2 MiB blocks. Device 1 (pool limit 256 MiB, same
+    virtual addresses as device 0): 40 + 40 + 100 + 60 MiB segments and blocks = 240 MiB
+    reserved, then 60 MiB more: 300 MiB > 256 MiB, the limit."""
+    rows: list[tuple] = [(Op.SEGMENT_ALLOC, BASE, 8 * MiB, -1, 0)]
+    rows += [(Op.MALLOC, BASE + i * 2 * MiB, 2 * MiB, 1, 0) for i in range(4)]
+    a = BASE
+    for size in (40, 40, 100, 60):
+        rows += [(Op.SEGMENT_ALLOC, a, size * MiB, -1, 1), (Op.MALLOC, a, size * MiB, 1, 1)]
+        a += size * MiB
+    rows += [(Op.OOM, 0, 60 * MiB, 1, 1)]
+    return rows
+
+
+def two_device_meta() -> TraceMeta:
+    pools = [{"id": 0, "device": 0, "kind": "pool", "label": "default", "limit_bytes": None},
+             {"id": 0, "device": 1, "kind": "pool", "label": "default", "limit_bytes": 256 * MiB}]
+    return TraceMeta.new(Source.CUPY, device=DeviceInfo("H200", 140 * GiB, 139 * GiB)).with_extra(
+        pools=pools, device_id=0)
+
+
+def test_two_devices_each_their_own_pool_limit_and_verdict():
+    r = analyze_trace(trace_of(two_device_rows(), two_device_meta()))
+    s = r.summary
+    assert [p.device for p in s.devices] == [0, 1]
+    d0, d1 = s.devices
+    assert d0.peak_reserved_bytes == 8 * MiB and d0.peak_live_bytes == 8 * MiB and d0.oom is None
+    assert d1.peak_reserved_bytes == 240 * MiB and d1.context.limit == 256 * MiB
+    assert s.device == 1 and s.oom is not None and s.oom.device == 1
+    assert s.oom.diagnosis is Diagnosis.LIMIT and s.oom.reserved_bytes == 240 * MiB
+    assert "over its pool limit of 256.00 MiB" in s.oom.explanation
+    d = s.to_dict()
+    assert d["device"] == 1 and [x["device"] for x in d["devices"]] == [0, 1]
+    assert d["oom"]["device"] == 1 and d["ooms"][0]["device"] == 1
+    tl = r.timeline
+    assert tl is not None and tl.column("seq").to_pylist() == list(range(14))
+    dev = np.array(tl.column("device").to_pylist())
+    res = np.array(tl.column("reserved_bytes").to_pylist())
+    assert res[dev == 0].max() == 8 * MiB and res[dev == 1].max() == 240 * MiB
+    assert "== device 1 ==" in s.to_text()
+
+
+def test_select_device_and_single_device():
+    tr = trace_of(two_device_rows(), two_device_meta())
+    one = select_device(tr, 1)
+    assert len(one.events) == 9 and set(one.events.device.tolist()) == {1}
+    assert single_device(select_device(tr, 0), "x") is not None
+    try:
+        single_device(tr, "a simulated replay")
+    except InputError as e:
+        assert "2 devices (0, 1)" in str(e) and "never merged" in str(e)
+    else:
+        raise AssertionError("a mixed trace was accepted")
+
+
+def _write_two_devices(tmp_path: Path) -> Path:
+    tr = trace_of(two_device_rows(), two_device_meta())
+    return write_trace(tmp_path / "two.parquet", tr.meta, tr.events)
+
+
+def test_cli_analyze_two_devices_and_replay_refuses(tmp_path: Path):
+    path = _write_two_devices(tmp_path)
+    res = CliRunner().invoke(app, ["analyze", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["oom"]["device"] == 1 and d["oom"]["diagnosis"] == "limit"
+    assert read_trace(path).events.device.tolist().count(1) == 9
+    p = subprocess.run([sys.executable, "-m", "tracekit", "replay", str(path), "--sim", "cupy"],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "events are on 2 devices (0, 1)" in p.stderr
