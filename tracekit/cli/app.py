@@ -28,7 +28,7 @@ from tracekit.errors import Interrupted, TracekitError
 
 VERBS = (
     "info", "synth", "replay", "analyze", "whatif", "record", "recover", "budget",
-    "importer", "report",
+    "importer", "report", "fleet",
 )
 
 

@@ -1,0 +1,54 @@
+"""``tracekit fleet PATH...``: many traces at once, one row each and a summary across them (local or Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def fleet(
+    paths: list[str] = typer.Argument(..., help="Trace files, folders of traces (*.parquet) or globs."),
+    engine: str = typer.Option("local", "--engine", help="local (worker processes) or ray (Ray tasks)."),
+    address: str | None = typer.Option(
+        None, "--address", help="A running Ray cluster to use (with --engine ray); default: start Ray here."
+    ),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Workers (default: CPUs)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Write the table (one row per trace) as Parquet."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the rows and the summary as JSON."),
+    report: Path | None = typer.Option(None, "--report", help="Write an HTML report over the fleet."),
+    whatif: bool = typer.Option(
+        False, "--whatif", help="Add each trace's smallest capacity per allocator (slower)."
+    ),
+    advise: bool = typer.Option(False, "--advise", help="Add each trace's recommendation."),
+) -> None:
+    """Analyze many traces (the ranks of one job, runs of a CI history): who ran out of memory and why."""
+    from tracekit.cli.common import echo_json, wrote
+    from tracekit.errors import UsageError
+    from tracekit.fleet import Engine, FleetOptions, run_fleet
+
+    try:
+        eng = Engine(engine)
+    except ValueError:
+        raise UsageError(f"--engine {engine!r}: choose local or ray") from None
+    options = FleetOptions(engine=eng, jobs=jobs, address=address, whatif=whatif, advise=advise,
+                           output=output, report=report)
+    result = run_fleet(paths, options)
+    if json_out:
+        from tracekit.fleet.table import json_rows
+
+        echo_json({"rows": json_rows(result.table), "summary": result.summary.to_dict()})
+    else:
+        from tracekit.fleet.table import rows_text
+
+        typer.echo(rows_text(result.table))
+        typer.echo("")
+        typer.echo(result.summary.to_text())
+    for path in result.written:
+        wrote(path)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fleet")(fleet)

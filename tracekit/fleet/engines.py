@@ -1,0 +1,178 @@
+"""Where the members run: a pool of local worker processes, or Ray tasks on a cluster.
+
+``open_engine`` gives a runner whose ``map(fn, args, on_error)`` runs
+``fn(*a)`` for every ``a`` and yields ``(i, result)`` as tasks finish, with
+at most ``WINDOW_PER_WORKER`` × workers tasks in flight, so the driver holds
+a bounded number of pending results whatever the number of traces. A task
+whose worker died (killed for memory, a crash in native code) yields
+``on_error(i, exception)`` instead of stopping the others. One runner serves
+every phase of a fleet run (rows, then the worst traces' figures), so
+workers start once.
+
+- ``local``: ``jobs`` long-lived processes (default: CPUs). Each imports the
+  engine and loads numba's compiled kernels once, then takes trace after
+  trace; process start-up and kernel loading, not the analysis, dominate
+  small traces, so they are paid once per worker, not once per trace.
+  Started with forkserver (spawn where there is none): the driver holds
+  Arrow's thread pools, which a forked child may find locked. ``jobs=1``
+  runs in the driver itself.
+- ``ray``: each trace is one Ray task (``num_cpus=1``) running the same
+  function. ``address`` connects to a running cluster (``ray start --head``
+  on one node, ``ray start --address`` on the others; every node needs
+  tracekit installed and the traces at the same paths); without it a local
+  Ray instance with ``jobs`` CPUs is started and stopped at the end. Ray's
+  workers are long-lived too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from tracekit.errors import InputError, UsageError
+
+T = TypeVar("T")
+OnError = Callable[[int, Exception], Any]
+WINDOW_PER_WORKER = 4
+_RAY_OBJECT_STORE = 128 << 20  # rows are small; a local instance needs no big shared-memory store
+
+
+class Engine(StrEnum):
+    LOCAL = "local"
+    RAY = "ray"
+
+
+def default_jobs() -> int:
+    """One worker per CPU this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LocalRunner:
+    """Tasks on a pool of ``jobs`` worker processes, created on first use (or in the driver for 1)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def map(self, fn: Callable[..., T], args: Sequence[tuple[Any, ...]],
+            on_error: OnError) -> Iterator[tuple[int, T]]:
+        if self.jobs == 1:  # the sequential baseline, and no pool to start for tests
+            for i, a in enumerate(args):
+                yield i, fn(*a)
+            return
+        pool = self._get_pool()
+        pending: dict[Future[T], int] = {}
+        todo = iter(enumerate(args))
+        while True:
+            for i, a in todo:
+                try:
+                    pending[pool.submit(fn, *a)] = i
+                except BrokenProcessPool as e:
+                    yield i, on_error(i, e)
+                    continue
+                if len(pending) >= self.jobs * WINDOW_PER_WORKER:
+                    break
+            if not pending:
+                return
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                i = pending.pop(f)
+                try:
+                    result = f.result()
+                except BrokenProcessPool as e:  # every pending task fails with it; each gets its row
+                    result = on_error(i, e)
+                yield i, result
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+
+class RayRunner:
+    """Tasks as Ray tasks of one CPU each on the connected (or started) Ray instance."""
+
+    def __init__(self, ray: Any, jobs: int) -> None:
+        self.ray = ray
+        self.window = max(jobs, int(ray.cluster_resources().get("CPU", jobs))) * WINDOW_PER_WORKER
+
+    def map(self, fn: Callable[..., T], args: Sequence[tuple[Any, ...]],
+            on_error: OnError) -> Iterator[tuple[int, T]]:
+        ray = self.ray
+        task = ray.remote(num_cpus=1, max_retries=0)(fn)
+        pending: dict[Any, int] = {}
+        todo = iter(enumerate(args))
+        while True:
+            for i, a in todo:
+                pending[task.remote(*a)] = i
+                if len(pending) >= self.window:
+                    break
+            if not pending:
+                return
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                i = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as e:  # the task's worker or node died
+                    result = on_error(i, e)
+                yield i, result
+
+
+@contextmanager
+def open_engine(engine: Engine, jobs: int, address: str | None = None) -> Iterator[LocalRunner | RayRunner]:
+    """A runner for ``engine``; stops what it started (the pool, a local Ray instance) on the way out."""
+    if address is not None and engine is not Engine.RAY:
+        raise UsageError("--address names a Ray cluster; use it with --engine ray")
+    if engine is Engine.LOCAL:
+        local = LocalRunner(jobs)
+        try:
+            yield local
+        finally:
+            local.close()
+        return
+    ray = _import_ray()
+    started = not ray.is_initialized()
+    if started:
+        _init_ray(ray, jobs, address)
+    try:
+        yield RayRunner(ray, jobs)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--engine ray needs Ray; install it with: pip install 'tracekit[fleet]'") from None
+    return ray
+
+
+def _init_ray(ray: Any, jobs: int, address: str | None) -> None:
+    import logging
+
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR, "include_dashboard": False}
+    try:
+        if address is not None:
+            ray.init(address=address, **quiet)  # the workers import tracekit from the nodes' installation
+        else:
+            ray.init(num_cpus=jobs, object_store_memory=_RAY_OBJECT_STORE, **quiet)
+    except ConnectionError as e:
+        raise InputError(f"--address {address}: cannot connect to a Ray cluster ({e})") from None

@@ -1,0 +1,167 @@
+"""The fleet report: one self-contained HTML page over many traces.
+
+Made of the single-trace report's parts (``tracekit.report.html``: page,
+tables, figures as ``data:`` PNGs, the Content-Security-Policy that keeps it
+offline): the verdict (how many ran out of memory, the worst trace), peak
+reserved and live bytes per trace, the traces by outcome, the heat map of
+reserved bytes over normalised time, the groups by diagnosis and call-site,
+the imbalance across ranks, every row, and the worst traces drawn with the
+single-trace figures (rendered in the workers, passed here as PNG bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracekit.fleet import figures as ff
+from tracekit.fleet.summary import FleetSummary, Group
+from tracekit.report import html
+from tracekit.report.build import _atomic_write, png_bytes
+from tracekit.units import format_size
+
+LEAD_FIGURES = ("timeline", "oom-moment", "memory-map")  # of each worst trace; the rest: its own report
+
+
+def label(path: str, rank: int | None) -> str:
+    """A trace's short name on an axis: ``rank 3`` where the rank is known, else the file name."""
+    return f"rank {rank}" if rank is not None else Path(path).name
+
+
+def write_fleet_report(df: pl.DataFrame, summary: FleetSummary,
+                       worst: Sequence[tuple[str, list[Any] | str]], output: Path) -> Path:
+    """Write the page to ``output`` (atomically); ``worst`` pairs a path with its figures or an error."""
+    ok = df.filter(pl.col("error").is_null())
+    names = [label(p, r) for p, r in ok.select("path", "rank").rows()]
+    figs = [
+        html.Rendered("peaks", "Peaks per trace", _PEAKS_CAPTION, png_bytes(ff.draw_peaks(
+            names, ok.get_column("peak_reserved_bytes").to_numpy().astype(float),
+            ok.get_column("peak_live_bytes").to_numpy().astype(float),
+            ok.get_column("oom_diagnosis").to_list()))),
+        html.Rendered("outcomes", "Traces by outcome", _OUTCOME_CAPTION,
+                      png_bytes(ff.draw_diagnoses(_outcomes(df, summary)))),
+    ]
+    if "reserved_curve" in ok.columns and ok.height:
+        curves = np.array(ok.get_column("reserved_curve").to_list(), dtype=np.float64)
+        heat = ff.draw_heatmap(names, curves, ok.get_column("oom_at").to_list())
+        figs.append(html.Rendered("heatmap", "Reserved bytes over normalised time", _HEAT_CAPTION,
+                                  png_bytes(heat)))
+    sections = [html.figure_html(f) for f in figs]
+    sections.append(_groups_section(summary))
+    sections.append(_rows_section(df))
+    sections.extend(_worst_sections(worst))
+    title = f"tracekit fleet: {summary.traces} traces"
+    doc = html.page(title, _header(summary), sections)
+    _atomic_write(output, doc.encode("utf-8"))
+    return output
+
+
+def _outcomes(df: pl.DataFrame, s: FleetSummary) -> list[tuple[str, int]]:
+    out = [(g.key or "unknown", g.traces) for g in s.by_diagnosis]
+    out.append(("no OOM", s.analyzed - s.out_of_memory))
+    if s.errors:
+        out.append(("unreadable", len(s.errors)))
+    return out
+
+
+def _header(s: FleetSummary) -> str:
+    facts = [["traces", f"{s.traces:,}"], ["analyzed", f"{s.analyzed:,}"],
+             ["could not be read", f"{len(s.errors):,}"], ["ran out of memory", f"{s.out_of_memory:,}"]]
+    if s.imbalance is not None:
+        im = s.imbalance
+        ratio = f"{im.ratio:.2f}x" if im.ratio is not None else "n/a"
+        facts.append([f"peak reserved across {im.over}",
+                      f"max {format_size(im.max_bytes)}, median {format_size(im.median_bytes)}, "
+                      f"max / median {ratio}"])
+    box = "ok"
+    verdict = "No trace ran out of memory."
+    if s.out_of_memory:
+        box = "verdict"
+        top = s.by_diagnosis[0]
+        verdict = (f"{s.out_of_memory} of {s.analyzed} traces ran out of memory; the most common cause: "
+                   f"{top.key} ({top.traces}).")
+    if s.worst is not None:
+        verdict += f" Worst: {s.worst.path}: {s.worst.why}. Its own report: {s.worst.report_command}"
+    return html.table(facts) + f'\n<p class="{box}">{html.esc(verdict)}</p>'
+
+
+def _group_rows(groups: Sequence[Group]) -> list[list[str]]:
+    return [[g.key or "(no call-site)", f"{g.traces:,}", ", ".join(map(str, g.ranks[:32])) or "n/a",
+             ", ".join(Path(p).name for p in g.paths[:8]) + (" …" if len(g.paths) > 8 else "")]
+            for g in groups]
+
+
+def _groups_section(s: FleetSummary) -> str:
+    head = ["", "traces", "ranks", "files"]
+    parts = ['<h2 id="causes">Why they ran out of memory</h2>']
+    if not s.out_of_memory:
+        parts.append("<p>No trace ran out of memory.</p>")
+    else:
+        parts.append("<p>By diagnosis:</p>" + html.table(_group_rows(s.by_diagnosis), head, (1,)))
+        parts.append("<p>By the failing request's call-site:</p>"
+                     + html.table(_group_rows(s.by_site), head, (1,)))
+    if s.errors:
+        parts.append("<p>Traces that could not be read or analyzed:</p>"
+                     + html.table([[p, e] for p, e in s.errors], ["trace", "why"]))
+    return "\n".join(parts)
+
+
+_ROW_KEYS = ("rank", "events", "duration_s", "peak_live_bytes", "peak_reserved_bytes",
+             "max_external_fragmentation", "oom_count", "oom_diagnosis", "oom_size", "oom_site",
+             "leaked_bytes")
+
+
+def _rows_section(df: pl.DataFrame) -> str:
+    keys = [k for k in _ROW_KEYS if k in df.columns]
+    rows = []
+    for r in df.iter_rows(named=True):
+        if r["error"] is not None:
+            rows.append([Path(r["path"]).name, "unreadable: see above"] + [""] * (len(keys) - 1))
+            continue
+        rows.append([Path(r["path"]).name] + [_cell(k, r[k]) for k in keys])
+    return ('<h2 id="rows">Every trace</h2>\n'
+            + html.table(rows, ["trace", *keys], tuple(range(1, len(keys) + 1))))
+
+
+def _cell(key: str, v: Any) -> str:
+    if v is None:
+        return ""
+    if key.endswith("_bytes") or key == "oom_size":
+        return format_size(v)
+    return html.fmt_value(key, v)
+
+
+def _worst_sections(worst: Sequence[tuple[str, list[Any] | str]]) -> list[str]:
+    out = []
+    for k, (path, drawn) in enumerate(worst, 1):
+        head = f'<h2 id="worst-{k}">Worst trace #{k}: {html.esc(Path(path).name)}</h2>'
+        cmd = f"tracekit report {path}"
+        if isinstance(drawn, str):
+            out.append(f"{head}\n<p>Its figures could not be drawn: {html.esc(drawn)}</p>")
+            continue
+        figs = [html.Rendered(f"worst-{k}-{r.key}", f"{r.title} ({Path(path).name})", r.caption, r.png)
+                for key in LEAD_FIGURES for r in drawn if r.key == key]
+        body = "\n".join(html.figure_html(f).replace("<h2 ", "<h3 ").replace("</h2>", "</h3>") for f in figs)
+        out.append(f"{head}\n<p>{html.esc(path)}; every figure and number: <code>{html.esc(cmd)}</code></p>\n"
+                   + body)
+    return out
+
+
+_PEAKS_CAPTION = (
+    "Per trace: the highest reserved bytes (segments the allocator held; bars, coloured by the diagnosis "
+    "of the trace's fatal OOM) and the highest live bytes (allocated blocks; dots). A bar far above its "
+    "dot is memory held but not in use: cache and fragmentation."
+)
+_OUTCOME_CAPTION = (
+    "How many traces ran out of memory, by the analyzer's diagnosis (fragmentation, limit, overhead, "
+    "exhaustion; see docs/analysis.md), how many ran without running out, and how many could not be read."
+)
+_HEAT_CAPTION = (
+    "One row per trace; x is each trace's own time scaled to 0..1 (its first to its last event), so runs "
+    "of different lengths line up. A cell is the highest reserved bytes in that stretch. A cross marks "
+    "the fatal OOM. Rows that grow brighter than the others are the ranks that need the most memory."
+)

@@ -1,0 +1,166 @@
+"""The fleet table's row: one trace's identity, peaks, fatal OOM and leaks, as plain scalars.
+
+A ``TraceRow`` is what a worker sends back to the driver (a few hundred
+bytes), so the driver's memory grows with the number of traces, never with
+their size. Identity: the rank comes from the trace's ``launch`` metadata
+(``rank``, ``local_rank``, ``world_size``, ``host``, written by the recorder
+under a launcher), else from the file name (``rank3``, ``rank-3``,
+``rank_3``, ``ddp.rank0.parquet``); ``rank_from`` says which. Figures are
+the analyzer's (``docs/analysis.md``): bytes, event ``seq`` numbers,
+``duration_s`` = last ``t_ns`` − first ``t_ns`` in seconds, external
+fragmentation = 1 − largest free block / free in pool. ``seconds`` is the
+wall time the worker spent on the member (read + analyze + options).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from tracekit.analysis.summary import Summary
+from tracekit.trace.schema import TraceMeta
+
+_RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d+)(?!\d)", re.IGNORECASE)
+
+
+class RankFrom(StrEnum):
+    """Where a row's rank came from."""
+
+    LAUNCH = "launch"  # the trace's ``launch`` metadata
+    FILE_NAME = "file name"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launcher's view of the process that wrote a trace (None = unknown)."""
+
+    rank: int | None = None
+    rank_from: RankFrom | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    host: str | None = None
+
+
+def rank_from_name(path: Path) -> int | None:
+    """The rank written in a file name (``ddp.rank1.parquet`` → 1), None when there is none."""
+    found = _RANK_IN_NAME.findall(path.name)
+    return int(found[-1]) if found else None
+
+
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def launch_fields(path: Path, meta: TraceMeta) -> Launch:
+    """Rank, local rank, world size and host from ``launch`` metadata, else the rank from the name."""
+    launch = meta.extra.get("launch")
+    launch = launch if isinstance(launch, dict) else {}
+    rank = _int_or_none(launch.get("rank"))
+    local, world = _int_or_none(launch.get("local_rank")), _int_or_none(launch.get("world_size"))
+    host = launch.get("host") if isinstance(launch.get("host"), str) else None
+    if rank is not None:
+        return Launch(rank, RankFrom.LAUNCH, local, world, host)
+    named = rank_from_name(path)
+    return Launch(named, RankFrom.FILE_NAME if named is not None else None, local, world, host)
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One trace of the fleet (bytes unless named; ``*_seq`` are event seq numbers)."""
+
+    path: str
+    error: str | None = None
+    source: str | None = None
+    device: str | None = None
+    device_index: int | None = None
+    launch: Launch = Launch()
+    events: int | None = None
+    duration_s: float | None = None
+    peak_live_bytes: int | None = None
+    peak_live_seq: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_reserved_seq: int | None = None
+    max_external_fragmentation: float | None = None
+    oom_count: int | None = None
+    oom_seq: int | None = None
+    oom_size: int | None = None
+    oom_site: str | None = None
+    oom_diagnosis: str | None = None
+    oom_explanation: str | None = None
+    leaked_bytes: int | None = None
+    limit_bytes: int | None = None
+    whatif_lower_bound: int | None = None
+    min_capacity: tuple[tuple[str, int | None], ...] = ()
+    recommendation: str | None = None
+    curve: Any = None  # a member.Curve when the report's heat map was asked for
+    seconds: float = 0.0
+
+    @classmethod
+    def failed(cls, path: str, error: str, seconds: float) -> TraceRow:
+        """The row of a member that could not be read or analyzed."""
+        return cls(path=path, error=error, launch=Launch(*_name_rank(Path(path))), seconds=seconds)
+
+    @classmethod
+    def from_summary(cls, path: str, meta: TraceMeta, s: Summary, launch: Launch, *,
+                     device_index: int | None, whatif: Any = None, recommendation: str | None = None,
+                     curve: Any = None, seconds: float = 0.0) -> TraceRow:
+        """Cut the analyzer's summary (and the optional what-if result) down to a row."""
+        oom = s.oom
+        fits = tuple((f.policy, f.min_capacity) for f in whatif.fits) if whatif is not None else ()
+        return cls(
+            path=path, source=meta.source.value, device=s.context.device_name, device_index=device_index,
+            launch=launch, events=s.events, duration_s=s.duration_s,
+            peak_live_bytes=s.peak_live_bytes, peak_live_seq=s.peak_live_seq,
+            peak_reserved_bytes=s.peak_reserved_bytes, peak_reserved_seq=s.peak_reserved_seq,
+            max_external_fragmentation=s.max_external_fragmentation, oom_count=s.oom_events,
+            oom_seq=oom.seq if oom else None, oom_size=oom.size if oom else None,
+            oom_site=oom.site if oom else None, oom_diagnosis=oom.diagnosis.value if oom else None,
+            oom_explanation=oom.explanation if oom else None, leaked_bytes=s.leaked_bytes,
+            limit_bytes=s.context.limit,
+            whatif_lower_bound=whatif.lower_bound if whatif is not None else None, min_capacity=fits,
+            recommendation=recommendation, curve=curve, seconds=seconds,
+        )
+
+    @property
+    def failed_oom(self) -> bool:
+        """True when the trace ran out of memory (it has a fatal OOM)."""
+        return self.oom_seq is not None
+
+    def record(self) -> dict[str, Any]:
+        """The row as flat columns (the Parquet table's and ``--json``'s ``rows``), curve excluded."""
+        d: dict[str, Any] = {"path": self.path, "error": self.error, "source": self.source,
+                             "device": self.device, "device_index": self.device_index,
+                             "rank": self.launch.rank,
+                             "rank_from": self.launch.rank_from.value if self.launch.rank_from else None,
+                             "local_rank": self.launch.local_rank, "world_size": self.launch.world_size,
+                             "host": self.launch.host}
+        for name in _FIGURES:
+            d[name] = getattr(self, name)
+        if self.whatif_lower_bound is not None:
+            d["whatif_lower_bound_bytes"] = self.whatif_lower_bound
+        for policy, cap in self.min_capacity:
+            d[capacity_column(policy)] = cap
+        if self.recommendation is not None:
+            d["recommendation"] = self.recommendation
+        d["seconds"] = self.seconds
+        return d
+
+
+def capacity_column(policy: str) -> str:
+    """The column holding a policy's smallest capacity: ``min_capacity_best_fit_bytes``."""
+    return f"min_capacity_{policy.replace('-', '_')}_bytes"
+
+
+def _name_rank(path: Path) -> tuple[int | None, RankFrom | None]:
+    r = rank_from_name(path)
+    return r, (RankFrom.FILE_NAME if r is not None else None)
+
+
+_FIGURES = (
+    "events", "duration_s", "peak_live_bytes", "peak_live_seq", "peak_reserved_bytes",
+    "peak_reserved_seq", "max_external_fragmentation", "oom_count", "oom_seq", "oom_size", "oom_site",
+    "oom_diagnosis", "oom_explanation", "leaked_bytes", "limit_bytes",
+)

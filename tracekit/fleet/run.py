@@ -1,0 +1,87 @@
+"""``run_fleet``: analyze many traces on an engine and put the rows, the summary and the outputs together.
+
+Order of work: expand the PATH arguments and check every output first (a
+typo costs nothing); run one task per trace on the engine, each returning a
+``TraceRow``; build the polars table and the summary in the driver (rows
+only: the driver never reads a trace); write the Parquet table; for
+``--report``, render the worst traces' single-trace figures on the same
+engine and write the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tracekit.fleet.engines import Engine, default_jobs, open_engine
+from tracekit.fleet.inputs import check_outputs, expand_paths
+from tracekit.fleet.member import MemberOptions, analyze_member, render_member
+from tracekit.fleet.row import TraceRow
+
+if TYPE_CHECKING:
+    from tracekit.fleet.summary import FleetSummary
+
+WORST_DRAWN = 3  # traces drawn with the single-trace figures in the fleet report
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """How to run a fleet and what to write (paths are checked before any work)."""
+
+    engine: Engine = Engine.LOCAL
+    jobs: int | None = None
+    address: str | None = None
+    whatif: bool = False
+    advise: bool = False
+    output: Path | None = None
+    report: Path | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class FleetResult:
+    """The fleet table (a polars DataFrame), its summary, and the files written."""
+
+    table: Any
+    summary: FleetSummary  # polars is imported only when a fleet runs (workers never need it)
+    written: tuple[Path, ...]
+
+
+def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions()) -> FleetResult:
+    """Analyze every trace ``paths`` names; see the module docstring."""
+    from tracekit.fleet.summary import summarize, worst_paths
+    from tracekit.fleet.table import rows_frame, write_parquet
+
+    members = expand_paths(paths)
+    check_outputs(members, ((options.output, "-o"), (options.report, "--report")))
+    if options.advise:
+        from tracekit.fleet.advice import check_available
+
+        check_available()
+    jobs = options.jobs or default_jobs()
+    mo = MemberOptions(whatif=options.whatif, advise=options.advise, curve=options.report is not None)
+    written: list[Path] = []
+    with open_engine(options.engine, jobs, options.address) as runner:
+        rows: list[TraceRow | None] = [None] * len(members)
+
+        def died(i: int, e: Exception) -> TraceRow:
+            return TraceRow.failed(str(members[i]), f"{members[i]}: the worker analyzing it died "
+                                   f"({type(e).__name__}: {e})", 0.0)
+
+        for i, row in runner.map(analyze_member, [(str(m), mo) for m in members], died):
+            rows[i] = row
+        table = rows_frame([r for r in rows if r is not None])
+        summary = summarize(table)
+        if options.output is not None:
+            written.append(write_parquet(table, options.output))
+        if options.report is not None:
+            from tracekit.fleet.report import write_fleet_report
+
+            worst = worst_paths(table, WORST_DRAWN)
+            figures: dict[str, Any] = {}
+            for i, drawn in runner.map(render_member, [(p,) for p in worst], lambda i, e: e):
+                figures[worst[i]] = drawn
+            written.append(write_fleet_report(table, summary, [(p, figures[p]) for p in worst],
+                                              options.report))
+    return FleetResult(table, summary, tuple(written))
