@@ -1,0 +1,239 @@
+"""``tracekit fleet``: rows that agree with the single-trace engine, the summary across ranks, bad members.
+
+The fleet is a folder of the project's real traces (``traces/``), synthetic
+traces, two hand-built ranks of one job (rank 1 runs out of memory through
+fragmentation, rank 0 does not) and a corrupt file. Every row is checked
+against ``analyze_trace`` on the same file; the hand-built ranks have worked
+answers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from tracekit.analysis import analyze_trace
+from tracekit.cli.app import app
+from tracekit.fleet import Engine, FleetOptions, run_fleet
+from tracekit.fleet.inputs import expand_paths
+from tracekit.fleet.member import reserved_curve
+from tracekit.fleet.row import RankFrom, launch_fields, rank_from_name
+from tracekit.synth import Pattern, synthesize
+from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, read_trace, write_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+BASE = 0x7F0000000000
+
+
+def rank_trace(path: Path, rank: int, *, oom: bool) -> Path:
+    """One rank of a 2-rank job: an 8 MiB segment, three 2 MiB blocks, two of them freed.
+
+    Free afterwards: [0, 2) and [4, 8) MiB of the segment, 6 MiB in all, the largest
+    piece 4 MiB. With ``oom`` a 5 MiB request then fails: 6 MiB free ≥ 5 MiB > 4 MiB,
+    so the diagnosis is fragmentation.
+    """
+    ops = [Op.SEGMENT_ALLOC, Op.MALLOC, Op.MALLOC, Op.MALLOC, Op.FREE, Op.FREE]
+    size = [8 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB]
+    addr = [BASE, BASE, BASE + 2 * MiB, BASE + 4 * MiB, BASE, BASE + 4 * MiB]
+    if oom:
+        ops.append(Op.OOM)
+        size.append(5 * MiB)
+        addr.append(0)
+    n = len(ops)
+    ev = Events.build(np.array(ops, np.int8), np.array(size, np.uint64), addr=np.array(addr, np.uint64),
+                      rounded=np.array(size, np.uint64), t_ns=np.arange(n, dtype=np.int64) * 1000,
+                      site=np.array([-1, 0, 0, 0, -1, -1] + ([1] if oom else []), np.int32),
+                      sites=("train.py:10:forward", "train.py:20:backward"))
+    meta = TraceMeta.new(Source.CUPY, device=DeviceInfo("NVIDIA H200", 140 * 1024 * MiB, 139 * 1024 * MiB),
+                         pool_limit_bytes=8 * MiB).with_extra(
+        launch={"rank": rank, "local_rank": rank, "world_size": 2, "host": "node0", "pid": 100 + rank})
+    write_trace(path, meta, ev)
+    return path
+
+
+@pytest.fixture(scope="session")
+def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real traces, two synthetic ones, two hand-built ranks (their file names say nothing) and a bad file."""
+    d = tmp_path_factory.mktemp("fleet")
+    for name in ("cupy-oom-frag", "cupy-fft", "torch-oom", "torch-wrap"):
+        shutil.copy(ROOT / "traces" / f"{name}.parquet", d / f"{name}.parquet")
+    synthesize(Pattern.TRAINING, 3000, 1, d / "synth-training.parquet")
+    synthesize(Pattern.FRAGMENTING, 3000, 2, d / "synth-fragmenting.parquet")
+    rank_trace(d / "job-a.parquet", 0, oom=False)
+    rank_trace(d / "job-b.parquet", 1, oom=True)
+    (d / "corrupt.parquet").write_bytes(b"PAR1 this is not a trace at all")
+    return d
+
+
+@pytest.fixture(scope="session")
+def local_result(fleet_dir: Path):
+    return run_fleet([fleet_dir], FleetOptions(engine=Engine.LOCAL, jobs=2))
+
+
+def test_every_row_is_the_single_trace_engines_answer(fleet_dir: Path, local_result) -> None:
+    rows = {Path(r["path"]).name: r for r in local_result.table.to_dicts()}
+    assert len(rows) == 9
+    for name, r in rows.items():
+        if name == "corrupt.parquet":
+            continue
+        s = analyze_trace(read_trace(fleet_dir / name), timeline=False).summary
+        assert r["error"] is None
+        assert (r["events"], r["peak_live_bytes"], r["peak_live_seq"]) == (s.events, s.peak_live_bytes,
+                                                                          s.peak_live_seq)
+        assert (r["peak_reserved_bytes"], r["peak_reserved_seq"]) == (s.peak_reserved_bytes,
+                                                                      s.peak_reserved_seq)
+        assert r["max_external_fragmentation"] == pytest.approx(s.max_external_fragmentation)
+        assert r["oom_count"] == s.oom_events and r["leaked_bytes"] == s.leaked_bytes
+        assert r["oom_seq"] == (s.oom.seq if s.oom else None)
+        assert r["oom_diagnosis"] == (s.oom.diagnosis.value if s.oom else None)
+        assert r["duration_s"] == pytest.approx(s.duration_s)
+
+
+def test_a_corrupt_member_is_reported_in_its_row_and_the_others_finish(local_result) -> None:
+    df = local_result.table
+    bad = df.filter(pl.col("error").is_not_null())
+    assert bad.get_column("path").to_list()[0].endswith("corrupt.parquet")
+    assert "not a readable Parquet file" in bad.get_column("error")[0]
+    assert df.filter(pl.col("error").is_null()).height == 8
+    assert local_result.summary.errors[0][0].endswith("corrupt.parquet")
+
+
+def test_two_ranks_worked_answer(local_result) -> None:
+    df = local_result.table
+    ranks = df.filter(pl.col("rank").is_not_null())
+    # Ranks from the launch metadata, sorted first; the file names carry none.
+    assert ranks.get_column("rank").to_list() == [0, 1]
+    assert df.get_column("rank").to_list()[:2] == [0, 1]
+    r1 = ranks.row(1, named=True)
+    assert (r1["rank_from"], r1["world_size"], r1["host"]) == ("launch", 2, "node0")
+    assert (r1["oom_seq"], r1["oom_size"], r1["oom_diagnosis"]) == (6, 5 * MiB, "fragmentation")
+    assert r1["oom_site"] == "train.py:20:backward"
+    peaks = (r1["peak_live_bytes"], r1["peak_reserved_bytes"], r1["leaked_bytes"])
+    assert peaks == (6 * MiB, 8 * MiB, 2 * MiB)
+    # 1 - largest free / free: after the first free [0, 2) and [6, 8) are free: 1 - 2/4;
+    # after the second, [0, 2) and [4, 8): 1 - 4/6. The maximum is the first.
+    assert r1["max_external_fragmentation"] == pytest.approx(1 - 2 / 4)
+    s = local_result.summary
+    frag = next(g for g in s.by_diagnosis if g.key == "fragmentation")
+    assert 1 in frag.ranks and frag.traces == 2  # rank 1 and cupy-oom-frag
+    site = next(g for g in s.by_site if g.key == "train.py:20:backward")
+    assert site.ranks == (1,) and site.traces == 1
+    im = s.imbalance
+    assert im is not None
+    assert (im.over, im.count, im.max_bytes, im.median_bytes) == ("ranks", 2, 8 * MiB, 8 * MiB)
+
+
+def test_summary_worst_trace_and_counts(local_result) -> None:
+    s = local_result.summary
+    assert (s.traces, s.analyzed, s.out_of_memory) == (9, 8, 3)
+    assert {g.key: g.traces for g in s.by_diagnosis} == {"fragmentation": 2, "limit": 1}
+    # Traces that ran out come first, then the highest peak reserved: torch-oom (14 GiB).
+    assert s.worst is not None and s.worst.path.endswith("torch-oom.parquet")
+    cmd = s.worst.report_command
+    assert cmd.startswith("tracekit report ") and cmd.endswith("-o torch-oom.html")
+    text = s.to_text()
+    assert "3 ran out of memory" in text and "worst:" in text and "corrupt.parquet" in text
+
+
+def test_rank_from_file_name_and_metadata(tmp_path: Path) -> None:
+    assert rank_from_name(Path("ddp.rank0.parquet")) == 0
+    assert rank_from_name(Path("run-rank_12.parquet")) == 12
+    assert rank_from_name(Path("Rank-3-of-8.parquet")) == 3
+    assert rank_from_name(Path("frank7.parquet")) is None
+    assert rank_from_name(Path("cupy-mlp.parquet")) is None
+    p = rank_trace(tmp_path / "ddp.rank5.parquet", 2, oom=False)
+    got = launch_fields(p, read_trace(p).meta)
+    assert (got.rank, got.rank_from) == (2, RankFrom.LAUNCH)  # the metadata wins over the name
+    bare = TraceMeta.new(Source.SYNTHETIC)
+    got = launch_fields(Path("x.rank4.parquet"), bare)
+    assert (got.rank, got.rank_from, got.world_size) == (4, RankFrom.FILE_NAME, None)
+
+
+def test_reserved_curve_worked_example() -> None:
+    # One event a second; reserved 0, 10, 30 (a spike at 2 s), 5, 5, 5, 8. Twelve columns of 0.5 s:
+    # a column holds the highest value it sees, counting the value carried in (the column starting
+    # at 3 s still holds the 30 until the event at 3 s lowers it); an empty column holds what was left.
+    t = np.arange(7, dtype=np.int64) * 1_000_000_000
+    seq = np.arange(7, dtype=np.uint64)
+    res = np.array([0, 10, 30, 5, 5, 5, 8], np.int64)
+    c = reserved_curve(t, seq, res, 12, oom_seq=3)
+    assert c.reserved == (0, 0, 10, 10, 30, 30, 30, 5, 5, 5, 5, 8)
+    assert c.oom_at == pytest.approx(3 / 6)
+    assert reserved_curve(t[:0], seq[:0], res[:0], 4).reserved == (0, 0, 0, 0)
+
+
+def test_reserved_curve_falls_back_to_event_index_after_a_long_pause() -> None:
+    # A 6 s pause in a 9 s trace: like the report's timeline, x becomes the event index 0..4.
+    t = np.array([0, 1, 2, 3, 9], np.int64) * 1_000_000_000
+    c = reserved_curve(t, np.arange(5, dtype=np.uint64), np.array([0, 10, 30, 5, 5], np.int64), 3, oom_seq=3)
+    assert c.reserved == (10, 30, 30) and c.oom_at == pytest.approx(3 / 4)
+
+
+def test_paths_folder_glob_and_file_each_once(fleet_dir: Path, tmp_path: Path) -> None:
+    got = expand_paths([fleet_dir / "job-a.parquet", str(fleet_dir / "job-*.parquet"), fleet_dir])
+    names = [p.name for p in got]
+    assert names[:2] == ["job-a.parquet", "job-b.parquet"] and len(names) == len(set(names)) == 9
+    from tracekit.errors import InputError
+
+    with pytest.raises(InputError, match=r"holds no \.parquet"):
+        expand_paths([tmp_path])
+    with pytest.raises(InputError, match="no file matches"):
+        expand_paths([str(tmp_path / "*.parquet")])
+
+
+runner = CliRunner()
+
+
+def test_cli_json_parquet_and_report(fleet_dir: Path, tmp_path: Path) -> None:
+    out, rep = tmp_path / "fleet.parquet", tmp_path / "fleet.html"
+    members = [str(fleet_dir / "job-*.parquet"), str(fleet_dir / "cupy-oom-frag.parquet")]
+    args = ["--jobs", "1", "--json", "-o", str(out), "--report", str(rep)]
+    res = runner.invoke(app, ["fleet", *members, *args])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [r["rank"] for r in doc["rows"]] == [0, 1, None]
+    assert doc["summary"]["worst"]["rank"] == 1 or doc["summary"]["worst"]["path"].endswith("frag.parquet")
+    table = pl.read_parquet(out)
+    assert table.height == 3 and table.get_column("reserved_curve").list.len().to_list() == [240] * 3
+    assert table.drop("reserved_curve", "oom_at", "seconds").to_dicts() == [
+        {k: v for k, v in r.items() if k != "seconds"} for r in doc["rows"]]
+    page = rep.read_text()
+    assert "Content-Security-Policy" in page and 'id="heatmap"' in page and 'id="worst-1"' in page
+    assert page.count("<img ") >= 3 + 3  # peaks, outcomes, heat map, and the worst traces' figures
+    assert "http://" not in page.replace("http://www.w3.org", "")
+
+
+def test_cli_text_names_the_failing_rank(fleet_dir: Path) -> None:
+    res = runner.invoke(app, ["fleet", str(fleet_dir / "job-a.parquet"), str(fleet_dir / "job-b.parquet"),
+                              "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    assert "fragmentation at seq 6" in res.stdout and "(rank 1)" in res.stdout
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tracekit", "fleet", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_exit_codes(fleet_dir: Path, tmp_path: Path) -> None:
+    bad_engine = _run(str(fleet_dir), "--engine", "spark")
+    assert bad_engine.returncode == 2 and "choose local or ray" in bad_engine.stderr
+    assert "Traceback" not in bad_engine.stderr
+    address = _run(str(fleet_dir), "--address", "127.0.0.1:6379")
+    assert address.returncode == 2 and "--engine ray" in address.stderr
+    empty = _run(str(tmp_path))
+    assert empty.returncode == 1 and "holds no .parquet trace" in empty.stderr
+    member = fleet_dir / "job-a.parquet"
+    before = member.read_bytes()
+    clash = _run(str(fleet_dir), "-o", str(member))
+    assert clash.returncode == 2 and "names one of the traces" in clash.stderr
+    assert member.read_bytes() == before
