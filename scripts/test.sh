@@ -14,7 +14,7 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "warning: could not install chromium; the browser tests will be skipped" >&2
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,fleet]"
 .venv/bin/ruff check tracekit tests scripts
 .venv/bin/mypy
 .venv/bin/python -m pytest -q "$@"

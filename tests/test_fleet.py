@@ -212,6 +212,17 @@ def test_cli_json_parquet_and_report(fleet_dir: Path, tmp_path: Path) -> None:
     assert "http://" not in page.replace("http://www.w3.org", "")
 
 
+def test_whatif_columns_are_the_single_trace_search(fleet_dir: Path) -> None:
+    from tracekit.analysis.whatif import whatif
+
+    res = run_fleet([fleet_dir / "job-b.parquet"], FleetOptions(jobs=1, whatif=True))
+    row = res.table.row(0, named=True)
+    want = whatif(read_trace(fleet_dir / "job-b.parquet"), jobs=1)
+    assert row["whatif_lower_bound_bytes"] == want.lower_bound
+    for fit in want.fits:
+        assert row[f"min_capacity_{fit.policy.replace('-', '_')}_bytes"] == fit.min_capacity
+
+
 def test_cli_text_names_the_failing_rank(fleet_dir: Path) -> None:
     res = runner.invoke(app, ["fleet", str(fleet_dir / "job-a.parquet"), str(fleet_dir / "job-b.parquet"),
                               "--jobs", "1"])
@@ -224,16 +235,28 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
-def test_exit_codes(fleet_dir: Path, tmp_path: Path) -> None:
+def test_exit_codes_through_a_process(fleet_dir: Path, tmp_path: Path) -> None:
     bad_engine = _run(str(fleet_dir), "--engine", "spark")
     assert bad_engine.returncode == 2 and "choose local or ray" in bad_engine.stderr
     assert "Traceback" not in bad_engine.stderr
-    address = _run(str(fleet_dir), "--address", "127.0.0.1:6379")
-    assert address.returncode == 2 and "--engine ray" in address.stderr
-    empty = _run(str(tmp_path))
-    assert empty.returncode == 1 and "holds no .parquet trace" in empty.stderr
     member = fleet_dir / "job-a.parquet"
     before = member.read_bytes()
     clash = _run(str(fleet_dir), "-o", str(member))
     assert clash.returncode == 2 and "names one of the traces" in clash.stderr
     assert member.read_bytes() == before
+    existing = tmp_path / "old.parquet"
+    existing.write_bytes(b"keep me")
+    kept = _run(str(member), "-o", str(existing))
+    assert kept.returncode == 1 and "--force" in kept.stderr and existing.read_bytes() == b"keep me"
+
+
+def test_usage_and_input_errors(fleet_dir: Path, tmp_path: Path) -> None:
+    address = runner.invoke(app, ["fleet", str(fleet_dir), "--address", "127.0.0.1:6379"])
+    assert address.exit_code == 2 and "--engine ray" in address.stderr
+    empty = runner.invoke(app, ["fleet", str(tmp_path)])
+    assert empty.exit_code == 1 and "holds no .parquet trace" in empty.stderr
+    existing = tmp_path / "old.parquet"
+    existing.write_bytes(b"replace me")
+    forced = runner.invoke(app, ["fleet", str(fleet_dir / "job-a.parquet"), "-o", str(existing), "--force",
+                                 "--jobs", "1"])
+    assert forced.exit_code == 0 and pl.read_parquet(existing).height == 1

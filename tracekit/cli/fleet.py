@@ -23,6 +23,7 @@ def fleet(
         False, "--whatif", help="Add each trace's smallest capacity per allocator (slower)."
     ),
     advise: bool = typer.Option(False, "--advise", help="Add each trace's recommendation."),
+    force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Analyze many traces (the ranks of one job, runs of a CI history): who ran out of memory and why."""
     from tracekit.cli.common import echo_json, wrote
@@ -34,8 +35,13 @@ def fleet(
     except ValueError:
         raise UsageError(f"--engine {engine!r}: choose local or ray") from None
     options = FleetOptions(engine=eng, jobs=jobs, address=address, whatif=whatif, advise=advise,
-                           output=output, report=report)
-    result = run_fleet(paths, options)
+                           output=output, report=report, force=force)
+    from tracekit.progress import Progress, reporting
+
+    bar = Progress("fleet", min_total=8)  # traces done of all; short fleets finish before a bar helps
+    with reporting(bar):
+        result = run_fleet(paths, options)
+    bar.close()
     if json_out:
         from tracekit.fleet.table import json_rows
 

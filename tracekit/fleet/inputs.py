@@ -49,16 +49,17 @@ def _expand_one(arg: str) -> Iterable[Path]:
     return [p]
 
 
-def check_outputs(members: Sequence[Path], outputs: Iterable[tuple[Path | None, str]]) -> None:
-    """Refuse an output that is one of the members, or a folder, or in a folder that is missing."""
-    from tracekit.trace.writer import check_output_path
+def check_outputs(members: Sequence[Path], outputs: Iterable[tuple[Path | None, str]], *,
+                  force: bool = False) -> None:
+    """Refuse an output that is one of the members (even a missing one), or that the output policy
+    (``tracekit.outputs.check_output``) refuses: an existing file without ``force``, a folder."""
+    from tracekit.outputs import check_output
 
     named = [(Path(o), opt) for o, opt in outputs if o is not None]
-    inputs = tuple(members)
-    keys = {m.resolve() for m in inputs}
+    keys = {m.resolve() for m in members}
     for out, opt in named:
         if out.resolve() in keys:
             raise UsageError(f"{out}: {opt} names one of the traces; choose another {opt}")
-        check_output_path(out, (), option=opt)
+        check_output(out, members, option=opt, force=force)
     if len({o.resolve() for o, _ in named}) != len(named):
         raise UsageError(f"{named[0][0]}: the same path is given for two outputs")

@@ -69,16 +69,17 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
         from tracekit.analysis.whatif import whatif as run_whatif
 
         whatif = run_whatif(trace, jobs=1)  # the fleet already runs one member per CPU
-    advice = None
+    advice: tuple[str | None, str | None] = (None, None)
     if options.advise:
         from tracekit.fleet.advice import recommend
 
-        advice = recommend(trace, result)
+        advice = recommend(trace)
     devices = np.unique(trace.events.device)
     return TraceRow.from_summary(
         path, trace.meta, result.summary, launch_fields(Path(path), trace.meta),
         device_index=int(devices[0]) if len(devices) == 1 else None,
-        whatif=whatif, recommendation=advice, curve=curve, seconds=time.perf_counter() - t0,
+        whatif=whatif, advice=advice if options.advise else None, curve=curve,
+        seconds=time.perf_counter() - t0,
     )
 
 

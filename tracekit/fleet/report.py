@@ -20,8 +20,9 @@ import polars as pl
 
 from tracekit.fleet import figures as ff
 from tracekit.fleet.summary import FleetSummary, Group
+from tracekit.outputs import write_bytes
 from tracekit.report import html
-from tracekit.report.build import _atomic_write, png_bytes
+from tracekit.report.build import png_bytes
 from tracekit.units import format_size
 
 LEAD_FIGURES = ("timeline", "oom-moment", "memory-map")  # of each worst trace; the rest: its own report
@@ -56,7 +57,7 @@ def write_fleet_report(df: pl.DataFrame, summary: FleetSummary,
     sections.extend(_worst_sections(worst))
     title = f"tracekit fleet: {summary.traces} traces"
     doc = html.page(title, _header(summary), sections)
-    _atomic_write(output, doc.encode("utf-8"))
+    write_bytes(output, doc.encode("utf-8"))
     return output
 
 

@@ -94,7 +94,9 @@ class TraceRow:
     limit_bytes: int | None = None
     whatif_lower_bound: int | None = None
     min_capacity: tuple[tuple[str, int | None], ...] = ()
+    advised: bool = False
     recommendation: str | None = None
+    advise_error: str | None = None
     curve: Any = None  # a member.Curve when the report's heat map was asked for
     seconds: float = 0.0
 
@@ -105,7 +107,8 @@ class TraceRow:
 
     @classmethod
     def from_summary(cls, path: str, meta: TraceMeta, s: Summary, launch: Launch, *,
-                     device_index: int | None, whatif: Any = None, recommendation: str | None = None,
+                     device_index: int | None, whatif: Any = None,
+                     advice: tuple[str | None, str | None] | None = None,
                      curve: Any = None, seconds: float = 0.0) -> TraceRow:
         """Cut the analyzer's summary (and the optional what-if result) down to a row."""
         oom = s.oom
@@ -121,7 +124,8 @@ class TraceRow:
             oom_explanation=oom.explanation if oom else None, leaked_bytes=s.leaked_bytes,
             limit_bytes=s.context.limit,
             whatif_lower_bound=whatif.lower_bound if whatif is not None else None, min_capacity=fits,
-            recommendation=recommendation, curve=curve, seconds=seconds,
+            advised=advice is not None, recommendation=advice[0] if advice else None,
+            advise_error=advice[1] if advice else None, curve=curve, seconds=seconds,
         )
 
     @property
@@ -143,8 +147,9 @@ class TraceRow:
             d["whatif_lower_bound_bytes"] = self.whatif_lower_bound
         for policy, cap in self.min_capacity:
             d[capacity_column(policy)] = cap
-        if self.recommendation is not None:
+        if self.advised:
             d["recommendation"] = self.recommendation
+            d["advise_error"] = self.advise_error
         d["seconds"] = self.seconds
         return d
 

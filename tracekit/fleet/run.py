@@ -19,6 +19,7 @@ from tracekit.fleet.engines import Engine, default_jobs, open_engine
 from tracekit.fleet.inputs import check_outputs, expand_paths
 from tracekit.fleet.member import MemberOptions, analyze_member, render_member
 from tracekit.fleet.row import TraceRow
+from tracekit.progress import report as report_progress
 
 if TYPE_CHECKING:
     from tracekit.fleet.summary import FleetSummary
@@ -37,6 +38,7 @@ class FleetOptions:
     advise: bool = False
     output: Path | None = None
     report: Path | None = None
+    force: bool = False  # replace existing output files
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,7 +56,7 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
     from tracekit.fleet.table import rows_frame, write_parquet
 
     members = expand_paths(paths)
-    check_outputs(members, ((options.output, "-o"), (options.report, "--report")))
+    check_outputs(members, ((options.output, "-o"), (options.report, "--report")), force=options.force)
     if options.advise:
         from tracekit.fleet.advice import check_available
 
@@ -69,8 +71,9 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
             return TraceRow.failed(str(members[i]), f"{members[i]}: the worker analyzing it died "
                                    f"({type(e).__name__}: {e})", 0.0)
 
-        for i, row in runner.map(analyze_member, [(str(m), mo) for m in members], died):
+        for done, (i, row) in enumerate(runner.map(analyze_member, [(str(m), mo) for m in members], died), 1):
             rows[i] = row
+            report_progress(done, len(members))
         table = rows_frame([r for r in rows if r is not None])
         summary = summarize(table)
         if options.output is not None:

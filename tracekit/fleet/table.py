@@ -7,12 +7,12 @@ has typed, queryable columns) and, when the heat map was asked for, a
 ``oom_at``, the fatal OOM's place on that curve's normalised time axis. polars is
 imported here only, lazily by the callers: the record, device-replay and
 budget paths never load it. The Parquet file is written to a temporary name
-beside the target and renamed, so an interrupted run leaves no half file.
+beside the target and renamed (``tracekit.outputs``), so an interrupted run leaves
+no half file.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import polars as pl
 
 from tracekit.errors import OutputError
 from tracekit.fleet.row import TraceRow
+from tracekit.outputs import Staged
 
 SCHEMA: dict[str, Any] = {
     "path": pl.String, "error": pl.String, "source": pl.String, "device": pl.String,
@@ -31,7 +32,8 @@ SCHEMA: dict[str, Any] = {
     "oom_seq": pl.Int64, "oom_size": pl.Int64, "oom_site": pl.String, "oom_diagnosis": pl.String,
     "oom_explanation": pl.String, "leaked_bytes": pl.Int64, "limit_bytes": pl.Int64,
 }
-_OPTIONAL: dict[str, Any] = {"whatif_lower_bound_bytes": pl.Int64, "recommendation": pl.String}
+_OPTIONAL: dict[str, Any] = {"whatif_lower_bound_bytes": pl.Int64, "recommendation": pl.String,
+                             "advise_error": pl.String}
 
 
 def rows_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
@@ -54,17 +56,12 @@ def rows_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
 
 
 def write_parquet(df: pl.DataFrame, path: Path) -> Path:
-    """Write ``df`` as zstd Parquet at ``path``, atomically."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        df.write_parquet(tmp, compression="zstd")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write the fleet table ({e.strerror or e})") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write ``df`` as zstd Parquet at ``path``, atomically (``tracekit.outputs``)."""
+    with Staged(path) as staged:
+        try:
+            df.write_parquet(staged.tmp, compression="zstd")
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write the fleet table ({e.strerror or e})") from None
     return path
 
 
