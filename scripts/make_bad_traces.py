@@ -53,7 +53,7 @@ def main() -> None:
     write("unknown_op.parquet", table(op=pa.array(["malloc", "calloc", "free"])))
     write("missing_size.parquet", table(size=pa.array([100, None, 512], pa.uint64())))
     write("missing_addr.parquet", table(addr=pa.array([4096, None, 4096], pa.uint64())))
-    write("bad_version.parquet", table(), {"schema_version": 2, "source": "cupy"})
+    write("bad_version.parquet", table(), {"schema_version": 3, "source": "cupy"})
     write("bad_source.parquet", table(), {"schema_version": 1, "source": "tensorflow"})
     write("no_metadata.parquet", table(), None)
     write("huge_size.parquet", table(size=pa.array([100, 2**63 + 5, 512], pa.uint64())))

@@ -113,21 +113,45 @@ def test_no_sites_mode_records_minus_one() -> None:
     assert table is None and unpack(buf.take())["site"].tolist() == [-1]
 
 
-def test_failed_malloc_under_out_of_memory_is_an_oom_row_with_pool_state() -> None:
-    state = {"used_bytes": 3 << 20, "total_bytes": 8 << 20, "free_bytes": 5 << 20, "limit": 8 << 20}
-    buf, _, hook = _hook(pool_state=lambda device_id: state)
+class OomError(MemoryError):
+    """Stands in for cupy.cuda.memory.OutOfMemoryError (a MemoryError with a __dict__)."""
+
+
+def test_failed_malloc_under_out_of_memory_is_an_oom_row_with_the_measured_device() -> None:
+    counters = {"used_bytes": 3 << 20, "total_bytes": 8 << 20, "free_bytes": 5 << 20, "limit_bytes": 8 << 20}
+    measured = {"device": 0, "mem_free": 117 << 20, "mem_total": 140 << 30, "processes": [],
+                "limits": {"stack_size": 16384}, "pool": counters}
+    buf, _, hook = _hook(oom_state=lambda device_id: (2, measured))
     msg = "Out of memory allocating 4,194,304 bytes (allocated so far: 8,388,608 bytes)."
     try:  # CuPy runs the callbacks in a ``finally`` while the exception propagates
-        raise MemoryError(msg)
-    except MemoryError:
+        raise OomError(msg)
+    except MemoryError as e:
         hook.malloc_postprocess(device_id=0, size=4_000_000, mem_size=4_000_256,  # type: ignore[misc]
                                 mem_ptr=0, pmem_id=0)
+        raised = e
     c = unpack(buf.take())
     assert c["op"].tolist() == [Op.OOM, 15]  # the oom row and its note row
     assert c["size"][0] == 4_000_000 and c["rounded"][0] == 4_000_256
+    assert c["device_free"][0] == 117 << 20 and c["pool"][0] == 2 and c["device_free"][1] == -1
     note = buf.notes[int(c["addr"][1])]
-    assert note["message"] == msg and note["exception"] == "MemoryError"
-    assert note["free_bytes"] == 5 << 20 and note["size"] == 4_000_000
+    assert note["message"] == msg and note["exception"] == "OomError"
+    assert note["free_bytes"] == 5 << 20 and note["size"] == 4_000_000 and note["limit"] == 8 << 20
+    assert note["state"] == measured and note["pool_id"] == 2
+    # the exception carries the note's index, so the recording can tell which OOM ended the program
+    assert raised._tracekit_oom_note == note["note"] == int(c["addr"][1])  # type: ignore[attr-defined]
+
+
+def test_on_several_devices_a_malloc_takes_the_current_device_and_counts_cupys_wrong_id() -> None:
+    """CuPy 14 reports the device that was current when the pool was first used (0 here)."""
+    current = [1]
+    buf, _, hook = _hook(current_device=lambda: current[0])
+    _malloc(hook, 1000, BASE, device=0)  # CuPy says 0 for device 1's pool
+    current[0] = 0
+    _malloc(hook, 1000, BASE + 512, device=0)  # right
+    _free(hook, 1000, BASE, device=1)  # frees carry the block's own device: taken as is
+    c = unpack(buf.take())
+    assert c["device"].tolist() == [1, 0, 1] and hook.mismatches == [0]
+    assert (c["pool"] == -1).all()  # mallocs' pools are resolved from segments later
 
 
 def test_zero_size_and_non_memory_errors_are_not_ooms() -> None:
@@ -137,21 +161,23 @@ def test_zero_size_and_non_memory_errors_are_not_ooms() -> None:
         raise RuntimeError("cudaErrorIllegalAddress")
     except RuntimeError:
         hook.malloc_postprocess(device_id=0, size=512, mem_size=512, mem_ptr=0, pmem_id=0)  # type: ignore[misc]
-    assert len(buf.take()) == 0 and buf.notes == []
+    assert len(buf.take()) == 0 and buf.notes == {}
 
 
 def test_segment_log_records_device_allocations_and_keeps_errors() -> None:
     buf = EventBuffer()
     mem: dict[int, int] = {}
 
-    def device_malloc(size: int) -> int:
+    def device_malloc(size: int) -> tuple[int, None]:
         if size > 1 << 30:
             raise RuntimeError("cudaErrorMemoryAllocation: out of memory")
         ptr = BASE + (len(mem) << 24)
         mem[ptr] = size
-        return ptr
+        return ptr, None
 
-    log = SegmentLog(buf, device_malloc=device_malloc, device_free=mem.pop, current_stream=_stream)
+    free_now = iter([900 << 20, 902 << 20])
+    log = SegmentLog(buf, device_malloc=device_malloc, device_free=lambda ptr, keep: mem.pop(ptr),
+                     current_stream=_stream, pool_id=lambda device: 3, free_bytes=lambda d: next(free_now))
     p = log.malloc(2 << 20, 0)
     try:
         log.malloc(2 << 30, 0)
@@ -162,6 +188,8 @@ def test_segment_log_records_device_allocations_and_keeps_errors() -> None:
     assert c["op"].tolist() == [Op.SEGMENT_ALLOC, Op.SEGMENT_FREE]
     assert c["size"].tolist() == [2 << 20, 2 << 20] and c["addr"].tolist() == [p, p]
     assert log.failures == 1 and mem == {} and log.devices == {0}
+    # device-level rows carry their pool and the device's free bytes measured right after
+    assert c["pool"].tolist() == [3, 3] and c["device_free"].tolist() == [900 << 20, 902 << 20]
 
 
 def test_worker_threads_get_the_hook_and_rows_never_tear() -> None:

@@ -31,7 +31,8 @@ STREAM = types.SimpleNamespace(ptr=0)
 def _writer(tmp: Path, clock=time.perf_counter_ns, **kw):  # type: ignore[no-untyped-def]
     buf, table = EventBuffer(), SiteTable(())
     hook = TraceHook(buf, sites=table, current_stream=lambda: STREAM, clock=clock,
-                     pool_state=lambda d: {"used_bytes": 512, "total_bytes": 4096, "free_bytes": 3584})
+                     oom_state=lambda d: (0, {"device": d, "mem_free": 1 << 30, "pool": {
+                         "used_bytes": 512, "total_bytes": 4096, "free_bytes": 3584}}))
     meta = TraceMeta.new(Source.CUPY, command="python app.py")
     w = SpoolWriter(tmp / "t.parquet.spool", meta, buf, table, 0, **kw)
     return w, hook
@@ -43,7 +44,7 @@ def _pair(hook: TraceHook, i: int, size: int = 512) -> None:
     hook.free_postprocess(device_id=0, mem_size=size, mem_ptr=BASE + i * 4096, pmem_id=i)  # type: ignore[misc]
 
 
-def test_finalize_writes_a_valid_v1_trace_with_sites_and_oom_seq(tmp_path: Path) -> None:
+def test_finalize_writes_a_valid_trace_with_sites_and_oom_seq(tmp_path: Path) -> None:
     w, hook = _writer(tmp_path)
     for i in range(10):
         _pair(hook, i)
@@ -61,6 +62,7 @@ def test_finalize_writes_a_valid_v1_trace_with_sites_and_oom_seq(tmp_path: Path)
     assert t.events.op[-1] == Op.OOM and t.events.op[-2] == Op.MALLOC
     oom = t.meta.extra["ooms"][0]
     assert oom["seq"] == 21 and oom["rounded"] == 1 << 20 and oom["free_bytes"] == 3584
+    assert t.meta.extra["oom_states"][0]["seq"] == 21 and t.meta.extra["oom_states"][0]["mem_free"] == 1 << 30
     assert t.meta.extra["complete"] is True and t.meta.command == "python app.py"
     assert all(s.endswith(":_pair") or "test_finalize" in s for s in t.events.sites)
     assert (np.diff(t.events.t_ns) >= 0).all()
@@ -217,7 +219,6 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path: Path) -> None:
 
 def test_stop_keeps_the_events_when_reading_the_pool_fails(tmp_path: Path) -> None:
     """A CUDA error left by the program breaks the pool read: the trace is still written, spool gone."""
-    from tracekit.record.device_alloc import SegmentLog
     from tracekit.record.session import CupyRecording
 
     class StickyError(RuntimeError):
@@ -232,10 +233,11 @@ def test_stop_keeps_the_events_when_reading_the_pool_fails(tmp_path: Path) -> No
     w, hook = _writer(tmp_path)
     for i in range(3):
         _pair(hook, i)
-    rec.spool, rec.t0, rec.hook = w, 0, types.SimpleNamespace(__exit__=lambda *a: None)
+    rec.spool, rec.t0 = w, 0
+    rec.hook = types.SimpleNamespace(__exit__=lambda *a: None, mismatches=[])  # type: ignore[assignment]
     rec._unpatch = lambda: None
-    rec.segments = SegmentLog(w.buffer, device_malloc=lambda n: 0, device_free=lambda p: None,
-                              current_stream=lambda: STREAM)
+    rec.pools = types.SimpleNamespace(unpatch=lambda: None, logs=[], metadata=lambda: ([], []))  # type: ignore[assignment]
+    rec.probe = types.SimpleNamespace(close=lambda: None)  # type: ignore[assignment]
     assert rec.stop({"code": 0}) == out
     t = read_trace(out, strict=True)
     assert len(t.events) == 6 and t.meta.extra["pool_end"] is None

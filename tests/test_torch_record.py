@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -46,7 +47,16 @@ PROGRAM = textwrap.dedent("""
     if mode == "oom":
         free, total = torch.cuda.mem_get_info()
         torch.cuda.set_per_process_memory_fraction((256 << 20) / total)
+        try:
+            make(1 << 30)  # a handled OOM first
+        except torch.OutOfMemoryError:
+            print("handled one")
         big = [make(64 << 20) for _ in range(16)]
+    if mode == "sleep":
+        more = [make(2 << 20) for _ in range(3)]
+        print("ready", flush=True)
+        import time
+        time.sleep(120)
 """)
 
 
@@ -69,11 +79,12 @@ def test_without_pytorch_one_sentence(tmp_path: Path) -> None:
     assert not (tmp_path / "t.parquet").exists()
 
 
-def run(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def run(tmp: Path, *args: str, env_extra: dict[str, str] | None = None
+        ) -> tuple[subprocess.CompletedProcess[str], Path]:
     script = tmp / "prog.py"
     script.write_text(PROGRAM)
     out = tmp / f"rec-{args[0] if args else 'ok'}.parquet"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
     r = subprocess.run([sys.executable, "-m", "tracekit", "record", "--torch", "-o", str(out), str(script),
                         *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
     keep_output(tmp, args[0] if args else "ok")
@@ -118,6 +129,52 @@ def test_out_of_memory_is_recorded_with_the_limit(tmp_path: Path) -> None:
     obs = tr.meta.extra["torch_oom_observer"]
     assert tr.meta.pool_limit_bytes == obs["total_or_allowed"] < tr.meta.device.total_bytes
     assert abs(tr.meta.pool_limit_bytes - (256 << 20)) < (1 << 20)
+    # version 2: the device measured at each OOM, and the one the program died of
+    ooms = np.flatnonzero(tr.events.op == Op.OOM)
+    states = tr.meta.extra["oom_states"]
+    assert "handled one" in r.stdout and len(ooms) == len(states) == 2
+    assert [s["seq"] for s in states] == tr.events.seq[ooms].tolist()
+    for s in states:
+        assert s["mem_free"] > 0 and s["mem_total"] == tr.meta.device.total_bytes
+        assert s["limits"]["stack_size"] and s["pool"]["limit_bytes"] == tr.meta.pool_limit_bytes
+    ex = tr.meta.extra["exit"]
+    assert ex["status"] == "exception" and ex["oom_seq"] == int(tr.events.seq[ooms[-1]])
+    assert ex["exception"] == "torch.OutOfMemoryError" and ex["code"] == 1
+    assert tr.meta.extra["pools"][0]["kind"] == "pool"
+
+
+@pytest.mark.gpu
+@needs_torch
+def test_a_launcher_rank_gets_its_own_files_and_launch_metadata(tmp_path: Path) -> None:
+    r, out = run(tmp_path, "ok", env_extra={"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    assert r.returncode == 0, r.stderr
+    ranked = out.with_name("rec-ok.rank1.parquet")
+    assert not out.exists() and ranked.exists() and snapshot_path(ranked).exists()
+    launch = read_trace(ranked).meta.extra["launch"]
+    assert (launch["rank"], launch["local_rank"], launch["world_size"]) == (1, 1, 2)
+
+
+@pytest.mark.gpu
+@needs_torch
+def test_sigterm_dumps_the_history_and_exits_143(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM)
+    out = tmp_path / "stopped.parquet"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "tracekit", "record", "--torch", "-o", str(out), str(script), "sleep"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)
+    assert proc.stdout is not None
+    while (line := proc.stdout.readline()) and line.strip() != "ready":
+        pass
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    tr = read_trace(out)
+    ex = tr.meta.extra["exit"]
+    assert ex["status"] == "signal" and ex["signal"] == signal.SIGTERM and ex["code"] == 143
+    sizes = tr.events.size[tr.events.op == Op.MALLOC].tolist()
+    assert sizes.count(2 << 20) >= 3  # the history up to the stop is all there
 
 
 def test_an_existing_snapshot_beside_the_trace_is_refused_before_the_program_runs(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ BAD = {
     "unknown_op.parquet": "unknown op 'calloc' at seq 1",
     "missing_size.parquet": "missing size at seq 1 (malloc row)",
     "missing_addr.parquet": "missing addr at seq 1 (malloc row)",
-    "bad_version.parquet": "unsupported schema_version 2 (this tracekit reads version 1)",
+    "bad_version.parquet": "unsupported schema_version 3 (this tracekit reads versions 1 and 2)",
     "bad_source.parquet": "unknown source 'tensorflow' in metadata",
     "no_metadata.parquet": "no 'tracekit' metadata; this is not a tracekit trace",
     "empty.parquet": "the file is empty",

@@ -3,28 +3,42 @@
 Before the program starts, PyTorch's allocation history is turned on
 (``_record_memory_history(enabled="all", context="all", stacks="python",
 max_entries=MAX_ENTRIES)``; ``TRACEKIT_TORCH_MAX_ENTRIES`` overrides the ring
-buffer's length) and an out-of-memory observer is attached. The snapshot is
-dumped (atomically, beside the trace as ``TRACE.pickle``) when the observer
-fires, so a process that dies after an OOM still leaves one, and again when
-the program ends, however it ends (normal exit, ``sys.exit``, an uncaught
-exception, Ctrl-C). The last snapshot is then imported into the v1 trace. The
-snapshot carries a ``tracekit`` key with the command, device, versions and
-the per-process memory limit (from the OOM observer, else from the memory
-fraction), which becomes ``pool_limit_bytes``. PyTorch is imported only here.
+buffer's length) and an out-of-memory observer is attached
+(``torch._C._cuda_attach_out_of_memory_observer``; PyTorch calls it after
+releasing the allocator's lock, before it raises). At every OOM the observer
+measures the device (``tracekit.record.probe``: ``cudaMemGetInfo``, NVML's
+per-process memory, the runtime limits, the allocator's allocated and
+reserved bytes and its limit) and, at most every ``DUMP_EVERY_S`` seconds,
+dumps the snapshot (atomically, beside the trace as ``TRACE.pickle``), so a
+process that dies after an OOM still leaves one. The snapshot is dumped again
+when the program ends, however it ends (normal exit, ``sys.exit``, an
+uncaught exception, Ctrl-C, a launcher's SIGTERM), and imported into the
+trace, which gets the version-2 keys: ``oom_states`` (the k-th measured OOM
+is the k-th ``oom`` row, counted from the end when the history wrapped),
+``exit`` (``oom_seq`` is the last OOM when the program died of an
+out-of-memory error), ``pools`` (PyTorch's caching allocator on each device),
+``launch`` and the ``pool`` column. Call-sites are made relative to the
+working directory or the program's folder. PyTorch is imported only here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from tracekit.errors import DeviceError, OutputError, UsageError
 
 MAX_ENTRIES = 1_000_000
+DUMP_EVERY_S = 2.0  # at most one snapshot dump per this many seconds from the OOM observer
 
 
 def snapshot_path(trace: Path) -> Path:
@@ -35,10 +49,13 @@ def snapshot_path(trace: Path) -> Path:
 def record_torch(target: list[str], *, module: bool, output: Path | None,
                  force: bool = False) -> tuple[Path, int]:
     """Run ``target`` like ``python [-m] target...``; returns (trace path, the program's exit code)."""
+    from tracekit.record.launch import Launch, output_path
     from tracekit.record.runner import check_target, default_output, refuse_existing, run_target
+    from tracekit.record.signals import quiet_signals, stop_signals
 
     check_target(target, module)
-    out = Path(output) if output is not None else default_output(target, module)
+    launch = Launch.from_env()
+    out = output_path(Path(output) if output is not None else default_output(target, module), launch)
     refuse_existing(out, force)
     refuse_existing(snapshot_path(out), force)  # the snapshot is written beside the trace
     if not out.parent.is_dir():
@@ -47,18 +64,57 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     torch = _torch()
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = _Recording(torch, snapshot_path(out), command, entries)
-    rec.start()
-    outcome = run_target(target, module)
-    try:
-        snap = rec.stop(outcome.code)
-    finally:
-        outcome.keepalive = None
+    with stop_signals():
+        rec.start()
+        outcome = run_target(target, module)
+    with quiet_signals():
+        try:
+            snap = rec.stop(outcome.code)
+            final = outcome.keepalive if isinstance(outcome.keepalive, BaseException) else None
+            exit_info = {**outcome.to_dict(), "oom_seq": None, "died_of_oom": _is_oom(torch, final)}
+        finally:
+            outcome.keepalive = None
+        _write(snap, rec, out, exit_info, launch.to_dict(rec.device), None if module else target[0])
+    return out, outcome.code
+
+
+def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str, Any],
+           launch: dict[str, Any], program: str | None) -> None:
     from tracekit.importers.torch_snapshot import convert
-    from tracekit.trace import write_trace
+    from tracekit.record.sites import relative_site, site_roots
+    from tracekit.trace import Op, write_trace
 
     c = convert(snap, rec.path)
-    write_trace(out, c.meta, c.events, c.extras)
-    return out, outcome.code
+    roots = site_roots(program)
+    events = dataclasses.replace(c.events, sites=tuple(relative_site(s, roots) for s in c.events.sites))
+    oom_rows = np.flatnonzero(events.op == Op.OOM)
+    states = rec.states[-len(oom_rows):] if len(oom_rows) else []
+    rows = oom_rows[len(oom_rows) - len(states):]
+    oom_states = [{"seq": int(events.seq[i]), "device": st.pop("device"), "t_ns": int(events.t_ns[i]), **st}
+                  for i, st in zip(rows.tolist(), states, strict=True)]
+    died = exit_info.pop("died_of_oom")
+    exit_info["oom_seq"] = int(events.seq[oom_rows[-1]]) if died and len(oom_rows) else None
+    devices = sorted({int(d) for d in np.unique(events.device)} | {rec.device})
+    pools = [{"id": i, "device": d, "kind": "pool", "label": "caching allocator",
+              "limit_bytes": rec.info.get("allowed_bytes")} for i, d in enumerate(devices)]
+    pool_of = np.zeros(max(devices) + 1, np.int64)
+    pool_of[devices] = np.arange(len(devices))
+    extras = {**c.extras, "pool": pa.array(pool_of[events.device], pa.uint16())}
+    meta = c.meta.with_extra(oom_states=oom_states, exit=exit_info, pools=pools, launch=launch,
+                             sites_relative_to=list(roots))
+    write_trace(out, meta, events, extras)
+
+
+def _is_oom(torch: Any, e: BaseException | None) -> bool:
+    """Whether the program's final exception is (or was caused by) an out-of-memory error."""
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, oom | MemoryError):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def max_entries() -> int:
@@ -90,6 +146,7 @@ class _Recording:
 
     def __init__(self, torch: Any, path: Path, command: list[str], entries: int = MAX_ENTRIES) -> None:
         self.torch, self.path = torch, path
+        self.device = int(torch.cuda.current_device())
         free, total = torch.cuda.mem_get_info()
         self.info: dict[str, Any] = {
             "command": " ".join(command), "max_entries": entries,
@@ -98,21 +155,41 @@ class _Recording:
             "free_bytes_at_start": int(free),
             "alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         }
+        self.states: list[dict[str, Any]] = []  # the device measured at each OOM, in order
+        self._last_dump = 0.0
 
     def start(self) -> None:
+        from tracekit.record.probe import torch_probe
+
         t = self.torch
+        self.probe = torch_probe(t)
         t.cuda.memory._record_memory_history(
             enabled="all", context="all", stacks="python", max_entries=self.info["max_entries"])
         t._C._cuda_attach_out_of_memory_observer(self._on_oom)
 
     def _on_oom(self, device: int, alloc: int, allowed: int, device_free: int) -> None:
-        # Runs inside the allocator after the oom entry is recorded and before the error is raised.
+        # Runs inside the allocator after the oom entry is recorded (and its lock released),
+        # before the error is raised; nothing here may raise into the program.
         self.info["oom_observer"] = {"device": int(device), "alloc_size": int(alloc),
                                      "total_or_allowed": int(allowed), "device_free": int(device_free)}
+        self.info["oom_count"] = self.info.get("oom_count", 0) + 1
+        try:
+            self.states.append(self.probe.state(int(device), self._pool(int(device), int(allowed))))
+        except Exception as e:
+            self.states.append({"device": int(device), "error": f"{type(e).__name__}: {e}"})
+        if time.monotonic() - self._last_dump < DUMP_EVERY_S:
+            return  # cuDNN may try many workspaces in a row: the final dump has them all
         try:
             self._dump()
         except Exception as e:  # never turn the program's OOM into a different error
             print(f"tracekit: warning: could not dump the snapshot at OOM ({e})", file=sys.stderr)
+
+    def _pool(self, device: int, allowed: int) -> dict[str, Any]:
+        cuda = self.torch.cuda
+        total = self.info["total_bytes"]
+        return {"used_bytes": int(cuda.memory_allocated(device)),
+                "total_bytes": int(cuda.memory_reserved(device)),
+                "limit_bytes": allowed if allowed < total else None}
 
     def _limit(self) -> None:
         obs, total = self.info.get("oom_observer"), self.info["total_bytes"]
@@ -140,6 +217,7 @@ class _Recording:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise OutputError(f"{self.path}: cannot write the snapshot ({e})") from None
+        self._last_dump = time.monotonic()
         return snap
 
     def stop(self, code: int) -> dict[str, Any]:
@@ -148,4 +226,6 @@ class _Recording:
             self.torch.cuda.synchronize()
         snap = self._dump()
         self.torch.cuda.memory._record_memory_history(enabled=None)
+        with contextlib.suppress(Exception):
+            self.probe.close()
         return snap

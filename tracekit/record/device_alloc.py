@@ -1,15 +1,16 @@
-"""Segment rows: the pool's own device allocations, seen by putting it on an allocator we own.
+"""Segment rows: each pool's own device allocations, seen by putting the pool on an allocator we own.
 
-CuPy fires no hook when its pool gives memory back to the device
+CuPy fires no hook when a pool gives memory back to the device
 (``free_all_blocks``, the retry sequence before an out-of-memory error), so
-``install_pool`` builds a fresh ``MemoryPool`` over a
-``PythonFunctionAllocator`` whose functions call ``cudaMalloc``/``cudaFree``
-exactly as CuPy's default allocator does and log a ``segment_alloc`` or
-``segment_free`` row. The new pool becomes CuPy's default pool, so the
-program's own ``cupy.get_default_memory_pool()`` (``set_limit``,
-``free_all_blocks``, ``used_bytes``) acts on the recorded pool. A failed
-``cudaMalloc`` raises the same ``CUDARuntimeError`` it always does, so the
-pool's retry-and-release logic is unchanged; failures are only counted.
+every ``MemoryPool`` made while recording (``tracekit.record.pools``) runs
+over a ``PythonFunctionAllocator`` whose functions get device memory exactly
+as the pool's own allocator would (``cudaMalloc``/``cudaFree`` for CuPy's
+default, else the allocator the program passed) and log a ``segment_alloc``
+or ``segment_free`` row carrying the pool's id and ``cudaMemGetInfo``'s free
+bytes measured right after (device-level events are rare, so the
+measurement costs nothing per malloc). A failed allocation raises the same
+error it always does, so the pool's retry-and-release logic is unchanged;
+failures are only counted.
 """
 
 from __future__ import annotations
@@ -18,81 +19,113 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tracekit.record.hook import DEVICE_SHIFT, SEGMENT_ALLOC, SEGMENT_FREE, EventBuffer
+from tracekit.record.hook import SEGMENT_ALLOC, SEGMENT_FREE, UNMEASURED, EventBuffer, code_of
 
 
 class SegmentLog:
-    """``malloc(size, device_id)`` / ``free(ptr, device_id)`` for PythonFunctionAllocator, logging rows."""
+    """``malloc(size, device_id)`` / ``free(ptr, device_id)`` for PythonFunctionAllocator, logging rows.
+
+    ``device_malloc(size)`` returns ``(ptr, keep)``: ``keep`` is what must stay
+    alive until the free (a user allocator's MemoryPointer; None for raw
+    cudaMalloc); ``device_free(ptr, keep)`` releases it. ``pool_id(device)``
+    gives the trace's pool id; ``free_bytes(device)`` measures the device.
+    """
 
     def __init__(
         self,
         buffer: EventBuffer,
         *,
-        device_malloc: Callable[[int], int],
-        device_free: Callable[[int], None],
+        device_malloc: Callable[[int], tuple[int, Any]],
+        device_free: Callable[[int, Any], None],
         current_stream: Callable[[], Any],
+        pool_id: Callable[[int], int] = lambda device: 0,
+        free_bytes: Callable[[int], int] = lambda device: UNMEASURED,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self._ext = buffer.extend
         self._malloc = device_malloc
         self._free = device_free
         self._stream = current_stream
+        self._pool_id = pool_id
+        self._free_bytes = free_bytes
         self._clock = clock
-        self.sizes: dict[tuple[int, int], int] = {}  # (device, ptr) -> bytes of live segments
-        self.failures = 0  # cudaMalloc calls that raised (the pool retries or raises OOM)
+        self.live: dict[tuple[int, int], tuple[int, Any]] = {}  # (device, ptr) -> (bytes, keep)
+        self.failures = 0  # allocations that raised (the pool retries or raises OOM)
         self.devices: set[int] = set()
-        self.active = True  # False after the recording ends: frees at exit only release memory
-
+        self.active = True  # False after the recording ends: frees then only release memory
 
     def malloc(self, size: int, device_id: int) -> int:
         try:
-            ptr = self._malloc(size)
+            ptr, keep = self._malloc(size)
         except Exception:
             self.failures += 1
             raise
-        self.sizes[(device_id, ptr)] = size
+        self.live[(device_id, ptr)] = (size, keep)
+        if not self.active:
+            return ptr
         self.devices.add(device_id)
-        self._ext((self._clock(), (device_id << DEVICE_SHIFT) | SEGMENT_ALLOC, ptr, size, 0,
-                   self._stream().ptr))
+        free = self._measure(device_id)
+        self._ext((self._clock(), code_of(SEGMENT_ALLOC, device_id, self._pool_id(device_id)), ptr, size, 0,
+                   self._stream().ptr, free))
         return ptr
 
     def free(self, ptr: int, device_id: int) -> None:
+        size, keep = self.live.pop((device_id, ptr), (0, None))
+        self._free(ptr, keep)
         if not self.active:
-            self._free(ptr)
             return
-        size = self.sizes.pop((device_id, ptr), 0)
-        self._free(ptr)
-        self._ext((self._clock(), (device_id << DEVICE_SHIFT) | SEGMENT_FREE, ptr, size, 0,
-                   self._stream().ptr))
+        free = self._measure(device_id)
+        self._ext((self._clock(), code_of(SEGMENT_FREE, device_id, self._pool_id(device_id)), ptr, size, 0,
+                   self._stream().ptr, free))
+
+    def _measure(self, device_id: int) -> int:
+        try:
+            return int(self._free_bytes(device_id))
+        except Exception:  # a device that cannot answer now: the row keeps "not measured"
+            return UNMEASURED
 
     def live_bytes(self, device_id: int) -> int:
-        return sum(s for (d, _), s in self.sizes.items() if d == device_id)
+        return sum(s for (d, _), (s, _k) in self.live.items() if d == device_id)
 
 
-def install_pool(cupy: Any, log: SegmentLog, limit: int | None) -> tuple[Any, Any]:
-    """Make a recorded MemoryPool CuPy's default pool; return (new pool, previous pool)."""
-    allocator = cupy.cuda.PythonFunctionAllocator(log.malloc, log.free)
-    pool = cupy.cuda.MemoryPool(allocator.malloc)
-    previous = cupy.get_default_memory_pool()
-    cupy._default_memory_pool = pool  # what cupy.get_default_memory_pool() returns
-    cupy.cuda.set_allocator(pool.malloc)
-    if limit:
-        pool.set_limit(size=limit)
-    return pool, previous
+def raw_device_alloc(rt: Any) -> tuple[Callable[[int], tuple[int, Any]], Callable[[int, Any], None]]:
+    """cudaMalloc/cudaFree as CuPy's default allocator calls them (``_malloc`` -> ``Memory``)."""
+    return (lambda size: (int(rt.malloc(size)), None)), (lambda ptr, keep: rt.free(ptr))
 
 
-def restore_pool(cupy: Any, previous: Any) -> None:
-    """Put the pool that was the default before ``install_pool`` back."""
-    cupy._default_memory_pool = previous
-    cupy.cuda.set_allocator(previous.malloc)
+def wrapped_alloc(allocator: Callable[[int], Any]) -> tuple[Callable[[int], tuple[int, Any]],
+                                                            Callable[[int, Any], None]]:
+    """A program's own allocator (size -> MemoryPointer): its pointer is kept alive until the free."""
+    def malloc(size: int) -> tuple[int, Any]:
+        mp = allocator(size)
+        return int(mp.ptr), mp
+
+    def free(ptr: int, keep: Any) -> None:
+        del keep  # dropping the last reference releases the memory the way the allocator does
+
+    return malloc, free
 
 
-def pool_state(pool: Any) -> dict[str, int]:
-    """The pool's own counters for the current device (bytes; 512-rounded, see cupy-pool docs)."""
+def pool_state(pool: Any) -> dict[str, int | None]:
+    """A MemoryPool's own counters for the current device (bytes; 512-rounded, see cupy-pool docs)."""
     return {
         "used_bytes": int(pool.used_bytes()),
         "total_bytes": int(pool.total_bytes()),
         "free_bytes": int(pool.free_bytes()),
         "n_free_blocks": int(pool.n_free_blocks()),
-        "limit": int(pool.get_limit()),
+        "limit_bytes": int(pool.get_limit()) or None,
     }
+
+
+def async_pool_state(pool: Any) -> dict[str, int | None]:
+    """A MemoryAsyncPool's counters for the current device (driver mempool attributes)."""
+    out: dict[str, int | None] = {"used_bytes": None, "total_bytes": None, "limit_bytes": None}
+    for key, fn in (("used_bytes", pool.used_bytes), ("total_bytes", pool.total_bytes),
+                    ("limit_bytes", pool.get_limit)):
+        try:
+            out[key] = int(fn())
+        except Exception:  # an old driver without mempool statistics
+            out[key] = None
+    if out["limit_bytes"] is not None and out["limit_bytes"] >= 2**63:
+        out["limit_bytes"] = None  # UINT64_MAX: no limit
+    return out

@@ -1,8 +1,10 @@
 """The allocation hook: CuPy's MemoryHook callbacks turned into raw integer rows.
 
-Every event is one atomic ``list.extend`` of six ints onto a flat list
+Every event is one atomic ``list.extend`` of seven ints onto a flat list
 (``EventBuffer``): ``t``, ``code``, ``addr``, ``size``, ``rounded``,
-``stream``, where ``code = (site + 1) << 20 | device << 4 | op``. One C call
+``stream``, ``device_free``, where ``code = (site + 1) << 32 | (pool + 1) << 12
+| device << 4 | op`` and ``device_free`` is ``cudaMemGetInfo``'s free bytes
+measured right after a device-level event (-1 = not measured). One C call
 per event keeps the hook cheap and makes it safe from any thread (a row is
 never torn), and the writer turns the list into NumPy columns once per batch,
 so no Python object outlives a batch. CuPy calls six callbacks per
@@ -13,11 +15,23 @@ keywords without building a dict. Call-sites are captured for malloc and
 oom rows only: a free belongs to the block its malloc made (readers pair
 them), and a frame lookup at every free would double the cost. ``op`` 15 marks a note row: ``addr`` is the
 index of a JSON-able dict in ``EventBuffer.notes`` describing the event
-written just before it (the pool's state at an out-of-memory error).
+written just before it (the device and the pool at an out-of-memory error).
+
+Devices: CuPy 14 builds the per-device pools of a ``MemoryPool`` all at once
+while one device is current, so every one of them reports that device's id
+to ``malloc_postprocess`` (cupy/cuda/memory.pyx,
+``_ensure_pools_and_return_device_pool``). The pool a malloc uses is chosen by
+the current device, so on a machine with several devices the hook writes the
+current device and counts the rows where CuPy said otherwise
+(``mismatches``); frees carry the block's own device, which is right. A
+malloc's pool is not known to the hook: it is the pool whose segment holds the
+pointer, resolved when the trace is written (``pool`` field 0 = resolve).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -28,12 +42,22 @@ import numpy as np
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import Op
 
-ROW = 6  # ints per event
+ROW = 7  # ints per event
 NOTE = 15  # op code of a note row
-SITE_SHIFT = 20
 DEVICE_SHIFT = 4
+POOL_SHIFT = 12
+SITE_SHIFT = 32
+DEVICE_MASK = 0xFF
+POOL_MASK = 0xFFFFF
+UNMEASURED = -1  # device_free slot of a row where nothing was measured
 
 MALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, OOM = (int(op) for op in Op)
+
+
+def code_of(op: int, device: int, pool: int | None = None, site: int = -1) -> int:
+    """The packed ``code`` int of a row (``pool`` None = resolve from segments later)."""
+    p = 0 if pool is None else pool + 1
+    return ((site + 1) << SITE_SHIFT) | (p << POOL_SHIFT) | (device << DEVICE_SHIFT) | op
 
 
 class EventBuffer:
@@ -42,11 +66,12 @@ class EventBuffer:
     def __init__(self) -> None:
         self.rows: list[int] = []
         self.extend = self.rows.extend
-        self.notes: list[dict[str, Any]] = []
+        self.notes: dict[int, dict[str, Any]] = {}  # note index -> note (indices from any thread)
+        self._next_note = itertools.count().__next__  # atomic under the GIL
         self.taken = 0  # rows handed to the writer so far
 
     def take(self) -> np.ndarray:
-        """Remove and return the rows so far as an (n, 6) int64 array (safe against appenders)."""
+        """Remove and return the rows so far as an (n, ROW) int64 array (safe against appenders)."""
         rows = self.rows
         n = len(rows)  # always a multiple of ROW: each extend is one atomic call
         chunk = rows[:n]
@@ -54,24 +79,37 @@ class EventBuffer:
         self.taken += n // ROW
         return np.array(chunk, dtype=np.int64).reshape(-1, ROW)
 
-    def note(self, row: tuple[int, ...], note: dict[str, Any], clock: Callable[[], int]) -> None:
-        """Append an event row and, in the same atomic extend, the note row describing it."""
-        self.notes.append(note)
-        self.extend((*row, clock(), NOTE, len(self.notes) - 1, 0, 0, 0))
+    def note(self, row: tuple[int, ...], note: dict[str, Any], clock: Callable[[], int]) -> int:
+        """Append an event row and, in the same atomic extend, the note row describing it.
+
+        Returns the note's index, which the note also holds as ``note``.
+        """
+        index = self._next_note()
+        self.notes[index] = {**note, "note": index}
+        self.extend((*row, clock(), NOTE, index, 0, 0, 0, UNMEASURED))
+        return index
+
+    def annotate(self, note: dict[str, Any], clock: Callable[[], int]) -> None:
+        """A note row about the recording itself (a new pool), not about one event."""
+        index = self._next_note()
+        self.notes[index] = {**note, "note": index}
+        self.extend((clock(), NOTE, index, 0, 0, 0, UNMEASURED))
 
 
 def unpack(raw: np.ndarray) -> dict[str, np.ndarray]:
-    """Split an (n, 6) raw row array into named columns (op, device and site from ``code``)."""
+    """Split an (n, ROW) raw row array into named columns (op, device, pool and site from ``code``)."""
     code = raw[:, 1]
     return {
         "t": raw[:, 0],
         "op": (code & 15).astype(np.int8),
-        "device": ((code >> DEVICE_SHIFT) & 0xFFFF).astype(np.int16),
+        "device": ((code >> DEVICE_SHIFT) & DEVICE_MASK).astype(np.int16),
+        "pool": (((code >> POOL_SHIFT) & POOL_MASK) - 1).astype(np.int32),  # -1 = resolve later
         "site": ((code >> SITE_SHIFT) - 1).astype(np.int32),
         "addr": raw[:, 2],
         "size": raw[:, 3],
         "rounded": raw[:, 4],
         "stream": raw[:, 5],
+        "device_free": raw[:, 6],
     }
 
 
@@ -79,9 +117,11 @@ class TraceHook:
     """CuPy memory-hook callbacks that log malloc, free and failed (out-of-memory) requests.
 
     ``current_stream`` is ``cupy.cuda.get_current_stream`` (anything returning an
-    object with ``.ptr``); ``pool_state(device_id)`` returns the pool's figures
-    for the note written with an out-of-memory row. ``sites=None`` records no
-    call-sites. Use ``cupy_hook`` to get the registrable MemoryHook subclass.
+    object with ``.ptr``); ``oom_state(device_id)`` returns ``(pool id, state)``:
+    the pool that raised and the measured device (an ``oom_states`` entry
+    without seq and time). ``current_device`` (``cupy.cuda.runtime.getDevice``)
+    is given only where the machine has several devices. ``sites=None``
+    records no call-sites. Use ``cupy_hook`` to get the registrable subclass.
     """
 
     name = "tracekit"
@@ -92,20 +132,23 @@ class TraceHook:
         *,
         sites: SiteTable | None,
         current_stream: Callable[[], Any],
-        pool_state: Callable[[int], dict[str, Any]] = lambda device_id: {},
+        oom_state: Callable[[int], tuple[int | None, dict[str, Any]]] = lambda device_id: (None, {}),
+        current_device: Callable[[], int] | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.buffer = buffer
         self.sites = sites
-        self._pool_state = pool_state
+        self._oom_state = oom_state
         self._clock = clock
         self._stream = current_stream
+        self.mismatches: list[int] = []  # one entry per row whose reported device was wrong
         self.alloc_preprocess = self.alloc_postprocess = dict
         self.malloc_preprocess = self.free_preprocess = dict
+        device = _device_check(current_device, self.mismatches.append)
         self.malloc_postprocess, self.free_postprocess = (
-            _callbacks(buffer.extend, clock, current_stream, self._failed)
+            _callbacks(buffer.extend, clock, current_stream, self._failed, device)
             if sites is None
-            else _site_callbacks(buffer.extend, clock, current_stream, self._failed, sites)
+            else _site_callbacks(buffer.extend, clock, current_stream, self._failed, sites, device)
         )
 
     def _failed(self, device_id: int, size: int, mem_size: int, site: int) -> None:
@@ -114,36 +157,61 @@ class TraceHook:
         if exc is not None and not isinstance(exc, MemoryError):
             return  # another error (a CUDA fault, an interrupt): not an out-of-memory request
         try:
-            state = dict(self._pool_state(device_id))
-        except Exception as e:  # the pool could not answer; keep the row anyway
-            state = {"pool_state_error": f"{type(e).__name__}: {e}"}
+            pool, state = self._oom_state(device_id)
+        except Exception as e:  # the device could not answer; keep the row anyway
+            pool, state = None, {"error": f"{type(e).__name__}: {e}"}
+        counters = state.get("pool") or {}
         note = {
             "kind": "oom", "device": device_id, "size": size, "rounded": mem_size,
             "exception": None if exc is None else type(exc).__name__,
-            "message": None if exc is None else str(exc), **state,
+            "message": None if exc is None else str(exc), "pool_id": pool,
+            "used_bytes": counters.get("used_bytes"), "total_bytes": counters.get("total_bytes"),
+            "free_bytes": counters.get("free_bytes"), "n_free_blocks": counters.get("n_free_blocks"),
+            "limit": counters.get("limit_bytes"), "state": state,
         }
-        code = ((site + 1) << SITE_SHIFT) | (device_id << DEVICE_SHIFT) | OOM
-        row = (self._clock(), code, 0, size, mem_size, self._stream().ptr)
-        self.buffer.note(row, note, self._clock)
+        free = state.get("mem_free")
+        row = (self._clock(), code_of(OOM, device_id, pool, site), 0, size, mem_size, self._stream().ptr,
+               UNMEASURED if free is None else int(free))
+        index = self.buffer.note(row, note, self._clock)
+        if exc is not None:  # lets the recording tell which OOM ended the program
+            with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+                exc._tracekit_oom_note = index  # type: ignore[attr-defined]
+
+
+def _device_check(current: Callable[[], int] | None,
+                  mismatch: Callable[[int], None]) -> Callable[[int], int] | None:
+    """None on a one-device machine (CuPy's id is right); else a function giving the true device."""
+    if current is None:
+        return None
+
+    def device(reported: int) -> int:
+        d = current()
+        if d != reported:
+            mismatch(reported)
+        return d
+
+    return device
 
 
 # The row-code constants are bound as parameter defaults: locals cost no global lookup per event.
-def _callbacks(ext, clock, stream, failed):  # type: ignore[no-untyped-def]
+def _callbacks(ext, clock, stream, failed, device):  # type: ignore[no-untyped-def]
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
-                           _dev=DEVICE_SHIFT):
+                           _dev=DEVICE_SHIFT, _na=UNMEASURED):
+        if device is not None:
+            device_id = device(device_id)
         if mem_ptr:
-            ext((clock(), device_id << _dev, mem_ptr, size, mem_size, stream().ptr))
+            ext((clock(), device_id << _dev, mem_ptr, size, mem_size, stream().ptr, _na))
         elif size:
             failed(device_id, size, mem_size, -1)
 
     def free_postprocess(device_id, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
-                         _dev=DEVICE_SHIFT, _free=FREE):
-        ext((clock(), (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr))
+                         _dev=DEVICE_SHIFT, _free=FREE, _na=UNMEASURED):
+        ext((clock(), (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr, _na))
 
     return malloc_postprocess, free_postprocess
 
 
-def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyped-def]
+def _site_callbacks(ext, clock, stream, failed, sites, device):  # type: ignore[no-untyped-def]
     # The fast paths of SiteTable.site_of are inlined: the caller's frame is usually user code
     # already seen at this instruction (one frame fetch, one dict lookup), or one CuPy Python
     # function (cupy.empty, cupy.arange, ...) called from such a line (one more of each).
@@ -153,7 +221,7 @@ def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyp
     site_of = sites.site_of
 
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
-                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT):
+                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED):
         f = getframe(1)
         c = id(f.f_code)
         s = by_offset.get((c, f.f_lasti))  # only frames outside skipped dirs are keys
@@ -161,12 +229,15 @@ def _site_callbacks(ext, clock, stream, failed, sites):  # type: ignore[no-untyp
             b = f.f_back
             if b is None or not internal.get(c) or (s := by_offset.get((id(b.f_code), b.f_lasti))) is None:
                 s = site_of(f)
+        if device is not None:
+            device_id = device(device_id)
         if mem_ptr:
-            ext((clock(), ((s + 1) << _site) | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr))
+            ext((clock(), ((s + 1) << _site) | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr,
+                 _na))
         elif size:
             failed(device_id, size, mem_size, s)
 
-    return malloc_postprocess, _callbacks(ext, clock, stream, failed)[1]
+    return malloc_postprocess, _callbacks(ext, clock, stream, failed, device)[1]
 
 
 def cupy_hook(cupy: Any, **kw: Any) -> TraceHook:

@@ -18,9 +18,8 @@ import time
 from typing import Any
 
 from tracekit import __version__
+from tracekit.record.probe import LIMIT_CODES
 from tracekit.trace.schema import DeviceInfo, Source, TraceMeta
-
-LIMITS = {"stack_size": 0, "printf_fifo_size": 1, "malloc_heap_size": 2}  # cudaLimit enum values
 
 
 def measure_budget(device_id: int) -> dict[str, Any]:
@@ -69,7 +68,8 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
         budget=budget,
         recorder={
             "call_sites": sites,
-            "hook": "cupy.cuda.MemoryHook (malloc/free) + PythonFunctionAllocator (segments)",
+            "hook": "cupy.cuda.MemoryHook (malloc/free) + PythonFunctionAllocator (segments) "
+                    "for every MemoryPool; MemoryAsyncPool.malloc wrapped",
             "threads": "every threading.Thread started after recording began",
             "pid": os.getpid(),
             "host": platform.node(),
@@ -82,7 +82,7 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
 def device_limits(rt: Any, budget: dict[str, Any]) -> dict[str, int | None]:
     """cudaLimit values: those the budget measured, else read now (the budget failed); None if refused."""
     limits: dict[str, int | None] = {}
-    for key, code in LIMITS.items():
+    for key, code in LIMIT_CODES.items():
         if budget.get(key) is not None:
             limits[key] = int(budget[key])
             continue

@@ -1,4 +1,4 @@
-"""Turning a spool into a v1 trace: at the end of a recording, or after a crash.
+"""Turning a spool into a trace: at the end of a recording, or after a crash.
 
 ``finalize`` reads the spool twice, batch by batch (memory stays near one
 batch plus the output row group): the first pass collects call-site names
@@ -23,6 +23,14 @@ import pyarrow as pa
 
 from tracekit.errors import InputError
 from tracekit.outputs import check_output
+from tracekit.record.finish import (
+    EXTRA_FIELDS,
+    SegmentIndex,
+    batch_columns,
+    segment_index,
+    segment_rows,
+    v2_meta,
+)
 from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, TraceMeta
@@ -41,6 +49,7 @@ class SpoolScan:
     events: int = 0
     batches: int = 0
     truncated: bool = False
+    segments: list[np.ndarray] = field(default_factory=list)  # segment rows, see finish.segment_rows
 
 
 @contextmanager
@@ -97,46 +106,63 @@ def _scan_batch(scan: SpoolScan, batch: pa.RecordBatch) -> None:
             scan.sites.append("")
         scan.sites[site] = text[i].as_py()
     events_before = np.cumsum(op >= 0)
+    t_ns = batch.column("t_ns").to_numpy()
     for i in np.flatnonzero(op == NOTE_ROW):
         note = json.loads(text[i].as_py())
-        scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, **note})
+        scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, "t_ns": int(t_ns[max(i - 1, 0)]),
+                           **note})
+    scan.segments.append(segment_rows(batch, scan.events))
     scan.events += int(events_before[-1]) if len(op) else 0
     scan.batches += 1
 
 
-def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...]) -> Events:
+def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
+            index: SegmentIndex) -> tuple[Events, dict[str, pa.Array], int]:
     keep = batch.column("op").to_numpy() >= 0
     col = {n: batch.column(n).to_numpy()[keep] for n in
-           ("t_ns", "op", "addr", "size", "rounded", "stream", "device", "site")}
+           ("t_ns", "op", "addr", "size", "rounded", "stream", "site")}
     n = int(keep.sum())
-    return Events.build(
+    seq = np.arange(seq0, seq0 + n, dtype=np.uint64)
+    device, extras, mismatches = batch_columns(batch, keep, seq, index)
+    ev = Events.build(
         col["op"], col["size"], addr=col["addr"], rounded=col["rounded"], t_ns=col["t_ns"],
-        seq=np.arange(seq0, seq0 + n, dtype=np.uint64), stream=col["stream"], device=col["device"],
-        site=col["site"], sites=sites,
+        seq=seq, stream=col["stream"], device=device, site=col["site"], sites=sites,
     )
+    return ev, extras, mismatches
 
 
 def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
-    """Write the v1 trace ``output`` from ``spool``; ``extra`` goes into the metadata."""
+    """Write the trace ``output`` from ``spool``; ``extra`` goes into the metadata."""
     scan = scan_spool(spool)
-    ooms = [n for n in scan.notes if n.get("kind") == "oom"]
-    meta = scan.meta.with_extra(ooms=ooms, **extra)
+    ooms = [{k: v for k, v in n.items() if k != "state"} for n in scan.notes if n.get("kind") == "oom"]
+    index = segment_index(scan.segments)
+    with _open(spool) as reader:  # the device mismatches go into the metadata, written first
+        mismatches, seq = 0, 0
+        for batch in _batches(reader):
+            ev, _, m = _events(batch, seq, (), index)
+            seq, mismatches = seq + len(ev), mismatches + m
+    meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2_meta(scan.notes, extra, mismatches))
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
     sites = tuple(scan.sites)
     seq = 0
-    pending: list[Events] = []
-    with _open(spool) as reader, TraceWriter(output, meta) as w:
+    pending: list[tuple[Events, dict[str, pa.Array]]] = []
+    with _open(spool) as reader, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for batch in _batches(reader):
-            ev = _events(batch, seq, sites)
+            ev, extras, _ = _events(batch, seq, sites, index)
             seq += len(ev)
-            pending.append(ev)
-            if sum(map(len, pending)) >= ROW_GROUP:
-                w.write(Events.concat(pending))
+            pending.append((ev, extras))
+            if sum(len(e) for e, _ in pending) >= ROW_GROUP:
+                _write(w, pending)
                 pending = []
         if pending:
-            w.write(Events.concat(pending))
+            _write(w, pending)
     return output
+
+
+def _write(w: TraceWriter, parts: list[tuple[Events, dict[str, pa.Array]]]) -> None:
+    w.write(Events.concat([e for e, _ in parts]),
+            {f.name: pa.concat_arrays([x[f.name] for _, x in parts]) for f in EXTRA_FIELDS})
 
 
 def default_output(spool: Path) -> Path:
@@ -145,7 +171,7 @@ def default_output(spool: Path) -> Path:
 
 
 def recover(path: Path, output: Path | None = None, *, force: bool = False) -> Path:
-    """Make a v1 trace from the spool of an unfinished recording (``path`` or ``path``.spool)."""
+    """Make a trace from the spool of an unfinished recording (``path`` or ``path``.spool)."""
     spool = path if path.name.endswith(".spool") else path.with_name(path.name + ".spool")
     if not spool.exists():
         raise InputError(f"{path}: no spool beside it ({spool}); nothing to recover")

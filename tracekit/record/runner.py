@@ -5,8 +5,10 @@ Python 3.9+ sets it), the script's folder (or, for ``-m``, the working
 directory) first on ``sys.path``, and the same outcome: the exit code of
 ``sys.exit``, 1 with the traceback printed through ``sys.excepthook`` for an
 uncaught exception (tracekit's own frames trimmed, so the traceback reads as
-it would without tracekit), 130 for Ctrl-C. Non-daemon threads are joined
-before returning, as the interpreter does at exit. The outcome keeps the
+it would without tracekit), 130 for Ctrl-C, 143 for SIGTERM (raised as
+``signals.Terminated`` while ``signals.stop_signals`` is active). Non-daemon
+threads are joined before returning, as the interpreter does at exit, except
+after a stop signal (a stopped program's workers may never finish). The outcome keeps the
 program's globals and the exception alive, so the caller can read the pool's
 state as the program left it before anything is freed.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import InputError, OutputError, UsageError
+from tracekit.record.signals import Terminated
 
 _SKIP = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),
          os.path.abspath(runpy.__file__), "<frozen runpy>")
@@ -34,15 +37,34 @@ _SKIP = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 @dataclass
 class Outcome:
-    """How the program ended: the exit code and, if one escaped, the exception."""
+    """How the program ended: the exit code and, if one escaped, the exception or the signal.
+
+    ``exception`` is the qualified class name (``cupy.cuda.memory.OutOfMemoryError``).
+    """
 
     code: int
     exception: str | None = None
     message: str | None = None
     keepalive: Any = None  # the program's globals or exception, released by the caller
+    signal: int | None = None
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``exception`` or ``signal`` (the ``exit.status`` of trace format v2)."""
+        if self.signal is not None:
+            return "signal"
+        return "exception" if self.exception is not None and self.code != 0 else "ok"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "exception": self.exception, "message": self.message}
+        return {"status": self.status, "exception": self.exception, "signal": self.signal,
+                "code": self.code, "message": self.message}
+
+
+def qualified_name(e: BaseException) -> str:
+    """``module.Class`` of an exception (just ``Class`` for builtins)."""
+    cls = type(e)
+    mod = cls.__module__
+    return cls.__qualname__ if mod == "builtins" else f"{mod}.{cls.__qualname__}"
 
 
 def default_output(target: list[str], module: bool) -> Path:
@@ -88,12 +110,15 @@ def run_target(target: list[str], module: bool) -> Outcome:
         quiet = e.code in (0, None)
         return _finish(Outcome(_exit_code(e.code), None if quiet else "SystemExit",
                                None if quiet else str(e.code), e))
+    except Terminated as e:
+        print(f"tracekit: the program was {e}; writing what was recorded", file=sys.stderr)
+        return _finish(Outcome(128 + e.signum, None, str(e), None, e.signum), join=False)
     except KeyboardInterrupt as e:
         _report(e)
-        return _finish(Outcome(130, "KeyboardInterrupt", str(e), e))
+        return _finish(Outcome(130, "KeyboardInterrupt", str(e), e, 2), join=False)
     except BaseException as e:
         _report(e)
-        return _finish(Outcome(1, type(e).__name__, str(e), e))
+        return _finish(Outcome(1, qualified_name(e), str(e), e))
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return _finish(Outcome(code, exc, None, keep))
@@ -150,9 +175,9 @@ def _report(e: BaseException) -> None:
     sys.stderr.flush()
 
 
-def _finish(outcome: Outcome) -> Outcome:
+def _finish(outcome: Outcome, join: bool = True) -> Outcome:
     me = threading.current_thread()
-    for t in threading.enumerate():
+    for t in threading.enumerate() if join else ():
         if t is not me and not t.daemon:
             t.join()
     sys.stdout.flush()

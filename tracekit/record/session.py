@@ -1,14 +1,17 @@
-"""A CuPy recording: install the recorded pool and hook, run, read the pool, write the trace.
+"""A CuPy recording: install the recorded pools and hook, run, read the pools, write the trace.
 
 ``CupyRecording.start`` measures the cheap budget (before this process
-touches the device), puts CuPy's default pool on the segment-logging
-allocator, writes the start metadata into the spool, starts the flusher and
-registers the hook in the calling thread and (through
-``patch_threads``) in every ``threading.Thread`` started afterwards, since
-CuPy keeps its hook registry per thread. ``stop`` unregisters, reads the
-pool's own counters on every device used, flushes and finalizes the spool
-into the v1 trace and removes the spool. ``record_cupy`` wraps it around
-``runner.run_target``: the program's exit code and exception pass through.
+touches the device), makes CuPy's pool classes recorded ones
+(``tracekit.record.pools``) and a recorded default pool, writes the start
+metadata into the spool, starts the flusher and registers the hook in the
+calling thread and (through ``patch_threads``) in every ``threading.Thread``
+started afterwards, since CuPy keeps its hook registry per thread. At an
+out-of-memory error the hook measures the device (``tracekit.record.probe``).
+``stop`` unregisters, reads every pool's own counters, flushes and finalizes
+the spool into the trace and removes the spool. ``record_cupy`` wraps it
+around ``runner.run_target`` with SIGTERM turned into an exception
+(``tracekit.record.signals``): the program's exit code, exception or stop
+signal pass through.
 """
 
 from __future__ import annotations
@@ -23,12 +26,16 @@ from typing import Any
 from tracekit.device import cuda
 from tracekit.errors import OutputError
 from tracekit.outputs import check_output
-from tracekit.record.device_alloc import SegmentLog, install_pool, pool_state, restore_pool
+from tracekit.record.device_alloc import pool_state
 from tracekit.record.hook import EventBuffer, cupy_hook
+from tracekit.record.launch import Launch, output_path
 from tracekit.record.meta import measure_budget, start_meta
+from tracekit.record.pools import PoolKind, PoolRegistry
+from tracekit.record.probe import cupy_probe
 from tracekit.record.recover import finalize
-from tracekit.record.runner import check_target, default_output, run_target
-from tracekit.record.sites import SiteTable, default_skip_dirs
+from tracekit.record.runner import Outcome, check_target, default_output, run_target
+from tracekit.record.signals import quiet_signals, stop_signals
+from tracekit.record.sites import SiteTable, default_skip_dirs, site_roots
 from tracekit.record.spool import SpoolWriter, spool_path
 
 
@@ -58,10 +65,11 @@ def import_cupy() -> Any:
 
 
 class CupyRecording:
-    """Records CuPy's default pool in this process from ``start()`` to ``stop()``."""
+    """Records every CuPy pool of this process from ``start()`` to ``stop()``."""
 
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
-                 interval: float = 0.5, max_events: int = 65536, force: bool = False) -> None:
+                 interval: float = 0.5, max_events: int = 65536, force: bool = False,
+                 launch: Launch | None = None, program: str | None = None) -> None:
         check_output(output, force=force)
         self.output, self.spool_path = output, spool_path(output)
         if self.spool_path.exists():
@@ -69,26 +77,36 @@ class CupyRecording:
                               f"or one that was killed: `tracekit recover {self.spool_path}`)")
         self.command, self.sites_on, self.limit = command, sites, limit
         self.interval, self.max_events = interval, max_events
+        self.launch = launch or Launch.from_env()
+        self.roots = site_roots(program)
 
     def start(self) -> None:
         cupy = self.cupy = import_cupy()
-        self.device_id = int(cupy.cuda.runtime.getDevice())
+        rt = cupy.cuda.runtime
+        self.device_id = int(rt.getDevice())
         budget = measure_budget(self.device_id)  # first: it reads NVML before our context exists
         self.buffer = EventBuffer()
-        self.sites = SiteTable(default_skip_dirs()) if self.sites_on else None
-        stream = cupy.cuda.get_current_stream
-        rt = cupy.cuda.runtime
-        self.segments = SegmentLog(self.buffer, device_malloc=rt.malloc, device_free=rt.free,
-                                   current_stream=stream)
-        self.pool, self._previous = install_pool(cupy, self.segments, self.limit)
+        self.sites = SiteTable(default_skip_dirs(), self.roots) if self.sites_on else None
+        self.probe = cupy_probe(cupy)
+        self.pools = PoolRegistry(cupy, self.buffer, sites=self.sites, oom_state=self._async_oom_state)
+        self.pools.patch()
+        self.pool = self.pools.make_pool(label="default")
+        self.pools.pool_id(0, self.device_id)  # pool 0: the default pool on the starting device
+        self._previous = cupy.get_default_memory_pool()
+        cupy._default_memory_pool = self.pool  # what cupy.get_default_memory_pool() returns
+        cupy.cuda.set_allocator(self.pool.malloc)
+        if self.limit:
+            self.pool.set_limit(size=self.limit)
         meta = start_meta(cupy, self.device_id, command=self.command, sites=self.sites_on,
                           limit=self.limit, pool=self.pool, budget=budget)
+        meta = meta.with_extra(launch=self.launch.to_dict(self.device_id), sites_relative_to=list(self.roots))
         self.t0 = time.perf_counter_ns()
         self.spool = SpoolWriter(self.spool_path, meta, self.buffer, self.sites, self.t0,
                                  interval=self.interval, max_events=self.max_events)
-        pool = self.pool
-        self.hook = cupy_hook(cupy, buffer=self.buffer, sites=self.sites, current_stream=stream,
-                              pool_state=lambda device_id: pool_state(pool))
+        several = cuda.device_count(rt) > 1
+        self.hook = cupy_hook(cupy, buffer=self.buffer, sites=self.sites,
+                              current_stream=cupy.cuda.get_current_stream, oom_state=self._oom_state,
+                              current_device=rt.getDevice if several else None)
         self.spool.start()  # before patching: the flusher thread never allocates
         self.hook.__enter__()  # type: ignore[attr-defined]
         self._unpatch = patch_threads(self._install_here)
@@ -96,45 +114,73 @@ class CupyRecording:
     def _install_here(self) -> None:
         self.hook.__enter__()  # type: ignore[attr-defined]
 
-    def end_state(self) -> dict[str, dict[str, int]]:
-        """The pool's own counters on every device it used (keys are device ids as strings)."""
+    def _oom_state(self, device: int) -> tuple[int, dict[str, Any]]:
+        """(pool id, measured state) at a MemoryPool's out-of-memory error on ``device`` (current)."""
+        key, pool = self.pools.installed()
+        if key is None:
+            key, pool = 0, self.pool
+        counters = pool_state(pool) if self.pools.kind(key) is PoolKind.POOL else None
+        return self.pools.pool_id(key, device), self.probe.state(device, counters)
+
+    def _async_oom_state(self, device: int, pool: Any, kind: PoolKind) -> dict[str, Any]:
+        from tracekit.record.device_alloc import async_pool_state
+
+        return self.probe.state(device, async_pool_state(pool))
+
+    def end_state(self) -> dict[str, dict[str, int | None]]:
+        """The default pool's own counters on every device it used (keys are device ids as strings)."""
         out = {}
-        for d in sorted(self.segments.devices | {self.device_id}):
+        devices = {e["device"] for e in self.pools.entries if e["key"] == 0} | {self.device_id}
+        for d in sorted(devices):
             with self.cupy.cuda.Device(d):
-                out[str(d)] = pool_state(self.pool)
+                state: dict[str, int | None] = dict(pool_state(self.pool))
+                state["limit"] = state["limit_bytes"] or 0
+                out[str(d)] = state
         return out
 
-    def stop(self, exit_info: dict[str, Any] | None = None, *, restore: bool = False) -> Path:
+    def stop(self, exit_info: dict[str, Any] | None = None, *, restore: bool = False,
+             exception: BaseException | None = None) -> Path:
         """Stop recording and write the trace; ``restore`` puts the previous default pool back.
 
-        A CUDA error the program left behind can make reading the pool fail: it is
-        stored as ``pool_end_error`` and the trace is still written; the spool is
-        closed however ``stop`` ends, so a failed finalize leaves it recoverable.
+        ``exception`` is the one the program ended with: if it came from a
+        recorded out-of-memory error, ``exit.oom_seq`` names that OOM. A CUDA
+        error the program left behind can make reading the pools fail: it is
+        stored as ``pool_end_error`` and the trace is still written; the spool
+        is closed however ``stop`` ends, so a failed finalize leaves it
+        recoverable.
         """
-        end: dict[str, dict[str, int]] | None = None
+        end: dict[str, dict[str, int | None]] | None = None
         end_error: str | None = None
+        pools: list[dict[str, Any]] | None = None
+        pools_end: list[dict[str, Any] | None] | None = None
         try:
             self._unpatch()
             with contextlib.suppress(KeyError):
                 self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
             try:
                 end = self.end_state()
+                pools, pools_end = self.pools.metadata()
             except Exception as e:  # e.g. a sticky CUDA error from the program: keep its events
                 end_error = f"{type(e).__name__}: {e}"
         finally:
             self.spool.close()
-            self.segments.active = False
+            self.pools.unpatch()
+            self.probe.close()
         extra: dict[str, Any] = {
-            "complete": True, "exit": exit_info, "pool_end": end,
-            "device_alloc_failures": self.segments.failures,
+            "complete": True, "exit": _exit_meta(exit_info, exception), "pool_end": end,
+            "device_alloc_failures": sum(log.failures for log in self.pools.logs),
             "duration_ns": time.perf_counter_ns() - self.t0,
+            "device_mismatches": len(self.hook.mismatches),
         }
+        if pools is not None:
+            extra["pools"], extra["pools_end"] = pools, pools_end
         if end_error is not None:
             extra["pool_end_error"] = end_error
         if self.spool.error:
             extra["spool_error"] = self.spool.error
         if restore:
-            restore_pool(self.cupy, self._previous)
+            self.cupy._default_memory_pool = self._previous
+            self.cupy.cuda.set_allocator(self._previous.malloc)
         try:
             finalize(self.spool_path, self.output, extra)
         except Exception as e:
@@ -144,17 +190,52 @@ class CupyRecording:
         return self.output
 
 
+def _exit_meta(info: dict[str, Any] | None, exception: BaseException | None) -> dict[str, Any]:
+    """The ``exit`` object, with ``oom_note``: the hook's note index carried by the final exception."""
+    out = dict(info or {"status": "ok", "code": 0})
+    out.setdefault("status", "ok")
+    for key in ("exception", "signal", "message"):
+        out.setdefault(key, None)
+    out["oom_note"] = oom_note(exception)
+    return out
+
+
+def oom_note(exception: BaseException | None) -> int | str | None:
+    """The note index an out-of-memory error carries (through its cause/context chain), else
+    ``"last"`` for a MemoryError without one, else None."""
+    seen = set()
+    e = exception
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        note = getattr(e, "_tracekit_oom_note", None)
+        if note is not None:
+            return int(note)
+        e = e.__cause__ or e.__context__
+    return "last" if isinstance(exception, MemoryError) else None
+
+
 def record_cupy(target: list[str], *, module: bool = False, output: Path | None = None,
                 limit: int | None = None, sites: bool = True, force: bool = False) -> tuple[Path, int]:
-    """Run ``target`` like python would while recording CuPy's pool; returns (trace, exit code)."""
+    """Run ``target`` like python would while recording CuPy's pools; returns (trace, exit code).
+
+    ``output`` may hold ``{rank}``-style placeholders (``tracekit.record.launch``).
+    """
     check_target(target, module)
-    out = output or default_output(target, module)
+    launch = Launch.from_env()
+    out = output_path(output or default_output(target, module), launch)
     command = ["python", "-m", *target] if module else ["python", *target]
-    rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force)
-    rec.start()
-    outcome = run_target(target, module)
-    try:
-        path = rec.stop(outcome.to_dict())
-    finally:
-        outcome.keepalive = None
+    rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force, launch=launch,
+                        program=None if module else target[0])
+    with stop_signals():
+        rec.start()
+        outcome = run_target(target, module)
+    with quiet_signals():
+        try:
+            path = rec.stop(outcome.to_dict(), exception=_exception(outcome))
+        finally:
+            outcome.keepalive = None
     return path, outcome.code
+
+
+def _exception(outcome: Outcome) -> BaseException | None:
+    return outcome.keepalive if isinstance(outcome.keepalive, BaseException) else None

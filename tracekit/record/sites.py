@@ -10,7 +10,10 @@ has seen alive, so an id is never reused). Only a cache miss computes
 the line number and the ``path:line:function`` string; equal strings share
 one id. Ids are dense, start at 0 and never change, so a batch of events can
 be written before later sites exist. ``-1`` means no frame outside the
-skipped libraries was found.
+skipped libraries was found. Paths are stored relative to the first of
+``roots`` that holds them (the working directory, then the program's
+folder), so a trace names ``train.py``, not a home folder; a file outside
+every root keeps its absolute path.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from types import CodeType, FrameType
 class SiteTable:
     """Maps frames to site ids; ``names`` holds the ``path:line:function`` string of each id."""
 
-    def __init__(self, skip_dirs: tuple[str, ...] = ()) -> None:
+    def __init__(self, skip_dirs: tuple[str, ...] = (), roots: tuple[str, ...] = ()) -> None:
         # A trailing separator so /x/cupy does not also skip /x/cupy_extras.
         self._prefixes = tuple(os.path.join(os.path.abspath(d), "") for d in skip_dirs)
+        self.roots = roots
         self.internal: dict[int, bool] = {}  # id(code) -> inside a skipped library
         self.by_offset: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> site id
         self._codes: list[CodeType] = []  # keeps every code seen alive, so ids stay unique
@@ -60,7 +64,8 @@ class SiteTable:
     def add(self, frame: FrameType) -> int:
         """Slow path: name the frame's line and give it an id (shared by equal names)."""
         code = frame.f_code
-        name = f"{code.co_filename}:{frame.f_lineno}:{getattr(code, 'co_qualname', code.co_name)}"
+        path = relative_path(code.co_filename, self.roots)
+        name = f"{path}:{frame.f_lineno}:{getattr(code, 'co_qualname', code.co_name)}"
         with self._lock:  # two threads may miss on the same line at once
             site = self._by_name.get(name)
             if site is None:
@@ -73,6 +78,35 @@ class SiteTable:
     def names_since(self, start: int) -> list[str]:
         """The names of ids ``start``, ``start+1``, ... known now."""
         return self.names[start:]
+
+
+def relative_path(path: str, roots: tuple[str, ...]) -> str:
+    """``path`` relative to the first root holding it (``<string>``-style names are kept)."""
+    if not os.path.isabs(path):
+        return path
+    for root in roots:
+        prefix = os.path.join(os.path.abspath(root), "")
+        if path.startswith(prefix):
+            return path[len(prefix):]
+    return path
+
+
+def relative_site(name: str, roots: tuple[str, ...]) -> str:
+    """A ``path:line:function`` site with its path made relative (see ``relative_path``)."""
+    parts = name.rsplit(":", 2)
+    if len(parts) != 3:
+        return name
+    return f"{relative_path(parts[0], roots)}:{parts[1]}:{parts[2]}"
+
+
+def site_roots(program: str | None) -> tuple[str, ...]:
+    """The working directory, then the program's folder (a script's; none for ``-m``)."""
+    roots = [os.getcwd()]
+    if program is not None:  # the script's path as given and as sys.path[0] resolves it
+        for folder in (os.path.dirname(os.path.abspath(program)), os.path.dirname(os.path.realpath(program))):
+            if folder not in roots:
+                roots.append(folder)
+    return tuple(roots)
 
 
 def default_skip_dirs() -> tuple[str, ...]:

@@ -7,11 +7,13 @@ a process killed with SIGKILL (or a machine that dies) loses at most the
 last interval of events. Each batch holds, in order, the names of call-sites
 first used since the last batch (``op`` -1, ``site`` = id, ``text`` = name),
 then the events, with note rows (``op`` -2, ``text`` = JSON) right after the
-event they describe. Times are nanoseconds since the recording started,
-clamped so they never decrease (threads can stamp a row a little before
-another thread appends an earlier one). The stream's schema metadata holds
-the trace metadata known at start. ``tracekit.record.recover`` turns a spool
-into a v1 trace; a batch cut short by a kill is skipped.
+event they describe; ``pool`` and ``device_free`` are the v2 columns (-1 for
+"resolve later" and "not measured"; spools written before them lack both).
+Times are nanoseconds since the recording started, clamped so they never
+decrease (threads can stamp a row a little before another thread appends an
+earlier one). The stream's schema metadata holds the trace metadata known at
+start. ``tracekit.record.recover`` turns a spool into a trace; a batch cut
+short by a kill is skipped.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ SITE_ROW, NOTE_ROW = -1, -2
 SPOOL_SCHEMA = pa.schema([
     ("t_ns", pa.int64()), ("op", pa.int8()), ("addr", pa.uint64()), ("size", pa.uint64()),
     ("rounded", pa.uint64()), ("stream", pa.uint64()), ("device", pa.int16()), ("site", pa.int32()),
-    ("text", pa.string()),
+    ("text", pa.string()), ("pool", pa.int32()), ("device_free", pa.int64()),
 ])
+# pool: -1 = resolve from the segments when the trace is written; device_free: -1 = not measured.
 
 
 def spool_path(output: Path) -> Path:
@@ -137,6 +140,9 @@ class SpoolWriter:
         ]
         arrays = [pa.array(a, type=f.type) for a, f in zip(cols, SPOOL_SCHEMA, strict=False)]
         arrays.append(pa.array(list(names) + text, type=pa.string()))
+        arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int32), c["pool"]]), type=pa.int32()))
+        arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int64), c["device_free"]]),
+                               type=pa.int64()))
         return pa.RecordBatch.from_arrays(arrays, schema=SPOOL_SCHEMA), int(len(raw) - is_note.sum())
 
     def _fsync(self) -> None:

@@ -1,4 +1,4 @@
-"""Trace format v1: the event columns, op codes and the ``tracekit`` metadata.
+"""Trace format v2 (reads v1 too): the event columns, op codes and the ``tracekit`` metadata.
 
 One Parquet file, one row per event. In memory ops are small integer codes
 (``Op``); on disk they are a dictionary-encoded string column. The metadata is
@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # a v1 trace is a v2 trace without the added columns and keys
 META_KEY = b"tracekit"
 
 
@@ -66,7 +67,9 @@ REQUIRED = tuple(name for name, _, _ in COLUMNS)  # all but ``site`` must be pre
 
 
 def arrow_schema(meta: TraceMeta, extra_fields: tuple[pa.Field, ...] = ()) -> pa.Schema:
+    """The Arrow schema of a trace; writers always write the current version (a read v1 is upgraded)."""
     fields = [pa.field(n, t, nullable=nl) for n, t, nl in COLUMNS]
+    meta = replace(meta, schema_version=SCHEMA_VERSION)
     return pa.schema(fields + list(extra_fields), metadata={META_KEY: meta.to_json().encode()})
 
 
@@ -150,9 +153,9 @@ class TraceMeta:
         version = d.get("schema_version")
         if version is None:
             raise TraceFormatError(f"{where}: the 'tracekit' metadata has no schema_version")
-        if version != SCHEMA_VERSION:
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise TraceFormatError(
-                f"{where}: unsupported schema_version {version!r} (this tracekit reads version 1)"
+                f"{where}: unsupported schema_version {version!r} (this tracekit reads versions 1 and 2)"
             )
         src = d.get("source")
         try:
