@@ -14,6 +14,14 @@ replay's own per-event work weighs most) the script times:
 
 Each figure is the minimum of ``--repeat`` runs after a warm-up. Target:
 replay / bare <= 1.5 for ``cuda``. Prints a table; ``--json`` writes it.
+
+``--allocator torch`` times PyTorch's caching allocator instead, on the same
+synthetic workloads and on every committed ``traces/torch-*.parquet``:
+``bare`` is a loop of ``torch.cuda.caching_allocator_alloc(size, 0, stream)``
+/ ``caching_allocator_delete(ptr)`` over the same requests (the cache emptied
+before each run), ``replay`` is ``replay_torch_on_device`` (settings, limit,
+memory history harvested per chunk, per-call latency, giving everything
+back). Target: replay / bare <= 1.5.
 """
 
 from __future__ import annotations
@@ -129,12 +137,81 @@ def bench(path: Path, repeat: int) -> dict:
     return r
 
 
+def _bare_torch(ops: list, sizes: list, mates: list) -> float:
+    import torch
+
+    alloc, delete = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
+    stream = torch.cuda.current_stream(0)
+    torch.cuda.empty_cache()
+    ptrs = [0] * len(ops)
+    t0 = time.perf_counter()
+    for i in range(len(ops)):
+        o = ops[i]
+        if o == 0 or o == 4:  # malloc, or an oom row replayed as an attempt
+            try:
+                ptrs[i] = alloc(sizes[i], 0, stream)
+            except torch.OutOfMemoryError:
+                break
+        elif o == 1 and mates[i] >= 0 and ptrs[mates[i]]:
+            delete(ptrs[mates[i]])
+            ptrs[mates[i]] = 0
+    t = time.perf_counter() - t0
+    for p in ptrs:
+        if p:
+            delete(p)
+    torch.cuda.empty_cache()
+    return t
+
+
+def bench_torch(path: Path, repeat: int) -> dict:
+    from tracekit.device.torch_replay import replay_torch_on_device
+    from tracekit.trace import read_trace
+
+    tr = read_trace(path)
+    ops, sizes, mates = tr.events.op.tolist(), tr.events.size.tolist(), tr.mate.tolist()
+    limit = tr.meta.pool_limit_bytes
+
+    def replay() -> float:
+        t0 = time.perf_counter()
+        replay_torch_on_device(tr, None, limit, 0)
+        return time.perf_counter() - t0
+
+    r = {"events": len(ops), "bare": _best(lambda: _bare_torch(ops, sizes, mates), repeat),
+         "replay": _best(replay, repeat)}
+    r["ratio"] = r["replay"] / r["bare"]
+    return r
+
+
+def main_torch(a: argparse.Namespace) -> int:
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    out = {"device": name, "torch": str(torch.__version__), "allocator": "torch",
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "workloads": {}}
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as d:
+        paths = [(label, _trace(Path(d) / f"{label}.parquet", a.events, max_size, 1))
+                 for label, max_size in (("random", 64 << 20), ("small", 64 << 10))]
+        paths += [(p.stem, p) for p in sorted((root / "traces").glob("torch-*.parquet"))]
+        for label, p in paths:
+            out["workloads"][label] = r = bench_torch(p, a.repeat)
+            print(f"{label:18} {r['events']:>9,} events: bare {r['bare']:.4f} s, replay {r['replay']:.4f} s "
+                  f"(x{r['ratio']:.2f})")
+    print(f"{name}, torch {out['torch']}, {out['date']}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--allocator", choices=("cuda", "torch"), default="cuda")
     a = ap.parse_args()
+    if a.allocator == "torch":
+        return main_torch(a)
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(0)

@@ -19,6 +19,7 @@ class Allocator(StrEnum):
     cuda = "cuda"
     cupy = "cupy"
     cupy_async = "cupy-async"
+    torch = "torch"
 
 
 PROGRESS_MIN_EVENTS = 1_000_000
@@ -33,7 +34,8 @@ def replay(
     ),
     device: int | None = typer.Option(None, "--device", help="Replay on this GPU instead of simulating."),
     allocator: Allocator = typer.Option(
-        Allocator.cupy, "--allocator", help="With --device: the allocator that serves the requests."
+        Allocator.cupy, "--allocator",
+        help="With --device: the allocator that serves the requests (torch: PyTorch's caching allocator).",
     ),
     compare_sim: str | None = typer.Option(
         None, "--compare-sim", metavar="POLICY", help="With --device: also simulate POLICY and compare."
@@ -64,10 +66,10 @@ def replay(
     if (sim is None) == (device is None):
         raise UsageError("give exactly one of --sim POLICY or --device N")
     if device is not None:
-        if device_total is not None or torch_conf is not None:
-            raise UsageError("--device-total and --torch-conf apply to --sim, not --device")
+        if device_total is not None:
+            raise UsageError("--device-total applies to --sim, not --device")
         _device(trace, device, allocator.value, capacity, output, json_out, fail_on_oom,
-                continue_on_oom, compare_sim, force)
+                continue_on_oom, compare_sim, force, torch_conf)
         return
     if compare_sim is not None:
         raise UsageError("--compare-sim applies to --device; with --sim, run replay once per policy")
@@ -78,20 +80,28 @@ def replay(
 
 def _device(trace: Path, device: int, allocator: str, capacity: str | None, output: Path | None,
             json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None,
-            force: bool) -> None:
-    from tracekit.errors import DeviceError
+            force: bool, torch_conf: str | None) -> None:
+    from tracekit.cli.common import echo_json, wrote
+    from tracekit.errors import DeviceError, OOMVerdict
 
     try:
-        from tracekit.device.command import run_device_replay_cli
+        from tracekit.device.command import run_device_replay
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("tracekit"):
             raise
         raise DeviceError("replay on a GPU is not available in this installation") from None
-    run_device_replay_cli(
+    out = run_device_replay(
         trace, device=device, allocator=allocator, capacity=capacity, output=output,
-        json_out=json_out, fail_on_oom=fail_on_oom, continue_on_oom=continue_on_oom,
-        compare_sim=compare_sim, force=force,
+        continue_on_oom=continue_on_oom, compare_sim=compare_sim, force=force, torch_conf=torch_conf,
     )
+    if out.written is not None:
+        wrote(out.written)
+    if json_out:
+        echo_json(out.to_dict())
+    else:
+        typer.echo(out.to_text())
+    if fail_on_oom and out.verdict is not None:
+        raise OOMVerdict(out.verdict)
 
 
 def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | None,

@@ -38,6 +38,7 @@ class SegmentLog:
     latency: list[int] = field(default_factory=list)
     t_end: list[int] = field(default_factory=list)
     device_free: list[int] = field(default_factory=list)
+    stream: list[int] = field(default_factory=list)  # per row when the allocator says (torch), else empty
 
     def add(self, before: int, op: Op, addr: int, size: int, lat: int, t_end: int, dfree: int) -> None:
         self.before.append(before)

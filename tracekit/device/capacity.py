@@ -40,6 +40,7 @@ class Allocator(StrEnum):
     CUDA = "cuda"  # every malloc a cudaMalloc, every free a cudaFree
     CUPY = "cupy"  # a fresh CuPy MemoryPool over cudaMalloc
     CUPY_ASYNC = "cupy-async"  # CuPy MemoryAsyncPool (cudaMallocAsync)
+    TORCH = "torch"  # PyTorch's CUDA caching allocator (caching_allocator_alloc / _delete)
 
     @classmethod
     def parse(cls, text: str) -> Allocator:
@@ -80,7 +81,7 @@ def plan_capacity(allocator: Allocator, capacity: int | None, free: int, total: 
             f"--capacity {format_size(capacity)} is more than the device's free memory "
             f"({format_size(free)} of {format_size(total)}); nothing was allocated"
         )
-    if allocator is Allocator.CUPY:
+    if allocator in (Allocator.CUPY, Allocator.TORCH):  # a pool limit: nothing to take
         return CapacityPlan(capacity, 0, capacity)
     ballast = max(0, (free - capacity - DRIVER_SLACK) // GRANULARITY * GRANULARITY)
     return CapacityPlan(capacity, ballast, None)

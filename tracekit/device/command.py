@@ -1,50 +1,83 @@
-"""``tracekit replay TRACE --device N``: read, replay on the GPU, write the trace, print the summary.
+"""``tracekit replay TRACE --device N``: read, replay on the GPU, write the trace, summarize.
 
-``run_device_replay_cli`` is what the replay verb calls when ``--device`` is
+``run_device_replay`` is what the replay verb calls when ``--device`` is
 given. It checks the arguments and the output path before touching the GPU,
-replays (``tracekit.device.replay``), writes the output trace, prints the JSON
-or a short text summary and, with ``--compare-sim POLICY``, the same trace and
-capacity through the simulator side by side. No polars on this path: the GPU
-machines that run it need only NumPy, pyarrow and CuPy.
+replays (``tracekit.device.replay``; ``--allocator torch``:
+``tracekit.device.torch_replay``), writes the output trace and returns a
+``DeviceReplayOutcome``: the summary, with ``--compare-sim POLICY`` the same
+trace and capacity through the simulator side by side (for ``torch`` also
+reserved bytes request by request, ``tracekit.device.torch_compare``), and
+the sentence for ``--fail-on-oom``. The CLI prints it. No polars on this
+path: the GPU machines that run it need only NumPy, pyarrow and CuPy or PyTorch.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from tracekit.device.capacity import Allocator
-from tracekit.errors import OOMVerdict, UsageError
+from tracekit.errors import UsageError
 from tracekit.units import format_size, parse_size
 
 
-def check_args(device: int, allocator: str, capacity: str | None) -> tuple[Allocator, int | None]:
+def check_args(device: int, allocator: str, capacity: str | None,
+               torch_conf: str | None = None) -> tuple[Allocator, int | None]:
     """Validate the options (no GPU needed); return the allocator and capacity in bytes."""
     if device < 0:
         raise UsageError(f"--device must be a CUDA device ordinal (0, 1, ...), got {device}")
     alloc = Allocator.parse(allocator)
+    if torch_conf is not None and alloc is not Allocator.TORCH:
+        raise UsageError("--torch-conf applies to --sim torch and --device with --allocator torch")
+    if capacity is not None and capacity.strip().lower() in ("none", "unbounded"):
+        return alloc, None
     cap = parse_size(capacity, "--capacity") if capacity is not None else None
     if cap is not None and cap <= 0:
         raise UsageError(f"--capacity must be positive, got {capacity!r}")
     return alloc, cap
 
 
-def run_device_replay_cli(
+@dataclass(frozen=True)
+class DeviceReplayOutcome:
+    """What a device replay produced: its summary, the comparison, the file written, the verdict."""
+
+    summary: dict[str, Any]
+    comparison: dict[str, Any] | None
+    written: Path | None
+    verdict: str | None  # the sentence for --fail-on-oom when any request failed, else None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.comparison is None:
+            return self.summary
+        return {**self.summary, "compare_sim": self.comparison}
+
+    def to_text(self) -> str:
+        text = text_summary(self.summary)
+        if self.comparison is not None:
+            from tracekit.device.compare import format_comparison
+
+            text += "\n" + format_comparison(self.comparison)
+        return text
+
+
+def run_device_replay(
     trace: Path, *, device: int, allocator: str, capacity: str | None, output: Path | None,
-    json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None,
-    force: bool = False,
-) -> None:
-    """The ``replay --device`` verb body; raises OOMVerdict when ``fail_on_oom`` and an OOM happened."""
-    from tracekit.cli.common import echo_json, wrote
+    continue_on_oom: bool, compare_sim: str | None, torch_conf: str | None = None, force: bool = False,
+) -> DeviceReplayOutcome:
+    """The ``replay --device`` verb body, without printing."""
     from tracekit.device.replay import DeviceConfig, replay_on_device
     from tracekit.device.result import summary
     from tracekit.outputs import check_output
-    from tracekit.trace.reader import read_trace
+    from tracekit.sim.options import parse_alloc_conf
+    from tracekit.trace.reader import read_meta, read_trace
 
-    alloc, cap = check_args(device, allocator, capacity)
+    alloc, cap = check_args(device, allocator, capacity, torch_conf)
+    if alloc is Allocator.TORCH and capacity is None:
+        cap = read_meta(trace).pool_limit_bytes or None  # the recorded limit, as --sim torch takes it
+    options = parse_alloc_conf(torch_conf) if torch_conf is not None else {}
     if output is not None:
         check_output(output, (trace,), force=force)
     if compare_sim is not None:
@@ -52,32 +85,43 @@ def run_device_replay_cli(
 
         check_policy(compare_sim)
     tr = read_trace(trace)
-    cfg = DeviceConfig(device=device, allocator=alloc, capacity=cap, continue_on_oom=continue_on_oom)
+    cfg = DeviceConfig(device=device, allocator=alloc, capacity=cap, continue_on_oom=continue_on_oom,
+                       options=options)
     run = replay_on_device(tr, cfg)  # SIGTERM: Terminated (exit 143) once the device is released
     result = summary(tr, run)
-    if output is not None:
-        wrote(write_output(tr, run, output))
+    written = write_output(tr, run, output) if output is not None else None
     comparison = None
     if compare_sim is not None:
-        from tracekit.device.compare import compare_with_sim
+        comparison = _compare(tr, run, compare_sim, cap, continue_on_oom, result, written)
+    verdict = None
+    if run.ooms:
+        verdict = (f"{trace}: {run.ooms} allocation(s) ran out of memory on device {device} "
+                   f"with the {alloc.value} allocator")
+    return DeviceReplayOutcome(result, comparison, written, verdict)
 
-        comparison = compare_with_sim(tr, compare_sim, cap, continue_on_oom, result)
-    if json_out:
-        echo_json({**result, "compare_sim": comparison} if comparison is not None else result)
-    else:
-        typer.echo(text_summary(result))
-        if comparison is not None:
-            from tracekit.device.compare import format_comparison
 
-            typer.echo(format_comparison(comparison))
-    if fail_on_oom and run.ooms:
-        raise OOMVerdict(f"{trace}: {run.ooms} allocation(s) ran out of memory on device {device} "
-                         f"with the {alloc.value} allocator")
+def _compare(tr: Any, run: Any, policy: str, cap: int | None, continue_on_oom: bool,
+             result: dict[str, Any], written: Path | None) -> dict[str, Any]:
+    """The side-by-side table; for torch against torch also reserved bytes after every request."""
+    from tracekit.device.compare import compare_with_sim
+
+    comparison = compare_with_sim(tr, policy, cap, continue_on_oom, result, run.config.options)
+    if run.torch is None or policy != "torch":
+        return comparison
+    from tracekit.device.torch_compare import compare_with_model
+    from tracekit.trace.reader import read_trace
+
+    with tempfile.TemporaryDirectory(prefix="tracekit-") as tmp:
+        path = written if written is not None else write_output(tr, run, Path(tmp) / "replay.parquet")
+        reserved = compare_with_model(tr, run, read_trace(path))
+    comparison["reserved"] = [c.to_dict() for c in reserved]
+    comparison["agree"] = bool(comparison["agree"] and all(c.first < 0 for c in reserved))
+    return comparison
 
 
 def write_output(tr: Any, run: Any, output: Path) -> Path:
     """Write the replay as a v1 trace with device, allocator and capacity in its metadata."""
-    from tracekit.device.result import output_events
+    from tracekit.device.result import extra_fields, output_events
     from tracekit.trace.schema import DeviceInfo, Source, TraceMeta
     from tracekit.trace.writer import write_trace
 
@@ -97,17 +141,16 @@ def write_output(tr: Any, run: Any, output: Path) -> Path:
         capacity=run.plan.capacity,
         device_total=run.free_replay,  # what the replay had: the emulated device under any pool limit
     )
-    return write_trace(output, meta, ev, extras, extra_fields=_fields())
-
-
-def _fields() -> tuple[Any, ...]:
-    from tracekit.device.result import EXTRA_FIELDS
-
-    return EXTRA_FIELDS
+    if run.torch is not None:  # the settings as PyTorch reported them: --sim torch replays the output alike
+        meta = meta.with_extra(torch_allocator_settings=dict(run.torch.settings),
+                               torch_conf=run.torch.conf, torch_version=run.torch.torch_version)
+    return write_trace(output, meta, ev, extras, extra_fields=extra_fields(run))
 
 
 def _device_name(device: int) -> str | None:
     try:
+        if "torch" in sys.modules:
+            return str(sys.modules["torch"].cuda.get_device_name(device))
         import cupy
 
         name = cupy.cuda.runtime.getDeviceProperties(device)["name"]

@@ -35,6 +35,7 @@ class Loop:
         self.continue_on_oom = continue_on_oom
         self.pending = pending
         self.every = sample_every or sampling_interval(n)
+        self.k = self.every  # requests left until the next sample (loops that resume keep it here)
         self.status = np.zeros(n, np.int8)
         self.addr = np.zeros(n, np.uint64)
         self.latency = np.full(n, -1, np.int64)
@@ -62,10 +63,11 @@ class Loop:
 
     def note_oom(self, i: int, err: BaseException, free: int, stats: dict[str, Any] | None) -> bool:
         """Record an OOM at input index i; return True when the replay must stop."""
-        from cupy.cuda import runtime
+        if type(err).__module__.startswith("cupy"):  # PyTorch raises only its OutOfMemoryError here
+            from cupy.cuda import runtime
 
-        if isinstance(err, runtime.CUDARuntimeError) and err.status != _CUDA_OOM:
-            raise DeviceError(f"CUDA error at event {i}: {err}") from None
+            if isinstance(err, runtime.CUDARuntimeError) and err.status != _CUDA_OOM:
+                raise DeviceError(f"CUDA error at event {i}: {err}") from None
         self.ooms += 1
         if self.first_oom < 0:
             self.first_oom = i
@@ -104,7 +106,7 @@ def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, r
         o_l, s_l, m_l = o_arr.tolist(), sizes[base:base + CHUNK].tolist(), mates[base:base + CHUNK].tolist()
         n = len(o_l)
         addr, t0l, t1l = [0] * n, [0] * n, [0] * n
-        stat = _default_status(o_arr)
+        stat = default_status(o_arr)
         dfree: dict[int, int] = {}
         for j in range(n):
             o = o_l[j]
@@ -148,7 +150,7 @@ def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, r
         lp.flush(base, addr, t0l, t1l, stat, dfree)
 
 
-def _default_status(o_arr: np.ndarray) -> list:
+def default_status(o_arr: np.ndarray) -> list:
     """DONE for requests (malloc, free, oom), IGNORED for the input's own segment rows."""
     return ((o_arr == Op.MALLOC) | (o_arr == Op.FREE) | (o_arr == Op.OOM)).astype(np.int8).tolist()
 
@@ -178,7 +180,7 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
             o_l, s_l, m_l, st_l = (a[base:base + CHUNK].tolist() for a in (ops, sizes, mates, streams))
             n = len(o_l)
             addr, t0l, t1l = [0] * n, [0] * n, [0] * n
-            stat = _default_status(o_arr)
+            stat = default_status(o_arr)
             dfree: dict[int, int] = {}
             for j in range(n):
                 o = o_l[j]

@@ -17,7 +17,8 @@ SIGTERM; one failed release does not keep the others from running.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ class DeviceConfig:
     capacity: int | None = None
     continue_on_oom: bool = False
     sample_every: int | None = None  # None: sampling_interval(n)
+    options: Mapping[str, str] = field(default_factory=dict)  # torch: allocator settings (--torch-conf)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,10 +76,15 @@ class DeviceRun:
     ooms: int
     first_oom: int
     oom_state: dict[str, Any] | None
+    torch: Any = None  # torch_replay.TorchRun for the torch allocator
 
 
 def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     """Replay ``trace`` on ``cfg.device``; everything taken is released before returning or raising."""
+    if cfg.allocator is Allocator.TORCH:
+        from tracekit.device.torch_replay import replay_torch
+
+        return replay_torch(trace, cfg)
     cupy = import_cupy("device replay needs CuPy and a GPU")
     rt = cupy.cuda.runtime
     ev = trace.events

@@ -65,7 +65,12 @@ def output_events(trace: Trace, run: DeviceRun) -> tuple[Events, dict[str, pa.Ar
     size_in = ev.size[keep].copy()
     frees = op_in == Op.FREE
     size_in[frees] = r[trace.mate[keep[frees]]]
-    stream_rows = ev.stream[np.minimum(before, n - 1)] if n else np.zeros(m, np.uint64)
+    if len(rows.stream) == m:  # the allocator named each row's stream (torch)
+        stream_rows = np.asarray(rows.stream, np.int64).view(np.uint64)
+    else:
+        stream_rows = ev.stream[np.minimum(before, n - 1)] if n else np.zeros(m, np.uint64)
+    init = initial_rows(trace)
+    rounded_in = np.where(init[keep] & (ev.rounded[keep] > 0), ev.rounded[keep], r[keep])
 
     def cat(a: Any, b: Any, dtype: Any) -> np.ndarray:
         return np.concatenate([np.asarray(a, dtype), np.asarray(b, dtype)])[order]
@@ -75,7 +80,7 @@ def output_events(trace: Trace, run: DeviceRun) -> tuple[Events, dict[str, pa.Ar
         op=cat(op_in, rows.op, np.int8),
         size=cat(size_in, rows.size, np.uint64),
         addr=cat(addr_in, rows.addr, np.uint64),
-        rounded=cat(np.where(frees, 0, r[keep]), np.zeros(m), np.uint64),
+        rounded=cat(np.where(frees, 0, rounded_in), np.zeros(m), np.uint64),
         t_ns=np.maximum.accumulate(cat(run.t_end[keep], rows.t_end, np.int64)) if len(order) else None,
         stream=cat(ev.stream[keep], stream_rows, np.uint64),
         device=np.full(len(order), run.config.device, np.int16),
@@ -91,7 +96,25 @@ def output_events(trace: Trace, run: DeviceRun) -> tuple[Events, dict[str, pa.Ar
         "device_free": pa.array(dfree, pa.int64(), mask=dfree < 0),
         "input_seq": pa.array(iseq, pa.uint64(), mask=is_row),
     }
+    if run.torch is not None:  # the snapshot importer's columns, so the model replays the output as an import
+        extras["initial"] = pa.array(cat(init[keep], run.torch.initial, bool), pa.bool_())
+        extras["expandable"] = pa.array(cat(np.zeros(len(keep), bool), run.torch.mapped, bool), pa.bool_())
     return out, extras
+
+
+def extra_fields(run: DeviceRun) -> tuple[pa.Field, ...]:
+    """The output's columns beyond v1 for this run."""
+    if run.torch is None:
+        return EXTRA_FIELDS
+    return (*EXTRA_FIELDS, pa.field("initial", pa.bool_()), pa.field("expandable", pa.bool_()))
+
+
+def initial_rows(trace: Trace) -> np.ndarray:
+    """Bool per input event: the row rebuilds the state before a wrapped history (``initial`` column)."""
+    tbl = trace.extras
+    if tbl is None or "initial" not in tbl.column_names:
+        return np.zeros(len(trace.events), bool)
+    return np.asarray(tbl.column("initial").fill_null(False).to_numpy(zero_copy_only=False), bool)
 
 
 def percentiles(lat: np.ndarray) -> dict[str, float | None]:
@@ -119,7 +142,8 @@ def _cause(allocator: Allocator, free_b: int | None, rounded: int) -> str:
 def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
     """The simulated replay's JSON keys, plus device, allocator, latency and release figures.
 
-    peak_reserved_bytes: cupy = max sum of the pool's live device allocations
+    peak_reserved_bytes: torch = max over the allocator's own segment events (exact); cupy = max
+    sum of the pool's live device allocations
     (exact); cupy-async = the cudaMemPool ReservedMemHigh attribute; cuda = max of
     (free at replay start - sampled device_free), so a lower bound between samples.
     oom.cause: see ``_cause`` (for cuda the driver's ~3.5 MiB slack is not counted as free).
@@ -171,4 +195,18 @@ def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
         "device_free_end": run.free_end,
         "ballast_bytes": run.plan.ballast,
         "released": run.free_end == run.free_start,
+        **({"torch": torch_figures(run)} if run.torch is not None else {}),
+    }
+
+
+def torch_figures(run: DeviceRun) -> dict[str, Any]:
+    """The torch replay's own keys: settings given and reported, the rebuilt starting state."""
+    t = run.torch
+    rb = t.rebuilt
+    return {
+        "version": t.torch_version, "conf": t.conf, "options": dict(t.options),
+        "expandable_segments": bool(t.settings.get("expandable_segments")),
+        "release_points": t.release_points,
+        "initial_segments": rb.segments if rb else 0, "initial_blocks": rb.blocks if rb else 0,
+        "initial_misplaced": rb.misplaced if rb else 0,
     }

@@ -1,0 +1,129 @@
+"""Device replay through PyTorch's own caching allocator on a real GPU.
+
+Marked ``gpu``; also skipped where PyTorch or its CUDA device is missing. The
+committed PyTorch traces are replayed under their recorded settings and limit
+and compared, reserved bytes after every request, with the ``torch`` model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.device.torch_compare import compare_with_model, device_reserved, replayed_requests
+from tracekit.device.torch_replay import replay_torch_on_device
+from tracekit.errors import UsageError
+from tracekit.trace import Op, read_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_TRACES = sorted((ROOT / "traces").glob("torch-*.parquet"))
+
+
+def _torch_reason() -> str | None:
+    try:
+        import torch
+    except Exception as e:
+        return f"PyTorch is not importable ({type(e).__name__})"
+    return None if torch.cuda.is_available() else "PyTorch sees no CUDA device"
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_torch_reason() is not None, reason=str(_torch_reason()))]
+
+
+def _free() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info(0)[0])
+
+
+def _recorded_reserved(trace) -> np.ndarray:
+    """Reserved bytes after each event from the recording's own segment rows (after the starting state)."""
+    from tracekit.device.compare import reserved_by_request
+
+    ev = trace.events
+    seg = np.flatnonzero((ev.op == Op.SEGMENT_ALLOC) | (ev.op == Op.SEGMENT_FREE))
+    return reserved_by_request(len(ev), seg, ev.op[seg], ev.size[seg])
+
+
+@pytest.mark.parametrize("path", TORCH_TRACES, ids=lambda p: p.stem)
+def test_committed_trace_agrees_with_the_model_request_by_request(path: Path, tmp_path: Path) -> None:
+    from tracekit.device.command import write_output
+
+    trace = read_trace(path)
+    start = _free()
+    run = replay_torch_on_device(trace, None, trace.meta.pool_limit_bytes, 0)
+    assert run.free_end == run.free_start, "device memory not given back"
+    assert _free() == start
+    out = read_trace(write_output(trace, run, tmp_path / "out.parquet"))
+    for c in compare_with_model(trace, run, out):
+        assert c.first < 0, c.to_dict()
+    # the real allocator also reproduces the recording itself
+    req = replayed_requests(trace, run)
+    dev, rec = device_reserved(trace, run), _recorded_reserved(trace)
+    if run.torch.rebuilt is None:
+        assert np.array_equal(dev[req], rec[req])
+    ooms = np.flatnonzero(trace.events.op == Op.OOM)
+    assert run.first_oom == (int(ooms[0]) if len(ooms) else -1)
+
+
+def test_settings_are_reset_between_replays() -> None:
+    tuned = read_trace(ROOT / "traces" / "torch-tuned.parquet")
+    train = read_trace(ROOT / "traces" / "torch-train.parquet")
+    a = replay_torch_on_device(tuned, None, None, 0)
+    assert a.torch.settings.get("max_split_size") == 128 << 20
+    b = replay_torch_on_device(train, "expandable_segments:True", None, 0)
+    assert b.torch.settings.get("expandable_segments") is True
+    c = replay_torch_on_device(train, None, None, 0)
+    assert not c.torch.settings.get("expandable_segments")
+    assert c.torch.settings.get("max_split_size") in (-1, (1 << 64) - 1, sys.maxsize * 2 + 1)
+
+
+def test_capacity_is_the_exact_per_process_limit() -> None:
+    trace = read_trace(ROOT / "traces" / "torch-oom.parquet")
+    limit = trace.meta.pool_limit_bytes
+    run = replay_torch_on_device(trace, None, limit, 0)
+    assert run.ooms == 1 and trace.events.seq[run.first_oom] == 20175
+    assert run.peak_reserved is not None and run.peak_reserved <= limit
+    lifted = replay_torch_on_device(trace, None, None, 0, continue_on_oom=True)
+    assert lifted.ooms == 0
+
+
+def test_capacity_above_free_memory_is_refused_before_anything_is_taken() -> None:
+    trace = read_trace(ROOT / "traces" / "torch-record-oom.parquet")
+    start = _free()
+    with pytest.raises(UsageError, match="more than the device's free memory"):
+        replay_torch_on_device(trace, None, 1 << 50, 0)
+    assert _free() == start
+
+
+def test_cli_compare_sim_torch_and_output(tmp_path: Path) -> None:
+    out = tmp_path / "replay.parquet"
+    cmd = [sys.executable, "-m", "tracekit", "replay", str(ROOT / "traces" / "torch-train.parquet"),
+           "--device", "0", "--allocator", "torch", "--compare-sim", "torch", "--json", "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["released"] is True and doc["allocator"] == "torch"
+    assert doc["compare_sim"]["agree"] is True, doc["compare_sim"]
+    assert all(c["first_index"] is None for c in doc["compare_sim"]["reserved"])
+    replayed = read_trace(out)
+    assert replayed.meta.extra["torch_allocator_settings"]["expandable_segments"] is False
+    assert int(np.count_nonzero(replayed.events.op == Op.SEGMENT_ALLOC)) == doc["segment_allocs"]
+    lat = replayed.extras.column("latency_ns").to_numpy(zero_copy_only=False)
+    assert np.nanmin(lat[replayed.events.op == Op.MALLOC]) >= 0
+
+
+def test_fail_on_oom_exits_3_and_gives_everything_back() -> None:
+    start = _free()
+    cmd = [sys.executable, "-m", "tracekit", "replay", str(ROOT / "traces" / "torch-record-oom.parquet"),
+           "--device", "0", "--allocator", "torch", "--fail-on-oom"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 3, r.stderr
+    assert "ran out of memory" in r.stderr
+    assert _free() == start

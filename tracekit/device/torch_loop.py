@@ -1,0 +1,216 @@
+"""The timed replay loop through PyTorch's caching allocator, and its history turned into rows.
+
+``loop_torch`` works like the other loops (``tracekit.device.loops``): chunks
+of ``CHUNK`` events as Python lists, two ``perf_counter_ns`` reads and three
+list stores around each ``raw_alloc(size, stream)``/``raw_delete(ptr)``,
+``cudaMemGetInfo`` and a pending Ctrl-C/SIGTERM looked at every ``Loop.every``
+requests. Where the trace shows the program releasing memory (a run of
+recorded ``segment_free`` rows) it calls ``empty_cache()`` first, as the
+``torch`` model does with ``release_points:trace``. After each chunk the
+allocator's history of that chunk is harvested and attached:
+
+- every replayed request leaves exactly one *closing* entry: ``alloc`` (a
+  malloc placed), ``free_completed`` (a free), ``oom`` (a malloc that failed),
+  in request order; a request of 0 bytes leaves none (PyTorch returns a null
+  pointer without recording anything);
+- each ``segment_alloc``/``segment_free`` entry becomes a row inserted before
+  the request of the next closing entry; ``segment_map``/``segment_unmap`` of
+  expandable segments become one row per 2 MiB page, so every release pairs
+  with a device allocation of its address.
+
+A history whose closing entries do not match the replayed requests one for
+one, or whose ``alloc`` addresses differ from the pointers returned, is a
+DeviceError: the rows would be attached to the wrong requests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracekit.device.allocators import SegmentLog
+from tracekit.device.loops import CHUNK, Loop, default_status
+from tracekit.errors import DeviceError
+from tracekit.importers import torch_columns as tc
+from tracekit.sim.base import Status
+from tracekit.trace.schema import Op
+
+PAGE = 2 << 20  # bytes; expandable segments map whole 2 MiB pages (20 MiB in the large pool)
+_CLOSING = np.array([tc.ALLOC, tc.FREE_COMPLETED, tc.OOM], np.int8)
+_GROW = np.array([tc.SEGMENT_ALLOC, tc.SEGMENT_MAP], np.int8)
+_SEGMENT = np.array([tc.SEGMENT_ALLOC, tc.SEGMENT_FREE, tc.SEGMENT_MAP, tc.SEGMENT_UNMAP], np.int8)
+
+
+@dataclass(frozen=True, eq=False)
+class HistoryRows:
+    """Allocator rows of one harvest: input index they precede, v1 op, addr, size, stream handle."""
+
+    before: np.ndarray
+    op: np.ndarray
+    addr: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    mapped: np.ndarray  # bool: the row is a page of an expandable segment
+
+
+def closing_requests(ops: np.ndarray, status: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
+                     lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Input indices in [lo, hi) that left a closing history entry, in order, and that entry's action."""
+    o, st = ops[lo:hi], status[lo:hi]
+    alloc = (o == Op.MALLOC) | (o == Op.OOM)
+    m = mates[lo:hi]
+    freed_size = np.where(m >= 0, sizes[np.maximum(m, 0)], 0)
+    placed = (st == Status.DONE) & alloc & (sizes[lo:hi] > 0)
+    freed = (st == Status.DONE) & (o == Op.FREE) & (freed_size > 0)
+    failed = st == Status.OOM
+    idx = np.flatnonzero(placed | freed | failed)
+    action = np.where(placed[idx], tc.ALLOC, np.where(freed[idx], tc.FREE_COMPLETED, tc.OOM)).astype(np.int8)
+    return idx + lo, action
+
+
+def attach(h: tc.History, requests: np.ndarray, actions: np.ndarray, after: int,
+           addr: np.ndarray) -> HistoryRows:
+    """The segment entries of ``h`` as rows before the requests they precede (``after``: past the last).
+
+    ``requests``/``actions``: the replayed requests and the closing entry each must have left.
+    """
+    a = h.action
+    closing = np.isin(a, _CLOSING)
+    k = int(np.count_nonzero(closing))
+    if k != len(requests) or not np.array_equal(a[closing], actions):
+        raise DeviceError(f"PyTorch's memory history holds {k} allocations, frees and failures for "
+                          f"{len(requests)} replayed requests, not in the same order; it cannot be matched")
+    placed = requests[actions == tc.ALLOC]
+    if not np.array_equal(h.addr[closing][actions == tc.ALLOC].astype(np.int64), addr[placed]):
+        raise DeviceError("PyTorch's memory history names other addresses than the replayed allocations")
+    seg = np.flatnonzero(np.isin(a, _SEGMENT))
+    pos: np.ndarray = (np.cumsum(closing) - closing)[seg]
+    nxt = np.append(requests, after).astype(np.int64)
+    before = nxt[np.minimum(pos, k)]
+    grow = np.isin(a[seg], _GROW)
+    mapped = (a[seg] == tc.SEGMENT_MAP) | (a[seg] == tc.SEGMENT_UNMAP)
+    size, start = h.size[seg].astype(np.int64), h.addr[seg].astype(np.int64)
+    pages = np.where(mapped, np.maximum(size // PAGE, 1), 1)
+    rep = np.repeat(np.arange(len(seg)), pages)
+    first = np.repeat(np.cumsum(pages) - pages, pages)
+    k_in = np.arange(len(rep)) - first
+    is_page = mapped[rep]
+    return HistoryRows(
+        before=before[rep],
+        op=np.where(grow[rep], Op.SEGMENT_ALLOC, Op.SEGMENT_FREE).astype(np.int8),
+        addr=np.where(is_page, start[rep] + k_in * PAGE, start[rep]).astype(np.uint64),
+        size=np.where(is_page, np.minimum(PAGE, size[rep]), size[rep]).astype(np.uint64),
+        stream=h.stream[seg][rep].astype(np.int64),
+        mapped=is_page,
+    )
+
+
+class TorchLoop:
+    """The replay through ``backend`` (a ``TorchBackend``), with rows collected into ``log``."""
+
+    def __init__(self, lp: Loop, backend: Any, log: SegmentLog) -> None:
+        self.lp, self.backend, self.log = lp, backend, log
+        self.mapped: list[bool] = []
+        self.initial: list[bool] = []
+
+    def take_initial(self, h: tc.History) -> None:
+        """The segments made while rebuilding the starting state: rows before everything, marked initial."""
+        seg = np.flatnonzero(np.isin(h.action, _SEGMENT))
+        for i in seg.tolist():
+            op = Op.SEGMENT_ALLOC if h.action[i] in _GROW else Op.SEGMENT_FREE
+            self.log.add(0, op, int(h.addr[i]), int(h.size[i]), -1, 0, -1)
+            self.log.stream.append(self.backend.recorded_stream(int(h.stream[i])))
+            self.mapped.append(False)
+            self.initial.append(True)
+
+    def run(self, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, handles: np.ndarray,
+            release: np.ndarray) -> None:
+        """Replay every event; ``handles``: stream per event; ``release``: empty_cache before it."""
+        for base in range(0, len(ops), CHUNK):
+            stop = self._chunk(base, ops, sizes, mates, handles, release)
+            self._harvest(base, base + (stop if stop is not None else len(ops[base:base + CHUNK])),
+                          ops, sizes, mates)
+            if stop is not None:
+                return
+
+    def _harvest(self, lo: int, hi: int, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray) -> None:
+        lp, be = self.lp, self.backend
+        req, actions = closing_requests(ops, lp.status, sizes, mates, lo, hi)
+        rows = attach(be.harvest(), req, actions, hi, lp.addr.view(np.int64))
+        last = int(lp.t_end[hi - 1]) if hi > 0 else 0
+        for i in range(len(rows.before)):
+            b = int(rows.before[i])
+            # a row happened inside the call of the request it precedes: stamp it with that call's start
+            t = int(lp.t_end[b] - max(int(lp.latency[b]), 0)) if b < hi and lp.t_end[b] > 0 else last
+            self.log.add(b, Op(int(rows.op[i])), int(rows.addr[i]), int(rows.size[i]), -1, t, -1)
+            self.log.stream.append(be.recorded_stream(int(rows.stream[i])))
+            self.mapped.append(bool(rows.mapped[i]))
+            self.initial.append(False)
+
+    def _chunk(self, base: int, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, handles: np.ndarray,
+               release: np.ndarray) -> int | None:
+        """One chunk; returns the local index after which the replay stopped, None when it went on."""
+        lp, be = self.lp, self.backend
+        alloc, delete, oom_t = be.alloc, be.delete, be.oom_error
+        clock, meminfo = time.perf_counter_ns, be.device_free
+        live, every = lp.live, lp.every
+        FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
+        S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
+        sl = slice(base, base + CHUNK)
+        o_arr = ops[sl]
+        o_l, s_l, m_l, h_l = o_arr.tolist(), sizes[sl].tolist(), mates[sl].tolist(), handles[sl].tolist()
+        rel = set(np.flatnonzero(release[sl]).tolist())
+        n = len(o_l)
+        addr, t0l, t1l = [0] * n, [0] * n, [0] * n
+        stat = default_status(o_arr)
+        dfree: dict[int, int] = {}
+        k = lp.k
+        for j in range(n):
+            if rel and j in rel:
+                be.release_cached()
+            o = o_l[j]
+            try:
+                if o == FREE:
+                    p = live.pop(m_l[j], None)
+                    if p is None:
+                        stat[j] = S_SKIPPED  # its malloc failed (--continue-on-oom)
+                        continue
+                    t0 = clock()
+                    delete(p)
+                    t1 = clock()
+                elif o == MALLOC or o == OOM:  # noqa: SIM109 - a tuple per event is slower
+                    t0 = clock()
+                    try:
+                        p = alloc(s_l[j], h_l[j])
+                    except oom_t as e:
+                        t1l[j], t0l[j], stat[j] = clock(), t0, S_OOM
+                        dfree[j] = meminfo()
+                        if lp.note_oom(base + j, e, dfree[j], be.stats()):
+                            lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                            return j + 1
+                        continue
+                    t1 = clock()
+                    live[base + j] = p
+                else:
+                    continue
+            except RuntimeError as e:
+                lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j)
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise DeviceError(f"PyTorch's allocator failed at event {base + j}: {first}") from None
+            addr[j] = p
+            t0l[j] = t0
+            t1l[j] = t1
+            k -= 1
+            if k == 0:
+                k = every
+                dfree[j] = meminfo()
+                if lp.pending.signum:  # Ctrl-C / SIGTERM: stop here, where the live map is complete
+                    lp.k = k
+                    lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j + 1)
+                    lp.pending.check()
+        lp.k = k
+        lp.flush(base, addr, t0l, t1l, stat, dfree)
+        return None
