@@ -30,15 +30,15 @@ step() {  # step NAME LIMIT CMD...: run within the budget, keep stdout/stderr/rc
 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('numpy', numpy.__version__, 'pyarrow', \
 pyarrow.__version__)"; git log --oneline -1; date -u; } >"$R/env.txt" 2>&1
 
-step ground_truth 90 python3 scripts/torch_ground_truth.py --json "$R/ground_truth.json" --out "$R/replays"
+step ground_truth 120 python3 scripts/torch_ground_truth.py --json "$R/ground_truth.json" --out "$R/replays"
 pack
-step pytest_torch 120 python3 -m pytest -m gpu tests/test_device_torch_gpu.py -q -rfEs -p no:cacheprovider
+step pytest_torch 100 python3 -m pytest -m gpu tests/test_device_torch_gpu.py -q -rfEs -p no:cacheprovider
 pack
-step bench_torch 90 python3 scripts/bench_device_replay.py --allocator torch --events 100000 --repeat 3 \
+step bench_torch 60 python3 scripts/bench_device_replay.py --allocator torch --events 100000 --repeat 2 \
   --json "$R/bench_torch.json"
 pack
-for t in traces/torch-*.parquet; do
-  b=$(basename "$t" .parquet)
+for b in torch-train torch-expandable torch-record-oom; do
+  t=traces/$b.parquet
   step "cli_$b" 40 python3 -m tracekit replay "$t" --device 0 --allocator torch --compare-sim torch
 done
 pack

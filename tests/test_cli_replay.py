@@ -123,15 +123,20 @@ def test_device_mode_hands_over_to_the_device_replay(small: Path, monkeypatch) -
     import tracekit.device.command as command
 
     calls: list[tuple] = []
-    monkeypatch.setattr(command, "run_device_replay_cli", lambda *a, **kw: calls.append((a, kw)))
+
+    def fake(*a, **kw):
+        calls.append((a, kw))
+        return command.DeviceReplayOutcome({"oom_count": 1}, None, None, "1 allocation(s) ran out")
+
+    monkeypatch.setattr(command, "run_device_replay", fake)
     r = invoke(str(small), "--device", "1", "--allocator", "cupy-async", "--capacity", "1GiB",
                "--compare-sim", "cupy", "--json", "--fail-on-oom")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # --fail-on-oom turns the outcome's verdict into exit code 3
+    assert json.loads(r.stdout) == {"oom_count": 1}
     (args, kw), = calls
     assert args == (small,)
     assert kw == {"device": 1, "allocator": "cupy-async", "capacity": "1GiB", "output": None,
-                  "json_out": True, "fail_on_oom": True, "continue_on_oom": False, "compare_sim": "cupy",
-                  "force": False}
+                  "continue_on_oom": False, "compare_sim": "cupy", "force": False, "torch_conf": None}
 
 
 def test_progress_bar_only_on_a_terminal_and_long_traces() -> None:

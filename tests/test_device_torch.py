@@ -146,7 +146,7 @@ def test_cli_refuses_torch_conf_for_other_allocators(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["replay", str(ROOT / "traces" / "torch-train.parquet"), "--device", "0",
                                  "--allocator", "cupy", "--torch-conf", "expandable_segments:True"])
     assert r.exit_code == 2
-    assert "--torch-conf applies to" in r.output
+    assert "--torch-conf settings apply to" in r.output
 
 
 def test_cli_without_pytorch_says_so_in_one_sentence() -> None:

@@ -31,7 +31,7 @@ def check_args(device: int, allocator: str, capacity: str | None,
         raise UsageError(f"--device must be a CUDA device ordinal (0, 1, ...), got {device}")
     alloc = Allocator.parse(allocator)
     if torch_conf is not None and alloc is not Allocator.TORCH:
-        raise UsageError("--torch-conf applies to --sim torch and --device with --allocator torch")
+        raise UsageError("--torch-conf settings apply to --sim torch, or to --device with --allocator torch")
     if capacity is not None and capacity.strip().lower() in ("none", "unbounded"):
         return alloc, None
     cap = parse_size(capacity, "--capacity") if capacity is not None else None

@@ -108,8 +108,8 @@ class TorchBackend:
         before = t.cuda.memory._snapshot().get("allocator_settings") or {}
         self._prev = (str(before.get("PYTORCH_CUDA_ALLOC_CONF") or ""),
                       bool(before.get("expandable_segments")),
-                      float(t.cuda.get_per_process_memory_fraction(self.device)))
-        set_allocator_settings(t, self.plan.conf)
+                      self._fraction())
+        self._apply(self.plan.conf)
         report = t.cuda.memory._snapshot().get("allocator_settings")
         check_applied(self.plan, report)
         self.settings = dict(report) if isinstance(report, dict) else {}
@@ -122,6 +122,28 @@ class TorchBackend:
             handles[i] = int(self._streams[s].cuda_stream)
         self._history_on()
         return handles
+
+    def _fraction(self) -> float:
+        get = getattr(self.torch.cuda, "get_per_process_memory_fraction", None)
+        try:
+            return float(get(self.device)) if get is not None else 1.0
+        except Exception:  # a PyTorch without it: no limit was set through this process's knowledge
+            return 1.0
+
+    def _apply(self, conf: str) -> None:
+        """The settings string, or DeviceError with PyTorch's own first line when it refuses it.
+
+        A PyTorch too old for ``max_non_split_rounding_mb`` gets the string without
+        it when the key was not asked for (its default is then the only value).
+        """
+        try:
+            set_allocator_settings(self.torch, conf)
+        except RuntimeError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "max_non_split_rounding_mb" in first and "max_non_split_rounding_mb" not in self.plan.options:
+                parts = [p for p in conf.split(",") if not p.startswith("max_non_split_rounding_mb:")]
+                return self._apply(",".join(parts))
+            raise DeviceError(f"PyTorch refused the allocator settings {conf!r}: {first}") from None
 
     def _set_limit(self) -> None:
         t = self.torch
