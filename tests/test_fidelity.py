@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.sim.base import PolicyRun, SimConfig, Status
-from tracekit.sim.policies._cupy_glue import initial_mask
+from tracekit.sim.base import PolicyRun, SimConfig, Stat, Status
 from tracekit.sim.policies._torch_config import options_from_snapshot
 from tracekit.sim.policies.cupy_pool import MODEL as CUPY
 from tracekit.sim.policies.torch_caching import MODEL as TORCH
+from tracekit.sim.prepare import prepare
 from tracekit.trace import Op, Source, Trace, read_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
@@ -68,7 +68,7 @@ def agreement(trace: Trace, extra: dict[str, str] | None = None) -> Agreement:
     ev = trace.events
     n = len(ev)
     r = replay(trace, extra)
-    init = initial_mask(trace)
+    init = prepare(trace).initial
     req = ((ev.op == Op.MALLOC) | (ev.op == Op.FREE) | (ev.op == Op.OOM)) & ~init
     at = _attach(ev.op, req)
     sign = np.where(ev.op == Op.SEGMENT_ALLOC, 1, np.where(ev.op == Op.SEGMENT_FREE, -1, 0))
@@ -100,7 +100,7 @@ def agreement(trace: Trace, extra: dict[str, str] | None = None) -> Agreement:
         seg_real=tuple(int(x) for x in ev.size[seg]), seg_sim=tuple(int(x) for x in r.rows_size[sim_seg]),
         mapped_real=tuple(int(x) for x in mapped_real[mapped_real > 0]),
         mapped_sim=tuple(int(x) for x in mapped_sim[mapped_sim > 0]),
-        oom_real=int(ooms[0]) if len(ooms) else -1, oom_sim=int(r.stats[6]),
+        oom_real=int(ooms[0]) if len(ooms) else -1, oom_sim=int(r.stats[Stat.FIRST_OOM]),
         mallocs=len(m), same_address=int(np.count_nonzero(ev.addr[m] == r.addr[m])),
     )
 
@@ -164,7 +164,7 @@ def test_wrapped_ring_buffer_replays_from_the_rebuilt_state(snapshot: str, keep:
     cut.write_bytes(pickle.dumps(snap))
     import_snapshot(cut, tmp_path / "cut.parquet")
     trace = read_trace(tmp_path / "cut.parquet")
-    assert initial_mask(trace).any()
+    assert prepare(trace).initial.any()
     a = agreement(trace)
     assert a.first_reserved_miss == -1 and a.reserved_same == a.requests
     assert a.mapped_sim == a.mapped_real

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tracekit.sim.base import SimConfig, Stat, Status
-from tracekit.sim.policies._cupy_check import check_state
+from tracekit.sim.chunk_check import check_state
 from tracekit.trace import Events, Op, Source, Trace, TraceMeta
 from tracekit.trace.validate import pair_events
 

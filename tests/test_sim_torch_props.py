@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from test_sim_cupy_props import build, check_outputs, trace_prefix
 
 from tracekit.sim.base import SimConfig, Stat, Status
-from tracekit.sim.policies._cupy_check import check_state
+from tracekit.sim.chunk_check import check_state
 from tracekit.sim.policies._torch_config import segment_sizes
 from tracekit.sim.policies.torch_caching import MODEL
 

@@ -14,38 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import ClassVar, Protocol
 
 import numpy as np
 
+from tracekit.sim.codes import Stat, Status
 from tracekit.trace.reader import Trace
 
-
-class Status(IntEnum):
-    """What happened to each input event during a replay."""
-
-    IGNORED = 0  # not a user request (segment row), or after the replay stopped
-    DONE = 1  # malloc (or a replayed oom row) placed, or free performed
-    OOM = 2  # the request could not be placed: emitted as an ``oom`` row
-    SKIPPED = 3  # a free whose malloc failed earlier (--continue-on-oom)
-
-
-class Stat(IntEnum):
-    """Slots of ``PolicyRun.stats`` (int64). Bytes unless noted; -1 = not applicable."""
-
-    PEAK_LIVE = 0  # max over time of the allocated (rounded) sizes of live blocks
-    PEAK_RESERVED = 1  # max device memory held: segments for pools, heap high-water for lists
-    PEAK_EXTENT = 2  # free lists: highest end address ever in use; pools: -1
-    SEGMENT_ALLOCS = 3  # count of segment_alloc rows emitted
-    SEGMENT_FREES = 4  # count of segment_free rows emitted
-    OOMS = 5  # count of failed requests
-    FIRST_OOM = 6  # input index of the first failed request, -1 if none
-    OOM_FREE = 7  # at the first OOM: free bytes the policy held (reserved - live, or heap free)
-    OOM_LARGEST = 8  # at the first OOM: largest free block usable for that request
-    OOM_LIVE = 9  # at the first OOM: live bytes
-    OOM_RESERVED = 10  # at the first OOM: reserved bytes
-    OOM_ROUNDED = 11  # at the first OOM: the request after the policy's rounding
+__all__ = ["AllocatorModel", "PolicyRun", "SimConfig", "Stat", "Status"]
 
 
 @dataclass(frozen=True)

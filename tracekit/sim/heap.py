@@ -16,7 +16,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from tracekit.sim.base import PolicyRun, SimConfig, Stat
+from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.codes import Stat
 from tracekit.trace.schema import Op
 
 UNIT = 512  # every policy hands out multiples of 512 bytes
@@ -34,12 +35,11 @@ def round_up(n: _N, step: int = UNIT) -> _N:
     return -(-n // step) * step
 
 
-# Stat slots as plain ints: compiled code reads them as constants.
-S_PEAK_LIVE, S_PEAK_EXTENT, S_OOMS, S_FIRST_OOM = (
-    int(Stat.PEAK_LIVE), int(Stat.PEAK_EXTENT), int(Stat.OOMS), int(Stat.FIRST_OOM))
-S_OOM_FREE, S_OOM_LARGEST, S_OOM_LIVE, S_OOM_RESERVED, S_OOM_ROUNDED = (
-    int(Stat.OOM_FREE), int(Stat.OOM_LARGEST), int(Stat.OOM_LIVE), int(Stat.OOM_RESERVED),
-    int(Stat.OOM_ROUNDED))
+def heap_stats() -> np.ndarray:
+    """A single heap's stats vector before the replay: zeros, no OOM yet (``FIRST_OOM`` -1)."""
+    stats = np.zeros(len(Stat), np.int64)
+    stats[Stat.FIRST_OOM] = -1
+    return stats
 
 
 def heap_run(config: SimConfig, addr: np.ndarray, status: np.ndarray, rounded: np.ndarray,

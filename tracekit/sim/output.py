@@ -24,7 +24,8 @@ import pyarrow as pa
 from tracekit import __version__
 from tracekit.outputs import check_output
 from tracekit.sim.base import PolicyRun, Status
-from tracekit.sim.prepare import ALLOC, FREE, prepare
+from tracekit.sim.codes import Kind
+from tracekit.sim.prepare import prepare
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source, TraceMeta
@@ -53,7 +54,7 @@ def replay_events(run: PolicyRun, trace: Trace) -> tuple[Events, np.ndarray]:
 
     kind = inp.kind[kept]
     is_oom = st[kept] == Status.OOM
-    is_free = kind == FREE
+    is_free = kind == Kind.FREE
     mate = np.where(is_free, trace.mate[kept], 0)
     rounded_in = run.rounded if run.rounded is not None else ev.rounded
 
@@ -68,7 +69,7 @@ def replay_events(run: PolicyRun, trace: Trace) -> tuple[Events, np.ndarray]:
     size[in_pos] = np.where(is_free, free_size, ev.size[kept])
     size[row_pos] = run.rows_size
     rounded = np.zeros(total, np.uint64)
-    rounded[in_pos] = np.where(kind == ALLOC, rounded_in[kept], 0)
+    rounded[in_pos] = np.where(kind == Kind.ALLOC, rounded_in[kept], 0)
 
     at = np.minimum(rb, max(n - 1, 0))  # policy rows take the time of the event they precede
     t_ns = np.zeros(total, np.int64)
@@ -126,9 +127,7 @@ def _initial_with_policy_rows(trace: Trace, src: np.ndarray) -> np.ndarray:
     So the segments a policy creates to hold the starting state are marked as
     part of that state, like the input's own initial rows.
     """
-    tbl = trace.extras
-    assert tbl is not None
-    init_in = np.asarray(tbl.column("initial").fill_null(False).to_numpy(zero_copy_only=False), np.bool_)
+    init_in = prepare(trace).initial
     n = len(init_in)
     # Index of the next input row at or after each output row (n past the last one).
     nxt = np.where(src >= 0, src, n)[::-1]

@@ -21,6 +21,8 @@ from numba import njit
 from tracekit.sim import treap
 from tracekit.sim.treap import SZ
 
+AT = 0  # the treap's columns start the row
+
 EXACT_BITS = 16
 SUB_BITS = 6
 MAX_LOG = 62
@@ -136,17 +138,17 @@ def last_class(bm):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def add(T, roots, bm, x):  # pragma: no cover - compiled
-    """Insert free block x (K1 = size, K2 = address already set)."""
+    """Insert free block x (K1 = size, K2 = address, K3 = 0 already set)."""
     c = klass(T[x, SZ])
     if roots[c] < 0:
         _set(bm, c)
-    roots[c] = treap.insert(T, roots[c], x, False)
+    roots[c] = treap.insert(T, roots[c], x, False, AT)
 
 
 @njit(cache=True)
 def drop(T, roots, bm, x):  # pragma: no cover - compiled
     c = klass(T[x, SZ])
-    roots[c] = treap.remove(T, roots[c], x, False)
+    roots[c] = treap.remove(T, roots[c], x, False, AT)
     if roots[c] < 0:
         _clear(bm, c)
 
@@ -158,13 +160,13 @@ def best(T, roots, bm, r):  # pragma: no cover - compiled
     if c >= NCLASSES:
         return -1
     if roots[c] >= 0:
-        x = treap.lower_bound(T, roots[c], r, 0)
+        x = treap.lower_bound(T, roots[c], r, 0, 0, AT)
         if x >= 0:
             return x
     c = next_class(bm, c + 1)
     if c < 0:
         return -1
-    return treap.leftmost(T, roots[c])
+    return treap.leftmost(T, roots[c], AT)
 
 
 @njit(cache=True)
@@ -172,4 +174,4 @@ def largest(T, roots, bm):  # pragma: no cover - compiled
     c = last_class(bm)
     if c < 0:
         return 0
-    return T[treap.rightmost(T, roots[c]), SZ]
+    return T[treap.rightmost(T, roots[c], AT), SZ]

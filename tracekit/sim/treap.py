@@ -1,16 +1,19 @@
-"""An ordered set of free blocks for compiled allocator kernels: a treap in one array.
+"""The one ordered set of the simulator's compiled kernels: a treap stored in rows of an array.
 
-Each node is one row of an int64 array ``T`` (shape ``(capacity, width)``,
-``width >= NFIELDS``; kernels keep their own per-block fields in the columns
-after ``NFIELDS``). Nodes are ordered by the key ``(T[x, K1], T[x, K2])``
-(lexicographic) and heap-ordered by a priority hashed from the key, so the
-expected depth is O(log n) whatever the insertion order. Every node also
-carries ``MX``, the largest ``SZ`` in its subtree, which turns "lowest key
-whose size fits" into one O(log n) descent (first fit when keyed by address);
-trees that do not need it pass ``aug=False`` and leave MX stale. Best fit
-keys the tree by ``(size, address)`` instead. Several trees may share
-one array (one root per tree); a root of -1 is the empty tree. All functions
-return the (possibly new) root.
+Each node is one row of an int64 array ``T``; a tree uses a block of columns
+starting at offset ``o`` (so one array can hold several trees, or a tree beside
+a kernel's own per-node fields): the key ``(K1, K2, K3)`` (lexicographic,
+unique), the links ``L``, ``R``, ``P`` (-1 = none) and the priority ``PR``,
+hashed from the key, so the expected depth is O(log n) whatever the order of
+operations and no generator state is carried. An augmented tree (``aug``) also
+keeps ``SZ`` and ``MX``, the largest ``SZ`` in the subtree, which turns "lowest
+key whose size fits" into one O(log n) descent (first fit when keyed by
+address); trees that do not need it pass ``aug=False`` and use only the first
+``TREE_FIELDS`` columns. Users: the free lists (keyed by address, or by (size,
+address)), the buddy allocator (one tree per order), the size classes of best
+fit, and the pool models' chunk store (free pieces by (group, size, address),
+unmapped pieces by (group, address)). Functions that restructure a tree return
+its (possibly new) root; -1 is the empty tree.
 """
 
 from __future__ import annotations
@@ -18,37 +21,46 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-K1, K2, SZ, MX, L, R, P, PR = range(8)
-NFIELDS = 8
+K1, K2, K3, L, R, P, PR, SZ, MX = range(9)
+TREE_FIELDS = 7  # K1..PR: a tree without size augmentation
+NFIELDS = 9  # with SZ and MX
 NIL = -1
 
 
 @njit(cache=True, inline="always")
-def _less(T, a, b1, b2):  # pragma: no cover - compiled
-    return T[a, K1] < b1 or (T[a, K1] == b1 and T[a, K2] < b2)
+def _less(T, a, b1, b2, b3, o):  # pragma: no cover - compiled
+    """Key of node a < (b1, b2, b3)."""
+    a1 = T[a, o + K1]
+    if a1 != b1:
+        return a1 < b1
+    a2 = T[a, o + K2]
+    if a2 != b2:
+        return a2 < b2
+    return T[a, o + K3] < b3
 
 
 @njit(cache=True, inline="always")
-def _mx(T, x):  # pragma: no cover - compiled
-    return T[x, MX] if x >= 0 else -1
+def _mx(T, x, o):  # pragma: no cover - compiled
+    return T[x, o + MX] if x >= 0 else -1
 
 
 @njit(cache=True, inline="always")
-def _pull(T, x):  # pragma: no cover - compiled
-    m = T[x, SZ]
-    a = _mx(T, T[x, L])
-    b = _mx(T, T[x, R])
+def _pull(T, x, o):  # pragma: no cover - compiled
+    m = T[x, o + SZ]
+    a = _mx(T, T[x, o + L], o)
+    b = _mx(T, T[x, o + R], o)
     if a > m:
         m = a
     if b > m:
         m = b
-    T[x, MX] = m
+    T[x, o + MX] = m
 
 
 @njit(cache=True, inline="always")
-def _prio(k1, k2):  # pragma: no cover - compiled
+def _prio(k1, k2, k3):  # pragma: no cover - compiled
     # splitmix64 of the key: random with respect to key order, no state to carry.
-    z = np.uint64(k1) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(k2) + np.uint64(0x632BE59BD9B4E019)
+    z = (np.uint64(k1) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(k2)) * np.uint64(0xD6E8FEB86659FD93)
+    z = z + np.uint64(k3) + np.uint64(0x632BE59BD9B4E019)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
@@ -56,201 +68,213 @@ def _prio(k1, k2):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _rotate_up(T, root, x, aug):  # pragma: no cover - compiled
-    p = T[x, P]
-    g = T[p, P]
-    if T[p, L] == x:
-        b = T[x, R]
-        T[p, L] = b
-        T[x, R] = p
+def _rotate_up(T, root, x, aug, o):  # pragma: no cover - compiled
+    p = T[x, o + P]
+    g = T[p, o + P]
+    if T[p, o + L] == x:
+        b = T[x, o + R]
+        T[p, o + L] = b
+        T[x, o + R] = p
     else:
-        b = T[x, L]
-        T[p, R] = b
-        T[x, L] = p
+        b = T[x, o + L]
+        T[p, o + R] = b
+        T[x, o + L] = p
     if b >= 0:
-        T[b, P] = p
-    T[p, P] = x
-    T[x, P] = g
+        T[b, o + P] = p
+    T[p, o + P] = x
+    T[x, o + P] = g
     if g >= 0:
-        if T[g, L] == p:
-            T[g, L] = x
+        if T[g, o + L] == p:
+            T[g, o + L] = x
         else:
-            T[g, R] = x
+            T[g, o + R] = x
     else:
         root = x
     if aug:
-        _pull(T, p)
-        _pull(T, x)
+        _pull(T, p, o)
+        _pull(T, x, o)
     return root
 
 
 @njit(cache=True)
-def insert(T, root, x, aug):  # pragma: no cover - compiled
-    """Insert node x (K1, K2, SZ set by the caller); keys must be unique.
-
-    ``aug``: maintain MX (needed by the fit queries; best fit by size skips it)."""
-    T[x, L] = NIL
-    T[x, R] = NIL
-    T[x, MX] = T[x, SZ]
-    T[x, PR] = _prio(T[x, K1], T[x, K2])
+def insert(T, root, x, aug, o):  # pragma: no cover - compiled
+    """Insert node x (its key, and SZ when ``aug``, set by the caller); keys must be unique."""
+    T[x, o + L] = NIL
+    T[x, o + R] = NIL
+    k1 = T[x, o + K1]
+    k2 = T[x, o + K2]
+    k3 = T[x, o + K3]
+    T[x, o + PR] = _prio(k1, k2, k3)
+    s = 0
+    if aug:
+        s = T[x, o + SZ]
+        T[x, o + MX] = s
     if root < 0:
-        T[x, P] = NIL
+        T[x, o + P] = NIL
         return x
     y = root
-    s = T[x, SZ]
-    k1 = T[x, K1]
-    k2 = T[x, K2]
     while True:
-        if aug and T[y, MX] < s:
-            T[y, MX] = s
-        if _less(T, y, k1, k2):  # y < x: go right
-            c = T[y, R]
+        if aug and T[y, o + MX] < s:
+            T[y, o + MX] = s
+        if _less(T, y, k1, k2, k3, o):  # y < x: go right
+            c = T[y, o + R]
             if c < 0:
-                T[y, R] = x
+                T[y, o + R] = x
                 break
         else:
-            c = T[y, L]
+            c = T[y, o + L]
             if c < 0:
-                T[y, L] = x
+                T[y, o + L] = x
                 break
         y = c
-    T[x, P] = y
-    while T[x, P] >= 0 and T[T[x, P], PR] < T[x, PR]:
-        root = _rotate_up(T, root, x, aug)
+    T[x, o + P] = y
+    while T[x, o + P] >= 0 and T[T[x, o + P], o + PR] < T[x, o + PR]:
+        root = _rotate_up(T, root, x, aug, o)
     return root
 
 
 @njit(cache=True)
-def remove(T, root, x, aug):  # pragma: no cover - compiled
+def remove(T, root, x, aug, o):  # pragma: no cover - compiled
     """Remove node x from the tree rooted at root."""
-    while T[x, L] >= 0 and T[x, R] >= 0:
-        a = T[x, L]
-        b = T[x, R]
-        c = a if T[a, PR] > T[b, PR] else b
-        root = _rotate_up(T, root, c, aug)
-    c = T[x, L] if T[x, L] >= 0 else T[x, R]
-    p = T[x, P]
+    while T[x, o + L] >= 0 and T[x, o + R] >= 0:
+        a = T[x, o + L]
+        b = T[x, o + R]
+        c = a if T[a, o + PR] > T[b, o + PR] else b
+        root = _rotate_up(T, root, c, aug, o)
+    c = T[x, o + L] if T[x, o + L] >= 0 else T[x, o + R]
+    p = T[x, o + P]
     if c >= 0:
-        T[c, P] = p
+        T[c, o + P] = p
     if p < 0:
         return c
-    if T[p, L] == x:
-        T[p, L] = c
+    if T[p, o + L] == x:
+        T[p, o + L] = c
     else:
-        T[p, R] = c
+        T[p, o + R] = c
     if aug:
-        fix_up(T, p)
+        fix_up(T, p, o)
     return root
 
 
 @njit(cache=True)
-def fix_up(T, y):  # pragma: no cover - compiled
+def fix_up(T, y, o):  # pragma: no cover - compiled
     """Recompute MX from y to the root after a size in y's subtree changed."""
     while y >= 0:
-        old = T[y, MX]
-        _pull(T, y)
-        if T[y, MX] == old:
+        old = T[y, o + MX]
+        _pull(T, y, o)
+        if T[y, o + MX] == old:
             return
-        y = T[y, P]
+        y = T[y, o + P]
 
 
 @njit(cache=True)
-def rekey(T, x, new_k1, new_sz):  # pragma: no cover - compiled
-    """Change x's K1 and size in place (MX kept); the caller guarantees its order is unchanged."""
-    T[x, K1] = new_k1
-    T[x, SZ] = new_sz
+def rekey(T, x, new_k1, new_sz, o):  # pragma: no cover - compiled
+    """Change x's K1 and size in place (priority kept); the caller guarantees its order is unchanged."""
+    T[x, o + K1] = new_k1
+    T[x, o + SZ] = new_sz
     y = x
     while y >= 0:
-        _pull(T, y)
-        y = T[y, P]
+        _pull(T, y, o)
+        y = T[y, o + P]
 
 
 @njit(cache=True)
-def lower_bound(T, root, k1, k2):  # pragma: no cover - compiled
-    """The node with the smallest key >= (k1, k2), or -1."""
+def lower_bound(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
+    """The node with the smallest key >= (k1, k2, k3), or -1."""
     best = NIL
     y = root
     while y >= 0:
-        if _less(T, y, k1, k2):
-            y = T[y, R]
+        if _less(T, y, k1, k2, k3, o):
+            y = T[y, o + R]
         else:
             best = y
-            y = T[y, L]
+            y = T[y, o + L]
     return best
 
 
 @njit(cache=True)
-def find(T, root, k1, k2):  # pragma: no cover - compiled
-    """The node with key exactly (k1, k2), or -1."""
-    y = lower_bound(T, root, k1, k2)
-    if y >= 0 and T[y, K1] == k1 and T[y, K2] == k2:
+def find(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
+    """The node with key exactly (k1, k2, k3), or -1."""
+    y = lower_bound(T, root, k1, k2, k3, o)
+    if y >= 0 and T[y, o + K1] == k1 and T[y, o + K2] == k2 and T[y, o + K3] == k3:
         return y
     return NIL
 
 
 @njit(cache=True)
-def floor(T, root, k1, k2):  # pragma: no cover - compiled
-    """The node with the largest key <= (k1, k2), or -1."""
+def floor(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
+    """The node with the largest key <= (k1, k2, k3), or -1."""
     best = NIL
     y = root
     while y >= 0:
-        if T[y, K1] < k1 or (T[y, K1] == k1 and T[y, K2] <= k2):
+        if _less(T, y, k1, k2, k3, o) or (
+                T[y, o + K1] == k1 and T[y, o + K2] == k2 and T[y, o + K3] == k3):
             best = y
-            y = T[y, R]
+            y = T[y, o + R]
         else:
-            y = T[y, L]
+            y = T[y, o + L]
     return best
 
 
 @njit(cache=True)
-def leftmost(T, root):  # pragma: no cover - compiled
+def leftmost(T, root, o):  # pragma: no cover - compiled
     y = root
     if y < 0:
         return NIL
-    while T[y, L] >= 0:
-        y = T[y, L]
+    while T[y, o + L] >= 0:
+        y = T[y, o + L]
     return y
 
 
 @njit(cache=True)
-def rightmost(T, root):  # pragma: no cover - compiled
+def rightmost(T, root, o):  # pragma: no cover - compiled
     y = root
     if y < 0:
         return NIL
-    while T[y, R] >= 0:
-        y = T[y, R]
+    while T[y, o + R] >= 0:
+        y = T[y, o + R]
     return y
 
 
 @njit(cache=True)
-def predecessor(T, x):  # pragma: no cover - compiled
+def predecessor(T, x, o):  # pragma: no cover - compiled
     """The node just before x in key order, or -1."""
-    if T[x, L] >= 0:
-        return rightmost(T, T[x, L])
-    while T[x, P] >= 0 and T[T[x, P], L] == x:
-        x = T[x, P]
-    return T[x, P]
+    if T[x, o + L] >= 0:
+        return rightmost(T, T[x, o + L], o)
+    while T[x, o + P] >= 0 and T[T[x, o + P], o + L] == x:
+        x = T[x, o + P]
+    return T[x, o + P]
 
 
 @njit(cache=True)
-def first_fit(T, root, size):  # pragma: no cover - compiled
-    """The lowest-keyed node with SZ >= size, or -1 (uses MX)."""
+def successor(T, x, o):  # pragma: no cover - compiled
+    """The node just after x in key order, or -1."""
+    if T[x, o + R] >= 0:
+        return leftmost(T, T[x, o + R], o)
+    while T[x, o + P] >= 0 and T[T[x, o + P], o + R] == x:
+        x = T[x, o + P]
+    return T[x, o + P]
+
+
+@njit(cache=True)
+def first_fit(T, root, size, o):  # pragma: no cover - compiled
+    """The lowest-keyed node with SZ >= size, or -1 (augmented trees)."""
     y = root
-    if y < 0 or T[y, MX] < size:
+    if y < 0 or T[y, o + MX] < size:
         return NIL
     while True:
-        a = T[y, L]
-        if a >= 0 and T[a, MX] >= size:
+        a = T[y, o + L]
+        if a >= 0 and T[a, o + MX] >= size:
             y = a
-        elif T[y, SZ] >= size:
+        elif T[y, o + SZ] >= size:
             return y
         else:
-            y = T[y, R]
+            y = T[y, o + R]
 
 
 @njit(cache=True)
-def first_fit_from(T, root, k1, size, stack):  # pragma: no cover - compiled
-    """The lowest-keyed node with K1 >= k1 and SZ >= size, or -1.
+def first_fit_from(T, root, k1, size, stack, o):  # pragma: no cover - compiled
+    """The lowest-keyed node with K1 >= k1 and SZ >= size, or -1 (augmented trees).
 
     The nodes with K1 >= k1 are exactly the nodes where the search path for
     k1 turns left, each with its right subtree; trying them deepest first
@@ -261,17 +285,17 @@ def first_fit_from(T, root, k1, size, stack):  # pragma: no cover - compiled
     depth = 0
     y = root
     while y >= 0 and depth < stack.shape[0]:
-        if T[y, K1] < k1:
-            y = T[y, R]
+        if T[y, o + K1] < k1:
+            y = T[y, o + R]
         else:
             stack[depth] = y
             depth += 1
-            y = T[y, L]
+            y = T[y, o + L]
     for d in range(depth - 1, -1, -1):
         y = stack[d]
-        if T[y, SZ] >= size:
+        if T[y, o + SZ] >= size:
             return y
-        r = T[y, R]
-        if r >= 0 and T[r, MX] >= size:
-            return first_fit(T, r, size)
+        r = T[y, o + R]
+        if r >= 0 and T[r, o + MX] >= size:
+            return first_fit(T, r, size, o)
     return NIL

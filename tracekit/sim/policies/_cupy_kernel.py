@@ -9,7 +9,8 @@ whole device allocation (``free_all_blocks``, all arenas) and fail if still
 over. With a device total, a device allocation that does not fit (cost:
 ``device_cost``) releases the same way and retries once. Success takes exactly
 s bytes from the device. A free merges with free neighbours of the same device
-allocation. Ops: 0 malloc, 1 free, 4 oom (replayed as malloc); others ignored.
+allocation. ``malloc`` and ``oom`` rows (replayed as a malloc) allocate, ``free``
+rows free, other rows are ignored. Settings come by name (``CupySetting``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tracekit.sim.policies import _cupy_chunks as ck
+from tracekit.sim import chunks as ck
+from tracekit.sim import segments as sg
+from tracekit.sim.codes import CupySetting, Op, Reservation, Slot, Status
+from tracekit.sim.codes import Field as F
+from tracekit.sim.codes import Piece as P
 
-DONE, OOM, SKIPPED = 1, 2, 3
-NO_X = np.zeros((0, 4), dtype=np.int64)  # no expandable reservations in CuPy's pool
+NO_X = np.zeros((0, len(Reservation)), dtype=np.int64)  # no expandable reservations in CuPy's pool
 
 
 @njit(cache=True, error_model="numpy")
@@ -28,20 +32,23 @@ def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - 
     if limit > 0:
         if s > limit:
             return False
-        if S[ck.RESERVED] + s > limit:
-            ck.release_all_whole(C, S, R, i, stream)
-            if S[ck.RESERVED] + s > limit:
+        if S[Slot.RESERVED] + s > limit:
+            sg.release_all_whole(C, S, R, i, stream)
+            if S[Slot.RESERVED] + s > limit:
                 return False
-    if dev_total > 0 and S[ck.DEV_USED] + ck.device_cost(s) > dev_total:
-        ck.release_all_whole(C, S, R, i, stream)
-        if S[ck.DEV_USED] + ck.device_cost(s) > dev_total:
+    if dev_total > 0 and S[Slot.DEV_USED] + sg.device_cost(s) > dev_total:
+        sg.release_all_whole(C, S, R, i, stream)
+        if S[Slot.DEV_USED] + sg.device_cost(s) > dev_total:
             return False
     return True
 
 
 @njit(cache=True, error_model="numpy")
-def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, ties, stream, limit, dev_total, cont,
+def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
                 C, R, S, stats):  # pragma: no cover - compiled
+    limit = cfg[CupySetting.LIMIT]
+    dev_total = cfg[CupySetting.DEVICE_TOTAL]
+    ties = cfg[CupySetting.TIES] != 0
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
@@ -49,70 +56,62 @@ def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, ties, stream
     blk = np.full(n, -1, dtype=np.int64)
     # Starting state (rows marked initial): device allocations first, then live blocks.
     for i in range(n):
-        if init[i] and op[i] == 2:
+        if init[i] and op[i] == Op.SEGMENT_ALLOC:
             C = ck.room(C, S, 4)
             R = ck.rows_room(R, S, 4)
-            x = ck.add_segment(C, S, R, i, init_addr[i], size[i], arena[i], stream[arena[i]])
+            x = sg.add_segment(C, S, R, i, init_addr[i], size[i], arena[i], stream[arena[i]])
             ck.insert_free(C, S, x)
     for i in range(n):
-        if init[i] and op[i] == 0:
+        if init[i] and op[i] == Op.MALLOC:
             C = ck.room(C, S, 4)
             R = ck.rows_room(R, S, 4)
             s = (size[i] + 511) // 512 * 512
-            x = ck.place_at(C, S, R, i, init_addr[i], s, arena[i], stream)
+            x = sg.place_at(C, S, R, i, init_addr[i], s, arena[i], stream)
             blk[i] = x
             addr[i] = init_addr[i]
             rounded[i] = s
-            status[i] = DONE
+            status[i] = Status.DONE
             ck.add_live(S, s)
     for i in range(n):
         o = op[i]
         if init[i]:
             continue
         if rel[i]:  # the program (or a retry) released cached memory here
-            R = ck.rows_room(R, S, S[ck.NALIVE] + 4)
-            ck.release_all_whole(C, S, R, i, stream)
-        if o == 0 or o == 4:
+            R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
+            sg.release_all_whole(C, S, R, i, stream)
+        if o == Op.MALLOC or o == Op.OOM:
             s = (size[i] + 511) // 512 * 512
             rounded[i] = s
             if s == 0:  # CuPy returns a null pointer without touching the pool
-                status[i] = DONE
+                status[i] = Status.DONE
                 continue
             C = ck.room(C, S, 4)
-            R = ck.rows_room(R, S, S[ck.NALIVE] + 4)
+            R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
             a = arena[i]
             x = ck.lower_bound(C, S, a, s)
-            if x != -1 and C[x, ck.GROUP] == a:
-                if ties and C[x, ck.ADDR] != init_addr[i]:
+            if x != -1 and C[x, F.GROUP] == a:
+                if ties and C[x, F.ADDR] != init_addr[i]:
                     # CuPy breaks size ties by host object address: follow the recorded choice.
-                    y = ck.find_free(C, S, a, C[x, ck.SIZE], init_addr[i])
+                    y = ck.find_free(C, S, a, C[x, F.SIZE], init_addr[i])
                     if y != -1:
                         x = y
                 ck.remove_free(C, S, x)
-                C[x, ck.STATE] = ck.USED
-                if C[x, ck.SIZE] > s:
+                C[x, F.STATE] = P.USED
+                if C[x, F.SIZE] > s:
                     ck.split_front(C, S, x, s)
             elif _try_malloc(C, S, R, i, s, limit, dev_total, stream):
-                at = ck.recorded_addr(C, S, NO_X, i, s, hints, True)
-                x = ck.add_segment(C, S, R, i, at, s, a, stream[a])
+                at = sg.recorded_addr(C, S, NO_X, i, s, hints, True)
+                x = sg.add_segment(C, S, R, i, at, s, a, stream[a])
             else:
-                status[i] = OOM
-                stats[5] += 1
-                if stats[6] < 0:
-                    stats[6] = i
-                    stats[7] = S[ck.RESERVED] - S[ck.LIVE]
-                    big = ck.last_in_group(C, S, a, 0)
-                    stats[8] = C[big, ck.SIZE] if big != -1 else 0
-                    stats[9] = S[ck.LIVE]
-                    stats[10] = S[ck.RESERVED]
-                    stats[11] = s
-                if not cont:
+                status[i] = Status.OOM
+                ck.note_oom(C, S, i, a, s, stats)
+                if cfg[CupySetting.CONTINUE] == 0:
                     break
                 continue
             blk[i] = x
-            addr[i] = C[x, ck.ADDR]
-            status[i] = DONE
+            addr[i] = C[x, F.ADDR]
+            status[i] = Status.DONE
             ck.add_live(S, s)
-        elif o == 1:
+        elif o == Op.FREE:
             ck.free_request(C, S, blk, status, mate, i)
     return addr, status, rounded, C, R

@@ -15,67 +15,57 @@ from __future__ import annotations
 from numba import njit
 
 from tracekit.sim import sizeclass, treap
-from tracekit.sim.heap import (
-    S_FIRST_OOM,
-    S_OOM_FREE,
-    S_OOM_LARGEST,
-    S_OOM_LIVE,
-    S_OOM_RESERVED,
-    S_OOM_ROUNDED,
-    S_OOMS,
-    S_PEAK_EXTENT,
-    S_PEAK_LIVE,
-)
-from tracekit.sim.treap import K1, K2, MX, NFIELDS, SZ
+from tracekit.sim.codes import Fit, Kind, Stat, Status
+from tracekit.sim.codes import HeapSlot as H
+from tracekit.sim.codes import ListField as F
+from tracekit.sim.treap import K1, K2, K3, MX, SZ
 
-ADDR, PREV, NEXT, ISFREE = NFIELDS, NFIELDS + 1, NFIELDS + 2, NFIELDS + 3
-WIDTH = NFIELDS + 4
-# Slots of the kernel's scalar state.
-ROOT, RECYCLE, NEXT_ID, ROVER, LIVE, CAP, FIT, STOPPED, GROWS = range(9)
+AT = 0  # the treap's columns start the row
 
 
 @njit(cache=True, inline="always")
 def _key(T, x, by_size):  # pragma: no cover - compiled
+    T[x, K3] = 0
     if by_size:
         T[x, K1] = T[x, SZ]
-        T[x, K2] = T[x, ADDR]
+        T[x, K2] = T[x, F.ADDR]
     else:
-        T[x, K1] = T[x, ADDR]
+        T[x, K1] = T[x, F.ADDR]
         T[x, K2] = 0
 
 
 @njit(cache=True, inline="always")
 def _is_top(T, st, x):  # pragma: no cover - compiled
     """Whether x is the free block running to the end of an unbounded heap."""
-    return st[GROWS] == 1 and T[x, ADDR] + T[x, SZ] == st[CAP]
+    return st[H.GROWS] == 1 and T[x, F.ADDR] + T[x, SZ] == st[H.CAP]
 
 
 @njit(cache=True)
 def _find(T, st, stack, roots, bm, r):  # pragma: no cover - compiled
-    fit = st[FIT]
-    root = st[ROOT]
-    if fit == 0:
-        return treap.first_fit(T, root, r)
-    if fit == 1:
+    fit = st[H.FIT]
+    root = st[H.ROOT]
+    if fit == Fit.FIRST:
+        return treap.first_fit(T, root, r, AT)
+    if fit == Fit.BEST:
         return sizeclass.best(T, roots, bm, r)
-    if fit == 3:
-        top = treap.rightmost(T, root)
+    if fit == Fit.WORST:
+        top = treap.rightmost(T, root, AT)
         if top < 0 or T[top, SZ] < r:
             return -1
         if _is_top(T, st, top):  # an unbounded heap grows only when nothing else fits
-            p = treap.predecessor(T, top)
+            p = treap.predecessor(T, top, AT)
             if p < 0 or T[p, SZ] < r:
                 return top
             top = p
-        return treap.lower_bound(T, root, T[top, SZ], 0)
+        return treap.lower_bound(T, root, T[top, SZ], 0, 0, AT)
     # next fit: start at the free block containing the rover, else the next one up
-    start = st[ROVER]
-    y = treap.floor(T, root, start, 0)
-    if y >= 0 and T[y, ADDR] + T[y, SZ] > start:
-        start = T[y, ADDR]
-    x = treap.first_fit_from(T, root, start, r, stack)
+    start = st[H.ROVER]
+    y = treap.floor(T, root, start, 0, 0, AT)
+    if y >= 0 and T[y, F.ADDR] + T[y, SZ] > start:
+        start = T[y, F.ADDR]
+    x = treap.first_fit_from(T, root, start, r, stack, AT)
     if x < 0 or _is_top(T, st, x):  # wrap around before growing the heap
-        w = treap.first_fit(T, root, r)
+        w = treap.first_fit(T, root, r, AT)
         if w >= 0:
             x = w
     return x
@@ -83,103 +73,103 @@ def _find(T, st, stack, roots, bm, r):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _new_node(T, st):  # pragma: no cover - compiled
-    x = st[RECYCLE]
+    x = st[H.RECYCLE]
     if x >= 0:
-        st[RECYCLE] = T[x, NEXT]
+        st[H.RECYCLE] = T[x, F.NEXT]
         return x
-    x = st[NEXT_ID]
-    st[NEXT_ID] = x + 1
+    x = st[H.NEXT_ID]
+    st[H.NEXT_ID] = x + 1
     return x
 
 
 @njit(cache=True)
 def _drop_node(T, st, x):  # pragma: no cover - compiled
-    T[x, NEXT] = st[RECYCLE]
-    st[RECYCLE] = x
+    T[x, F.NEXT] = st[H.RECYCLE]
+    st[H.RECYCLE] = x
 
 
 @njit(cache=True)
 def _sized_add(T, st, roots, bm, x):  # pragma: no cover - compiled
     """Insert free block x into the by-size index (best fit: size classes; worst fit: one tree)."""
     _key(T, x, True)
-    if st[FIT] == 1:
+    if st[H.FIT] == Fit.BEST:
         sizeclass.add(T, roots, bm, x)
     else:
-        st[ROOT] = treap.insert(T, st[ROOT], x, False)
+        st[H.ROOT] = treap.insert(T, st[H.ROOT], x, False, AT)
 
 
 @njit(cache=True)
 def _sized_drop(T, st, roots, bm, x):  # pragma: no cover - compiled
-    if st[FIT] == 1:
+    if st[H.FIT] == Fit.BEST:
         sizeclass.drop(T, roots, bm, x)
     else:
-        st[ROOT] = treap.remove(T, st[ROOT], x, False)
+        st[H.ROOT] = treap.remove(T, st[H.ROOT], x, False, AT)
 
 
 @njit(cache=True)
 def _place(T, st, roots, bm, x, r):  # pragma: no cover - compiled
     """Take the low r bytes of free block x; return the node of the new used block."""
-    by_size = st[FIT] == 1 or st[FIT] == 3
-    a = T[x, ADDR]
+    by_size = st[H.FIT] == Fit.BEST or st[H.FIT] == Fit.WORST
+    a = T[x, F.ADDR]
     rest = T[x, SZ] - r
     if rest == 0:
         if by_size:
             _sized_drop(T, st, roots, bm, x)
         else:
-            st[ROOT] = treap.remove(T, st[ROOT], x, True)
-        T[x, ISFREE] = 0
+            st[H.ROOT] = treap.remove(T, st[H.ROOT], x, True, AT)
+        T[x, F.ISFREE] = 0
         return x
     y = _new_node(T, st)
-    T[y, ADDR] = a
+    T[y, F.ADDR] = a
     T[y, SZ] = r
-    T[y, ISFREE] = 0
-    p = T[x, PREV]
-    T[y, PREV] = p
-    T[y, NEXT] = x
-    T[x, PREV] = y
+    T[y, F.ISFREE] = 0
+    p = T[x, F.PREV]
+    T[y, F.PREV] = p
+    T[y, F.NEXT] = x
+    T[x, F.PREV] = y
     if p >= 0:
-        T[p, NEXT] = y
+        T[p, F.NEXT] = y
     if by_size:
         _sized_drop(T, st, roots, bm, x)
-        T[x, ADDR] = a + r
+        T[x, F.ADDR] = a + r
         T[x, SZ] = rest
         _sized_add(T, st, roots, bm, x)
     else:  # keyed by address: the rest keeps x's place in the order
-        T[x, ADDR] = a + r
-        treap.rekey(T, x, a + r, rest)
+        T[x, F.ADDR] = a + r
+        treap.rekey(T, x, a + r, rest, AT)
     return y
 
 
 @njit(cache=True)
 def _unlink(T, st, x):  # pragma: no cover - compiled
     """Remove node x from the address list and recycle it."""
-    p = T[x, PREV]
-    n = T[x, NEXT]
+    p = T[x, F.PREV]
+    n = T[x, F.NEXT]
     if p >= 0:
-        T[p, NEXT] = n
+        T[p, F.NEXT] = n
     if n >= 0:
-        T[n, PREV] = p
+        T[n, F.PREV] = p
     _drop_node(T, st, x)
 
 
 @njit(cache=True)
 def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
     """Free used block x, coalescing with free address neighbours."""
-    p = T[x, PREV]
-    n = T[x, NEXT]
-    pf = p >= 0 and T[p, ISFREE] == 1
-    nf = n >= 0 and T[n, ISFREE] == 1
-    if st[FIT] == 1 or st[FIT] == 3:  # keyed by size: merged blocks move in the order
+    p = T[x, F.PREV]
+    n = T[x, F.NEXT]
+    pf = p >= 0 and T[p, F.ISFREE] == 1
+    nf = n >= 0 and T[n, F.ISFREE] == 1
+    if st[H.FIT] == Fit.BEST or st[H.FIT] == Fit.WORST:  # keyed by size: merged blocks move in the order
         if pf:
             _sized_drop(T, st, roots, bm, p)
-            T[x, ADDR] = T[p, ADDR]
+            T[x, F.ADDR] = T[p, F.ADDR]
             T[x, SZ] += T[p, SZ]
             _unlink(T, st, p)
         if nf:
             _sized_drop(T, st, roots, bm, n)
             T[x, SZ] += T[n, SZ]
             _unlink(T, st, n)
-        T[x, ISFREE] = 1
+        T[x, F.ISFREE] = 1
         _sized_add(T, st, roots, bm, x)
         return
     # Keyed by address: a merged block keeps the place of its lowest free part.
@@ -187,31 +177,31 @@ def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
         grown = T[p, SZ] + T[x, SZ]
         if nf:
             grown += T[n, SZ]
-            st[ROOT] = treap.remove(T, st[ROOT], n, True)
+            st[H.ROOT] = treap.remove(T, st[H.ROOT], n, True, AT)
             _unlink(T, st, n)
         _unlink(T, st, x)
-        treap.rekey(T, p, T[p, ADDR], grown)
+        treap.rekey(T, p, T[p, F.ADDR], grown, AT)
     elif nf:
-        a = T[x, ADDR]
+        a = T[x, F.ADDR]
         grown = T[n, SZ] + T[x, SZ]
         _unlink(T, st, x)
-        T[n, ADDR] = a
-        treap.rekey(T, n, a, grown)
+        T[n, F.ADDR] = a
+        treap.rekey(T, n, a, grown, AT)
     else:
-        T[x, ISFREE] = 1
+        T[x, F.ISFREE] = 1
         _key(T, x, False)
-        st[ROOT] = treap.insert(T, st[ROOT], x, True)
+        st[H.ROOT] = treap.insert(T, st[H.ROOT], x, True, AT)
 
 
 @njit(cache=True)
 def _largest(T, st, roots, bm):  # pragma: no cover - compiled
-    if st[FIT] == 1:
+    if st[H.FIT] == Fit.BEST:
         return sizeclass.largest(T, roots, bm)
-    root = st[ROOT]
+    root = st[H.ROOT]
     if root < 0:
         return 0
-    if st[FIT] == 3:  # keyed by size: the last node
-        return T[treap.rightmost(T, root), SZ]
+    if st[H.FIT] == Fit.WORST:  # keyed by size: the last node
+        return T[treap.rightmost(T, root, AT), SZ]
     return T[root, MX]
 
 
@@ -221,61 +211,61 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rounded, node_of, addr_
     # pragma: no cover - compiled
     for i in range(lo, hi):
         k = kind[i]
-        if k == 0:
+        if k == Kind.ALLOC:
             r = max(((size[i] + 511) >> 9) << 9, 512)  # 512-byte units, at least one
             rounded[i] = r
             x = _find(T, st, stack, roots, bm, r)
             if x < 0:
-                status[i] = 2  # Status.OOM
-                stats[S_OOMS] += 1
-                if stats[S_FIRST_OOM] < 0:
-                    stats[S_FIRST_OOM] = i
-                    stats[S_OOM_FREE] = st[CAP] - st[LIVE]
-                    stats[S_OOM_LARGEST] = _largest(T, st, roots, bm)
-                    stats[S_OOM_LIVE] = st[LIVE]
-                    stats[S_OOM_RESERVED] = st[CAP]
-                    stats[S_OOM_ROUNDED] = r
+                status[i] = Status.OOM
+                stats[Stat.OOMS] += 1
+                if stats[Stat.FIRST_OOM] < 0:
+                    stats[Stat.FIRST_OOM] = i
+                    stats[Stat.OOM_FREE] = st[H.CAP] - st[H.LIVE]
+                    stats[Stat.OOM_LARGEST] = _largest(T, st, roots, bm)
+                    stats[Stat.OOM_LIVE] = st[H.LIVE]
+                    stats[Stat.OOM_RESERVED] = st[H.CAP]
+                    stats[Stat.OOM_ROUNDED] = r
                 if not cont:
-                    st[STOPPED] = 1
+                    st[H.STOPPED] = 1
                     return
                 continue
             y = _place(T, st, roots, bm, x, r)
-            a = T[y, ADDR]
+            a = T[y, F.ADDR]
             node_of[i] = y
             addr_out[i] = a
-            status[i] = 1  # Status.DONE
-            st[ROVER] = a + r
-            st[LIVE] += r
-            if st[LIVE] > stats[S_PEAK_LIVE]:
-                stats[S_PEAK_LIVE] = st[LIVE]
-            if a + r > stats[S_PEAK_EXTENT]:
-                stats[S_PEAK_EXTENT] = a + r
-        elif k == 1:
+            status[i] = Status.DONE
+            st[H.ROVER] = a + r
+            st[H.LIVE] += r
+            if st[H.LIVE] > stats[Stat.PEAK_LIVE]:
+                stats[Stat.PEAK_LIVE] = st[H.LIVE]
+            if a + r > stats[Stat.PEAK_EXTENT]:
+                stats[Stat.PEAK_EXTENT] = a + r
+        elif k == Kind.FREE:
             m = mate[i]
             if m < 0:
                 continue
-            if status[m] != 1:
-                status[i] = 3  # Status.SKIPPED: its malloc failed
+            if status[m] != Status.DONE:
+                status[i] = Status.SKIPPED  # its malloc failed
                 continue
             y = node_of[m]
-            st[LIVE] -= T[y, SZ]
+            st[H.LIVE] -= T[y, SZ]
             _release(T, st, roots, bm, y)
-            status[i] = 1
+            status[i] = Status.DONE
 
 
 @njit(cache=True)
 def seed(T, st, roots, bm, cap):  # pragma: no cover - compiled
     """Node 0: the whole heap [0, cap), free (no node for an empty heap)."""
-    st[ROOT] = -1
+    st[H.ROOT] = -1
     if cap <= 0:
         return
     T[0, SZ] = cap
-    T[0, ADDR] = 0
-    T[0, PREV] = -1
-    T[0, NEXT] = -1
-    T[0, ISFREE] = 1
-    if st[FIT] == 1 or st[FIT] == 3:
+    T[0, F.ADDR] = 0
+    T[0, F.PREV] = -1
+    T[0, F.NEXT] = -1
+    T[0, F.ISFREE] = 1
+    if st[H.FIT] == Fit.BEST or st[H.FIT] == Fit.WORST:
         _sized_add(T, st, roots, bm, 0)
     else:
         _key(T, 0, False)
-        st[ROOT] = treap.insert(T, -1, 0, True)
+        st[H.ROOT] = treap.insert(T, -1, 0, True, AT)

@@ -19,34 +19,37 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tracekit.sim.policies import _cupy_chunks as ck
-
-BASE, PAGE, MADE, VSIZE = 0, 1, 2, 3
+from tracekit.sim import chunks as ck
+from tracekit.sim import segments as sg
+from tracekit.sim.codes import Field as F
+from tracekit.sim.codes import Op, Slot, Tree
+from tracekit.sim.codes import Piece as P
+from tracekit.sim.codes import Reservation as X_
 
 
 @njit(cache=True, error_model="numpy")
 def expandable_size(C, b):  # pragma: no cover - compiled
     """A free piece's size for best fit: plus the unmapped range right after it."""
-    nx = C[b, ck.NEXT]
-    extra = C[nx, ck.SIZE] if nx != -1 and C[nx, ck.STATE] == ck.UNMAPPED else 0
-    return C[b, ck.SIZE] + extra
+    nx = C[b, F.NEXT]
+    extra = C[nx, F.SIZE] if nx != -1 and C[nx, F.STATE] == P.UNMAPPED else 0
+    return C[b, F.SIZE] + extra
 
 
 @njit(cache=True, error_model="numpy")
 def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     """Reserve group g's segment on first use, at the recorded address when there is one."""
-    if X[g, MADE] != 0:
+    if X[g, X_.MADE] != 0:
         return
-    pg = X[g, PAGE]
-    base = ck.recorded_addr(C, S, X, i, X[g, VSIZE], hints, False)
+    pg = X[g, X_.PAGE]
+    base = sg.recorded_addr(C, S, X, i, X[g, X_.VSIZE], hints, False)
     if base < 0:
-        base = (S[ck.NEXT_ADDR] + pg - 1) // pg * pg
-        S[ck.NEXT_ADDR] = base + X[g, VSIZE] + pg
-    x = ck.new_node(C, S, base, X[g, VSIZE], g, ck.UNMAPPED)
-    C[x, ck.EXP] = g
-    ck.tree_insert(C, S, x, 1)
-    X[g, BASE] = base
-    X[g, MADE] = 1
+        base = (S[Slot.NEXT_ADDR] + pg - 1) // pg * pg
+        S[Slot.NEXT_ADDR] = base + X[g, X_.VSIZE] + pg
+    x = ck.new_node(C, S, base, X[g, X_.VSIZE], g, P.UNMAPPED)
+    C[x, F.EXP] = g
+    ck.tree_insert(C, S, x, Tree.UNMAPPED)
+    X[g, X_.BASE] = base
+    X[g, X_.MADE] = 1
 
 
 @njit(cache=True, error_model="numpy")
@@ -60,33 +63,33 @@ def _emit_pages(R, S, i, op, a, size, pg, stream):  # pragma: no cover - compile
 def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compiled
     """Starting state: [a, a + size) of group g's segment is mapped (a recorded mapped range).
 
-    The segment is reserved at ``X[g, BASE]`` (the lowest recorded mapped
-    address of the group, set by the caller with ``X[g, MADE] = 2``). The range
+    The segment is reserved at ``X[g, X_.BASE]`` (the lowest recorded mapped
+    address of the group, set by the caller with ``X[g, X_.MADE] = 2``). The range
     becomes a free mapped piece, merged with mapped neighbours; -1 if it does
     not lie in unmapped space of that segment.
     """
-    if X[g, MADE] == 2:
-        x = ck.new_node(C, S, X[g, BASE], X[g, VSIZE], g, ck.UNMAPPED)
-        C[x, ck.EXP] = g
-        ck.tree_insert(C, S, x, 1)
-        X[g, MADE] = 1
-    c = ck.first_in_group(C, S, g, 1)
-    while c != -1 and C[c, ck.GROUP] == g:
-        if C[c, ck.ADDR] <= a and a + size <= C[c, ck.ADDR] + C[c, ck.SIZE]:
+    if X[g, X_.MADE] == 2:
+        x = ck.new_node(C, S, X[g, X_.BASE], X[g, X_.VSIZE], g, P.UNMAPPED)
+        C[x, F.EXP] = g
+        ck.tree_insert(C, S, x, Tree.UNMAPPED)
+        X[g, X_.MADE] = 1
+    c = ck.first_in_group(C, S, g, Tree.UNMAPPED)
+    while c != -1 and C[c, F.GROUP] == g:
+        if C[c, F.ADDR] <= a and a + size <= C[c, F.ADDR] + C[c, F.SIZE]:
             break
-        c = ck.succ(C, c, 1)
-    if c == -1 or C[c, ck.GROUP] != g:
+        c = ck.succ(C, c, Tree.UNMAPPED)
+    if c == -1 or C[c, F.GROUP] != g:
         return -1
-    ck.tree_remove(C, S, c, 1)
-    ca = C[c, ck.ADDR]
+    ck.tree_remove(C, S, c, Tree.UNMAPPED)
+    ca = C[c, F.ADDR]
     if a > ca:
-        f = ck.new_node(C, S, ca, a - ca, g, ck.UNMAPPED)
-        C[f, ck.EXP] = g
+        f = ck.new_node(C, S, ca, a - ca, g, P.UNMAPPED)
+        C[f, F.EXP] = g
         ck.link_before(C, c, f)
-        ck.tree_insert(C, S, f, 1)
-        C[c, ck.ADDR] = a
-        C[c, ck.SIZE] -= a - ca
-    return _map_front(C, S, R, i, c, size, X[g, PAGE], stream[g])
+        ck.tree_insert(C, S, f, Tree.UNMAPPED)
+        C[c, F.ADDR] = a
+        C[c, F.SIZE] -= a - ca
+    return _map_front(C, S, R, i, c, size, X[g, X_.PAGE], stream[g])
 
 
 @njit(cache=True, error_model="numpy")
@@ -97,54 +100,54 @@ def _map_front(C, S, R, i, x, size, page, st):  # pragma: no cover - compiled
     and device-used, are emitted as ``segment_alloc`` rows of ``page`` bytes,
     and become a free piece merged with its free neighbours (returned).
     """
-    g = C[x, ck.GROUP]
-    a = C[x, ck.ADDR]
-    if C[x, ck.SIZE] > size:
-        r = ck.new_node(C, S, a + size, C[x, ck.SIZE] - size, g, ck.UNMAPPED)
-        C[r, ck.EXP] = g
+    g = C[x, F.GROUP]
+    a = C[x, F.ADDR]
+    if C[x, F.SIZE] > size:
+        r = ck.new_node(C, S, a + size, C[x, F.SIZE] - size, g, P.UNMAPPED)
+        C[r, F.EXP] = g
         ck.link_after(C, x, r)
-        C[x, ck.SIZE] = size
-        ck.tree_insert(C, S, r, 1)
-    S[ck.RESERVED] += size
-    S[ck.DEV_USED] += size
-    if S[ck.RESERVED] > S[ck.PEAK_RES]:
-        S[ck.PEAK_RES] = S[ck.RESERVED]
-    _emit_pages(R, S, i, ck.OP_SEG_ALLOC, a, size, page, st)
-    C[x, ck.STATE] = ck.USED
+        C[x, F.SIZE] = size
+        ck.tree_insert(C, S, r, Tree.UNMAPPED)
+    S[Slot.RESERVED] += size
+    S[Slot.DEV_USED] += size
+    if S[Slot.RESERVED] > S[Slot.PEAK_RES]:
+        S[Slot.PEAK_RES] = S[Slot.RESERVED]
+    _emit_pages(R, S, i, Op.SEGMENT_ALLOC, a, size, page, st)
+    C[x, F.STATE] = P.USED
     return ck.free_merge(C, S, x)
 
 
 @njit(cache=True, error_model="numpy")
 def _find(C, S, g, s, X, i, hints):  # pragma: no cover - compiled
     _ensure(C, S, g, X, i, hints)
-    c = ck.first_in_group(C, S, g, 1)
-    while c != -1 and C[c, ck.GROUP] == g:
+    c = ck.first_in_group(C, S, g, Tree.UNMAPPED)
+    while c != -1 and C[c, F.GROUP] == g:
         cand = c
-        p = C[c, ck.PREV]
-        if p != -1 and C[p, ck.STATE] == ck.FREE:
+        p = C[c, F.PREV]
+        if p != -1 and C[p, F.STATE] == P.FREE:
             cand = p
         b = cand
         tot = 0
-        while tot < s and b != -1 and (C[b, ck.STATE] == ck.FREE or C[b, ck.STATE] == ck.UNMAPPED):
-            tot += C[b, ck.SIZE]
-            b = C[b, ck.NEXT]
+        while tot < s and b != -1 and (C[b, F.STATE] == P.FREE or C[b, F.STATE] == P.UNMAPPED):
+            tot += C[b, F.SIZE]
+            b = C[b, F.NEXT]
         if tot >= s:
             return cand
-        c = ck.succ(C, c, 1)
+        c = ck.succ(C, c, Tree.UNMAPPED)
     return -1
 
 
 @njit(cache=True, error_model="numpy")
 def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compiled
     """Map the pages covering the first sz bytes of unmapped piece x; -1 if the device is full."""
-    g = C[x, ck.GROUP]
-    base = X[g, BASE]
-    pg = X[g, PAGE]
-    a = C[x, ck.ADDR]
-    mapped = min(base + (a + sz - base + pg - 1) // pg * pg - a, C[x, ck.SIZE])
-    if dev_total > 0 and S[ck.DEV_USED] + mapped > dev_total:
+    g = C[x, F.GROUP]
+    base = X[g, X_.BASE]
+    pg = X[g, X_.PAGE]
+    a = C[x, F.ADDR]
+    mapped = min(base + (a + sz - base + pg - 1) // pg * pg - a, C[x, F.SIZE])
+    if dev_total > 0 and S[Slot.DEV_USED] + mapped > dev_total:
         return -1
-    ck.tree_remove(C, S, x, 1)
+    ck.tree_remove(C, S, x, Tree.UNMAPPED)
     return _map_front(C, S, R, i, x, mapped, pg, stream[g])
 
 
@@ -154,15 +157,15 @@ def try_allocate(C, S, R, i, g, s, dev_total, stream, X, hints):  # pragma: no c
     c = _find(C, S, g, s, X, i, hints)
     if c == -1:
         return -1
-    if C[c, ck.STATE] == ck.UNMAPPED:
-        c = _map(C, S, R, i, c, min(C[c, ck.SIZE], s), dev_total, stream, X)
+    if C[c, F.STATE] == P.UNMAPPED:
+        c = _map(C, S, R, i, c, min(C[c, F.SIZE], s), dev_total, stream, X)
         if c == -1:
             return -1
-    while C[c, ck.SIZE] < s:
-        nx = C[c, ck.NEXT]
-        if nx == -1 or C[nx, ck.STATE] != ck.UNMAPPED:
+    while C[c, F.SIZE] < s:
+        nx = C[c, F.NEXT]
+        if nx == -1 or C[nx, F.STATE] != P.UNMAPPED:
             return -1
-        c = _map(C, S, R, i, nx, min(s - C[c, ck.SIZE], C[nx, ck.SIZE]), dev_total, stream, X)
+        c = _map(C, S, R, i, nx, min(s - C[c, F.SIZE], C[nx, F.SIZE]), dev_total, stream, X)
         if c == -1:
             return -1
     ck.remove_free(C, S, c)
@@ -171,60 +174,58 @@ def try_allocate(C, S, R, i, g, s, dev_total, stream, X, hints):  # pragma: no c
 
 @njit(cache=True, error_model="numpy")
 def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
-    g = C[b, ck.GROUP]
-    base = X[g, BASE]
-    pg = X[g, PAGE]
-    a = C[b, ck.ADDR]
-    sz = C[b, ck.SIZE]
+    g = C[b, F.GROUP]
+    base = X[g, X_.BASE]
+    pg = X[g, X_.PAGE]
+    a = C[b, F.ADDR]
+    sz = C[b, F.SIZE]
     begin = base + (a - base + pg - 1) // pg * pg
     end = base + (a + sz - base) // pg * pg
     if begin >= end:
         return
     ck.remove_free(C, S, b)
     if begin > a:
-        f = ck.new_node(C, S, a, begin - a, g, ck.FREE)
-        C[f, ck.EXP] = g
+        f = ck.new_node(C, S, a, begin - a, g, P.FREE)
+        C[f, F.EXP] = g
         ck.link_before(C, b, f)
         ck.insert_free(C, S, f)
     if a + sz > end:
-        h = ck.new_node(C, S, end, a + sz - end, g, ck.FREE)
-        C[h, ck.EXP] = g
+        h = ck.new_node(C, S, end, a + sz - end, g, P.FREE)
+        C[h, F.EXP] = g
         ck.link_after(C, b, h)
         ck.insert_free(C, S, h)
-    C[b, ck.ADDR] = begin
-    C[b, ck.SIZE] = end - begin
-    C[b, ck.STATE] = ck.UNMAPPED
-    p = C[b, ck.PREV]
-    if p != -1 and C[p, ck.STATE] == ck.UNMAPPED:
-        ck.tree_remove(C, S, p, 1)
+    C[b, F.ADDR] = begin
+    C[b, F.SIZE] = end - begin
+    C[b, F.STATE] = P.UNMAPPED
+    p = C[b, F.PREV]
+    if p != -1 and C[p, F.STATE] == P.UNMAPPED:
+        ck.tree_remove(C, S, p, Tree.UNMAPPED)
         ck.absorb_next(C, S, p)
         b = p
-    nx = C[b, ck.NEXT]
-    if nx != -1 and C[nx, ck.STATE] == ck.UNMAPPED:
-        ck.tree_remove(C, S, nx, 1)
+    nx = C[b, F.NEXT]
+    if nx != -1 and C[nx, F.STATE] == P.UNMAPPED:
+        ck.tree_remove(C, S, nx, Tree.UNMAPPED)
         ck.absorb_next(C, S, b)
-    ck.tree_insert(C, S, b, 1)
-    S[ck.RESERVED] -= end - begin
-    S[ck.DEV_USED] -= end - begin
-    _emit_pages(R, S, i, ck.OP_SEG_FREE, begin, end - begin, pg, stream[g])
+    ck.tree_insert(C, S, b, Tree.UNMAPPED)
+    S[Slot.RESERVED] -= end - begin
+    S[Slot.DEV_USED] -= end - begin
+    _emit_pages(R, S, i, Op.SEGMENT_FREE, begin, end - begin, pg, stream[g])
 
 
 @njit(cache=True, error_model="numpy")
 def unmap_all_free(C, S, R, i, stream, X):  # pragma: no cover - compiled
     """Unmap the whole pages of every free mapped piece, in (group, size, address) order."""
-    if X.shape[0] == 0 or X[:, MADE].max() == 0:
+    if X.shape[0] == 0 or X[:, X_.MADE].max() == 0:
         return
     k = 0
-    x = S[ck.ROOT0]
+    x = ck.tree_first(C, S, Tree.FREE)
     if x == -1:
         return
-    while ck.pred(C, x, 0) != -1:
-        x = ck.pred(C, x, 0)
-    ids = np.empty(S[ck.NALIVE], dtype=np.int64)
+    ids = np.empty(S[Slot.NALIVE], dtype=np.int64)
     while x != -1:
-        if C[x, ck.EXP] != -1:
+        if C[x, F.EXP] != -1:
             ids[k] = x
             k += 1
-        x = ck.succ(C, x, 0)
+        x = ck.succ(C, x, Tree.FREE)
     for j in range(k):
         _unmap(C, S, R, i, ids[j], stream, X)

@@ -19,10 +19,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tracekit.sim.policies import _cupy_chunks as ck
+from tracekit.sim import chunks as ck
+from tracekit.sim import segments as sg
+from tracekit.sim.codes import Field as F
+from tracekit.sim.codes import Op, Slot, Status, Tree
+from tracekit.sim.codes import Piece as P
+from tracekit.sim.codes import TorchSetting as T
 from tracekit.sim.policies import _torch_expand as xp
 
-DONE, OOM, SKIPPED = 1, 2, 3
 MIB = 1 << 20
 NO_LIMIT = 1 << 62  # max_split_size unset
 
@@ -40,23 +44,23 @@ def segment_size(s):  # pragma: no cover - compiled
 @njit(cache=True, error_model="numpy")
 def _pages(S, cfg, s):  # pragma: no cover - compiled
     """Most page rows one event can emit with expandable segments (unmap all, map s)."""
-    if cfg[4] == 0:
+    if cfg[T.EXPANDABLE] == 0:
         return 0
-    return (S[ck.RESERVED] + segment_size(s)) // (2 * MIB) + 2
+    return (S[Slot.RESERVED] + segment_size(s)) // (2 * MIB) + 2
 
 
 @njit(cache=True, error_model="numpy")
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
-    limit = cfg[0]
-    if limit > 0 and S[ck.RESERVED] + seg > limit:
+    limit = cfg[T.CAPACITY]
+    if limit > 0 and S[Slot.RESERVED] + seg > limit:
         return -1
-    if cfg[4] != 0:
-        return xp.try_allocate(C, S, R, i, g, s, cfg[1], stream, X, hints)
-    if cfg[1] > 0 and S[ck.DEV_USED] + ck.device_cost(seg) > cfg[1]:
+    if cfg[T.EXPANDABLE] != 0:
+        return xp.try_allocate(C, S, R, i, g, s, cfg[T.DEVICE_TOTAL], stream, X, hints)
+    if cfg[T.DEVICE_TOTAL] > 0 and S[Slot.DEV_USED] + sg.device_cost(seg) > cfg[T.DEVICE_TOTAL]:
         return -1
-    a = ck.recorded_addr(C, S, X, i, seg, hints, True)
-    return ck.add_segment(C, S, R, i, a, seg, g, stream[g])
+    a = sg.recorded_addr(C, S, X, i, seg, hints, True)
+    return sg.add_segment(C, S, R, i, a, seg, g, stream[g])
 
 
 @njit(cache=True, error_model="numpy")
@@ -64,17 +68,17 @@ def _release_available(C, S, R, i, g, s, M, stream):  # pragma: no cover - compi
     """Release cached blocks >= M: one that covers max(s, M), else the largest first."""
     key = max(s, M)
     it = ck.lower_bound(C, S, g, key)
-    if it != -1 and C[it, ck.GROUP] == g and C[it, ck.EXP] == -1:
-        if C[it, ck.PREV] == -1 and C[it, ck.NEXT] == -1:
-            ck.release_whole(C, S, R, i, it, stream)
+    if it != -1 and C[it, F.GROUP] == g and C[it, F.EXP] == -1:
+        if C[it, F.PREV] == -1 and C[it, F.NEXT] == -1:
+            sg.release_whole(C, S, R, i, it, stream)
         return True
-    cur = ck.pred(C, it, 0) if it != -1 else ck.tree_last(C, S, 0)
+    cur = ck.pred(C, it, Tree.FREE) if it != -1 else ck.tree_last(C, S, Tree.FREE)
     total = 0
-    while cur != -1 and total < key and C[cur, ck.SIZE] >= M and C[cur, ck.GROUP] == g:
-        prv = ck.pred(C, cur, 0)
-        if C[cur, ck.EXP] == -1 and C[cur, ck.PREV] == -1 and C[cur, ck.NEXT] == -1:
-            total += C[cur, ck.SIZE]
-            ck.release_whole(C, S, R, i, cur, stream)
+    while cur != -1 and total < key and C[cur, F.SIZE] >= M and C[cur, F.GROUP] == g:
+        prv = ck.pred(C, cur, Tree.FREE)
+        if C[cur, F.EXP] == -1 and C[cur, F.PREV] == -1 and C[cur, F.NEXT] == -1:
+            total += C[cur, F.SIZE]
+            sg.release_whole(C, S, R, i, cur, stream)
         cur = prv
     return total >= key
 
@@ -82,7 +86,7 @@ def _release_available(C, S, R, i, g, s, M, stream):  # pragma: no cover - compi
 @njit(cache=True, error_model="numpy")
 def release_cached(C, S, R, i, stream, X):  # pragma: no cover - compiled
     """``release_cached_blocks``: free whole segments, unmap free expandable pages."""
-    ck.release_all_whole(C, S, R, i, stream)
+    sg.release_all_whole(C, S, R, i, stream)
     xp.unmap_all_free(C, S, R, i, stream, X)
 
 
@@ -91,28 +95,28 @@ def _garbage_collect(C, S, R, i, thr, n_streams, stream):  # pragma: no cover - 
     """``garbage_collect_cached_blocks``: with reserved over the threshold, release the
     unsplit large cached blocks whose age (large-pool lookups since they were cached) is
     at least the average, pass after pass, until reserved - threshold bytes are back."""
-    if S[ck.RESERVED] <= thr:
+    if S[Slot.RESERVED] <= thr:
         return
-    target = S[ck.RESERVED] - thr
+    target = S[Slot.RESERVED] - thr
     k = 0
-    x = S[ck.WHEAD]
+    x = S[Slot.WHEAD]
     while x != -1:
         k += 1
-        x = C[x, ck.WNEXT]
+        x = C[x, F.WNEXT]
     ids = np.empty(k, dtype=np.int64)
     k = 0
     total_age = 0
-    x = S[ck.WHEAD]
+    x = S[Slot.WHEAD]
     while x != -1:
-        if C[x, ck.GROUP] < n_streams:  # large pool only
+        if C[x, F.GROUP] < n_streams:  # large pool only
             ids[k] = x
-            total_age += S[ck.GCL] - C[x, ck.GCBASE]
+            total_age += S[Slot.GCL] - C[x, F.GCBASE]
             k += 1
-        x = C[x, ck.WNEXT]
+        x = C[x, F.WNEXT]
     ids = ids[:k]
-    ids = ids[np.argsort(C[ids, ck.ADDR], kind="mergesort")]
-    ids = ids[np.argsort(C[ids, ck.SIZE], kind="mergesort")]
-    ids = ids[np.argsort(C[ids, ck.GROUP], kind="mergesort")]
+    ids = ids[np.argsort(C[ids, F.ADDR], kind="mergesort")]
+    ids = ids[np.argsort(C[ids, F.SIZE], kind="mergesort")]
+    ids = ids[np.argsort(C[ids, F.GROUP], kind="mergesort")]
     alive = np.ones(k, dtype=np.bool_)
     count = k
     reclaimed = 0
@@ -122,29 +126,29 @@ def _garbage_collect(C, S, R, i, thr, n_streams, stream):  # pragma: no cover - 
         freed = False
         for j in range(k):
             x = ids[j]
-            age = S[ck.GCL] - C[x, ck.GCBASE]
+            age = S[Slot.GCL] - C[x, F.GCBASE]
             if alive[j] and age >= threshold:
                 alive[j] = False
                 freed = True
-                reclaimed += C[x, ck.SIZE]
+                reclaimed += C[x, F.SIZE]
                 total_age -= age
                 count -= 1
-                ck.release_whole(C, S, R, i, x, stream)
+                sg.release_whole(C, S, R, i, x, stream)
 
 
 @njit(cache=True, error_model="numpy")
 def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
     """``get_free_block``: the cached block to use for s in group g, or -1."""
     it = ck.lower_bound(C, S, g, s)
-    if it == -1 or C[it, ck.GROUP] != g:
+    if it == -1 or C[it, F.GROUP] != g:
         return -1
-    if C[it, ck.EXP] != -1 and expandable:
-        nx = ck.succ(C, it, 0)
-        while C[it, ck.EXP] != -1 and nx != -1 and C[nx, ck.GROUP] == g and \
+    if C[it, F.EXP] != -1 and expandable:
+        nx = ck.succ(C, it, Tree.FREE)
+        while C[it, F.EXP] != -1 and nx != -1 and C[nx, F.GROUP] == g and \
                 xp.expandable_size(C, nx) < xp.expandable_size(C, it):
             it = nx
-            nx = ck.succ(C, it, 0)
-    size = C[it, ck.SIZE]
+            nx = ck.succ(C, it, Tree.FREE)
+    size = C[it, F.SIZE]
     if s < M and size >= M:
         return -1
     if s >= M and size >= s + nsr:
@@ -153,30 +157,17 @@ def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def _oom(C, S, i, g, s, stats):  # pragma: no cover - compiled
-    stats[5] += 1
-    if stats[6] < 0:
-        stats[6] = i
-        stats[7] = S[ck.RESERVED] - S[ck.LIVE]
-        big = ck.last_in_group(C, S, g, 0)
-        stats[8] = C[big, ck.SIZE] if big != -1 else 0
-        stats[9] = S[ck.LIVE]
-        stats[10] = S[ck.RESERVED]
-        stats[11] = s
-
-
-@njit(cache=True, error_model="numpy")
 def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
-    M = cfg[2]
-    large = g < cfg[6]
-    if cfg[5] > 0 and large:
-        S[ck.GCL] += 1  # get_free_blocks_call_count of the large pool
-    x = _find(C, S, g, s, M, cfg[3], cfg[4] != 0)
+    M = cfg[T.MAX_SPLIT]
+    large = g < cfg[T.STREAMS]
+    if cfg[T.GC_THRESHOLD] > 0 and large:
+        S[Slot.GCL] += 1  # get_free_blocks_call_count of the large pool
+    x = _find(C, S, g, s, M, cfg[T.MAX_NON_SPLIT], cfg[T.EXPANDABLE] != 0)
     if x != -1:
         ck.remove_free(C, S, x)
     else:
-        if cfg[5] > 0:
-            _garbage_collect(C, S, R, i, cfg[5], cfg[6], stream)
+        if cfg[T.GC_THRESHOLD] > 0:
+            _garbage_collect(C, S, R, i, cfg[T.GC_THRESHOLD], cfg[T.STREAMS], stream)
         x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
         if x == -1 and M < NO_LIMIT and _release_available(C, S, R, i, g, s, M, stream):
             x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
@@ -185,10 +176,10 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
             x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
         if x == -1:
             return -1
-    C[x, ck.STATE] = ck.USED
-    rem = C[x, ck.SIZE] - s
-    small = (g // cfg[6]) == 1
-    if small or cfg[4] != 0:
+    C[x, F.STATE] = P.USED
+    rem = C[x, F.SIZE] - s
+    small = (g // cfg[T.STREAMS]) == 1
+    if small or cfg[T.EXPANDABLE] != 0:
         if rem >= 512:
             ck.split_front(C, S, x, s)
     elif s < M and rem > MIB:
@@ -199,54 +190,54 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
 @njit(cache=True, error_model="numpy")
 def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel, hints, stream, cfg,
                  C, R, S, X, stats):  # pragma: no cover - compiled
-    """cfg: capacity, device_total, M, max_non_split, expandable, gc threshold bytes, streams, continue."""
+    """Replay every event; ``cfg`` is the ``TorchSetting`` vector."""
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
     blk = np.full(n, -1, dtype=np.int64)
     for i in range(n):  # starting state: segments first, then the live blocks in them
-        if init[i] and op[i] == 2:
+        if init[i] and op[i] == Op.SEGMENT_ALLOC:
             C = ck.room(C, S, 4)
             R = ck.rows_room(R, S, 4 + size[i] // (2 * MIB))
-            if cfg[4] != 0 and init_exp[i]:
+            if cfg[T.EXPANDABLE] != 0 and init_exp[i]:
                 xp.map_initial(C, S, R, i, group[i], init_addr[i], size[i], stream, X)
             else:
-                x = ck.add_segment(C, S, R, i, init_addr[i], size[i], group[i], stream[group[i]])
+                x = sg.add_segment(C, S, R, i, init_addr[i], size[i], group[i], stream[group[i]])
                 ck.insert_free(C, S, x)
     for i in range(n):
-        if init[i] and op[i] == 0:
+        if init[i] and op[i] == Op.MALLOC:
             C = ck.room(C, S, 4)
             R = ck.rows_room(R, S, 4)
-            blk[i] = ck.place_at(C, S, R, i, init_addr[i], rounded[i], group[i], stream)
+            blk[i] = sg.place_at(C, S, R, i, init_addr[i], rounded[i], group[i], stream)
             addr[i] = init_addr[i]
-            status[i] = DONE
+            status[i] = Status.DONE
             ck.add_live(S, rounded[i])
     for i in range(n):
         o = op[i]
         if init[i]:
             continue
         if rel[i]:
-            C = ck.room(C, S, 2 * S[ck.NALIVE] + 8)
-            R = ck.rows_room(R, S, S[ck.NALIVE] + 4 + _pages(S, cfg, 0))
+            C = ck.room(C, S, 2 * S[Slot.NALIVE] + 8)
+            R = ck.rows_room(R, S, S[Slot.NALIVE] + 4 + _pages(S, cfg, 0))
             release_cached(C, S, R, i, stream, X)
-        if o == 0 or o == 4:
+        if o == Op.MALLOC or o == Op.OOM:
             s = rounded[i]
             if size[i] == 0:  # PyTorch returns nullptr without touching the pool
-                status[i] = DONE
+                status[i] = Status.DONE
                 continue
-            C = ck.room(C, S, 2 * S[ck.NALIVE] + 8)
-            R = ck.rows_room(R, S, S[ck.NALIVE] + 8 + _pages(S, cfg, s))
+            C = ck.room(C, S, 2 * S[Slot.NALIVE] + 8)
+            R = ck.rows_room(R, S, S[Slot.NALIVE] + 8 + _pages(S, cfg, s))
             x = _malloc(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints)
             if x == -1:
-                status[i] = OOM
-                _oom(C, S, i, group[i], s, stats)
-                if cfg[7] == 0:
+                status[i] = Status.OOM
+                ck.note_oom(C, S, i, group[i], s, stats)
+                if cfg[T.CONTINUE] == 0:
                     break
                 continue
             blk[i] = x
-            addr[i] = C[x, ck.ADDR]
-            status[i] = DONE
-            ck.add_live(S, C[x, ck.SIZE])
-        elif o == 1:
+            addr[i] = C[x, F.ADDR]
+            status[i] = Status.DONE
+            ck.add_live(S, C[x, F.SIZE])
+        elif o == Op.FREE:
             ck.free_request(C, S, blk, status, mate, i)
     return addr, status, C, R

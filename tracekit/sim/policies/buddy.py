@@ -22,28 +22,17 @@ from numba import njit
 from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim import treap
-from tracekit.sim.base import PolicyRun, SimConfig, Stat
-from tracekit.sim.heap import (
-    S_FIRST_OOM,
-    S_OOM_FREE,
-    S_OOM_LARGEST,
-    S_OOM_LIVE,
-    S_OOM_RESERVED,
-    S_OOM_ROUNDED,
-    S_OOMS,
-    S_PEAK_EXTENT,
-    S_PEAK_LIVE,
-    UNBOUNDED,
-    UNIT,
-    heap_run,
-)
+from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.codes import BuddySlot as B
+from tracekit.sim.codes import Kind, Stat, Status, named_vector
+from tracekit.sim.heap import UNBOUNDED, UNIT, heap_run, heap_stats
 from tracekit.sim.prepare import prepare
-from tracekit.sim.treap import K1, K2, NFIELDS, SZ
+from tracekit.sim.treap import K1, K2, K3, NFIELDS, SZ
 from tracekit.trace.reader import Trace
 
 MIN_ORDER = 9  # 512 bytes
 MAX_ORDER = 62
-RECYCLE, NEXT_ID, LIVE, CAP, STOPPED = range(5)
+AT = 0  # the treap's columns start the row
 SPARE = 2 * MAX_ORDER  # free rows kept available before each event (one split makes <= 53)
 
 
@@ -60,27 +49,28 @@ def block_order(size: np.ndarray) -> np.ndarray:
 
 @njit(cache=True)
 def _new(T, st, a, k):  # pragma: no cover - compiled
-    x = st[RECYCLE]
+    x = st[B.RECYCLE]
     if x >= 0:
-        st[RECYCLE] = T[x, K2]
+        st[B.RECYCLE] = T[x, K2]
     else:
-        x = st[NEXT_ID]
-        st[NEXT_ID] = x + 1
+        x = st[B.NEXT_ID]
+        st[B.NEXT_ID] = x + 1
     T[x, K1] = a
     T[x, K2] = 0
+    T[x, K3] = 0
     T[x, SZ] = np.int64(1) << k
     return x
 
 
 @njit(cache=True)
 def _drop(T, st, x):  # pragma: no cover - compiled
-    T[x, K2] = st[RECYCLE]
-    st[RECYCLE] = x
+    T[x, K2] = st[B.RECYCLE]
+    st[B.RECYCLE] = x
 
 
 @njit(cache=True)
 def _grow(T, st):  # pragma: no cover - compiled
-    if st[NEXT_ID] + SPARE <= T.shape[0]:
+    if st[B.NEXT_ID] + SPARE <= T.shape[0]:
         return T
     U = np.zeros((2 * T.shape[0] + SPARE, T.shape[1]), np.int64)
     U[: T.shape[0]] = T
@@ -101,64 +91,64 @@ def run_chunk(T, st, roots, kind, order, mate, addr_out, status, stats, lo, hi, 
     for i in range(lo, hi):
         T = _grow(T, st)
         kd = kind[i]
-        if kd == 0:
+        if kd == Kind.ALLOC:
             k = order[i]
             j = k
             while j <= MAX_ORDER and roots[j] < 0:
                 j += 1
             if j > MAX_ORDER:
-                status[i] = 2  # Status.OOM
-                stats[S_OOMS] += 1
-                if stats[S_FIRST_OOM] < 0:
+                status[i] = Status.OOM
+                stats[Stat.OOMS] += 1
+                if stats[Stat.FIRST_OOM] < 0:
                     top = _largest_order(roots)
-                    stats[S_FIRST_OOM] = i
-                    stats[S_OOM_FREE] = st[CAP] - st[LIVE]
-                    stats[S_OOM_LARGEST] = (np.int64(1) << top) if top >= 0 else 0
-                    stats[S_OOM_LIVE] = st[LIVE]
-                    stats[S_OOM_RESERVED] = st[CAP]
-                    stats[S_OOM_ROUNDED] = np.int64(1) << k
+                    stats[Stat.FIRST_OOM] = i
+                    stats[Stat.OOM_FREE] = st[B.CAP] - st[B.LIVE]
+                    stats[Stat.OOM_LARGEST] = (np.int64(1) << top) if top >= 0 else 0
+                    stats[Stat.OOM_LIVE] = st[B.LIVE]
+                    stats[Stat.OOM_RESERVED] = st[B.CAP]
+                    stats[Stat.OOM_ROUNDED] = np.int64(1) << k
                 if not cont:
-                    st[STOPPED] = 1
+                    st[B.STOPPED] = 1
                     return T
                 continue
-            x = treap.leftmost(T, roots[j])
+            x = treap.leftmost(T, roots[j], AT)
             a = T[x, K1]
-            roots[j] = treap.remove(T, roots[j], x, False)
+            roots[j] = treap.remove(T, roots[j], x, False, AT)
             _drop(T, st, x)
             while j > k:  # halve, keeping the low half
                 j -= 1
                 y = _new(T, st, a + (np.int64(1) << j), j)
-                roots[j] = treap.insert(T, roots[j], y, False)
+                roots[j] = treap.insert(T, roots[j], y, False, AT)
             size = np.int64(1) << k
             addr_out[i] = a
-            status[i] = 1  # Status.DONE
-            st[LIVE] += size
-            if st[LIVE] > stats[S_PEAK_LIVE]:
-                stats[S_PEAK_LIVE] = st[LIVE]
-            if a + size > stats[S_PEAK_EXTENT]:
-                stats[S_PEAK_EXTENT] = a + size
-        elif kd == 1:
+            status[i] = Status.DONE
+            st[B.LIVE] += size
+            if st[B.LIVE] > stats[Stat.PEAK_LIVE]:
+                stats[Stat.PEAK_LIVE] = st[B.LIVE]
+            if a + size > stats[Stat.PEAK_EXTENT]:
+                stats[Stat.PEAK_EXTENT] = a + size
+        elif kd == Kind.FREE:
             m = mate[i]
             if m < 0:
                 continue
-            if status[m] != 1:
-                status[i] = 3  # Status.SKIPPED: its malloc failed
+            if status[m] != Status.DONE:
+                status[i] = Status.SKIPPED  # its malloc failed
                 continue
             a = np.int64(addr_out[m])
             k = order[m]
-            st[LIVE] -= np.int64(1) << k
+            st[B.LIVE] -= np.int64(1) << k
             while k < MAX_ORDER:
                 b = a ^ (np.int64(1) << k)
-                y = treap.find(T, roots[k], b, 0)
+                y = treap.find(T, roots[k], b, 0, 0, AT)
                 if y < 0:
                     break
-                roots[k] = treap.remove(T, roots[k], y, False)
+                roots[k] = treap.remove(T, roots[k], y, False, AT)
                 _drop(T, st, y)
                 a = min(a, b)
                 k += 1
             y = _new(T, st, a, k)
-            roots[k] = treap.insert(T, roots[k], y, False)
-            status[i] = 1
+            roots[k] = treap.insert(T, roots[k], y, False, AT)
+            status[i] = Status.DONE
     return T
 
 
@@ -172,7 +162,7 @@ def _seed_heap(T, st, roots, cap):  # pragma: no cover - compiled
         while (np.int64(1) << k) > rest:
             k -= 1
         y = _new(T, st, a, k)
-        roots[k] = treap.insert(T, roots[k], y, False)
+        roots[k] = treap.insert(T, roots[k], y, False, AT)
         a += np.int64(1) << k
         rest -= np.int64(1) << k
 
@@ -189,17 +179,16 @@ class Buddy:
         cap = UNBOUNDED if config.capacity is None else int(config.capacity) // UNIT * UNIT
         order = block_order(inp.size)
         T = np.zeros((1024, NFIELDS), np.int64)
-        st = np.array([-1, 0, 0, cap, 0], np.int64)
+        st = named_vector(B, {B.RECYCLE: -1, B.NEXT_ID: 0, B.LIVE: 0, B.CAP: cap, B.STOPPED: 0})
         roots = np.full(MAX_ORDER + 1, -1, np.int64)
         _seed_heap(T, st, roots, cap)
-        stats = np.zeros(len(Stat), np.int64)
-        stats[Stat.FIRST_OOM] = -1
+        stats = heap_stats()
         addr = np.zeros(n, np.uint64)
         status = np.zeros(n, np.int8)
         for lo, hi in progress.chunks(n):
             T = run_chunk(T, st, roots, inp.kind, order, inp.mate, addr, status, stats, lo, hi,
                           config.continue_on_oom)
-            if st[STOPPED]:
+            if st[B.STOPPED]:
                 break
         rounded = np.left_shift(np.int64(1), order)
         return heap_run(config, addr, status, rounded, stats)

@@ -27,22 +27,21 @@ from typing import ClassVar
 import numpy as np
 
 from tracekit.errors import UsageError
+from tracekit.sim import chunks as ck
 from tracekit.sim.base import PolicyRun, SimConfig
-from tracekit.sim.policies import _cupy_chunks as ck
-from tracekit.sim.policies._cupy_glue import (
+from tracekit.sim.codes import CupySetting, named_vector
+from tracekit.sim.policies._cupy_kernel import cupy_replay
+from tracekit.sim.pool_run import (
     address_hints,
     addresses_option,
     capacity_for_state,
-    initial_mask,
-    new_stats,
     next_address,
     pack,
+    pool_stats,
     release_option,
     release_points,
-    sizes,
-    stream_groups,
 )
-from tracekit.sim.policies._cupy_kernel import cupy_replay
+from tracekit.sim.prepare import prepare
 from tracekit.trace.reader import Trace
 
 
@@ -70,20 +69,37 @@ class CupyPool:
             raise UsageError(f"cupy option ties: expected 'trace' or 'address', got {ties!r}")
         follow = release_option(config.options, "cupy")
         ev = trace.events
-        streams, arena = stream_groups(ev.stream)
-        init = initial_mask(trace)
+        inp = prepare(trace)
+        streams, arena = _arenas(inp.pool, inp.streams, inp.stream_index)
+        init = inp.initial
         rel = release_points(ev.op, init) if follow else np.zeros(len(ev), np.bool_)
         hints = address_hints(trace, init, addresses_option(config.options, "cupy"))
         cap, rows_cap = capacity_for_state(trace)
         C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, ck.PAGE))
-        stats = new_stats()
-        follow_ties = ties == "trace" and hints.shape[1] > 0
+        stats = pool_stats()
+        cfg = named_vector(CupySetting, {
+            CupySetting.LIMIT: config.capacity or 0, CupySetting.DEVICE_TOTAL: config.device_total or 0,
+            CupySetting.CONTINUE: config.continue_on_oom,
+            CupySetting.TIES: ties == "trace" and hints.shape[1] > 0,
+        })
         addr, status, rounded, C, R = cupy_replay(
-            ev.op, sizes(trace), arena, trace.mate, init, ev.addr.view(np.int64), rel,
-            hints, follow_ties, streams.view(np.int64), int(config.capacity or 0),
-            int(config.device_total or 0), bool(config.continue_on_oom), C, R, S, stats,
+            ev.op, inp.size, arena, trace.mate, init, ev.addr.view(np.int64), rel, hints,
+            streams.view(np.int64), cfg, C, R, S, stats,
         )
         return pack(addr, status, rounded, R, S, stats), C, S
+
+
+def _arenas(pool: np.ndarray, streams: np.ndarray, stream_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One arena per (pool, stream): the stream of each arena, and each event's arena.
+
+    A program's own ``MemoryPool`` (the trace's ``pool`` column) never shares
+    memory with another pool, as arenas of different streams never do.
+    """
+    if len(pool) == 0 or not pool.any():
+        return streams, stream_index
+    key = pool.astype(np.int64) * len(streams) + stream_index
+    _, first, arena = np.unique(key, return_index=True, return_inverse=True)
+    return streams[stream_index[first]], arena.astype(np.int64)
 
 
 MODEL = CupyPool()

@@ -25,7 +25,6 @@ shared ``run`` and ``_freelist_kernel`` the compiled loop.
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import ClassVar
 
 import numpy as np
@@ -33,18 +32,14 @@ import numpy as np
 from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim import sizeclass
-from tracekit.sim.base import PolicyRun, SimConfig, Stat
-from tracekit.sim.heap import UNBOUNDED, heap_run
+from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.codes import LIST_WIDTH, Fit, HeapSlot, named_vector
+from tracekit.sim.heap import UNBOUNDED, heap_run, heap_stats
 from tracekit.sim.policies import _freelist_kernel as k
 from tracekit.sim.prepare import prepare
 from tracekit.trace.reader import Trace
 
-
-class Fit(IntEnum):
-    FIRST = 0
-    BEST = 1
-    NEXT = 2
-    WORST = 3
+__all__ = ["Fit", "FreeListModel"]
 
 
 class FreeListModel:
@@ -62,11 +57,13 @@ class FreeListModel:
         cap = UNBOUNDED if config.capacity is None else int(config.capacity)
         rounded = np.zeros(n, np.int64)  # filled by the kernel at allocation attempts
         rows = 2 * inp.max_live + 2  # no two free blocks are adjacent
-        T = np.zeros((rows, k.WIDTH), np.int64)
-        st = np.array([0, -1, 1, 0, 0, cap, int(self.fit), 0, config.capacity is None], np.int64)
-        stats = np.zeros(len(Stat), np.int64)
-        stats[Stat.FIRST_OOM] = -1
-        stats[Stat.PEAK_EXTENT] = 0
+        T = np.zeros((rows, LIST_WIDTH), np.int64)
+        st = named_vector(HeapSlot, {
+            HeapSlot.ROOT: -1, HeapSlot.RECYCLE: -1, HeapSlot.NEXT_ID: 1, HeapSlot.ROVER: 0,
+            HeapSlot.LIVE: 0, HeapSlot.CAP: cap, HeapSlot.FIT: self.fit, HeapSlot.STOPPED: 0,
+            HeapSlot.GROWS: config.capacity is None,
+        })
+        stats = heap_stats()
         if self.fit == Fit.BEST:
             roots, bm = sizeclass.new_tables()
         else:
@@ -79,6 +76,6 @@ class FreeListModel:
         for lo, hi in progress.chunks(n):
             k.run_chunk(T, st, stack, roots, bm, inp.kind, inp.size, inp.mate, rounded, node_of, addr,
                         status, stats, lo, hi, config.continue_on_oom)
-            if st[k.STOPPED]:
+            if st[HeapSlot.STOPPED]:
                 break
         return heap_run(config, addr, status, rounded, stats)

@@ -20,20 +20,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from tracekit.sim import chunks as ck
 from tracekit.sim.base import PolicyRun, SimConfig
-from tracekit.sim.policies import _cupy_chunks as ck
-from tracekit.sim.policies import _torch_expand as xp
-from tracekit.sim.policies._cupy_glue import (
-    address_hints,
-    capacity_for_state,
-    initial_mask,
-    new_stats,
-    next_address,
-    pack,
-    release_points,
-    sizes,
-    stream_groups,
-)
+from tracekit.sim.codes import Op, TorchSetting, named_vector
+from tracekit.sim.codes import Reservation as X_
 from tracekit.sim.policies._torch_config import (
     MIB,
     TorchSettings,
@@ -42,24 +32,23 @@ from tracekit.sim.policies._torch_config import (
     settings,
 )
 from tracekit.sim.policies._torch_kernel import torch_replay
+from tracekit.sim.pool_run import (
+    address_hints,
+    capacity_for_state,
+    next_address,
+    pack,
+    pool_stats,
+    release_points,
+)
+from tracekit.sim.prepare import ReplayInput, prepare
 from tracekit.trace.reader import Trace
-from tracekit.trace.schema import Op
 
 LARGE_PAGE = 20 * MIB  # expandable segments map the large pool in 20 MiB pages
 SMALL_PAGE = 2 * MIB
 DEFAULT_TOTAL = 1 << 40  # device size assumed for reservations when the trace names none
 
 
-def _expandable_rows(trace: Trace) -> np.ndarray:
-    """Bool per event: the row is (part of) an expandable segment (importer's ``expandable`` column)."""
-    tbl = trace.extras
-    if tbl is None or "expandable" not in tbl.column_names:
-        return np.zeros(len(trace.events), dtype=np.bool_)
-    col = tbl.column("expandable").fill_null(False)
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
-
-
-def _pools(trace: Trace, rounded: np.ndarray, init: np.ndarray) -> np.ndarray:
+def _pools(trace: Trace, inp: ReplayInput, rounded: np.ndarray) -> np.ndarray:
     """1 for the small pool, 0 for the large, per event.
 
     Requests go by their rounded size. An initial segment is small when the
@@ -69,17 +58,15 @@ def _pools(trace: Trace, rounded: np.ndarray, init: np.ndarray) -> np.ndarray:
     initial blocks take the pool of the initial segment that holds them.
     """
     ev = trace.events
+    init = inp.initial
     pool = (rounded <= MIB).astype(np.int64)
     segs = np.flatnonzero(init & (ev.op == Op.SEGMENT_ALLOC))
     if len(segs) == 0:
         return pool
     size = ev.size[segs].astype(np.int64)
-    tbl = trace.extras
-    expandable = _expandable_rows(trace)[segs]
-    small = (size <= 2 * MIB) | (expandable & (size % LARGE_PAGE != 0))
-    if tbl is not None and "segment_type" in tbl.column_names:
-        kind = np.asarray(tbl.column("segment_type").to_pylist(), dtype=object)[segs]
-        small = np.where(kind == "small", True, np.where(kind == "large", False, small))
+    small = (size <= 2 * MIB) | (inp.expandable[segs] & (size % LARGE_PAGE != 0))
+    given = inp.segment_small[segs]
+    small = np.where(given >= 0, given == 1, small)
     pool[segs] = small.astype(np.int64)
     blocks = np.flatnonzero(init & (ev.op == Op.MALLOC))
     if len(blocks):
@@ -103,10 +90,12 @@ def _gc_threshold(config: SimConfig, st: TorchSettings) -> int:
 
 
 def _cfg(config: SimConfig, st: TorchSettings, n_streams: int) -> np.ndarray:
-    return np.array([
-        config.capacity or 0, config.device_total or 0, st.max_split_size, st.max_non_split_rounding,
-        int(st.expandable_segments), _gc_threshold(config, st), n_streams, int(config.continue_on_oom),
-    ], dtype=np.int64)
+    return named_vector(TorchSetting, {
+        TorchSetting.CAPACITY: config.capacity or 0, TorchSetting.DEVICE_TOTAL: config.device_total or 0,
+        TorchSetting.MAX_SPLIT: st.max_split_size, TorchSetting.MAX_NON_SPLIT: st.max_non_split_rounding,
+        TorchSetting.EXPANDABLE: st.expandable_segments, TorchSetting.GC_THRESHOLD: _gc_threshold(config, st),
+        TorchSetting.STREAMS: n_streams, TorchSetting.CONTINUE: config.continue_on_oom,
+    })
 
 
 def _reservations(trace: Trace, config: SimConfig, n_streams: int) -> np.ndarray:
@@ -116,10 +105,10 @@ def _reservations(trace: Trace, config: SimConfig, n_streams: int) -> np.ndarray
     """
     dev = trace.meta.device
     total = config.device_total or (dev.total_bytes if dev and dev.total_bytes else DEFAULT_TOTAL)
-    X = np.zeros((2 * n_streams, 4), dtype=np.int64)
+    X = np.zeros((2 * n_streams, len(X_)), dtype=np.int64)
     for rows, page in ((slice(0, n_streams), LARGE_PAGE), (slice(n_streams, None), SMALL_PAGE)):
-        X[rows, xp.PAGE] = page
-        X[rows, xp.VSIZE] = -(-(total + total // 8) // page) * page
+        X[rows, X_.PAGE] = page
+        X[rows, X_.VSIZE] = -(-(total + total // 8) // page) * page
     return X
 
 
@@ -140,31 +129,30 @@ class TorchCaching:
         """The run, plus the final chunk store and counters (for consistency checks)."""
         st = settings(_with_recorded_settings(trace, config.options))
         ev = trace.events
-        streams, sidx = stream_groups(ev.stream)
-        ns = len(streams)
-        init = initial_mask(trace)
-        size = sizes(trace)
-        rounded = round_sizes(size, st.roundup_power2_divisions)
+        inp = prepare(trace)
+        streams, ns = inp.streams, len(inp.streams)
+        init = inp.initial
+        rounded = round_sizes(inp.size, st.roundup_power2_divisions)
         # A live block at the start keeps the size PyTorch gave it (slack included).
         held = init & (ev.op == Op.MALLOC) & (ev.rounded > 0)
         rounded = np.where(held, ev.rounded.view(np.int64), rounded)
-        group = _pools(trace, rounded, init) * ns + sidx
+        group = _pools(trace, inp, rounded) * ns + inp.stream_index
         rel = release_points(ev.op, init) if st.release_at_trace_frees else np.zeros(len(ev), np.bool_)
         hints = address_hints(trace, init, st.recorded_addresses)
         X = _reservations(trace, config, ns)
-        init_exp = init & _expandable_rows(trace) & (ev.op == Op.SEGMENT_ALLOC)
+        init_exp = init & inp.expandable & (ev.op == Op.SEGMENT_ALLOC)
         if st.expandable_segments and init_exp.any():
             # Recorded mapped ranges: each group's segment starts at its lowest one.
             rows = np.flatnonzero(init_exp)
             for g in np.unique(group[rows]):
-                X[g, xp.BASE] = int(ev.addr[rows[group[rows] == g]].min())
-                X[g, xp.MADE] = 2
+                X[g, X_.BASE] = int(ev.addr[rows[group[rows] == g]].min())
+                X[g, X_.MADE] = 2
         cfg = _cfg(config, st, ns)
         cap, rows_cap = capacity_for_state(trace)
         C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, LARGE_PAGE))
-        stats = new_stats()
+        stats = pool_stats()
         addr, status, C, R = torch_replay(
-            ev.op, size, rounded, group, trace.mate, init, init_exp,
+            ev.op, inp.size, rounded, group, trace.mate, init, init_exp,
             ev.addr.view(np.int64), rel, hints, np.tile(streams, 2).view(np.int64), cfg, C, R, S, X, stats,
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)

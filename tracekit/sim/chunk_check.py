@@ -15,21 +15,35 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tracekit.sim.policies import _cupy_chunks as ck
+from tracekit.sim import chunks as ck
+from tracekit.sim.codes import Field as F
+from tracekit.sim.codes import Piece as P
+from tracekit.sim.codes import Slot, Tree
+
+
+@njit(cache=True, error_model="numpy")
+def _less(C, x, y, t):  # pragma: no cover - compiled
+    """Piece x before piece y in tree t's order, from the pieces' own fields."""
+    gx = C[x, F.GROUP]
+    gy = C[y, F.GROUP]
+    if gx != gy:
+        return gx < gy
+    if t == Tree.FREE:
+        sx = C[x, F.SIZE]
+        sy = C[y, F.SIZE]
+        if sx != sy:
+            return sx < sy
+    return C[x, F.ADDR] < C[y, F.ADDR]
 
 
 @njit(cache=True, error_model="numpy")
 def _tree_count(C, S, t):  # pragma: no cover - compiled
-    x = S[ck.ROOT0 + t]
-    if x == -1:
-        return 0, True
-    while ck.pred(C, x, t) != -1:
-        x = ck.pred(C, x, t)
+    x = ck.tree_first(C, S, t)
     k = 0
     ordered = True
     prev = -1
     while x != -1:
-        if prev != -1 and not ck._less(C, prev, x, t):
+        if prev != -1 and not _less(C, prev, x, t):
             ordered = False
         k += 1
         prev = x
@@ -42,55 +56,55 @@ def check_state(C, S):  # pragma: no cover - compiled
     n_free = n_unmapped = n_whole = live = mapped = 0
     starts = []
     ends = []
-    for h in range(S[ck.HW]):
-        st = C[h, ck.STATE]
-        if st == ck.DEAD:
+    for h in range(S[Slot.HW]):
+        st = C[h, F.STATE]
+        if st == P.DEAD:
             continue
-        if st == ck.FREE:
+        if st == P.FREE:
             n_free += 1
-            if C[h, ck.PREV] == -1 and C[h, ck.NEXT] == -1 and C[h, ck.EXP] == -1:
+            if C[h, F.PREV] == -1 and C[h, F.NEXT] == -1 and C[h, F.EXP] == -1:
                 n_whole += 1
-        elif st == ck.UNMAPPED:
+        elif st == P.UNMAPPED:
             n_unmapped += 1
         else:
-            live += C[h, ck.SIZE]
-        if C[h, ck.PREV] != -1:
+            live += C[h, F.SIZE]
+        if C[h, F.PREV] != -1:
             continue
         x = h
-        end = C[h, ck.ADDR]
+        end = C[h, F.ADDR]
         while x != -1:
-            if C[x, ck.ADDR] != end:
+            if C[x, F.ADDR] != end:
                 return 1
-            if C[x, ck.GROUP] != C[h, ck.GROUP]:
+            if C[x, F.GROUP] != C[h, F.GROUP]:
                 return 3
-            nx = C[x, ck.NEXT]
-            if nx != -1 and C[x, ck.STATE] == ck.FREE and C[nx, ck.STATE] == ck.FREE:
+            nx = C[x, F.NEXT]
+            if nx != -1 and C[x, F.STATE] == P.FREE and C[nx, F.STATE] == P.FREE:
                 return 2
-            if C[x, ck.STATE] != ck.UNMAPPED:
-                mapped += C[x, ck.SIZE]
-            end += C[x, ck.SIZE]
+            if C[x, F.STATE] != P.UNMAPPED:
+                mapped += C[x, F.SIZE]
+            end += C[x, F.SIZE]
             x = nx
-        if C[h, ck.EXP] == -1 and end != C[h, ck.SEGEND]:
+        if C[h, F.EXP] == -1 and end != C[h, F.SEGEND]:
             return 1
-        starts.append(C[h, ck.ADDR])
+        starts.append(C[h, F.ADDR])
         ends.append(end)
-    if mapped != S[ck.RESERVED]:
+    if mapped != S[Slot.RESERVED]:
         return 4
-    if live != S[ck.LIVE]:
+    if live != S[Slot.LIVE]:
         return 5
-    k, ordered = _tree_count(C, S, 0)
+    k, ordered = _tree_count(C, S, Tree.FREE)
     if not ordered or k != n_free:
         return 6
-    k, ordered = _tree_count(C, S, 1)
+    k, ordered = _tree_count(C, S, Tree.UNMAPPED)
     if not ordered or k != n_unmapped:
         return 7
     w = 0
-    x = S[ck.WHEAD]
+    x = S[Slot.WHEAD]
     while x != -1:
-        if C[x, ck.STATE] != ck.FREE or C[x, ck.PREV] != -1 or C[x, ck.NEXT] != -1:
+        if C[x, F.STATE] != P.FREE or C[x, F.PREV] != -1 or C[x, F.NEXT] != -1:
             return 8
         w += 1
-        x = C[x, ck.WNEXT]
+        x = C[x, F.WNEXT]
     if w != n_whole:
         return 8
     if len(starts) > 1:

@@ -1,10 +1,11 @@
-"""Python glue shared by the pool models: inputs for the kernels, and the PolicyRun.
+"""What the pool models (CuPy's pool, PyTorch's caching allocator) share around their kernels.
 
-Kernels take plain NumPy arrays: op codes, sizes, a group index per event, the
-malloc index paired with each free, and the ``initial`` mask of rows that
-rebuild a starting state (an extra boolean column of imported snapshots).
-Their results (per-event addresses and status, emitted rows, counters) are
-packed here into the ``PolicyRun`` contract of ``tracekit.sim.base``.
+Before a run: where invented device addresses start, the recorded release
+points and device allocations a replay follows (``release_points``,
+``address_hints``), the options that switch them off, the starting stats.
+After it: the chunk store's counters and emitted rows packed into the
+``PolicyRun`` contract of ``tracekit.sim.base``. The per-event inputs come from
+``tracekit.sim.prepare``.
 """
 
 from __future__ import annotations
@@ -14,21 +15,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from tracekit.errors import UsageError
-from tracekit.sim.base import PolicyRun, Stat
+from tracekit.sim import chunks as ck
+from tracekit.sim.base import PolicyRun
+from tracekit.sim.codes import Hint, Row, Slot, Stat
 from tracekit.sim.heap import round_up
-from tracekit.sim.policies import _cupy_chunks as ck
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
-
-
-def initial_mask(trace: Trace) -> np.ndarray:
-    """Bool per event: True for rows that rebuild the state before the trace began."""
-    n = len(trace.events)
-    tbl = trace.extras
-    if tbl is not None and "initial" in tbl.column_names:
-        col = tbl.column("initial").fill_null(False)
-        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
-    return np.zeros(n, dtype=np.bool_)
 
 
 def next_address(trace: Trace, init: np.ndarray, page: int) -> int:
@@ -39,18 +31,6 @@ def next_address(trace: Trace, init: np.ndarray, page: int) -> int:
     ev = trace.events
     top = int((ev.addr[init] + ev.size[init]).max())
     return max(ck.ADDR_BASE, round_up(top, page) + page)
-
-
-def stream_groups(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct streams and, per event, the index of its stream (int64).
-
-    Most traces use one stream; that case skips the O(n log n) sort.
-    """
-    if len(stream) == 0 or not (stream != stream[0]).any():
-        first = stream[:1] if len(stream) else np.zeros(1, np.uint64)
-        return first.copy(), np.zeros(len(stream), np.int64)
-    streams, index = np.unique(stream, return_inverse=True)
-    return streams, index.astype(np.int64)
 
 
 def release_points(op: np.ndarray, init: np.ndarray) -> np.ndarray:
@@ -80,13 +60,13 @@ def address_hints(trace: Trace, init: np.ndarray, use: bool) -> np.ndarray:
     seg = ((ev.op == Op.SEGMENT_ALLOC) | (ev.op == Op.SEGMENT_FREE)) & ~init
     allocs = np.flatnonzero(seg & (ev.op == Op.SEGMENT_ALLOC))
     if not use or len(allocs) == 0:
-        return np.zeros((4, 0), dtype=np.int64)
+        return np.zeros((len(Hint), 0), dtype=np.int64)
     n = len(ev)
     nxt = np.minimum.accumulate(np.where(seg, n, np.arange(n, dtype=np.int64))[::-1])[::-1]
-    hints = np.zeros((4, len(allocs)), dtype=np.int64)
-    hints[0] = nxt[allocs]
-    hints[1] = ev.addr[allocs].view(np.int64)
-    hints[2] = ev.size[allocs].view(np.int64)
+    hints = np.zeros((len(Hint), len(allocs)), dtype=np.int64)
+    hints[Hint.BEFORE] = nxt[allocs]
+    hints[Hint.ADDR] = ev.addr[allocs].view(np.int64)
+    hints[Hint.SIZE] = ev.size[allocs].view(np.int64)
     return hints
 
 
@@ -106,15 +86,7 @@ def release_option(options: Mapping[str, str], policy: str) -> bool:
     return value == "trace"
 
 
-def sizes(trace: Trace) -> np.ndarray:
-    """Sizes as int64; beyond 2**62 bytes (fits nowhere anyway) clamped so sums stay exact."""
-    size = trace.events.size
-    if len(size) and int(size.max()) >= 1 << 62:
-        return np.minimum(size, np.uint64(1 << 62)).astype(np.int64)
-    return size.view(np.int64)
-
-
-def new_stats() -> np.ndarray:
+def pool_stats() -> np.ndarray:
     """The int64 stats vector with the not-applicable / not-yet values filled in."""
     stats = np.zeros(len(Stat), dtype=np.int64)
     stats[Stat.PEAK_EXTENT] = -1
@@ -135,24 +107,24 @@ def pack(
     stats: np.ndarray,
 ) -> PolicyRun:
     """Trim the row matrix and fill the counters kept in ``S`` into ``stats``."""
-    k = int(S[ck.NROWS])
+    k = int(S[Slot.NROWS])
     rows = R[:k]
     # Rows are emitted in event order, except starting-state rows of a trace whose
     # initial rows are not all at the front: a stable sort keeps emission order.
-    if k > 1 and np.any(np.diff(rows[:, 0]) < 0):
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
-    stats[Stat.PEAK_LIVE] = S[ck.PEAK_LIVE]
-    stats[Stat.PEAK_RESERVED] = S[ck.PEAK_RES]
-    stats[Stat.SEGMENT_ALLOCS] = S[ck.SEGA]
-    stats[Stat.SEGMENT_FREES] = S[ck.SEGF]
+    if k > 1 and np.any(np.diff(rows[:, Row.BEFORE]) < 0):
+        rows = rows[np.argsort(rows[:, Row.BEFORE], kind="stable")]
+    stats[Stat.PEAK_LIVE] = S[Slot.PEAK_LIVE]
+    stats[Stat.PEAK_RESERVED] = S[Slot.PEAK_RES]
+    stats[Stat.SEGMENT_ALLOCS] = S[Slot.SEGA]
+    stats[Stat.SEGMENT_FREES] = S[Slot.SEGF]
     return PolicyRun(
         addr=addr.view(np.uint64),
         status=status,
-        rows_before=np.ascontiguousarray(rows[:, 0]),
-        rows_op=rows[:, 1].astype(np.int8),
-        rows_addr=np.ascontiguousarray(rows[:, 2]).view(np.uint64),
-        rows_size=np.ascontiguousarray(rows[:, 3]).view(np.uint64),
-        rows_stream=np.ascontiguousarray(rows[:, 4]).view(np.uint64),
+        rows_before=np.ascontiguousarray(rows[:, Row.BEFORE]),
+        rows_op=rows[:, Row.OP].astype(np.int8),
+        rows_addr=np.ascontiguousarray(rows[:, Row.ADDR]).view(np.uint64),
+        rows_size=np.ascontiguousarray(rows[:, Row.SIZE]).view(np.uint64),
+        rows_stream=np.ascontiguousarray(rows[:, Row.STREAM]).view(np.uint64),
         stats=stats,
         rounded=rounded.view(np.uint64),
     )
