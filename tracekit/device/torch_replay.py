@@ -32,7 +32,8 @@ from tracekit.device.torch_settings import plan_settings
 from tracekit.errors import DeviceError
 from tracekit.sim.base import Status
 from tracekit.sim.options import parse_alloc_conf
-from tracekit.sim.policies._cupy_glue import initial_mask, release_points, stream_groups
+from tracekit.sim.pool_run import release_points
+from tracekit.sim.prepare import prepare, stream_groups
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 
@@ -87,7 +88,7 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     """The torch replay for a ``DeviceConfig`` (``cfg.options``: the settings, as parsed options)."""
     plan = plan_settings(trace.meta.extra.get("torch_allocator_settings"), cfg.options)
     ev = trace.events
-    init = initial_mask(trace)
+    init = prepare(trace).initial
     ops = np.where(init, -1, ev.op.astype(np.int64))  # the starting state is rebuilt, not replayed
     sizes, mates = ev.size.astype(np.int64), trace.mate.astype(np.int64)
     release = release_points(ev.op, init) if plan.release_points else np.zeros(len(ev), bool)
