@@ -194,3 +194,40 @@ def test_a_bad_max_entries_variable_is_a_usage_error(value: str, monkeypatch: py
         max_entries()
     monkeypatch.setenv("TRACEKIT_TORCH_MAX_ENTRIES", "5000")
     assert max_entries() == 5000
+
+
+def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> None:
+    """The end of ``record --torch`` on the snapshot the GPU run left (no PyTorch needed).
+
+    Two OOMs were observed but the history kept one ``oom`` row (as after a wrap): states
+    align from the end, so the kept row gets the later state.
+    """
+    import gzip
+    import pickle
+    import types
+
+    from tracekit.importers.torch_record import _write
+
+    with gzip.open(ROOT / "traces" / "torch-record-oom.pickle.gz") as f:
+        snap = pickle.load(f)
+    program = "/tmp/pytest-of-root/pytest-0/test_out_of_memory_is_recorded0/prog.py"
+    states = [{"device": 0, "mem_free": 100, "limits": {"stack_size": 1024}, "pool": {}},
+              {"device": 0, "mem_free": 200, "limits": {"stack_size": 1024},
+               "pool": {"limit_bytes": 256 << 20}}]
+    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=states, device=0,
+                                info={"allowed_bytes": 256 << 20})
+    out = tmp_path / "t.parquet"
+    exit_info = {"status": "exception", "exception": "torch.OutOfMemoryError", "signal": None, "code": 1,
+                 "message": "CUDA out of memory", "oom_seq": None, "died_of_oom": True}
+    _write(snap, rec, out, exit_info, {"rank": 1, "local_rank": 1, "world_size": 2}, program)  # type: ignore[arg-type]
+    tr = read_trace(out, strict=True)
+    oom = int(np.flatnonzero(tr.events.op == Op.OOM)[0])
+    (state,) = tr.meta.extra["oom_states"]
+    assert state["seq"] == oom and state["mem_free"] == 200 and state["t_ns"] == int(tr.events.t_ns[oom])
+    assert tr.meta.extra["exit"]["oom_seq"] == oom and "died_of_oom" not in tr.meta.extra["exit"]
+    assert tr.meta.extra["pools"] == [{"id": 0, "device": 0, "kind": "pool", "label": "caching allocator",
+                                       "limit_bytes": 256 << 20}]
+    assert tr.extras is not None and set(tr.extras.column("pool").to_pylist()) == {0}
+    assert tr.meta.extra["launch"]["rank"] == 1 and tr.meta.schema_version == 2
+    # call-sites relative to the program's folder
+    assert tr.events.site_name(oom) == "prog.py:6:make"
