@@ -34,6 +34,7 @@ import numpy as np
 
 MiB = 1 << 20
 SEEN: dict[str, Any] = {"events": [], "async": [], "pools": [], "oom_free": None}
+KEEP: list[Any] = []  # the program's pools stay alive to the end, so the trace has their final counters
 
 
 class Witness(cp.cuda.MemoryHook):
@@ -59,6 +60,7 @@ def counters(pool: Any) -> dict[str, int]:
 
 def run_user_pool(steps: int = 8) -> None:
     pool = cp.cuda.MemoryPool()
+    KEEP.append(pool)
     cp.cuda.set_allocator(pool.malloc)
     rand = cp.random.RandomState(seed=1)
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(steps)]
@@ -84,6 +86,7 @@ def run_user_pool(steps: int = 8) -> None:
 
 def run_async(steps: int = 40) -> None:
     pool = cp.cuda.MemoryAsyncPool()
+    KEEP.append(pool)
     cp.cuda.set_allocator(pool.malloc)
     rng = np.random.default_rng(0)
     side = cp.cuda.Stream(non_blocking=True)
@@ -108,6 +111,7 @@ def run_async(steps: int = 40) -> None:
 
 def run_pool_threads(steps: int = 30) -> None:
     pools: list[Any] = [None] * 3
+    KEEP.append(pools)
 
     def worker(k: int) -> None:
         pool = pools[k] = cp.cuda.MemoryPool()
