@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from tracekit.cli.app import app
 from tracekit.device.torch_initial import _pieces
-from tracekit.device.torch_loop import attach, closing_requests
+from tracekit.device.torch_loop import attach, closing_requests, history_of
 from tracekit.device.torch_settings import fraction_for, plan_settings
 from tracekit.errors import DeviceError, UsageError
 from tracekit.importers import torch_columns as tc
@@ -77,8 +77,12 @@ def test_recorded_limit_of_torch_oom_round_trips() -> None:
 
 
 def _history(entries: list[tuple[str, int, int]]) -> tc.History:
-    return tc.read_history([{"action": a, "addr": p, "size": s, "stream": 0, "time_us": i}
-                            for i, (a, p, s) in enumerate(entries)], 0, tc.SiteTable())
+    """PyTorch's entry dicts (an ``oom`` has no addr), read as a harvest reads them."""
+    dicts = [{"action": a, "size": s, "stream": 0, "time_us": i, **({"addr": p} if a != "oom" else {})}
+             for i, (a, p, s) in enumerate(entries)]
+    h = history_of(dicts)
+    assert (h.action == tc.read_history(dicts, 0, tc.SiteTable()).action).all()  # the importer's codes
+    return h
 
 
 # input: 0 malloc 3 MiB, 1 segment_free (a recorded release), 2 malloc 1 KiB, 3 free #0, 4 malloc 64 GiB (OOM)

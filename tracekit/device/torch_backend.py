@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.device.torch_loop import history_of
 from tracekit.device.torch_settings import SettingsPlan, check_applied, fraction_for
 from tracekit.errors import DeviceError, UsageError
 from tracekit.importers import torch_columns as tc
@@ -158,8 +159,12 @@ class TorchBackend:
             t.cuda.set_per_process_memory_fraction(1.0, self.device)  # a limit set earlier in this process
 
     def _history_on(self) -> None:
-        self.torch.cuda.memory._record_memory_history(
-            enabled="all", context=None, stacks="python", max_entries=HISTORY_ENTRIES)
+        record = self.torch.cuda.memory._record_memory_history
+        try:  # free_requested is always followed at once by free_completed here: not worth an entry
+            record(enabled="all", context=None, stacks="python", max_entries=HISTORY_ENTRIES,
+                   skip_actions=["free_requested"])
+        except TypeError:  # a PyTorch without skip_actions
+            record(enabled="all", context=None, stacks="python", max_entries=HISTORY_ENTRIES)
         self.history = True
 
     def _history_off(self) -> None:
@@ -175,7 +180,7 @@ class TorchBackend:
         del snap, traces
         self._history_off()
         self._history_on()
-        return tc.read_history(entries, self.device, tc.SiteTable(), where="PyTorch's memory history")
+        return history_of(entries)
 
     def release_cached(self) -> None:
         """``torch.cuda.empty_cache()``: what the program did where the trace shows a release."""

@@ -26,6 +26,7 @@ DeviceError: the rows would be attached to the wrong requests.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,33 @@ class HistoryRows:
     size: np.ndarray
     stream: np.ndarray
     mapped: np.ndarray  # bool: the row is a page of an expandable segment
+
+
+def history_of(entries: list[Any]) -> tc.History:
+    """A harvest's entry dicts as the snapshot importer's columns, reading only what the rows need.
+
+    Action codes are the importer's (``torch_columns.ACTIONS``); addr, size and
+    stream are read for segment and ``alloc`` entries only (two passes over the
+    few, one over all), since a replay's history is read once per chunk of
+    requests and must cost far less than the calls that made it.
+    """
+    code = tc.ACTIONS.get
+    action = np.fromiter((code(e.get("action"), tc.SKIPPED) for e in entries), np.int8, len(entries))
+    keep = action != tc.SKIPPED
+    if not keep.all():
+        entries = [e for e, k in zip(entries, keep.tolist(), strict=True) if k]
+        action = action[keep]
+    n = len(entries)
+    addr, size, stream = np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+    need = np.flatnonzero(np.isin(action, _SEGMENT) | (action == tc.ALLOC)).tolist()
+    if need:
+        addr[need] = [entries[i].get("addr") or 0 for i in need]
+        size[need] = [entries[i].get("size") or 0 for i in need]
+        stream[need] = [entries[i].get("stream") or 0 for i in need]
+    none = np.full(n, -1, np.int64)
+    return tc.History(action=action, addr=addr, size=size, stream=stream, time_us=none,
+                      site=np.full(n, -1, np.int32), stack=np.full(n, -1, np.int32), device_free=none,
+                      skipped=Counter(), has_time=False)
 
 
 def closing_requests(ops: np.ndarray, status: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
