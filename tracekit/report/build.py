@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from matplotlib.figure import Figure
 
 from tracekit.analysis.leaks import by_site, pool_state_at
@@ -29,6 +32,7 @@ from tracekit.report.memory_map import draw_memory_map, map_data
 from tracekit.report.oom_view import draw_moment, moment
 from tracekit.report.sections import (
     baseline_section,
+    devices_section,
     header,
     load_whatif,
     summary_section,
@@ -37,6 +41,7 @@ from tracekit.report.sections import (
 from tracekit.report.style import PALETTE, short_site, site_colours, time_axis
 from tracekit.report.timeline import TimelineData, timeline_data
 from tracekit.trace import Op, Trace, read_meta, read_trace
+from tracekit.trace.devices import select_device
 
 
 def png_bytes(fig: Figure) -> bytes:
@@ -61,15 +66,39 @@ def _analyze(trace: Trace, analysis: Any) -> tuple[Any, dict[str, Any]]:
 def build_figures(
     trace: Trace, analysis: Any, name: str
 ) -> tuple[list[html.Rendered], TimelineData, dict[str, Any]]:
-    """Every single-trace figure, rendered, plus the timeline data and the summary dict."""
+    """Every single-trace figure, rendered, plus the timeline data and the summary dict.
+
+    A trace of several devices gets each figure once per device (keys ``KEY-deviceN``), each
+    drawn from that device's events, timeline and summary alone; the timeline data returned
+    is the reported device's.
+    """
     analysis, summary = _analyze(trace, analysis)
+    parts = summary.get("devices")
+    if not parts:
+        out, tl = _device_figures(trace, analysis.timeline, summary, name, "")
+        return out, tl, summary
+    out, main_tl = [], None
+    for part in parts:
+        d = int(part["device"])
+        rows = _main_rows(analysis.timeline, {"devices": parts, "device": d})
+        figs, tl = _device_figures(select_device(trace, d), rows, part, f"{name}, device {d}", f"-device{d}")
+        out += [replace(r, title=f"Device {d}: {r.title}") for r in figs]
+        if d == summary.get("device"):
+            main_tl = tl
+    assert main_tl is not None
+    return out, main_tl, summary
+
+
+def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name: str, suffix: str
+                    ) -> tuple[list[html.Rendered], TimelineData]:
+    """The figures of one device (``suffix`` appended to every key)."""
     ev = trace.events
-    tl = timeline_data(analysis.timeline, summary)
+    tl = timeline_data(table, summary)
     out = [
         html.Rendered("timeline", "Timeline", _TIMELINE_CAPTION, png_bytes(figures.draw_timeline(tl, name)))
     ]
     if len(ev) == 0:
-        return out, tl, summary
+        return _suffixed(out, suffix), tl
     b, seg = blk.blocks(trace), blk.segments(trace)
     top = blk.rank_sites(b, len(ev.sites))
     rgb = site_colours(len(ev.sites), top)
@@ -119,7 +148,12 @@ def build_figures(
             png_bytes(figures.draw_sites(at_peak, list(summary.get("leaks") or []), by_name, peak_text)),
         )
     )
-    return out, tl, summary
+    return _suffixed(out, suffix), tl
+
+
+
+def _suffixed(rendered: list[html.Rendered], suffix: str) -> list[html.Rendered]:
+    return [replace(r, key=r.key + suffix) for r in rendered] if suffix else rendered
 
 
 def write_report(
@@ -151,15 +185,15 @@ def write_report(
     rendered, tl, summary = build_figures(trace, analysis, trace_path.name)
     # Pictures of what happened first, then the numbers, then the supporting detail.
     lead = ("timeline", "oom-moment", "memory-map")
-    first = [html.figure_html(r) for k in lead for r in rendered if r.key == k]
-    rest = [html.figure_html(r) for r in rendered if r.key not in lead]
-    sections = [*first, summary_section(summary), *rest]
+    first = [html.figure_html(r) for k in lead for r in rendered if r.key.split("-device")[0] == k]
+    rest = [html.figure_html(r) for r in rendered if r.key.split("-device")[0] not in lead]
+    sections = [*first, summary_section(summary), devices_section(summary), *rest]
     if baseline is not None:
         base = read_trace(Path(baseline))
         base_analysis, base_summary = _analyze(base, None)
         base_tl = timeline_data(base_analysis.timeline, base_summary)
         if base_tl.axis.label != tl.axis.label:  # seconds against event index cannot share an axis
-            tl = timeline_data(analysis.timeline, summary, by_index=True)
+            tl = timeline_data(_main_rows(analysis.timeline, summary), summary, by_index=True)
             base_tl = timeline_data(base_analysis.timeline, base_summary, by_index=True)
         fig = figures.draw_baseline(tl, base_tl, (trace_path.name, Path(baseline).name))
         r = html.Rendered("baseline", "Against the baseline", _BASELINE_CAPTION, png_bytes(fig))
@@ -192,6 +226,13 @@ def write_report(
     return output
 
 
+def _main_rows(table: pa.Table, summary: dict[str, Any]) -> pa.Table:
+    """The timeline rows of the reported device (every row for a one-device trace)."""
+    if not summary.get("devices"):
+        return table
+    return table.filter(pc.equal(table.column("device"), pa.scalar(int(summary["device"]), pa.int16())))
+
+
 def _run_whatif(trace: Trace) -> Any:
     """The what-if search with its default policies (as ``tracekit whatif`` runs it)."""
     from tracekit.analysis.whatif import whatif
@@ -208,9 +249,12 @@ def _make_folder(folder: Path) -> None:
 
 _TIMELINE_CAPTION = (
     "Bytes over time: live (allocated blocks, after rounding), requested (what the program asked for), "
-    "reserved (segments the pool holds), the largest free block inside the segments, and device free where "
-    "the device total is known. The strip below: external fragmentation = 1 - largest free block / free in "
-    "pool. At the OOM (dashed line) the black bar is the failing request stacked on the reserved bytes. "
+    "reserved (segments the pool holds), the largest free block inside the segments, free at start minus "
+    "reserved where the device total is known (dotted; derived, it misses whatever else took memory), and "
+    "the device free measured at the pool's device allocations and at OOMs (points). The strip below: "
+    "external fragmentation = 1 - largest free block / free in pool. At the fatal OOM (dashed line) the "
+    "black bar is the failing request stacked on the reserved bytes; grey dotted lines are OOMs the "
+    "program survived. "
     "Shaded bands are the min..max within one pixel column, so no spike is hidden."
 )
 _MAP_CAPTION = (

@@ -91,6 +91,14 @@ def draw_timeline(d: TimelineData, title: str) -> Figure:
             ax2.axvline(d.oom_x, color="black", ls="--", lw=1.2)
     else:
         ax.set_xlabel(d.axis.label)
+    for i, hx in enumerate(d.handled_x):
+        label = f"OOM the program survived ({len(d.handled_x)})" if i == 0 else None
+        ax.axvline(hx, color="#888888", ls=":", lw=0.9, gid="oom-handled", label=label)
+    if d.measured_free is not None and len(d.measured_free[0]):
+        mx, my = d.measured_free
+        if np.nanmin(my) / d.scale.div <= ymax:  # off scale: the legend of the derived curve says so
+            ax.plot(mx, my / d.scale.div, "o", color=SERIES["device_free"], ms=5,
+                    label="device free (measured)")
     if d.oom_x is not None:
         ax.axvline(d.oom_x, color="black", ls="--", lw=1.2, gid="oom-marker", label=f"OOM (seq {d.oom_seq})")
         if d.oom_reserved is not None and d.oom_request:

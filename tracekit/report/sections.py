@@ -34,6 +34,7 @@ SUMMARY_KEYS = (
     "jw3",
     "jw4",
     "oom_events",
+    "handled_ooms",
     "leaked_bytes",
     "leaked_blocks",
     "device_total_bytes",
@@ -51,6 +52,8 @@ LABELS = {
 OOM_KEYS = (
     "seq",
     "t_ns",
+    "device",
+    "handled",
     "size",
     "rounded",
     "site",
@@ -58,9 +61,9 @@ OOM_KEYS = (
     "reserved_bytes",
     "free_in_pool",
     "largest_free_block",
-    "device_free",
     "diagnosis",
 )
+MAX_OOM_ROWS = 200
 
 
 def label(key: str) -> str:
@@ -84,15 +87,72 @@ def header(trace: Trace, summary: dict[str, Any]) -> str:
         facts.append(["skipped events", f"{trace.dropped:,} inconsistent events were skipped"])
     oom = summary.get("oom")
     if oom:
-        more = summary.get("oom_events") or 1
-        tail = f" (the first of {more} failed requests in this trace)" if more > 1 else ""
+        fate = ("the program survived it and every other OOM" if oom.get("handled")
+                else "the program died of it")
         verdict = (
-            f'<div class="verdict"><b>Out of memory: {esc(oom.get("diagnosis", "?"))}.</b> '
-            f"{esc(oom.get('explanation', ''))}{esc(tail)}</div>"
+            f'<div class="verdict"><b>Out of memory on device {esc(oom.get("device", 0))}: '
+            f'{esc(oom.get("diagnosis", "?"))}</b> ({esc(fate)}). {esc(oom.get("explanation", ""))}'
+            f"{esc(handled_text(summary))}</div>"
         )
     else:
         verdict = '<div class="ok"><b>No out-of-memory event in this trace.</b></div>'
     return verdict + "\n" + table(facts)
+
+
+def handled_text(summary: dict[str, Any]) -> str:
+    """" N other OOMs were handled: 33 at SITE (who), …" — empty with one OOM."""
+    n = int(summary.get("oom_events") or 0)
+    if n < 2:
+        return ""
+    handled = int(summary.get("handled_ooms") or 0)
+    by = [f"{h['count']} at {h['site'] or '(no call-site)'}"
+          + (f" ({h['handler']})" if h.get("handler") else "") for h in summary.get("handled_by") or []][:5]
+    return f" {n} OOMs in all, {handled} handled" + (": " + "; ".join(by) if by else "") + "."
+
+
+def _free_row(oom: dict[str, Any]) -> list[str]:
+    """The device's free memory at the OOM, labelled by how it was had; a derived one is not called free."""
+    src = oom.get("device_free_source")
+    v = oom.get("device_free_bytes", oom.get("device_free"))
+    if src == "measured":
+        return ["device free (measured at the OOM)", fmt_value("device_free", v)]
+    if src == "derived" and v is not None:
+        return ["free at start - the pool's growth (derived; the device was not measured)",
+                fmt_value("device_free", v)]
+    return ["device free", "not recorded"]
+
+
+def oom_list_section(summary: dict[str, Any]) -> str:
+    """Every OOM: seq, device, size, call-site, diagnosis, and whether the program survived it."""
+    ooms = summary.get("ooms") or []
+    if len(ooms) < 2:
+        return ""
+    rows = [[str(o["seq"]), str(o.get("device", 0)), fmt_value("size", o.get("rounded")),
+             o.get("site") or "(no call-site)", str(o.get("diagnosis")),
+             "handled" if o.get("handled") else "FATAL"] for o in ooms[:MAX_OOM_ROWS]]
+    extra = len(ooms) - MAX_OOM_ROWS
+    more = f"<p>… and {extra} more (JSON lists them all).</p>" if extra > 0 else ""
+    return "\n".join(['<h2 id="ooms">Every OOM</h2>', f"<p>{esc(handled_text(summary).strip())}</p>",
+                      table(rows, ["seq", "device", "request", "call-site", "diagnosis", "fate"], (0, 1, 2)),
+                      more])
+
+
+def budget_section(oom: dict[str, Any]) -> str:
+    """The device budget at start and at the OOM, term by term, each figure with how it was had."""
+    b = oom.get("budget")
+    if not b or not b.get("terms"):
+        return ""
+    rows = []
+    for t in b["terms"]:
+        how = t["how_start"] if t["how_start"] == t["how_oom"] else f"{t['how_start']} / {t['how_oom']}"
+        change = t.get("change_bytes")
+        indent = "\u2003" * int(t.get("level") or 0)
+        rows.append([indent + t["name"], fmt_value("bytes", t.get("start_bytes")),
+                     fmt_value("bytes", t.get("oom_bytes")),
+                     "" if not change else ("+" if change > 0 else "-") + fmt_value("bytes", abs(change)),
+                     how, t.get("why", "")])
+    return "\n".join(['<h2 id="budget">The device at start and at the OOM</h2>',
+                      table(rows, ["term", "at start", "at the OOM", "change", "how", "why"], (1, 2, 3))])
 
 
 def _site_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
@@ -114,12 +174,16 @@ def summary_section(summary: dict[str, Any]) -> str:
     oom = summary.get("oom")
     if oom:
         parts.append('<h2 id="oom">The failing allocation</h2>')
-        parts.append(table([[k, fmt_value(k, oom.get(k))] for k in OOM_KEYS if k in oom], ["field", "value"]))
+        fields = [[k, fmt_value(k, oom.get(k))] for k in OOM_KEYS if k in oom] + [_free_row(oom)]
+        parts.append(table(fields, ["field", "value"]))
         if oom.get("top_live_sites"):
             parts.append("<p>Call-sites holding the most live bytes at that moment:</p>")
             parts.append(
                 table(_site_rows(oom["top_live_sites"][:15]), ["call-site", "bytes", "blocks"], (1, 2))
             )
+    if oom:
+        parts.append(budget_section(oom))
+    parts.append(oom_list_section(summary))
     leaks = summary.get("leaks") or []
     parts.append('<h2 id="leaks">Blocks never freed</h2>')
     if leaks:
@@ -129,6 +193,22 @@ def summary_section(summary: dict[str, Any]) -> str:
     else:
         parts.append("<p>Every block was freed by the end of the trace.</p>")
     return "\n".join(parts)
+
+
+def devices_section(summary: dict[str, Any]) -> str:
+    """A trace of several devices: every device's own figures side by side (empty otherwise)."""
+    parts = summary.get("devices") or []
+    if not parts:
+        return ""
+    keys = [k for k in SUMMARY_KEYS if any(k in p for p in parts)]
+    rows = [[label(k), *(fmt_value(k, p.get(k)) for p in parts)] for k in keys]
+    rows.append(["oom", *(f"{p['oom']['diagnosis']} at seq {p['oom']['seq']}" if p.get("oom") else "none"
+                          for p in parts)])
+    head = ["metric", *(f"device {p['device']}" for p in parts)]
+    return "\n".join(['<h2 id="devices">Each device on its own</h2>',
+                      "<p>Every device has its own memory, pool, limit and timeline; none is merged "
+                      "with another. The summary above is the device of the reported OOM.</p>",
+                      table(rows, head, tuple(range(1, len(head))))])
 
 
 def baseline_section(

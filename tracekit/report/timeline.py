@@ -3,11 +3,13 @@
 Inputs are the analyzer's timeline columns (bytes per event row) and its
 summary; nothing here recomputes a metric. Series are ``live_bytes``,
 ``requested_bytes``, ``reserved_bytes``, ``largest_free_block`` and, where the
-metadata gave the device total, ``device_free``; ``external_fragmentation``
+metadata gave the device total, ``device_free`` (derived: free at start − reserved,
+labelled so); the device free *measured* at device-level rows is drawn as points; ``external_fragmentation``
 (1 − largest_free_block / free_in_pool, a fraction) goes on a second axis as
 a percentage. Each series is reduced to a per-pixel min/max envelope
 (``tracekit.report.envelope``), and the OOM marker sits at the x of the row
-whose ``seq`` is the summary's ``oom.seq``.
+whose ``seq`` is the summary's ``oom.seq``; every OOM the program survived
+(``ooms`` entries with ``handled``) gets a lighter marker.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ SERIES = (
     ("live_bytes", "live", "live (allocated)"),
     ("reserved_bytes", "reserved", "reserved (segments)"),
     ("largest_free_block", "largest_free", "largest free block"),
-    ("device_free", "device_free", "device free"),
+    ("device_free", "device_free", "free at start - reserved (derived, not measured)"),
 )
 
 
@@ -46,6 +48,8 @@ class TimelineData:
     limit: int | None = None  # pool / process limit in bytes, where the trace records one
     oom_reserved: int | None = None  # reserved bytes at the OOM: the request is drawn on top of it
     oom_request: int | None = None  # rounded bytes of the failing request
+    handled_x: tuple[float, ...] = ()  # x of every OOM the program survived
+    measured_free: tuple[np.ndarray, np.ndarray] | None = None  # (x, bytes) where device free was measured
 
 
 def _col(table: pa.Table, name: str) -> np.ndarray | None:
@@ -101,6 +105,15 @@ def timeline_data(
     limit = _int(summary.get("limit_bytes"))
     if limit:
         top = max(top, float(limit))
+    handled = [int(o["seq"]) for o in summary.get("ooms") or () if o.get("handled")
+               and (oom is None or int(o["seq"]) != oom_seq)]
+    rows = np.minimum(np.searchsorted(seq, np.array(handled, np.uint64)), max(len(x) - 1, 0))
+    handled_x = tuple(float(v) for v in x[rows]) if len(x) else ()
+    measured = _col(table, "device_free_measured")
+    points = None
+    if measured is not None:
+        ok = ~np.isnan(measured)
+        points = (x[ok], measured[ok])
     return TimelineData(
         axis,
         series,
@@ -114,6 +127,8 @@ def timeline_data(
         limit,
         oom_reserved,
         oom_request,
+        handled_x,
+        points,
     )
 
 
