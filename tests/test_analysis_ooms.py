@@ -162,3 +162,25 @@ def test_cli_analyze_two_devices_and_replay_refuses(tmp_path: Path):
                        capture_output=True, text=True)
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "events are on 2 devices (0, 1)" in p.stderr
+
+
+def test_the_limit_is_the_raising_pools_own():
+    # Device 0 has two pools: pool 0 (limit 256 MiB) holds a 200 MiB segment, pool 1 (no
+    # limit) a 100 MiB one. A 100 MiB request of pool 1 fails. Pool 0's limit does not bind
+    # it: charging the request to pool 0 would give 200 + 100 + 100 MiB > 256 MiB, `limit`.
+    import pyarrow as pa
+
+    rows = [(Op.SEGMENT_ALLOC, BASE, 200 * MiB, -1, 0), (Op.MALLOC, BASE, 200 * MiB, 1, 0),
+            (Op.SEGMENT_ALLOC, BASE + GiB, 100 * MiB, -1, 0), (Op.MALLOC, BASE + GiB, 100 * MiB, 1, 0),
+            (Op.OOM, 0, 100 * MiB, 1, 0)]
+    pools = [{"id": 0, "device": 0, "kind": "pool", "label": "default", "limit_bytes": 256 * MiB},
+             {"id": 1, "device": 0, "kind": "pool", "label": "user 1", "limit_bytes": None}]
+    meta = TraceMeta.new(Source.CUPY, pool_limit_bytes=256 * MiB,
+                         device=DeviceInfo("small", 400 * MiB, 400 * MiB)).with_extra(pools=pools)
+    tr = trace_of(rows, meta)
+    pool = pa.table({"pool": pa.array([0, 0, 1, 1, 1], pa.uint16())})
+    s = analyze_trace(Trace(None, meta, tr.events, tr.mate, pool, ()), timeline=False).summary
+    assert s.oom is not None and s.oom.diagnosis is not Diagnosis.LIMIT
+    # Without the pool column the OOM would be charged to the default pool and its limit.
+    s0 = analyze_trace(tr, timeline=False).summary
+    assert s0.oom is not None and s0.oom.diagnosis is Diagnosis.LIMIT

@@ -25,6 +25,7 @@ from tracekit.analysis.recording import (
     extra_column,
     home_device,
     oom_states,
+    pool_limits,
     start_state,
 )
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
@@ -98,7 +99,7 @@ def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal
     probes = np.union1d(ooms, measured).astype(np.int64)
     scan = scan_events(ev, mate, want=timeline, probes=probes, merge_adjacent=ctx.expandable_segments)
     table = timeline_table(ev, scan, ctx.free_at_start, free_col) if timeline else None
-    at = _Probed(probes, scan.probed, measured, free_col)
+    at = _Probed(probes, scan.probed, measured, free_col, extra_column(trace, "pool"))
     start = start_state(trace.meta.extra, ctx.device_total, ctx.free_at_start) if home else None
     states = oom_states(trace.meta.extra)
     reports = []
@@ -119,6 +120,7 @@ class _Probed:
     values: np.ndarray
     measured: np.ndarray
     free_col: np.ndarray | None
+    pool_col: np.ndarray | None = None
 
     def row(self, k: int) -> np.ndarray:
         return self.values[int(np.searchsorted(self.probes, k))]
@@ -211,11 +213,12 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         dev_free, source = ctx.free_at_start - reserved, FreeSource.DERIVED
     else:
         dev_free, source = None, FreeSource.UNKNOWN
-    if st is not None and st.pool_limit is not None and ctx.replay_policy is None:
-        ctx = replace(ctx, limit=st.pool_limit)
+    if ctx.replay_policy is None:
+        ctx = replace(ctx, limit=_pool_limit(trace, k, device, st, ctx.limit, at.pool_col))
     facts = OOMFacts(request=request, segment=segment, live=live, reserved=reserved, largest_free=lfb,
                      usable_largest_free=usable, device_free=dev_free, raw_device=not scan.pooled,
                      device=device, free_measured=source is FreeSource.MEASURED,
+                     pool_reserved=st.pool_total if st is not None else None,
                      takers=budget.takers if budget is not None else "")
     diagnosis, explanation = diagnose(facts, ctx)
     return OOMReport(
@@ -225,6 +228,18 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         diagnosis=diagnosis, explanation=explanation, top_live_sites=top, device=device,
         handled=fatal is None or seq != fatal, device_free_source=source, budget=budget,
     )
+
+
+def _pool_limit(trace: Trace, k: int, device: int, st: OOMState | None, default: int | None,
+                pools: np.ndarray | None) -> int | None:
+    """The limit of the pool the OOM row k belongs to: measured at the OOM, else the ``pools``
+    entry of the row's ``pool`` column, else the device's default."""
+    if st is not None and st.pool_limit is not None:
+        return st.pool_limit
+    table = pool_limits(trace.meta.extra)
+    if pools is not None and pools[k] >= 0 and (device, int(pools[k])) in table:
+        return table[(device, int(pools[k]))]
+    return default
 
 
 def _usable(state: PoolState, stream: int, request: int, torch_pools: bool, merge: bool) -> int:

@@ -164,15 +164,15 @@ def device_context(meta: TraceMeta) -> DeviceContext:
 
 def device_context_for(meta: TraceMeta, device: int, home: bool) -> DeviceContext:
     """The context of one device of a trace: the start metadata (device total, free at start,
-    budget, ``pool_limit_bytes``) describes the ``home`` device only; a ``pools`` entry with a
-    limit on ``device`` (its lowest pool id) gives that device's pool limit."""
+    budget, ``pool_limit_bytes``) describes the ``home`` device only; the ``pools`` entry of
+    ``device`` with the lowest id (its default pool) gives that device's pool limit."""
     from tracekit.analysis.recording import pool_limits
 
     ctx = device_context(meta)
     if ctx.replay_policy is not None:
         return ctx
     limits = sorted((pid, lim) for (dev, pid), lim in pool_limits(meta.extra).items() if dev == device)
-    limit = limits[0][1] if limits else (ctx.limit if home else None)
+    limit = limits[0][1] if limits else (ctx.limit if home else None)  # the lowest pool id: the default pool
     if home:
         return replace(ctx, limit=limit)
     return DeviceContext(limit=limit, expandable_segments=ctx.expandable_segments)

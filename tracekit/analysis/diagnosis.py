@@ -48,6 +48,7 @@ class OOMFacts:
     device: int = 0
     free_measured: bool = False  # device_free was measured at the OOM (else derived from the start)
     takers: str = ""  # what took the device's memory, from the budget at the OOM (may be empty)
+    pool_reserved: int | None = None  # the failing pool's own reserved bytes, measured at the OOM
 
     @property
     def free_in_pool(self) -> int:
@@ -69,13 +70,16 @@ def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
             "piece could hold it."
         )
     d = f.device_free
-    if ctx.limit is not None and s + n > ctx.limit and (d is None or d >= n):
+    # Several pools may share a device; a limit is the raising pool's, so it counts that pool's bytes.
+    sp = f.pool_reserved if f.pool_reserved is not None else s
+    if ctx.limit is not None and sp + n > ctx.limit and (d is None or d >= n):
         room = (f"while the device still had {fs(d)} free" if d is not None
                 else "(how much the device had left is not recorded)")
         seg = f" (a new {fs(n)} segment)" if n != r else ""
         return Diagnosis.LIMIT, (
-            f"The request for {fs(r)}{seg} would have taken {held} to {fs(s + n)}, over its "
-            f"{ctx.limit_what} of {fs(ctx.limit)}, {room}: the limit ran out, not the device."
+            f"The request for {fs(r)}{seg} on device {f.device} would have taken {held} to "
+            f"{fs(sp + n)}, over its {ctx.limit_what} of {fs(ctx.limit)}, {room}: the limit ran out, "
+            "not the device."
         )
     t, o = ctx.device_total, ctx.overhead
     if t is not None and s + n <= t and f.free_measured and d is not None and d < n:

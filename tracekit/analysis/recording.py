@@ -171,18 +171,18 @@ def v1_oom_seq(extra: Mapping[str, Any], ex: ExitInfo) -> int | None:
     return hits[-1] if hits else None
 
 
-def pool_limits(extra: Mapping[str, Any]) -> dict[tuple[int, int], int]:
-    """``pools`` limits by (device, pool id); pools without a positive limit are left out."""
+def pool_limits(extra: Mapping[str, Any]) -> dict[tuple[int, int], int | None]:
+    """Every ``pools`` entry's limit by (device, pool id); None where the pool has no limit."""
     raw = extra.get("pools")
-    out: dict[tuple[int, int], int] = {}
+    out: dict[tuple[int, int], int | None] = {}
     if not isinstance(raw, list):
         return out
     for p in raw[:4096]:
         if not isinstance(p, Mapping):
             continue
         dev, pid, lim = as_int(p.get("device")), as_int(p.get("id")), as_int(p.get("limit_bytes"))
-        if dev is not None and pid is not None and lim is not None and lim > 0:
-            out[(dev, pid)] = lim
+        if dev is not None and pid is not None:
+            out[(dev, pid)] = lim if lim is not None and lim > 0 else None
     return out
 
 
@@ -230,8 +230,7 @@ def _ints(col: Any) -> np.ndarray | None:
 
     if not pa.types.is_integer(col.type):
         return None
-    if pa.types.is_unsigned_integer(col.type) and col.type.bit_width == 64:
-        col = col.cast(pa.int64(), safe=False)  # values beyond int64 become negative, i.e. unknown
+    col = col.cast(pa.int64(), safe=False)  # uint64 values beyond int64 become negative: unknown
     vals = np.asarray(col.fill_null(-1).to_numpy(), dtype=np.int64)
     return np.where(vals < 0, -1, vals)
 
