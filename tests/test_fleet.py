@@ -34,12 +34,13 @@ MiB = 1 << 20
 BASE = 0x7F0000000000
 
 
-def rank_trace(path: Path, rank: int, *, oom: bool) -> Path:
+def rank_trace(path: Path, rank: int, *, oom: bool, survive: bool = False) -> Path:
     """One rank of a 2-rank job: an 8 MiB segment, three 2 MiB blocks, two of them freed.
 
     Free afterwards: [0, 2) and [4, 8) MiB of the segment, 6 MiB in all, the largest
     piece 4 MiB. With ``oom`` a 5 MiB request then fails: 6 MiB free ≥ 5 MiB > 4 MiB,
-    so the diagnosis is fragmentation.
+    so the diagnosis is fragmentation. With ``survive`` the program then allocates 1 MiB
+    successfully, so it survived that OOM (a handled one).
     """
     ops = [Op.SEGMENT_ALLOC, Op.MALLOC, Op.MALLOC, Op.MALLOC, Op.FREE, Op.FREE]
     size = [8 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB]
@@ -48,10 +49,14 @@ def rank_trace(path: Path, rank: int, *, oom: bool) -> Path:
         ops.append(Op.OOM)
         size.append(5 * MiB)
         addr.append(0)
+    if survive:
+        ops.append(Op.MALLOC)
+        size.append(MiB)
+        addr.append(BASE + 6 * MiB)
     n = len(ops)
     ev = Events.build(np.array(ops, np.int8), np.array(size, np.uint64), addr=np.array(addr, np.uint64),
                       rounded=np.array(size, np.uint64), t_ns=np.arange(n, dtype=np.int64) * 1000,
-                      site=np.array([-1, 0, 0, 0, -1, -1] + ([1] if oom else []), np.int32),
+                      site=np.array([-1, 0, 0, 0, -1, -1] + [1] * (n - 6), np.int32),
                       sites=("train.py:10:forward", "train.py:20:backward"))
     meta = TraceMeta.new(Source.CUPY, device=DeviceInfo("NVIDIA H200", 140 * 1024 * MiB, 139 * 1024 * MiB),
                          pool_limit_bytes=8 * MiB).with_extra(
@@ -93,8 +98,10 @@ def test_every_row_is_the_single_trace_engines_answer(fleet_dir: Path, local_res
                                                                       s.peak_reserved_seq)
         assert r["max_external_fragmentation"] == pytest.approx(s.max_external_fragmentation)
         assert r["oom_count"] == s.oom_events and r["leaked_bytes"] == s.leaked_bytes
-        assert r["oom_seq"] == (s.oom.seq if s.oom else None)
-        assert r["oom_diagnosis"] == (s.oom.diagnosis.value if s.oom else None)
+        fatal = s.oom if s.oom is not None and not s.oom.handled else None
+        assert r["oom_seq"] == (fatal.seq if fatal else None)
+        assert r["oom_diagnosis"] == (fatal.diagnosis.value if fatal else None)
+        assert r["ooms_handled"] == sum(o.handled for o in s.ooms)
         assert r["duration_s"] == pytest.approx(s.duration_s)
 
 
@@ -130,6 +137,14 @@ def test_two_ranks_worked_answer(local_result) -> None:
     im = s.imbalance
     assert im is not None
     assert (im.over, im.count, im.max_bytes, im.median_bytes) == ("ranks", 2, 8 * MiB, 8 * MiB)
+
+
+def test_a_survived_oom_is_counted_not_reported_as_the_failure(tmp_path: Path) -> None:
+    path = rank_trace(tmp_path / "ddp.rank3.parquet", 3, oom=True, survive=True)
+    res = run_fleet([path], FleetOptions(jobs=1))
+    r = res.table.row(0, named=True)
+    assert (r["oom_count"], r["ooms_handled"], r["oom_seq"], r["oom_diagnosis"]) == (1, 1, None, None)
+    assert res.summary.out_of_memory == 0 and res.summary.by_diagnosis == ()
 
 
 def test_summary_worst_trace_and_counts(local_result) -> None:

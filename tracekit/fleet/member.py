@@ -60,7 +60,7 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
     curve = None
     if result.timeline is not None:
         tl = result.timeline
-        oom = result.summary.oom
+        oom = result.summary.oom if result.summary.oom and not result.summary.oom.handled else None
         curve = reserved_curve(tl.column("t_ns").to_numpy(), tl.column("seq").to_numpy(),
                                tl.column("reserved_bytes").to_numpy(), CURVE_BINS, oom.seq if oom else None)
         result = type(result)(summary=result.summary, timeline=None)  # let the table go now
@@ -74,10 +74,9 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
         from tracekit.fleet.advice import recommend
 
         advice = recommend(trace)
-    devices = np.unique(trace.events.device)
     return TraceRow.from_summary(
         path, trace.meta, result.summary, launch_fields(Path(path), trace.meta),
-        device_index=int(devices[0]) if len(devices) == 1 else None,
+        device_index=result.summary.device,
         whatif=whatif, advice=advice if options.advise else None, curve=curve,
         seconds=time.perf_counter() - t0,
     )

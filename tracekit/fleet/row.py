@@ -8,8 +8,13 @@ under a launcher), else from the file name (``rank3``, ``rank-3``,
 ``rank_3``, ``ddp.rank0.parquet``); ``rank_from`` says which. Figures are
 the analyzer's (``docs/analysis.md``): bytes, event ``seq`` numbers,
 ``duration_s`` = last ``t_ns`` − first ``t_ns`` in seconds, external
-fragmentation = 1 − largest free block / free in pool. ``seconds`` is the
-wall time the worker spent on the member (read + analyze + options).
+fragmentation = 1 − largest free block / free in pool. A trace that ran out
+of memory has a fatal OOM (the one the program died of, ``oom_*`` columns);
+OOMs the program survived are counted in ``ooms_handled`` (``oom_count`` counts
+all). A trace of several devices gives the figures of the device the
+analyzer reports (``device_index``: the fatal OOM's device, else the one with
+the highest peak reserved). ``seconds`` is the wall time the worker spent on
+the member (read + analyze + options).
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ class TraceRow:
     peak_reserved_seq: int | None = None
     max_external_fragmentation: float | None = None
     oom_count: int | None = None
+    ooms_handled: int | None = None
+    oom_device: int | None = None
     oom_seq: int | None = None
     oom_size: int | None = None
     oom_site: str | None = None
@@ -110,8 +117,12 @@ class TraceRow:
                      device_index: int | None, whatif: Any = None,
                      advice: tuple[str | None, str | None] | None = None,
                      curve: Any = None, seconds: float = 0.0) -> TraceRow:
-        """Cut the analyzer's summary (and the optional what-if result) down to a row."""
-        oom = s.oom
+        """Cut the analyzer's summary (and the optional what-if result) down to a row.
+
+        The OOM columns describe the fatal OOM (the one the program died of); the handled
+        ones, which the program survived, are only counted.
+        """
+        oom = s.oom if s.oom is not None and not s.oom.handled else None
         fits = tuple((f.policy, f.min_capacity) for f in whatif.fits) if whatif is not None else ()
         return cls(
             path=path, source=meta.source.value, device=s.context.device_name, device_index=device_index,
@@ -119,6 +130,7 @@ class TraceRow:
             peak_live_bytes=s.peak_live_bytes, peak_live_seq=s.peak_live_seq,
             peak_reserved_bytes=s.peak_reserved_bytes, peak_reserved_seq=s.peak_reserved_seq,
             max_external_fragmentation=s.max_external_fragmentation, oom_count=s.oom_events,
+            ooms_handled=sum(o.handled for o in s.ooms), oom_device=oom.device if oom else None,
             oom_seq=oom.seq if oom else None, oom_size=oom.size if oom else None,
             oom_site=oom.site if oom else None, oom_diagnosis=oom.diagnosis.value if oom else None,
             oom_explanation=oom.explanation if oom else None, leaked_bytes=s.leaked_bytes,
@@ -127,11 +139,6 @@ class TraceRow:
             advised=advice is not None, recommendation=advice[0] if advice else None,
             advise_error=advice[1] if advice else None, curve=curve, seconds=seconds,
         )
-
-    @property
-    def failed_oom(self) -> bool:
-        """True when the trace ran out of memory (it has a fatal OOM)."""
-        return self.oom_seq is not None
 
     def record(self) -> dict[str, Any]:
         """The row as flat columns (the Parquet table's and ``--json``'s ``rows``), curve excluded."""
@@ -166,6 +173,6 @@ def _name_rank(path: Path) -> tuple[int | None, RankFrom | None]:
 
 _FIGURES = (
     "events", "duration_s", "peak_live_bytes", "peak_live_seq", "peak_reserved_bytes",
-    "peak_reserved_seq", "max_external_fragmentation", "oom_count", "oom_seq", "oom_size", "oom_site",
-    "oom_diagnosis", "oom_explanation", "leaked_bytes", "limit_bytes",
+    "peak_reserved_seq", "max_external_fragmentation", "oom_count", "ooms_handled", "oom_device",
+    "oom_seq", "oom_size", "oom_site", "oom_diagnosis", "oom_explanation", "leaked_bytes", "limit_bytes",
 )

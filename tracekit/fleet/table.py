@@ -29,6 +29,7 @@ SCHEMA: dict[str, Any] = {
     "world_size": pl.Int64, "host": pl.String, "events": pl.Int64, "duration_s": pl.Float64,
     "peak_live_bytes": pl.Int64, "peak_live_seq": pl.Int64, "peak_reserved_bytes": pl.Int64,
     "peak_reserved_seq": pl.Int64, "max_external_fragmentation": pl.Float64, "oom_count": pl.Int64,
+    "ooms_handled": pl.Int64, "oom_device": pl.Int64,
     "oom_seq": pl.Int64, "oom_size": pl.Int64, "oom_site": pl.String, "oom_diagnosis": pl.String,
     "oom_explanation": pl.String, "leaked_bytes": pl.Int64, "limit_bytes": pl.Int64,
 }
