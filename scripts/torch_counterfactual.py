@@ -12,7 +12,7 @@ Two sub-commands:
 
 ``compare BASE.parquet RUN.parquet... [--conf CONF...]``
     Predicts each RUN from BASE (the default-settings recording) by replaying BASE under RUN's
-    setting (``tracekit.advise.counterfactual``) and prints the agreement table: reserved bytes
+    setting (``tracekit.advise.fidelity``) and prints the agreement table: reserved bytes
     after every request up to BASE's failing request.
 """
 
@@ -38,7 +38,7 @@ def run(limit: int) -> int:
 
 
 def compare(base: Path, runs: list[Path], json_out: bool) -> int:
-    from tracekit.advise.counterfactual import compare_runs
+    from tracekit.advise.fidelity import compare_runs
 
     table = compare_runs(base, runs)
     if json_out:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,26 +135,31 @@ class WhatIfResult:
 
 def lower_bound(trace: Trace) -> int:
     """Peak of Σ ⌈requested/512⌉·512 over live requests; oom rows count as requests that stay live."""
+    live = live_curve(trace)
+    return int(max(0, live.max())) if len(live) else 0
+
+
+def live_curve(trace: Trace) -> np.ndarray:
+    """Σ ⌈requested/512⌉·512 over live requests after every event (int64, bytes)."""
     ev = trace.events
     req = round_up(ev.size.astype(np.int64))
     alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
     delta = np.where(alloc, req, 0)
     frees = np.flatnonzero((ev.op == Op.FREE) & (trace.mate >= 0))
     delta[frees] = -req[trace.mate[frees]]
-    if len(delta) == 0:
-        return 0
-    return int(max(0, np.cumsum(delta).max()))
+    return np.cumsum(delta)
 
 
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,
-           lb: int | None = None) -> PolicyFit:
-    """Bisection for one policy (see the module docstring)."""
+           lb: int | None = None, options: Mapping[str, str] | None = None) -> PolicyFit:
+    """Bisection for one policy (see the module docstring); ``options`` are the policy's settings."""
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import fits, replay
 
     lb = lower_bound(trace) if lb is None else lb
     limit = max_capacity if max_capacity is not None else _LIMIT
-    unbounded = replay(trace, policy, SimConfig()).summary.peak_reserved_bytes
+    opts = dict(options or {})
+    unbounded = replay(trace, policy, SimConfig(options=opts)).summary.peak_reserved_bytes
     replays = 1
     lo = (lb - 1) // step * step if lb > 0 else -step  # largest multiple of step below lb: fails
     hi = max(round_up(max(unbounded, 1), step), lo + step)
@@ -162,17 +167,17 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
         if hi > limit:
             hi = limit // step * step
             replays += 1
-            if hi <= lo or not fits(trace, policy, SimConfig(capacity=hi)):
+            if hi <= lo or not fits(trace, policy, SimConfig(capacity=hi, options=opts)):
                 return PolicyFit(policy, None, lb, unbounded, replays, limit)
             break
         replays += 1
-        if fits(trace, policy, SimConfig(capacity=hi)):
+        if fits(trace, policy, SimConfig(capacity=hi, options=opts)):
             break
         lo, hi = hi, hi * 2
     while hi - lo > step:
         mid = (lo + hi) // 2 // step * step
         replays += 1
-        if fits(trace, policy, SimConfig(capacity=mid)):
+        if fits(trace, policy, SimConfig(capacity=mid, options=opts)):
             hi = mid
         else:
             lo = mid

@@ -27,7 +27,7 @@ from typer.core import TyperGroup
 from tracekit.errors import Interrupted, TracekitError
 
 VERBS = (
-    "info", "synth", "replay", "analyze", "whatif", "record", "recover", "budget",
+    "info", "synth", "replay", "analyze", "whatif", "advise", "record", "recover", "budget",
     "importer", "report", "fleet",
 )
 

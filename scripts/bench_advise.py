@@ -1,0 +1,75 @@
+"""Benchmark ``tracekit advise`` on a 1M-event trace (target: 60 s on the 2-core machine).
+
+Writes a ``training`` synthetic trace of N events, then relabels it as a PyTorch, a CuPy and
+a raw trace with a limit 2 % above the live-bytes lower bound (so little fits and the
+whole search runs, bisections included: the worst case), and times the whole command
+``python -m tracekit advise FILE --json`` in a fresh process for each: wall seconds, the
+settings tried and how many fit, and the recommendation.
+
+    PYTHONPATH=. python scripts/bench_advise.py [--events 1000000] [--jobs 2] [--kinds torch,cupy,raw]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+
+def relabel(src: Path, dst: Path, kind: str) -> int:
+    """Write ``src`` as a ``kind`` trace whose limit is 2 % above the live-bytes lower bound."""
+    from tracekit.analysis.whatif import lower_bound
+    from tracekit.trace import write_trace
+    from tracekit.trace.reader import read_trace
+    from tracekit.trace.schema import Source
+
+    t = read_trace(src)
+    limit = int(lower_bound(t) * 1.02) // 512 * 512
+    source = {"torch": Source.TORCH, "cupy": Source.CUPY, "raw": Source.SYNTHETIC}[kind]
+    meta = replace(t.meta, source=source, pool_limit_bytes=limit)
+    write_trace(dst, meta, t.events, t.extras)
+    return limit
+
+
+def run(path: Path, jobs: int, limit: int, kind: str) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "tracekit", "advise", str(path), "--json", "--jobs", str(jobs)]
+    if kind == "raw":
+        cmd += ["--limit", str(limit)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    res = json.loads(out.stdout)
+    return {
+        "kind": kind, "wall_s": round(wall, 2), "load_1min": round(os.getloadavg()[0], 2),
+        "tried": len(res["tried"]), "fits": len(res["fits"]), "min_capacity_bytes": res["min_capacity_bytes"],
+        "recommendation": res["recommendation"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--kinds", default="torch,cupy,raw")
+    a = ap.parse_args()
+    env_py = [sys.executable, "-m", "tracekit"]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "training.parquet"
+        subprocess.run([*env_py, "synth", "--pattern", "training", "--events", str(a.events), "-o", str(src)],
+                       check=True, capture_output=True)
+        for kind in a.kinds.split(","):
+            dst = Path(tmp) / f"{kind}.parquet"
+            limit = relabel(src, dst, kind)
+            r = run(dst, a.jobs, limit, kind)
+            print(json.dumps({"events": a.events, "jobs": a.jobs, "limit_bytes": limit, **r}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""What ``advise`` can change for a trace, as typed candidates with a paste-ready line each.
+
+- **PyTorch** (``torch`` traces): allocator settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax.
+  ``single_torch`` gives the defaults and every single key: ``expandable_segments:True``,
+  ``max_split_size_mb`` ∈ {64, 128, 256, 512, 1024}, ``roundup_power2_divisions`` ∈ {2, 4, 8},
+  ``garbage_collection_threshold`` ∈ {0.6, 0.8} (PyTorch collects only under a limit).
+  ``combine_torch`` then pairs and triples the two best values of each key (pruning:
+  a key whose values never helped alone is not combined); ``max_split_size_mb`` is never
+  combined with expandable segments, which PyTorch does not support.
+- **CuPy** (``cupy`` traces): the default pool, ``set_limit`` at the smallest fitting size,
+  ``free_all_blocks()`` before each request of the failing request's call-site,
+  ``MemoryAsyncPool`` and plain ``cudaMalloc`` (both modelled as the device allocator:
+  on the H200 the device showed no external fragmentation, so they fit when the live
+  bytes, at the device's granularity, fit).
+- **Raw traces** (anything else): the free-list policies of the simulator registry
+  (policies whose replay reports a heap extent), at the limit as heap size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from itertools import combinations, product
+
+from tracekit.units import format_size
+
+TORCH_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("expandable_segments", ("True",)),
+    ("max_split_size_mb", ("64", "128", "256", "512", "1024")),
+    ("roundup_power2_divisions", ("2", "4", "8")),
+    ("garbage_collection_threshold", ("0.6", "0.8")),
+)
+_EXCLUSIVE = frozenset({"expandable_segments", "max_split_size_mb"})
+
+
+class Kind(StrEnum):
+    """How a candidate is evaluated."""
+
+    TORCH_CONF = "torch-conf"  # the torch policy under these allocator settings
+    CUPY_POOL = "cupy-pool"  # the cupy policy (options: none), at the limit
+    CUPY_LIMIT = "cupy-set-limit"  # the cupy policy at the smallest fitting set_limit
+    CUPY_RELEASE = "cupy-free-all-blocks"  # the cupy policy with free_all_blocks() before a call-site
+    CUPY_ASYNC = "cupy-async"  # MemoryAsyncPool, modelled as the device allocator
+    CUDA_MALLOC = "cudamalloc"  # plain cudaMalloc per request, modelled as the device allocator
+    FREE_LIST = "free-list"  # a heap policy of the registry
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting to try: ``options`` are policy options as sorted (key, value) pairs."""
+
+    kind: Kind
+    policy: str | None
+    options: tuple[tuple[str, str], ...] = ()
+    site: str | None = None  # CUPY_RELEASE: the call-site
+
+    @property
+    def opts(self) -> dict[str, str]:
+        return dict(self.options)
+
+    @property
+    def keys(self) -> int:
+        """How many things the user changes (0 = the current setting)."""
+        return len(self.options) if self.kind == Kind.TORCH_CONF else int(self.kind != Kind.CUPY_POOL)
+
+    def label(self) -> str:
+        if self.kind == Kind.TORCH_CONF:
+            return conf_text(self.opts) or "PyTorch defaults"
+        if self.kind == Kind.FREE_LIST:
+            return f"{self.policy} free list"
+        return {
+            Kind.CUPY_POOL: "CuPy default pool", Kind.CUPY_LIMIT: "CuPy pool, set_limit",
+            Kind.CUPY_RELEASE: f"free_all_blocks() before {self.site}",
+            Kind.CUPY_ASYNC: "MemoryAsyncPool (modelled as the device allocator)",
+            Kind.CUDA_MALLOC: "plain cudaMalloc (modelled as the device allocator)",
+        }[self.kind]
+
+    def line(self, capacity: int | None, trace: str = "TRACE") -> str:
+        """The paste-ready line for this candidate (``capacity``: the limit it was checked at)."""
+        cap = str(capacity) if capacity else "SIZE"
+        if self.kind == Kind.TORCH_CONF:
+            return f"PYTORCH_CUDA_ALLOC_CONF={conf_text(self.opts)}"
+        if self.kind == Kind.CUPY_LIMIT:
+            return f"cupy.get_default_memory_pool().set_limit(size={cap})"
+        if self.kind == Kind.CUPY_POOL:
+            return f"cupy.get_default_memory_pool().set_limit(size={cap})"
+        if self.kind == Kind.CUPY_RELEASE:
+            return f"cupy.get_default_memory_pool().free_all_blocks()  # at {self.site}, before allocating"
+        if self.kind == Kind.CUPY_ASYNC:
+            return "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)"
+        if self.kind == Kind.CUDA_MALLOC:
+            return "cupy.cuda.set_allocator(None)"
+        return f"tracekit replay {trace} --sim {self.policy} --capacity {cap}"
+
+
+def conf_text(opts: Mapping[str, str]) -> str:
+    """``key:value,...`` in PyTorch's syntax, keys in grid order."""
+    order = [k for k, _ in TORCH_GRID]
+    keys = sorted(opts, key=lambda k: (order.index(k) if k in order else len(order), k))
+    return ",".join(f"{k}:{opts[k]}" for k in keys)
+
+
+def torch(opts: Mapping[str, str]) -> Candidate:
+    return Candidate(Kind.TORCH_CONF, "torch", tuple(sorted(opts.items())))
+
+
+def single_torch() -> list[Candidate]:
+    """The defaults and each key of the grid alone."""
+    return [torch({})] + [torch({k: v}) for k, values in TORCH_GRID for v in values]
+
+
+def combine_torch(best: Mapping[str, Iterable[str]]) -> list[Candidate]:
+    """Pairs of the best values (up to two per key) and triples of the single best per key."""
+    out: list[Candidate] = []
+    keys = [k for k, _ in TORCH_GRID if list(best.get(k, ()))]
+    for a, b in combinations(keys, 2):
+        if {a, b} == _EXCLUSIVE:
+            continue
+        for va, vb in product(list(best[a])[:2], list(best[b])[:2]):
+            out.append(torch({a: va, b: vb}))
+    for trio in combinations(keys, 3):
+        if set(trio) >= _EXCLUSIVE:
+            continue
+        out.append(torch({k: next(iter(best[k])) for k in trio}))
+    return out
+
+
+def cupy(site: str | None) -> list[Candidate]:
+    """The CuPy candidates evaluated at the limit (``set_limit`` is searched separately)."""
+    out = [Candidate(Kind.CUPY_POOL, "cupy")]
+    if site is not None:
+        out.append(Candidate(Kind.CUPY_RELEASE, "cupy", site=site))
+    out += [Candidate(Kind.CUPY_ASYNC, None), Candidate(Kind.CUDA_MALLOC, None)]
+    return out
+
+
+def free_lists(heaps: Iterable[str]) -> list[Candidate]:
+    return [Candidate(Kind.FREE_LIST, name) for name in heaps]
+
+
+def describe_capacity(capacity: int | None) -> str:
+    return format_size(capacity) if capacity else "unbounded"

@@ -1,0 +1,153 @@
+"""Counterfactual input: a recorded trace prepared for replay under a setting it was not run with.
+
+A recording carries hints that make its own replay exact (``docs/fidelity.md``): where
+memory was released, device addresses, tie choices, the state a wrapped history starts
+from. Replaying it under *another* setting asks what that allocator would have done
+with the same requests, so each hint is kept only where it is a fact about the
+program rather than about the allocator that ran:
+
+- **Release points.** A run of recorded ``segment_free`` rows is *allocator-internal*
+  when the request that follows could not have been served without it: the next row
+  is the failing ``oom`` row, or a ``segment_alloc`` of s bytes with
+  reserved-before-the-run + s > the recorded limit (PyTorch's and CuPy's
+  release-and-retry at the limit), or, when the recording ran with
+  ``garbage_collection_threshold`` t, reserved-before-the-run > t × limit (PyTorch's
+  garbage collection). Those releases belong to the recorded allocator and are removed;
+  every other run (``torch.cuda.empty_cache()``, ``free_all_blocks()`` called by the
+  program) is the program's and stays.
+- **Settings.** The recorded allocator settings are dropped from the metadata, so the
+  candidate's options are the whole setting (PyTorch defaults for every key not given).
+- **Addresses and ties** stay: they name the same device allocations as long as the
+  replay makes the same device calls, and the kernels ignore a recorded address whose
+  range the replay already uses.
+- **A wrapped start** (``initial`` rows) is the recorded allocator's state at the cut and
+  cannot be recomputed for another setting; ``wrapped_start`` says when a prediction
+  rests on it.
+
+``with_release_before(trace, rows)`` adds program releases (``free_all_blocks()`` before
+the given requests) for the CuPy candidate that calls it at a call-site.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit.sim.policies._cupy_glue import initial_mask, release_points
+from tracekit.trace.events import Events
+from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
+from tracekit.trace.validate import remap_mate
+
+SETTINGS_KEY = "torch_allocator_settings"
+
+
+def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
+    """Bool per event: ``segment_free`` rows of runs the recorded allocator made to serve a request."""
+    ev = trace.events
+    n = len(ev)
+    init = initial_mask(trace)
+    free = (ev.op == Op.SEGMENT_FREE) & ~init
+    out = np.zeros(n, dtype=np.bool_)
+    starts = np.flatnonzero(release_points(ev.op, init))
+    if len(starts) == 0:
+        return out
+    sign = np.where(ev.op == Op.SEGMENT_ALLOC, 1, np.where(ev.op == Op.SEGMENT_FREE, -1, 0))
+    reserved = np.cumsum(sign * ev.size.astype(np.int64))  # after each row
+    # The row after each run: the first row at or after the start that is not a segment_free.
+    not_free = np.where(~free, np.arange(n), n)
+    after = np.minimum.accumulate(not_free[::-1])[::-1][starts]
+    before = np.where(starts > 0, reserved[np.maximum(starts - 1, 0)], 0)
+    nxt_op = np.where(after < n, ev.op[np.minimum(after, n - 1)], -1)
+    nxt_size = np.where(after < n, ev.size[np.minimum(after, n - 1)].astype(np.int64), 0)
+    internal = nxt_op == Op.OOM
+    if limit:
+        internal |= (nxt_op == Op.SEGMENT_ALLOC) & (before + nxt_size > limit)
+        gc = _gc_threshold(trace)
+        if gc > 0:
+            internal |= (nxt_op == Op.SEGMENT_ALLOC) & (before > gc * limit)
+    run_id = np.cumsum(release_points(ev.op, init)) - 1
+    hit = np.zeros(len(starts) + 1, dtype=np.bool_)
+    hit[:-1] = internal
+    out[free] = hit[run_id[free]]
+    return out
+
+
+def _gc_threshold(trace: Trace) -> float:
+    settings = trace.meta.extra.get(SETTINGS_KEY) or {}
+    value = settings.get("garbage_collection_threshold") if isinstance(settings, dict) else None
+    return float(value) if isinstance(value, int | float) and 0.0 < value < 1.0 else 0.0
+
+
+def prepare(trace: Trace, limit: int | None = None) -> Trace:
+    """The trace as counterfactual input: allocator-internal releases and recorded settings removed.
+
+    ``limit`` is the limit the recording ran under (default: its ``pool_limit_bytes``).
+    """
+    limit = trace.meta.pool_limit_bytes if limit is None else limit
+    drop = internal_releases(trace, limit)
+    out = _keep(trace, ~drop) if drop.any() else trace
+    if SETTINGS_KEY in trace.meta.extra:
+        extra = {k: v for k, v in trace.meta.extra.items() if k != SETTINGS_KEY}
+        out = replace(out, meta=replace(out.meta, extra=extra))
+    return out
+
+
+def wrapped_start(trace: Trace) -> bool:
+    """Whether the trace starts from a rebuilt state (``initial`` rows of a wrapped history)."""
+    return bool(initial_mask(trace).any())
+
+
+def with_release_before(trace: Trace, rows: np.ndarray) -> Trace:
+    """``trace`` with a program release (one zero-byte ``segment_free`` row) before each of ``rows``."""
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    if len(rows) == 0:
+        return trace
+    ev = trace.events
+    n = len(ev)
+    # New row k goes before old row rows[k]; old row i moves to i + (number of rows[k] <= i).
+    shift = np.searchsorted(rows, np.arange(n), side="right")
+    old_at = np.arange(n) + shift
+    new_at = rows + np.arange(len(rows))
+    total = n + len(rows)
+
+    def spread(col: np.ndarray, fill: np.ndarray) -> np.ndarray:
+        out = np.empty(total, dtype=col.dtype)
+        out[old_at] = col
+        out[new_at] = fill
+        return out
+
+    z = np.zeros(len(rows))
+    events = Events(
+        seq=spread(ev.seq, ev.seq[rows]), t_ns=spread(ev.t_ns, ev.t_ns[rows]),
+        op=spread(ev.op, np.full(len(rows), Op.SEGMENT_FREE, dtype=np.int8)),
+        addr=spread(ev.addr, z.astype(np.uint64)), size=spread(ev.size, z.astype(np.uint64)),
+        rounded=spread(ev.rounded, z.astype(np.uint64)), stream=spread(ev.stream, ev.stream[rows]),
+        device=spread(ev.device, ev.device[rows]), site=spread(ev.site, np.full(len(rows), -1, np.int32)),
+        sites=ev.sites,
+    )
+    mate = np.where(trace.mate >= 0, old_at[np.maximum(trace.mate, 0)], -1)
+    extras = None
+    if trace.extras is not None:
+        idx = np.full(total, -1, dtype=np.int64)
+        idx[old_at] = np.arange(n)
+        extras = trace.extras.take(pa.array(np.where(idx >= 0, idx, 0))) if n else trace.extras
+        if "initial" in extras.column_names:  # an added release is never part of a starting state
+            col = np.asarray(extras.column("initial").fill_null(False).to_numpy(zero_copy_only=False), bool)
+            col[new_at] = False
+            extras = extras.set_column(extras.column_names.index("initial"), "initial", pa.array(col))
+    return replace(trace, events=events, mate=spread(mate, np.full(len(rows), -1, np.int64)),
+                   extras=extras)
+
+
+def _keep(trace: Trace, keep: np.ndarray) -> Trace:
+    ev = trace.events
+    events = Events(
+        seq=ev.seq[keep], t_ns=ev.t_ns[keep], op=ev.op[keep], addr=ev.addr[keep], size=ev.size[keep],
+        rounded=ev.rounded[keep], stream=ev.stream[keep], device=ev.device[keep], site=ev.site[keep],
+        sites=ev.sites,
+    )
+    extras = trace.extras.filter(pa.array(keep)) if trace.extras is not None else None
+    return replace(trace, events=events, mate=remap_mate(trace.mate, keep), extras=extras)

@@ -1,0 +1,139 @@
+"""The advise search: candidates replayed in parallel processes, the grid pruned, capacity bisected.
+
+Stages (each one ``map`` over a process pool; every worker reads the trace once and
+prepares the counterfactual input once):
+
+1. every single candidate at the limit (PyTorch: the defaults and each key alone; CuPy:
+   its pool, ``free_all_blocks()`` at the failing call-site, the async pool, cudaMalloc;
+   raw traces: every registry policy, of which the heaps are kept);
+2. PyTorch only: combinations of the keys whose best value did better alone than the
+   defaults (fits, fails later, or peaks lower), ``candidates.combine_torch``;
+3. bisection (``tracekit.analysis.whatif.search``, 2 MiB steps from the live-bytes lower
+   bound) of the smallest capacity: under the recommended candidate when one fits, else
+   under the three that got furthest; for CuPy also the smallest ``set_limit``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracekit.advise import candidates as cands
+from tracekit.advise.candidates import Candidate, Kind
+from tracekit.advise.evaluate import Outcome, evaluate, input_for
+from tracekit.analysis.whatif import PolicyFit
+from tracekit.analysis.whatif import search as bisect
+from tracekit.trace.reader import Trace, read_trace
+
+
+@dataclass(frozen=True)
+class Task:
+    """``evaluate`` the candidate at ``capacity``, or (``bisect``) search its smallest capacity."""
+
+    candidate: Candidate
+    capacity: int | None
+    device_total: int | None
+    bisect: bool = False
+    lower_bound: int = 0
+
+
+_STATE: dict[str, Trace] = {}
+
+
+def _init(path: str | None, trace: Trace | None, counterfactual: bool) -> None:
+    from tracekit.advise.counterfactual import prepare
+
+    t = read_trace(path) if path is not None else trace
+    assert t is not None
+    _STATE["trace"] = prepare(t) if counterfactual else t
+
+
+def _run(task: Task) -> Outcome | PolicyFit:
+    trace = _STATE["trace"]
+    c = task.candidate
+    try:
+        if task.bisect:
+            assert c.policy is not None
+            return bisect(input_for(c, trace), c.policy, lb=task.lower_bound, options=c.opts,
+                          max_capacity=task.device_total)
+        return evaluate(c, trace, task.capacity, task.device_total)
+    except Exception as e:  # one candidate failing must not hide the others' answers
+        why = f"{type(e).__name__}: {e}"
+        if task.bisect:
+            return PolicyFit(c.policy or "", None, task.lower_bound, None, 0, 0, error=why)
+        return Outcome(c, task.capacity, False, 0, 0, 0, None, True, error=why)
+
+
+class Runner:
+    """A pool of ``jobs`` processes over one trace (in-process when ``jobs`` is 1)."""
+
+    def __init__(self, trace: Trace, jobs: int, counterfactual: bool) -> None:
+        self.jobs = jobs
+        self.pool: ProcessPoolExecutor | None = None
+        if jobs == 1:
+            _init(None, trace, counterfactual)
+            return
+        path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
+        # Not fork: the parent holds Arrow's thread pools, which a forked child may find locked.
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self.pool = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init,
+                                        initargs=(path, None if path else trace, counterfactual))
+
+    def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
+        if self.pool is None:
+            return [_run(t) for t in tasks]
+        return list(self.pool.map(_run, tasks))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        _STATE.clear()  # do not keep the trace alive in this process
+
+
+def default_jobs(jobs: int | None) -> int:
+    return max(1, jobs or os.cpu_count() or 1)
+
+
+def outcomes(results: Sequence[Outcome | PolicyFit]) -> list[Outcome]:
+    return [r for r in results if isinstance(r, Outcome)]
+
+
+def best_values(single: Sequence[Outcome]) -> dict[str, list[str]]:
+    """Per PyTorch key, its values that did better alone than the defaults, best first."""
+    base = next((o for o in single if not o.candidate.options), None)
+    out: dict[str, list[str]] = {}
+    for o in sorted(single, key=Outcome.progress):
+        if not o.candidate.options or o.error is not None:
+            continue
+        if base is not None and o.progress() >= base.progress():
+            continue
+        ((key, value),) = o.candidate.options
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def single_candidates(kind: str, site: str | None, policy_names: Sequence[str]) -> list[Candidate]:
+    if kind == "torch":
+        return cands.single_torch()
+    if kind == "cupy":
+        return cands.cupy(site)
+    return cands.free_lists(policy_names)
+
+
+def stage_two(kind: str, single: Sequence[Outcome]) -> list[Candidate]:
+    return cands.combine_torch(best_values(single)) if kind == "torch" else []
+
+
+def bisect_tasks(kind: str, ranked: Sequence[Outcome], lb: int, device_total: int | None) -> list[Task]:
+    """Stage 3 (see the module docstring); ``ranked``: replayed outcomes, recommendation first."""
+    fit = [o for o in ranked if o.fits and o.verified_by_replay]
+    picks = fit[:1] if fit else [o for o in ranked if o.verified_by_replay and o.error is None][:3]
+    tasks = [Task(o.candidate, None, device_total, True, lb) for o in picks]
+    if kind == "cupy" and not any(t.candidate.kind == Kind.CUPY_POOL for t in tasks):
+        tasks.append(Task(Candidate(Kind.CUPY_POOL, "cupy"), None, device_total, True, lb))
+    return tasks
