@@ -10,7 +10,7 @@ Two sub-commands:
     its allocator settings from ``PYTORCH_CUDA_ALLOC_CONF``, so each setting is one recording.
     It catches the out-of-memory error, prints it and exits 0.
 
-``compare BASE.parquet RUN.parquet... [--conf CONF...]``
+``compare BASE.parquet RUN.parquet... [--hints all|invented|prepared|ordered] [--json]``
     Predicts each RUN from BASE (the default-settings recording) by replaying BASE under RUN's
     setting (``tracekit.advise.fidelity``) and prints the agreement table: reserved bytes
     after every request up to BASE's failing request.
@@ -37,10 +37,10 @@ def run(limit: int) -> int:
     return 0
 
 
-def compare(base: Path, runs: list[Path], json_out: bool) -> int:
-    from tracekit.advise.fidelity import compare_runs
+def compare(base: Path, runs: list[Path], json_out: bool, hints: str) -> int:
+    from tracekit.advise.fidelity import Hints, compare_runs
 
-    table = compare_runs(base, runs)
+    table = compare_runs(base, runs, Hints(hints))
     if json_out:
         import json
 
@@ -59,10 +59,12 @@ def main() -> int:
     c.add_argument("base", type=Path)
     c.add_argument("runs", type=Path, nargs="+")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--hints", choices=["all", "invented", "prepared", "ordered"], default="ordered",
+                   help="recorded hints the prediction uses (see tracekit.advise.fidelity.Hints)")
     a = p.parse_args()
     if a.cmd == "run":
         return run(a.limit_bytes)
-    return compare(a.base, a.runs, a.json)
+    return compare(a.base, a.runs, a.json, a.hints)
 
 
 if __name__ == "__main__":

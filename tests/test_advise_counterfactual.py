@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tracekit.advise.counterfactual import internal_releases, prepare, with_release_before
-from tracekit.advise.fidelity import compare_runs, recorded
+from tracekit.advise.fidelity import Hints, compare_runs, recorded
 from tracekit.sim.base import SimConfig
 from tracekit.sim.engine import replay
 from tracekit.trace import Op, read_trace
@@ -75,3 +75,48 @@ def test_with_release_before_inserts_rows_and_keeps_pairs():
     assert (out.events.op[new + 1] == Op.MALLOC).all()
     m = np.flatnonzero(out.mate >= 0)
     assert (out.events.addr[m] == out.events.addr[out.mate[m]]).all()
+
+
+# The runs recorded for this purpose on the H200 (traces/counterfactual/README.md): the PyTorch
+# oom workload under each setting, and the CuPy oom workload under three set_limit values.
+CF = TRACES / "counterfactual"
+TORCH_RUNS = ("default-again", "expandable", "gc08-split256", "split128", "roundup4", "gc08", "split256",
+              "roundup4-split128")
+GOT_PAST = {"expandable", "gc08-split256", "split128", "roundup4-split128"}
+
+
+@pytest.fixture(scope="module")
+def torch_table():
+    return compare_runs(CF / "torch-oom-default.parquet", [CF / f"torch-oom-{n}.parquet" for n in TORCH_RUNS])
+
+
+def test_every_torch_setting_is_predicted_from_the_default_run(torch_table):
+    rows = dict(zip(TORCH_RUNS, torch_table.rows, strict=True))
+    for name, c in rows.items():
+        assert c.same_requests and c.compared == 20_014, name
+        # Which runs got past the default run's failing request, the prediction says exactly.
+        assert c.real_got_past == c.predicted_got_past == (name in GOT_PAST), name
+        if name != "gc08-split256":
+            assert c.first_departure is None and c.agree == c.compared, name
+            assert c.real_peak_reserved == c.predicted_peak_reserved, name
+    # The one departure: the driver reused a freed address range, which no replay knows.
+    assert rows["gc08-split256"].first_departure > 17_000
+
+
+def test_hints_that_must_not_carry_over():
+    """Recorded retry releases mislead every setting; invented addresses mislead max_split_size_mb."""
+    runs = [CF / "torch-oom-expandable.parquet", CF / "torch-oom-split256.parquet"]
+    base = CF / "torch-oom-default.parquet"
+    everything = compare_runs(base, runs, Hints.ALL).rows
+    assert everything[0].first_departure == 17_814  # where the default run released at its limit
+    prepared = compare_runs(base, runs, Hints.PREPARED).rows
+    assert prepared[0].first_departure is None
+    assert prepared[1].first_departure is not None  # a new segment at an invented, too low address
+    assert compare_runs(base, runs[1:]).rows[0].first_departure is None
+
+
+def test_cupy_set_limit_runs_are_predicted_from_the_256_mib_run():
+    base = CF / "cupy-oom-frag-256MiB.parquet"
+    rows = compare_runs(base, [CF / f"cupy-oom-frag-{m}MiB.parquet" for m in (300, 308)]).rows
+    assert all(c.first_departure is None and c.compared == 160 for c in rows)
+    assert [c.real_got_past for c in rows] == [c.predicted_got_past for c in rows] == [False, True]

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import combinations, product
+from pathlib import PurePosixPath
 
 from tracekit.units import format_size
 
@@ -71,7 +72,7 @@ class Candidate:
             return f"{self.policy} free list"
         return {
             Kind.CUPY_POOL: "CuPy default pool", Kind.CUPY_LIMIT: "CuPy pool, set_limit",
-            Kind.CUPY_RELEASE: f"free_all_blocks() before {self.site}",
+            Kind.CUPY_RELEASE: f"free_all_blocks() before {PurePosixPath(self.site or '').name}",
             Kind.CUPY_ASYNC: "MemoryAsyncPool (modelled as the device allocator)",
             Kind.CUDA_MALLOC: "plain cudaMalloc (modelled as the device allocator)",
         }[self.kind]

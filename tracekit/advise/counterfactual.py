@@ -31,10 +31,12 @@ the given requests) for the CuPy candidate that calls it at a call-site.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from tracekit.sim.base import SimConfig
 from tracekit.sim.policies._cupy_glue import initial_mask, release_points
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
@@ -42,6 +44,9 @@ from tracekit.trace.schema import Op
 from tracekit.trace.validate import remap_mate
 
 SETTINGS_KEY = "torch_allocator_settings"
+PAGE = 2 << 20
+TOP = float(1 << 47)  # the key of a first fresh range: above every user-space address
+BASE = 1 << 40  # where a counterfactual layout starts
 
 
 def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
@@ -103,6 +108,104 @@ def wrapped_start(trace: Trace) -> bool:
 def with_release_before(trace: Trace, rows: np.ndarray) -> Trace:
     """``trace`` with a program release (one zero-byte ``segment_free`` row) before each of ``rows``."""
     rows = np.unique(np.asarray(rows, dtype=np.int64))
+    z = np.zeros(len(rows), dtype=np.uint64)
+    return _insert(trace, rows, np.full(len(rows), Op.SEGMENT_FREE, dtype=np.int8), z, z)
+
+
+def request_ordinals(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """For rows of ``trace`` (n = the end): how many requests (malloc, free, oom) come before each."""
+    ev = trace.events
+    req = (ev.op == Op.MALLOC) | (ev.op == Op.FREE) | (ev.op == Op.OOM)
+    before = np.r_[0, np.cumsum(req)]
+    return before[np.minimum(np.asarray(rows, dtype=np.int64), len(ev))]
+
+
+def layout(keys: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Non-overlapping addresses in the order of ``keys`` (ascending), 2 MiB aligned, 2 MiB apart."""
+    order = np.argsort(keys, kind="stable")
+    span = (size[order].astype(np.int64) + PAGE - 1) // PAGE * PAGE + PAGE
+    out = np.empty(len(size), dtype=np.uint64)
+    out[order] = (BASE + np.r_[0, np.cumsum(span)[:-1]]).astype(np.uint64)
+    return out
+
+
+def address_keys(recorded: np.ndarray) -> np.ndarray:
+    """Sort keys for device allocations in creation order; ``recorded`` is -1 for one the run did not make.
+
+    A recorded allocation keeps its recorded address as key. One the recording never made
+    is a fresh range, which the H200 driver hands out top-down for large allocations: it
+    goes below every allocation made before it (key: the smallest earlier key, minus one).
+    """
+    keys = np.empty(len(recorded), dtype=np.float64)
+    low = float("inf")
+    for k, a in enumerate(recorded.astype(np.int64)):
+        keys[k] = float(a) if a >= 0 else (low - 1.0 if low != float("inf") else float(TOP))
+        low = min(low, keys[k])
+    return keys
+
+
+def with_device_addresses(trace: Trace, ordinal: np.ndarray, size: np.ndarray, keys: np.ndarray) -> Trace:
+    """``trace`` with its recorded device allocations replaced by ``size`` allocations made before
+    the requests numbered ``ordinal``, laid out in the order of ``keys``: the address hints of
+    a counterfactual replay."""
+    init = initial_mask(trace)
+    ev = trace.events
+    keep = ~((ev.op == Op.SEGMENT_ALLOC) & ~init)
+    base = _keep(trace, keep) if not keep.all() else trace
+    bev = base.events
+    req_rows = np.flatnonzero((bev.op == Op.MALLOC) | (bev.op == Op.FREE) | (bev.op == Op.OOM))
+    rows = np.r_[req_rows, len(bev)][np.asarray(ordinal, dtype=np.int64)]
+    size = np.asarray(size, dtype=np.uint64)
+    return _insert(base, rows, np.full(len(rows), Op.SEGMENT_ALLOC, dtype=np.int8), layout(keys, size), size)
+
+
+def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: int = 4) -> tuple[Trace, Any]:
+    """Replay prepared ``trace`` under ``config``, with device addresses a real run would order alike.
+
+    Round 1 replays with the recorded addresses; when it makes exactly the recorded device
+    allocations, that is the answer. Otherwise each emitted device allocation that matches
+    a recorded one (same request, same size, in order) keeps its recorded address as sort
+    key; the others get ``address_keys``. The allocations are then laid out in key order
+    (``layout``) and given as hints for the next round, until the device allocations of two
+    rounds agree (or ``rounds`` is reached). Only the order of addresses matters to the
+    models (ties between equal blocks, lowest address first), so a layout that keeps the
+    order is as good as the driver's own addresses.
+    """
+    from tracekit.sim.engine import replay
+
+    ev = trace.events
+    rec = np.flatnonzero((ev.op == Op.SEGMENT_ALLOC) & ~initial_mask(trace))
+    rec_key = list(zip(request_ordinals(trace, rec).tolist(), ev.size[rec].tolist(), strict=True))
+    rec_addr = ev.addr[rec].astype(np.int64)
+    current, prev = trace, None
+    result = replay(current, policy, config)
+    if len(rec) == 0:
+        return current, result  # nothing recorded to keep in order (synthetic traces): invented addresses
+    for _ in range(rounds):
+        run = result.run
+        sa = np.flatnonzero(run.rows_op == Op.SEGMENT_ALLOC)
+        made = list(zip(request_ordinals(current, run.rows_before[sa]).tolist(), run.rows_size[sa].tolist(),
+                        strict=True))
+        if made == prev or "expandable_segments" in config.options:
+            break
+        prev = made
+        matched = np.full(len(made), -1, dtype=np.int64)
+        pool: dict[tuple[int, int], list[int]] = {}
+        for j, k in enumerate(rec_key):
+            pool.setdefault(k, []).append(j)
+        for i, k in enumerate(made):
+            if pool.get(k):
+                matched[i] = rec_addr[pool[k].pop(0)]
+        if (matched >= 0).all() and current is trace:
+            break  # the recorded allocations, at their recorded addresses: nothing to reorder
+        current = with_device_addresses(trace, np.array([m[0] for m in made], np.int64),
+                                        run.rows_size[sa], address_keys(matched))
+        result = replay(current, policy, config)
+    return current, result
+
+
+def _insert(trace: Trace, rows: np.ndarray, op: np.ndarray, addr: np.ndarray, size: np.ndarray) -> Trace:
+    """New rows (op, addr, size) inserted before the given rows (sorted; n = at the end), in order."""
     if len(rows) == 0:
         return trace
     ev = trace.events
@@ -112,6 +215,7 @@ def with_release_before(trace: Trace, rows: np.ndarray) -> Trace:
     old_at = np.arange(n) + shift
     new_at = rows + np.arange(len(rows))
     total = n + len(rows)
+    src = np.minimum(rows, n - 1)
 
     def spread(col: np.ndarray, fill: np.ndarray) -> np.ndarray:
         out = np.empty(total, dtype=col.dtype)
@@ -119,13 +223,12 @@ def with_release_before(trace: Trace, rows: np.ndarray) -> Trace:
         out[new_at] = fill
         return out
 
-    z = np.zeros(len(rows))
+    z = np.zeros(len(rows), dtype=np.uint64)
     events = Events(
-        seq=spread(ev.seq, ev.seq[rows]), t_ns=spread(ev.t_ns, ev.t_ns[rows]),
-        op=spread(ev.op, np.full(len(rows), Op.SEGMENT_FREE, dtype=np.int8)),
-        addr=spread(ev.addr, z.astype(np.uint64)), size=spread(ev.size, z.astype(np.uint64)),
-        rounded=spread(ev.rounded, z.astype(np.uint64)), stream=spread(ev.stream, ev.stream[rows]),
-        device=spread(ev.device, ev.device[rows]), site=spread(ev.site, np.full(len(rows), -1, np.int32)),
+        seq=spread(ev.seq, ev.seq[src]), t_ns=spread(ev.t_ns, ev.t_ns[src]), op=spread(ev.op, op),
+        addr=spread(ev.addr, addr.astype(np.uint64)), size=spread(ev.size, size.astype(np.uint64)),
+        rounded=spread(ev.rounded, z), stream=spread(ev.stream, ev.stream[src]),
+        device=spread(ev.device, ev.device[src]), site=spread(ev.site, np.full(len(rows), -1, np.int32)),
         sites=ev.sites,
     )
     mate = np.where(trace.mate >= 0, old_at[np.maximum(trace.mate, 0)], -1)
@@ -133,8 +236,8 @@ def with_release_before(trace: Trace, rows: np.ndarray) -> Trace:
     if trace.extras is not None:
         idx = np.full(total, -1, dtype=np.int64)
         idx[old_at] = np.arange(n)
-        extras = trace.extras.take(pa.array(np.where(idx >= 0, idx, 0))) if n else trace.extras
-        if "initial" in extras.column_names:  # an added release is never part of a starting state
+        extras = trace.extras.take(pa.array(np.where(idx >= 0, idx, 0)))
+        if "initial" in extras.column_names:  # an added row is never part of a starting state
             col = np.asarray(extras.column("initial").fill_null(False).to_numpy(zero_copy_only=False), bool)
             col[new_at] = False
             extras = extras.set_column(extras.column_names.index("initial"), "initial", pa.array(col))

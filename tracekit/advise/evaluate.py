@@ -1,15 +1,17 @@
 """One candidate, one replay: does it fit under the limit, at what peak and at what price.
 
-Pool and heap candidates replay the trace (prepared as counterfactual input for pools,
-``tracekit.advise.counterfactual``) through the simulator at the limit; ``verified_by_replay``
-is then True. ``MemoryAsyncPool`` and plain ``cudaMalloc`` are not replayed: they are
-modelled as the device allocator, which on the H200 showed no external fragmentation
+Pool and heap candidates replay the trace through the simulator at the limit; pools replay
+it as counterfactual input, with device addresses ordered as a real run would order them
+(``tracekit.advise.counterfactual``); ``verified_by_replay`` is then True.
+``MemoryAsyncPool`` and plain ``cudaMalloc`` are not replayed: they are modelled as the
+device allocator, which on the H200 showed no external fragmentation
 (``docs/device-replay.md``), so their reserved bytes after every event are
 
     async:      ⌈Σ_live ⌈size/512⌉·512 / 2 MiB⌉ · 2 MiB   (the driver's pool maps 2 MiB pages)
     cudaMalloc: Σ_live cost(size), cost = ⌈size/512⌉·512 if size ≤ 1 MiB else ⌈size/2 MiB⌉·2 MiB
 
-and they fit when the peak is within the limit. ``price`` counts device calls: segment
+and they fit when the peak is within the limit (optimistic for the async pool, whose own
+pool can fragment: ``docs/fidelity.md``). ``price`` counts device calls: segment
 allocations plus frees for pools (for expandable segments: pages mapped plus unmapped), one
 call per request and per free for cudaMalloc and the async pool, none for a simulated heap.
 """
@@ -27,6 +29,7 @@ from tracekit.sim.engine import replay
 from tracekit.sim.heap import round_up
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
+from tracekit.units import format_size
 
 PAGE = 2 << 20
 SMALL = 1 << 20
@@ -60,9 +63,14 @@ class Outcome:
         return (0 if self.fits else 1, -(self.failed_at if self.failed_at is not None else 1 << 62),
                 self.peak_reserved)
 
+    def label(self) -> str:
+        if self.candidate.kind == Kind.CUPY_LIMIT and self.capacity:
+            return f"CuPy pool, set_limit({format_size(self.capacity)})"
+        return self.candidate.label()
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "setting": self.candidate.label(), "kind": self.candidate.kind.value,
+            "setting": self.label(), "kind": self.candidate.kind.value,
             "policy": self.candidate.policy, "options": self.candidate.opts,
             "capacity_bytes": self.capacity, "fits": self.fits,
             "peak_reserved_bytes": self.peak_reserved, "headroom_bytes": self.headroom,
@@ -97,7 +105,13 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     assert cand.policy is not None
     src = input_for(cand, trace)
     cfg = SimConfig(capacity=capacity, device_total=device_total, options=cand.opts)
-    s = replay(src, cand.policy, cfg).summary
+    if cand.kind == Kind.FREE_LIST:
+        s = replay(src, cand.policy, cfg).summary
+    else:
+        from tracekit.advise.counterfactual import counterfactual_replay
+
+        src, res = counterfactual_replay(src, cand.policy, cfg)
+        s = res.summary
     failed = None
     if s.oom is not None:
         failed = int(np.searchsorted(src.events.seq, s.oom.seq))

@@ -2,7 +2,9 @@
 
 BASE is a recording under one setting (the defaults) that ran out of memory; RUN is the
 same program recorded under setting X. The prediction replays BASE, prepared as
-counterfactual input (``tracekit.advise.counterfactual.prepare``), under X and RUN's limit.
+counterfactual input (``tracekit.advise.counterfactual.prepare``), under X and RUN's limit,
+with device addresses ordered as a real run would order them
+(``counterfactual.counterfactual_replay``).
 Both sides are reduced to *requests* (``malloc``, ``free``, ``oom`` rows, in order; rows of
 a rebuilt starting state excluded) and to reserved bytes after each request:
 
@@ -19,14 +21,14 @@ bytes; ``first_departure`` is the first k where they differ (None: exact).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tracekit.advise.counterfactual import SETTINGS_KEY, prepare
+from tracekit.advise.counterfactual import SETTINGS_KEY, counterfactual_replay, prepare
 from tracekit.sim.base import PolicyRun, SimConfig
-from tracekit.sim.engine import replay
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op, Source
 from tracekit.units import format_size
@@ -105,18 +107,37 @@ def _is_alloc(op: np.ndarray) -> np.ndarray:
     return (op == Op.MALLOC) | (op == Op.OOM)
 
 
+class Hints(StrEnum):
+    """Which recorded hints a prediction uses (the ablation in ``docs/fidelity.md``)."""
+
+    ALL = "all"  # every recorded hint as it is: releases, settings' releases, addresses
+    INVENTED = "invented"  # prepared, every device address invented (no address hints)
+    PREPARED = "prepared"  # allocator-internal releases removed; recorded addresses, new ones invented
+    ORDERED = "ordered"  # prepared, and device addresses ordered as a real run would (the default)
+
+
 def compare(base: Trace, run: Trace, setting: str, options: dict[str, str], policy: str,
-            capacity: int | None, name: str = "") -> Comparison:
+            capacity: int | None, name: str = "", hints: Hints = Hints.ORDERED) -> Comparison:
     """Predict ``run`` from ``base`` under ``options`` and ``capacity``; compare per request."""
-    prep = prepare(base)
-    sim = replay(prep, policy, SimConfig(capacity=capacity, options=options))
+    cfg = SimConfig(capacity=capacity, options=options)
+    if hints == Hints.ORDERED:
+        prep, sim = counterfactual_replay(prepare(base), policy, cfg)
+    else:
+        from tracekit.sim.engine import replay
+
+        prep = base if hints == Hints.ALL else prepare(base)
+        if hints == Hints.INVENTED:
+            cfg = SimConfig(capacity=capacity, options={**options, "addresses": "invent"})
+        sim = replay(prep, policy, cfg)
     p, r = predicted(prep, sim.run), recorded(run)
     ooms = np.flatnonzero(p.op == Op.OOM)
     end = int(ooms[0]) + 1 if len(ooms) else len(p.op)
     end = min(end, len(r.op))
     alloc = _is_alloc(p.op[:end])
-    # A free's recorded size is the block's, which the setting's rounding changes: compare requests only.
-    same = (alloc == _is_alloc(r.op[:end])) & (~alloc | (p.size[:end] == r.size[:end]))
+    # A free's recorded size is the block's and a PyTorch oom row's is the rounded request; the
+    # setting's rounding changes both, so sizes are compared between successful requests only.
+    sized = (p.op[:end] == Op.MALLOC) & (r.op[:end] == Op.MALLOC)
+    same = (alloc == _is_alloc(r.op[:end])) & (~sized | (p.size[:end] == r.size[:end]))
     diff = np.flatnonzero(~same)
     k = int(diff[0]) if len(diff) else end
     miss = np.flatnonzero(p.reserved[:k] != r.reserved[:k])
@@ -140,9 +161,20 @@ def run_setting(run: Trace) -> tuple[str, str, dict[str, str], int | None]:
         from tracekit.sim.policies._torch_config import options_from_snapshot
 
         opts = options_from_snapshot(run.meta.extra.get(SETTINGS_KEY) or {})
-        return ",".join(f"{k}:{v}" for k, v in opts.items()), "torch", opts, run.meta.pool_limit_bytes
+        return _conf_text(opts), "torch", opts, run.meta.pool_limit_bytes
     limit = run.meta.pool_limit_bytes
     return (f"set_limit({format_size(limit)})" if limit else "no limit"), "cupy", {}, limit
+
+
+def _conf_text(opts: dict[str, str]) -> str:
+    """PyTorch's syntax, a uniform roundup_power2_divisions table written as one number."""
+    from tracekit.advise.candidates import conf_text
+
+    div = opts.get("roundup_power2_divisions", "")
+    values = {v.split(":")[1] for v in div.strip("[]").split(",")} if div.startswith("[") else set()
+    if len(values) == 1:
+        opts = {**opts, "roundup_power2_divisions": values.pop()}
+    return conf_text(opts)
 
 
 @dataclass(frozen=True)
@@ -171,12 +203,12 @@ class ComparisonTable:
         return "\n".join(lines)
 
 
-def compare_runs(base_path: Path, run_paths: list[Path]) -> ComparisonTable:
+def compare_runs(base_path: Path, run_paths: list[Path], hints: Hints = Hints.ORDERED) -> ComparisonTable:
     """Every run predicted from the base recording (see the module docstring)."""
     base = read_trace(base_path)
     rows = []
     for path in run_paths:
         run = read_trace(path)
         setting, policy, opts, cap = run_setting(run)
-        rows.append(compare(base, run, setting, opts, policy, cap, Path(path).name))
+        rows.append(compare(base, run, setting, opts, policy, cap, Path(path).name, hints))
     return ComparisonTable(Path(base_path).name, tuple(rows))

@@ -52,6 +52,7 @@ class AdviseResult:
     top_sites: tuple[SiteBytes, ...]
     command: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    device_checks: tuple[Any, ...] = ()  # tracekit.advise.on_device.DeviceCheck, with --verify-on-device
 
     @property
     def scope(self) -> str:
@@ -69,7 +70,7 @@ class AdviseResult:
             where = (f"under the limit of {format_size(self.limit)}" if o.candidate.kind != Kind.CUPY_LIMIT
                      else f"with the pool limit raised to {format_size(o.capacity or 0)}")
             model = "" if o.verified_by_replay else " (by the device-allocator model, not a replay)"
-            return (f"{o.candidate.label()} fits {where}{model}, peak reserved "
+            return (f"{o.label()} fits {where}{model}, peak reserved "
                     f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom; "
                     f"rerun with: {self.line(o.candidate, o.capacity)}")
         text = f"Nothing tried fits under {format_size(self.limit)}"
@@ -99,6 +100,7 @@ class AdviseResult:
             "top_sites_at_peak": [s.to_dict() for s in self.top_sites],
             "tried": [o.to_dict() | {"error": o.error} for o in self.tried],
             "scope": self.scope, "notes": list(self.notes),
+            "device_checks": [c.to_dict() for c in self.device_checks],
         }
 
     def to_text(self) -> str:
@@ -107,7 +109,7 @@ class AdviseResult:
         rows = [("setting", "fits", "peak reserved", "headroom", "device allocs/frees", "verified")]
         for o in sorted(self.tried, key=lambda o: (not o.fits, rank_key(o))):
             rows.append((
-                o.candidate.label(), "error" if o.error else ("yes" if o.fits else "no"),
+                o.label(), "error" if o.error else ("yes" if o.fits else "no"),
                 format_size(o.peak_reserved),
                 format_size(o.headroom) if o.fits and o.headroom is not None else "",
                 f"{o.device_allocs}/{o.device_frees}", "replay" if o.verified_by_replay else "model",
@@ -120,5 +122,9 @@ class AdviseResult:
             lines += [f"  {format_size(s.bytes):>12}  {s.blocks:>6} blocks  {s.site or '(no call-site)'}"
                       for s in self.top_sites]
         lines += [f"note: {n}" for n in self.notes]
+        for c in self.device_checks:
+            verdict = {True: "confirmed on the device", False: "model and device DISAGREE",
+                       None: f"not checked ({c.note})"}[c.agrees]
+            lines.append(f"device: {c.setting}: {verdict}")
         lines.append(f"recommendation: {self.recommendation()}")
         return "\n".join(lines)

@@ -126,7 +126,9 @@ def _notes(trace: Trace, kind: str, tried: list[Outcome]) -> tuple[str, ...]:
     if kind == "cupy":
         out.append("MemoryAsyncPool and cudaMalloc are modelled as the device allocator, which showed no "
                    "external fragmentation on the H200: they fit when the live bytes at the device's "
-                   "granularity fit; they are not replayed")
+                   "granularity fit; they are not replayed. The model is optimistic for MemoryAsyncPool: "
+                   "on the H200 its own pool fragmented under a 256 MiB cap where cudaMalloc fit "
+                   "(docs/fidelity.md); --verify-on-device checks both")
     if kind != "raw" and wrapped_start(trace):
         out.append("the trace starts from a rebuilt state (its history wrapped); every setting is replayed "
                    "from that state, which the recorded setting produced")

@@ -17,6 +17,9 @@ def advise(
     ),
     jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: CPUs)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    verify_on_device: int | None = typer.Option(
+        None, "--verify-on-device", min=0, help="Re-check the top settings through a real allocator on GPU N."
+    ),
 ) -> None:
     """Find settings under which TRACE fits its limit, by replay, and print a paste-ready line."""
     from tracekit.advise.run import advise as run_advise
@@ -26,7 +29,14 @@ def advise(
 
     lim = parse_size(limit, "--limit") if limit is not None else None
     total = parse_size(device_total, "--device-total") if device_total is not None else None
-    result = run_advise(read_trace(trace), limit=lim, device_total=total, jobs=jobs)
+    t = read_trace(trace)
+    result = run_advise(t, limit=lim, device_total=total, jobs=jobs)
+    if verify_on_device is not None:
+        from dataclasses import replace
+
+        from tracekit.advise.on_device import verify
+
+        result = replace(result, device_checks=verify(t, result.fits, verify_on_device))
     if json_out:
         echo_json(result.to_dict())
     else:

@@ -23,6 +23,9 @@ def report(
         None, "--whatif-json", help="Use saved `tracekit whatif --json` output instead of recomputing."
     ),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
+    advise: bool = typer.Option(
+        False, "--advise", help="Also add `tracekit advise`: the settings that fit (slower)."
+    ),
 ) -> None:
     """Draw timeline, memory map, the OOM moment, sizes and call-sites into one HTML page."""
     from tracekit.cli.common import wrote
@@ -35,7 +38,8 @@ def report(
     if whatif_json is not None and not whatif_json.is_file():
         raise InputError(f"{whatif_json}: no such what-if JSON file")
     what = whatif_json if whatif_json is not None else (True if whatif else None)
-    wrote(write_report(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force))
+    wrote(write_report(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,
+                       advise=advise))
     if png is not None:
         wrote(png)
 

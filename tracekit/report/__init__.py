@@ -23,12 +23,13 @@ def write_report(
     baseline: Path | None = None,
     whatif: Any = None,
     force: bool = False,
+    advise: bool = False,
 ) -> Path:
     """Write the report for ``trace_path`` to ``output``; see ``tracekit.report.build.write_report``."""
     from tracekit.report.build import write_report as _write
 
     return _write(trace_path, output, analysis, png_dir=png_dir, baseline=baseline, whatif=whatif,
-                  force=force)
+                  force=force, advise=advise)
 
 
 __all__ = ["write_report"]

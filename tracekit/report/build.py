@@ -165,6 +165,7 @@ def write_report(
     baseline: Path | None = None,
     whatif: Any = None,
     force: bool = False,
+    advise: bool = False,
 ) -> Path:
     """Write the HTML report for ``trace_path`` to ``output`` (and each figure as PNG under ``png_dir``).
 
@@ -214,6 +215,12 @@ def write_report(
             rendered.append(r)
             wsec = html.figure_html(r) + wsec
         sections.append(wsec)
+    if advise:
+        from tracekit.report.advise_view import advise_block
+
+        r, asec = advise_block(trace, png_bytes)
+        rendered.append(r)
+        sections.append(html.figure_html(r) + asec)
     doc = html.page(f"tracekit report: {trace_path.name}", header(trace, summary), sections)
     pngs = [] if png_dir is None else [(Path(png_dir) / f"{r.key}.png", r.png) for r in rendered]
     if png_dir is not None:  # every output is checked and the folder made before anything is written

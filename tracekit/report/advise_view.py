@@ -1,0 +1,92 @@
+"""The ``report --advise`` section: every setting ``tracekit advise`` tried, as a chart and a table.
+
+The chart has one bar per setting: its peak reserved bytes at the limit (green when it
+fits, grey when it ran out, hatched when the result is the device-allocator model rather
+than a replay), the limit as a solid line and the live-bytes lower bound as a dashed one;
+each bar is labelled with the headroom (limit − peak reserved) and the price (device
+allocations + frees); a star marks the recommendation. The axis starts just below the lower
+bound, since the settings differ by a few percent of the limit. The table gives the same
+numbers, after the recommendation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from tracekit.report.figures import new_figure
+from tracekit.report.html import Rendered, esc, table
+from tracekit.report.style import PALETTE, byte_scale
+from tracekit.trace import Trace
+from tracekit.units import format_size
+
+TITLE = "Advise: settings that fit under the limit"
+CAPTION = (
+    "Peak reserved bytes of the recorded run replayed under each setting at the limit (solid line): "
+    "green fits, grey runs out, hatched is the device-allocator model instead of a replay. The dashed "
+    "line is the lower bound (peak live bytes). Labels: headroom under the limit and the price in device "
+    "allocations + frees. Only the recorded part of the run is checked."
+)
+MAX_BARS = 24
+
+
+def draw_advise(d: dict[str, Any]) -> Figure:
+    """The chart for ``AdviseResult.to_dict()`` output ``d``."""
+    rows = sorted(d["tried"], key=lambda r: (not r["fits"], r["peak_reserved_bytes"]))[:MAX_BARS]
+    fig = new_figure(12, 1.6 + 0.38 * len(rows))
+    ax = fig.add_subplot()
+    limit, bound = d["limit_bytes"], d["lower_bound_bytes"]
+    peaks = np.array([r["peak_reserved_bytes"] for r in rows], float)
+    sc = byte_scale(max(float(peaks.max(initial=0.0)), float(limit)))
+    y = np.arange(len(rows))[::-1]
+    for yi, r, p in zip(y, rows, peaks, strict=True):
+        ax.barh(yi, p / sc.div, color=PALETTE[2] if r["fits"] else (0.7, 0.7, 0.7),
+                hatch="//" if not r["verified_by_replay"] else None, edgecolor="white")
+        text = (f" headroom {format_size(r['headroom_bytes'])}, {r['price']:,} calls" if r["fits"]
+                else " runs out")
+        ax.text(p / sc.div, yi, text, va="center", fontsize=8)
+    best = d["fits"][0]["setting"] if d["fits"] else None
+    names = [_short(r["setting"]) + (" ★" if r["setting"] == best else "") for r in rows]
+    ax.set_yticks(y, names, fontsize=8)
+    ax.axvline(limit / sc.div, color="black", lw=1.4, label=f"limit {format_size(limit)}")
+    ax.axvline(bound / sc.div, color="black", ls="--", lw=1.0, label=f"lower bound {format_size(bound)}")
+    # Settings differ by a few percent of the limit: the axis starts near the lower bound, not at 0.
+    lo = min(float(peaks.min(initial=float(limit))), float(bound)) * 0.97
+    ax.set_xlim(lo / sc.div, max(float(peaks.max(initial=0.0)), float(limit)) / sc.div * 1.04
+                + (limit - lo) / sc.div * 0.45)
+    ax.set_xlabel(f"peak reserved at the limit ({sc.unit}; the axis starts at {format_size(lo)})")
+    ax.grid(alpha=0.3, axis="x")
+    fig.legend(loc="outside lower center", ncol=2, fontsize=9, frameon=False)
+    fig.suptitle("Advise: each setting replayed under the limit", fontsize=12)
+    return fig
+
+
+def _short(text: str, width: int = 64) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def advise_table(d: dict[str, Any]) -> str:
+    rows = [
+        [r["setting"], "yes" if r["fits"] else "no", format_size(r["peak_reserved_bytes"]),
+         format_size(r["headroom_bytes"]) if r["fits"] and r["headroom_bytes"] is not None else "",
+         f"{r['device_allocs']:,} / {r['device_frees']:,}", "replay" if r["verified_by_replay"] else "model"]
+        for r in sorted(d["tried"], key=lambda r: (not r["fits"], r["peak_reserved_bytes"]))
+    ]
+    head = ["setting", "fits", "peak reserved", "headroom", "device allocs / frees", "checked by"]
+    parts = [
+        f'<p class="ok"><b>Recommendation.</b> {esc(d["recommendation"])}</p>',
+        f"<p>{esc(d['scope'])}.</p>",
+        table(rows, head, (2, 3, 4)),
+    ]
+    parts += [f"<p>Note: {esc(n)}</p>" for n in d.get("notes", ())]
+    return "\n".join(parts)
+
+
+def advise_block(trace: Trace, png: Any) -> tuple[Rendered, str]:
+    """Run ``advise`` on ``trace``; the rendered chart (``png``: Figure -> bytes) and the section's HTML."""
+    from tracekit.advise.run import advise
+
+    d = advise(trace).to_dict()
+    return Rendered("advise", TITLE, CAPTION, png(draw_advise(d))), advise_table(d)
