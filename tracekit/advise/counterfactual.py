@@ -37,7 +37,8 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.sim.base import SimConfig
-from tracekit.sim.policies._cupy_glue import initial_mask, release_points
+from tracekit.sim.pool_run import release_points
+from tracekit.sim.prepare import prepare as replay_input
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
@@ -47,6 +48,11 @@ SETTINGS_KEY = "torch_allocator_settings"
 PAGE = 2 << 20
 TOP = float(1 << 47)  # the key of a first fresh range: above every user-space address
 BASE = 1 << 40  # where a counterfactual layout starts
+
+
+def initial_mask(trace: Trace) -> np.ndarray:
+    """Bool per event: the row rebuilds the state a wrapped history starts from."""
+    return replay_input(trace).initial
 
 
 def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.advise.counterfactual import SETTINGS_KEY, counterfactual_replay, prepare
+from tracekit.advise.counterfactual import SETTINGS_KEY, counterfactual_replay, initial_mask, prepare
 from tracekit.sim.base import PolicyRun, SimConfig
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op, Source
@@ -57,8 +57,6 @@ def _owner(req: np.ndarray) -> np.ndarray:
 
 def recorded(trace: Trace) -> Requests:
     """Requests of a recording, reserved bytes from its own segment rows."""
-    from tracekit.sim.policies._cupy_glue import initial_mask
-
     ev = trace.events
     init = initial_mask(trace)
     req = _requests(ev.op, init)
@@ -71,8 +69,6 @@ def recorded(trace: Trace) -> Requests:
 
 def predicted(trace: Trace, run: PolicyRun) -> Requests:
     """Requests of ``trace`` with reserved bytes from a replay's emitted rows."""
-    from tracekit.sim.policies._cupy_glue import initial_mask
-
     ev = trace.events
     init = initial_mask(trace)
     req = _requests(ev.op, init)

@@ -1,11 +1,11 @@
 """``advise --verify-on-device N``: the top candidates re-checked through a real allocator on GPU N.
 
 Each checked candidate's requests (the same counterfactual input the simulator replayed)
-go through the device replay (``tracekit.device.replay.replay_on_device``) at the same
-limit: CuPy's pool and a raised ``set_limit`` through a fresh CuPy ``MemoryPool``,
-``MemoryAsyncPool`` through the async pool, plain ``cudaMalloc`` through cudaMalloc, and
-PyTorch settings through PyTorch's own caching allocator when the device replay offers
-one (``Allocator.TORCH``). A candidate is *confirmed* when the real allocator serves
+go through a device replay at the same limit: PyTorch settings through PyTorch's own
+caching allocator (``tracekit.device.torch_replay.replay_torch_on_device``), CuPy's pool
+and a raised ``set_limit`` through a fresh CuPy ``MemoryPool``, ``MemoryAsyncPool``
+through the async pool and plain ``cudaMalloc`` through cudaMalloc
+(``tracekit.device.replay.replay_on_device``). A candidate is *confirmed* when the real allocator serves
 every request, and a *disagreement* when model and reality differ on whether it fits.
 Candidates the device replay cannot express (``free_all_blocks()`` inserted at a
 call-site, free-list policies) are reported as not checked.
@@ -47,32 +47,35 @@ class DeviceCheck:
 
 def verify(trace: Trace, tried: Sequence[Outcome], device: int, top: int = TOP) -> tuple[DeviceCheck, ...]:
     """Re-check the ``top`` best candidates (``tried`` ranked, best first) on ``device``."""
-    from tracekit.device.capacity import Allocator
-    from tracekit.device.replay import DeviceConfig, replay_on_device
-
     checks = []
     for o in tried[:top]:
-        name = _CUPY.get(o.candidate.kind) if o.candidate.kind != Kind.TORCH_CONF else "TORCH"
-        alloc = getattr(Allocator, name, None) if name else None
-        if alloc is None:
-            why = ("this device replay has no PyTorch allocator yet" if name == "TORCH"
-                   else "the device replay cannot insert this change")
-            checks.append(DeviceCheck(o.label(), o.fits, None, None, why))
-            continue
-        kw: dict[str, Any] = {"device": device, "allocator": alloc, "capacity": o.capacity}
-        if o.candidate.options:
-            if "torch_conf" not in {f.name for f in fields(DeviceConfig)}:
-                why = "the device replay takes no allocator settings"
-                checks.append(DeviceCheck(o.label(), o.fits, None, None, why))
-                continue
-            kw["torch_conf"] = dict(o.candidate.options)
         try:
-            run = replay_on_device(_input(trace, o), DeviceConfig(**kw))
-        except DeviceError as e:
+            run = _replay(trace, o, device)
+        except (DeviceError, ImportError) as e:  # no CuPy / PyTorch here: nothing is claimed
             checks.append(DeviceCheck(o.label(), o.fits, None, None, str(e)))
+            continue
+        if run is None:
+            why = "the device replay cannot insert this change"
+            checks.append(DeviceCheck(o.label(), o.fits, None, None, why))
             continue
         checks.append(DeviceCheck(o.label(), o.fits, run.ooms == 0, run.peak_reserved))
     return tuple(checks)
+
+
+def _replay(trace: Trace, o: Outcome, device: int) -> Any:
+    """The device run of candidate ``o`` (None when the device replay cannot express it)."""
+    if o.candidate.kind == Kind.TORCH_CONF:
+        from tracekit.device.torch_replay import replay_torch_on_device
+
+        return replay_torch_on_device(_input(trace, o), dict(o.candidate.options), o.capacity, device)
+    name = _CUPY.get(o.candidate.kind)
+    if name is None:
+        return None
+    from tracekit.device.capacity import Allocator
+    from tracekit.device.replay import DeviceConfig, replay_on_device
+
+    cfg = DeviceConfig(device=device, allocator=Allocator[name], capacity=o.capacity)
+    return replay_on_device(_input(trace, o), cfg)
 
 
 def _input(trace: Trace, o: Outcome) -> Trace:
