@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On a GPU machine: the counterfactual runs behind `tracekit advise`.
+# On a GPU machine: `tracekit advise --verify-on-device` on the committed OOM traces and the
+# GPU tests of advise; with RECORD=1 also the counterfactual runs behind traces/counterfactual/:
 #  1. The PyTorch `oom` workload (scripts/torch_counterfactual.py run, the limit of
 #     traces/torch-oom.parquet) recorded with `python -m tracekit record --torch` under the
 #     default allocator settings and under each setting advise may recommend.
@@ -7,7 +8,8 @@
 #     values: the recorded 256 MiB, 300 MiB (predicted to fail) and 308 MiB (predicted to fit).
 #  3. cupy-oom-frag replayed on the device through cudaMalloc and MemoryAsyncPool at 256 MiB
 #     (does the device allocator fit where the pool did not?).
-#  4. The GPU tests of advise.
+#  4. (always) advise --verify-on-device 0 on traces/torch-oom.parquet and cupy-oom-frag.parquet,
+#     and the GPU tests of advise.
 # Everything goes under $OUT, packed as $OUT/advise.tar.gz (written on every way out).
 #   OUT=/some/dir bash scripts/gpu_advise.sh
 set -uo pipefail
@@ -58,22 +60,30 @@ record_cupy() {
     scripts/record_workloads.py oom > "$W/cupy/cupy-cf-$1.log" 2>&1
   echo "exit code $?" >> "$W/cupy/cupy-cf-$1.log"
 }
-for s in "${SETTINGS[@]}"; do record_torch "$s"; done
-for l in 256MiB 308MiB 300MiB; do record_cupy "$l"; done
-for a in cuda cupy-async; do
-  step "device replay cupy-oom-frag through $a at 256MiB"
-  timeout "$(lim 60)" python3 -m tracekit replay traces/cupy-oom-frag.parquet --device 0 --allocator "$a" \
-    --capacity 256MiB --json > "$W/device/oom-frag-$a.json" 2> "$W/device/oom-frag-$a.err"
-  echo "exit code $?" >> "$W/device/oom-frag-$a.err"
-done
-for s in "${EXTRA[@]}"; do record_torch "$s"; done
-
 if ls tests/test_advise*.py > /dev/null 2>&1; then
   step "gpu tests"
-  timeout "$(lim 120)" python3 -m pytest -m gpu tests/test_advise*.py -q -rA -p no:cacheprovider \
+  timeout "$(lim 150)" python3 -m pytest -m gpu tests/test_advise*.py -q -rA -p no:cacheprovider \
     > "$W/pytest-gpu.log" 2>&1
   echo "exit code $?" >> "$W/pytest-gpu.log"
 fi
+for t in torch-oom cupy-oom-frag; do
+  step "advise $t --verify-on-device 0"
+  timeout "$(lim 90)" python3 -m tracekit advise "traces/$t.parquet" --verify-on-device 0 --json \
+    > "$W/device/advise-$t.json" 2> "$W/device/advise-$t.err"
+  echo "exit code $?" >> "$W/device/advise-$t.err"
+done
+if [ "${RECORD:-0}" = 1 ]; then
+  for s in "${SETTINGS[@]}"; do record_torch "$s"; done
+  for l in 256MiB 308MiB 300MiB; do record_cupy "$l"; done
+  for a in cuda cupy-async; do
+    step "device replay cupy-oom-frag through $a at 256MiB"
+    timeout "$(lim 60)" python3 -m tracekit replay traces/cupy-oom-frag.parquet --device 0 --allocator "$a" \
+      --capacity 256MiB --json > "$W/device/oom-frag-$a.json" 2> "$W/device/oom-frag-$a.err"
+    echo "exit code $?" >> "$W/device/oom-frag-$a.err"
+  done
+  for s in "${EXTRA[@]}"; do record_torch "$s"; done
+fi
+
 for f in "$W"/torch/*.parquet "$W"/cupy/*.parquet; do
   [ -e "$f" ] && timeout "$(lim 20)" python3 -m tracekit info "$f" > "$f.info.txt" 2>&1
 done

@@ -8,7 +8,8 @@ through the async pool and plain ``cudaMalloc`` through cudaMalloc
 (``tracekit.device.replay.replay_on_device``). A candidate is *confirmed* when the real allocator serves
 every request, and a *disagreement* when model and reality differ on whether it fits.
 Candidates the device replay cannot express (``free_all_blocks()`` inserted at a
-call-site, free-list policies) are reported as not checked.
+call-site, free-list policies) are reported as not checked; when no candidate could be
+replayed at all (no GPU, no CuPy or PyTorch) that is a DeviceError.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ class DeviceCheck:
 def verify(trace: Trace, tried: Sequence[Outcome], device: int, top: int = TOP) -> tuple[DeviceCheck, ...]:
     """Re-check the ``top`` best candidates (``tried`` ranked, best first) on ``device``."""
     checks = []
+    errors: list[Exception] = []
     for o in tried[:top]:
         try:
             run = _replay(trace, o, device)
-        except (DeviceError, ImportError) as e:  # no CuPy / PyTorch here: nothing is claimed
+        except (DeviceError, ImportError) as e:  # this candidate is not claimed either way
+            errors.append(e)
             checks.append(DeviceCheck(o.label(), o.fits, None, None, str(e)))
             continue
         if run is None:
@@ -59,6 +62,9 @@ def verify(trace: Trace, tried: Sequence[Outcome], device: int, top: int = TOP) 
             checks.append(DeviceCheck(o.label(), o.fits, None, None, why))
             continue
         checks.append(DeviceCheck(o.label(), o.fits, run.ooms == 0, run.peak_reserved))
+    if errors and all(c.fits_on_device is None for c in checks):
+        raise DeviceError(f"--verify-on-device {device}: no setting could be replayed on the device "
+                          f"({errors[0]})")
     return tuple(checks)
 
 
