@@ -25,6 +25,7 @@ from tracekit.sim.base import PolicyRun, SimConfig, Stat, Status
 from tracekit.sim.policies._torch_config import options_from_snapshot
 from tracekit.sim.policies.cupy_pool import MODEL as CUPY
 from tracekit.sim.policies.torch_caching import MODEL as TORCH
+from tracekit.sim.pool_run import retry_releases
 from tracekit.sim.prepare import prepare
 from tracekit.trace import Op, Source, Trace, read_trace
 
@@ -235,6 +236,22 @@ def test_cli_replay_of_the_cupy_oom_fails_at_the_recorded_request() -> None:
     oom = json.loads(p.stdout)["oom"]
     assert oom["seq"] == 164 and oom["size"] == 64 << 20
     assert oom["largest_free_block"] == 56 << 20 and oom["reserved_bytes"] == 243 * (1 << 20) + (1 << 19)
+
+
+@pytest.mark.parametrize(("name", "mib", "cap_gib", "retries"),
+                         [("torch-maxsplit", 64, 3, 295), ("torch-maxsplit-b", 200, 2, 261)])
+def test_max_split_snapshots_retry_through_release_available(name: str, mib: int, cap_gib: int,
+                                                             retries: int) -> None:
+    """The snapshots recorded for the release path: PyTorch released cached memory while retrying
+    hundreds of requests under a tight cap, and the program once on its own (``empty_cache``)."""
+    trace = read_trace(TRACES / f"{name}.parquet")
+    assert trace.meta.extra["torch_allocator_settings"]["max_split_size"] == mib << 20
+    assert trace.meta.pool_limit_bytes == cap_gib << 30
+    inp = prepare(trace)
+    own, retry = retry_releases(trace.events.op, inp.size, inp.initial)
+    assert int(own.sum()) == 1 and int((retry > 0).sum()) == retries
+    a = agreement(trace)
+    assert a.first_reserved_miss == -1 and a.seg_sim == a.seg_real and a.same_address == a.mallocs
 
 
 def _seq(trace: Trace, i: int) -> str:

@@ -271,3 +271,60 @@ def test_garbage_collection_threshold_releases_old_cached_blocks():
 def test_impossible_request_is_an_oom_not_an_overflow():
     r = run([(M, 2**63 + 5, 1), (M, 512, 2)], capacity=1 << 40, cont=True)
     assert list(r.status) == [Status.OOM, Status.DONE]
+
+
+# release_available_cached_blocks (max_split_size M = 64 MiB): on a refused cudaMalloc, with
+# key = max(request, M), free the smallest cached block >= key on the request's stream and pool;
+# else walk that stream's cached blocks from the largest down while they are >= M, freeing them
+# until the freed bytes reach key; only if that fails, release_cached_blocks frees every one.
+M64 = {"max_split_size_mb": "64"}
+A = [0x7F0000000000 + k * (1 << 32) for k in range(8)]
+
+
+def _cached(sizes_mib, live_mib, stream_of=None):
+    """Rows: one segment per block (recorded), the live one kept, the others freed (cached)."""
+    rows = []
+    for k, s in enumerate([live_mib, *sizes_mib]):
+        st = (stream_of or {}).get(k, 1)
+        rows += [(SA, s * MIB, A[k], st), (M, s * MIB, A[k], st)]
+    rows += [(F, 0, A[k], (stream_of or {}).get(k, 1)) for k in range(1, len(sizes_mib) + 1)]
+    return rows
+
+
+def test_release_available_frees_the_largest_blocks_until_the_key():
+    # The H200 case: two 250 MiB blocks are freed for a 376 MiB request, the 100 MiB one stays.
+    rows = _cached([250, 250, 100], 300)
+    recorded = [(SF, 250 * MIB, A[2], 1), (SF, 250 * MIB, A[1], 1), (SA, 376 * MIB, A[5], 1)]
+    for tail in (recorded, []):  # with PyTorch's recorded rows, and from the cap alone
+        r = run([*rows, *tail, (M, 376 * MIB, A[5], 1)], capacity=1000 * MIB, options=M64)
+        assert r.status[-1] == Status.DONE
+        assert seg_rows(r)[4:] == [("free", 250), ("free", 250), ("alloc", 376)]
+
+
+def test_release_available_frees_one_block_that_covers_the_key():
+    r = run([*_cached([250, 400, 500], 300), (M, 376 * MIB, A[5], 1)], capacity=1500 * MIB, options=M64)
+    assert seg_rows(r)[4:] == [("free", 400), ("alloc", 376)]
+
+
+def test_release_available_keeps_to_the_request_stream():
+    # The 500 MiB block is cached on stream 2: not the request's stream, so it stays.
+    rows = _cached([250, 250, 500], 300, stream_of={3: 2})
+    r = run([*rows, (M, 376 * MIB, A[5], 1)], capacity=1400 * MIB, options=M64)
+    assert seg_rows(r)[4:] == [("free", 250), ("free", 250), ("alloc", 376)]
+
+
+def test_release_available_stops_below_max_split_then_everything_goes():
+    # The walk frees 250 MiB (not enough) and stops at 40 MiB, below M; the freed block stays
+    # freed, and release_cached_blocks then frees the rest.
+    r = run([*_cached([250, 40], 300), (M, 376 * MIB, A[5], 1)], capacity=900 * MIB, options=M64)
+    assert seg_rows(r)[3:] == [("free", 250), ("free", 40), ("alloc", 376)]
+
+
+def test_recorded_release_beyond_release_available_means_release_cached():
+    # The recording freed 600 MiB for the request (the device refused once more): all three go.
+    rows = _cached([250, 250, 100], 300)
+    recorded = [(SF, 100 * MIB, A[3], 1), (SF, 250 * MIB, A[1], 1), (SF, 250 * MIB, A[2], 1),
+                (SA, 376 * MIB, A[5], 1)]
+    r = run([*rows, *recorded, (M, 376 * MIB, A[5], 1)], options=M64)
+    assert sorted(seg_rows(r)[4:7]) == [("free", 100), ("free", 250), ("free", 250)]
+    assert seg_rows(r)[7:] == [("alloc", 376)]

@@ -190,7 +190,7 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
     request = int(ev.rounded[k])
     p = at.row(k)
     live, reserved, lfb = int(p[lf.PROBE_LIVE]), int(p[lf.PROBE_RES]), int(p[lf.PROBE_LFB])
-    torch = trace.meta.source == Source.TORCH or ctx.replay_policy == "torch"
+    torch = trace.meta.source == Source.TORCH or _replays(ctx.replay_policy) == Source.TORCH
     segment = torch_segment_size(request) if torch and not ctx.expandable_segments else request
     usable = lfb
     top: tuple[SiteBytes, ...] = ()
@@ -240,6 +240,14 @@ def _pool_limit(trace: Trace, k: int, device: int, st: OOMState | None, default:
     if pools is not None and pools[k] >= 0 and (device, int(pools[k])) in table:
         return table[(device, int(pools[k]))]
     return default
+
+
+def _replays(policy: str | None) -> Source | None:
+    """The recorded allocator a replay's policy models (registry trait), None if unknown."""
+    from tracekit.sim import policies as registry
+
+    t = registry.traits(policy) if policy is not None else None
+    return t.reproduces if t is not None else None
 
 
 def _usable(state: PoolState, stream: int, request: int, torch_pools: bool, merge: bool) -> int:

@@ -35,8 +35,6 @@ CONTEXT_PARTS: tuple[tuple[str, str], ...] = (
     ("malloc_heap_size", "device malloc heap (limit)"),
     ("printf_fifo_size", "printf buffer"),
 )
-# Replays of these policies model the device itself as one heap of ``capacity`` bytes.
-FREE_LIST_POLICIES = frozenset({"first-fit", "best-fit", "next-fit", "worst-fit", "buddy"})
 
 
 @dataclass(frozen=True)
@@ -132,7 +130,9 @@ def _replay_context(meta: TraceMeta) -> DeviceContext:
         capacity = meta.pool_limit_bytes
     total = _int(extra.get("device_total"))
     name = meta.device.name if meta.device else None
-    if policy in FREE_LIST_POLICIES:
+    from tracekit.sim import policies as registry
+
+    if policy is not None and registry.is_heap(policy):  # the replay modelled the device as one heap
         return DeviceContext(device_name=name, replay_policy=policy, heap_capacity=capacity)
     return DeviceContext(
         device_name=name, device_total=total, free_at_start=total,

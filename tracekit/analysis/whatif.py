@@ -44,7 +44,6 @@ from tracekit.trace.schema import Op
 from tracekit.units import format_size
 
 STEP = 2 << 20
-DEFAULT_POLICIES = ("best-fit", "first-fit", "next-fit", "worst-fit", "buddy", "cupy", "torch")
 LOWER_BOUND_DESCRIPTION = (
     "peak live bytes (512 B rounded): max over time of the sum of requests rounded up to 512 B, "
     "oom rows counted as live"
@@ -128,8 +127,11 @@ class WhatIfResult:
         w = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [f"lower bound (peak live bytes, 512 B rounded): {format_size(self.lower_bound)}"]
         lines += [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}" for r in rows]
-        lines.append(f"(capacities in steps of {format_size(self.step)}; "
-                     "for cupy and torch the capacity is the pool limit)")
+        from tracekit.sim import policies as registry
+
+        pools = [f.policy for f in self.fits if registry.is_pool(f.policy)]
+        note = f"; for {' and '.join(pools)} the capacity is the pool limit" if pools else ""
+        lines.append(f"(capacities in steps of {format_size(self.step)}{note})")
         return "\n".join(lines)
 
 
@@ -213,7 +215,7 @@ def whatif(
     """Smallest capacity per policy (per device); policies run in up to ``jobs`` processes (default: CPUs)."""
     from tracekit.sim import policies as registry
 
-    names = list(policies) if policies else [p for p in DEFAULT_POLICIES if p in registry.names()]
+    names = list(policies) if policies else registry.whatif_defaults()
     for name in names:
         registry.get(name)  # UsageError naming the valid policies
     devs = device_ids(trace)

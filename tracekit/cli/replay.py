@@ -13,6 +13,19 @@ from enum import StrEnum
 from pathlib import Path
 
 import typer
+from typer.core import TyperCommand
+
+
+class ReplayCommand(TyperCommand):
+    """``replay`` whose ``--sim`` help names the registered policies, read only when help is shown."""
+
+    def format_help(self, ctx: typer.Context, formatter: object) -> None:  # type: ignore[override]
+        from tracekit.sim import policies
+
+        for param in self.params:
+            if param.name == "sim" and hasattr(param, "help"):
+                param.help = f"Simulated allocator: {policies.help_text()}. An unknown name lists all."
+        super().format_help(ctx, formatter)  # type: ignore[arg-type]
 
 
 class Allocator(StrEnum):
@@ -29,8 +42,7 @@ def replay(
     trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
     sim: str | None = typer.Option(
         None, "--sim", metavar="POLICY",
-        help="Simulated allocator: first-fit, best-fit, next-fit, worst-fit, buddy, cupy, torch "
-        "(an unknown name lists all).",
+        help="Simulated allocator (the policies are listed by `replay --help`).",
     ),
     device: int | None = typer.Option(None, "--device", help="Replay on this GPU instead of simulating."),
     allocator: Allocator = typer.Option(
@@ -42,8 +54,8 @@ def replay(
     ),
     capacity: str | None = typer.Option(
         None, "--capacity", metavar="SIZE",
-        help="Heap size (free lists) or pool limit (cupy, torch), e.g. 6GiB, or 'none'. Default: "
-        "unbounded for free lists; for cupy and torch the pool limit the trace was recorded under.",
+        help="Heap size (heap policies) or pool limit (pool policies), e.g. 6GiB, or 'none'. Default: "
+        "unbounded for heaps; for pools the pool limit the trace was recorded under.",
     ),
     device_total: str | None = typer.Option(
         None, "--device-total", metavar="SIZE", help="Device memory under a pool; default unbounded."
@@ -146,18 +158,16 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
         )
 
 
-POOL_POLICIES = ("cupy", "torch")
-
-
 def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
     """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit."""
+    from tracekit.sim import policies
     from tracekit.trace.reader import read_meta
     from tracekit.units import format_size, parse_size
 
     if capacity is not None:
         unbounded = capacity.strip().lower() in ("none", "unbounded")
         return None if unbounded else parse_size(capacity, "--capacity")
-    if sim not in POOL_POLICIES:
+    if not policies.get(sim).traits.recorded_limit:
         return None
     limit = read_meta(trace).pool_limit_bytes
     if limit:
@@ -167,4 +177,4 @@ def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("replay")(replay)
+    app.command("replay", cls=ReplayCommand)(replay)

@@ -14,14 +14,43 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import ClassVar, Protocol
 
 import numpy as np
 
 from tracekit.sim.codes import Stat, Status
 from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Source
 
-__all__ = ["AllocatorModel", "PolicyRun", "SimConfig", "Stat", "Status"]
+__all__ = ["AllocatorModel", "Layout", "PolicyRun", "PolicyTraits", "SimConfig", "Stat", "Status"]
+
+
+class Layout(StrEnum):
+    """What a policy's capacity bounds, and what its replay reports as reserved."""
+
+    HEAP = "heap"  # one contiguous heap [0, capacity): reserved = the heap's high-water mark
+    POOL = "pool"  # device allocations under a pool limit: reserved = bytes of live segments
+
+
+@dataclass(frozen=True)
+class PolicyTraits:
+    """What a policy says about itself; the CLI, whatif, advise and analysis read these, never names.
+
+    ``recorded_limit``: without ``--capacity`` a replay runs under the pool
+    limit the trace was recorded under. ``whatif``: searched by ``whatif`` (and
+    ``advise``) when no policies are named. ``rank``: place in listings (help,
+    whatif's table), ties by name. ``reproduces``: the source whose recorded
+    allocator the policy models event for event (its fidelity is tested
+    against those traces), None for a model of an idea.
+    """
+
+    layout: Layout
+    recorded_limit: bool = False
+    whatif: bool = True
+    rank: int = 100
+    reproduces: Source | None = None
+
 
 
 @dataclass(frozen=True)
@@ -68,5 +97,6 @@ class AllocatorModel(Protocol):
 
     name: ClassVar[str]
     description: ClassVar[str]
+    traits: ClassVar[PolicyTraits]
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun: ...

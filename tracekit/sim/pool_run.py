@@ -47,6 +47,42 @@ def release_points(op: np.ndarray, init: np.ndarray) -> np.ndarray:
     return first
 
 
+def retry_releases(op: np.ndarray, size: np.ndarray, init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Split the recorded release points into the program's own and the allocator's retries.
+
+    A run of recorded ``segment_free`` rows followed only by segment rows up to
+    an allocation attempt, where that attempt got a new ``segment_alloc`` or
+    failed (an ``oom`` row), is the allocator releasing cached memory while
+    retrying that request: it is returned as the bytes released, per request
+    (int64, 0 = none), and not as a release point. Every other run is the
+    program's own release (``empty_cache()``, ``free_all_blocks()``): bool per
+    row, its first row, as ``release_points`` gives.
+    """
+    n = len(op)
+    rel = release_points(op, init)
+    retry = np.zeros(n, np.int64)
+    starts = np.flatnonzero(rel)
+    if len(starts) == 0:
+        return rel, retry
+    idx = np.arange(n, dtype=np.int64)
+    freed = (op == Op.SEGMENT_FREE) & ~init
+    seg = (op == Op.SEGMENT_ALLOC) | (op == Op.SEGMENT_FREE)
+    nxt_other = np.minimum.accumulate(np.where(seg, n, idx)[::-1])[::-1]  # next non-segment row
+    nxt_kept = np.minimum.accumulate(np.where(freed, n, idx)[::-1])[::-1]  # end of a run of frees
+    count = np.concatenate(([0], np.cumsum(freed)))
+    allocs = np.concatenate(([0], np.cumsum(op == Op.SEGMENT_ALLOC)))
+    freed_bytes = np.concatenate(([0], np.cumsum(np.where(freed, size, 0))))
+    end, req = nxt_kept[starts], nxt_other[starts]
+    safe = np.minimum(req, n - 1)
+    attempt = (req < n) & ((op[safe] == Op.MALLOC) | (op[safe] == Op.OOM))
+    alone = count[np.minimum(req, n)] - count[starts] == count[end] - count[starts]
+    took = (allocs[np.minimum(req, n)] - allocs[end] > 0) | (op[safe] == Op.OOM)
+    is_retry = attempt & alone & took & ~init[safe]
+    rel[starts[is_retry]] = False
+    retry[req[is_retry]] = freed_bytes[end[is_retry]] - freed_bytes[starts[is_retry]]
+    return rel, retry
+
+
 def address_hints(trace: Trace, init: np.ndarray, use: bool) -> np.ndarray:
     """The recorded device allocations as columns: (request they precede, addr, size, taken).
 

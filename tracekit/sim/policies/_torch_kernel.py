@@ -7,8 +7,12 @@ refusing a block >= max_split_size M for s < M and a block >= s + 20 MiB
 (``max_non_split_rounding``) for s >= M; on a miss ``alloc_block`` for the
 segment size (2 MiB / 20 MiB / 2 MiB multiple), failing when reserved +
 segment > capacity or the device total is exceeded; then (only with M set)
-``release_available_cached_blocks`` and retry, then ``release_cached_blocks``
-(every free whole segment, large pool first) and retry, then OOM. Split:
+``release_available_cached_blocks`` and retry: with key = max(s, M), free the
+smallest cached block >= key of the request's stream and pool, else walk that
+stream's and pool's cached blocks from the largest down while they are >= M,
+freeing each (expandable ones skipped) until the freed bytes reach key, and
+fail if they never do; then ``release_cached_blocks`` (every free whole
+segment, large pool first) and retry, then OOM. Split:
 small pool (or expandable segments) when the remainder is >= 512 B, large pool
 only when s < M and the remainder > 1 MiB. Free merges with free neighbours.
 Expandable segments live in ``_torch_expand``.
@@ -157,7 +161,15 @@ def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
+def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: no cover - compiled
+    """``malloc``: a cached block, else a new segment, releasing cached memory before OOM.
+
+    ``refused`` > 0: the recording shows the device refusing this request's
+    first ``alloc_block`` and the allocator then releasing ``refused`` bytes,
+    so the first attempt fails here too; ``release_available_cached_blocks``
+    then suffices when it frees at least that much, else ``release_cached_blocks``
+    follows, as in PyTorch.
+    """
     M = cfg[T.MAX_SPLIT]
     large = g < cfg[T.STREAMS]
     if cfg[T.GC_THRESHOLD] > 0 and large:
@@ -168,9 +180,12 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
     else:
         if cfg[T.GC_THRESHOLD] > 0:
             _garbage_collect(C, S, R, i, cfg[T.GC_THRESHOLD], cfg[T.STREAMS], stream)
-        x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
-        if x == -1 and M < NO_LIMIT and _release_available(C, S, R, i, g, s, M, stream):
+        if refused == 0:
             x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
+        if x == -1 and M < NO_LIMIT:
+            held = S[Slot.RESERVED]
+            if _release_available(C, S, R, i, g, s, M, stream) and held - S[Slot.RESERVED] >= refused:
+                x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
         if x == -1:
             release_cached(C, S, R, i, stream, X)
             x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
@@ -188,9 +203,14 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover -
 
 
 @njit(cache=True, error_model="numpy")
-def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel, hints, stream, cfg,
-                 C, R, S, X, stats):  # pragma: no cover - compiled
-    """Replay every event; ``cfg`` is the ``TorchSetting`` vector."""
+def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel, retry, hints, stream,
+                 cfg, C, R, S, X, stats):  # pragma: no cover - compiled
+    """Replay every event; ``cfg`` is the ``TorchSetting`` vector.
+
+    ``rel``: the program released cached memory before this row
+    (``release_cached_blocks``); ``retry``: bytes the recorded allocator
+    released while retrying this request (0: none), see ``_malloc``.
+    """
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
@@ -227,7 +247,13 @@ def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel,
                 continue
             C = ck.room(C, S, 2 * S[Slot.NALIVE] + 8)
             R = ck.rows_room(R, S, S[Slot.NALIVE] + 8 + _pages(S, cfg, s))
-            x = _malloc(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints)
+            refused = retry[i]
+            if refused > 0 and _find(C, S, group[i], s, cfg[T.MAX_SPLIT], cfg[T.MAX_NON_SPLIT],
+                                     cfg[T.EXPANDABLE] != 0) != -1:
+                # A cached block fits, so the recorded release was the program's own.
+                release_cached(C, S, R, i, stream, X)
+                refused = 0
+            x = _malloc(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints, refused)
             if x == -1:
                 status[i] = Status.OOM
                 ck.note_oom(C, S, i, group[i], s, stats)

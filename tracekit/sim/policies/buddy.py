@@ -22,7 +22,7 @@ from numba import njit
 from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim import treap
-from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import BuddySlot as B
 from tracekit.sim.codes import Kind, Stat, Status, named_vector
 from tracekit.sim.heap import UNBOUNDED, UNIT, heap_run, heap_stats
@@ -170,6 +170,7 @@ def _seed_heap(T, st, roots, cap):  # pragma: no cover - compiled
 class Buddy:
     name: ClassVar[str] = "buddy"
     description: ClassVar[str] = "Binary buddy: power-of-two blocks, split in halves, merge with the buddy"
+    traits: ClassVar[PolicyTraits] = PolicyTraits(Layout.HEAP, rank=4)
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         if config.options:

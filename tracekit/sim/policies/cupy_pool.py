@@ -28,7 +28,7 @@ import numpy as np
 
 from tracekit.errors import UsageError
 from tracekit.sim import chunks as ck
-from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import CupySetting, named_vector
 from tracekit.sim.policies._cupy_kernel import cupy_replay
 from tracekit.sim.pool_run import (
@@ -43,6 +43,7 @@ from tracekit.sim.pool_run import (
 )
 from tracekit.sim.prepare import prepare
 from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Source
 
 
 class CupyPool:
@@ -53,6 +54,8 @@ class CupyPool:
         "CuPy 14 SingleDeviceMemoryPool: per-stream arenas, best fit, exact-size device "
         "allocations, set_limit with free_all_blocks before OutOfMemoryError"
     )
+    traits: ClassVar[PolicyTraits] = PolicyTraits(Layout.POOL, recorded_limit=True, rank=5,
+                                                 reproduces=Source.CUPY)
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         return self.run_with_state(trace, config)[0]

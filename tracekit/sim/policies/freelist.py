@@ -32,7 +32,7 @@ import numpy as np
 from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim import sizeclass
-from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.base import PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import LIST_WIDTH, Fit, HeapSlot, named_vector
 from tracekit.sim.heap import UNBOUNDED, heap_run, heap_stats
 from tracekit.sim.policies import _freelist_kernel as k
@@ -47,6 +47,7 @@ class FreeListModel:
 
     name: ClassVar[str]
     description: ClassVar[str]
+    traits: ClassVar[PolicyTraits]
     fit: ClassVar[Fit]
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:

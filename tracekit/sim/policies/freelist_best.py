@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.sim.base import Layout, PolicyTraits
 from tracekit.sim.policies.freelist import Fit, FreeListModel
 
 
@@ -9,6 +10,7 @@ class BestFit(FreeListModel):
     name = "best-fit"
     description = "Address-ordered free list; the smallest free block that fits (ties: lowest address)"
     fit = Fit.BEST
+    traits = PolicyTraits(Layout.HEAP, rank=0)
 
 
 MODEL = BestFit()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.sim.base import Layout, PolicyTraits
 from tracekit.sim.policies.freelist import Fit, FreeListModel
 
 
@@ -9,6 +10,7 @@ class FirstFit(FreeListModel):
     name = "first-fit"
     description = "Address-ordered free list; the lowest-addressed free block that fits"
     fit = Fit.FIRST
+    traits = PolicyTraits(Layout.HEAP, rank=1)
 
 
 MODEL = FirstFit()

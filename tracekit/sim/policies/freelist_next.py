@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.sim.base import Layout, PolicyTraits
 from tracekit.sim.policies.freelist import Fit, FreeListModel
 
 
@@ -9,6 +10,7 @@ class NextFit(FreeListModel):
     name = "next-fit"
     description = "Address-ordered free list; first fit from a roving pointer, wrapping around"
     fit = Fit.NEXT
+    traits = PolicyTraits(Layout.HEAP, rank=2)
 
 
 MODEL = NextFit()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.sim.base import Layout, PolicyTraits
 from tracekit.sim.policies.freelist import Fit, FreeListModel
 
 
@@ -9,6 +10,7 @@ class WorstFit(FreeListModel):
     name = "worst-fit"
     description = "Address-ordered free list; the largest free block (ties: lowest address)"
     fit = Fit.WORST
+    traits = PolicyTraits(Layout.HEAP, rank=3)
 
 
 MODEL = WorstFit()

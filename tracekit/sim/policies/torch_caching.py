@@ -21,7 +21,7 @@ from typing import ClassVar
 import numpy as np
 
 from tracekit.sim import chunks as ck
-from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import Op, TorchSetting, named_vector
 from tracekit.sim.codes import Reservation as X_
 from tracekit.sim.policies._torch_config import (
@@ -38,10 +38,11 @@ from tracekit.sim.pool_run import (
     next_address,
     pack,
     pool_stats,
-    release_points,
+    retry_releases,
 )
 from tracekit.sim.prepare import ReplayInput, prepare
 from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Source
 
 LARGE_PAGE = 20 * MIB  # expandable segments map the large pool in 20 MiB pages
 SMALL_PAGE = 2 * MIB
@@ -121,6 +122,8 @@ class TorchCaching:
         "split rules, release and retry before OOM; max_split_size_mb, roundup_power2_divisions, "
         "expandable_segments via --torch-conf"
     )
+    traits: ClassVar[PolicyTraits] = PolicyTraits(Layout.POOL, recorded_limit=True, rank=6,
+                                                 reproduces=Source.TORCH)
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         return self.run_with_state(trace, config)[0]
@@ -137,7 +140,9 @@ class TorchCaching:
         held = init & (ev.op == Op.MALLOC) & (ev.rounded > 0)
         rounded = np.where(held, ev.rounded.view(np.int64), rounded)
         group = _pools(trace, inp, rounded) * ns + inp.stream_index
-        rel = release_points(ev.op, init) if st.release_at_trace_frees else np.zeros(len(ev), np.bool_)
+        rel, retry = retry_releases(ev.op, inp.size, init)
+        if not st.release_at_trace_frees:
+            rel, retry = np.zeros(len(ev), np.bool_), np.zeros(len(ev), np.int64)
         hints = address_hints(trace, init, st.recorded_addresses)
         X = _reservations(trace, config, ns)
         init_exp = init & inp.expandable & (ev.op == Op.SEGMENT_ALLOC)
@@ -153,7 +158,8 @@ class TorchCaching:
         stats = pool_stats()
         addr, status, C, R = torch_replay(
             ev.op, inp.size, rounded, group, trace.mate, init, init_exp,
-            ev.addr.view(np.int64), rel, hints, np.tile(streams, 2).view(np.int64), cfg, C, R, S, X, stats,
+            ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
+            C, R, S, X, stats,
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
         return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats), C, S
