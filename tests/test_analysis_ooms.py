@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tracekit.analysis import Diagnosis, analyze_trace
@@ -184,3 +186,27 @@ def test_the_limit_is_the_raising_pools_own():
     # Without the pool column the OOM would be charged to the default pool and its limit.
     s0 = analyze_trace(tr, timeline=False).summary
     assert s0.oom is not None and s0.oom.diagnosis is Diagnosis.LIMIT
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([Op.MALLOC, Op.OOM, Op.FREE]), st.integers(0, 2),
+                          st.integers(0, 3)), min_size=1, max_size=40),
+       st.sampled_from([0, 8]))
+def test_went_on_matches_a_direct_search(rows: list[tuple[int, int, int]], masked: int):
+    # went_on[i]: some malloc after OOM i on its device and stream; both search paths agree.
+    from tracekit.analysis import fatal
+
+    ops = np.array([r[0] for r in rows], np.int8)
+    if not (ops == Op.OOM).any():
+        return
+    ev = Events.build(ops, np.ones(len(rows), np.uint64), addr=np.arange(1, len(rows) + 1, dtype=np.uint64),
+                      device=np.array([r[1] for r in rows], np.int16), stream=np.array([r[2] for r in rows]))
+    ooms = np.flatnonzero(ops == Op.OOM)
+    want = [any(o == Op.MALLOC and d == rows[i][1] and s == rows[i][2] for o, d, s in rows[i + 1:])
+            for i in ooms]
+    old = fatal.MASKED_KEYS
+    fatal.MASKED_KEYS = masked
+    try:
+        assert fatal._went_on(ev, ooms).tolist() == want
+    finally:
+        fatal.MASKED_KEYS = old

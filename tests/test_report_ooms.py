@@ -80,3 +80,15 @@ def test_report_draws_each_device_on_its_own(tmp_path: Path):
     text = _text(out.read_text())
     assert "Out of memory on device 1: limit" in text and "Each device on its own" in text
     assert "Device 0: Timeline" in text and "Device 1: The moment of the OOM" in text
+
+
+def test_whatif_section_of_two_devices(tmp_path: Path):
+    from tracekit.analysis.whatif import whatif
+    from tracekit.report.sections import whatif_rows, whatif_section
+
+    res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit"], jobs=1)
+    rows = whatif_rows(res.to_dict())
+    assert [(r["policy"], r["capacity_bytes"]) for r in rows] == [
+        ("device 0: best-fit", 8 << 20), ("device 1: best-fit", 300 << 20)]
+    text, fig = whatif_section(res)
+    assert "Device 1: lower bound (peak live bytes, 512 B rounded) 300.00 MiB" in text and fig is not None

@@ -25,6 +25,8 @@ from tracekit.analysis.recording import exit_info, v1_oom_seq
 from tracekit.trace.events import Events
 from tracekit.trace.schema import Op
 
+MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
+
 # (substring of a call-site, lower case) -> who handles an OOM there, in words.
 HANDLERS: tuple[tuple[str, str], ...] = (
     ("cudnn", "cuDNN trying smaller workspaces"),
@@ -58,12 +60,22 @@ def fatal_seq(ev: Events, extra: Mapping[str, Any]) -> int | None:
 
 
 def _went_on(ev: Events, ooms: np.ndarray) -> np.ndarray:
-    """For each OOM index: a successful malloc on its device and stream came later."""
+    """For each OOM index: a successful malloc on its device and stream came later.
+
+    Only mallocs after the first OOM matter; the last one per (device, stream) is found
+    with one mask per distinct key of the OOMs (a few), else by sorting the keys.
+    """
     mallocs = np.flatnonzero(ev.op == Op.MALLOC)
-    rows = np.r_[mallocs, ooms]
-    keys = np.stack([ev.device[rows].astype(np.int64), ev.stream[rows].view(np.int64)], axis=1)
+    mallocs = mallocs[mallocs > ooms[0]]
+    odev, ostream = ev.device[ooms].astype(np.int64), ev.stream[ooms].view(np.int64)
+    mdev, mstream = ev.device[mallocs].astype(np.int64), ev.stream[mallocs].view(np.int64)
+    okeys, inverse = np.unique(np.stack([odev, ostream], axis=1), axis=0, return_inverse=True)
+    if len(okeys) <= MASKED_KEYS:
+        last = np.array([mallocs[(mdev == d) & (mstream == s)].max(initial=-1) for d, s in okeys], np.int64)
+        return last[inverse.reshape(-1)] > ooms
+    keys = np.stack([np.r_[mdev, odev], np.r_[mstream, ostream]], axis=1)
     _, group = np.unique(keys, axis=0, return_inverse=True)
     group = group.reshape(-1)
-    last = np.full(int(group.max()) + 1 if len(group) else 0, -1, np.int64)
-    np.maximum.at(last, group[: len(mallocs)], mallocs)
-    return last[group[len(mallocs):]] > ooms
+    per_group = np.full(int(group.max()) + 1, -1, np.int64)
+    np.maximum.at(per_group, group[: len(mallocs)], mallocs)
+    return per_group[group[len(mallocs):]] > ooms

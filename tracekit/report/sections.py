@@ -273,6 +273,11 @@ def whatif_section(whatif: Any) -> tuple[str, Figure | None]:
     parts = ['<h2 id="whatif-table">What-if capacities</h2>']
     if bound is not None:
         parts.append(f"<p>Lower bound (peak live bytes, 512 B rounded): {esc(fmt_value('bytes', bound))}</p>")
+    for p in d.get("devices") or []:
+        if isinstance(p, dict):
+            lb = fmt_value("bytes", p.get("lower_bound_bytes"))
+            parts.append(f"<p>Device {esc(p.get('device'))}: lower bound (peak live bytes, 512 B rounded) "
+                         f"{esc(lb)}; each device is searched on its own.</p>")
     parts.append(
         table(
             [
@@ -292,7 +297,14 @@ def whatif_section(whatif: Any) -> tuple[str, Figure | None]:
 
 
 def whatif_rows(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The what-if policies as ``[{policy, capacity_bytes, overhead, note}]``; ``overhead`` is a ratio."""
+    """The what-if policies as ``[{policy, capacity_bytes, overhead, note}]``; ``overhead`` is a ratio.
+
+    A result of several devices gives every device's rows, the policy named "device N: POLICY".
+    """
+    parts = d.get("devices")
+    if isinstance(parts, list) and parts:
+        return [{**r, "policy": f"device {p.get('device')}: {r['policy']}"}
+                for p in parts if isinstance(p, dict) for r in whatif_rows(p)]
     rows = []
     for r in d.get("policies") or []:
         cap = r.get("min_capacity_bytes", r.get("capacity_bytes"))

@@ -22,7 +22,11 @@ from tracekit.trace.validate import remap_mate
 
 def device_ids(trace: Trace) -> list[int]:
     """The distinct device ordinals of the events, ascending (empty for an empty trace)."""
-    return [int(d) for d in np.unique(trace.events.device)]
+    dev = trace.events.device
+    if len(dev) == 0:
+        return []
+    lo, hi = int(dev.min()), int(dev.max())
+    return [lo] if lo == hi else [int(d) for d in np.unique(dev)]  # the sort only for a mixed trace
 
 
 def select_device(trace: Trace, device: int) -> Trace:
