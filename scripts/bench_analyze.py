@@ -72,7 +72,7 @@ def main() -> None:
     cases = [
         ("raw device (no segments)", [*py, str(raw), "--json"], raw),
         ("cupy replay (segments)", [*py, str(pooled), "--json"], pooled),
-        ("cupy replay + --timeline", [*py, str(pooled), "--json", "--timeline", str(tl)], pooled),
+        ("cupy replay + --timeline", [*py, str(pooled), "--json", "--timeline", str(tl), "--force"], pooled),
     ]
     import pyarrow.parquet as pq
 
