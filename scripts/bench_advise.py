@@ -1,12 +1,13 @@
 """Benchmark ``tracekit advise`` on a 1M-event trace (target: 60 s on the 2-core machine).
 
-Writes a ``training`` synthetic trace of N events, then relabels it as a PyTorch, a CuPy and
-a raw trace with a limit 2 % above the live-bytes lower bound (so little fits and the
-whole search runs, bisections included: the worst case), and times the whole command
+Writes a synthetic trace of N events (``--pattern``, default ``training``), then relabels
+it as a PyTorch, a CuPy and a raw trace with a limit 2 % above the live-bytes lower bound
+(so little fits and the whole search runs, bisections included: the worst case), and times the whole command
 ``python -m tracekit advise FILE --json`` in a fresh process for each: wall seconds, the
 settings tried and how many fit, and the recommendation.
 
     PYTHONPATH=. python scripts/bench_advise.py [--events 1000000] [--jobs 2] [--kinds torch,cupy,raw]
+        [--pattern training|random|fragmenting]
 """
 
 from __future__ import annotations
@@ -57,17 +58,19 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--kinds", default="torch,cupy,raw")
+    ap.add_argument("--pattern", default="training", choices=["training", "random", "fragmenting"])
     a = ap.parse_args()
     env_py = [sys.executable, "-m", "tracekit"]
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "training.parquet"
-        subprocess.run([*env_py, "synth", "--pattern", "training", "--events", str(a.events), "-o", str(src)],
+        src = Path(tmp) / f"{a.pattern}.parquet"
+        subprocess.run([*env_py, "synth", "--pattern", a.pattern, "--events", str(a.events), "-o", str(src)],
                        check=True, capture_output=True)
         for kind in a.kinds.split(","):
             dst = Path(tmp) / f"{kind}.parquet"
             limit = relabel(src, dst, kind)
             r = run(dst, a.jobs, limit, kind)
-            print(json.dumps({"events": a.events, "jobs": a.jobs, "limit_bytes": limit, **r}), flush=True)
+            row = {"pattern": a.pattern, "events": a.events, "jobs": a.jobs, "limit_bytes": limit, **r}
+            print(json.dumps(row), flush=True)
     return 0
 
 
