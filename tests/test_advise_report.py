@@ -78,3 +78,12 @@ def test_verify_on_device_confirms_the_torch_settings():
     assert len(checks) == 3
     for c in checks:
         assert c.fits_on_device is True and c.agrees, c
+
+
+def test_report_advise_on_a_trace_without_a_limit_says_why(tmp_path):
+    src, out = tmp_path / "raw.parquet", tmp_path / "raw.html"
+    r = CliRunner().invoke(app, ["synth", "--pattern", "random", "--events", "2000", "-o", str(src)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["report", str(src), "-o", str(out), "--advise"])
+    assert r.exit_code == 0, r.output
+    assert "Not run:" in out.read_text() and "--limit" in out.read_text()

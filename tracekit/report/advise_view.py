@@ -84,9 +84,16 @@ def advise_table(d: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def advise_block(trace: Trace, png: Any) -> tuple[Rendered, str]:
-    """Run ``advise`` on ``trace``; the rendered chart (``png``: Figure -> bytes) and the section's HTML."""
-    from tracekit.advise.run import advise
+def advise_block(trace: Trace, png: Any) -> tuple[Rendered | None, str]:
+    """Run ``advise`` on ``trace``; the rendered chart (``png``: Figure -> bytes) and the section's HTML.
 
-    d = advise(trace).to_dict()
+    A trace with no limit to fit under (a raw trace without a device size) gets a note instead.
+    """
+    from tracekit.advise.run import advise
+    from tracekit.errors import UsageError
+
+    try:
+        d = advise(trace).to_dict()
+    except UsageError as e:
+        return None, f'<h2 id="advise">{esc(TITLE)}</h2>\n<p>Not run: {esc(e)}.</p>'
     return Rendered("advise", TITLE, CAPTION, png(draw_advise(d))), advise_table(d)

@@ -218,9 +218,11 @@ def write_report(
     if advise:
         from tracekit.report.advise_view import advise_block
 
-        r, asec = advise_block(trace, png_bytes)
-        rendered.append(r)
-        sections.append(html.figure_html(r) + asec)
+        ar, asec = advise_block(trace, png_bytes)
+        if ar is not None:
+            rendered.append(ar)
+            asec = html.figure_html(ar) + asec
+        sections.append(asec)
     doc = html.page(f"tracekit report: {trace_path.name}", header(trace, summary), sections)
     pngs = [] if png_dir is None else [(Path(png_dir) / f"{r.key}.png", r.png) for r in rendered]
     if png_dir is not None:  # every output is checked and the folder made before anything is written
