@@ -91,7 +91,7 @@ def test_usage_errors_are_one_line() -> None:
 def test_a_signal_ends_synth_with_its_code_one_line_and_no_leftovers(tmp_path: Path, sig: int,
                                                                      code: int) -> None:
     out = tmp_path / "big.parquet"
-    cmd = [sys.executable, "-m", "tracekit.cli.app", "synth", "-p", "random", "-n", "200000000",
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "tracekit.cli.app", "synth", "-p", "random", "-n", "200000000",
            "-o", str(out)]
     p = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -101,7 +101,11 @@ def test_a_signal_ends_synth_with_its_code_one_line_and_no_leftovers(tmp_path: P
         time.sleep(0.05)
     time.sleep(0.3)
     p.send_signal(sig)
-    _, stderr = p.communicate(timeout=60)
+    try:
+        _, stderr = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # show where it hangs
+        p.send_signal(signal.SIGABRT)
+        pytest.fail(f"no exit 60 s after the signal: {p.communicate()[1][-4000:]}")
     assert p.returncode == code, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert os.listdir(tmp_path) == []

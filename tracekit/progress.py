@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TextIO
 
+from tracekit import interrupts
+
 Callback = Callable[[int, int], None]
 
 # Inputs from this size on get a bar by default (smaller ones finish before a bar helps).
@@ -100,6 +102,7 @@ def chunks(total: int) -> Iterator[tuple[int, int]]:
         hi = min(total, lo + CHUNK)
         yield lo, hi
         report(hi, total)
+        interrupts.check()  # Ctrl-C held back during the chunk takes effect here
 
 
 @contextmanager

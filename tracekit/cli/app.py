@@ -70,7 +70,16 @@ class TracekitGroup(TyperGroup):
             except typer.Abort:
                 typer.echo("tracekit: interrupted", err=True)
                 code = 130
+            except KeyboardInterrupt as e:  # a signal that arrived outside the verb's own funnel
+                code = getattr(e, "exit_code", 130)
+                typer.echo("tracekit: terminated (SIGTERM)" if code == 143 else "tracekit: interrupted",
+                           err=True)
         if standalone_mode:
+            if threading.current_thread() is threading.main_thread():
+                # The outcome is decided and printed: a signal during interpreter shutdown must
+                # not turn it into a death by signal (Python restores the default action there).
+                for s in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(s, signal.SIG_IGN)
             sys.exit(code)
         return code
 

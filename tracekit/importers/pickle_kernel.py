@@ -147,6 +147,8 @@ def _scan(buf, lits, lo, codes, arglen, progress, caps):  # pragma: no cover - c
     while pos < n:
         if (pos & 0xFFFFF) < 64:
             progress[0] = pos
+            if progress[1] != 0:  # the caller was interrupted: stop, it will not read the result
+                break
         op = buf[pos]
         pos += 1
         if pos + arglen[op] > n:

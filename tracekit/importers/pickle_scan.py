@@ -151,14 +151,24 @@ def scan(buf: np.ndarray, progress: Any = None) -> Any | None:
 
 
 def _run(buf: np.ndarray, caps: np.ndarray, progress: Any) -> tuple[Any, ...] | None:
-    """One scan in a worker thread (the compiled code releases the GIL) while progress is shown."""
-    pos = np.zeros(1, np.int64)
+    """One scan in a worker thread (the compiled code releases the GIL) while progress is shown.
+
+    On Ctrl-C or SIGTERM the worker is told to stop (``pos[1]``) and joined before the
+    exception goes on: a process that exits while compiled code still reads ``buf`` (an
+    mmap that is closed on the way out) crashes.
+    """
+    pos = np.zeros(2, np.int64)  # [bytes scanned, stop request]
     box: list[Any] = []
     worker = threading.Thread(target=lambda: box.append(
         _scan(buf, LITS, LIT_OFF, ACTION_CODES, ARGLEN, pos, caps)), daemon=True)
     worker.start()
-    while worker.is_alive():
-        worker.join(0.25)
-        if progress is not None:
-            progress.update(int(pos[0]))
+    try:
+        while worker.is_alive():
+            worker.join(0.25)
+            if progress is not None:
+                progress.update(int(pos[0]))
+    except BaseException:
+        pos[1] = 1
+        worker.join()
+        raise
     return box[0] if box else None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tracekit import progress
+from tracekit import interrupts, progress
 from tracekit.outputs import check_output
 from tracekit.sim import policies
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
@@ -141,7 +141,8 @@ class ReplayResult:
 def replay(trace: Trace, policy: str, config: SimConfig | None = None) -> ReplayResult:
     """Replay ``trace`` through the policy named ``policy`` (UsageError if unknown)."""
     config = config or SimConfig()
-    run = policies.get(policy).run(trace, config)
+    with interrupts.deferred():  # a signal inside the compiled kernel's glue would crash it
+        run = policies.get(policy).run(trace, config)
     warnings: tuple[str, ...] = ()
     dev = trace.events.device
     if len(dev) and dev.min() != dev.max():
