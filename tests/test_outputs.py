@@ -91,8 +91,8 @@ def test_usage_errors_are_one_line() -> None:
 def test_a_signal_ends_synth_with_its_code_one_line_and_no_leftovers(tmp_path: Path, sig: int,
                                                                      code: int) -> None:
     out = tmp_path / "big.parquet"
-    cmd = [sys.executable, "-X", "faulthandler", "-m", "tracekit.cli.app", "synth", "-p", "random", "-n", "200000000",
-           "-o", str(out)]
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "tracekit.cli.app", "synth", "-p", "random",
+           "-n", "200000000", "-o", str(out)]
     p = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

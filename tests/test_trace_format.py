@@ -141,7 +141,7 @@ def test_info_cli_text_and_json(tmp_path: Path) -> None:
     write_trace(tmp_path / "t.parquet", TraceMeta.new(Source.CUPY), small_events())
     res = runner.invoke(app, ["info", str(tmp_path / "t.parquet")])
     assert res.exit_code == 0, res.output
-    assert "malloc" in res.output and "streams      0, 7" in res.output
+    assert "malloc" in res.output and "streams      stream 0, stream 7" in res.output
     res = runner.invoke(app, ["info", "--json", str(tmp_path / "t.parquet")])
     import json
 

@@ -33,6 +33,8 @@ def parse_size(text: str, what: str = "size") -> int:
     value = float(m.group(1)) * _UNITS[unit]
     if value < 0 or value != value:
         raise UsageError(f"invalid {what} {text!r}: must be non-negative")
+    if value >= 2.0**62:  # also inf (1e400): byte counts stay below 2^62 (see the input policy)
+        raise UsageError(f"invalid {what} {text!r}: must be below 2^62 bytes (4 EiB)")
     return int(round(value))
 
 

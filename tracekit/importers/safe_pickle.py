@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tracekit.errors import InputError
+from tracekit.inputs import check_regular
 from tracekit.progress import LARGE_BYTES, Progress
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -62,6 +63,7 @@ class _CountingReader(io.RawIOBase):
 def load_pickle(path: str | os.PathLike[str], *, progress: bool | None = None) -> Any:
     """Unpickle ``path`` (plain or gzip) with no globals allowed; returns the builtin object tree."""
     p = Path(path)
+    check_regular(p, "snapshot")
     try:
         size = p.stat().st_size
         raw = open(p, "rb")  # noqa: SIM115 - closed below

@@ -37,6 +37,7 @@ from tracekit.importers.pickle_scan import EntryList, scan
 from tracekit.importers.safe_pickle import GZIP_MAGIC, load_pickle
 from tracekit.importers.torch_rounding import divisions_from_settings, round_size
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
+from tracekit.inputs import check_regular
 from tracekit.outputs import check_output
 from tracekit.progress import LARGE_BYTES, Progress
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
@@ -86,6 +87,7 @@ def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str]
     refused (OutputError) unless ``force``; the snapshot itself never is.
     """
     src = Path(path)
+    check_regular(src, "snapshot")  # before anything opens it: a named pipe would block forever
     out = Path(output) if output is not None else default_output(src)
     check_output(out, (src,), force=force)
     large = src.is_file() and src.stat().st_size >= LARGE_BYTES

@@ -55,8 +55,9 @@ class TraceInfo:
         lines.append(f"events       {self.events:,} over {self.duration_s:.3f} s")
         for op, c in self.ops.items():
             lines.append(f"  {op:<14}{c:>14,}")
-        lines.append(f"devices      {', '.join(map(str, self.devices)) or 'none'}")
-        streams = ", ".join(hex(s) if s > 9 else str(s) for s in self.streams[:8])
+        # Named, not bare ordinals: "devices 0" would read as a count of zero devices.
+        lines.append(f"devices      {', '.join(f'device {d}' for d in self.devices) or 'none'}")
+        streams = ", ".join(f"stream {hex(s) if s > 9 else s}" for s in self.streams[:8])
         more = f" (+{len(self.streams) - 8} more)" if len(self.streams) > 8 else ""
         lines.append(f"streams      {streams or 'none'}{more}")
         lines.append(f"call-sites   {self.sites:,}")

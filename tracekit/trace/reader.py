@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
+from tracekit.inputs import byte_count, check_regular, load_json
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
 from tracekit.trace.validate import EventIssue, pair_events, remap_mate
@@ -56,17 +57,34 @@ def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
         raise InputError(
             f"{p}: this recording did not finish; run 'tracekit recover {spool}' to turn it into a trace"
         )
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if p.is_dir():
-        raise InputError(f"{p}: is a folder, not a trace file")
-    if p.stat().st_size == 0:
+    if check_regular(p, "trace").st_size == 0:
         raise InputError(f"{p}: the file is empty")
     try:
-        return p, pq.ParquetFile(p)
-    except (pa.ArrowInvalid, OSError) as e:
+        pf = pq.ParquetFile(p)
+    except (pa.ArrowException, OSError, ValueError) as e:
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InputError(f"{p}: not a readable Parquet file, or it is truncated ({cause})") from None
+    _check_layout(p, pf)
+    return p, pf
+
+
+# Reading one column costs a fixed amount per row group, so a file of tiny row groups
+# (one row each) would be slow and memory-hungry out of all proportion to its content.
+MIN_ROWS_PER_GROUP = 1024
+FREE_GROUPS = 4096
+
+
+def _check_layout(p: Path, pf: pq.ParquetFile) -> None:
+    groups, rows = pf.metadata.num_row_groups, pf.metadata.num_rows
+    if groups > FREE_GROUPS and rows < groups * MIN_ROWS_PER_GROUP:
+        raise InputError(
+            f"{p}: {groups:,} row groups for {rows:,} rows; rewrite it with row groups of at least "
+            f"{MIN_ROWS_PER_GROUP:,} rows (tracekit writes 2^20)"
+        )
+    names = pf.schema_arrow.names
+    if len(names) != len(set(names)):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise TraceFormatError(f"{p}: column '{dup}' appears more than once")
 
 
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
@@ -79,7 +97,21 @@ def _meta_of(p: Path, pf: pq.ParquetFile) -> TraceMeta:
     raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
     if raw is None:
         raise TraceFormatError(f"{p}: no 'tracekit' metadata; this is not a tracekit trace")
-    return TraceMeta.from_json(raw, str(p))
+    try:
+        d = load_json(raw, str(p), "the 'tracekit' metadata")
+    except InputError as e:
+        raise TraceFormatError(str(e)) from None
+    if not isinstance(d, dict):
+        raise TraceFormatError(f"{p}: the 'tracekit' metadata is not a JSON object")
+    meta = TraceMeta.from_dict(d, str(p))
+    try:  # byte counts in range before any arithmetic uses them
+        byte_count(meta.pool_limit_bytes, str(p), "the metadata's pool_limit_bytes")
+        if meta.device is not None:
+            byte_count(meta.device.total_bytes, str(p), "the metadata's device total_bytes")
+            byte_count(meta.device.free_bytes, str(p), "the metadata's device free_bytes")
+    except InputError as e:
+        raise TraceFormatError(str(e)) from None
+    return meta
 
 
 def read_trace(
@@ -100,6 +132,7 @@ def read_trace(
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq)
+    _check_totals(p, ev, pairing.mate, pairing.keep)
     if strict and pairing.issues:
         raise TraceFormatError(f"{p}: inconsistent events (--strict): {pairing.issues[0].describe()}")
     dropped = int(len(ev) - np.count_nonzero(pairing.keep))
@@ -110,6 +143,27 @@ def read_trace(
         if extra_tbl is not None:
             extra_tbl = extra_tbl.filter(pa.array(pairing.keep))
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped)
+
+
+def _check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> None:
+    """Live bytes (blocks) and reserved bytes (segments) must stay below 2^62 at every event.
+
+    Each value is below 2^62 already; their running sums are what the analyzer and the
+    replays add up in int64, so a trace whose sums would overflow is refused here. The
+    sums are taken in float64: exact enough to compare with 2^62, and they cannot wrap.
+    """
+    for start, end, what in ((Op.MALLOC, Op.FREE, "live bytes"), (Op.SEGMENT_ALLOC, Op.SEGMENT_FREE,
+                                                                   "reserved bytes")):
+        amount = (ev.rounded if start == Op.MALLOC else ev.size).astype(np.float64)
+        gain = np.where((ev.op == start) & keep, amount, 0.0)
+        paired = (ev.op == end) & keep & (mate >= 0)
+        loss = np.zeros(len(ev), np.float64)
+        loss[paired] = amount[mate[paired]]
+        run = np.cumsum(gain - loss)
+        if len(run) and run.max() >= float(MAX_SIZE):
+            i = int(np.argmax(run >= float(MAX_SIZE)))
+            raise TraceFormatError(f"{p}: {what} reach 2^62 or more at seq {int(ev.seq[i])}, "
+                                   "beyond any device")
 
 
 def _column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
@@ -130,20 +184,24 @@ def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema) -> Events:
             arr = arr.fill_null(0)
         cols[name] = _to_numpy(p, name, arr, dtype)
     # An unknown rounding (null) falls back to the requested size.
+    request = (op == Op.MALLOC) | (op == Op.OOM)
+    big = np.flatnonzero(request & (cols["size"] >= MAX_REQUEST))
+    if len(big):  # room for an allocator's rounding (at most doubling) below MAX_SIZE
+        raise TraceFormatError(f"{p}: a request of {int(cols['size'][big[0]])} bytes at seq "
+                               f"{int(cols['seq'][big[0]])}; requests must be below 2^60 bytes")
     r = cols["rounded"]
     needs = (r == 0) & ((op == Op.MALLOC) | (op == Op.OOM))
     if needs.any():
         cols["rounded"] = np.where(needs, cols["size"], r)
     seq = cols["seq"]
-    if n > 1:
-        bad = np.flatnonzero(np.diff(seq.astype(np.int64)) <= 0) if seq.max() < 2**63 else \
-            np.flatnonzero(seq[1:] <= seq[:-1])
+    if n > 1:  # compared, not subtracted: a difference of two valid values can overflow
+        bad = np.flatnonzero(seq[1:] <= seq[:-1])
         if len(bad):
             raise TraceFormatError(
                 f"{p}: seq is not strictly increasing at seq {int(seq[bad[0] + 1])} "
                 f"(after {int(seq[bad[0]])})"
             )
-        back = np.flatnonzero(np.diff(cols["t_ns"]) < 0)
+        back = np.flatnonzero(cols["t_ns"][1:] < cols["t_ns"][:-1])
         if len(back):
             raise TraceFormatError(f"{p}: t_ns decreases at seq {int(seq[back[0] + 1])}")
     site, sites = _read_site(p, pf, schema, n)
@@ -161,8 +219,10 @@ def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, o
         bad = null
         what = name
     idx = np.flatnonzero(bad)
+    if len(idx) and name == "seq":
+        raise TraceFormatError(f"{p}: missing seq in row {int(idx[0])}")
     if len(idx):
-        seq = _column(p, pf, "seq").to_numpy()
+        seq = _column(p, pf, "seq").fill_null(0).to_numpy()
         raise TraceFormatError(
             f"{p}: missing {what} at seq {int(seq[idx[0]])} ({OP_NAMES[op[idx[0]]]} row)"
         )
@@ -170,6 +230,7 @@ def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, o
 
 # No allocation is 4 EiB; larger sizes would wrap once arithmetic moves to int64.
 MAX_SIZE = 1 << 62
+MAX_REQUEST = 1 << 60
 
 
 def _to_numpy(p: Path, name: str, arr: pa.ChunkedArray, dtype: type) -> np.ndarray:

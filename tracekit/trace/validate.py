@@ -27,6 +27,7 @@ class IssueKind(IntEnum):
     SEGMENT_FREE_NOT_LIVE = 3
     SEGMENT_DOUBLE_FREE = 4
     SEGMENT_ALLOC_LIVE = 5
+    FREE_OTHER_DEVICE = 6
 
     @property
     def describe(self) -> str:
@@ -40,6 +41,7 @@ _DESCRIBE = {
     IssueKind.SEGMENT_FREE_NOT_LIVE: "segment_free of a segment that is not live",
     IssueKind.SEGMENT_DOUBLE_FREE: "segment freed twice",
     IssueKind.SEGMENT_ALLOC_LIVE: "segment_alloc of an address that is already live",
+    IssueKind.FREE_OTHER_DEVICE: "free on another device than its malloc (devices contradict each other)",
 }
 
 
@@ -145,12 +147,37 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
     counts = np.zeros(len(IssueKind), dtype=np.int64)
     first = np.full(len(IssueKind), -1, dtype=np.int64)
     _scan(op, addr, device, keep, mate, counts, first)
+    _other_device(op, addr, device, keep, counts, first)
     issues = tuple(
         EventIssue(IssueKind(k), int(counts[k]), int(seq[first[k]]))
         for k in range(len(IssueKind))
         if counts[k]
     )
     return Pairing(keep=keep, mate=mate, issues=issues)
+
+
+# Beyond this many devices the cross-device check is skipped (it costs one pass per device).
+MAX_DEVICES_CHECKED = 16
+
+
+def _other_device(op: np.ndarray, addr: np.ndarray, device: np.ndarray, keep: np.ndarray,
+                  counts: np.ndarray, first: np.ndarray) -> None:
+    """Among the skipped block frees, count those whose address a malloc on another device
+    returned: the trace's devices contradict each other (e.g. a recorder that took the device
+    from the wrong source). Counted apart from, and also within, the frees that are not live."""
+    lost = np.flatnonzero(~keep & (op == 1))
+    devs = np.unique(device[lost]) if len(lost) else device[:0]
+    if not len(lost) or len(np.unique(device)) > MAX_DEVICES_CHECKED:
+        return
+    hit = np.zeros(len(lost), np.bool_)
+    for d in devs:
+        mine = device[lost] == d
+        elsewhere = addr[(op == 0) & (device != d)]
+        hit[mine] = np.isin(addr[lost[mine]], elsewhere)
+    k = IssueKind.FREE_OTHER_DEVICE
+    counts[k] = int(hit.sum())
+    if counts[k]:
+        first[k] = lost[np.argmax(hit)]
 
 
 def remap_mate(mate: np.ndarray, keep: np.ndarray) -> np.ndarray:
