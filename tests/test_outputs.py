@@ -87,6 +87,12 @@ def test_usage_errors_are_one_line() -> None:
         assert len(lines) == 1 and lines[0].startswith("tracekit: error: "), r.output
 
 
+def default_signals() -> None:
+    """In the child: Ctrl-C as in a terminal, even when this test runs as a background job
+    (a shell starts those with SIGINT ignored, and Python keeps an inherited SIG_IGN)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_ends_synth_with_its_code_one_line_and_no_leftovers(tmp_path: Path, sig: int,
                                                                      code: int) -> None:
@@ -94,7 +100,8 @@ def test_a_signal_ends_synth_with_its_code_one_line_and_no_leftovers(tmp_path: P
     cmd = [sys.executable, "-X", "faulthandler", "-m", "tracekit.cli.app", "synth", "-p", "random",
            "-n", "200000000", "-o", str(out)]
     p = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)
     deadline = time.monotonic() + 60
     while not any(n.startswith(".big.parquet.tmp-") for n in os.listdir(tmp_path)):
         assert time.monotonic() < deadline and p.poll() is None, p.communicate()
