@@ -147,6 +147,21 @@ def test_a_survived_oom_is_counted_not_reported_as_the_failure(tmp_path: Path) -
     assert res.summary.out_of_memory == 0 and res.summary.by_diagnosis == ()
 
 
+def test_a_two_device_trace_gives_the_failing_devices_figures(tmp_path: Path) -> None:
+    # Device 0 takes a 64 MiB segment and a 32 MiB block; device 1 an 8 MiB segment, a 6 MiB
+    # block, then a 4 MiB request that fails there (the program stops).
+    ops = [Op.SEGMENT_ALLOC, Op.MALLOC, Op.SEGMENT_ALLOC, Op.MALLOC, Op.OOM]
+    size = [64 * MiB, 32 * MiB, 8 * MiB, 6 * MiB, 4 * MiB]
+    addr = [BASE, BASE, BASE + (1 << 32), BASE + (1 << 32), 0]
+    ev = Events.build(np.array(ops, np.int8), np.array(size, np.uint64), addr=np.array(addr, np.uint64),
+                      rounded=np.array(size, np.uint64), device=np.array([0, 0, 1, 1, 1], np.int16))
+    path = tmp_path / "two-devices.parquet"
+    write_trace(path, TraceMeta.new(Source.CUPY, pool_limit_bytes=8 * MiB), ev)
+    r = run_fleet([path], FleetOptions(jobs=1)).table.row(0, named=True)
+    assert (r["device_index"], r["oom_device"], r["oom_seq"]) == (1, 1, 4)
+    assert (r["peak_reserved_bytes"], r["peak_live_bytes"]) == (8 * MiB, 6 * MiB)
+
+
 def test_summary_worst_trace_and_counts(local_result) -> None:
     s = local_result.summary
     assert (s.traces, s.analyzed, s.out_of_memory) == (9, 8, 3)

@@ -23,6 +23,7 @@ from tracekit.fleet.summary import FleetSummary, Group
 from tracekit.outputs import write_bytes
 from tracekit.report import html
 from tracekit.report.build import png_bytes
+from tracekit.report.style import short_site
 from tracekit.units import format_size
 
 LEAD_FIGURES = ("timeline", "oom-moment", "memory-map")  # of each worst trace; the rest: its own report
@@ -111,29 +112,24 @@ def _groups_section(s: FleetSummary) -> str:
     return "\n".join(parts)
 
 
-_ROW_KEYS = ("rank", "events", "duration_s", "peak_live_bytes", "peak_reserved_bytes",
-             "max_external_fragmentation", "oom_count", "oom_diagnosis", "oom_size", "oom_site",
-             "leaked_bytes")
+_ROW_HEAD = ["trace", "rank", "events", "peak live", "peak reserved", "max ext. frag.", "OOMs (handled)",
+             "fatal OOM", "at call-site", "never freed"]
 
 
 def _rows_section(df: pl.DataFrame) -> str:
-    keys = [k for k in _ROW_KEYS if k in df.columns]
     rows = []
     for r in df.iter_rows(named=True):
+        name, rank = Path(r["path"]).name, "" if r["rank"] is None else str(r["rank"])
         if r["error"] is not None:
-            rows.append([Path(r["path"]).name, "unreadable: see above"] + [""] * (len(keys) - 1))
+            rows.append([name, rank, "unreadable: see above"] + [""] * (len(_ROW_HEAD) - 3))
             continue
-        rows.append([Path(r["path"]).name] + [_cell(k, r[k]) for k in keys])
-    return ('<h2 id="rows">Every trace</h2>\n'
-            + html.table(rows, ["trace", *keys], tuple(range(1, len(keys) + 1))))
-
-
-def _cell(key: str, v: Any) -> str:
-    if v is None:
-        return ""
-    if key.endswith("_bytes") or key == "oom_size":
-        return format_size(v)
-    return html.fmt_value(key, v)
+        fatal = "" if r["oom_seq"] is None else (
+            f"{r['oom_diagnosis']}: {format_size(r['oom_size'])} at seq {r['oom_seq']}")
+        rows.append([name, rank, f"{r['events']:,}", format_size(r["peak_live_bytes"]),
+                     format_size(r["peak_reserved_bytes"]), html.fmt_value("fragmentation", r[
+                         "max_external_fragmentation"]), f"{r['oom_count']} ({r['ooms_handled']})", fatal,
+                     short_site(r["oom_site"], 60) if r["oom_site"] else "", format_size(r["leaked_bytes"])])
+    return '<h2 id="rows">Every trace</h2>\n' + html.table(rows, _ROW_HEAD, (1, 2, 3, 4, 5, 6, 9))
 
 
 def _worst_sections(worst: Sequence[tuple[str, list[Any] | str]]) -> list[str]:
