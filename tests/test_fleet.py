@@ -253,6 +253,19 @@ def test_whatif_columns_are_the_single_trace_search(fleet_dir: Path) -> None:
         assert row[f"min_capacity_{fit.policy.replace('-', '_')}_bytes"] == fit.min_capacity
 
 
+def test_advise_column_is_the_advise_engines_recommendation(fleet_dir: Path) -> None:
+    from tracekit.advise.run import advise
+
+    members = [fleet_dir / "job-b.parquet", fleet_dir / "synth-training.parquet"]
+    df = run_fleet(members, FleetOptions(jobs=1, advise=True)).table
+    rank1, synth = df.row(0, named=True), df.row(1, named=True)
+    want = advise(read_trace(members[0]), jobs=1).recommendation()
+    assert rank1["recommendation"] == want and rank1["advise_error"] is None
+    # A synthetic trace records no limit and no device: its row says so, and keeps its figures.
+    assert synth["recommendation"] is None and "no limit" in synth["advise_error"]
+    assert synth["error"] is None and synth["events"] == 3000
+
+
 def test_cli_text_names_the_failing_rank(fleet_dir: Path) -> None:
     res = runner.invoke(app, ["fleet", str(fleet_dir / "job-a.parquet"), str(fleet_dir / "job-b.parquet"),
                               "--jobs", "1"])

@@ -57,10 +57,6 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
 
     members = expand_paths(paths)
     check_outputs(members, ((options.output, "-o"), (options.report, "--report")), force=options.force)
-    if options.advise:
-        from tracekit.fleet.advice import check_available
-
-        check_available()
     jobs = options.jobs or default_jobs()
     mo = MemberOptions(whatif=options.whatif, advise=options.advise, curve=options.report is not None)
     written: list[Path] = []
