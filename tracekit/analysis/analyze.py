@@ -203,7 +203,11 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
             top = by_site(state.block_site, state.block_size, ev.sites, TOP_SITES)
     st = states.get(seq)
     column = int(at.free_col[k]) if at.free_col is not None and at.free_col[k] >= 0 else None
-    budget = oom_budget(Moment(seq, reserved, live, start, st, column, at.points(ev, k))) if detail else None
+    # The budget at the OOM needs the device measured there (format v2); without it the
+    # start's figures alone would say nothing about the moment.
+    budget = None
+    if detail and st is not None:
+        budget = oom_budget(Moment(seq, reserved, live, start, st, column, at.points(ev, k)))
     if budget is not None:
         dev_free, source = budget.free, budget.free_source
     elif column is not None or (st is not None and st.mem_free is not None):

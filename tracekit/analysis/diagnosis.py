@@ -4,16 +4,20 @@ With R = the rounded request, N = the device memory the allocator must add to
 serve it (R, or PyTorch's segment size: 2 MiB for R ≤ 1 MiB, 20 MiB below
 10 MiB, else R rounded up to 2 MiB), L = live bytes, S = reserved bytes,
 F = S − L (free inside the pool), G = the largest free block the request could
-use, P = the allocator limit, T = the device total, O = the overhead at start
-and D = T − O − S (device free), all at the failing event:
+use, P = the limit of the pool that raised, S_p = that pool's reserved bytes
+(measured at the OOM, else S), T = the device total, O = the overhead at start
+and D = device free (cudaMemGetInfo at the OOM where measured, else derived as
+T − O − S), all at the failing event, on the failing request's device:
 
 1. ``fragmentation``: F ≥ R and G < R: the pool held enough free bytes, but
    no single piece was big enough.
-2. ``limit``: S + N > P while the device still had room (D ≥ N, or D unknown):
-   the pool's or process's limit was the binding constraint.
+2. ``limit``: S_p + N > P while the device still had room (D ≥ N, or D
+   unknown): the pool's or process's limit was the binding constraint.
 3. ``overhead``: S + N ≤ T but S + N > T − O (or D < N): the request would
    have fit in the device's total, but memory held outside the allocator
-   (driver, CUDA context, other processes, reservations) took the room.
+   (driver, CUDA context, other processes, reservations) took the room. With
+   D measured, the sentence names the takers from the budget at the OOM
+   (``tracekit.analysis.oom_budget``).
 4. ``exhaustion``: otherwise: live bytes plus the request exceed what exists.
 """
 
@@ -65,7 +69,8 @@ def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
         if f.largest_free >= r:
             where = f" usable by it (a larger one, {fs(f.largest_free)}, served another stream or pool)"
         return Diagnosis.FRAGMENTATION, (
-            f"The request for {fs(r)} failed although {held} held {fs(free)} free: that space was "
+            f"The request for {fs(r)} on device {f.device} failed although {held} held {fs(free)} free: "
+            "that space was "
             f"split into pieces and the largest free block{where} was only {fs(g)}, so no single "
             "piece could hold it."
         )
@@ -103,16 +108,17 @@ def _measured_sentence(f: OOMFacts, t: int) -> str:
 def _overhead_sentence(f: OOMFacts, ctx: DeviceContext, t: int, o: int | None) -> str:
     r, s, n = f.request, f.reserved, f.segment
     held = "live blocks" if f.raw_device else "the allocator"
+    on = f" on device {f.device}"
     if o is not None and s + n > t - o:
         parts = ctx.overhead_parts()
         biggest = f" (largest part: {parts[0][0]}, {fs(parts[0][1])})" if parts else ""
         return (
-            f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + n)}, which fits in "
+            f"The request for {fs(r)}{on} with {fs(s)} held by {held} needed {fs(s + n)}, which fits in "
             f"the device's {fs(t)}, but {fs(o)} was taken before the first allocation by the "
             f"driver, the CUDA context and other reservations{biggest}, leaving only {fs(t - o)}."
         )
     return (
-        f"The request for {fs(r)} with {fs(s)} held by {held} needed {fs(s + n)}, which fits in the "
+        f"The request for {fs(r)}{on} with {fs(s)} held by {held} needed {fs(s + n)}, which fits in the "
         f"device's {fs(t)}, so memory outside the allocator (another process, a kernel's local "
         "memory or a context created after recording began) must have taken the room."
     )
@@ -120,6 +126,7 @@ def _overhead_sentence(f: OOMFacts, ctx: DeviceContext, t: int, o: int | None) -
 
 def _exhaustion_sentence(f: OOMFacts, ctx: DeviceContext) -> str:
     r, live = f.request, f.live
+    head = f"The request for {fs(r)} on device {f.device} with {fs(live)} already live needed {fs(live + r)}"
     if ctx.heap_capacity is not None:
         cap, what = ctx.heap_capacity, "heap of"
     elif ctx.limit is not None:
@@ -128,17 +135,14 @@ def _exhaustion_sentence(f: OOMFacts, ctx: DeviceContext) -> str:
         cap, what = ctx.device_total, "device total of"
     else:
         return (
-            f"The request for {fs(r)} with {fs(live)} already live needed {fs(live + r)} and the "
-            f"allocator could not get more than the {fs(f.reserved)} it held; the device's size is "
-            "not recorded, so it was presumably full."
+            f"{head} and the allocator could not get more than the {fs(f.reserved)} it held; the "
+            "device's size is not recorded, so it was presumably full."
         )
     if live + r > cap:
         return (
-            f"The request for {fs(r)} with {fs(live)} already live needed {fs(live + r)}, more than "
-            f"the {what} {fs(cap)}: memory was simply exhausted."
+            f"{head}, more than the {what} {fs(cap)}: memory was simply exhausted."
         )
     return (
-        f"The request for {fs(r)} with {fs(live)} already live needed {fs(live + r)} of the {what} "
-        f"{fs(cap)}, but with {fs(f.reserved)} already held the allocator could get no more: memory "
-        "was exhausted."
+        f"{head} of the {what} {fs(cap)}, but with {fs(f.reserved)} already held the allocator could get "
+        "no more: memory was exhausted."
     )

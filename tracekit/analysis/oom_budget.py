@@ -100,6 +100,7 @@ class OOMBudget:
     takers: str  # "…; process 4242 (python) holds 133.80 GiB, the largest taker", or ""
 
     def to_dict(self) -> dict[str, Any]:
+        """Every term, also those unknown at both moments (``null``), so the keys are fixed."""
         return {"terms": [t.to_dict() for t in self.terms], "free_bytes": self.free,
                 "free_source": self.free_source.value, "free_why": self.free_why, "takers": self.takers}
 
@@ -107,6 +108,8 @@ class OOMBudget:
         """Text rows: name, then start → OOM (change) and how."""
         out = []
         for t in self.terms:
+            if t.start is None and t.oom is None:
+                continue
             ch = f" ({'+' if (t.change or 0) >= 0 else '-'}{fs(abs(t.change))})" if t.change else ""
             how = t.how_oom.value if t.how_start == t.how_oom else f"{t.how_start.value} / {t.how_oom.value}"
             out.append(("  " * t.level + t.name, f"{fs(t.start)} -> {fs(t.oom)}{ch}  [{how}] {t.why}"))
@@ -147,6 +150,7 @@ def oom_budget(m: Moment) -> OOMBudget:
     pool1 = s.pool_total if s is not None and s.pool_total is not None else m.reserved
     live1 = s.pool_used if s is not None and s.pool_used is not None else m.live
     pool_how = How.MEASURED if measured_pool else How.DERIVED
+    pool_start = How.MEASURED if st.pool_total is not None else How.DERIVED  # else: the trace starts empty
     total1 = s.mem_total if s is not None and s.mem_total is not None else st.total
     others1 = None if s is None or s.processes is None else sum(p.used for p in s.others)
     self_used = s.self_used if s is not None else None
@@ -172,9 +176,9 @@ def oom_budget(m: Moment) -> OOMBudget:
         Term("printf FIFO", lim0.printf_fifo_size, lim1.printf_fifo_size, E, E, "cudaLimitPrintfFifoSize", 1),
         Term("code, constants, driver (rest)", _sub(st.context, *parts0), _sub(outside1, *parts1), D, D,
              "the row above - the three estimates", 1),
-        Term("pool reserved", pool0, pool1, M, pool_how,
+        Term("pool reserved", pool0, pool1, pool_start, pool_how,
              "the pool's counters" if measured_pool else "sum of live segments in the trace"),
-        Term("pool live", st.pool_used or 0, live1, M, pool_how, "bytes in use in the pool", 1),
+        Term("pool live", st.pool_used or 0, live1, pool_start, pool_how, "bytes in use in the pool", 1),
         Term("free", st.free, free, M, free_how, free_why),
         Term("unaccounted", _sub(st.total, st.others_bytes, st.context, pool0, st.free),
              _sub(total1, others1, outside1, pool1, free), D, D, "device total - every term above"),

@@ -144,6 +144,8 @@ def budget_section(oom: dict[str, Any]) -> str:
         return ""
     rows = []
     for t in b["terms"]:
+        if t.get("start_bytes") is None and t.get("oom_bytes") is None:
+            continue
         how = t["how_start"] if t["how_start"] == t["how_oom"] else f"{t['how_start']} / {t['how_oom']}"
         change = t.get("change_bytes")
         indent = "\u2003" * int(t.get("level") or 0)
