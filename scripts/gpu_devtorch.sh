@@ -32,15 +32,15 @@ pyarrow.__version__)"; git log --oneline -1; date -u; } >"$R/env.txt" 2>&1
 
 step ground_truth 120 python3 scripts/torch_ground_truth.py --json "$R/ground_truth.json" --out "$R/replays"
 pack
-step pytest_torch 100 python3 -m pytest -m gpu tests/test_device_torch_gpu.py -q -rfEs -p no:cacheprovider
+step pytest_torch 110 python3 -m pytest -m gpu tests/test_device_torch_gpu.py -q -rfEs -p no:cacheprovider
 pack
 step bench_torch 60 python3 scripts/bench_device_replay.py --allocator torch --events 100000 --repeat 2 \
   --json "$R/bench_torch.json"
+pack
+step pytest_device 100 python3 -m pytest -m gpu tests/test_device_gpu.py -q -rfEs -p no:cacheprovider
 pack
 for b in torch-train torch-expandable torch-record-oom; do
   t=traces/$b.parquet
   step "cli_$b" 40 python3 -m tracekit replay "$t" --device 0 --allocator torch --compare-sim torch
 done
-pack
-step pytest_device 150 python3 -m pytest -m gpu tests/test_device_gpu.py -q -rfEs -p no:cacheprovider -x
 echo "total $(( $(date +%s) - START ))s" | tee -a "$R/steps.txt"

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MiB, GiB = 1 << 20, 1 << 30
 COMMITTED = sorted((ROOT / "traces").glob("*.parquet"))
 COMMITTED_CUPY = [p for p in COMMITTED if read_meta(p).source == Source.CUPY]
-ALLOCATORS = list(Allocator)
+ALLOCATORS = [a for a in Allocator if a is not Allocator.TORCH]  # torch: tests/test_device_torch_gpu.py
 
 
 def _free() -> int:

@@ -177,3 +177,12 @@ def test_nothing_below_the_cli_imports_it() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders.update(str(path.relative_to(ROOT)) for n in names if n.startswith("tracekit.cli"))
     assert not offenders, dict(offenders)
+
+
+def test_without_free_entries_segment_rows_still_find_their_malloc() -> None:
+    """PyTorch with ``skip_actions`` leaves frees out; a free never moves device memory here."""
+    lean = [e for e in HISTORY if e[0] not in ("free_requested", "free_completed")]
+    req, actions = closing_requests(OPS, STATUS, SIZES, MATES, 0, len(OPS), frees=False)
+    assert req.tolist() == [0, 2, 4]
+    rows = attach(_history(lean), req, actions, len(OPS), ADDR)
+    assert rows.before.tolist() == [0, 2, 4]

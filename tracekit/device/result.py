@@ -187,8 +187,8 @@ def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
         "segment_frees": int(np.count_nonzero(rows_op == Op.SEGMENT_FREE)),
         "oom_count": run.ooms,
         "oom": oom,
-        "malloc_latency_ns": percentiles(run.latency[mal]),
-        "free_latency_ns": percentiles(run.latency[fre]),
+        "malloc_latency_ns": percentiles(run.latency[mal & (run.latency >= 0)]),  # not the starting state
+        "free_latency_ns": percentiles(run.latency[fre & (run.latency >= 0)]),
         "device_total": run.total,
         "device_free_start": run.free_start,
         "device_free_replay": run.free_replay,

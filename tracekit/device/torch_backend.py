@@ -8,9 +8,13 @@
   against the allocator's own report, sets the per-process limit
   (``set_per_process_memory_fraction``, exact to the byte; see
   ``torch_settings.fraction_for``), creates one stream per recorded stream
-  (recorded stream 0, the default stream, stays the default stream) and turns
-  the memory history on without stack capture
-  (``_record_memory_history(enabled="all", context=None)``);
+  (recorded stream 0, the default stream, stays the default stream; made
+  before the free memory is measured, as PyTorch keeps its stream pool) and
+  turns the memory history on without stack capture
+  (``_record_memory_history(enabled="all", context=None)``), leaving out the
+  entries of frees where PyTorch can (``skip_actions``): a free here never
+  moves device memory, so only allocations, failures and segment events are
+  needed to place the segment events;
 - ``alloc``/``delete`` are ``torch._C._cuda_cudaCachingAllocator_raw_alloc(size,
   stream)`` and ``..._raw_delete(ptr)``, the calls under
   ``torch.cuda.caching_allocator_alloc``/``caching_allocator_delete`` without
@@ -94,11 +98,27 @@ class TorchBackend:
     def device_free(self) -> int:
         return int(self._cudart.cudaMemGetInfo(self.device)[0])
 
-    def start(self, recorded_streams: np.ndarray) -> np.ndarray:
-        """Set everything up; returns the replay's stream handle for each recorded stream given."""
+    def open_streams(self, recorded_streams: np.ndarray) -> np.ndarray:
+        """The replay's stream handle for each recorded stream given (made current device first).
+
+        Called before the free memory is measured: PyTorch makes its pool of side
+        streams (32 per priority) at the first ``torch.cuda.Stream()`` and keeps it,
+        with the device memory the driver gives each, for the life of the process.
+        """
         t = self.torch
         t.cuda.set_device(self.device)
+        handles = np.zeros(len(recorded_streams), np.int64)
+        for i, s in enumerate(int(x) for x in recorded_streams):
+            if s not in self._streams:
+                made = t.cuda.default_stream(self.device) if s == 0 else t.cuda.Stream(self.device)
+                self._streams[s] = made
+            handles[i] = int(self._streams[s].cuda_stream)
         t.cuda.synchronize(self.device)
+        return handles
+
+    def start(self) -> None:
+        """Empty cache, settings, limit, history on (after ``open_streams``)."""
+        t = self.torch
         t.cuda.empty_cache()
         held = int(t.cuda.memory_reserved(self.device))
         if held:
@@ -115,14 +135,7 @@ class TorchBackend:
         check_applied(self.plan, report)
         self.settings = dict(report) if isinstance(report, dict) else {}
         self._set_limit()
-        handles = np.zeros(len(recorded_streams), np.int64)
-        for i, s in enumerate(int(x) for x in recorded_streams):
-            if s not in self._streams:
-                made = t.cuda.default_stream(self.device) if s == 0 else t.cuda.Stream(self.device)
-                self._streams[s] = made
-            handles[i] = int(self._streams[s].cuda_stream)
         self._history_on()
-        return handles
 
     def _fraction(self) -> float:
         get = getattr(self.torch.cuda, "get_per_process_memory_fraction", None)
@@ -160,10 +173,10 @@ class TorchBackend:
 
     def _history_on(self) -> None:
         record = self.torch.cuda.memory._record_memory_history
-        try:  # free_requested is always followed at once by free_completed here: not worth an entry
+        try:  # a free never moves device memory here (no record_stream): its entries are not needed
             record(enabled="all", context=None, stacks="python", max_entries=HISTORY_ENTRIES,
-                   skip_actions=["free_requested"])
-        except TypeError:  # a PyTorch without skip_actions
+                   skip_actions=["free_requested", "free_completed"])
+        except (TypeError, ValueError, RuntimeError):  # a PyTorch without skip_actions: frees recorded too
             record(enabled="all", context=None, stacks="python", max_entries=HISTORY_ENTRIES)
         self.history = True
 

@@ -1,20 +1,23 @@
 """The timed replay loop through PyTorch's caching allocator, and its history turned into rows.
 
-``loop_torch`` works like the other loops (``tracekit.device.loops``): chunks
-of ``CHUNK`` events as Python lists, two ``perf_counter_ns`` reads and three
-list stores around each ``raw_alloc(size, stream)``/``raw_delete(ptr)``,
+``TorchLoop`` works like the other loops (``tracekit.device.loops``): spans of
+at most ``CHUNK`` events as Python lists, two ``perf_counter_ns`` reads and
+three list stores around each ``raw_alloc(size, stream)``/``raw_delete(ptr)``,
 ``cudaMemGetInfo`` and a pending Ctrl-C/SIGTERM looked at every ``Loop.every``
-requests. Where the trace shows the program releasing memory (a run of
-recorded ``segment_free`` rows) it calls ``empty_cache()`` first, as the
-``torch`` model does with ``release_points:trace``. After each chunk the
-allocator's history of that chunk is harvested and attached:
+requests. Where the trace shows the program releasing memory (the first of a
+run of recorded ``segment_free`` rows) a span ends and ``empty_cache()`` runs,
+as the ``torch`` model does with ``release_points:trace``. After each span,
+and after each release, the allocator's history is harvested and attached:
 
-- every replayed request leaves exactly one *closing* entry: ``alloc`` (a
-  malloc placed), ``free_completed`` (a free), ``oom`` (a malloc that failed),
-  in request order; a request of 0 bytes leaves none (PyTorch returns a null
-  pointer without recording anything);
-- each ``segment_alloc``/``segment_free`` entry becomes a row inserted before
-  the request of the next closing entry; ``segment_map``/``segment_unmap`` of
+- every replayed malloc leaves exactly one *closing* entry, ``alloc`` (placed)
+  or ``oom`` (failed), in request order, and so does every free where the
+  history records frees (``free_completed``; PyTorch versions with
+  ``skip_actions`` leave them out). A request of 0 bytes leaves none
+  (PyTorch returns a null pointer without recording anything);
+- a free never moves device memory (no ``record_stream`` here), so each
+  ``segment_alloc``/``segment_free`` entry of a span belongs to the request of
+  the next closing entry and becomes a row inserted before it; those of a
+  release go before the release point. ``segment_map``/``segment_unmap`` of
   expandable segments become one row per 2 MiB page, so every release pairs
   with a device allocation of its address.
 
@@ -85,14 +88,17 @@ def history_of(entries: list[Any]) -> tc.History:
 
 
 def closing_requests(ops: np.ndarray, status: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
-                     lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Input indices in [lo, hi) that left a closing history entry, in order, and that entry's action."""
+                     lo: int, hi: int, frees: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Input indices in [lo, hi) that left a closing history entry, in order, and that entry's action.
+
+    ``frees``: whether the history records frees (``free_completed``) at all.
+    """
     o, st = ops[lo:hi], status[lo:hi]
     alloc = (o == Op.MALLOC) | (o == Op.OOM)
     m = mates[lo:hi]
     freed_size = np.where(m >= 0, sizes[np.maximum(m, 0)], 0)
     placed = (st == Status.DONE) & alloc & (sizes[lo:hi] > 0)
-    freed = (st == Status.DONE) & (o == Op.FREE) & (freed_size > 0)
+    freed = (st == Status.DONE) & (o == Op.FREE) & (freed_size > 0) & frees
     failed = st == Status.OOM
     idx = np.flatnonzero(placed | freed | failed)
     action = np.where(placed[idx], tc.ALLOC, np.where(freed[idx], tc.FREE_COMPLETED, tc.OOM)).astype(np.int8)
@@ -156,18 +162,31 @@ class TorchLoop:
 
     def run(self, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, handles: np.ndarray,
             release: np.ndarray) -> None:
-        """Replay every event; ``handles``: stream per event; ``release``: empty_cache before it."""
-        for base in range(0, len(ops), CHUNK):
-            stop = self._chunk(base, ops, sizes, mates, handles, release)
-            self._harvest(base, base + (stop if stop is not None else len(ops[base:base + CHUNK])),
-                          ops, sizes, mates)
+        """Replay every event; ``handles``: stream per event; ``release``: empty_cache before it.
+
+        The events run in spans that end at chunk boundaries and at release
+        points; the history is harvested after each span and after each release,
+        so a release's segment events go before the release point itself.
+        """
+        n = len(ops)
+        ends = np.union1d(np.arange(CHUNK, n, CHUNK), np.flatnonzero(release))
+        lo = 0
+        for hi in [*ends[(ends > 0) & (ends < n)].tolist(), n]:
+            stop = self._chunk(lo, hi, ops, sizes, mates, handles)
+            self._harvest(lo, lo + stop if stop is not None else hi, ops, sizes, mates)
             if stop is not None:
                 return
+            if hi < n and release[hi]:
+                self.backend.release_cached()
+                self._harvest(hi, hi, ops, sizes, mates)
+            lo = hi
 
     def _harvest(self, lo: int, hi: int, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray) -> None:
         lp, be = self.lp, self.backend
-        req, actions = closing_requests(ops, lp.status, sizes, mates, lo, hi)
-        rows = attach(be.harvest(), req, actions, hi, lp.addr.view(np.int64))
+        h = be.harvest()
+        frees = bool(np.any(h.action == tc.FREE_COMPLETED))  # PyTorch without skip_actions records them
+        req, actions = closing_requests(ops, lp.status, sizes, mates, lo, hi, frees)
+        rows = attach(h, req, actions, hi, lp.addr.view(np.int64))
         last = int(lp.t_end[hi - 1]) if hi > 0 else 0
         for i in range(len(rows.before)):
             b = int(rows.before[i])
@@ -178,27 +197,24 @@ class TorchLoop:
             self.mapped.append(bool(rows.mapped[i]))
             self.initial.append(False)
 
-    def _chunk(self, base: int, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, handles: np.ndarray,
-               release: np.ndarray) -> int | None:
-        """One chunk; returns the local index after which the replay stopped, None when it went on."""
+    def _chunk(self, base: int, end: int, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
+               handles: np.ndarray) -> int | None:
+        """Events [base, end); returns how many ran when the replay stopped at an OOM, else None."""
         lp, be = self.lp, self.backend
         alloc, delete, oom_t = be.alloc, be.delete, be.oom_error
         clock, meminfo = time.perf_counter_ns, be.device_free
         live, every = lp.live, lp.every
         FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
         S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
-        sl = slice(base, base + CHUNK)
+        sl = slice(base, end)
         o_arr = ops[sl]
         o_l, s_l, m_l, h_l = o_arr.tolist(), sizes[sl].tolist(), mates[sl].tolist(), handles[sl].tolist()
-        rel = set(np.flatnonzero(release[sl]).tolist())
         n = len(o_l)
         addr, t0l, t1l = [0] * n, [0] * n, [0] * n
         stat = default_status(o_arr)
         dfree: dict[int, int] = {}
         k = lp.k
         for j in range(n):
-            if rel and j in rel:
-                be.release_cached()
             o = o_l[j]
             try:
                 if o == FREE:

@@ -57,6 +57,7 @@ class TorchRun:
     rebuilt: Rebuilt | None
     mapped: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     initial: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    loop_ns: int = 0  # the replay itself: rebuilding the starting state, the requests, the history
 
 
 def replay_torch_on_device(trace: Trace, conf: str | Mapping[str, str] | None = None,
@@ -97,10 +98,11 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     log = SegmentLog()
     with deferred_signals() as pending:
         lp = Loop(len(ev), cfg.continue_on_oom, cfg.sample_every, pending)
+        handles = backend.open_streams(streams)[sidx]
         free_start, total = backend.free_total()
         rebuilt = None
         try:
-            handles = backend.start(streams)[sidx]
+            backend.start()
             free_replay = backend.device_free()
             t_start = time.perf_counter_ns()
             loop = TorchLoop(lp, backend, log)
@@ -109,6 +111,7 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
                 lp.live.update(rebuilt.addr)
                 loop.take_initial(backend.harvest())
             loop.run(ops, sizes, mates, handles, release)
+            t_loop = time.perf_counter_ns() - t_start
         except BaseException as e:
             for err in backend.close(_live(lp)):
                 e.add_note(f"also while releasing device memory: {err}")
@@ -129,7 +132,7 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
                     None, lp.ooms, lp.first_oom, lp.oom_state)
     info = TorchRun(plan.conf, backend.settings, dict(plan.options), plan.release_points,
                     str(backend.torch.__version__), rebuilt, np.asarray(loop.mapped, bool),
-                    np.asarray(loop.initial, bool))
+                    np.asarray(loop.initial, bool), t_loop)
     return replace(run, peak_reserved=int(_reserved_curve(run).max(initial=0)), torch=info)
 
 
