@@ -109,6 +109,7 @@ def test_traits_drive_defaults() -> None:
     assert policies.of_layout(Layout.POOL) == ["cupy", "torch"]
     assert all(policies.traits(p).recorded_limit for p in ("cupy", "torch"))  # type: ignore[union-attr]
     assert policies.traits("torch").reproduces == Source.TORCH  # type: ignore[union-attr]
+    assert policies.for_source(Source.CUPY) == "cupy" and policies.for_source(Source.SYNTHETIC) is None
     assert policies.is_heap("buddy") and not policies.is_heap("cupy") and not policies.is_heap("nope")
     with pytest.raises(ValueError):
         policies.register(policies.get("cupy"))

@@ -18,7 +18,7 @@ from tracekit.sim.engine import fits, replay, replay_file, write_replay
 from tracekit.sim.options import parse_alloc_conf
 from tracekit.sim.output import replay_events
 from tracekit.sim.prepare import prepare
-from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
+from tracekit.trace import Events, Op, Source, Trace, TraceMeta, read_trace, write_trace
 
 SUMMARY_KEYS = {
     "policy", "capacity", "device_total", "events", "peak_live_bytes", "peak_reserved_bytes",
@@ -219,3 +219,29 @@ def test_heap_peak_reserved_is_labelled_as_the_high_water_mark(tmp_path: Path) -
     assert heap.summary.peak_reserved_bytes == heap.summary.peak_extent
     assert "peak reserved  " in heap.to_text() and "(heap high-water mark)" in heap.to_text()
     assert "high-water" not in replay(trace, "cupy").to_text()
+
+
+def test_a_replay_adds_its_own_figures_to_the_one_summary() -> None:
+    """A device replay reports the common figures plus its own group (here a stand-in group)."""
+    from dataclasses import dataclass
+    from typing import Any
+
+    @dataclass(frozen=True)
+    class Latency:
+        p50_ns: int
+        key: str = "device"
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"p50_ns": self.p50_ns}
+
+        def to_lines(self) -> list[str]:
+            return [f"latency p50   {self.p50_ns} ns"]
+
+    op = np.array([Op.MALLOC, Op.FREE], np.int8)
+    trace = Trace(None, TraceMeta.new(Source.SYNTHETIC), Events.build(op, np.array([1000, 0], np.uint64),
+                  addr=np.array([64, 64], np.uint64)), np.array([-1, 0], np.int64), None, ())
+    base = replay(trace, "best-fit").summary
+    both = base.with_figures(Latency(1500))
+    assert both.to_dict() == {**base.to_dict(), "device": {"p50_ns": 1500}}
+    assert both.to_text() == base.to_text() + "\nlatency p50   1500 ns"
+    assert base.peak_live_bytes == 1024 and base.oom is None

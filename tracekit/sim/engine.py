@@ -17,125 +17,15 @@ search over capacities.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from tracekit import interrupts, progress
 from tracekit.outputs import check_output
 from tracekit.sim import policies
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
+from tracekit.sim.result import OOMInfo, ReplayResult, ReplaySummary
 from tracekit.trace.reader import Trace, read_trace
-from tracekit.units import format_size
-
-
-@dataclass(frozen=True)
-class OOMInfo:
-    """The first failed request: its input ``seq``, requested and rounded bytes,
-    and the allocator's state then (bytes). ``cause`` is ``fragmentation`` when
-    free_bytes >= rounded (enough memory, no block big enough), else ``exhausted``."""
-
-    seq: int
-    size: int
-    rounded: int
-    free_bytes: int
-    largest_free_block: int
-    live_bytes: int
-    reserved_bytes: int
-
-    @property
-    def cause(self) -> str:
-        return "fragmentation" if self.free_bytes >= self.rounded else "exhausted"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq, "size": self.size, "rounded": self.rounded,
-            "free_bytes": self.free_bytes, "largest_free_block": self.largest_free_block,
-            "live_bytes": self.live_bytes, "reserved_bytes": self.reserved_bytes, "cause": self.cause,
-        }
-
-
-@dataclass(frozen=True)
-class ReplaySummary:
-    """The numbers of one replay (bytes unless noted; ``peak_extent`` None for pools)."""
-
-    policy: str
-    capacity: int | None
-    device_total: int | None
-    events: int  # input events
-    peak_live_bytes: int
-    peak_reserved_bytes: int
-    peak_extent: int | None
-    segment_allocs: int
-    segment_frees: int
-    oom: OOMInfo | None
-    oom_count: int
-    stopped: bool  # the replay ended at the first OOM (no --continue-on-oom)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy, "capacity": self.capacity, "device_total": self.device_total,
-            "events": self.events, "peak_live_bytes": self.peak_live_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes, "peak_extent": self.peak_extent,
-            "segment_allocs": self.segment_allocs, "segment_frees": self.segment_frees,
-            "oom": self.oom.to_dict() if self.oom else None, "oom_count": self.oom_count,
-        }
-
-    def to_text(self) -> str:
-        cap = "unbounded"
-        if self.capacity is not None:
-            cap = f"{format_size(self.capacity)} ({self.capacity} bytes)"
-        reserved = format_size(self.peak_reserved_bytes)
-        if self.peak_extent is not None:  # a single heap: what it held is how far it reached
-            reserved += " (heap high-water mark)"
-        lines = [
-            f"policy         {self.policy}",
-            f"capacity       {cap}",
-            f"events         {self.events:,}",
-            f"peak live      {format_size(self.peak_live_bytes)}",
-            f"peak reserved  {reserved}",
-        ]
-        lines.append(f"segments       {self.segment_allocs} allocated, {self.segment_frees} freed")
-        o = self.oom
-        if o is None:
-            lines.append("out of memory  no")
-            return "\n".join(lines)
-        lines += [
-            f"out of memory  at seq {o.seq}: request {format_size(o.size)} "
-            f"(rounded {format_size(o.rounded)})",
-            f"  free {format_size(o.free_bytes)}, largest free block {format_size(o.largest_free_block)}, "
-            f"live {format_size(o.live_bytes)}, reserved {format_size(o.reserved_bytes)}",
-        ]
-        if o.cause == "fragmentation":
-            lines.append("  cause: fragmentation (enough bytes free, but no free block is large enough)")
-        else:
-            lines.append("  cause: exhausted (fewer bytes free than requested)")
-        if self.stopped:
-            lines.append("  the replay stopped here (--continue-on-oom goes on past failed requests)")
-        elif self.oom_count > 1:
-            lines.append(f"  {self.oom_count:,} requests failed in all")
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True, eq=False)
-class ReplayResult:
-    """A policy's raw run plus its summary."""
-
-    policy: str
-    config: SimConfig
-    run: PolicyRun
-    summary: ReplaySummary
-    warnings: tuple[str, ...] = ()  # for the user: skipped input events, several devices
-
-    @property
-    def ran_out(self) -> bool:
-        return self.summary.oom is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.summary.to_dict()
-
-    def to_text(self) -> str:
-        return self.summary.to_text()
 
 
 def replay(trace: Trace, policy: str, config: SimConfig | None = None) -> ReplayResult:

@@ -8,7 +8,8 @@ kernel, say) that discovery does not import. Adding a policy is adding a
 module (and its private kernel): nothing else changes, because every place that
 needs to know about policies asks this registry: ``replay --sim``'s help and its
 default capacity, ``whatif``'s and ``advise``'s default search
-(``whatif_defaults``), and analysis (``is_heap``), from each policy's
+(``whatif_defaults``), the policy matching a recording (``for_source``) and
+analysis (``is_heap``), from each policy's
 ``PolicyTraits``. ``register`` adds a policy defined elsewhere (a plugin, a
 test). Modules are imported on the first call, so importing this package stays cheap.
 """
@@ -21,6 +22,7 @@ import pkgutil
 
 from tracekit.errors import UsageError
 from tracekit.sim.base import AllocatorModel, Layout, PolicyTraits
+from tracekit.trace.schema import Source
 
 _ADDED: dict[str, AllocatorModel] = {}
 
@@ -99,6 +101,12 @@ def is_pool(name: str) -> bool:
     """Whether ``name`` is a pool policy (its capacity is a pool limit over device allocations)."""
     t = traits(name)
     return t is not None and t.layout == Layout.POOL
+
+
+def for_source(source: Source) -> str | None:
+    """The policy that models the allocator a trace from ``source`` was recorded through, if any."""
+    found = [n for n in listed() if models()[n].traits.reproduces == source]
+    return found[0] if found else None
 
 
 def whatif_defaults() -> list[str]:
