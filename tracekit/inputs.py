@@ -12,9 +12,11 @@ or ``MAX_DEPTH`` levels of nesting, and ``Infinity``/``NaN`` are not numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,30 @@ def byte_count(value: Any, where: str, what: str, *, allow_none: bool = True) ->
     if not 0 <= value < MAX_BYTES:
         raise InputError(f"{where}: {what} of {value} bytes is outside 0 .. 2^62")
     return value
+
+
+@contextlib.contextmanager
+def memory_cap(extra_bytes: int) -> Iterator[None]:
+    """Within the block the process may map at most ``extra_bytes`` more (RLIMIT_AS, Linux only):
+    a step whose memory a hostile input can multiply (the unpickler's memo, references) then
+    fails with MemoryError, which the caller turns into one sentence, instead of exhausting
+    the machine. Where the limit cannot be set, the block runs unbounded."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = mapped + extra_bytes
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        if soft != resource.RLIM_INFINITY:
+            cap = min(cap, soft)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

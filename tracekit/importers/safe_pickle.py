@@ -22,10 +22,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tracekit.errors import InputError
-from tracekit.inputs import check_regular
+from tracekit.inputs import check_regular, memory_cap
 from tracekit.progress import LARGE_BYTES, Progress
 
 GZIP_MAGIC = b"\x1f\x8b"
+# Memory the unpickler may take: 1 GiB plus 64 bytes per byte of the file (a snapshot's
+# objects take about 10 times its pickled size; gzip shrinks it about 5 times).
+UNPICKLE_FREE = 1 << 30
+UNPICKLE_PER_BYTE = 64
 
 
 class ForbiddenGlobal(pickle.UnpicklingError):
@@ -83,7 +87,8 @@ def load_pickle(path: str | os.PathLike[str], *, progress: bool | None = None) -
             src: BinaryIO = io.BufferedReader(_CountingReader(raw, bar), 1 << 20)
             if magic == GZIP_MAGIC:
                 src = gzip.GzipFile(fileobj=src, mode="rb")  # type: ignore[assignment]
-            return _unpickle(p, src)
+            with memory_cap(UNPICKLE_FREE + UNPICKLE_PER_BYTE * size):
+                return _unpickle(p, src)
     finally:
         bar.close()
 
@@ -105,7 +110,8 @@ def _unpickle(p: Path, src: BinaryIO) -> Any:
     except (gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"{p}: the gzip stream is corrupt ({e})") from None
     except MemoryError:
-        raise InputError(f"{p}: not enough memory to load this snapshot") from None
+        raise InputError(f"{p}: loading it takes more memory than a snapshot of its size may "
+                         "(1 GiB plus 64 bytes per byte of the file)") from None
     except pickle.UnpicklingError as e:
         if "truncated" in str(e):
             raise InputError(f"{p}: the file is truncated (it ends before the pickled data does)") from None

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.errors import InputError
+from tracekit.importers import snapshot_policy as policy
 from tracekit.progress import Progress
 
 # Codes for history actions (not v1 ops: several map to none or to several rows).
@@ -138,9 +139,11 @@ class History:
 def read_history(entries: list[Any], device: int, table: SiteTable, *, stacks: bool = False,
                  progress: Progress | None = None, where: str = "") -> History:
     """Columns of ``entries`` (one list comprehension per field); the list is emptied afterwards."""
+    policy.check_entries(entries, device, where)
     try:
         cols = _columns(entries, table, stacks)
-    except (AttributeError, TypeError, ValueError, OverflowError) as err:
+    except (AttributeError, TypeError, ValueError, OverflowError, KeyError, IndexError,
+            RecursionError) as err:
         raise InputError(
             f"{where}: a history entry of device {device} is malformed ({type(err).__name__}: {err})"
         ) from None
@@ -152,10 +155,12 @@ def read_history(entries: list[Any], device: int, table: SiteTable, *, stacks: b
 
 def _columns(entries: list[Any], table: SiteTable, stacks: bool) -> History:
     code = ACTIONS.get
-    names = [e.get("action") for e in entries]
+    # Only strings are looked up or counted: hashing or printing a hostile value (a tuple
+    # nested a million deep) would exhaust the C stack.
+    names = [a if isinstance(a := e.get("action"), str) else f"<{type(a).__name__}>" for e in entries]
     action = np.array([code(a, SKIPPED) for a in names], dtype=np.int8)
     keep = action != SKIPPED
-    skipped = Counter(str(a) for a, k in zip(names, keep.tolist(), strict=True) if not k)
+    skipped = Counter(a[:64] for a, k in zip(names, keep.tolist(), strict=True) if not k)
     del names
     if not keep.all():
         entries = [e for e, k in zip(entries, keep.tolist(), strict=True) if k]

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import InputError
+from tracekit.importers import snapshot_policy as policy
 from tracekit.importers import torch_columns as tc
 from tracekit.importers.pickle_scan import EntryList, scan
 from tracekit.importers.safe_pickle import GZIP_MAGIC, load_pickle
@@ -152,6 +153,7 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
             progress: bool = False) -> Converted:
     """The v1 events, extra columns and metadata of an unpickled snapshot (consumes its history)."""
     segs, traces, top = _shape(snap, where)
+    policy.check_top(segs, traces, top, where)
     present = {i for i, t in enumerate(traces) if t} | {
         int(s.get("device", 0) or 0) for s in segs if isinstance(s, dict)}
     if device is not None and device not in present:
@@ -175,8 +177,13 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
         else:
             h = tc.read_history(entries, d, table, stacks=stacks, progress=bar, where=str(where))
         del entries  # the scanned arrays or entry dicts can go before the rows are built
+        policy.check_history(h.action, h.addr, h.size, (h.action == tc.ALLOC) | (h.action == tc.OOM), d,
+                             where)
         skipped.update(h.skipped)
-        parts.append(_device_rows(h, final_state(segs, d, table), rnd))
+        try:
+            parts.append(_device_rows(h, final_state(segs, d, table), rnd))
+        except InputError as e:  # the row budget: name the file and the device
+            raise InputError(f"{where}: device {d}: {e}") from None
         hists.append(h)
     bar.close()
     events, extras = _merge(parts, devices, hists, table, stacks)
@@ -191,7 +198,8 @@ def _device_rows(h: tc.History, fs: FinalState, rnd: Any) -> _DeviceRows:
     init = initial_rows(h, fs, grid, rnd)
     a = h.action
     mapped = (a == tc.SEGMENT_MAP) | (a == tc.SEGMENT_UNMAP)
-    n_cells, cell_addr, cell_size = grid.pieces(h.addr[mapped], h.size[mapped])
+    n_cells, cell_addr, cell_size = grid.pieces(h.addr[mapped], h.size[mapped],
+                                                limit=policy.row_budget(len(h)))
     count = np.where(a == tc.FREE_REQUESTED, 0, 1).astype(np.int64)
     count[mapped] = n_cells
     src = np.repeat(np.arange(len(h), dtype=np.int64), count)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.errors import InputError
 from tracekit.importers.torch_columns import (
     ALLOC,
     FREE_COMPLETED,
@@ -121,11 +122,19 @@ class Grid:
         hi = int(np.searchsorted(self.cuts, np.uint64(start + size)))
         return lo, hi
 
-    def pieces(self, addr: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(cell count per range, cell starts, cell sizes) for ranges given as columns."""
+    def pieces(self, addr: np.ndarray, size: np.ndarray, *, limit: int | None = None,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cell count per range, cell starts, cell sizes) for ranges given as columns.
+
+        InputError, before any cell is built, when there would be more than ``limit`` cells
+        (overlapping mappings can multiply a small file into millions of rows).
+        """
         lo = np.searchsorted(self.cuts, addr)
         hi = np.searchsorted(self.cuts, addr + size)
         n = (hi - lo).astype(np.int64)
+        if limit is not None and int(n.sum()) > limit:
+            raise InputError(f"the expandable segments' mappings would become {int(n.sum()):,} rows, more "
+                             f"than the {limit:,} this history can hold (2^20 + 64 per entry)")
         idx = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]) if len(n) else \
             np.zeros(0, np.int64)
         idx = idx.astype(np.int64)

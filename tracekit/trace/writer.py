@@ -31,6 +31,8 @@ def events_to_arrays(ev: Events) -> list[pa.Array]:
     op_dict = pa.array(OP_NAMES, type=pa.string())
     no_rounded = (ev.op != Op.MALLOC) & (ev.op != Op.OOM)
     site_idx = pa.array(ev.site, type=pa.int32(), mask=ev.site < 0)
+    # A call-site from an untrusted file may hold lone surrogates, which UTF-8 cannot store.
+    sites = [s if s.isascii() else s.encode("utf-8", "replace").decode("utf-8") for s in ev.sites]
     return [
         pa.array(ev.seq, type=pa.uint64()),
         pa.array(ev.t_ns, type=pa.int64()),
@@ -40,7 +42,7 @@ def events_to_arrays(ev: Events) -> list[pa.Array]:
         pa.array(ev.rounded, type=pa.uint64(), mask=no_rounded),
         pa.array(ev.stream, type=pa.uint64()),
         pa.array(ev.device, type=pa.int16()),
-        pa.DictionaryArray.from_arrays(site_idx, pa.array(list(ev.sites), type=pa.string())),
+        pa.DictionaryArray.from_arrays(site_idx, pa.array(sites, type=pa.string())),
     ]
 
 
