@@ -62,3 +62,18 @@ def test_ray_reports_the_truncated_member_in_its_row(ray_session, fleet_dir: Pat
     assert res.summary.worst is not None and res.summary.worst.rank is None  # cupy-oom-frag: 243 MiB
     frag = next(g for g in res.summary.by_diagnosis if g.key == "fragmentation")
     assert frag.ranks == (1,) and frag.traces == 2
+
+
+def test_an_address_where_no_cluster_answers_is_one_sentence(fleet_dir: Path) -> None:
+    import socket
+
+    from typer.testing import CliRunner
+
+    from tracekit.cli.app import app
+
+    with socket.socket() as s:  # a loopback port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["fleet", str(fleet_dir), "--engine", "ray", "--address", f"127.0.0.1:{port}"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1 and "no Ray cluster answers there" in res.stderr

@@ -40,6 +40,7 @@ from tracekit.errors import InputError, UsageError
 T = TypeVar("T")
 OnError = Callable[[int, Exception], Any]
 WINDOW_PER_WORKER = 4
+CONNECT_TIMEOUT_S = 5.0
 _RAY_OBJECT_STORE = 128 << 20  # rows are small; a local instance needs no big shared-memory store
 
 
@@ -147,7 +148,9 @@ def open_engine(engine: Engine, jobs: int, address: str | None = None) -> Iterat
             local.close()
         return
     ray = _import_ray()
-    started = not ray.is_initialized()
+    if address is not None:
+        _check_reachable(address)
+    started = not ray.is_initialized()  # a session the caller opened is used as it is
     if started:
         _init_ray(ray, jobs, address)
     try:
@@ -163,6 +166,19 @@ def _import_ray() -> Any:
     except ImportError:
         raise UsageError("--engine ray needs Ray; install it with: pip install 'tracekit[fleet]'") from None
     return ray
+
+
+def _check_reachable(address: str) -> None:
+    """InputError when ``HOST:PORT`` does not accept a connection (Ray itself retries for minutes)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", "ray://...": Ray resolves those itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise InputError(f"--address {address}: no Ray cluster answers there ({e.strerror or e})") from None
 
 
 def _init_ray(ray: Any, jobs: int, address: str | None) -> None:

@@ -82,11 +82,11 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Curve:
     """Reserved bytes over normalised time (``CURVE_BINS`` values) and where the fatal OOM sits on it."""
 
-    reserved: tuple[int, ...]
+    reserved: np.ndarray  # int64: 2 KiB a trace on its way to the driver, not a tuple of Python ints
     oom_at: float | None  # x of the fatal OOM in [0, 1], None without one
 
 
@@ -104,7 +104,7 @@ def reserved_curve(t_ns: np.ndarray, seq: np.ndarray, reserved: np.ndarray, bins
 
     n = len(reserved)
     if n == 0:
-        return Curve((0,) * bins, None)
+        return Curve(np.zeros(bins, np.int64), None)
     x = time_axis(t_ns, seq).x(t_ns, np.arange(n))
     span = float(x[-1] - x[0])
     xn = (x - x[0]) / span if span > 0 else np.zeros(n)
@@ -119,7 +119,7 @@ def reserved_curve(t_ns: np.ndarray, seq: np.ndarray, reserved: np.ndarray, bins
     if oom_seq is not None:
         k = min(int(np.searchsorted(seq, np.uint64(oom_seq))), n - 1)
         oom_at = float(xn[k])
-    return Curve(tuple(int(v) for v in np.maximum(top, carried)), oom_at)
+    return Curve(np.maximum(top, carried), oom_at)
 
 
 def render_member(path: str) -> list[Any] | str:

@@ -71,6 +71,7 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
             rows[i] = row
             report_progress(done, len(members))
         table = rows_frame([r for r in rows if r is not None])
+        del rows  # the table holds the same figures; keep one copy
         summary = summarize(table)
         if options.output is not None:
             written.append(write_parquet(table, options.output))

@@ -49,7 +49,7 @@ def rows_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
     df = pl.DataFrame([{k: rec.get(k) for k in schema} for rec in records], schema=schema, orient="row")
     if any(r.curve is not None for r in rows):
         df = df.with_columns(
-            pl.Series("reserved_curve", [list(r.curve.reserved) if r.curve else None for r in rows],
+            pl.Series("reserved_curve", [r.curve.reserved.tolist() if r.curve else None for r in rows],
                       dtype=pl.List(pl.Int64)),
             pl.Series("oom_at", [r.curve.oom_at if r.curve else None for r in rows], dtype=pl.Float64),
         )
