@@ -210,3 +210,14 @@ def test_went_on_matches_a_direct_search(rows: list[tuple[int, int, int]], maske
         assert fatal._went_on(ev, ooms).tolist() == want
     finally:
         fatal.MASKED_KEYS = old
+
+
+def test_a_retry_at_the_same_call_site_names_the_caller():
+    # The same attempts made from model.py: no library name in the call-site, but each OOM is
+    # followed by a smaller malloc from the same call-site, so the caller retried smaller.
+    from tracekit.analysis.fatal import RETRIED
+
+    rows = [(o, a, s, 1 if site == 0 else site, d) for o, a, s, site, d in cudnn_rows()]
+    s = analyze_trace(trace_of(rows, TraceMeta.new(Source.TORCH)), timeline=False).summary
+    assert [o.handler for o in s.ooms] == [RETRIED, RETRIED, RETRIED, None]
+    assert s.handled_by() == [{"site": SITES[1], "handler": RETRIED, "count": 3}]

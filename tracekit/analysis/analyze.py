@@ -16,7 +16,7 @@ import pyarrow as pa
 from tracekit.analysis import largest_free as lf
 from tracekit.analysis.context import DeviceContext, device_context_for
 from tracekit.analysis.diagnosis import OOMFacts, diagnose
-from tracekit.analysis.fatal import fatal_seq
+from tracekit.analysis.fatal import fatal_seq, handler, retried_smaller
 from tracekit.analysis.leaks import PoolState, SiteBytes, by_site, leaks, pool_state_at
 from tracekit.analysis.oom_budget import FreeSource, Moment, oom_budget
 from tracekit.analysis.recording import (
@@ -231,6 +231,7 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         free_in_pool=reserved - live, largest_free_block=lfb, device_free=dev_free,
         diagnosis=diagnosis, explanation=explanation, top_live_sites=top, device=device,
         handled=fatal is None or seq != fatal, device_free_source=source, budget=budget,
+        handler=handler(ev.site_name(k), detail and retried_smaller(ev, k)),
     )
 
 

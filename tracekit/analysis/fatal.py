@@ -11,7 +11,9 @@ The fatal OOM, in order of evidence:
 
 Every other OOM is *handled*. Handled OOMs are grouped by call-site; a call-site that
 names a library known to retry with less memory (cuDNN trying smaller convolution
-workspaces, cuBLAS, cuFFT plans) says so.
+workspaces, cuBLAS, cuFFT plans) says so, and so does the trace itself when the next
+allocation on the OOM's device and stream came from the same call-site and asked for
+less (the caller retried smaller).
 """
 
 from __future__ import annotations
@@ -36,10 +38,22 @@ HANDLERS: tuple[tuple[str, str], ...] = (
 )
 
 
-def handler(site: str | None) -> str | None:
-    """Who handles an OOM raised at ``site``, where the call-site shows it."""
+RETRIED = "the caller retried with a smaller request at the same call-site"
+LOOKAHEAD = 64  # mallocs after an OOM searched for the next one on its device and stream
+
+
+def handler(site: str | None, retried: bool = False) -> str | None:
+    """Who handles an OOM raised at ``site``, where the call-site (or the retry) shows it."""
     low = (site or "").lower()
-    return next((who for key, who in HANDLERS if key in low), None)
+    return next((who for key, who in HANDLERS if key in low), RETRIED if retried else None)
+
+
+def retried_smaller(ev: Events, k: int) -> bool:
+    """The next malloc on OOM row k's device and stream is from its call-site and smaller."""
+    mallocs = np.flatnonzero(ev.op[k + 1: k + 1 + 16 * LOOKAHEAD] == Op.MALLOC) + k + 1
+    same = mallocs[(ev.device[mallocs] == ev.device[k]) & (ev.stream[mallocs] == ev.stream[k])][:1]
+    return bool(len(same) and ev.site[k] >= 0 and ev.site[same[0]] == ev.site[k]
+                and ev.size[same[0]] < ev.size[k])
 
 
 def fatal_seq(ev: Events, extra: Mapping[str, Any]) -> int | None:

@@ -23,7 +23,6 @@ from typing import Any
 
 from tracekit.analysis.context import DeviceContext
 from tracekit.analysis.diagnosis import Diagnosis
-from tracekit.analysis.fatal import handler
 from tracekit.analysis.leaks import SiteBytes
 from tracekit.analysis.oom_budget import FreeSource, OOMBudget
 from tracekit.units import format_size
@@ -57,11 +56,7 @@ class OOMReport:
     handled: bool = False
     device_free_source: FreeSource = FreeSource.UNKNOWN
     budget: OOMBudget | None = None
-
-    @property
-    def handler(self) -> str | None:
-        """Who handles an OOM at this call-site, where the call-site shows it."""
-        return handler(self.site)
+    handler: str | None = None  # who handled it, where the call-site or a retry shows it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,10 +112,12 @@ class Summary:
     def handled_by(self) -> list[dict[str, Any]]:
         """Handled OOMs grouped by call-site: ``site``, ``handler`` (where it shows), ``count``."""
         counts: dict[str | None, int] = {}
+        who: dict[str | None, str | None] = {}
         for o in self.ooms:
             if o.handled:
                 counts[o.site] = counts.get(o.site, 0) + 1
-        return [{"site": k, "handler": handler(k), "count": v}
+                who[o.site] = who.get(o.site) or o.handler
+        return [{"site": k, "handler": who[k], "count": v}
                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
 
     def to_dict(self) -> dict[str, Any]:
