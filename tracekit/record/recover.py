@@ -7,11 +7,17 @@ rename), with ``seq`` numbered in spool order. ``recover`` does the same for
 a spool left behind by a killed recording and marks the trace
 ``"complete": false``; a last batch cut short by the kill is skipped, so
 what is lost is at most the flush interval before the kill.
+
+A spool is untrusted input like any other (see "Input policy" in
+docs/trace-format.md): ``_open`` checks its columns and types once, and
+``_checked`` every batch before any arithmetic (op codes, nulls, sizes below
+2^62 and requests below 2^60, device ordinals, call-site ids defined densely
+and in order, notes as bounded JSON objects); ``t_ns`` that steps back (threads
+that stamped out of order) is clamped to the time before it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import InputError
+from tracekit.inputs import check_regular, load_json
 from tracekit.outputs import check_output
 from tracekit.record.finish import (
     EXTRA_FIELDS,
@@ -31,9 +38,9 @@ from tracekit.record.finish import (
     segment_rows,
     v2_meta,
 )
-from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY
+from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY, SPOOL_SCHEMA
 from tracekit.trace.events import Events
-from tracekit.trace.schema import META_KEY, TraceMeta
+from tracekit.trace.schema import META_KEY, Op, TraceMeta
 from tracekit.trace.writer import TraceWriter
 
 ROW_GROUP = 1 << 20
@@ -55,8 +62,7 @@ class SpoolScan:
 @contextmanager
 def _open(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
     """The spool's stream reader; the memory map is closed when the block ends."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
+    check_regular(path, "spool")
     bad = f"{path}: not a tracekit recording spool, or the recording was killed before it began"
     try:
         source = pa.memory_map(str(path))
@@ -70,10 +76,48 @@ def _open(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
         md = reader.schema.metadata or {}
         if SPOOL_KEY not in md or META_KEY not in md:
             raise InputError(f"{path}: an Arrow stream, but not a tracekit recording spool")
+        for f in SPOOL_SCHEMA:
+            have = reader.schema.field(f.name).type if f.name in reader.schema.names else None
+            if have != f.type and (have is not None or f.name not in OPTIONAL):
+                raise InputError(f"{path}: not a tracekit recording spool (column '{f.name}' is {have}, "
+                                 f"expected {f.type})")
+        if len(set(reader.schema.names)) != len(reader.schema.names):
+            raise InputError(f"{path}: not a tracekit recording spool (a column appears twice)")
         yield reader
 
 
-def _batches(reader: pa.ipc.RecordBatchStreamReader,
+OPTIONAL = ("pool", "device_free")  # spools of version 1 recordings have neither
+MAX_SIZE, MAX_REQUEST, MAX_DEVICE = 1 << 62, 1 << 60, 32767
+
+
+def _checked(path: Path, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` if every value is in range (see the module docstring), else InputError."""
+    op = batch.column("op")
+    if op.null_count:
+        raise InputError(f"{path}: a spool row has no op")
+    code = op.to_numpy()
+    if len(code) and (code.min() < NOTE_ROW or code.max() > Op.OOM):
+        bad = int(code[(code < NOTE_ROW) | (code > Op.OOM)][0])
+        raise InputError(f"{path}: a spool row has op code {bad}, not one of the recorder's")
+    ev = code >= 0
+    for name in ("t_ns", "size", "device", "stream", "addr"):
+        col = batch.column(name)
+        need = ev & (code != Op.OOM) if name == "addr" else ev
+        if col.null_count and np.any(col.is_null().to_numpy(zero_copy_only=False) & need):
+            raise InputError(f"{path}: a spool event has no {name}")
+    size = batch.column("size").fill_null(0).to_numpy()
+    req = ev & ((code == Op.MALLOC) | (code == Op.OOM))
+    if np.any(ev & (size >= MAX_SIZE)) or np.any(req & (size >= MAX_REQUEST)):
+        raise InputError(f"{path}: a spool event has a size beyond any device (2^60 bytes or more)")
+    dev = batch.column("device").fill_null(0).to_numpy()
+    if np.any(ev & ((dev < 0) | (dev > MAX_DEVICE))):
+        raise InputError(f"{path}: a spool event names a device outside 0..{MAX_DEVICE}")
+    if np.any((code == SITE_ROW) & batch.column("site").is_null().to_numpy(zero_copy_only=False)):
+        raise InputError(f"{path}: a call-site row of the spool has no id")
+    return batch
+
+
+def _batches(reader: pa.ipc.RecordBatchStreamReader, path: Path,
              scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
     while True:
         try:
@@ -84,31 +128,42 @@ def _batches(reader: pa.ipc.RecordBatchStreamReader,
             if scan is not None:
                 scan.truncated = True
             return
-        yield batch
+        yield _checked(path, batch)
 
 
 def scan_spool(path: Path) -> SpoolScan:
     """Pass 1: metadata, call-site names, notes (with the seq of the event each describes), counts."""
     with _open(path) as reader:
-        meta = TraceMeta.from_json(reader.schema.metadata[META_KEY], str(path))
+        meta = _meta(path, reader.schema.metadata[META_KEY])
         scan = SpoolScan(meta)
-        for batch in _batches(reader, scan):
-            _scan_batch(scan, batch)
+        for batch in _batches(reader, path, scan):
+            _scan_batch(path, scan, batch)
     return scan
 
 
-def _scan_batch(scan: SpoolScan, batch: pa.RecordBatch) -> None:
+def _meta(path: Path, raw: bytes) -> TraceMeta:
+    d = load_json(raw, str(path), "the spool's metadata")
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: the spool's metadata is not a JSON object")
+    return TraceMeta.from_dict(d, str(path))
+
+
+def _scan_batch(path: Path, scan: SpoolScan, batch: pa.RecordBatch) -> None:
     op = batch.column("op").to_numpy()
     text = batch.column("text")
     for i in np.flatnonzero(op == SITE_ROW):
         site = int(batch.column("site")[i].as_py())
-        while len(scan.sites) <= site:
+        if not 0 <= site <= len(scan.sites):  # the recorder numbers call-sites 0, 1, 2, ... as they appear
+            raise InputError(f"{path}: call-site id {site} out of order (next expected {len(scan.sites)})")
+        if site == len(scan.sites):
             scan.sites.append("")
-        scan.sites[site] = text[i].as_py()
+        scan.sites[site] = text[i].as_py() or ""
     events_before = np.cumsum(op >= 0)
-    t_ns = batch.column("t_ns").to_numpy()
+    t_ns = batch.column("t_ns").fill_null(0).to_numpy()
     for i in np.flatnonzero(op == NOTE_ROW):
-        note = json.loads(text[i].as_py())
+        note = load_json(text[i].as_py() or "", str(path), "a note in the spool")
+        if not isinstance(note, dict):
+            raise InputError(f"{path}: a note in the spool is not a JSON object")
         scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, "t_ns": int(t_ns[max(i - 1, 0)]),
                            **note})
     scan.segments.append(segment_rows(batch, scan.events))
@@ -117,10 +172,14 @@ def _scan_batch(scan: SpoolScan, batch: pa.RecordBatch) -> None:
 
 
 def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
-            index: SegmentIndex) -> tuple[Events, dict[str, pa.Array], int]:
+            index: SegmentIndex, t_floor: int = -(1 << 63)) -> tuple[Events, dict[str, pa.Array], int]:
     keep = batch.column("op").to_numpy() >= 0
-    col = {n: batch.column(n).to_numpy()[keep] for n in
-           ("t_ns", "op", "addr", "size", "rounded", "stream", "site")}
+    col = {n: batch.column(n).fill_null(0).to_numpy()[keep] for n in
+           ("t_ns", "op", "addr", "size", "rounded", "stream")}
+    site = batch.column("site").fill_null(-1).to_numpy()[keep]
+    col["site"] = np.where((site >= 0) & (site < len(sites)), site, -1).astype(np.int32)
+    if len(col["t_ns"]):  # time never steps back, so the trace reads
+        col["t_ns"] = np.maximum.accumulate(np.maximum(col["t_ns"], t_floor))
     n = int(keep.sum())
     seq = np.arange(seq0, seq0 + n, dtype=np.uint64)
     device, extras, mismatches = batch_columns(batch, keep, seq, index)
@@ -138,19 +197,24 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     index = segment_index(scan.segments)
     with _open(spool) as reader:  # the device mismatches go into the metadata, written first
         mismatches, seq = 0, 0
-        for batch in _batches(reader):
+        for batch in _batches(reader, spool):
             ev, _, m = _events(batch, seq, (), index)
             seq, mismatches = seq + len(ev), mismatches + m
-    meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2_meta(scan.notes, extra, mismatches))
+    try:
+        v2 = v2_meta(scan.notes, extra, mismatches)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+        raise InputError(f"{spool}: a note in the spool has a malformed field") from None
+    meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2)
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
     sites = tuple(scan.sites)
-    seq = 0
+    seq, t_floor = 0, -(1 << 63)
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
     with _open(spool) as reader, TraceWriter(output, meta, EXTRA_FIELDS) as w:
-        for batch in _batches(reader):
-            ev, extras, _ = _events(batch, seq, sites, index)
+        for batch in _batches(reader, spool):
+            ev, extras, _ = _events(batch, seq, sites, index, t_floor)
             seq += len(ev)
+            t_floor = int(ev.t_ns[-1]) if len(ev) else t_floor
             pending.append((ev, extras))
             if sum(len(e) for e, _ in pending) >= ROW_GROUP:
                 _write(w, pending)
