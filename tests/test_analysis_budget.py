@@ -32,8 +32,8 @@ BASE = 0x7F00_0000_0000
 HEAP, PRINTF = 8 * MiB, 8_650_752
 
 
-def budget(others: list[dict], stack: int = 1024, heap: int = HEAP) -> dict:
-    return {"device": 0, "cuda_total": T, "cuda_free": F0, "other_processes": others,
+def budget(others: list[dict], free0: int = F0, stack: int = 1024, heap: int = HEAP) -> dict:
+    return {"device": 0, "cuda_total": T, "cuda_free": free0, "other_processes": others,
             "other_processes_bytes": sum(p["bytes"] for p in others), "context_bytes": CONTEXT,
             "stack_size": stack, "malloc_heap_size": heap, "printf_fifo_size": PRINTF, "sm_count": 132,
             "max_threads_per_sm": 2048, "cupy_pool_total_bytes": 0, "cupy_pool_used_bytes": 0}
@@ -41,12 +41,12 @@ def budget(others: list[dict], stack: int = 1024, heap: int = HEAP) -> dict:
 
 def seed_trace(*, taken: int = LOCAL_GROWTH, others_start: list[dict] | None = None,
                others_oom: list[dict] | None = None, stack_after: int = 16384, heap_after: int = HEAP,
-               exit_seq: int | None = 8, free_column: bool = True) -> Trace:
+               exit_seq: int | None = 8, free_column: bool = True, free0: int = F0) -> Trace:
     """8 MiB + three 512 MiB segments, then a 512 MiB request that fails; ``taken`` bytes leave
-    the device between seq 1 and seq 2 without the pool taking them."""
+    the device between seq 0 and seq 2 without the pool taking them."""
     segs = [8 * MiB, 512 * MiB, 512 * MiB, 512 * MiB]
     op, addr, size, free = [], [], [], []
-    left = F0
+    left = free0
     for i, s in enumerate(segs):
         if i == 1:
             left -= taken
@@ -73,8 +73,8 @@ def seed_trace(*, taken: int = LOCAL_GROWTH, others_start: list[dict] | None = N
     state = {"seq": 8, "device": 0, "t_ns": 8, "mem_free": left, "mem_total": T,
              "processes": [*others_oom, me], "limits": limits,
              "pool": {"used_bytes": pool, "total_bytes": pool, "limit_bytes": None}}
-    meta = TraceMeta.new(Source.CUPY, device=DeviceInfo("NVIDIA H200", T, F0)).with_extra(
-        budget=budget(others_start), oom_states=[state], device_id=0,
+    meta = TraceMeta.new(Source.CUPY, device=DeviceInfo("NVIDIA H200", T, free0)).with_extra(
+        budget=budget(others_start, free0), oom_states=[state], device_id=0,
         exit={"status": "exception", "exception": "cupy.cuda.memory.OutOfMemoryError", "code": 1,
               "signal": None, "oom_seq": exit_seq})
     p = pair_events(ev.op, ev.addr, ev.device, ev.seq)
@@ -123,16 +123,19 @@ def test_seed_budget_terms_add_up():
 
 
 def test_another_process_started_after_recording_began():
-    # Nothing else at start; a process of 4 GiB appears; no stack change.
-    grow = 4 * GiB
-    tr = seed_trace(taken=grow, others_start=[], stack_after=1024,
-                    others_oom=[{"pid": 777, "name": "trainer", "used_bytes": OTHER + grow, "self": False}])
+    # Nothing else at start (free T - context); process 777 appears between seq 0 and seq 2
+    # and takes OTHER + 3.5 GiB = 137.30 GiB, which leaves F0 - 3.5 GiB - 1544 MiB = 493.28 MiB.
+    used = OTHER + 3584 * MiB
+    tr = seed_trace(taken=used, others_start=[], stack_after=1024, free0=T - CONTEXT,
+                    others_oom=[{"pid": 777, "name": "trainer", "used_bytes": used, "self": False}])
     o = analyze_trace(tr, timeline=False).summary.oom
     assert o is not None and o.diagnosis is Diagnosis.OVERHEAD
-    assert "process 777 (trainer) started using the device after recording began (137.80 GiB)" \
-        in o.explanation
+    assert "with only 493.28 MiB free on the device (measured)" in o.explanation
+    assert o.explanation.endswith(
+        "process 777 (trainer) started using the device after recording began, between seq 0 and seq 2 "
+        "(where free fell by 137.30 GiB more than the pool took, measured), and holds 137.30 GiB "
+        "(the largest taker).")
     assert "stack limit" not in o.explanation
-    assert o.explanation.endswith("process 777 (trainer) holds 137.80 GiB (the largest taker).")
 
 
 def test_another_process_grew():

@@ -199,55 +199,64 @@ def _process_rows(st: StartState, s: OOMState | None) -> list[Term]:
 
 
 def _takers(m: Moment, st: StartState, s: OOMState | None, pool1: int, outside1: int | None) -> str:
-    """Phrases for what changed since start (largest first) and the largest taker."""
+    """What changed since start (largest first), each placed between two measured rows where
+    the device free shows it, and the largest taker at the OOM."""
     if s is None:
         return ""
-    changes: list[tuple[int, str]] = []
-    held: list[tuple[int, str]] = [(pool1, f"the pool holds {fs(pool1)}")]
+    drops = _drops(m, st)
+    changes: list[tuple[int, str, str]] = []  # (bytes, key, phrase)
+    held: list[tuple[int, str, str]] = [(pool1, "pool", f"the pool holds {fs(pool1)}")]
     s0, s1, threads = st.limits.stack_size, s.limits.stack_size, st.threads
     if s0 is not None and s1 is not None and threads and s1 != s0:
         grew = (s1 - s0) * threads
         verb = "grew" if grew > 0 else "shrank"
-        where = _localize(m, st, grew)
-        changes.append((abs(grew), f"the stack limit {verb} from {_stack(s0)} to {_stack(s1)} per thread "
-                        f"{where}, reserving ≈ {fs(abs(grew))} {'more' if grew > 0 else 'less'} for local "
-                        f"memory (estimated: {s1 - s0:+,} B x {threads:,} threads)"))
+        changes.append((abs(grew), "local", f"the stack limit {verb} from {_stack(s0)} to {_stack(s1)} per "
+                        f"thread {_between(drops, grew, m.seq)}, reserving ≈ {fs(abs(grew))} "
+                        f"{'more' if grew > 0 else 'less'} for local memory (estimated: {s1 - s0:+,} B x "
+                        f"{threads:,} threads)"))
     if s1 is not None and threads:
-        held.append((s1 * threads, f"local memory holds ≈ {fs(s1 * threads)} (estimated)"))
+        held.append((s1 * threads, "local", f"local memory holds ≈ {fs(s1 * threads)} (estimated)"))
     start = {p.pid: p.used for p in st.others or ()}
     for p in s.others:
-        held.append((p.used, f"{p.label()} holds {fs(p.used)}"))
-        if st.others is None:
-            continue
+        key = f"pid {p.pid}"
+        held.append((p.used, key, f"{p.label()} holds {fs(p.used)}"))
         was = start.get(p.pid, 0)
-        if p.used - was >= MiB:
-            what = (f"grew by {fs(p.used - was)} to {fs(p.used)}" if was
-                    else f"started using the device after recording began ({fs(p.used)})")
-            changes.append((p.used - was, f"{p.label()} {what}"))
+        if st.others is not None and p.used - was >= MiB:
+            what = f"grew by {fs(p.used - was)} to {fs(p.used)}" if was else \
+                f"started using the device after recording began, {_between(drops, p.used, m.seq)}, and " \
+                f"holds {fs(p.used)}"
+            changes.append((p.used - was, key, f"{p.label()} {what}"))
     for name, a, b in (("device malloc heap", st.limits.malloc_heap_size, s.limits.malloc_heap_size),
                        ("printf FIFO", st.limits.printf_fifo_size, s.limits.printf_fifo_size)):
         if a is not None and b is not None and b != a:
-            changes.append((abs(b - a), f"the {name} limit changed from {fs(a)} to {fs(b)}"))
+            changes.append((abs(b - a), name, f"the {name} limit changed from {fs(a)} to {fs(b)}"))
     changes.sort(key=lambda c: -c[0])
     top = max(held, key=lambda h: h[0])
-    text = "; ".join(c for _, c in changes)
-    return (text + "; " if text else "") + top[1] + " (the largest taker)"
+    phrases = [c[2] + (" (the largest taker)" if c[1] == top[1] else "") for c in changes]
+    if top[1] not in {c[1] for c in changes}:
+        phrases.append(f"{top[2]} (the largest taker)")
+    return "; ".join(phrases)
 
 
-def _localize(m: Moment, st: StartState, grew: int) -> str:
-    """"between seq A and B": the measured interval whose unexplained free drop is the largest."""
+def _drops(m: Moment, st: StartState) -> tuple[np.ndarray, np.ndarray]:
+    """(seq of each measured row, -1 = the start; the drop in free since the row before that
+    the pool's own growth does not explain), from the start to the OOM."""
     seq, free, res = m.points
     if m.state is not None and m.state.mem_free is not None and (len(seq) == 0 or seq[-1] != m.seq):
         seq, free, res = np.r_[seq, m.seq], np.r_[free, m.state.mem_free], np.r_[res, m.reserved]
     if st.free is not None:
-        seq = np.r_[-1, seq]
-        free = np.r_[st.free, free]
-        res = np.r_[st.pool_total or 0, res]
-    if len(seq) >= 2:
-        drop = (free[:-1] - free[1:]) - (res[1:] - res[:-1])
-        i = int(np.argmax(drop))
-        if drop[i] >= abs(grew) // 2:
+        seq, free, res = np.r_[-1, seq], np.r_[st.free, free], np.r_[st.pool_total or 0, res]
+    return seq, (free[:-1] - free[1:]) - (res[1:] - res[:-1])
+
+
+def _between(drops: tuple[np.ndarray, np.ndarray], amount: int, oom_seq: int) -> str:
+    """"between seq A and seq B": the interval whose unexplained drop is closest to ``amount``
+    (within half of it); else the whole span before the OOM."""
+    seq, drop = drops
+    if len(drop):
+        i = int(np.argmin(np.abs(drop - abs(amount))))
+        if abs(int(drop[i]) - abs(amount)) <= abs(amount) // 2:
             a = "the start" if seq[i] < 0 else f"seq {int(seq[i])}"
             return (f"between {a} and seq {int(seq[i + 1])} (where free fell by {fs(int(drop[i]))} more "
                     "than the pool took, measured)")
-    return f"between the start and the OOM at seq {m.seq}"
+    return f"between the start and the OOM at seq {oom_seq}"

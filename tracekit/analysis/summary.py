@@ -27,6 +27,8 @@ from tracekit.analysis.leaks import SiteBytes
 from tracekit.analysis.oom_budget import FreeSource, OOMBudget
 from tracekit.units import format_size
 
+HANDLED_SIZES = 5  # requests listed per call-site of handled OOMs
+
 
 @dataclass(frozen=True)
 class OOMReport:
@@ -110,14 +112,17 @@ class Summary:
     devices: tuple[Summary, ...] = ()  # a trace of several devices: each device's own summary
 
     def handled_by(self) -> list[dict[str, Any]]:
-        """Handled OOMs grouped by call-site: ``site``, ``handler`` (where it shows), ``count``."""
+        """Handled OOMs grouped by call-site: ``site``, ``handler`` (where it shows), ``count`` and
+        the first requests (``sizes``, rounded bytes, in seq order)."""
         counts: dict[str | None, int] = {}
         who: dict[str | None, str | None] = {}
+        sizes: dict[str | None, list[int]] = {}
         for o in self.ooms:
             if o.handled:
                 counts[o.site] = counts.get(o.site, 0) + 1
                 who[o.site] = who.get(o.site) or o.handler
-        return [{"site": k, "handler": who[k], "count": v}
+                sizes.setdefault(o.site, []).append(o.rounded)
+        return [{"site": k, "handler": who[k], "count": v, "sizes": sizes[k][:HANDLED_SIZES]}
                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,8 +217,7 @@ class Summary:
         rows = [("every OOM", f"{len(self.ooms)}, of which {handled} handled and "
                  f"{len(self.ooms) - handled} fatal")]
         for h in self.handled_by():
-            who = f" ({h['handler']})" if h["handler"] else ""
-            rows.append(("  handled at", f"{h['count']:>6,} x {h['site'] or '(no call-site)'}{who}"))
+            rows.append(("  handled at", handled_line(h)))
         for o in self.ooms[:top]:
             mark = "handled" if o.handled else "FATAL"
             rows.append(("", f"  seq {o.seq:>8} dev {o.device} {format_size(o.rounded):>11} {mark:<7} "
@@ -221,6 +225,13 @@ class Summary:
         if len(self.ooms) > top:
             rows.append(("", f"  ... and {len(self.ooms) - top} more (--json lists them all)"))
         return rows
+
+
+def handled_line(h: dict[str, Any]) -> str:
+    """"3 x SITE (who: 364.50 MiB, 182.25 MiB, 91.13 MiB)" for one ``handled_by`` entry."""
+    shown = ", ".join(format_size(b) for b in h["sizes"]) + (", ..." if h["count"] > len(h["sizes"]) else "")
+    who = f"{h['handler']}: " if h["handler"] else "requests "
+    return f"{h['count']:,} x {h['site'] or '(no call-site)'} ({who}{shown})"
 
 
 def _device_free_row(o: OOMReport) -> tuple[str, str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from tracekit.analysis.summary import handled_line
 from tracekit.errors import InputError
 from tracekit.report.html import esc, fmt_value, table
 from tracekit.trace import Trace
@@ -105,8 +106,7 @@ def handled_text(summary: dict[str, Any]) -> str:
     if n < 2:
         return ""
     handled = int(summary.get("handled_ooms") or 0)
-    by = [f"{h['count']} at {h['site'] or '(no call-site)'}"
-          + (f" ({h['handler']})" if h.get("handler") else "") for h in summary.get("handled_by") or []][:5]
+    by = [handled_line(h).replace(" x ", " at ", 1) for h in summary.get("handled_by") or []][:5]
     return f" {n} OOMs in all, {handled} handled" + (": " + "; ".join(by) if by else "") + "."
 
 
