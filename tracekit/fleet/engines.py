@@ -12,10 +12,11 @@ workers start once.
 - ``local``: ``jobs`` long-lived processes (default: CPUs). Each imports the
   engine and loads numba's compiled kernels once, then takes trace after
   trace; process start-up and kernel loading, not the analysis, dominate
-  small traces, so they are paid once per worker, not once per trace.
-  Started with forkserver (spawn where there is none): the driver holds
-  Arrow's thread pools, which a forked child may find locked. ``jobs=1``
-  runs in the driver itself.
+  small traces, so they are paid once, not once per trace. Started with
+  forkserver (spawn where there is none): the driver holds Arrow's thread
+  pools, which a forked child may find locked; the fork server preloads the
+  analyzer (``tracekit.fleet.preload``), so the import and the kernel loading
+  happen once for all workers. ``jobs=1`` runs in the driver itself.
 - ``ray``: each trace is one Ray task (``num_cpus=1``) running the same
   function. ``address`` connects to a running cluster (``ray start --head``
   on one node, ``ray start --address`` on the others; every node needs
@@ -95,8 +96,13 @@ class LocalRunner:
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+            if "forkserver" in multiprocessing.get_all_start_methods():
+                ctx = multiprocessing.get_context("forkserver")
+                # Workers fork from a server that already loaded the analyzer (tracekit.fleet.preload);
+                # this takes effect where the server is not running yet.
+                ctx.set_forkserver_preload(["tracekit.fleet.preload"])
+            else:
+                ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx)
         return self._pool
 
