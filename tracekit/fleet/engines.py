@@ -96,13 +96,12 @@ class LocalRunner:
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            ctx: Any = multiprocessing.get_context("spawn")
             if "forkserver" in multiprocessing.get_all_start_methods():
                 ctx = multiprocessing.get_context("forkserver")
                 # Workers fork from a server that already loaded the analyzer (tracekit.fleet.preload);
                 # this takes effect where the server is not running yet.
                 ctx.set_forkserver_preload(["tracekit.fleet.preload"])
-            else:
-                ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx)
         return self._pool
 
