@@ -303,3 +303,25 @@ def test_usage_and_input_errors(fleet_dir: Path, tmp_path: Path) -> None:
     forced = runner.invoke(app, ["fleet", str(fleet_dir / "job-a.parquet"), "-o", str(existing), "--force",
                                  "--jobs", "1"])
     assert forced.exit_code == 0 and pl.read_parquet(existing).height == 1
+
+
+def _exit_on(k: int, x: int) -> int:
+    """A task whose worker dies on ``x == k`` (as one killed for memory would)."""
+    import os
+
+    if x == k:
+        os._exit(9)
+    return x * 10
+
+
+def test_a_worker_that_dies_gives_error_results_and_no_hang() -> None:
+    from tracekit.fleet.engines import LocalRunner
+
+    runner = LocalRunner(2)
+    try:
+        got = dict(runner.map(_exit_on, [(2, x) for x in range(4)], lambda i, e: f"died: {type(e).__name__}"))
+    finally:
+        runner.close()
+    assert sorted(got) == [0, 1, 2, 3]  # every task gives exactly one result
+    assert got[2] == "died: BrokenProcessPool"
+    assert all(v in (x * 10, "died: BrokenProcessPool") for x, v in got.items())
