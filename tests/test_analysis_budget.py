@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from tracekit.analysis import Diagnosis, analyze_trace
 from tracekit.analysis.oom_budget import FreeSource
@@ -150,13 +151,16 @@ def test_another_process_grew():
 
 
 def test_malloc_heap_grew():
-    # cudaLimitMallocHeapSize raised from 8 MiB to 4 GiB takes 4 GiB - 8 MiB.
-    tr = seed_trace(taken=4 * GiB - 8 * MiB, stack_after=1024, heap_after=4 * GiB)
+    # cudaLimitMallocHeapSize raised from 8 MiB to 3.5 GiB takes 3,576 MiB, which leaves
+    # F0 - 8 MiB - 3,576 MiB - 1,536 MiB = 501.28 MiB: the 512 MiB request fails.
+    tr = seed_trace(taken=3584 * MiB - 8 * MiB, stack_after=1024, heap_after=3584 * MiB)
     o = analyze_trace(tr, timeline=False).summary.oom
     assert o is not None and o.diagnosis is Diagnosis.OVERHEAD
-    assert "the device malloc heap limit changed from 8.00 MiB to 4.00 GiB" in o.explanation
+    assert "with only 501.28 MiB free on the device (measured)" in o.explanation
+    assert ("the device malloc heap limit changed from 8.00 MiB to 3.50 GiB between seq 0 and seq 2"
+            in o.explanation)
     terms = {t.name: t for t in o.budget.terms} if o.budget else {}
-    assert terms["device malloc heap"].change == 4 * GiB - 8 * MiB
+    assert terms["device malloc heap"].change == 3576 * MiB
 
 
 def test_pool_limit_measured_at_the_oom():
@@ -183,3 +187,29 @@ def test_v1_trace_has_a_derived_free_never_called_measured():
     o2 = analyze_trace(bare, timeline=False).summary.oom
     assert o2 is not None and o2.device_free is None and o2.device_free_source is FreeSource.UNKNOWN
     assert analyze_trace(bare).summary.to_dict()["oom"]["device_free_source"] == "unknown"
+
+
+@pytest.mark.parametrize("extra", [
+    {"oom_states": "x", "exit": [], "pools": 3},
+    {"oom_states": [1, None, {"seq": "8"}, {"seq": 8, "processes": "x", "limits": [], "pool": 5}]},
+    {"oom_states": [{"seq": 8, "mem_free": -1e30, "processes": [{"pid": True}, {"pid": 1, "used_bytes": 2.5}],
+                     "limits": {"stack_size": -4}}]},
+    {"exit": {"oom_seq": "8", "status": 3}, "pools": [{"device": True, "id": None}, None]},
+    {"budget": {"other_processes": [{"pid": 1.5}, "x"], "sm_count": "132", "stack_size": None}},
+    {"ooms": "x", "exit": {"message": ["m"], "exception": 5}},
+])
+def test_malformed_recording_metadata_is_ignored_not_fatal(extra: dict):
+    # Whatever a damaged or hostile recording holds, the analysis still gives a verdict; what it
+    # cannot use is treated as not measured.
+    tr = seed_trace(free_column=False)
+    meta = tr.meta.with_extra(**extra)
+    o = analyze_trace(Trace(None, meta, tr.events, tr.mate, None, ()), timeline=False).summary.oom
+    assert o is not None and o.seq == 8 and o.diagnosis in tuple(Diagnosis)
+
+
+def test_a_negative_free_figure_is_not_a_measurement():
+    tr = seed_trace(free_column=False)
+    state = dict(tr.meta.extra["oom_states"][0], mem_free=-5)
+    meta = tr.meta.with_extra(oom_states=[state])
+    o = analyze_trace(Trace(None, meta, tr.events, tr.mate, None, ()), timeline=False).summary.oom
+    assert o is not None and o.device_free_source is FreeSource.DERIVED and o.device_free == F0 - 1544 * MiB

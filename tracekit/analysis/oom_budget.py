@@ -229,7 +229,8 @@ def _takers(m: Moment, st: StartState, s: OOMState | None, pool1: int, outside1:
     for name, a, b in (("device malloc heap", st.limits.malloc_heap_size, s.limits.malloc_heap_size),
                        ("printf FIFO", st.limits.printf_fifo_size, s.limits.printf_fifo_size)):
         if a is not None and b is not None and b != a:
-            changes.append((abs(b - a), name, f"the {name} limit changed from {fs(a)} to {fs(b)}"))
+            changes.append((abs(b - a), name, f"the {name} limit changed from {fs(a)} to {fs(b)} "
+                            f"{_between(drops, b - a, m.seq)}"))
     changes.sort(key=lambda c: -c[0])
     top = max(held, key=lambda h: h[0])
     phrases = [c[2] + (" (the largest taker)" if c[1] == top[1] else "") for c in changes]

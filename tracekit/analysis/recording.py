@@ -34,6 +34,12 @@ def as_int(v: Any) -> int | None:
     return None
 
 
+def as_bytes(v: Any) -> int | None:
+    """A byte count: an exact integer ≥ 0, else None."""
+    n = as_int(v)
+    return n if n is not None and n >= 0 else None
+
+
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
@@ -63,8 +69,8 @@ class DeviceLimits:
     def from_dict(cls, d: Any) -> DeviceLimits:
         if not isinstance(d, Mapping):
             return cls()
-        return cls(as_int(d.get("stack_size")), as_int(d.get("malloc_heap_size")),
-                   as_int(d.get("printf_fifo_size")))
+        return cls(as_bytes(d.get("stack_size")), as_bytes(d.get("malloc_heap_size")),
+                   as_bytes(d.get("printf_fifo_size")))
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ def _processes(raw: Any) -> tuple[ProcessUse, ...] | None:
     for p in raw[:4096]:
         if not isinstance(p, Mapping):
             continue
-        pid, used = as_int(p.get("pid")), as_int(p.get("used_bytes"))
+        pid, used = as_int(p.get("pid")), as_bytes(p.get("used_bytes"))
         if pid is not None and used is not None:
             out.append(ProcessUse(pid, _str(p.get("name")), used, p.get("self") is True))
     return tuple(out)
@@ -109,12 +115,12 @@ def _state(d: Any) -> OOMState | None:
         return None
     raw = d.get("pool")
     pool: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    limit = as_int(pool.get("limit_bytes"))
+    limit = as_bytes(pool.get("limit_bytes"))
     return OOMState(
-        seq=as_int(d["seq"]) or 0, device=as_int(d.get("device")), mem_free=as_int(d.get("mem_free")),
-        mem_total=as_int(d.get("mem_total")), processes=_processes(d.get("processes")),
-        limits=DeviceLimits.from_dict(d.get("limits")), pool_used=as_int(pool.get("used_bytes")),
-        pool_total=as_int(pool.get("total_bytes")), pool_limit=limit if limit and limit > 0 else None,
+        seq=as_int(d["seq"]) or 0, device=as_int(d.get("device")), mem_free=as_bytes(d.get("mem_free")),
+        mem_total=as_bytes(d.get("mem_total")), processes=_processes(d.get("processes")),
+        limits=DeviceLimits.from_dict(d.get("limits")), pool_used=as_bytes(pool.get("used_bytes")),
+        pool_total=as_bytes(pool.get("total_bytes")), pool_limit=limit or None,
     )
 
 
@@ -180,7 +186,7 @@ def pool_limits(extra: Mapping[str, Any]) -> dict[tuple[int, int], int | None]:
     for p in raw[:4096]:
         if not isinstance(p, Mapping):
             continue
-        dev, pid, lim = as_int(p.get("device")), as_int(p.get("id")), as_int(p.get("limit_bytes"))
+        dev, pid, lim = as_int(p.get("device")), as_int(p.get("id")), as_bytes(p.get("limit_bytes"))
         if dev is not None and pid is not None:
             out[(dev, pid)] = lim if lim is not None and lim > 0 else None
     return out
@@ -267,14 +273,15 @@ def start_state(extra: Mapping[str, Any], total: int | None, free: int | None) -
     if isinstance(raw, list):
         others = tuple(
             ProcessUse(as_int(p.get("pid")) or 0, _str(p.get("name")),
-                       as_int(p.get("bytes", p.get("used_bytes"))) or 0, False)
+                       as_bytes(p.get("bytes", p.get("used_bytes"))) or 0, False)
             for p in raw[:4096] if isinstance(p, Mapping) and as_int(p.get("pid")) is not None)
     limits = DeviceLimits.from_dict(b)
     if limits == DeviceLimits():
         limits = DeviceLimits.from_dict(extra.get("device_limits"))
     return StartState(
-        total=total, free=free, others=others, others_bytes=as_int(b.get("other_processes_bytes")),
-        context=as_int(b.get("context_bytes")), limits=limits, sm_count=as_int(b.get("sm_count")),
-        threads_per_sm=as_int(b.get("max_threads_per_sm")),
-        pool_total=as_int(b.get("cupy_pool_total_bytes")), pool_used=as_int(b.get("cupy_pool_used_bytes")),
+        total=total, free=free, others=others, others_bytes=as_bytes(b.get("other_processes_bytes")),
+        context=as_bytes(b.get("context_bytes")), limits=limits, sm_count=as_bytes(b.get("sm_count")),
+        threads_per_sm=as_bytes(b.get("max_threads_per_sm")),
+        pool_total=as_bytes(b.get("cupy_pool_total_bytes")),
+        pool_used=as_bytes(b.get("cupy_pool_used_bytes")),
     )
