@@ -96,9 +96,10 @@ def draw_timeline(d: TimelineData, title: str) -> Figure:
         ax.axvline(hx, color="#888888", ls=":", lw=0.9, gid="oom-handled", label=label)
     if d.measured_free is not None and len(d.measured_free[0]):
         mx, my = d.measured_free
-        if np.nanmin(my) / d.scale.div <= ymax:  # off scale: the legend of the derived curve says so
-            ax.plot(mx, my / d.scale.div, "o", color=SERIES["device_free"], ms=5,
-                    label="device free (measured)")
+        label = "device free (measured)"
+        if np.nanmin(my) / d.scale.div > ymax:  # far above the pool's curves: say so in the legend
+            label += f" (off scale: {format_size(np.nanmin(my))} to {format_size(np.nanmax(my))})"
+        ax.plot(mx, my / d.scale.div, "o", color=SERIES["device_free"], ms=5, label=label)
     if d.oom_x is not None:
         ax.axvline(d.oom_x, color="black", ls="--", lw=1.2, gid="oom-marker", label=f"OOM (seq {d.oom_seq})")
         if d.oom_reserved is not None and d.oom_request:

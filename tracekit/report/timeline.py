@@ -4,7 +4,8 @@ Inputs are the analyzer's timeline columns (bytes per event row) and its
 summary; nothing here recomputes a metric. Series are ``live_bytes``,
 ``requested_bytes``, ``reserved_bytes``, ``largest_free_block`` and, where the
 metadata gave the device total, ``device_free`` (derived: free at start − reserved,
-labelled so); the device free *measured* at device-level rows is drawn as points; ``external_fragmentation``
+labelled so, and left out where the trace measured the device); the device free
+*measured* at device-level rows is drawn as points; ``external_fragmentation``
 (1 − largest_free_block / free_in_pool, a fraction) goes on a second axis as
 a percentage. Each series is reduced to a per-pixel min/max envelope
 (``tracekit.report.envelope``), and the OOM marker sits at the x of the row
@@ -77,10 +78,13 @@ def timeline_data(
     live = _col(table, "live_bytes")
     raw = bool(summary.get("raw_device"))
     reserved_is_live = False
+    measured = _col(table, "device_free_measured")
     for col, key, _ in SERIES:
         y = _col(table, col)
         if y is None:
             continue
+        if key == "device_free" and measured is not None:
+            continue  # the device was measured: the derived guess would only contradict it
         if key == "largest_free" and raw:
             continue  # no segments, so no free space inside a pool to measure
         if key == "reserved" and live is not None and np.array_equal(y, live):
@@ -109,7 +113,6 @@ def timeline_data(
                and (oom is None or int(o["seq"]) != oom_seq)]
     rows = np.minimum(np.searchsorted(seq, np.array(handled, np.uint64)), max(len(x) - 1, 0))
     handled_x = tuple(float(v) for v in x[rows]) if len(x) else ()
-    measured = _col(table, "device_free_measured")
     points = None
     if measured is not None:
         ok = ~np.isnan(measured)
