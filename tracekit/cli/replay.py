@@ -160,13 +160,17 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
 
 def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
     """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit."""
+    from tracekit.errors import UsageError
     from tracekit.sim import policies
     from tracekit.trace.reader import read_meta
     from tracekit.units import format_size, parse_size
 
     if capacity is not None:
-        unbounded = capacity.strip().lower() in ("none", "unbounded")
-        return None if unbounded else parse_size(capacity, "--capacity")
+        if capacity.strip().lower() in ("none", "unbounded"):
+            return None
+        if (value := parse_size(capacity, "--capacity")) == 0:  # 0 would read as "no limit" below
+            raise UsageError("--capacity must be positive; --capacity none lifts the limit")
+        return value
     if not policies.get(sim).traits.recorded_limit:
         return None
     limit = read_meta(trace).pool_limit_bytes

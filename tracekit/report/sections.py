@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from tracekit.analysis.summary import handled_line
 from tracekit.errors import InputError
+from tracekit.inputs import load_json_file
 from tracekit.report.html import esc, fmt_value, table
 from tracekit.trace import Trace
 from tracekit.units import format_size
@@ -240,14 +241,7 @@ def load_whatif(whatif: Any) -> dict[str, Any]:
     if isinstance(whatif, dict):
         return whatif
     path = Path(whatif)
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InputError(f"{path}: cannot read the what-if JSON ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a what-if JSON file (not UTF-8 text)") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    d = load_json_file(path, "what-if JSON")  # the input policy: regular file, bounded size and depth
     if not isinstance(d, dict):
         raise InputError(
             f"{path}: expected the JSON object `tracekit whatif --json` prints, found a {type(d).__name__}"
@@ -260,8 +254,10 @@ def load_whatif(whatif: Any) -> dict[str, Any]:
                 for k in ("min_capacity_bytes", "capacity_bytes", "overhead_ratio", "overhead",
                           "searched_up_to_bytes")]
     for key, v in numbers:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise InputError(f"{path}: '{key}' must be a number or null, found {json.dumps(v)}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not -2**62 < v < 2**62):
+            raise InputError(
+                f"{path}: '{key}' must be a number below 2^62 or null, found {json.dumps(v)[:40]}")
     return d
 
 

@@ -60,12 +60,14 @@ def require_single_device_file(path: str | os.PathLike[str], what: str) -> None:
     A file that cannot be read this way is left for the full reader to reject.
     """
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
+    from tracekit.trace.reader import open_parquet  # the input policy: regular file, sane layout
+
+    _, pf = open_parquet(path)
     try:
-        col = pq.ParquetFile(path).read(columns=["device"]).column(0)
+        col = pf.read(columns=["device"]).column(0)
         devs = sorted(int(d) for d in pc.unique(col).to_pylist() if d is not None)
-    except (OSError, ValueError, KeyError, pa.ArrowException):
+    except (OSError, ValueError, KeyError, IndexError, pa.ArrowException):
         return
     if len(devs) > 1:
         raise InputError(_mixed(path, devs, what))

@@ -85,6 +85,19 @@ def _check_layout(p: Path, pf: pq.ParquetFile) -> None:
     if len(names) != len(set(names)):
         dup = next(n for n in names if names.count(n) > 1)
         raise TraceFormatError(f"{p}: column '{dup}' appears more than once")
+    for name, ok, want in _EXTRA_TYPES:
+        if name in names and not ok(typ := pf.schema_arrow.field(name).type) and not pa.types.is_null(typ):
+            raise TraceFormatError(f"{p}: extra column '{name}' has type {typ}, expected {want}")
+
+
+# The extra columns tracekit reads itself (docs/trace-format.md): their type is checked on open,
+# so no consumer meets a string where it counts on a flag or a number.
+_EXTRA_TYPES = (
+    ("initial", pa.types.is_boolean, "bool"), ("expandable", pa.types.is_boolean, "bool"),
+    *((name, pa.types.is_integer, "an integer type")
+      for name in ("pool", "device_free", "latency_ns", "input_seq", "free_requested_ns")),
+    ("stack", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "strings"),
+)
 
 
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:

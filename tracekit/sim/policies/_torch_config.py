@@ -50,9 +50,12 @@ class TorchSettings:
 
 def _int(key: str, value: str) -> int:
     try:
-        return int(value)
+        v = int(value)
     except ValueError:
         raise UsageError(f"torch option {key}: expected an integer, got {value!r}") from None
+    if not -(1 << 40) < v < 1 << 40:  # MB and division counts: larger would overflow the kernels' int64
+        raise UsageError(f"torch option {key}: {v} is out of range")
+    return v
 
 
 def _pow2(key: str, v: int, zero_ok: bool) -> int:

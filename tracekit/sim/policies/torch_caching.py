@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from tracekit.errors import InputError, UsageError
 from tracekit.sim import chunks as ck
 from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import Op, TorchSetting, named_vector
@@ -172,7 +173,12 @@ def _with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[st
     under the settings it ran with is what a user means by default.
     """
     recorded = trace.meta.extra.get("torch_allocator_settings")
-    base = options_from_snapshot(recorded) if isinstance(recorded, Mapping) else {}
+    try:  # the file's settings are input, not usage: a bad one is the file's fault (exit 1)
+        base = options_from_snapshot(recorded) if isinstance(recorded, Mapping) else {}
+        settings(base)
+    except (UsageError, TypeError, ValueError, OverflowError) as e:
+        raise InputError(
+            f"{trace.path}: the recorded PyTorch allocator settings are not usable ({e})") from None
     return {**base, **options}
 
 
