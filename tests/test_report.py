@@ -613,7 +613,7 @@ def test_a_missing_baseline_fails_before_any_work(tmp_path: Path) -> None:
         ("{not json", "not valid JSON"),
         ("[1, 2]", "found a list"),
         ('{"policies": {"policy": "cupy"}}', "'policies' must be a list"),
-        ('{"policies": [{"policy": "cupy", "min_capacity_bytes": "6GiB"}]}', "must be a number or null"),
+        ('{"policies": [{"policy": "cupy", "min_capacity_bytes": "6GiB"}]}', "or null, found"),
     ],
 )
 def test_bad_whatif_json_is_refused_before_any_figure(
