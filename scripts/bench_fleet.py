@@ -59,9 +59,10 @@ def sh(cmd: list[str]) -> None:
 
 def build(folder: Path, events: int, synthetic: int, real: int) -> Path:
     """The fleet folder: real traces, replays of them up to ``real``, ``synthetic`` synthetic ones."""
-    fleet = folder / f"fleet-{real}-{synthetic}-{events}"
-    fleet.mkdir(parents=True, exist_ok=True)
     recorded = sorted((ROOT / "traces").glob("*.parquet"))
+    # The folder's name fixes its contents: traces/ may gain recordings between runs.
+    fleet = folder / f"fleet-{len(recorded)}-{real}-{synthetic}-{events}"
+    fleet.mkdir(parents=True, exist_ok=True)
     for p in recorded[:real]:
         dst = fleet / p.name
         if not dst.exists():

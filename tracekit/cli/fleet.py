@@ -8,7 +8,9 @@ import typer
 
 
 def fleet(
-    paths: list[str] = typer.Argument(..., help="Trace files, folders of traces (*.parquet) or globs."),
+    paths: list[str] = typer.Argument(
+        ..., metavar="PATH", help="Trace files, folders of traces (*.parquet) or globs."
+    ),
     engine: str = typer.Option("local", "--engine", help="local (worker processes) or ray (Ray tasks)."),
     address: str | None = typer.Option(
         None, "--address", help="A running Ray cluster to use (with --engine ray); default: start Ray here."
