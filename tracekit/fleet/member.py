@@ -55,7 +55,8 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
     from tracekit.analysis import analyze_trace
     from tracekit.trace import read_trace
 
-    trace = read_trace(path, extras=False)
+    # Replays use extra columns (a wrapped history's starting state), the analysis reads its own.
+    trace = read_trace(path, extras=options.whatif or options.advise)
     result = analyze_trace(trace, timeline=options.curve)
     curve = None
     if result.timeline is not None:
