@@ -11,7 +11,10 @@ requests (default: n // 1000 clamped to [1, 1000], so every trace gets about
 min(n, 1000) samples or more), at every segment row and at every OOM (the
 loops themselves are in ``tracekit.device.loops``). Everything taken (ballast,
 live blocks, pool memory) is given back in a ``finally``, also on Ctrl-C and
-SIGTERM; one failed release does not keep the others from running.
+SIGTERM; one failed release does not keep the others from running. The
+``torch`` allocator has its own frame (``tracekit.device.torch_replay``): its
+rows come from PyTorch's memory history rather than from a hook, and
+``device_free`` is not sampled at them.
 """
 
 from __future__ import annotations
