@@ -224,3 +224,27 @@ def test_a_retry_at_the_same_call_site_names_the_caller():
     s = analyze_trace(trace_of(rows, TraceMeta.new(Source.TORCH)), timeline=False).summary
     assert [o.handler for o in s.ooms] == [RETRIED, RETRIED, RETRIED, None]
     assert s.handled_by() == [{"site": SITES[1], "handler": RETRIED, "count": 3, "sizes": [4 * GiB] * 3}]
+
+
+def test_split_devices_equals_select_device():
+    import pyarrow as pa
+
+    from tracekit.trace.devices import split_devices
+
+    # Both devices free the block at the same address BASE: each free pairs on its own device.
+    rows = [*two_device_rows(), (Op.FREE, BASE, 2 * MiB, -1, 0), (Op.FREE, BASE, 40 * MiB, -1, 1)]
+    zero, one = [r for r in rows if r[4] == 0], [r for r in rows if r[4] == 1]
+    mixed = [r for pair in zip(one, zero, strict=False) for r in pair] + one[len(zero):]  # interleaved
+    tr = trace_of(mixed, two_device_meta())
+    tr = Trace(None, tr.meta, tr.events, tr.mate, pa.table({"x": np.arange(len(tr.events))}), ())
+    parts = split_devices(tr)
+    assert [d for d, _ in parts] == [0, 1]
+    for d, sub in parts:
+        ref = select_device(tr, d)
+        assert np.array_equal(sub.events.seq, ref.events.seq) and np.array_equal(sub.mate, ref.mate)
+        assert sub.extras is not None and ref.extras is not None
+        assert sub.extras.column("x").to_pylist() == ref.extras.column("x").to_pylist()
+        assert (sub.mate >= 0).sum() == 2  # the free and its malloc point at each other
+        frees = np.flatnonzero(sub.events.op == Op.FREE)
+        assert len(frees) == 1 and sub.events.addr[sub.mate[frees[0]]] == BASE
+        assert sub.events.op[sub.mate[frees[0]]] == Op.MALLOC

@@ -31,7 +31,7 @@ from tracekit.analysis.recording import (
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
 from tracekit.sim.policies._torch_config import segment_sizes
-from tracekit.trace.devices import device_ids, select_device
+from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
@@ -69,7 +69,7 @@ def analyze_trace(trace: Trace, *, timeline: bool = True) -> AnalysisResult:
     if len(devs) <= 1:
         return _analyze_device(trace, timeline, devs[0] if devs else 0, True, fatal)
     home = home_device(trace.meta.extra, devs)
-    parts = [_analyze_device(select_device(trace, d), timeline, d, d == home, fatal) for d in devs]
+    parts = [_analyze_device(sub, timeline, d, d == home, fatal) for d, sub in split_devices(trace)]
     return _combine(parts)
 
 
