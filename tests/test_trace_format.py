@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -182,3 +183,97 @@ def test_unfinished_recording_points_to_recover(tmp_path: Path) -> None:
     for target in (spool, tmp_path / "run.parquet"):
         with pytest.raises(InputError, match="did not finish; run 'tracekit recover"):
             read_trace(target)
+
+
+def _two_devices(tmp_path: Path, dev: list[int], addr_shift: int = 0) -> Path:
+    """Device 0's segment at S, device 1's at B; two blocks and their frees on the given devices."""
+    s, b = 0x7F0000000000, 0x7F1000000000
+    op = np.array([Op.SEGMENT_ALLOC, Op.SEGMENT_ALLOC, Op.MALLOC, Op.MALLOC, Op.FREE, Op.FREE], np.int8)
+    addr = np.array([s, b, s + 512, b + 1024 + addr_shift, s + 512, b + 1024 + addr_shift], np.uint64)
+    size = np.array([1 << 21, 1 << 21, 512, 1024, 512, 1024], np.uint64)
+    ev = Events.build(op, size, addr=addr, device=np.array(dev, np.int16),
+                      rounded=np.array([0, 0, 512, 1024, 0, 0], np.uint64))
+    return write_trace(tmp_path / "two.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
+
+
+def test_devices_that_contradict_each_other_are_caught(tmp_path: Path) -> None:
+    ok = read_trace(_two_devices(tmp_path, [0, 1, 0, 1, 0, 1]))
+    assert not ok.issues and len(ok.events) == 6
+    # The recorder's bug: a malloc in device 1's segment labelled device 0.
+    t = read_trace(_two_devices(tmp_path, [0, 1, 0, 0, 0, 1]))
+    kinds = {i.kind.describe: (i.count, i.first_seq) for i in t.issues}
+    assert kinds["malloc inside a segment of another device, none of its own (and its free)"] == (1, 3)
+    # A free on another device than its malloc.
+    t = read_trace(_two_devices(tmp_path, [0, 1, 0, 1, 0, 0]))
+    assert any(i.kind.describe.startswith("free on another device") for i in t.issues)
+    r = CliRunner().invoke(app, ["info", "--strict", str(tmp_path / "two.parquet")])
+    assert r.exit_code == 1 and "inconsistent events (--strict)" in r.stderr
+
+
+def _table_trace(tmp_path: Path, table_edit: object = None, meta_text: str | None = None,
+                 **write: object) -> Path:
+    import pyarrow.parquet as pq
+
+    from tracekit.trace.schema import META_KEY
+
+    base = write_trace(tmp_path / "base.parquet", TraceMeta.new(Source.SYNTHETIC), Events.build(
+        np.zeros(5, np.int8), np.full(5, (1 << 60) - 1, np.uint64),  # five mallocs of 2^60 - 1
+        addr=np.arange(5, dtype=np.uint64) << np.uint64(61)))
+    t = pq.read_table(base)
+    if callable(table_edit):
+        t = table_edit(t)
+    if meta_text is not None:
+        t = t.replace_schema_metadata({META_KEY: meta_text})
+    out = tmp_path / "t.parquet"
+    pq.write_table(t, out, **write)
+    return out
+
+
+META = '{"schema_version": 1, "source": "cupy", '
+
+
+@pytest.mark.parametrize(("make", "cause"), [
+    (lambda p: _table_trace(p), "live bytes reach 2^62 or more at seq 4"),
+    (lambda p: _table_trace(p, meta_text=META + '"pool_limit_bytes": Infinity}'), "Infinity is not a number"),
+    (lambda p: _table_trace(p, meta_text=META + '"x": ' + "[" * 5000 + "]" * 5000 + "}"), "nested"),
+    (lambda p: _table_trace(p, meta_text=META + '"pool_limit_bytes": -5}'),
+     "pool_limit_bytes of -5 bytes is outside 0 .. 2^62"),
+    (lambda p: _table_trace(p, lambda t: t.append_column("size", t.column("size"))),
+     "appears more than once"),
+    (lambda p: _table_trace(p, lambda t: t.append_column("initial", t.column("size"))),
+     "extra column 'initial' has type uint64, expected bool"),
+])
+def test_hostile_values_are_refused_in_one_sentence(tmp_path: Path, make: object, cause: str) -> None:
+    path = make(tmp_path)  # type: ignore[operator]
+    with pytest.raises(InputError, match=re.escape(cause)):
+        read_trace(path)
+
+
+def test_extreme_but_valid_times_are_read(tmp_path: Path) -> None:
+    ev = Events.build(np.array([Op.MALLOC, Op.FREE], np.int8), np.array([512, 512], np.uint64),
+                      addr=np.array([4096, 4096], np.uint64), t_ns=np.array([-(2**63), 2**63 - 1], np.int64))
+    t = read_trace(write_trace(tmp_path / "t.parquet", TraceMeta.new(Source.SYNTHETIC), ev))
+    assert len(t.events) == 2
+
+
+def test_tiny_row_groups_are_refused_not_read_slowly(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from tracekit.trace.reader import FREE_GROUPS
+
+    n = FREE_GROUPS + 10
+    ev = Events.build(np.zeros(n, np.int8), np.full(n, 512, np.uint64),
+                      addr=np.arange(n, dtype=np.uint64) * 4096)
+    src = write_trace(tmp_path / "a.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
+    pq.write_table(pq.read_table(src), tmp_path / "b.parquet", row_group_size=1)
+    with pytest.raises(InputError, match="row groups for"):
+        read_trace(tmp_path / "b.parquet")
+
+
+def test_a_named_pipe_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "t.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_trace(fifo)

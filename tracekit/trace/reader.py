@@ -144,7 +144,7 @@ def read_trace(
         extra_tbl = pf.read(columns=extra_names) if (extras and extra_names) else None
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
-    pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq)
+    pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq, ev.size)
     _check_totals(p, ev, pairing.mate, pairing.keep)
     if strict and pairing.issues:
         raise TraceFormatError(f"{p}: inconsistent events (--strict): {pairing.issues[0].describe()}")
@@ -162,20 +162,20 @@ def _check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> No
     """Live bytes (blocks) and reserved bytes (segments) must stay below 2^62 at every event.
 
     Each value is below 2^62 already; their running sums are what the analyzer and the
-    replays add up in int64, so a trace whose sums would overflow is refused here. The
-    sums are taken in float64: exact enough to compare with 2^62, and they cannot wrap.
+    replays add up in int64, so a trace whose sums would reach 2^62 is refused here. The
+    running sum is exact in int64 up to its first step past 2^62 (each step is below 2^62),
+    and that first step is all that is looked for.
     """
     for start, end, what in ((Op.MALLOC, Op.FREE, "live bytes"), (Op.SEGMENT_ALLOC, Op.SEGMENT_FREE,
                                                                    "reserved bytes")):
-        amount = (ev.rounded if start == Op.MALLOC else ev.size).astype(np.float64)
-        gain = np.where((ev.op == start) & keep, amount, 0.0)
+        amount = (ev.rounded if start == Op.MALLOC else ev.size).astype(np.int64)
+        step = np.where((ev.op == start) & keep, amount, 0)
         paired = (ev.op == end) & keep & (mate >= 0)
-        loss = np.zeros(len(ev), np.float64)
-        loss[paired] = amount[mate[paired]]
-        run = np.cumsum(gain - loss)
-        if len(run) and run.max() >= float(MAX_SIZE):
-            i = int(np.argmax(run >= float(MAX_SIZE)))
-            raise TraceFormatError(f"{p}: {what} reach 2^62 or more at seq {int(ev.seq[i])}, "
+        step[paired] = -amount[mate[paired]]
+        with np.errstate(over="ignore"):
+            over = np.flatnonzero(np.cumsum(step) >= MAX_SIZE)
+        if len(over):
+            raise TraceFormatError(f"{p}: {what} reach 2^62 or more at seq {int(ev.seq[over[0]])}, "
                                    "beyond any device")
 
 

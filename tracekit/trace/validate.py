@@ -28,6 +28,7 @@ class IssueKind(IntEnum):
     SEGMENT_DOUBLE_FREE = 4
     SEGMENT_ALLOC_LIVE = 5
     FREE_OTHER_DEVICE = 6
+    BLOCK_OTHER_DEVICE = 7
 
     @property
     def describe(self) -> str:
@@ -42,6 +43,7 @@ _DESCRIBE = {
     IssueKind.SEGMENT_DOUBLE_FREE: "segment freed twice",
     IssueKind.SEGMENT_ALLOC_LIVE: "segment_alloc of an address that is already live",
     IssueKind.FREE_OTHER_DEVICE: "free on another device than its malloc (devices contradict each other)",
+    IssueKind.BLOCK_OTHER_DEVICE: "malloc inside a segment of another device, none of its own (and its free)",
 }
 
 
@@ -139,8 +141,10 @@ def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - co
                     first[kind] = i
 
 
-def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray) -> Pairing:
-    """Pair frees with mallocs (and segment frees with segment allocs)."""
+def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray,
+                size: np.ndarray | None = None) -> Pairing:
+    """Pair frees with mallocs (and segment frees with segment allocs); with ``size``, also
+    flag blocks that lie in another device's segments only."""
     n = len(op)
     keep = np.ones(n, dtype=np.bool_)
     mate = np.full(n, -1, dtype=np.int64)
@@ -148,6 +152,8 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
     first = np.full(len(IssueKind), -1, dtype=np.int64)
     _scan(op, addr, device, keep, mate, counts, first)
     _other_device(op, addr, device, keep, counts, first)
+    if size is not None:
+        _block_other_device(op, addr, size, device, keep, mate, counts, first)
     issues = tuple(
         EventIssue(IssueKind(k), int(counts[k]), int(seq[first[k]]))
         for k in range(len(IssueKind))
@@ -178,6 +184,44 @@ def _other_device(op: np.ndarray, addr: np.ndarray, device: np.ndarray, keep: np
     counts[k] = int(hit.sum())
     if counts[k]:
         first[k] = lost[np.argmax(hit)]
+
+
+def _covered(lo: np.ndarray, size: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Per address in ``at``: inside the union of the ranges [lo, lo + size) (lifetimes ignored)."""
+    hi = lo + np.minimum(size, np.uint64((1 << 64) - 1) - lo)  # saturating: no range wraps past 2^64
+    order = np.argsort(lo, kind="stable")
+    lo, reach = lo[order], np.maximum.accumulate(hi[order])
+    j = np.searchsorted(lo, at, side="right") - 1
+    return (j >= 0) & (at < reach[np.maximum(j, 0)])
+
+
+def _block_other_device(op: np.ndarray, addr: np.ndarray, size: np.ndarray, device: np.ndarray,
+                        keep: np.ndarray, mate: np.ndarray, counts: np.ndarray, first: np.ndarray) -> None:
+    """Skip mallocs (and their frees) whose address lies in a segment of another device and in
+    none of their own: the devices of the trace contradict each other. Address ranges of a device
+    are taken over the whole trace, so a block is flagged only where no own segment ever held it."""
+    seg = np.flatnonzero(op == 2)
+    devs = np.unique(device[seg])
+    if len(devs) < 2 or len(devs) > MAX_DEVICES_CHECKED:
+        return
+    blk = np.flatnonzero((op == 0) & keep)
+    cov = np.stack([_covered(addr[seg[device[seg] == d]], size[seg[device[seg] == d]], addr[blk])
+                    for d in devs])
+    own = np.searchsorted(devs, device[blk])
+    has_own = np.isin(device[blk], devs)
+    mine = np.zeros(len(blk), np.bool_)
+    mine[has_own] = cov[own[has_own], np.flatnonzero(has_own)]
+    bad = blk[~mine & cov.any(axis=0)]
+    k = IssueKind.BLOCK_OTHER_DEVICE
+    counts[k] = len(bad)
+    if not len(bad):
+        return
+    first[k] = bad[0]
+    keep[bad] = False
+    freed = mate[bad][mate[bad] >= 0]
+    keep[freed] = False
+    mate[freed] = -1
+    mate[bad] = -1
 
 
 def remap_mate(mate: np.ndarray, keep: np.ndarray) -> np.ndarray:
