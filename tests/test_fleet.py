@@ -162,6 +162,23 @@ def test_a_two_device_trace_gives_the_failing_devices_figures(tmp_path: Path) ->
     assert (r["peak_reserved_bytes"], r["peak_live_bytes"]) == (8 * MiB, 6 * MiB)
 
 
+def test_the_device_budget_at_the_fatal_oom_names_what_took_the_memory(tmp_path: Path) -> None:
+    # The analyzer's seed scenario (tests/test_analysis_budget.py): another process holds 133.80 GiB,
+    # this process holds its context plus 3,960 MiB of local memory outside the pool, and the
+    # device had 122,978,304 B free when the 512 MiB request failed.
+    from test_analysis_budget import CONTEXT, LOCAL_GROWTH, OTHER, seed_trace
+
+    t = seed_trace()
+    path = tmp_path / "seed.rank0.parquet"
+    assert t.extras is not None
+    write_trace(path, t.meta, t.events, extras={"device_free": t.extras["device_free"].combine_chunks()})
+    r = run_fleet([path], FleetOptions(jobs=1)).table.row(0, named=True)
+    assert (r["oom_device_free_bytes"], r["oom_device_free_source"]) == (122_978_304, "measured")
+    assert r["oom_other_processes_bytes"] == OTHER
+    assert r["oom_outside_pool_bytes"] == CONTEXT + LOCAL_GROWTH
+    assert (r["rank"], r["rank_from"]) == (0, "file name")
+
+
 def test_summary_worst_trace_and_counts(local_result) -> None:
     s = local_result.summary
     assert (s.traces, s.analyzed, s.out_of_memory) == (9, 8, 3)

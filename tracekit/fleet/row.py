@@ -25,7 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from tracekit.analysis.summary import Summary
+from tracekit.analysis.summary import OOMReport, Summary
 from tracekit.trace.schema import TraceMeta
 
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d+)(?!\d)", re.IGNORECASE)
@@ -97,6 +97,10 @@ class TraceRow:
     oom_site: str | None = None
     oom_diagnosis: str | None = None
     oom_explanation: str | None = None
+    oom_device_free_bytes: int | None = None
+    oom_device_free_source: str | None = None
+    oom_outside_pool_bytes: int | None = None
+    oom_other_processes_bytes: int | None = None
     leaked_bytes: int | None = None
     limit_bytes: int | None = None
     whatif_lower_bound: int | None = None
@@ -133,7 +137,11 @@ class TraceRow:
             ooms_handled=sum(o.handled for o in s.ooms), oom_device=oom.device if oom else None,
             oom_seq=oom.seq if oom else None, oom_size=oom.size if oom else None,
             oom_site=oom.site if oom else None, oom_diagnosis=oom.diagnosis.value if oom else None,
-            oom_explanation=oom.explanation if oom else None, leaked_bytes=s.leaked_bytes,
+            oom_explanation=oom.explanation if oom else None,
+            oom_device_free_bytes=oom.device_free if oom else None,
+            oom_device_free_source=oom.device_free_source.value if oom else None,
+            oom_outside_pool_bytes=_at_oom(oom, OUTSIDE_POOL), oom_other_processes_bytes=_at_oom(oom, OTHERS),
+            leaked_bytes=s.leaked_bytes,
             limit_bytes=s.context.limit,
             whatif_lower_bound=whatif.lower_bound if whatif is not None else None, min_capacity=fits,
             advised=advice is not None, recommendation=advice[0] if advice else None,
@@ -161,6 +169,18 @@ class TraceRow:
         return d
 
 
+# Terms of the device budget at the OOM (tracekit.analysis.oom_budget) that a row keeps.
+OUTSIDE_POOL = "this process outside the pool"  # CUDA context, NCCL, cuDNN/cuBLAS workspaces, ...
+OTHERS = "other processes"
+
+
+def _at_oom(oom: OOMReport | None, term: str) -> int | None:
+    """A budget term's figure at the OOM (bytes), None where the recording could not tell."""
+    if oom is None or oom.budget is None:
+        return None
+    return next((t.oom for t in oom.budget.terms if t.name == term), None)
+
+
 def capacity_column(policy: str) -> str:
     """The column holding a policy's smallest capacity: ``min_capacity_best_fit_bytes``."""
     return f"min_capacity_{policy.replace('-', '_')}_bytes"
@@ -174,5 +194,7 @@ def _name_rank(path: Path) -> tuple[int | None, RankFrom | None]:
 _FIGURES = (
     "events", "duration_s", "peak_live_bytes", "peak_live_seq", "peak_reserved_bytes",
     "peak_reserved_seq", "max_external_fragmentation", "oom_count", "ooms_handled", "oom_device",
-    "oom_seq", "oom_size", "oom_site", "oom_diagnosis", "oom_explanation", "leaked_bytes", "limit_bytes",
+    "oom_seq", "oom_size", "oom_site", "oom_diagnosis", "oom_explanation", "oom_device_free_bytes",
+    "oom_device_free_source", "oom_outside_pool_bytes", "oom_other_processes_bytes", "leaked_bytes",
+    "limit_bytes",
 )

@@ -31,7 +31,9 @@ SCHEMA: dict[str, Any] = {
     "peak_reserved_seq": pl.Int64, "max_external_fragmentation": pl.Float64, "oom_count": pl.Int64,
     "ooms_handled": pl.Int64, "oom_device": pl.Int64,
     "oom_seq": pl.Int64, "oom_size": pl.Int64, "oom_site": pl.String, "oom_diagnosis": pl.String,
-    "oom_explanation": pl.String, "leaked_bytes": pl.Int64, "limit_bytes": pl.Int64,
+    "oom_explanation": pl.String, "oom_device_free_bytes": pl.Int64, "oom_device_free_source": pl.String,
+    "oom_outside_pool_bytes": pl.Int64, "oom_other_processes_bytes": pl.Int64,
+    "leaked_bytes": pl.Int64, "limit_bytes": pl.Int64,
 }
 _OPTIONAL: dict[str, Any] = {"whatif_lower_bound_bytes": pl.Int64, "recommendation": pl.String,
                              "advise_error": pl.String}
