@@ -10,6 +10,13 @@ comes first so compiled kernels are in numba's cache, as they are after the
 first use on a machine. The trace is a ``tracekit synth`` trace (default: 10
 million ``random`` events) unless ``--trace`` names one.
 
+Then, in the same run, the C++ bar: ``scripts/bench_bestfit.cpp`` (best fit with
+``std::set``/``std::map``, built here with ``g++ -O2``) replays the same
+requests, and the ``best-fit`` kernel replays them in this process (the trace's
+arrays prepared once, as a what-if search does). Both report CPU seconds of the
+replay loop alone; the ratio is C++ CPU / tracekit CPU (>= 1.0: as fast as
+C++ or faster), and both must agree on peak live bytes and peak extent.
+
     python3 scripts/bench_sim.py [--events 10000000] [--pattern random] [--policy best-fit ...]
 """
 
@@ -19,11 +26,14 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +68,41 @@ def run_one(trace: Path, policy: str) -> tuple[float, float, int, dict | None, s
     return wall, cpu, rss, doc, err.decode()
 
 
+def cpp_bar(trace: Path, tmp: Path, repeat: int) -> None:
+    """Best fit in C++ (std::set) against the best-fit kernel, CPU seconds of the loop alone."""
+    from tracekit.sim.engine import replay
+    from tracekit.sim.prepare import prepare
+    from tracekit.trace.reader import read_trace
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        print("C++ bar: no C++ compiler found, skipped")
+        return
+    exe = tmp / "bench_bestfit"
+    subprocess.run([cxx, "-O2", "-std=c++17", "-o", str(exe), str(ROOT / "scripts" / "bench_bestfit.cpp")],
+                   check=True)
+    tr = read_trace(trace)
+    inp = prepare(tr)
+    data = tmp / "requests.bin"
+    with open(data, "wb") as f:
+        for arr in (np.array([len(inp)], np.int64), inp.kind.astype(np.int8), inp.size, inp.mate):
+            f.write(np.ascontiguousarray(arr).tobytes())
+    cpp = min((subprocess.run([str(exe), str(data)], capture_output=True, text=True,
+                              check=True).stdout.split()
+               for _ in range(repeat)), key=lambda r: float(r[0]))
+    replay(tr, "best-fit")  # compiled kernels loaded, arrays prepared
+    ours = None
+    for _ in range(repeat):
+        t0 = time.process_time()
+        res = replay(tr, "best-fit")
+        cpu = time.process_time() - t0
+        ours = cpu if ours is None else min(ours, cpu)
+    assert ours is not None
+    same = (int(cpp[1]), int(cpp[2])) == (res.summary.peak_live_bytes, res.summary.peak_extent)
+    print(f"C++ bar (best fit, {len(inp):,} events, CPU s of the loop): std::set {float(cpp[0]):.3f}, "
+          f"tracekit {ours:.3f}, ratio {float(cpp[0]) / ours:.2f}x; same peaks: {'yes' if same else 'NO'}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=10_000_000)
@@ -66,6 +111,7 @@ def main() -> int:
     ap.add_argument("--trace", type=Path, help="Use this trace instead of synthesizing one.")
     ap.add_argument("--policy", action="append", help="Policy to time (repeatable; default: all).")
     ap.add_argument("--repeat", type=int, default=1, help="Timed runs per policy (best is reported).")
+    ap.add_argument("--no-cpp", action="store_true", help="Skip the C++ std::set best-fit bar.")
     a = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -106,6 +152,8 @@ def main() -> int:
         oom = "no OOM" if doc["oom"] is None else f"OOM at seq {doc['oom']['seq']}"
         print(f"{name:<12} {wall:>7.2f} {n / wall / 1e6:>6.2f} {cpu:>6.2f} {n / cpu / 1e6:>9.2f} "
               f"{rss / 2**20:>12.0f}  {oom}")
+    if not a.no_cpp:
+        cpp_bar(trace, tmp, max(a.repeat, 3))
     return 0
 
 

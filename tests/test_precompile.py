@@ -1,0 +1,21 @@
+"""The build's compile step runs real verbs: every one it names exists, and every policy is replayed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tracekit.cli.app import app
+from tracekit.cli.precompile import _runs
+from tracekit.sim import policies
+
+
+def test_every_step_is_a_verb_and_every_policy_is_replayed(tmp_path: Path) -> None:
+    runs = list(_runs(tmp_path))
+    group = typer.main.get_command(app)
+    verbs = set(group.commands)  # type: ignore[attr-defined]
+    assert {r[0] for r in runs} <= verbs
+    assert {"synth", "analyze", "replay", "whatif", "report"} <= {r[0] for r in runs}
+    replayed = {r[r.index("--sim") + 1] for r in runs if r[0] == "replay"}
+    assert replayed == set(policies.names())
