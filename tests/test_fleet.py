@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tracekit.analysis import analyze_trace
@@ -216,6 +218,21 @@ def test_reserved_curve_worked_example() -> None:
     assert c.reserved.tolist() == [0, 0, 10, 10, 30, 30, 30, 5, 5, 5, 5, 8]
     assert c.oom_at == pytest.approx(3 / 6)
     assert reserved_curve(t[:0], seq[:0], res[:0], 4).reserved.tolist() == [0, 0, 0, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 1 << 40)), min_size=1, max_size=60),
+       st.integers(1, 40))
+def test_reserved_curve_hides_no_peak_and_invents_no_value(steps: list[tuple[int, int]], bins: int) -> None:
+    # Any step curve (gaps between events in ms, reserved bytes after each event): the heat-map
+    # row has ``bins`` cells, its highest cell is the curve's peak, every cell is a value the
+    # curve took, and the last cell holds the last value (it is at least that).
+    t = np.cumsum([g for g, _ in steps]).astype(np.int64) * 1_000_000
+    y = np.array([v for _, v in steps], np.int64)
+    c = reserved_curve(t, np.arange(len(y), dtype=np.uint64), y, bins).reserved
+    assert len(c) == bins and c.max() == y.max()
+    assert set(c.tolist()) <= set(y.tolist())
+    assert c[-1] >= y[-1]
 
 
 def test_reserved_curve_falls_back_to_event_index_after_a_long_pause() -> None:
