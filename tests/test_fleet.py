@@ -327,6 +327,16 @@ def test_exit_codes_through_a_process(fleet_dir: Path, tmp_path: Path) -> None:
     assert kept.returncode == 1 and "--force" in kept.stderr and existing.read_bytes() == b"keep me"
 
 
+def test_cli_with_a_bad_member_writes_everything_then_exits_1(fleet_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "all.parquet"
+    res = runner.invoke(app, ["fleet", str(fleet_dir), "--json", "-o", str(out), "--jobs", "1"])
+    assert res.exit_code == 1
+    assert "1 of 9 traces could not be analyzed" in res.stderr and "corrupt.parquet" in res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert len(rows) == 9 and sum(r["error"] is not None for r in rows) == 1
+    assert pl.read_parquet(out).height == 9
+
+
 def test_usage_and_input_errors(fleet_dir: Path, tmp_path: Path) -> None:
     address = runner.invoke(app, ["fleet", str(fleet_dir), "--address", "127.0.0.1:6379"])
     assert address.exit_code == 2 and "--engine ray" in address.stderr

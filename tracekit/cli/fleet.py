@@ -56,6 +56,12 @@ def fleet(
         typer.echo(result.summary.to_text())
     for path in result.written:
         wrote(path)
+    errors = result.summary.errors
+    if errors:  # every row and output is out; the exit code still says that some input was bad
+        from tracekit.errors import InputError
+
+        raise InputError(f"{len(errors)} of {result.summary.traces} traces could not be analyzed, "
+                         f"their rows say why; the first: {errors[0][1]}")
 
 
 def register(app: typer.Typer) -> None:
