@@ -68,7 +68,11 @@ class Scan:
         self._frame_objs: dict[int, dict[str, Any]] = {}
 
     def text(self, off: int, ln: int) -> str:
-        return bytes(self.buf[off:off + ln]).decode("utf-8", "surrogatepass")
+        raw = bytes(self.buf[off:off + ln])
+        try:
+            return raw.decode("utf-8", "surrogatepass")  # as the unpickler decodes it
+        except UnicodeDecodeError:  # not UTF-8 at all (a hostile file): keep what can be read
+            return raw.decode("utf-8", "replace")
 
     def frame(self, f: int) -> dict[str, Any]:
         obj = self._frame_objs.get(f)

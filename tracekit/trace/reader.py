@@ -90,13 +90,17 @@ def _check_layout(p: Path, pf: pq.ParquetFile) -> None:
             raise TraceFormatError(f"{p}: extra column '{name}' has type {typ}, expected {want}")
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
 # The extra columns tracekit reads itself (docs/trace-format.md): their type is checked on open,
 # so no consumer meets a string where it counts on a flag or a number.
 _EXTRA_TYPES = (
     ("initial", pa.types.is_boolean, "bool"), ("expandable", pa.types.is_boolean, "bool"),
     *((name, pa.types.is_integer, "an integer type")
       for name in ("pool", "device_free", "latency_ns", "input_seq", "free_requested_ns")),
-    ("stack", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "strings"),
+    ("stack", lambda t: _is_text(t) or (pa.types.is_dictionary(t) and _is_text(t.value_type)), "strings"),
 )
 
 
