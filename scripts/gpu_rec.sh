@@ -37,7 +37,7 @@ step environment
   > "$R/env.txt" 2>&1
 
 step "record seed scenario"
-run record-seed 60 $TK record -o "$R/traces/cupy-seed.parquet" scripts/seed_scenario.py --probe "$R/seed-probe.json"
+run record-seed 60 $TK record -o "$R/traces/cupy-seed.parquet" scripts/seed_scenario.py
 step "record user pool"
 run record-user-pool 30 $TK record -o "$R/traces/cupy-user-pool.parquet" scripts/pool_workloads.py user_pool
 step "record async pool"

@@ -162,3 +162,29 @@ def test_seed_scenario_names_the_other_process_and_the_stack_limit(tmp_path: Pat
     # the call-site is stored relative to the working directory
     site = t.events.site_name(state["seq"])
     assert site is not None and site.startswith("scripts/seed_scenario.py:")
+
+
+def test_sigterm_on_a_cupy_program_still_writes_the_whole_trace(tmp_path: Path) -> None:
+    import signal
+    import textwrap
+
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import time, cupy as cp
+        keep = [cp.empty((i + 1) * 2**20, cp.uint8) for i in range(4)]
+        cp.cuda.Device().synchronize()
+        print("ready", flush=True)
+        time.sleep(120)
+    """))
+    out = tmp_path / "stopped.parquet"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "tracekit", "record", "-o", str(out), str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    t = read_trace(out, strict=True)
+    assert not Path(str(out) + ".spool").exists() and t.meta.extra["complete"] is True
+    assert t.events.count(Op.MALLOC) == 4 and t.meta.extra["exit"]["status"] == "signal"
+    assert t.meta.extra["pool_end"]["0"]["used_bytes"] == 10 * MiB

@@ -12,12 +12,14 @@ one id. Ids are dense, start at 0 and never change, so a batch of events can
 be written before later sites exist. ``-1`` means no frame outside the
 skipped libraries was found. Paths are stored relative to the first of
 ``roots`` that holds them (the working directory, then the program's
-folder), so a trace names ``train.py``, not a home folder; a file outside
-every root keeps its absolute path.
+folder, then the library folders: site-packages, the standard library), so
+a trace names ``train.py`` or ``torchvision/models/resnet.py``, not a home
+folder or a virtualenv; a file outside every root keeps its absolute path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from types import CodeType, FrameType
@@ -100,13 +102,28 @@ def relative_site(name: str, roots: tuple[str, ...]) -> str:
 
 
 def site_roots(program: str | None) -> tuple[str, ...]:
-    """The working directory, then the program's folder (a script's; none for ``-m``)."""
+    """The working directory, the program's folder (a script's; none for ``-m``), the library folders."""
     roots = [os.getcwd()]
     if program is not None:  # the script's path as given and as sys.path[0] resolves it
         for folder in (os.path.dirname(os.path.abspath(program)), os.path.dirname(os.path.realpath(program))):
             if folder not in roots:
                 roots.append(folder)
+    for folder in library_roots():
+        if folder not in roots:
+            roots.append(folder)
     return tuple(roots)
+
+
+def library_roots() -> list[str]:
+    """Where installed packages and the standard library live, the most specific folder first."""
+    import site
+    import sysconfig
+
+    found = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    with contextlib.suppress(AttributeError):  # site helpers are missing in some embedded interpreters
+        found.update(site.getsitepackages())
+        found.add(site.getusersitepackages())
+    return sorted((os.path.abspath(f) for f in found if f), key=len, reverse=True)
 
 
 def default_skip_dirs() -> tuple[str, ...]:
