@@ -127,16 +127,30 @@ class CupyRecording:
 
         return self.probe.state(device, async_pool_state(pool))
 
-    def end_state(self) -> dict[str, dict[str, int | None]]:
-        """The default pool's own counters on every device it used (keys are device ids as strings)."""
-        out = {}
-        devices = {e["device"] for e in self.pools.entries if e["key"] == 0} | {self.device_id}
-        for d in sorted(devices):
-            with self.cupy.cuda.Device(d):
-                state: dict[str, int | None] = dict(pool_state(self.pool))
-                state["limit"] = state["limit_bytes"] or 0
-                out[str(d)] = state
-        return out
+    def end_state(self) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]],
+                                 list[dict[str, Any] | None]]:
+        """(``pool_end``, ``pools``, ``pools_end``) as the program left them.
+
+        ``pool_end`` keys are device ids as strings: the counters summed over
+        every ``MemoryPool`` on that device (the trace's live malloc and segment
+        bytes of those pools equal ``used_bytes`` and ``total_bytes``), with the
+        default pool's limit; async pools are only in ``pools_end``.
+        """
+        pools, ends = self.pools.metadata()
+        keys = ("used_bytes", "total_bytes", "free_bytes", "n_free_blocks")
+        zero = {**dict.fromkeys(keys, 0), "limit_bytes": None}
+        out: dict[str, dict[str, Any]] = {str(self.device_id): dict(zero)}
+        for entry, end in zip(pools, ends, strict=True):
+            if entry["kind"] != PoolKind.POOL.value or not end or "error" in end:
+                continue
+            total = out.setdefault(str(entry["device"]), dict(zero))
+            for k in keys:
+                total[k] += int(end.get(k) or 0)
+            if entry["label"] == "default":
+                total["limit_bytes"] = end.get("limit_bytes")
+        for total in out.values():
+            total["limit"] = total["limit_bytes"] or 0
+        return out, pools, ends
 
     def stop(self, exit_info: dict[str, Any] | None = None, *, restore: bool = False,
              exception: BaseException | None = None) -> Path:
@@ -149,7 +163,7 @@ class CupyRecording:
         is closed however ``stop`` ends, so a failed finalize leaves it
         recoverable.
         """
-        end: dict[str, dict[str, int | None]] | None = None
+        end: dict[str, dict[str, Any]] | None = None
         end_error: str | None = None
         pools: list[dict[str, Any]] | None = None
         pools_end: list[dict[str, Any] | None] | None = None
@@ -158,8 +172,7 @@ class CupyRecording:
             with contextlib.suppress(KeyError):
                 self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
             try:
-                end = self.end_state()
-                pools, pools_end = self.pools.metadata()
+                end, pools, pools_end = self.end_state()
             except Exception as e:  # e.g. a sticky CUDA error from the program: keep its events
                 end_error = f"{type(e).__name__}: {e}"
         finally:
