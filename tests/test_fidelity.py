@@ -31,6 +31,21 @@ from tracekit.trace import Op, Source, Trace, read_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 FILES = sorted(p.name for p in TRACES.glob("*.parquet")) if TRACES.is_dir() else []
+ASYNC = "MemoryAsyncPool: CUDA's stream-ordered allocator has no pool segments to reproduce"
+# Version-2 recordings the replay does not reproduce yet, and why (strict: a fix shows up as XPASS).
+DEPARTS = {
+    "cupy-async.parquet": ASYNC,
+    "cupy-seed.parquet": "the device ran out (another process held it), not the pool; the replay is "
+                         "given no device capacity from the recorded device_free",
+    "cupy-user-pool.parquet": "the program's own free_all_blocks(stream) releases segments at no request",
+    "torch-handled-oom.parquet": "the replay makes one segment more than PyTorch around cuDNN's "
+                                 "workspace OOMs",
+}
+
+
+def _known(names: list[str], departs: dict[str, str]) -> list[object]:
+    known = {n: pytest.param(n, marks=pytest.mark.xfail(reason=r, strict=True)) for n, r in departs.items()}
+    return [known.get(n, n) for n in names]
 
 
 @dataclass(frozen=True)
@@ -110,7 +125,7 @@ def _expandable(trace: Trace) -> bool:
     return bool((trace.meta.extra.get("torch_allocator_settings") or {}).get("expandable_segments"))
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", _known(FILES, DEPARTS))
 def test_replay_reproduces_the_recorded_allocator(name: str) -> None:
     trace = read_trace(TRACES / name)
     a = agreement(trace)
@@ -125,7 +140,7 @@ def test_replay_reproduces_the_recorded_allocator(name: str) -> None:
     assert a.oom_sim == a.oom_real
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", _known(FILES, {"cupy-async.parquet": ASYNC}))
 def test_every_block_lands_where_the_gpu_put_it(name: str) -> None:
     a = agreement(read_trace(TRACES / name))
     if name == "torch-wrap.parquet":
@@ -202,7 +217,10 @@ def _recorded_free_gaps(trace: Trace, upto: int) -> dict[int, int]:
     return gaps
 
 
-@pytest.mark.parametrize("name", [f for f in FILES if f.startswith("cupy-")])
+CUPY_FILES = [f for f in FILES if f.startswith("cupy-")]
+
+
+@pytest.mark.parametrize("name", _known(CUPY_FILES, {"cupy-async.parquet": ASYNC}))
 def test_cupy_lowest_address_rule_departs_only_at_ties(name: str) -> None:
     """Without the recorded tie choices, the first different block is a tie between equal chunks."""
     trace = read_trace(TRACES / name)

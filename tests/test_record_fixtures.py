@@ -101,3 +101,22 @@ def test_async_trace_is_device_level() -> None:
     rows = _pools(t) == entry["id"]
     assert not np.any(np.isin(t.events.op[rows], [Op.SEGMENT_ALLOC, Op.SEGMENT_FREE]))
     assert int(np.count_nonzero(t.events.op[rows] == Op.MALLOC)) == 80
+
+
+def test_torch_recording_marks_the_fatal_oom_and_its_snapshot_imports_the_same(tmp_path: Path) -> None:
+    from tracekit.importers.torch_snapshot import import_snapshot
+
+    t = read_trace(TRACES / "torch-handled-oom.parquet", strict=True)
+    m = t.meta.extra
+    ooms = np.flatnonzero(t.events.op == Op.OOM)
+    assert len(ooms) >= 2 and [s["seq"] for s in m["oom_states"]] == t.events.seq[ooms].tolist()
+    # the last OOM ended the program; the earlier ones were cuDNN's workspace tries, handled
+    assert m["exit"]["oom_seq"] == int(t.events.seq[ooms[-1]])
+    assert m["exit"]["exception"] == "torch.OutOfMemoryError"
+    sites = [t.events.site_name(int(i)) or "" for i in ooms]
+    assert all(s.startswith("torchvision/models/resnet.py:") for s in sites)
+    sizes = t.events.size[ooms[:-1]].tolist()
+    assert sizes == sorted(sizes, reverse=True)  # each try asked for less
+    assert all(s["pool"]["limit_bytes"] == t.meta.pool_limit_bytes for s in m["oom_states"])
+    again = read_trace(import_snapshot(TRACES / "torch-handled-oom.pickle.gz", tmp_path / "i.parquet").path)
+    assert np.array_equal(again.events.op, t.events.op) and np.array_equal(again.events.size, t.events.size)
