@@ -24,6 +24,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no public alias
 from typer.core import TyperGroup
 
+from tracekit.cli import startup_handlers_installed
 from tracekit.errors import Interrupted, TracekitError
 
 VERBS = (
@@ -44,10 +45,7 @@ class TracekitGroup(TyperGroup):
                 typer.echo(f"tracekit: note: {note}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt as e:
-            code = getattr(e, "exit_code", 130)
-            typer.echo("tracekit: terminated (SIGTERM)" if code == 143 else "tracekit: interrupted",
-                       err=True)
-            raise typer.Exit(code) from None
+            raise typer.Exit(_announce(getattr(e, "exit_code", 130))) from None
         except BrokenPipeError:
             raise typer.Exit(0) from None
 
@@ -55,12 +53,15 @@ class TracekitGroup(TyperGroup):
              complete_var: str | None = None, standalone_mode: bool = True,
              windows_expand_args: bool = True, **extra: Any) -> Any:
         """Click's main with usage errors in tracekit's one-line form and SIGTERM as an exception."""
+        _SIGNAL.update(said=False, term=False)
         with _sigterm_raises():
             try:
                 rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                   standalone_mode=False,
                                   windows_expand_args=windows_expand_args, **extra)
                 code = rv if isinstance(rv, int) else 0
+                if code == 130:  # click turned a signal during argument parsing into a bare 130
+                    code = _announce(143 if _SIGNAL["term"] else 130)
             except NoArgsIsHelpError as e:
                 typer.echo(e.format_message(), err=True)
                 code = e.exit_code
@@ -68,12 +69,9 @@ class TracekitGroup(TyperGroup):
                 typer.echo(f"tracekit: error: {_one_sentence(e)}", err=True)
                 code = e.exit_code
             except typer.Abort:
-                typer.echo("tracekit: interrupted", err=True)
-                code = 130
+                code = _announce(130)
             except KeyboardInterrupt as e:  # a signal that arrived outside the verb's own funnel
-                code = getattr(e, "exit_code", 130)
-                typer.echo("tracekit: terminated (SIGTERM)" if code == 143 else "tracekit: interrupted",
-                           err=True)
+                code = _announce(getattr(e, "exit_code", 130))
         if standalone_mode:
             if threading.current_thread() is threading.main_thread():
                 # The outcome is decided and printed: a signal during interpreter shutdown must
@@ -85,6 +83,17 @@ class TracekitGroup(TyperGroup):
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # keep the pipeline order, not alphabetical
+
+
+_SIGNAL = {"said": False, "term": False}  # this run: the signal line printed; SIGTERM received
+
+
+def _announce(code: int) -> int:
+    """Print the one line for a signal's exit ``code`` (once per run); returns the code."""
+    if not _SIGNAL["said"]:
+        typer.echo("tracekit: terminated (SIGTERM)" if code == 143 else "tracekit: interrupted", err=True)
+        _SIGNAL["said"] = True
+    return code
 
 
 def _one_sentence(e: typer.TyperException) -> str:
@@ -102,13 +111,18 @@ def _sigterm_raises() -> Iterator[None]:
         return
 
     def _raise(signum: int, frame: FrameType | None) -> None:
+        _SIGNAL["term"] = True
         raise Interrupted(signum)
 
     previous = signal.signal(signal.SIGTERM, _raise)
+    sigint = signal.getsignal(signal.SIGINT)
+    if startup_handlers_installed():  # from here on Ctrl-C is a KeyboardInterrupt the verbs clean up after
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, sigint)
 
 
 app = typer.Typer(
