@@ -124,3 +124,39 @@ def test_sigterm_finishes_the_trace_and_exits_143(tmp_path: Path) -> None:
     assert t.meta.extra["complete"] is True and t.events.count(Op.MALLOC) == 5
     ex = t.meta.extra["exit"]
     assert (ex["status"], ex["signal"], ex["code"], ex["oom_seq"]) == ("signal", 15, 143, None)
+
+
+def test_a_killed_recording_recovers_with_its_pools_and_oom_states(tmp_path: Path) -> None:
+    program = """
+        import time, cupy
+        user = cupy.cuda.MemoryPool()
+        user.set_limit(size=3 * MiB)
+        cupy.cuda.set_allocator(user.malloc)
+        keep = [cupy.empty(MiB) for _ in range(3)]
+        try:
+            cupy.empty(MiB)
+        except cupy.cuda.memory.OutOfMemoryError:
+            print("handled", flush=True)
+        time.sleep(1.5)  # past the spool's flush interval
+        print("ready", flush=True)
+        time.sleep(60)
+    """.replace("MiB", str(MiB))
+    (tmp_path / "app.py").write_text(textwrap.dedent(program))
+    cmd = [sys.executable, "-m", "tracekit", "record", "-o", "t.parquet", "app.py"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=_env())
+    assert proc.stdout is not None
+    assert [proc.stdout.readline().strip() for _ in range(2)] == ["handled", "ready"]
+    proc.kill()
+    proc.communicate(timeout=60)
+    r = subprocess.run([sys.executable, "-m", "tracekit", "recover", "t.parquet.spool"],
+                       capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    t = read_trace(tmp_path / "t.parquet", strict=True)
+    m = t.meta.extra
+    assert m["complete"] is False and "exit" not in m
+    assert [(e["id"], e["label"]) for e in m["pools"]] == [(0, "default"), (1, "user 1")]
+    # the user pool: 3 segments, 3 mallocs and the oom
+    assert t.extras is not None and t.extras.column("pool").to_pylist().count(1) == 7
+    (state,) = m["oom_states"]
+    assert t.events.op[state["seq"]] == Op.OOM and state["pool"]["limit_bytes"] == 3 * MiB
