@@ -57,14 +57,14 @@ def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
         raise InputError(
             f"{p}: this recording did not finish; run 'tracekit recover {spool}' to turn it into a trace"
         )
-    if check_regular(p, "trace").st_size == 0:
+    if (file_bytes := check_regular(p, "trace").st_size) == 0:
         raise InputError(f"{p}: the file is empty")
     try:
         pf = pq.ParquetFile(p)
     except (pa.ArrowException, OSError, ValueError) as e:
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InputError(f"{p}: not a readable Parquet file, or it is truncated ({cause})") from None
-    _check_layout(p, pf)
+    _check_layout(p, pf, file_bytes)
     return p, pf
 
 
@@ -74,8 +74,18 @@ MIN_ROWS_PER_GROUP = 1024
 FREE_GROUPS = 4096
 
 
-def _check_layout(p: Path, pf: pq.ParquetFile) -> None:
+# Real traces compress to 2..20 bytes per event; a file that claims far more rows than its
+# size (a decompression bomb) would take memory out of all proportion: about 60 bytes per
+# event are kept, so this bounds a read to ~4 KB of memory per byte of file beyond 2^20 rows.
+ROWS_PER_BYTE = 64
+FREE_ROWS = 1 << 20
+
+
+def _check_layout(p: Path, pf: pq.ParquetFile, file_bytes: int) -> None:
     groups, rows = pf.metadata.num_row_groups, pf.metadata.num_rows
+    if rows > FREE_ROWS and rows > ROWS_PER_BYTE * file_bytes:
+        raise InputError(f"{p}: {rows:,} rows in {file_bytes:,} bytes, more than {ROWS_PER_BYTE} rows per "
+                         "byte; not a trace that was recorded (refused before it is decompressed)")
     if groups > FREE_GROUPS and rows < groups * MIN_ROWS_PER_GROUP:
         raise InputError(
             f"{p}: {groups:,} row groups for {rows:,} rows; rewrite it with row groups of at least "
