@@ -80,8 +80,12 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
 
             worst = worst_paths(table, WORST_DRAWN)
             figures: dict[str, Any] = {}
-            for i, drawn in runner.map(render_member, [(p,) for p in worst], lambda i, e: e):
-                figures[worst[i]] = drawn
+
+            def drawing_died(i: int, e: Exception) -> str:
+                return f"{worst[i]}: the worker drawing it died ({type(e).__name__}: {e})"
+
+            for i, drawn in runner.map(render_member, [(p,) for p in worst], drawing_died):
+                figures[worst[i]] = drawn  # the figures, or why there are none
             written.append(write_fleet_report(table, summary, [(p, figures[p]) for p in worst],
                                               options.report))
     return FleetResult(table, summary, tuple(written))
