@@ -369,3 +369,13 @@ def test_a_worker_that_dies_gives_error_results_and_no_hang() -> None:
     assert sorted(got) == [0, 1, 2, 3]  # every task gives exactly one result
     assert got[2] == "died: BrokenProcessPool"
     assert all(v in (x * 10, "died: BrokenProcessPool") for x, v in got.items())
+
+
+def test_a_worst_trace_that_cannot_be_drawn_leaves_its_reason_on_the_page(fleet_dir: Path) -> None:
+    from tracekit.fleet.member import render_member
+    from tracekit.fleet.report import _worst_sections
+
+    why = render_member(str(fleet_dir / "corrupt.parquet"))
+    assert isinstance(why, str) and "corrupt.parquet" in why
+    (section,) = _worst_sections([(str(fleet_dir / "corrupt.parquet"), why)])
+    assert "could not be drawn" in section and 'id="worst-1"' in section
