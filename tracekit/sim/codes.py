@@ -193,7 +193,7 @@ class Reservation(IntEnum):
 
     BASE = 0  # the segment's base address
     PAGE = 1  # mapping granularity (2 MiB small pool, 20 MiB large)
-    MADE = 2  # 0 not reserved yet, 1 reserved, 2 reserve at BASE (imported state)
+    MADE = 2  # a ``Reserve``
     VSIZE = 3  # reserved virtual bytes
 
 
@@ -204,6 +204,21 @@ class Hint(IntEnum):
     ADDR = 1
     SIZE = 2
     TAKEN = 3  # 1 once a replayed device allocation took this address
+
+
+class Reserve(IntEnum):
+    """Whether an expandable segment's address range is reserved (``X[group, Reservation.MADE]``)."""
+
+    NONE = 0  # not yet: reserved on first use
+    DONE = 1
+    AT_BASE = 2  # to be reserved at ``Reservation.BASE`` (a recorded starting state)
+
+
+class TorchPool(IntEnum):
+    """PyTorch's two pools; a torch group is ``pool * streams + stream index``."""
+
+    LARGE = 0
+    SMALL = 1  # requests of at most 1 MiB, in 2 MiB segments
 
 
 class TorchSetting(IntEnum):
@@ -241,6 +256,6 @@ def named_vector(enum: type[IntEnum], values: Mapping[IntEnum, int]) -> np.ndarr
 
 __all__ = [
     "LIST_WIDTH", "N_FIELDS", "N_ROW", "N_SLOTS", "BuddySlot", "CupySetting", "Field", "Fit", "HeapSlot",
-    "Hint", "Kind", "ListField", "Op", "Piece", "Reservation", "Row", "Slot", "Stat", "Status",
-    "TorchSetting", "Tree", "named_vector",
+    "Hint", "Kind", "ListField", "Op", "Piece", "Reservation", "Reserve", "Row", "Slot", "Stat", "Status",
+    "TorchPool", "TorchSetting", "Tree", "named_vector",
 ]

@@ -21,7 +21,7 @@ from numba import njit
 from tracekit.sim import chunks as ck
 from tracekit.sim.chunks import MIB, PAGE
 from tracekit.sim.codes import Field as F
-from tracekit.sim.codes import Hint, Op, Slot
+from tracekit.sim.codes import Hint, Op, Reserve, Slot
 from tracekit.sim.codes import Piece as P
 from tracekit.sim.codes import Reservation as X_
 
@@ -65,7 +65,7 @@ def overlaps(C, S, X, a, end):  # pragma: no cover - compiled
             return True
         h = C[h, F.HNEXT]
     for g in range(X.shape[0]):
-        if X[g, X_.MADE] != 0 and X[g, X_.BASE] < end and a < X[g, X_.BASE] + X[g, X_.VSIZE]:
+        if X[g, X_.MADE] != Reserve.NONE and X[g, X_.BASE] < end and a < X[g, X_.BASE] + X[g, X_.VSIZE]:
             return True
     return False
 

@@ -22,7 +22,7 @@ from numba import njit
 from tracekit.sim import chunks as ck
 from tracekit.sim import segments as sg
 from tracekit.sim.codes import Field as F
-from tracekit.sim.codes import Op, Slot, Tree
+from tracekit.sim.codes import Op, Reserve, Slot, Tree
 from tracekit.sim.codes import Piece as P
 from tracekit.sim.codes import Reservation as X_
 
@@ -38,7 +38,7 @@ def expandable_size(C, b):  # pragma: no cover - compiled
 @njit(cache=True, error_model="numpy")
 def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     """Reserve group g's segment on first use, at the recorded address when there is one."""
-    if X[g, X_.MADE] != 0:
+    if X[g, X_.MADE] != Reserve.NONE:
         return
     pg = X[g, X_.PAGE]
     base = sg.recorded_addr(C, S, X, i, X[g, X_.VSIZE], hints, False)
@@ -49,7 +49,7 @@ def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     C[x, F.EXP] = g
     ck.tree_insert(C, S, x, Tree.UNMAPPED)
     X[g, X_.BASE] = base
-    X[g, X_.MADE] = 1
+    X[g, X_.MADE] = Reserve.DONE
 
 
 @njit(cache=True, error_model="numpy")
@@ -64,15 +64,15 @@ def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compil
     """Starting state: [a, a + size) of group g's segment is mapped (a recorded mapped range).
 
     The segment is reserved at ``X[g, X_.BASE]`` (the lowest recorded mapped
-    address of the group, set by the caller with ``X[g, X_.MADE] = 2``). The range
+    address of the group, set by the caller with ``X[g, X_.MADE] = Reserve.AT_BASE``). The range
     becomes a free mapped piece, merged with mapped neighbours; -1 if it does
     not lie in unmapped space of that segment.
     """
-    if X[g, X_.MADE] == 2:
+    if X[g, X_.MADE] == Reserve.AT_BASE:
         x = ck.new_node(C, S, X[g, X_.BASE], X[g, X_.VSIZE], g, P.UNMAPPED)
         C[x, F.EXP] = g
         ck.tree_insert(C, S, x, Tree.UNMAPPED)
-        X[g, X_.MADE] = 1
+        X[g, X_.MADE] = Reserve.DONE
     c = ck.first_in_group(C, S, g, Tree.UNMAPPED)
     while c != -1 and C[c, F.GROUP] == g:
         if C[c, F.ADDR] <= a and a + size <= C[c, F.ADDR] + C[c, F.SIZE]:
@@ -215,7 +215,7 @@ def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
 @njit(cache=True, error_model="numpy")
 def unmap_all_free(C, S, R, i, stream, X):  # pragma: no cover - compiled
     """Unmap the whole pages of every free mapped piece, in (group, size, address) order."""
-    if X.shape[0] == 0 or X[:, X_.MADE].max() == 0:
+    if X.shape[0] == 0 or X[:, X_.MADE].max() == Reserve.NONE:
         return
     k = 0
     x = ck.tree_first(C, S, Tree.FREE)

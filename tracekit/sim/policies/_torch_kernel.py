@@ -26,7 +26,7 @@ from numba import njit
 from tracekit.sim import chunks as ck
 from tracekit.sim import segments as sg
 from tracekit.sim.codes import Field as F
-from tracekit.sim.codes import Op, Slot, Status, Tree
+from tracekit.sim.codes import Op, Slot, Status, TorchPool, Tree
 from tracekit.sim.codes import Piece as P
 from tracekit.sim.codes import TorchSetting as T
 from tracekit.sim.policies import _torch_expand as xp
@@ -112,7 +112,7 @@ def _garbage_collect(C, S, R, i, thr, n_streams, stream):  # pragma: no cover - 
     total_age = 0
     x = S[Slot.WHEAD]
     while x != -1:
-        if C[x, F.GROUP] < n_streams:  # large pool only
+        if C[x, F.GROUP] // n_streams == TorchPool.LARGE:
             ids[k] = x
             total_age += S[Slot.GCL] - C[x, F.GCBASE]
             k += 1
@@ -171,7 +171,7 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: n
     follows, as in PyTorch.
     """
     M = cfg[T.MAX_SPLIT]
-    large = g < cfg[T.STREAMS]
+    large = g // cfg[T.STREAMS] == TorchPool.LARGE
     if cfg[T.GC_THRESHOLD] > 0 and large:
         S[Slot.GCL] += 1  # get_free_blocks_call_count of the large pool
     x = _find(C, S, g, s, M, cfg[T.MAX_NON_SPLIT], cfg[T.EXPANDABLE] != 0)
@@ -193,7 +193,7 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: n
             return -1
     C[x, F.STATE] = P.USED
     rem = C[x, F.SIZE] - s
-    small = (g // cfg[T.STREAMS]) == 1
+    small = g // cfg[T.STREAMS] == TorchPool.SMALL
     if small or cfg[T.EXPANDABLE] != 0:
         if rem >= 512:
             ck.split_front(C, S, x, s)

@@ -23,7 +23,7 @@ import numpy as np
 from tracekit.errors import InputError, UsageError
 from tracekit.sim import chunks as ck
 from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import Op, TorchSetting, named_vector
+from tracekit.sim.codes import Op, Reserve, TorchPool, TorchSetting, named_vector
 from tracekit.sim.codes import Reservation as X_
 from tracekit.sim.policies._torch_config import (
     MIB,
@@ -51,7 +51,7 @@ DEFAULT_TOTAL = 1 << 40  # device size assumed for reservations when the trace n
 
 
 def _pools(trace: Trace, inp: ReplayInput, rounded: np.ndarray) -> np.ndarray:
-    """1 for the small pool, 0 for the large, per event.
+    """The ``TorchPool`` of every event.
 
     Requests go by their rounded size. An initial segment is small when the
     trace says so (an extra ``segment_type`` column) or else when it is a
@@ -61,7 +61,7 @@ def _pools(trace: Trace, inp: ReplayInput, rounded: np.ndarray) -> np.ndarray:
     """
     ev = trace.events
     init = inp.initial
-    pool = (rounded <= MIB).astype(np.int64)
+    pool = np.where(rounded <= MIB, TorchPool.SMALL, TorchPool.LARGE).astype(np.int64)
     segs = np.flatnonzero(init & (ev.op == Op.SEGMENT_ALLOC))
     if len(segs) == 0:
         return pool
@@ -69,7 +69,7 @@ def _pools(trace: Trace, inp: ReplayInput, rounded: np.ndarray) -> np.ndarray:
     small = (size <= 2 * MIB) | (inp.expandable[segs] & (size % LARGE_PAGE != 0))
     given = inp.segment_small[segs]
     small = np.where(given >= 0, given == 1, small)
-    pool[segs] = small.astype(np.int64)
+    pool[segs] = np.where(small, TorchPool.SMALL, TorchPool.LARGE)
     blocks = np.flatnonzero(init & (ev.op == Op.MALLOC))
     if len(blocks):
         order = np.argsort(ev.addr[segs])
@@ -77,7 +77,7 @@ def _pools(trace: Trace, inp: ReplayInput, rounded: np.ndarray) -> np.ndarray:
         k = np.searchsorted(starts, ev.addr[blocks], side="right") - 1
         kk = np.maximum(k, 0)
         inside = (k >= 0) & (ev.addr[blocks] < starts[kk] + ev.size[segs][order][kk])
-        pool[blocks[inside]] = small[order][k[inside]]
+        pool[blocks[inside]] = np.where(small[order][k[inside]], TorchPool.SMALL, TorchPool.LARGE)
     return pool
 
 
@@ -152,7 +152,7 @@ class TorchCaching:
             rows = np.flatnonzero(init_exp)
             for g in np.unique(group[rows]):
                 X[g, X_.BASE] = int(ev.addr[rows[group[rows] == g]].min())
-                X[g, X_.MADE] = 2
+                X[g, X_.MADE] = Reserve.AT_BASE
         cfg = _cfg(config, st, ns)
         cap, rows_cap = capacity_for_state(trace)
         C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, LARGE_PAGE))
