@@ -44,17 +44,19 @@ def one(path: Path, out_dir: Path | None, device: int) -> dict:
     req = replayed_requests(trace, run)
     dev, rec = device_reserved(trace, run), _recorded(trace)
     miss = req[dev[req] != rec[req]]
-    s = summary(trace, run)
+    s = summary(trace, run).to_dict()
     return {
         "trace": path.name, "requests": len(req), "capacity": run.plan.capacity,
-        "conf": run.torch.conf, "released": s["released"], "first_oom_seq": (s["oom"] or {}).get("seq"),
+        "conf": run.torch.conf, "released": s["device"]["released"],
+        "first_oom_seq": (s["oom"] or {}).get("seq"),
         "peak_reserved": run.peak_reserved, "segment_allocs": s["segment_allocs"],
         "segment_frees": s["segment_frees"], "torch": s.get("torch"),
         "model": [c.to_dict() for c in comps],
         "recording": {"same": len(req) - len(miss), "first_index": int(miss[0]) if len(miss) else None,
                       "device": int(dev[miss[0]]) if len(miss) else None,
                       "recorded": int(rec[miss[0]]) if len(miss) else None},
-        "malloc_latency_ns": s["malloc_latency_ns"], "free_latency_ns": s["free_latency_ns"],
+        "malloc_latency_ns": s["device"]["malloc_latency_ns"],
+        "free_latency_ns": s["device"]["free_latency_ns"],
     }
 
 

@@ -124,15 +124,19 @@ def test_device_mode_hands_over_to_the_device_replay(small: Path, monkeypatch) -
 
     calls: list[tuple] = []
 
+    from tracekit.sim.result import ReplaySummary
+
+    one = ReplaySummary("cupy-async", 1 << 30, None, 2, 512, 2 << 20, None, 1, 0, None, 1, False)
+
     def fake(*a, **kw):
         calls.append((a, kw))
-        return command.DeviceReplayOutcome({"oom_count": 1}, None, None, "1 allocation(s) ran out")
+        return command.DeviceReplayOutcome(one, None, None, "1 allocation(s) ran out")
 
     monkeypatch.setattr(command, "run_device_replay", fake)
     r = invoke(str(small), "--device", "1", "--allocator", "cupy-async", "--capacity", "1GiB",
                "--compare-sim", "cupy", "--json", "--fail-on-oom")
     assert r.exit_code == 3, r.output  # --fail-on-oom turns the outcome's verdict into exit code 3
-    assert json.loads(r.stdout) == {"oom_count": 1}
+    assert json.loads(r.stdout) == one.to_dict()
     (args, kw), = calls
     assert args == (small,)
     assert kw == {"device": 1, "allocator": "cupy-async", "capacity": "1GiB", "output": None,

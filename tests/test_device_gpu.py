@@ -98,8 +98,9 @@ def test_synthetic_traces_replay_with_each_allocator(synthetic, name: str, alloc
     trace, run, start = _replay(synthetic[name], alloc)
     assert run.ooms == 0
     _check_run(trace, run, start)
-    s = summary(trace, run)
-    assert s["replayed"] == int(np.count_nonzero(np.isin(trace.events.op, [Op.MALLOC, Op.FREE, Op.OOM])))
+    s = summary(trace, run).to_dict()
+    requests = np.isin(trace.events.op, [Op.MALLOC, Op.FREE, Op.OOM])
+    assert s["device"]["replayed"] == int(np.count_nonzero(requests))
     if alloc is Allocator.CUPY:
         assert s["segment_allocs"] > 0 and s["peak_reserved_bytes"] >= s["peak_live_bytes"]
 
@@ -196,7 +197,7 @@ def test_compare_sim_cupy_agrees_with_the_real_pool_on_synthetic(synthetic, name
     from tracekit.device.compare import compare_with_sim
 
     trace, run, _ = _replay(synthetic[name], Allocator.CUPY, capacity=capacity)
-    c = compare_with_sim(trace, "cupy", capacity, False, summary(trace, run))
+    c = compare_with_sim(trace, "cupy", capacity, False, summary(trace, run).to_dict())
     if not c["agree"] and (why := _not_reproducible(trace, capacity)):
         pytest.skip(f"real CuPy pool not reproducible on this trace: {why}")
     assert c["agree"], c["rows"]
@@ -208,7 +209,7 @@ def test_compare_sim_cupy_agrees_on_committed_cupy_traces(path: Path) -> None:
 
     meta = read_meta(path)
     trace, run, _ = _replay(path, Allocator.CUPY, capacity=meta.pool_limit_bytes)
-    c = compare_with_sim(trace, "cupy", meta.pool_limit_bytes, False, summary(trace, run))
+    c = compare_with_sim(trace, "cupy", meta.pool_limit_bytes, False, summary(trace, run).to_dict())
     if not c["agree"] and (why := _not_reproducible(trace, meta.pool_limit_bytes)):
         pytest.skip(f"real CuPy pool not reproducible on this trace: {why}")
     assert c["agree"], c["rows"]
@@ -221,8 +222,8 @@ def test_cli_fail_on_oom_writes_the_trace_and_exits_3(synthetic, tmp_path: Path)
     p = subprocess.run([sys.executable, "-m", "tracekit", *args], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 3, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["oom"]["seq"] == 16 and doc["allocator"] == "cuda" and doc["released"] is True
-    assert doc["malloc_latency_ns"]["p50"] > 0
+    assert doc["oom"]["seq"] == 16 and doc["policy"] == "cuda" and doc["device"]["released"] is True
+    assert doc["device"]["malloc_latency_ns"]["p50"] > 0
     assert f"Wrote {out}" in p.stderr
     back = read_trace(out, strict=True)
     assert back.meta.source == Source.REPLAY and back.meta.extra["allocator"] == "cuda"

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from tracekit.device.allocators import SegmentLog
-from tracekit.device.capacity import Allocator, CapacityPlan
-from tracekit.device.command import text_summary
+from tracekit.device.capacity import DRIVER_SLACK, Allocator, CapacityPlan
 from tracekit.device.compare import compare_summaries, format_comparison
 from tracekit.device.replay import DeviceConfig, DeviceRun
 from tracekit.device.result import EXTRA_FIELDS, live_curve, output_events, summary
@@ -86,31 +85,37 @@ def test_output_is_a_valid_trace_that_pairs(trace, tmp_path: Path) -> None:
 def test_live_curve_and_summary(trace) -> None:
     run = _run(trace)
     assert live_curve(trace, run).tolist() == [1024, 4096, 3072, 3072, 0, 0, 0]
-    s = summary(trace, run)
-    assert s["peak_live_bytes"] == 4096
+    s = summary(trace, run).to_dict()
+    assert s["policy"] == "cupy" and s["peak_live_bytes"] == 4096
     assert s["segment_allocs"] == 2 and s["segment_frees"] == 1
-    assert s["oom_count"] == 1 and s["replayed"] == 6
+    assert s["oom_count"] == 1 and s["device"]["replayed"] == 6
     assert s["oom"]["seq"] == 13 and s["oom"]["size"] == 5000 and s["oom"]["rounded"] == 5120
     assert s["oom"]["cause"] == "fragmentation"  # the pool held 2 MiB - 3072 B free, more than 5120 B
-    assert s["malloc_latency_ns"]["count"] == 2 and s["malloc_latency_ns"]["p50"] == 2050
-    assert s["free_latency_ns"]["count"] == 2
-    assert s["released"] is True
-    text = text_summary(s)
-    assert "OOM at seq 13" in text and "device memory released: yes" in text
+    assert s["oom"]["largest_free_block"] is None  # no device API reports it
+    d = s["device"]
+    assert d["malloc_latency_ns"]["count"] == 2 and d["malloc_latency_ns"]["p50"] == 2050
+    assert d["free_latency_ns"]["count"] == 2
+    assert d["released"] is True and d["peak_reserved"] == "exact"
+    text = summary(trace, run).to_text()
+    assert "out of memory  at seq 13" in text and "released       yes" in text
+    assert "largest free block n/a" in text
 
 
 def test_cuda_oom_reserved_comes_from_device_free(trace) -> None:
     run = _run(trace, Allocator.CUDA)
     run = DeviceRun(**{**run.__dict__, "oom_state": {"device_free": 96 * MiB, "error": "oom"}})
-    s = summary(trace, run)
-    assert s["oom"]["free_bytes"] == 96 * MiB
+    s = summary(trace, run).to_dict()
+    assert s["oom"]["free_bytes"] == 96 * MiB - DRIVER_SLACK  # the driver never hands out its slack
+    assert s["device"]["oom"] == {"device_free": 96 * MiB, "error": "oom"}
     assert s["oom"]["reserved_bytes"] == 24 * MiB  # 120 MiB at the start - 96 MiB left
     assert s["oom"]["live_bytes"] == 3072
+    assert s["device"]["peak_reserved"] == "sampled"
 
 
 def test_compare_agrees_and_disagrees() -> None:
-    dev = {"allocator": "cupy", "oom": {"seq": 13}, "peak_reserved_bytes": 4 * MiB, "segment_allocs": 2,
-           "segment_frees": 1, "peak_live_bytes": 4096}
+    dev = {"policy": "cupy", "oom": {"seq": 13}, "peak_reserved_bytes": 4 * MiB, "segment_allocs": 2,
+           "segment_frees": 1, "peak_live_bytes": 4096,
+           "device": {"allocator": "cupy", "peak_reserved": "exact"}}
     sim = {**dev, "oom": {"seq": 13}}
     c = compare_summaries(dev, sim, "cupy")
     assert c["agree"] is True
@@ -118,7 +123,8 @@ def test_compare_agrees_and_disagrees() -> None:
     assert c["agree"] is False
     assert "DISAGREE" in format_comparison(c)
     # the cuda allocator's peak reserved is sampled: shown, but it does not decide
-    c = compare_summaries({**dev, "allocator": "cuda"}, {**sim, "peak_reserved_bytes": 1}, "first-fit")
+    cuda = {**dev, "device": {"allocator": "cuda", "peak_reserved": "sampled"}}
+    c = compare_summaries(cuda, {**sim, "peak_reserved_bytes": 1}, "first-fit")
     assert c["agree"] is True
     assert next(r for r in c["rows"] if r["figure"] == "peak_reserved_bytes")["agree"] is None
 
@@ -187,13 +193,12 @@ def test_a_failed_cuda_free_is_a_device_error_naming_the_event() -> None:
 
 def test_cuda_oom_within_the_driver_slack_is_exhaustion(trace) -> None:
     """For cuda the driver's slack is not usable: free bytes within it mean the device is full."""
-    from tracekit.device.capacity import DRIVER_SLACK
-
     run = _run(trace, Allocator.CUDA)
     near = DRIVER_SLACK + 4096  # free figure just above the slack: 4 KiB usable < 5120 B rounded
     run = DeviceRun(**{**run.__dict__, "oom_state": {"device_free": near, "error": "oom"}})
-    assert summary(trace, run)["oom"]["cause"] == "exhausted"
+    assert summary(trace, run).to_dict()["oom"]["cause"] == "exhausted"
     roomy = DeviceRun(**{**run.__dict__, "oom_state": {"device_free": DRIVER_SLACK + 8192, "error": "oom"}})
-    assert summary(trace, roomy)["oom"]["cause"] == "fragmentation"
+    assert summary(trace, roomy).to_dict()["oom"]["cause"] == "fragmentation"
     pool = DeviceRun(**{**_run(trace).__dict__, "oom_state": {"free_bytes": 8192, "device_free": 8192}})
-    assert summary(trace, pool)["oom"]["cause"] == "fragmentation"  # a pool's free bytes count whole
+    # a pool's free bytes count whole
+    assert summary(trace, pool).to_dict()["oom"]["cause"] == "fragmentation"

@@ -111,7 +111,7 @@ def test_cli_compare_sim_torch_and_output(tmp_path: Path) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["released"] is True and doc["allocator"] == "torch"
+    assert doc["device"]["released"] is True and doc["policy"] == "torch"
     assert doc["compare_sim"]["agree"] is True, doc["compare_sim"]
     assert all(c["first_index"] is None for c in doc["compare_sim"]["reserved"])
     replayed = read_trace(out)

@@ -21,7 +21,8 @@ from typing import Any
 
 from tracekit.device.capacity import Allocator
 from tracekit.errors import UsageError
-from tracekit.units import format_size, parse_size
+from tracekit.sim.result import ReplaySummary
+from tracekit.units import parse_size
 
 
 def check_args(device: int, allocator: str, capacity: str | None,
@@ -44,18 +45,17 @@ def check_args(device: int, allocator: str, capacity: str | None,
 class DeviceReplayOutcome:
     """What a device replay produced: its summary, the comparison, the file written, the verdict."""
 
-    summary: dict[str, Any]
+    summary: ReplaySummary
     comparison: dict[str, Any] | None
     written: Path | None
     verdict: str | None  # the sentence for --fail-on-oom when any request failed, else None
 
     def to_dict(self) -> dict[str, Any]:
-        if self.comparison is None:
-            return self.summary
-        return {**self.summary, "compare_sim": self.comparison}
+        d = self.summary.to_dict()
+        return d if self.comparison is None else {**d, "compare_sim": self.comparison}
 
     def to_text(self) -> str:
-        text = text_summary(self.summary)
+        text = self.summary.to_text()
         if self.comparison is not None:
             from tracekit.device.compare import format_comparison
 
@@ -92,7 +92,7 @@ def run_device_replay(
     written = write_output(tr, run, output) if output is not None else None
     comparison = None
     if compare_sim is not None:
-        comparison = _compare(tr, run, compare_sim, cap, continue_on_oom, result, written)
+        comparison = _compare(tr, run, compare_sim, cap, continue_on_oom, result.to_dict(), written)
     verdict = None
     if run.ooms:
         verdict = (f"{trace}: {run.ooms} allocation(s) ran out of memory on device {device} "
@@ -157,31 +157,3 @@ def _device_name(device: int) -> str | None:
         return name.decode() if isinstance(name, bytes) else str(name)
     except Exception:
         return None
-
-
-def text_summary(r: dict[str, Any]) -> str:
-    """A few lines for a human: what ran, peaks, the OOM, latencies, whether memory came back."""
-    cap = "whole free memory" if r["capacity"] is None else format_size(r["capacity"])
-    lines = [
-        f"device {r['device']}, allocator {r['allocator']}, capacity {cap}: "
-        f"{r['replayed']:,} of {r['events']:,} events replayed",
-        f"  peak live {format_size(r['peak_live_bytes'])}, "
-        f"peak reserved {format_size(r['peak_reserved_bytes'])}, "
-        f"segment allocs {r['segment_allocs']:,}, frees {r['segment_frees']:,}",
-    ]
-    oom = r["oom"]
-    if oom is None:
-        lines.append("  no out-of-memory")
-    else:
-        lines.append(f"  OOM at seq {oom['seq']}: {format_size(oom['size'])} requested, "
-                     f"{format_size(oom['free_bytes'])} free ({r['oom_count']} OOM(s) in all)")
-    m, f = r["malloc_latency_ns"], r["free_latency_ns"]
-    lines.append(f"  malloc latency p50 {_us(m['p50'])}, p99 {_us(m['p99'])}; "
-                 f"free p50 {_us(f['p50'])}, p99 {_us(f['p99'])}")
-    lines.append("  device memory released: " + ("yes" if r["released"] else
-                 f"NO ({r['device_free_start'] - r['device_free_end']:,} bytes still taken)"))
-    return "\n".join(lines)
-
-
-def _us(ns: float | None) -> str:
-    return "n/a" if ns is None else f"{ns / 1000:.1f} µs"

@@ -56,7 +56,8 @@ def _first_oom(s: dict[str, Any]) -> int | None:
 
 def compare_summaries(device: dict[str, Any], sim: dict[str, Any], policy: str) -> dict[str, Any]:
     """Row by row: device value, simulated value, equal or not; plus the overall verdict."""
-    exact = device.get("allocator") in ("cupy", "torch")
+    dev = device.get("device") or {}
+    exact = dev.get("peak_reserved") == "exact"
     # expandable segments: the device's rows are 2 MiB pages, the model's 2 or 20 MiB pages
     pages = bool((device.get("torch") or {}).get("expandable_segments"))
     rows = []
@@ -66,11 +67,11 @@ def compare_summaries(device: dict[str, Any], sim: dict[str, Any], policy: str) 
         # peak reserved is exact only for observed pools (cuda: sampled; async: driver pool)
         # torch: the device counts live bytes as requests rounded to 512 B, the model as PyTorch's blocks
         loose = (key == "peak_reserved_bytes" and not exact) or (key.startswith("segment_") and pages) \
-            or (key == "peak_live_bytes" and device.get("allocator") == "torch")
+            or (key == "peak_live_bytes" and dev.get("allocator") == "torch")
         same = None if loose else d == s
         rows.append({"figure": key, "device": d, "sim": s, "agree": same})
     decided = [r["agree"] for r in rows if r["figure"] in DECIDING and r["agree"] is not None]
-    return {"policy": policy, "allocator": device.get("allocator"), "rows": rows, "agree": all(decided)}
+    return {"policy": policy, "allocator": dev.get("allocator"), "rows": rows, "agree": all(decided)}
 
 
 def format_comparison(c: dict[str, Any]) -> str:

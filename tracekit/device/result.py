@@ -1,4 +1,4 @@
-"""From a ``DeviceRun`` to the output trace and the JSON summary.
+"""From a ``DeviceRun`` to the output trace and the one replay summary (``summary``).
 
 The output is a v1 trace (``source: replay``): the replayed requests in input
 order with their real addresses, a failed request as an ``oom`` row, the
@@ -19,8 +19,10 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.device.capacity import DRIVER_SLACK, Allocator
+from tracekit.device.figures import DeviceFigures, Latency, TorchFigures
 from tracekit.device.replay import DeviceRun
 from tracekit.sim.base import Status
+from tracekit.sim.result import OOMInfo, ReplaySummary
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
@@ -117,96 +119,73 @@ def initial_rows(trace: Trace) -> np.ndarray:
     return np.asarray(tbl.column("initial").fill_null(False).to_numpy(zero_copy_only=False), bool)
 
 
-def percentiles(lat: np.ndarray) -> dict[str, float | None]:
-    """p50/p99 of a latency array in ns (None when empty)."""
-    if len(lat) == 0:
-        return {"p50": None, "p99": None, "count": 0}
-    p50, p99 = np.percentile(lat, [50, 99])
-    return {"p50": float(p50), "p99": float(p99), "count": len(lat)}
+def _usable(allocator: Allocator, free_b: int) -> int:
+    """Free bytes that could have served a request: for ``cuda`` the driver never hands out
+    the last ``DRIVER_SLACK`` bytes (~3.5 MiB) of cudaMemGetInfo's free figure, so a request
+    within that slack is exhaustion, not fragmentation (the device itself does not fragment,
+    docs/device-replay.md)."""
+    return max(free_b - DRIVER_SLACK, 0) if allocator is Allocator.CUDA else free_b
 
 
-def _cause(allocator: Allocator, free_b: int | None, rounded: int) -> str:
-    """"fragmentation" when the free bytes would have held the request, else "exhausted".
-
-    For ``cuda`` the free figure is cudaMemGetInfo's, of which the driver never hands
-    out the last ``DRIVER_SLACK`` bytes (~3.5 MiB), so those are not counted: the
-    device itself does not fragment (docs/device-replay.md), and a request within the
-    slack of the free figure is exhaustion, not fragmentation.
-    """
-    if free_b is None:
-        return "exhausted"
-    usable = free_b - DRIVER_SLACK if allocator is Allocator.CUDA else free_b
-    return "fragmentation" if usable >= rounded else "exhausted"
+_PEAK_HOW = {Allocator.CUDA: "sampled", Allocator.CUPY: "exact", Allocator.CUPY_ASYNC: "driver pool",
+             Allocator.TORCH: "exact"}
 
 
-def summary(trace: Trace, run: DeviceRun) -> dict[str, Any]:
-    """The simulated replay's JSON keys, plus device, allocator, latency and release figures.
+def summary(trace: Trace, run: DeviceRun) -> ReplaySummary:
+    """The one replay summary (``tracekit.sim.result``) with the ``device`` group, and ``torch`` for it.
 
-    peak_reserved_bytes: torch = max over the allocator's own segment events (exact); cupy = max
-    sum of the pool's live device allocations
-    (exact); cupy-async = the cudaMemPool ReservedMemHigh attribute; cuda = max of
-    (free at replay start - sampled device_free), so a lower bound between samples.
-    oom.cause: see ``_cause`` (for cuda the driver's ~3.5 MiB slack is not counted as free).
+    policy: the allocator. device_total: the free memory the replay had (after any
+    ballast). peak_reserved_bytes: torch = max over the allocator's own segment
+    events, cupy = max sum of the pool's live device allocations (both exact);
+    cupy-async = the cudaMemPool ReservedMemHigh attribute; cuda = max of (free at
+    replay start - sampled device_free), a lower bound between samples; 0 where the
+    driver reports nothing (``device.peak_reserved``: unknown). oom.free_bytes: the
+    pool's free bytes, for cuda the device's free memory less the driver's slack
+    (``_usable``); oom.largest_free_block: None, no device API reports it.
     """
     ev = trace.events
     live = live_curve(trace, run)
     done = run.status == Status.DONE
-    mal = done & ((ev.op == Op.MALLOC) | (ev.op == Op.OOM))
-    fre = done & (ev.op == Op.FREE)
+    mal = done & ((ev.op == Op.MALLOC) | (ev.op == Op.OOM)) & (run.latency >= 0)  # not the starting state
+    fre = done & (ev.op == Op.FREE) & (run.latency >= 0)
     rows_op = np.asarray(run.rows.op, np.int8)
-    oom: dict[str, Any] | None = None
+    alloc = run.config.allocator
+    oom, st = None, run.oom_state or {}
     if run.first_oom >= 0:
-        i, st = run.first_oom, run.oom_state or {}
-        live_at = int(live[i])
-        rounded = int(round512(ev.size[i : i + 1])[0])
-        free_b = st.get("free_bytes", st.get("device_free"))
-        oom = {
-            "seq": int(ev.seq[i]),
-            "size": int(ev.size[i]),
-            "rounded": rounded,
-            "free_bytes": free_b,
-            "largest_free_block": None,
-            "live_bytes": st.get("live_bytes", live_at),
-            "reserved_bytes": st.get("reserved_bytes", run.free_replay - int(st.get("device_free", 0))),
-            "device_free": st.get("device_free"),
-            "error": st.get("error"),
-            "cause": _cause(run.config.allocator, free_b, rounded),
-        }
-    cap = run.plan.capacity
-    return {
-        "policy": run.config.allocator.value,
-        "device": run.config.device,
-        "allocator": run.config.allocator.value,
-        "capacity": cap,
-        "events": len(ev),
-        "replayed": int(np.count_nonzero(run.status != Status.IGNORED)),
-        "peak_live_bytes": int(live.max()) if len(live) else 0,
-        "peak_reserved_bytes": run.peak_reserved,
-        "peak_extent": None,
-        "segment_allocs": int(np.count_nonzero(rows_op == Op.SEGMENT_ALLOC)),
-        "segment_frees": int(np.count_nonzero(rows_op == Op.SEGMENT_FREE)),
-        "oom_count": run.ooms,
-        "oom": oom,
-        "malloc_latency_ns": percentiles(run.latency[mal & (run.latency >= 0)]),  # not the starting state
-        "free_latency_ns": percentiles(run.latency[fre & (run.latency >= 0)]),
-        "device_total": run.total,
-        "device_free_start": run.free_start,
-        "device_free_replay": run.free_replay,
-        "device_free_end": run.free_end,
-        "ballast_bytes": run.plan.ballast,
-        "released": run.free_end == run.free_start,
-        **({"torch": torch_figures(run)} if run.torch is not None else {}),
-    }
+        i = run.first_oom
+        free_b = int(st.get("free_bytes", st.get("device_free", 0)))
+        oom = OOMInfo(
+            seq=int(ev.seq[i]), size=int(ev.size[i]), rounded=int(round512(ev.size[i: i + 1])[0]),
+            free_bytes=_usable(alloc, free_b), largest_free_block=None,
+            live_bytes=int(st.get("live_bytes", live[i])),
+            reserved_bytes=int(st.get("reserved_bytes", run.free_replay - int(st.get("device_free", 0)))),
+        )
+    device = DeviceFigures(
+        index=run.config.device, allocator=alloc.value,
+        replayed=int(np.count_nonzero(run.status != Status.IGNORED)),
+        peak_reserved=_PEAK_HOW[alloc] if run.peak_reserved is not None else "unknown",
+        malloc_latency=Latency.of(run.latency[mal]), free_latency=Latency.of(run.latency[fre]),
+        total=run.total, free_start=run.free_start, free_replay=run.free_replay, free_end=run.free_end,
+        ballast_bytes=run.plan.ballast, oom_device_free=st.get("device_free") if oom else None,
+        oom_error=st.get("error") if oom else None,
+    )
+    result = ReplaySummary(
+        policy=alloc.value, capacity=run.plan.capacity, device_total=run.free_replay, events=len(ev),
+        peak_live_bytes=int(live.max()) if len(live) else 0, peak_reserved_bytes=int(run.peak_reserved or 0),
+        peak_extent=None, segment_allocs=int(np.count_nonzero(rows_op == Op.SEGMENT_ALLOC)),
+        segment_frees=int(np.count_nonzero(rows_op == Op.SEGMENT_FREE)), oom=oom, oom_count=run.ooms,
+        stopped=oom is not None and not run.config.continue_on_oom,
+    ).with_figures(device)
+    return result if run.torch is None else result.with_figures(torch_figures(run))
 
 
-def torch_figures(run: DeviceRun) -> dict[str, Any]:
-    """The torch replay's own keys: settings given and reported, the rebuilt starting state."""
+def torch_figures(run: DeviceRun) -> TorchFigures:
+    """The torch replay's own group: settings given and reported, the rebuilt starting state."""
     t = run.torch
     rb = t.rebuilt
-    return {
-        "version": t.torch_version, "conf": t.conf, "options": dict(t.options),
-        "expandable_segments": bool(t.settings.get("expandable_segments")),
-        "release_points": t.release_points,
-        "initial_segments": rb.segments if rb else 0, "initial_blocks": rb.blocks if rb else 0,
-        "initial_misplaced": rb.misplaced if rb else 0,
-    }
+    return TorchFigures(
+        version=t.torch_version, conf=t.conf, options=tuple(sorted(t.options.items())),
+        expandable_segments=bool(t.settings.get("expandable_segments")), release_points=t.release_points,
+        initial_segments=rb.segments if rb else 0, initial_blocks=rb.blocks if rb else 0,
+        initial_misplaced=rb.misplaced if rb else 0,
+    )

@@ -53,7 +53,7 @@ class OOMInfo:
     size: int
     rounded: int
     free_bytes: int
-    largest_free_block: int
+    largest_free_block: int | None  # None where nothing reports it (a device replay)
     live_bytes: int
     reserved_bytes: int
 
