@@ -197,6 +197,7 @@ def test_v1_trace_has_a_derived_free_never_called_measured():
     {"exit": {"oom_seq": "8", "status": 3}, "pools": [{"device": True, "id": None}, None]},
     {"budget": {"other_processes": [{"pid": 1.5}, "x"], "sm_count": "132", "stack_size": None}},
     {"ooms": "x", "exit": {"message": ["m"], "exception": 5}},
+    {"budget": {"sm_count": 2**62, "max_threads_per_sm": 2**62, "stack_size": 2**62, "cuda_free": 2**62}},
 ])
 def test_malformed_recording_metadata_is_ignored_not_fatal(extra: dict):
     # Whatever a damaged or hostile recording holds, the analysis still gives a verdict; what it

@@ -254,7 +254,7 @@ def _between(drops: tuple[np.ndarray, np.ndarray], amount: int, oom_seq: int) ->
     """"between seq A and seq B": the interval whose unexplained drop is closest to ``amount``
     (within half of it); else the whole span before the OOM."""
     seq, drop = drops
-    if len(drop):
+    if len(drop) and abs(amount) < 1 << 62:  # beyond any device: no interval can show it
         i = int(np.argmin(np.abs(drop - abs(amount))))
         if abs(int(drop[i]) - abs(amount)) <= abs(amount) // 2:
             a = "the start" if seq[i] < 0 else f"seq {int(seq[i])}"
