@@ -186,3 +186,19 @@ def test_without_free_entries_segment_rows_still_find_their_malloc() -> None:
     assert req.tolist() == [0, 2, 4]
     rows = attach(_history(lean), req, actions, len(OPS), ADDR)
     assert rows.before.tolist() == [0, 2, 4]
+
+
+@pytest.mark.parametrize(("name", "with_limit", "without"), [
+    ("torch-maxsplit.parquet", 1, 296),  # 295 retries under max_split_size_mb:64, one empty_cache()
+    ("torch-oom.parquet", 0, 3),  # every recorded release was the allocator retrying under its limit
+    ("torch-expandable.parquet", 1, 1),  # the program's own empty_cache() after step 8
+])
+def test_releases_left_to_pytorch_under_a_limit(name: str, with_limit: int, without: int) -> None:
+    from tracekit.device.torch_replay import releases
+    from tracekit.sim.prepare import prepare
+    from tracekit.trace import read_trace
+
+    trace = read_trace(ROOT / "traces" / name)
+    init = prepare(trace).initial
+    assert int(releases(trace, init, trace.meta.pool_limit_bytes or 1).sum()) == with_limit
+    assert int(releases(trace, init, None).sum()) == without

@@ -32,7 +32,7 @@ from tracekit.device.torch_settings import plan_settings
 from tracekit.errors import DeviceError
 from tracekit.sim.base import Status
 from tracekit.sim.options import parse_alloc_conf
-from tracekit.sim.pool_run import release_points
+from tracekit.sim.pool_run import release_points, retry_releases
 from tracekit.sim.prepare import prepare, stream_groups
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
@@ -92,7 +92,7 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     init = prepare(trace).initial
     ops = np.where(init, -1, ev.op.astype(np.int64))  # the starting state is rebuilt, not replayed
     sizes, mates = ev.size.astype(np.int64), trace.mate.astype(np.int64)
-    release = release_points(ev.op, init) if plan.release_points else np.zeros(len(ev), bool)
+    release = releases(trace, init, cfg.capacity) if plan.release_points else np.zeros(len(ev), bool)
     streams, sidx = stream_groups(ev.stream)
     backend = TorchBackend(cfg.device, plan, cfg.capacity)
     log = SegmentLog()
@@ -134,6 +134,32 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
                     str(backend.torch.__version__), rebuilt, np.asarray(loop.mapped, bool),
                     np.asarray(loop.initial, bool), t_loop)
     return replace(run, peak_reserved=int(_reserved_curve(run).max(initial=0)), torch=info)
+
+
+def releases(trace: Trace, init: np.ndarray, capacity: int | None) -> np.ndarray:
+    """Bool per event: call ``empty_cache()`` before it.
+
+    The program's own releases (``tracekit.sim.pool_run.retry_releases``) always.
+    A recorded release that was the allocator retrying a request under its limit
+    is left to PyTorch when the replay has a limit too: the real allocator then
+    retries by itself, releasing what its rules release (under
+    ``max_split_size_mb``, only oversize blocks first). Without a limit nothing
+    makes it retry, so ``empty_cache()`` stands in for it there.
+    """
+    ev = trace.events
+    own, retry = retry_releases(ev.op, ev.size.astype(np.int64), init)
+    if capacity is not None:
+        return own
+    # the first recorded segment_free of each run a retry released: the release points the run began at
+    return own | (release_points(ev.op, init) & ~own & _retry_runs(ev.op, retry))
+
+
+def _retry_runs(op: np.ndarray, retry: np.ndarray) -> np.ndarray:
+    """Bool per event: a run of recorded segment_free rows that ends at a request with ``retry`` > 0."""
+    n = len(op)
+    seg = (op == Op.SEGMENT_ALLOC) | (op == Op.SEGMENT_FREE)
+    nxt = np.minimum.accumulate(np.where(seg, n, np.arange(n))[::-1])[::-1]  # next non-segment row
+    return (op == Op.SEGMENT_FREE) & (retry[np.minimum(nxt, n - 1)] > 0) & (nxt < n)
 
 
 def _live(lp: Loop) -> list[int]:
