@@ -8,7 +8,9 @@ import typer
 
 
 def analyze(
-    trace: Path = typer.Argument(..., help="A v1 trace (.parquet): recorded, imported or replayed."),
+    trace: Path = typer.Argument(
+        ..., help="A trace (.parquet, format 1 or 2): recorded, imported or replayed; each device on its own."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     timeline: Path | None = typer.Option(
         None, "--timeline", help="Write the per-event timeline to this Parquet file."
@@ -17,7 +19,8 @@ def analyze(
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
-    """Explain a trace: live/reserved memory, fragmentation, the OOM and its cause, leaks."""
+    """Explain a trace: live/reserved memory, fragmentation, every OOM, the fatal one and its cause
+    with the device at that moment, leaks."""
     from tracekit.analysis.output import analyze_file, write_timeline
     from tracekit.cli.common import echo_json, wrote
 

@@ -8,7 +8,7 @@ import typer
 
 
 def report(
-    trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
+    trace: Path = typer.Argument(..., help="A trace (.parquet, format 1 or 2); each device on its own."),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="HTML file to write [default: TRACE with the suffix .html]."
     ),

@@ -8,7 +8,7 @@ import typer
 
 
 def whatif(
-    trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
+    trace: Path = typer.Argument(..., help="A trace (.parquet, format 1 or 2); each device on its own."),
     policies: str | None = typer.Option(
         None, "--policies", help="Comma-separated policies (default: every simulated policy)."
     ),
