@@ -38,7 +38,7 @@ def one(path: Path, out_dir: Path | None, device: int) -> dict:
     from tracekit.trace import read_trace
 
     trace = read_trace(path)
-    run = replay_torch_on_device(trace, None, trace.meta.pool_limit_bytes, device)
+    run = replay_torch_on_device(trace, None, trace.meta.pool_limit_bytes, device, continue_on_oom=True)
     out = write_output(trace, run, (out_dir or Path("/tmp")) / f"{path.stem}.device.parquet")
     comps = compare_with_model(trace, run, read_trace(out))
     req = replayed_requests(trace, run)
