@@ -38,8 +38,6 @@ DEPARTS = {
     "cupy-seed.parquet": "the device ran out (another process held it), not the pool; the replay is "
                          "given no device capacity from the recorded device_free",
     "cupy-user-pool.parquet": "the program's own free_all_blocks(stream) releases segments at no request",
-    "torch-handled-oom.parquet": "the replay makes one segment more than PyTorch around cuDNN's "
-                                 "workspace OOMs",
 }
 
 
@@ -73,11 +71,14 @@ def _attach(ev_op: np.ndarray, req: np.ndarray) -> np.ndarray:
 
 
 def replay(trace: Trace, extra: dict[str, str] | None = None) -> PolicyRun:
-    """The matching policy under the recorded limit and settings (plus ``extra`` options)."""
+    """The matching policy under the recorded limit and settings (plus ``extra`` options).
+
+    Past a failed request, as the recorded program went on when it caught the error."""
     if trace.meta.source == Source.TORCH:
         opts = options_from_snapshot(trace.meta.extra.get("torch_allocator_settings") or {})
-        return TORCH.run(trace, SimConfig(trace.meta.pool_limit_bytes, options={**opts, **(extra or {})}))
-    return CUPY.run(trace, SimConfig(trace.meta.pool_limit_bytes, options=extra or {}))
+        return TORCH.run(trace, SimConfig(trace.meta.pool_limit_bytes, continue_on_oom=True,
+                                          options={**opts, **(extra or {})}))
+    return CUPY.run(trace, SimConfig(trace.meta.pool_limit_bytes, continue_on_oom=True, options=extra or {}))
 
 
 def agreement(trace: Trace, extra: dict[str, str] | None = None) -> Agreement:

@@ -186,3 +186,13 @@ def test_bad_options_are_usage_errors():
 def test_impossible_request_is_an_oom_not_an_overflow():
     r = run([(M, 2**63 + 5, 1), (M, U, 2)], limit=1 << 40, cont=True)
     assert list(r.status) == [Status.OOM, Status.DONE]
+
+
+def test_recorded_release_of_one_stream_keeps_the_other_arenas():
+    # free_all_blocks(stream=7) released only stream 7's cached 4 KiB allocation: stream 9's stays
+    # cached and serves the next 4 KiB request there; a release of every arena would not.
+    rows = [(M, 8 * U, 1, 7), (M, 8 * U, 2, 9), (F, 0, 1, 7), (F, 0, 2, 9), (SF, 8 * U, 1, 7),
+            (M, 8 * U, 3, 9)]
+    r = run(rows)
+    assert seg_rows(r) == [("segment_alloc", 8 * U), ("segment_alloc", 8 * U), ("segment_free", 8 * U)]
+    assert list(r.rows_stream) == [7, 9, 7] and int(r.addr[5]) == int(r.addr[1])

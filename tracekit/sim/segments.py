@@ -115,17 +115,28 @@ def release_whole(C, S, R, before, x, stream):  # pragma: no cover - compiled
 @njit(cache=True, error_model="numpy")
 def release_all_whole(C, S, R, before, stream):  # pragma: no cover - compiled
     """Release every free whole allocation, in (group, size, address) order."""
+    return release_whole_in(C, S, R, before, stream, -1)
+
+
+@njit(cache=True, error_model="numpy")
+def release_whole_in(C, S, R, before, stream, group):  # pragma: no cover - compiled
+    """Release every free whole allocation of ``group`` (-1: of every group), in (group, size,
+    address) order, as CuPy's ``free_all_blocks(stream)`` releases one arena."""
     k = 0
     x = S[Slot.WHEAD]
     while x != -1:
-        k += 1
+        if group < 0 or C[x, F.GROUP] == group:
+            k += 1
         x = C[x, F.WNEXT]
     if k == 0:
         return 0
     ids = np.empty(k, dtype=np.int64)
     x = S[Slot.WHEAD]
-    for j in range(k):
-        ids[j] = x
+    j = 0
+    while x != -1:
+        if group < 0 or C[x, F.GROUP] == group:
+            ids[j] = x
+            j += 1
         x = C[x, F.WNEXT]
     ids = ids[np.argsort(C[ids, F.ADDR], kind="mergesort")]
     ids = ids[np.argsort(C[ids, F.SIZE], kind="mergesort")]

@@ -24,6 +24,7 @@ from tracekit.sim.codes import CupySetting, Op, Reservation, Slot, Status
 from tracekit.sim.codes import Field as F
 from tracekit.sim.codes import Piece as P
 
+NO_RELEASE = -2  # ``rel``: no release here; -1 releases every arena, k >= 0 arena k alone
 NO_X = np.zeros((0, len(Reservation)), dtype=np.int64)  # no expandable reservations in CuPy's pool
 
 
@@ -76,9 +77,9 @@ def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
         o = op[i]
         if init[i]:
             continue
-        if rel[i]:  # the program (or a retry) released cached memory here
+        if rel[i] != NO_RELEASE:  # the program (or a retry) released cached memory here
             R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
-            sg.release_all_whole(C, S, R, i, stream)
+            sg.release_whole_in(C, S, R, i, stream, rel[i])
         if o == Op.MALLOC or o == Op.OOM:
             s = (size[i] + 511) // 512 * 512
             rounded[i] = s

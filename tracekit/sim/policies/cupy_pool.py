@@ -30,7 +30,7 @@ from tracekit.errors import UsageError
 from tracekit.sim import chunks as ck
 from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import CupySetting, named_vector
-from tracekit.sim.policies._cupy_kernel import cupy_replay
+from tracekit.sim.policies._cupy_kernel import NO_RELEASE, cupy_replay
 from tracekit.sim.pool_run import (
     address_hints,
     addresses_option,
@@ -43,7 +43,7 @@ from tracekit.sim.pool_run import (
 )
 from tracekit.sim.prepare import prepare
 from tracekit.trace.reader import Trace
-from tracekit.trace.schema import Source
+from tracekit.trace.schema import Op, Source
 
 
 class CupyPool:
@@ -75,7 +75,8 @@ class CupyPool:
         inp = prepare(trace)
         streams, arena = _arenas(inp.pool, inp.streams, inp.stream_index)
         init = inp.initial
-        rel = release_points(ev.op, init) if follow else np.zeros(len(ev), np.bool_)
+        rel = _release_arenas(release_points(ev.op, init) if follow else np.zeros(len(ev), np.bool_),
+                              ev.op, arena)
         hints = address_hints(trace, init, addresses_option(config.options, "cupy"))
         cap, rows_cap = capacity_for_state(trace)
         C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, ck.PAGE))
@@ -90,6 +91,22 @@ class CupyPool:
             streams.view(np.int64), cfg, C, R, S, stats,
         )
         return pack(addr, status, rounded, R, S, stats), C, S
+
+
+def _release_arenas(points: np.ndarray, op: np.ndarray, arena: np.ndarray) -> np.ndarray:
+    """Per row, what a recorded release there frees: the one arena all its ``segment_free`` rows
+    belong to (``free_all_blocks(stream)``), -1 every arena, -2 (``NO_RELEASE``) none."""
+    out = np.full(len(op), NO_RELEASE, np.int64)
+    starts = np.flatnonzero(points)
+    if len(starts) == 0:
+        return out
+    n = len(op)
+    idx = np.arange(n, dtype=np.int64)
+    ends = np.minimum.accumulate(np.where(op == Op.SEGMENT_FREE, n, idx)[::-1])[::-1][starts]
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        groups = np.unique(arena[s:e])
+        out[s] = int(groups[0]) if len(groups) == 1 else -1
+    return out
 
 
 def _arenas(pool: np.ndarray, streams: np.ndarray, stream_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
