@@ -16,7 +16,7 @@ trap pack EXIT
 cat "$R/env.txt"
 echo "== gpu tests"
 timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider \
-  tests/test_record_gpu.py tests/test_device_gpu.py tests/test_budget_gpu.py tests/test_torch_record.py \
+  tests/ \
   2>&1 | tee "$R/pytest-gpu.log" | tail -25
 echo "== recording overhead"
 timeout "${BENCH_S:-120}" python3 scripts/bench_record_overhead.py --json "$R/overhead.json" \
