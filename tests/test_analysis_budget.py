@@ -98,7 +98,7 @@ def test_seed_scenario_names_the_stack_limit_and_the_other_process():
     assert "the stack limit grew from 1 KiB to 16 KiB per thread between seq 0 and seq 2" in e
     assert "free fell by 3.87 GiB more than the pool took, measured" in e
     assert "reserving ≈ 3.87 GiB more for local memory (estimated: +15,360 B x 270,336 threads)" in e
-    assert e.endswith("process 4242 (python) holds 133.80 GiB (the largest taker).")
+    assert e.endswith("process 4242 (python) holds 133.80 GiB (measured; the largest taker).")
     d = analyze_trace(seed_trace(), timeline=False).summary.to_dict()["oom"]
     assert d["device_free_bytes"] == left and d["device_free_source"] == "measured"
 
@@ -135,7 +135,7 @@ def test_another_process_started_after_recording_began():
     assert o.explanation.endswith(
         "process 777 (trainer) started using the device after recording began, between seq 0 and seq 2 "
         "(where free fell by 137.30 GiB more than the pool took, measured), and holds 137.30 GiB "
-        "(the largest taker).")
+        "(measured; the largest taker).")
     assert "stack limit" not in o.explanation
 
 

@@ -124,7 +124,7 @@ def test_seed_scenario_names_both_takers_with_measured_numbers():
     # took the memory (before the first row), within 2% of each other.
     (other,) = [p for p in state["processes"] if not p["self"]]
     assert f"process {other['pid']} (" in o.explanation
-    assert f"holds {format_size(other['used_bytes'])} (the largest taker)" in o.explanation
+    assert f"holds {format_size(other['used_bytes'])} (measured; the largest taker)" in o.explanation
     first = tl.column("device_free_measured")[0].as_py()
     assert _within(other["used_bytes"], tr.meta.device.free_bytes - first - res[0])
 

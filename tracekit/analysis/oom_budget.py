@@ -97,7 +97,7 @@ class OOMBudget:
     free: int | None
     free_source: FreeSource
     free_why: str
-    takers: str  # "…; process 4242 (python) holds 133.80 GiB, the largest taker", or ""
+    takers: str  # "…; process 4242 (python) holds 133.80 GiB (measured; the largest taker)", or ""
 
     def to_dict(self) -> dict[str, Any]:
         """Every term, also those unknown at both moments (``null``), so the keys are fixed."""
@@ -205,7 +205,8 @@ def _takers(m: Moment, st: StartState, s: OOMState | None, pool1: int, outside1:
         return ""
     drops = _drops(m, st)
     changes: list[tuple[int, str, str]] = []  # (bytes, key, phrase)
-    held: list[tuple[int, str, str]] = [(pool1, "pool", f"the pool holds {fs(pool1)}")]
+    pool_how = "measured" if s.pool_total is not None else "derived"
+    held: list[tuple[int, str, str]] = [(pool1, "pool", f"the pool holds {fs(pool1)} ({pool_how})")]
     s0, s1, threads = st.limits.stack_size, s.limits.stack_size, st.threads
     if s0 is not None and s1 is not None and threads and s1 != s0:
         grew = (s1 - s0) * threads
@@ -219,12 +220,12 @@ def _takers(m: Moment, st: StartState, s: OOMState | None, pool1: int, outside1:
     start = {p.pid: p.used for p in st.others or ()}
     for p in s.others:
         key = f"pid {p.pid}"
-        held.append((p.used, key, f"{p.label()} holds {fs(p.used)}"))
+        held.append((p.used, key, f"{p.label()} holds {fs(p.used)} (measured)"))
         was = start.get(p.pid, 0)
         if st.others is not None and p.used - was >= MiB:
-            what = f"grew by {fs(p.used - was)} to {fs(p.used)}" if was else \
+            what = f"grew by {fs(p.used - was)} to {fs(p.used)} (measured)" if was else \
                 f"started using the device after recording began, {_between(drops, p.used, m.seq)}, and " \
-                f"holds {fs(p.used)}"
+                f"holds {fs(p.used)} (measured)"
             changes.append((p.used - was, key, f"{p.label()} {what}"))
     for name, a, b in (("device malloc heap", st.limits.malloc_heap_size, s.limits.malloc_heap_size),
                        ("printf FIFO", st.limits.printf_fifo_size, s.limits.printf_fifo_size)):
@@ -233,10 +234,15 @@ def _takers(m: Moment, st: StartState, s: OOMState | None, pool1: int, outside1:
                             f"{_between(drops, b - a, m.seq)}"))
     changes.sort(key=lambda c: -c[0])
     top = max(held, key=lambda h: h[0])
-    phrases = [c[2] + (" (the largest taker)" if c[1] == top[1] else "") for c in changes]
+    phrases = [_largest(c[2]) if c[1] == top[1] else c[2] for c in changes]
     if top[1] not in {c[1] for c in changes}:
-        phrases.append(f"{top[2]} (the largest taker)")
+        phrases.append(_largest(top[2]))
     return "; ".join(phrases)
+
+
+def _largest(phrase: str) -> str:
+    """``phrase`` marked as the largest taker, inside its closing "(how)" where it has one."""
+    return phrase[:-1] + "; the largest taker)" if phrase.endswith(")") else phrase + " (the largest taker)"
 
 
 def _drops(m: Moment, st: StartState) -> tuple[np.ndarray, np.ndarray]:
