@@ -160,3 +160,14 @@ def test_a_killed_recording_recovers_with_its_pools_and_oom_states(tmp_path: Pat
     assert t.extras is not None and t.extras.column("pool").to_pylist().count(1) == 7
     (state,) = m["oom_states"]
     assert t.events.op[state["seq"]] == Op.OOM and state["pool"]["limit_bytes"] == 3 * MiB
+
+
+def test_the_recorded_script_is_never_the_output_even_with_force(tmp_path: Path) -> None:
+    ok = "import cupy\na = cupy.empty(4096)\n"
+    p = _record(tmp_path, ok, "-o", "app.py", "--force")
+    assert p.returncode == 1 and "refusing to overwrite the input app.py" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    assert (tmp_path / "app.py").read_text() == ok
+    (tmp_path / "link.py").symlink_to("app.py")  # the same file under another name
+    p = _record(tmp_path, ok, "-o", "link.py", "--force")
+    assert p.returncode == 1 and (tmp_path / "app.py").read_text() == ok

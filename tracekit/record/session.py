@@ -70,7 +70,7 @@ class CupyRecording:
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
                  interval: float = 0.5, max_events: int = 65536, force: bool = False,
                  launch: Launch | None = None, program: str | None = None) -> None:
-        check_output(output, force=force)
+        check_output(output, (program,), force=force)  # never the script being recorded
         self.output, self.spool_path = output, spool_path(output)
         if self.spool_path.exists():
             raise OutputError(f"{self.spool_path}: a spool already exists (a recording still running, "
