@@ -139,16 +139,3 @@ def test_record_without_cupy_is_one_clear_error(tmp_path: Path) -> None:
                        cwd=tmp_path, timeout=60)
     assert r.returncode == 1 and r.stderr.startswith("tracekit: error: CuPy is not importable")
     assert not list(tmp_path.glob("tracekit-*"))
-
-
-def test_refuse_existing_keeps_the_users_file_unless_forced(tmp_path: Path) -> None:
-    from tracekit.errors import OutputError
-    from tracekit.record.runner import refuse_existing
-
-    p = tmp_path / "t.parquet"
-    refuse_existing(p, False)  # absent: fine
-    p.write_bytes(b"mine")
-    with pytest.raises(OutputError, match="already exists; choose another -o or pass --force"):
-        refuse_existing(p, False)
-    refuse_existing(p, True)
-    assert p.read_bytes() == b"mine"

@@ -187,6 +187,39 @@ def test_an_existing_snapshot_beside_the_trace_is_refused_before_the_program_run
     assert snapshot_path(out).read_bytes() == b"precious" and not (tmp_path / "ran").exists()
 
 
+def _outputs_case(tmp: Path, case: str) -> tuple[Path, Path, str]:
+    """(script, -o, the words the refusal must say) for one way an output can be wrong."""
+    script = tmp / "p.py"
+    script.write_text("open('ran', 'w').close()\n")
+    out = tmp / "t.parquet"
+    if case == "script as trace":
+        return script, script, "refusing to overwrite the input"
+    if case == "link to the script as trace":
+        (tmp / "link.parquet").symlink_to(script)
+        return script, tmp / "link.parquet", "refusing to overwrite the input"
+    if case == "script as snapshot":
+        snapshot_path(out).symlink_to(script)
+        return script, out, "refusing to overwrite the input"
+    if case == "folder as trace":
+        out.mkdir()
+        return script, out, "it is a folder"
+    if case == "pipe as snapshot":
+        os.mkfifo(snapshot_path(out))
+        return script, out, "it is a named pipe"
+    return script, tmp / "nowhere" / "t.parquet", "folder"
+
+
+@pytest.mark.parametrize("case", ["script as trace", "link to the script as trace", "script as snapshot",
+                                  "folder as trace", "pipe as snapshot", "missing folder"])
+def test_every_output_is_checked_before_the_program_runs_even_with_force(tmp_path: Path, case: str) -> None:
+    script, out, words = _outputs_case(tmp_path, case)
+    with pytest.raises(OutputError, match=words):
+        record_torch([str(script)], module=False, output=out, force=True)
+    assert script.read_text() == "open('ran', 'w').close()\n" and not (tmp_path / "ran").exists()
+    r = CliRunner().invoke(app, ["record", "--torch", "--force", "-o", str(out), str(script)])
+    assert r.exit_code == 1 and words in r.output and "Traceback" not in r.output
+
+
 @pytest.mark.parametrize("value", ["lots", "0", "-5", "1e6"])
 def test_a_bad_max_entries_variable_is_a_usage_error(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRACEKIT_TORCH_MAX_ENTRIES", value)

@@ -49,17 +49,17 @@ def snapshot_path(trace: Path) -> Path:
 def record_torch(target: list[str], *, module: bool, output: Path | None,
                  force: bool = False) -> tuple[Path, int]:
     """Run ``target`` like ``python [-m] target...``; returns (trace path, the program's exit code)."""
+    from tracekit.outputs import check_output
     from tracekit.record.launch import Launch, output_path
-    from tracekit.record.runner import check_target, default_output, refuse_existing, run_target
+    from tracekit.record.runner import check_target, default_output, run_target
     from tracekit.record.signals import quiet_signals, stop_signals
 
     check_target(target, module)
     launch = Launch.from_env()
     out = output_path(Path(output) if output is not None else default_output(target, module), launch)
-    refuse_existing(out, force)
-    refuse_existing(snapshot_path(out), force)  # the snapshot is written beside the trace
-    if not out.parent.is_dir():
-        raise OutputError(f"{out}: cannot write, folder {out.parent} does not exist")
+    script = None if module else target[0]  # never overwritten, whatever -o names
+    check_output(out, (script,), force=force)
+    check_output(snapshot_path(out), (script,), force=force)  # the snapshot is written beside the trace
     entries = max_entries()
     torch = _torch()
     command = ["python", "-m", *target] if module else ["python", *target]
@@ -74,7 +74,7 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
             exit_info = {**outcome.to_dict(), "oom_seq": None, "died_of_oom": _is_oom(torch, final)}
         finally:
             outcome.keepalive = None
-        _write(snap, rec, out, exit_info, launch.to_dict(rec.device), None if module else target[0])
+        _write(snap, rec, out, exit_info, launch.to_dict(rec.device), script)
     return out, outcome.code
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import InputError, OutputError, UsageError
+from tracekit.errors import InputError, UsageError
 from tracekit.record.signals import Terminated
 
 _SKIP = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),
@@ -71,12 +71,6 @@ def default_output(target: list[str], module: bool) -> Path:
     """tracekit-<script or module>-<pid>.parquet in the working directory."""
     stem = target[0] if module else Path(target[0].rstrip("/")).stem
     return Path(f"tracekit-{stem}-{os.getpid()}.parquet")
-
-
-def refuse_existing(path: Path, force: bool) -> None:
-    """OutputError for an existing ``path`` unless ``force``: nothing the user had is overwritten."""
-    if path.exists() and not force:
-        raise OutputError(f"{path}: already exists; choose another -o or pass --force")
 
 
 def check_target(target: list[str], module: bool) -> None:
