@@ -13,6 +13,8 @@ import types
 from pathlib import Path
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracekit.record.device_alloc import SegmentLog
 from tracekit.record.hook import EventBuffer, TraceHook
@@ -122,6 +124,40 @@ def test_segment_index_finds_the_segment_live_at_the_time_when_ranges_are_reused
                              np.array([0, 0, 0]))
     got = idx.lookup(np.array([1, 4, 7, 7, 3]), np.array([0x1800, 0x1FFF, 0x2800, 0x1000, 0x2000], np.uint64))
     assert [int(idx.pool[i]) if i >= 0 else None for i in got] == [0, 0, 1, 1, None]
+
+
+def _brute_lookup(idx: SegmentIndex, seq: np.ndarray, addr: np.ndarray) -> list[int]:
+    """Check every segment; the last holder in the index's (base, alloc seq) order, -1 for none."""
+    out = []
+    for s, a in zip(seq.tolist(), addr.tolist(), strict=True):
+        hits = [k for k in range(len(idx)) if int(idx.base[k]) <= a < int(idx.end[k])
+                and int(idx.alloc_seq[k]) <= s < int(idx.free_seq[k])]
+        out.append(hits[-1] if hits else -1)
+    return out
+
+
+# A segment: (base in 256-byte units, size in units, lifetime in seq steps or None for never freed,
+# device); small ranges so that bases repeat and ranges nest and overlap in time.
+SEGMENTS = st.lists(st.tuples(st.integers(0, 12), st.integers(1, 6), st.none() | st.integers(1, 8),
+                              st.integers(0, 1)), max_size=12)
+QUERIES = st.lists(st.tuples(st.integers(-1, 40), st.integers(0, 20 * 256)), min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(SEGMENTS, QUERIES)
+def test_segment_lookup_equals_checking_every_segment(segments: list[tuple[int, int, int | None, int]],
+                                                      queries: list[tuple[int, int]]) -> None:
+    rows = []  # (seq, op, addr, size, pool, device); segment k is allocated at seq 3k
+    for k, (base, units, life, dev) in enumerate(segments):
+        rows.append((3 * k, Op.SEGMENT_ALLOC, base * 256, units * 256, k, dev))
+        if life is not None:
+            rows.append((3 * k + life, Op.SEGMENT_FREE, base * 256, units * 256, k, dev))
+    rows.sort(key=lambda r: r[0])
+    cols = [np.array([r[c] for r in rows], np.int64) for c in range(6)]
+    idx = SegmentIndex.build(cols[0], cols[1], cols[2].astype(np.uint64), cols[3], cols[4], cols[5])
+    seq = np.array([q[0] for q in queries], np.int64)
+    addr = np.array([q[1] for q in queries], np.uint64)
+    assert idx.lookup(seq, addr).tolist() == _brute_lookup(idx, seq, addr)
 
 
 def test_oom_note_follows_the_exception_chain_and_falls_back_to_the_last_oom() -> None:

@@ -8,9 +8,13 @@ those of the segment that contains its pointer at that moment:
 ``base <= addr < base + size`` and ``alloc_seq <= seq < free_seq``.
 ``SegmentIndex`` holds the segments of a whole recording (few: one per
 ``cudaMalloc`` of a pool) sorted by base; ``resolve`` looks a batch of rows up
-with one ``searchsorted`` and checks the candidate, and only rows whose
-candidate fails (an address range reused by a later segment) take a slow
-per-row scan. Rows inside no segment (a pool the recorder did not see, an
+with one ``searchsorted`` (the last segment whose base is at most the
+address) and checks the candidate; rows whose candidate fails (an address
+range reused by a later segment, at the same base or inside an earlier larger
+one) are finished by a compiled kernel that walks back from the candidate to
+the first segment that holds the row: the same answer as checking every
+segment and keeping the last in (base, alloc seq) order, with no Python per
+row. Rows inside no segment (a pool the recorder did not see, an
 async pool's rows, which carry their pool already) keep what they have.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from tracekit.trace.schema import Op
 
@@ -71,12 +76,25 @@ class SegmentIndex:
         j = np.maximum(i, 0)
         ok = (i >= 0) & (addr < self.end[j]) & (self.alloc_seq[j] <= s) & (s < self.free_seq[j])
         out[ok] = j[ok]
-        for k in np.flatnonzero(~ok & (i >= 0)):  # a reused range: scan the earlier segments there
-            hit = np.flatnonzero((self.base[: i[k] + 1] <= addr[k]) & (addr[k] < self.end[: i[k] + 1])
-                                 & (self.alloc_seq[: i[k] + 1] <= s[k]) & (s[k] < self.free_seq[: i[k] + 1]))
-            if len(hit):
-                out[k] = hit[-1]
+        rest = np.flatnonzero(~ok & (i >= 0))  # a reused range: the holder is an earlier segment
+        if len(rest):
+            out[rest] = _walk_back(i[rest], s[rest], np.ascontiguousarray(addr[rest], np.uint64),
+                                   self.end, self.alloc_seq, self.free_seq)
         return out
+
+
+@njit(cache=True)
+def _walk_back(start, seq, addr, end, alloc_seq, free_seq):  # pragma: no cover - compiled
+    # Segments are sorted by base, so every k <= start[r] has base <= addr[r]: only the end and
+    # the lifetime are left to check. The first hit walking back is the last in sorted order.
+    out = np.full(start.shape[0], -1, np.int64)
+    for r in range(start.shape[0]):
+        a, s = addr[r], seq[r]
+        for k in range(start[r], -1, -1):
+            if a < end[k] and alloc_seq[k] <= s and s < free_seq[k]:
+                out[r] = k
+                break
+    return out
 
 
 def resolve(index: SegmentIndex, seq: np.ndarray, op: np.ndarray, addr: np.ndarray, pool: np.ndarray,
