@@ -226,6 +226,9 @@ def run_verbs(tmp: Path, path: Path, verbs: list[list[str]]) -> None:
 TRACE_VERBS = [["info", "IN"], ["info", "--strict", "--json", "IN"], ["analyze", "IN", "--json"],
                ["replay", "IN", "--sim", "first-fit", "-o", "OUT"], ["replay", "IN", "--sim", "cupy"],
                ["replay", "IN", "--sim", "torch", "--fail-on-oom"]]
+if LONG:  # the slower verbs (figures, searches, parallel processes) in the long run only
+    TRACE_VERBS += [["report", "IN", "-o", "OUT"], ["whatif", "IN", "--json"], ["advise", "IN"],
+                    ["fleet", "IN"], ["analyze", "IN", "--timeline", "OUT"]]
 
 
 @FUZZ
