@@ -31,12 +31,14 @@ import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tracekit.errors import TracekitError
 from tracekit.sim.heap import round_up
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.reader import Trace, read_trace
@@ -243,9 +245,13 @@ def _whatif_device(whole: Trace, names: list[str], device: int | None, max_capac
         # Not fork: the parent holds Arrow's thread pools, which a forked child may find locked.
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(path, None if path else trace, device)) as pool:
-            fits = list(pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),
-                                 [lb] * len(names)))
+        try:
+            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+                                     initargs=(path, None if path else trace, device)) as pool:
+                fits = list(pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),
+                                     [lb] * len(names)))
+        except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
+            raise TracekitError(f"{trace.path or 'the trace'}: a what-if worker process ended abruptly "
+                                "(out of memory or killed)") from None
     return WhatIfResult(str(trace.path) if trace.path else None, lb, step, max_capacity, tuple(fits),
                         device=int(trace.events.device[0]) if len(trace.events) else None)
