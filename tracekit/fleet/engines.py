@@ -5,7 +5,8 @@
 at most ``WINDOW_PER_WORKER`` × workers tasks in flight, so the driver holds
 a bounded number of pending results whatever the number of traces. A task
 whose worker died (killed for memory, a crash in native code) yields
-``on_error(i, exception)`` instead of stopping the others. One runner serves
+``on_error(i, exception)`` instead of stopping the others (locally, after
+one retry alone: see ``LocalRunner``). One runner serves
 every phase of a fleet run (rows, then the worst traces' figures), so
 workers start once.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -59,11 +61,20 @@ def default_jobs() -> int:
 
 
 class LocalRunner:
-    """Tasks on a pool of ``jobs`` worker processes, created on first use (or in the driver for 1)."""
+    """Tasks on a pool of ``jobs`` worker processes, created on first use (or in the driver for 1).
+
+    A worker that dies breaks the whole pool: every task in it then fails with
+    ``BrokenProcessPool``, and the pool does not say whose worker died. So the
+    pool is rebuilt and each of those tasks runs once more, alone (nothing else
+    in flight), before the next new task starts: a task that kills its worker
+    again is then the one to blame and alone gets ``on_error``; the others,
+    often killed only because they shared the machine's memory, finish.
+    """
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
         self._pool: ProcessPoolExecutor | None = None
+        self._generation = 0  # counts rebuilt pools, so one break rebuilds once
 
     def map(self, fn: Callable[..., T], args: Sequence[tuple[Any, ...]],
             on_error: OnError) -> Iterator[tuple[int, T]]:
@@ -71,28 +82,50 @@ class LocalRunner:
             for i, a in enumerate(args):
                 yield i, fn(*a)
             return
-        pool = self._get_pool()
-        pending: dict[Future[T], int] = {}
+        pending: dict[Future[T], tuple[int, bool, int]] = {}  # future -> (index, is a retry, generation)
+        retry: deque[int] = deque()
         todo = iter(enumerate(args))
         while True:
-            for i, a in todo:
-                try:
-                    pending[pool.submit(fn, *a)] = i
-                except BrokenProcessPool as e:
-                    yield i, on_error(i, e)
-                    continue
-                if len(pending) >= self.jobs * WINDOW_PER_WORKER:
-                    break
+            if retry:
+                if not pending:  # the broken pool's tasks have all come back: retry one, alone
+                    i = retry.popleft()
+                    f, generation = self._submit(fn, args[i])
+                    pending[f] = (i, True, generation)
+            else:
+                for i, a in todo:
+                    f, generation = self._submit(fn, a)
+                    pending[f] = (i, False, generation)
+                    if len(pending) >= self.jobs * WINDOW_PER_WORKER:
+                        break
             if not pending:
                 return
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
-                i = pending.pop(f)
+                i, retried, generation = pending.pop(f)
                 try:
                     result = f.result()
-                except BrokenProcessPool as e:  # every pending task fails with it; each gets its row
-                    result = on_error(i, e)
+                except BrokenProcessPool as e:
+                    self._drop_pool(generation)
+                    if not retried:
+                        retry.append(i)
+                        continue
+                    result = on_error(i, e)  # it ran alone: its own worker died
                 yield i, result
+
+    def _submit(self, fn: Callable[..., T], a: tuple[Any, ...]) -> tuple[Future[T], int]:
+        """The task's future and the generation of the pool it went to."""
+        try:
+            return self._get_pool().submit(fn, *a), self._generation
+        except BrokenProcessPool:  # broke since the last result was read; the task has not run
+            self._drop_pool(self._generation)
+            return self._get_pool().submit(fn, *a), self._generation
+
+    def _drop_pool(self, generation: int) -> None:
+        """Shut the pool of ``generation`` down (once), so the next task starts a fresh one."""
+        if generation == self._generation and self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            self._generation += 1
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
