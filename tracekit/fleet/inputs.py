@@ -14,7 +14,7 @@ import glob
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tracekit.errors import InputError, UsageError
+from tracekit.errors import InputError, OutputError, UsageError
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -59,7 +59,7 @@ def check_outputs(members: Sequence[Path], outputs: Iterable[tuple[Path | None, 
     keys = {m.resolve() for m in members}
     for out, opt in named:
         if out.resolve() in keys:
-            raise UsageError(f"{out}: {opt} names one of the traces; choose another {opt}")
+            raise OutputError(f"{out}: {opt} names one of the traces; choose another {opt}")
         check_output(out, members, option=opt, force=force)
     if len({o.resolve() for o, _ in named}) != len(named):
         raise UsageError(f"{named[0][0]}: the same path is given for two outputs")
