@@ -21,11 +21,30 @@ from types import FrameType
 from typing import Any
 
 import typer
-from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no public alias
+import typer.core
 from typer.core import TyperGroup
 
 from tracekit.cli import startup_handlers_installed
 from tracekit.errors import Interrupted, TracekitError
+
+
+class _NeverRaised(Exception):
+    """Stands in for an exception this click does not have (so its handler never matches)."""
+
+
+def _no_args_is_help_error() -> type[Exception]:
+    """Click's NoArgsIsHelpError from the click typer runs on: its own vendored copy (``typer.core``
+    imports it as ``_click``) or, in typers that depend on click, the ``click`` package itself.
+    Looked up by attribute, so a typer that moves or drops it changes no behaviour here."""
+    for name in ("_click", "click"):
+        exceptions = getattr(getattr(typer.core, name, None), "exceptions", None)
+        found = getattr(exceptions, "NoArgsIsHelpError", None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            return found
+    return _NeverRaised
+
+
+NoArgsIsHelpError: Any = _no_args_is_help_error()  # a click exception: format_message(), exit_code
 
 VERBS = (
     "info", "synth", "replay", "analyze", "whatif", "advise", "record", "recover", "budget",
