@@ -24,8 +24,6 @@ from enum import StrEnum
 from itertools import combinations, product
 from pathlib import PurePosixPath
 
-from tracekit.units import format_size
-
 TORCH_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("expandable_segments", ("True",)),
     ("max_split_size_mb", ("64", "128", "256", "512", "1024")),
@@ -138,7 +136,3 @@ def cupy(site: str | None) -> list[Candidate]:
 
 def free_lists(heaps: Iterable[str]) -> list[Candidate]:
     return [Candidate(Kind.FREE_LIST, name) for name in heaps]
-
-
-def describe_capacity(capacity: int | None) -> str:
-    return format_size(capacity) if capacity else "unbounded"
