@@ -8,7 +8,9 @@ array allocation) where an exception is not expected, and crash the process.
 polls ``check()`` where it is safe (between kernel chunks, see
 ``tracekit.progress``) and, at the latest, the signal is raised as
 ``Interrupted`` when the block ends: exit 130 for SIGINT, 143 for SIGTERM.
-Outside the main thread (signals cannot be caught there) the block runs as is.
+A block that ends by raising lets its exception through and forgets a held
+signal, so a later block does not raise a stale one. Outside the main thread
+(signals cannot be caught there) the block runs as is.
 """
 
 from __future__ import annotations
@@ -47,10 +49,14 @@ def deferred() -> Iterator[None]:
 
     previous: dict[int, Any] = {s: signal.signal(s, _mark) for s in (signal.SIGINT, signal.SIGTERM)}
     _depth += 1
+    finished = False
     try:
         yield
+        finished = True
     finally:
         _depth -= 1
         for s, h in previous.items():
             signal.signal(s, h)
+        if not finished:  # the block's own exception propagates; a held signal must not outlive it
+            _pending.clear()
     check()
