@@ -10,21 +10,13 @@
 #     (does the device allocator fit where the pool did not?).
 #  4. (always) advise --verify-on-device 0 on traces/torch-oom.parquet and cupy-oom-frag.parquet,
 #     and the GPU tests of advise.
-# Everything goes under $OUT, packed as $OUT/advise.tar.gz (written on every way out).
+# Everything is packed as $OUT/advise.tar.gz (written on every way out); BUDGET_S (default 240)
+# bounds the run.
 #   OUT=/some/dir bash scripts/gpu_advise.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-${1:-out}}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-W="$OUT/advise"
+NAME=advise
+source "$(dirname "$0")/gpu_common.sh"
+W=$R
 mkdir -p "$W/torch" "$W/cupy" "$W/device"
-pack() { tar czf "$OUT/advise.tar.gz" -C "$OUT" advise && rm -rf "$W"; ls -l "$OUT"; }
-trap pack EXIT
-step() { echo "== $* ($(date -u +%H:%M:%S))" | tee -a "$W/steps.log"; }
-BUDGET_S=${BUDGET_S:-240}
-END=$(( $(date +%s) + BUDGET_S - 15 ))
-lim() { local left=$(( END - $(date +%s) )); (( left < 5 )) && left=5; (( left < $1 )) && echo $left || echo "$1"; }
 LIMIT=15038676992  # pool_limit_bytes of traces/torch-oom.parquet
 
 step environment

@@ -4,31 +4,13 @@
 # overhead benchmark, and pack everything into ONE tarball $OUT/rec.tar.gz (written on exit,
 # also after a failure). Every step is limited so the whole run ends within BUDGET_S seconds.
 #   OUT=/some/empty/dir BUDGET_S=240 bash scripts/gpu_rec.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-${1:-out}}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-WORK=$(mktemp -d)
-R="$WORK/rec"
+NAME=rec
+source "$(dirname "$0")/gpu_common.sh"
 mkdir -p "$R/traces" "$R/gputests"
-BUDGET_S=${BUDGET_S:-240}
-END=$(( $(date +%s) + BUDGET_S - 12 ))
-pack() {
+before_pack() {
   # a snapshot too large to come back is left out (its size is in sizes.txt)
   find "$R" -name '*.pickle' -delete
   find "$R" -name '*.pickle.gz' -size +9M -printf '%s %p (left out)\n' -delete >> "$R/sizes.txt" 2>/dev/null
-  tar czf "$OUT/rec.tar.gz" -C "$WORK" rec
-  rm -rf "$WORK"
-  ls -l "$OUT"
-}
-trap pack EXIT
-step() { echo "== $* ($(date -u +%H:%M:%S), $(( END - $(date +%s) )) s left)" | tee -a "$R/steps.log"; }
-lim() { local left=$(( END - $(date +%s) )); (( left < 3 )) && left=3; (( left < $1 )) && echo $left || echo "$1"; }
-run() {  # run NAME LIMIT CMD...: output to NAME.log, exit code appended
-  local name=$1 limit=$2; shift 2
-  timeout "$(lim "$limit")" "$@" > "$R/$name.log" 2>&1
-  echo "exit code $?" >> "$R/$name.log"
 }
 TK="python3 -m tracekit"
 

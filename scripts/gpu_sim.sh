@@ -2,20 +2,12 @@
 # Record PyTorch snapshots that exercise the caching allocator's release path under
 # max_split_size_mb (release_available_cached_blocks before release_cached_blocks), with
 # `tracekit record --torch`, keep the raw snapshots, and replay each through the `torch`
-# policy to compare reserved bytes after every request. Everything goes under $OUT/sim and
-# is packed as $OUT/sim.tar.gz (also on failure). BUDGET_S (default 240) bounds the run.
+# policy to compare reserved bytes after every request. Everything is packed as
+# $OUT/sim.tar.gz (also on failure). BUDGET_S (default 240) bounds the run.
 #   OUT=/some/dir bash scripts/gpu_sim.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-${1:?give an output folder as \$OUT or \$1}}
-BUDGET_S=${BUDGET_S:-240}
-W="$OUT/sim"
-mkdir -p "$W"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-pack() { tar czf "$OUT/sim.tar.gz" -C "$OUT" sim; ls -l "$OUT"; }
-trap pack EXIT
-START=$(date +%s)
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+NAME=sim
+source "$(dirname "$0")/gpu_common.sh"
+W=$R
 PY=${PYTHON:-python3}
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv

@@ -1,0 +1,50 @@
+# Set-up shared by the GPU scripts (scripts/gpu_NAME.sh); each sets NAME, then sources this file:
+#   NAME=rec; source "$(dirname "$0")/gpu_common.sh"
+# It goes to the repository root, takes the output folder from $OUT (else the script's $1, else
+# ./out), exports PYTHONPATH=. and PYTHONUNBUFFERED, and makes a temporary folder $WORK whose
+# $R (= $WORK/$NAME) receives everything the script writes. On every way out (also after a
+# failure or a timeout) $R is packed as ONE tarball $OUT/$NAME.tar.gz and $WORK removed; a script
+# may call `pack` earlier too, so a killed run still leaves its last snapshot, and may define
+# `before_pack` (say, to drop files too large to come back). BUDGET_S (default 240) bounds the
+# run: END is when the steps must have finished, leaving a margin for packing.
+#   step TEXT...           a heading in $R/steps.log, with the clock and the seconds left
+#   lim SECONDS            SECONDS, or what is left of the budget if that is less (at least 3)
+#   left                   the seconds left before END
+#   run NAME LIMIT CMD...  CMD within lim LIMIT, its output in $R/NAME.log ending with its exit code
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+: "${NAME:?set NAME before sourcing gpu_common.sh}"
+OUT=${OUT:-${1:-out}}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+BUDGET_S=${BUDGET_S:-240}
+PACK_MARGIN_S=12
+END=$(( $(date +%s) + BUDGET_S - PACK_MARGIN_S ))
+WORK=$(mktemp -d)
+R="$WORK/$NAME"
+mkdir -p "$R"
+
+before_pack() { :; }
+pack() {
+  before_pack
+  tar czf "$OUT/$NAME.tar.gz" -C "$WORK" "$NAME"
+}
+_gpu_common_exit() {
+  local rc=$?
+  pack
+  rm -rf "$WORK"
+  ls -l "$OUT"
+  exit "$rc"
+}
+trap _gpu_common_exit EXIT
+trap 'exit 143' TERM  # a signal ends the script through the EXIT trap, so the tarball is still written
+trap 'exit 130' INT
+left() { echo $(( END - $(date +%s) )); }
+lim() { local l; l=$(left); (( l < 3 )) && l=3; (( l < $1 )) && echo "$l" || echo "$1"; }
+step() { echo "== $* ($(date -u +%H:%M:%S), $(left) s left)" | tee -a "$R/steps.log"; }
+run() {
+  local name=$1 limit=$2; shift 2
+  timeout "$(lim "$limit")" "$@" > "$R/$name.log" 2>&1
+  echo "exit code $?" >> "$R/$name.log"
+}
