@@ -1,9 +1,16 @@
 """Turning a spool into a trace: at the end of a recording, or after a crash.
 
-``finalize`` reads the spool twice, batch by batch (memory stays near one
-batch plus the output row group): the first pass collects call-site names
-and notes, the second writes the events through ``TraceWriter`` (atomic
-rename), with ``seq`` numbered in spool order. ``recover`` does the same for
+``finalize`` reads the spool three times, batch by batch: the first pass
+collects call-site names, notes and segment rows (from which the segment
+index is built); the second resolves every block row against that index only
+to count the rows whose device disagrees with their segment's, because that
+count goes into the metadata and the metadata is written before the first
+row group; the third resolves them again and writes the events through
+``TraceWriter`` (atomic rename), with ``seq`` numbered in spool order. Memory
+stays near one batch plus one output row group (``ROW_GROUP`` events) plus
+the call-site names, the notes and the segment index (one entry per
+``cudaMalloc`` of a pool); time is three decodes of the spool plus two
+segment lookups per block row. ``recover`` does the same for
 a spool left behind by a killed recording and marks the trace
 ``"complete": false``; a last batch cut short by the kill is skipped, so
 what is lost is at most the flush interval before the kill.
