@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -20,7 +22,7 @@ from tracekit.errors import InputError, OutputError
 from tracekit.record.hook import EventBuffer, TraceHook
 from tracekit.record.recover import finalize, recover
 from tracekit.record.sites import SiteTable
-from tracekit.record.spool import SpoolWriter
+from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY, SPOOL_SCHEMA, SpoolWriter
 from tracekit.trace import Op, Source, TraceMeta, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,3 +245,38 @@ def test_stop_keeps_the_events_when_reading_the_pool_fails(tmp_path: Path) -> No
     assert len(t.events) == 6 and t.meta.extra["pool_end"] is None
     assert t.meta.extra["pool_end_error"].startswith("StickyError: cudaErrorIllegalAddress")
     assert not rec.spool_path.exists()
+
+
+def _spool_batch(rows: list[tuple[int | None, int, int, int | None, str | None]]) -> pa.RecordBatch:
+    """Spool rows (t_ns, op, size, site, text) on device 0, stream 0, at address 0x1000."""
+    t, op, size, site, text = zip(*rows, strict=True)
+    n = len(rows)
+    cols = [list(t), list(op), [0x1000] * n, list(size), list(size), [0] * n, [0] * n, list(site), list(text),
+            [-1] * n, [-1] * n]
+    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SPOOL_SCHEMA,
+                                                                                   strict=True)],
+                                      schema=SPOOL_SCHEMA)
+
+
+def test_a_note_takes_the_time_of_the_event_before_it_across_site_rows_and_batches(tmp_path: Path) -> None:
+    from tracekit.trace.schema import META_KEY
+
+    def oom_note(k: int) -> str:
+        return json.dumps({"kind": "oom", "note": k, "device": 0, "state": {"device": 0, "mem_free": 1}})
+
+    spool = tmp_path / "t.parquet.spool"
+    schema = SPOOL_SCHEMA.with_metadata({META_KEY: TraceMeta.new(Source.CUPY).to_json().encode(),
+                                         SPOOL_KEY: b"1"})
+    with pa.ipc.new_stream(str(spool), schema) as w:
+        w.write_batch(_spool_batch([(100, Op.MALLOC, 512, None, None), (200, Op.OOM, 1 << 20, None, None)]))
+        # a new batch opens with a call-site row (no time), then the note about the OOM above
+        w.write_batch(_spool_batch([(None, SITE_ROW, 0, 0, "app.py:3:f"),
+                                    (None, NOTE_ROW, 0, None, oom_note(0))]))
+        # a clock that stepped back (150 is written as 200), then a site row between the OOM and its note
+        w.write_batch(_spool_batch([(150, Op.OOM, 1 << 21, 0, None), (None, SITE_ROW, 0, 1, "app.py:4:g"),
+                                    (None, NOTE_ROW, 0, None, oom_note(1))]))
+    t = read_trace(finalize(spool, tmp_path / "t.parquet", {"complete": True}), strict=True)
+    assert t.events.t_ns.tolist() == [100, 200, 200]
+    states = t.meta.extra["oom_states"]
+    assert [(s["seq"], s["t_ns"]) for s in states] == [(1, 200), (2, 200)]
+    assert [int(t.events.t_ns[s["seq"]]) for s in states] == [s["t_ns"] for s in states]

@@ -51,6 +51,7 @@ from tracekit.trace.schema import META_KEY, Op, TraceMeta
 from tracekit.trace.writer import TraceWriter
 
 ROW_GROUP = 1 << 20
+NO_TIME = np.iinfo(np.int64).min  # before the first event row
 
 
 @dataclass
@@ -64,6 +65,7 @@ class SpoolScan:
     batches: int = 0
     truncated: bool = False
     segments: list[np.ndarray] = field(default_factory=list)  # segment rows, see finish.segment_rows
+    t_last: int = NO_TIME  # the last event row's time so far, as the trace will carry it
 
 
 @contextmanager
@@ -166,20 +168,26 @@ def _scan_batch(path: Path, scan: SpoolScan, batch: pa.RecordBatch) -> None:
             scan.sites.append("")
         scan.sites[site] = text[i].as_py() or ""
     events_before = np.cumsum(op >= 0)
-    t_ns = batch.column("t_ns").fill_null(0).to_numpy()
+    # A note describes the event row before it: it takes that row's time as the trace will hold it
+    # (never stepping back, see _events), not the time of a site or note row in between.
+    t_ev = np.where(op >= 0, batch.column("t_ns").fill_null(0).to_numpy(), NO_TIME)
+    t_ns = np.maximum.accumulate(np.maximum(t_ev, scan.t_last)) if len(op) else t_ev
     for i in np.flatnonzero(op == NOTE_ROW):
         note = load_json(text[i].as_py() or "", str(path), "a note in the spool")
         if not isinstance(note, dict):
             raise InputError(f"{path}: a note in the spool is not a JSON object")
-        scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, "t_ns": int(t_ns[max(i - 1, 0)]),
+        t = int(t_ns[i])
+        scan.notes.append({"seq": scan.events + int(events_before[i]) - 1, "t_ns": 0 if t == NO_TIME else t,
                            **note})
+    if len(op):
+        scan.t_last = int(t_ns[-1])
     scan.segments.append(segment_rows(batch, scan.events))
     scan.events += int(events_before[-1]) if len(op) else 0
     scan.batches += 1
 
 
 def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
-            index: SegmentIndex, t_floor: int = -(1 << 63)) -> tuple[Events, dict[str, pa.Array], int]:
+            index: SegmentIndex, t_floor: int = NO_TIME) -> tuple[Events, dict[str, pa.Array], int]:
     keep = batch.column("op").to_numpy() >= 0
     col = {n: batch.column(n).fill_null(0).to_numpy()[keep] for n in
            ("t_ns", "op", "addr", "size", "rounded", "stream")}
@@ -215,7 +223,7 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
     sites = tuple(scan.sites)
-    seq, t_floor = 0, -(1 << 63)
+    seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
     with _open(spool) as reader, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for batch in _batches(reader, spool):
