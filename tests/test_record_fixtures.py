@@ -120,3 +120,19 @@ def test_torch_recording_marks_the_fatal_oom_and_its_snapshot_imports_the_same(t
     assert all(s["pool"]["limit_bytes"] == t.meta.pool_limit_bytes for s in m["oom_states"])
     again = read_trace(import_snapshot(TRACES / "torch-handled-oom.pickle.gz", tmp_path / "i.parquet").path)
     assert np.array_equal(again.events.op, t.events.op) and np.array_equal(again.events.size, t.events.size)
+
+
+@pytest.mark.parametrize("path", sorted(TRACES.rglob("*.parquet")), ids=lambda p: str(p.relative_to(TRACES)))
+def test_no_committed_trace_carries_a_call_site_path_of_the_machine_that_recorded_it(path: Path) -> None:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    names = pc.unique(pq.read_table(path, columns=["site"]).column("site").combine_chunks().dictionary)
+    absolute = [s for s in names.to_pylist() if s and s.startswith(("/work/", "/root/", "/tmp/"))]
+    assert not absolute, f"{path.name}: call-sites with absolute paths, e.g. {absolute[:2]}"
+
+
+def test_the_maxsplit_fixture_names_its_script_relative_to_the_repository() -> None:
+    t = read_trace(TRACES / "torch-maxsplit.parquet")
+    assert "scripts/torch_workload_maxsplit.py:79:<module>" in t.events.sites
+    assert all(not s.startswith("/") for s in t.events.sites if "torch_workload_maxsplit" in s)
