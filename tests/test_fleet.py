@@ -200,11 +200,12 @@ def test_rank_from_file_name_and_metadata(tmp_path: Path) -> None:
     assert rank_from_name(Path("frank7.parquet")) is None
     assert rank_from_name(Path("cupy-mlp.parquet")) is None
     p = rank_trace(tmp_path / "ddp.rank5.parquet", 2, oom=False)
-    got = launch_fields(p, read_trace(p).meta)
-    assert (got.rank, got.rank_from) == (2, RankFrom.LAUNCH)  # the metadata wins over the name
+    got, came = launch_fields(p, read_trace(p).meta)
+    assert (got.rank, came) == (2, RankFrom.LAUNCH)  # the metadata wins over the name
+    assert (got.local_rank, got.world_size, got.host, got.pid) == (2, 2, "node0", 102)
     bare = TraceMeta.new(Source.SYNTHETIC)
-    got = launch_fields(Path("x.rank4.parquet"), bare)
-    assert (got.rank, got.rank_from, got.world_size) == (4, RankFrom.FILE_NAME, None)
+    got, came = launch_fields(Path("x.rank4.parquet"), bare)
+    assert (got.rank, came, got.world_size) == (4, RankFrom.FILE_NAME, None)
 
 
 def test_reserved_curve_worked_example() -> None:

@@ -46,3 +46,10 @@ def test_two_ranks_never_share_a_file() -> None:
     names = {output_path(Path("job.parquet"), _launch({"RANK": str(r), "WORLD_SIZE": "64"}))
              for r in range(64)}
     assert len(names) == 64
+
+
+def test_launch_reads_back_from_the_metadata_it_wrote() -> None:
+    launch = _launch({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
+    assert Launch.from_meta(launch.to_dict(device=0)) == launch
+    assert Launch.from_meta(None) == Launch() == Launch.from_meta({"rank": "3", "pid": True, "host": 7})
+    assert Launch.from_meta({"rank": 2}).rank == 2 and not Launch.from_meta({}).launched

@@ -76,7 +76,7 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
 
         advice = recommend(trace)
     return TraceRow.from_summary(
-        path, trace.meta, result.summary, launch_fields(Path(path), trace.meta),
+        path, trace.meta, result.summary, *launch_fields(Path(path), trace.meta),
         device_index=result.summary.device,
         whatif=whatif, advice=advice if options.advise else None, curve=curve,
         seconds=time.perf_counter() - t0,

@@ -20,12 +20,13 @@ the member (read + analyze + options).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from tracekit.analysis.summary import OOMReport, Summary
+from tracekit.record.launch import Launch
 from tracekit.trace.schema import TraceMeta
 
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d+)(?!\d)", re.IGNORECASE)
@@ -38,38 +39,23 @@ class RankFrom(StrEnum):
     FILE_NAME = "file name"
 
 
-@dataclass(frozen=True)
-class Launch:
-    """The launcher's view of the process that wrote a trace (None = unknown)."""
-
-    rank: int | None = None
-    rank_from: RankFrom | None = None
-    local_rank: int | None = None
-    world_size: int | None = None
-    host: str | None = None
-
-
 def rank_from_name(path: Path) -> int | None:
     """The rank written in a file name (``ddp.rank1.parquet`` → 1), None when there is none."""
     found = _RANK_IN_NAME.findall(path.name)
     return int(found[-1]) if found else None
 
 
-def _int_or_none(v: Any) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+def launch_fields(path: Path, meta: TraceMeta) -> tuple[Launch, RankFrom | None]:
+    """The trace's ``launch`` metadata, its rank else the one in the file name; and where it came from."""
+    launch = Launch.from_meta(meta.extra.get("launch"))
+    if launch.rank is not None:
+        return launch, RankFrom.LAUNCH
+    return _name_rank(path, launch)
 
 
-def launch_fields(path: Path, meta: TraceMeta) -> Launch:
-    """Rank, local rank, world size and host from ``launch`` metadata, else the rank from the name."""
-    launch = meta.extra.get("launch")
-    launch = launch if isinstance(launch, dict) else {}
-    rank = _int_or_none(launch.get("rank"))
-    local, world = _int_or_none(launch.get("local_rank")), _int_or_none(launch.get("world_size"))
-    host = launch.get("host") if isinstance(launch.get("host"), str) else None
-    if rank is not None:
-        return Launch(rank, RankFrom.LAUNCH, local, world, host)
+def _name_rank(path: Path, launch: Launch = Launch()) -> tuple[Launch, RankFrom | None]:
     named = rank_from_name(path)
-    return Launch(named, RankFrom.FILE_NAME if named is not None else None, local, world, host)
+    return replace(launch, rank=named), RankFrom.FILE_NAME if named is not None else None
 
 
 @dataclass(frozen=True)
@@ -81,7 +67,8 @@ class TraceRow:
     source: str | None = None
     device: str | None = None
     device_index: int | None = None
-    launch: Launch = Launch()
+    launch: Launch = field(default_factory=Launch)
+    rank_from: RankFrom | None = None
     events: int | None = None
     duration_s: float | None = None
     peak_live_bytes: int | None = None
@@ -114,10 +101,12 @@ class TraceRow:
     @classmethod
     def failed(cls, path: str, error: str, seconds: float) -> TraceRow:
         """The row of a member that could not be read or analyzed."""
-        return cls(path=path, error=error, launch=Launch(*_name_rank(Path(path))), seconds=seconds)
+        launch, rank_from = _name_rank(Path(path))
+        return cls(path=path, error=error, launch=launch, rank_from=rank_from, seconds=seconds)
 
     @classmethod
-    def from_summary(cls, path: str, meta: TraceMeta, s: Summary, launch: Launch, *,
+    def from_summary(cls, path: str, meta: TraceMeta, s: Summary, launch: Launch,
+                     rank_from: RankFrom | None, *,
                      device_index: int | None, whatif: Any = None,
                      advice: tuple[str | None, str | None] | None = None,
                      curve: Any = None, seconds: float = 0.0) -> TraceRow:
@@ -130,7 +119,7 @@ class TraceRow:
         fits = tuple((f.policy, f.min_capacity) for f in whatif.fits) if whatif is not None else ()
         return cls(
             path=path, source=meta.source.value, device=s.context.device_name, device_index=device_index,
-            launch=launch, events=s.events, duration_s=s.duration_s,
+            launch=launch, rank_from=rank_from, events=s.events, duration_s=s.duration_s,
             peak_live_bytes=s.peak_live_bytes, peak_live_seq=s.peak_live_seq,
             peak_reserved_bytes=s.peak_reserved_bytes, peak_reserved_seq=s.peak_reserved_seq,
             max_external_fragmentation=s.max_external_fragmentation, oom_count=s.oom_events,
@@ -153,7 +142,7 @@ class TraceRow:
         d: dict[str, Any] = {"path": self.path, "error": self.error, "source": self.source,
                              "device": self.device, "device_index": self.device_index,
                              "rank": self.launch.rank,
-                             "rank_from": self.launch.rank_from.value if self.launch.rank_from else None,
+                             "rank_from": self.rank_from.value if self.rank_from else None,
                              "local_rank": self.launch.local_rank, "world_size": self.launch.world_size,
                              "host": self.launch.host}
         for name in _FIGURES:
@@ -184,11 +173,6 @@ def _at_oom(oom: OOMReport | None, term: str) -> int | None:
 def capacity_column(policy: str) -> str:
     """The column holding a policy's smallest capacity: ``min_capacity_best_fit_bytes``."""
     return f"min_capacity_{policy.replace('-', '_')}_bytes"
-
-
-def _name_rank(path: Path) -> tuple[int | None, RankFrom | None]:
-    r = rank_from_name(path)
-    return r, (RankFrom.FILE_NAME if r is not None else None)
 
 
 _FIGURES = (

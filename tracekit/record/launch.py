@@ -10,7 +10,8 @@ the first family present. ``output_path`` expands ``{rank}``,
 (a process outside any launcher is rank 0 of 1), and when a launcher is
 present and the path has no placeholder it puts ``.rank<N>`` before the
 suffix (``ddp.parquet`` -> ``ddp.rank1.parquet``), so two ranks never write
-one file.
+one file. ``Launch.from_meta`` reads the same fields back from a trace's
+``launch`` metadata (what ``to_dict`` wrote), for the tools that read traces.
 """
 
 from __future__ import annotations
@@ -37,15 +38,19 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+def _meta_int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 @dataclass(frozen=True)
 class Launch:
-    """Rank, local rank and world size (None outside a launcher), host name and pid."""
+    """Rank, local rank and world size (None outside a launcher), host name and pid (None = unknown)."""
 
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    host: str
-    pid: int
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    host: str | None = None
+    pid: int | None = None
     launcher: str | None = None  # the variable family found, e.g. "RANK"
 
     @classmethod
@@ -57,6 +62,15 @@ class Launch:
                 return cls(_int(env.get(rank_var)), _int(env.get(local_var)), _int(env.get(size_var)),
                            host, pid, rank_var if rank_var in env else local_var)
         return cls(None, None, None, host, pid)
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any] | None) -> Launch:
+        """From a trace's ``launch`` metadata object; a field missing or of the wrong type is None."""
+        d = meta if isinstance(meta, Mapping) else {}
+        host, launcher = d.get("host"), d.get("launcher")
+        return cls(_meta_int(d.get("rank")), _meta_int(d.get("local_rank")), _meta_int(d.get("world_size")),
+                   host if isinstance(host, str) else None, _meta_int(d.get("pid")),
+                   launcher if isinstance(launcher, str) else None)
 
     @property
     def launched(self) -> bool:
