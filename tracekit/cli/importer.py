@@ -1,4 +1,4 @@
-"""``tracekit import torch SNAPSHOT``: a PyTorch memory snapshot (pickle, optionally gzip) to a v1 trace.
+"""``tracekit import torch SNAPSHOT``: a PyTorch memory snapshot (pickle, optionally gzip) to a trace.
 
 The module is named ``importer`` because ``import`` is a Python keyword; it
 registers the sub-app under the verb name ``import``.

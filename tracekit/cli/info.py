@@ -8,7 +8,7 @@ import typer
 
 
 def info(
-    trace: Path = typer.Argument(..., help="A v1 trace (.parquet)."),
+    trace: Path = typer.Argument(..., help="A trace (.parquet), format version 1 or 2."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
 ) -> None:

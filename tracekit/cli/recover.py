@@ -1,4 +1,4 @@
-"""``tracekit recover SPOOL [-o TRACE]``: a v1 trace from a recording that was killed."""
+"""``tracekit recover SPOOL [-o TRACE]``: a trace from a recording that was killed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def recover(
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
-    """Turn the spool of an unfinished recording into a v1 trace (marked incomplete)."""
+    """Turn the spool of an unfinished recording into a trace (marked incomplete)."""
     from tracekit.cli.common import wrote
     from tracekit.record.recover import recover as run
 

@@ -1,4 +1,4 @@
-"""``tracekit synth``: write a synthetic v1 trace (training, random or fragmenting)."""
+"""``tracekit synth``: write a synthetic trace (training, random or fragmenting)."""
 
 from __future__ import annotations
 
