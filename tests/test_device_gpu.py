@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MiB, GiB = 1 << 20, 1 << 30
 COMMITTED = sorted((ROOT / "traces").glob("*.parquet"))
 COMMITTED_CUPY = [p for p in COMMITTED if read_meta(p).source == Source.CUPY]
+# Recordings the simulator does not reproduce yet (tests/test_fidelity.py gives each one's cause).
+SIM_DEPARTS = {"cupy-user-pool.parquet": "the program's own free_all_blocks(stream) releases segments "
+                                         "at no request, which the simulator does not replay"}
 ALLOCATORS = [a for a in Allocator if a is not Allocator.TORCH]  # torch: tests/test_device_torch_gpu.py
 
 
@@ -210,6 +213,8 @@ def test_compare_sim_cupy_agrees_on_committed_cupy_traces(path: Path) -> None:
     meta = read_meta(path)
     trace, run, _ = _replay(path, Allocator.CUPY, capacity=meta.pool_limit_bytes)
     c = compare_with_sim(trace, "cupy", meta.pool_limit_bytes, False, summary(trace, run).to_dict())
+    if not c["agree"] and path.name in SIM_DEPARTS:  # the release was still checked above
+        pytest.xfail(SIM_DEPARTS[path.name])
     if not c["agree"] and (why := _not_reproducible(trace, meta.pool_limit_bytes)):
         pytest.skip(f"real CuPy pool not reproducible on this trace: {why}")
     assert c["agree"], c["rows"]
