@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MiB, GiB = 1 << 20, 1 << 30
 COMMITTED = sorted((ROOT / "traces").glob("*.parquet"))
 COMMITTED_CUPY = [p for p in COMMITTED if read_meta(p).source == Source.CUPY]
+# Replays whose device memory comes back only later in the process (docs/device-replay.md, Limits).
+LATE_RELEASE = {"cupy-user-pool.parquet": "4 MiB of a several-stream CuPy replay comes back only later"}
 # Recordings the simulator does not reproduce yet (tests/test_fidelity.py gives each one's cause).
 SIM_DEPARTS = {"cupy-user-pool.parquet": "the program's own free_all_blocks(stream) releases segments "
                                          "at no request, which the simulator does not replay"}
@@ -91,6 +93,8 @@ def _replay(path: Path, alloc: Allocator, capacity: int | None = None, cont: boo
     trace = read_trace(path)
     start = _free()
     run = replay_on_device(trace, DeviceConfig(0, alloc, capacity, continue_on_oom=cont))
+    if _free() != start and path.name in LATE_RELEASE and alloc == Allocator.CUPY:
+        pytest.xfail(LATE_RELEASE[path.name])
     assert _free() == start
     return trace, run, start
 
