@@ -67,14 +67,9 @@ class _CountingReader(io.RawIOBase):
 def load_pickle(path: str | os.PathLike[str], *, progress: bool | None = None) -> Any:
     """Unpickle ``path`` (plain or gzip) with no globals allowed; returns the builtin object tree."""
     p = Path(path)
-    check_regular(p, "snapshot")
+    size = check_regular(p, "snapshot").st_size  # missing files, folders and pipes end here
     try:
-        size = p.stat().st_size
         raw = open(p, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a folder, not a snapshot file") from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
     bar = Progress("unpickling", size, enabled=size >= LARGE_BYTES if progress is None else progress)
