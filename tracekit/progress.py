@@ -106,6 +106,33 @@ def chunks(total: int) -> Iterator[tuple[int, int]]:
 
 
 @contextmanager
+def part(k: int, n: int) -> Iterator[None]:
+    """Reports in the block fill the ``k``-th of ``n`` equal parts of the enclosing receiver's range.
+
+    A verb of several phases (analysis, figures, a search per policy) shows one bar that only
+    moves forward: a phase's ``report(done, total)`` becomes ``(k + done/total) / n`` of the whole,
+    in thousandths; the part is reported full when the block ends.
+    """
+    outer = _CURRENT.get()
+    if outer is None:
+        yield
+        return
+
+    def inner(done: int, total: int) -> None:
+        outer(k * _PART + done * _PART // max(total, 1), n * _PART)
+
+    token = _CURRENT.set(inner)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+    outer((k + 1) * _PART, n * _PART)
+
+
+_PART = 1000
+
+
+@contextmanager
 def reporting(fn: Callback | None) -> Iterator[None]:
     """Install ``fn`` as the receiver of ``report`` for the ``with`` block."""
     token = _CURRENT.set(fn)

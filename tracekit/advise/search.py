@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracekit import progress
 from tracekit.advise import candidates as cands
 from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
@@ -85,9 +86,17 @@ class Runner:
                                         initargs=(path, None if path else trace, counterfactual))
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
+        """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
+        out: list[Outcome | PolicyFit] = []
         if self.pool is None:
-            return [_run(t) for t in tasks]
-        return list(self.pool.map(_run, tasks))
+            for i, t in enumerate(tasks):
+                with progress.part(i, len(tasks)):  # the task's replays move the bar within its part
+                    out.append(_run(t))
+            return out
+        for r in self.pool.map(_run, tasks):
+            out.append(r)
+            progress.report(len(out), len(tasks))
+        return out
 
     def close(self) -> None:
         if self.pool is not None:

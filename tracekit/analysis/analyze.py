@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
+from tracekit import progress
 from tracekit.analysis import largest_free as lf
 from tracekit.analysis.context import DeviceContext, device_context_for
 from tracekit.analysis.diagnosis import OOMFacts, diagnose
@@ -69,7 +70,10 @@ def analyze_trace(trace: Trace, *, timeline: bool = True) -> AnalysisResult:
     if len(devs) <= 1:
         return _analyze_device(trace, timeline, devs[0] if devs else 0, True, fatal)
     home = home_device(trace.meta.extra, devs)
-    parts = [_analyze_device(sub, timeline, d, d == home, fatal) for d, sub in split_devices(trace)]
+    parts = []
+    for i, (d, sub) in enumerate(split_devices(trace)):
+        with progress.part(i, len(devs)):
+            parts.append(_analyze_device(sub, timeline, d, d == home, fatal))
     return _combine(parts)
 
 
@@ -98,7 +102,9 @@ def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal
     measured = np.flatnonzero(free_col >= 0) if free_col is not None else np.zeros(0, np.int64)
     probes = np.union1d(ooms, measured).astype(np.int64)
     scan = scan_events(ev, mate, want=timeline, probes=probes, merge_adjacent=ctx.expandable_segments)
+    progress.report(2, 3)  # the compiled scan is most of the work; the timeline table the rest
     table = timeline_table(ev, scan, ctx.free_at_start, free_col) if timeline else None
+    progress.report(3, 3)
     at = _Probed(probes, scan.probed, measured, free_col, extra_column(trace, "pool"))
     start = start_state(trace.meta.extra, ctx.device_total, ctx.free_at_start) if home else None
     states = oom_states(trace.meta.extra)

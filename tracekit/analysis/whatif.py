@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit import progress
 from tracekit.errors import TracekitError
 from tracekit.sim.heap import round_up
 from tracekit.trace.devices import device_ids, select_device
@@ -236,7 +237,10 @@ def _whatif_device(whole: Trace, names: list[str], device: int | None, max_capac
     if jobs == 1:
         _init_worker(None, trace, None)
         try:
-            fits = [_work(p, step, max_capacity, lb) for p in names]
+            fits = []
+            for i, p in enumerate(names):
+                with progress.part(i, len(names)):  # each replay of the search moves the bar within the part
+                    fits.append(_work(p, step, max_capacity, lb))
         finally:
             _init_worker(None, None, None)  # do not keep the trace alive in this process
     else:
@@ -248,8 +252,11 @@ def _whatif_device(whole: Trace, names: list[str], device: int | None, max_capac
         try:
             with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
                                      initargs=(path, None if path else trace, device)) as pool:
-                fits = list(pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),
-                                     [lb] * len(names)))
+                fits = []
+                for fit in pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),
+                                    [lb] * len(names)):
+                    fits.append(fit)
+                    progress.report(len(fits), len(names))  # policies searched, in order
         except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
             raise TracekitError(f"{trace.path or 'the trace'}: a what-if worker process ended abruptly "
                                 "(out of memory or killed)") from None

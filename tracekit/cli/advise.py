@@ -23,14 +23,15 @@ def advise(
 ) -> None:
     """Find settings under which TRACE fits its limit, by replay, and print a paste-ready line."""
     from tracekit.advise.run import advise as run_advise
-    from tracekit.cli.common import echo_json
+    from tracekit.cli.common import echo_json, terminal_progress
     from tracekit.trace.reader import read_trace
     from tracekit.units import parse_size
 
     lim = parse_size(limit, "--limit") if limit is not None else None
     total = parse_size(device_total, "--device-total") if device_total is not None else None
     t = read_trace(trace)
-    result = run_advise(t, limit=lim, device_total=total, jobs=jobs)
+    with terminal_progress("advising"):
+        result = run_advise(t, limit=lim, device_total=total, jobs=jobs)
     if verify_on_device is not None:
         from dataclasses import replace
 

@@ -22,11 +22,12 @@ def analyze(
     """Explain a trace: live/reserved memory, fragmentation, every OOM, the fatal one and its cause
     with the device at that moment, leaks."""
     from tracekit.analysis.output import analyze_file, write_timeline
-    from tracekit.cli.common import echo_json, wrote
+    from tracekit.cli.common import echo_json, terminal_progress, wrote
 
     want = timeline is not None or report is not None  # the report draws the timeline
     outputs = ((timeline, "--timeline"), (report, "--report"))
-    result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs, force=force)
+    with terminal_progress("analyzing"):
+        result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs, force=force)
     if json_out:
         echo_json(result.summary.to_dict())
     else:
@@ -38,7 +39,9 @@ def analyze(
     if report is not None:
         from tracekit.report import write_report
 
-        wrote(write_report(trace, report, result, force=force))
+        with terminal_progress("report"):
+            path = write_report(trace, report, result, force=force)
+        wrote(path)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,32 @@ def echo_json(obj: Any) -> None:
 
 def wrote(path: Path | str) -> None:
     typer.echo(f"Wrote {path}", err=True)
+
+
+# Runs shorter than this finish before a bar helps; the first report after it draws.
+PROGRESS_AFTER_S = 0.5
+
+
+@contextmanager
+def terminal_progress(label: str) -> Iterator[None]:
+    """A bar on stderr for the library's ``report`` calls in the block, only when stderr is a terminal."""
+    from tracekit.progress import Progress, reporting
+
+    if not sys.stderr.isatty():
+        yield
+        return
+    bar = Progress(label)
+    start = time.monotonic()
+
+    def receive(done: int, total: int) -> None:
+        if time.monotonic() - start >= PROGRESS_AFTER_S:
+            bar(done, total)
+
+    try:
+        with reporting(receive):
+            yield
+    finally:
+        bar.close()
 
 
 def _clean(obj: Any) -> Any:

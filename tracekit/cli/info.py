@@ -13,11 +13,15 @@ def info(
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
 ) -> None:
     """Describe a trace: metadata, counts per op, time span, devices and streams."""
-    from tracekit.cli.common import echo_json
+    from tracekit.cli.common import echo_json, terminal_progress
+    from tracekit.progress import report
     from tracekit.trace.info import trace_info
     from tracekit.trace.reader import read_trace
 
-    summary = trace_info(read_trace(trace, strict=strict, extras=False))
+    with terminal_progress("reading"):
+        events = read_trace(trace, strict=strict, extras=False)
+        report(1, 2)  # reading is most of the work; the counts are the rest
+        summary = trace_info(events)
     if json_out:
         echo_json(summary.to_dict())
     else:

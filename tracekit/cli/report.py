@@ -28,7 +28,7 @@ def report(
     ),
 ) -> None:
     """Draw timeline, memory map, the OOM moment, sizes and call-sites into one HTML page."""
-    from tracekit.cli.common import wrote
+    from tracekit.cli.common import terminal_progress, wrote
     from tracekit.errors import InputError, UsageError
     from tracekit.report import write_report
 
@@ -38,8 +38,10 @@ def report(
     if whatif_json is not None and not whatif_json.is_file():
         raise InputError(f"{whatif_json}: no such what-if JSON file")
     what = whatif_json if whatif_json is not None else (True if whatif else None)
-    wrote(write_report(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,
-                       advise=advise))
+    with terminal_progress("report"):
+        path = write_report(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,
+                            advise=advise)
+    wrote(path)
     if png is not None:
         wrote(png)
 

@@ -22,10 +22,12 @@ def synth(
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Write a synthetic trace: weights+activations, random churn, or splintering."""
-    from tracekit.cli.common import wrote
+    from tracekit.cli.common import terminal_progress, wrote
     from tracekit.synth import Pattern, synthesize
 
-    wrote(synthesize(Pattern(pattern.value), events, seed, output, force=force))
+    with terminal_progress("synth"):
+        path = synthesize(Pattern(pattern.value), events, seed, output, force=force)
+    wrote(path)
 
 
 def register(app: typer.Typer) -> None:

@@ -20,7 +20,7 @@ def whatif(
 ) -> None:
     """Find, per allocator policy, the smallest capacity (to 2 MiB) that replays TRACE without OOM."""
     from tracekit.analysis.whatif import whatif as run_whatif
-    from tracekit.cli.common import echo_json
+    from tracekit.cli.common import echo_json, terminal_progress
     from tracekit.errors import UsageError
     from tracekit.sim import policies as registry
     from tracekit.trace.reader import read_trace
@@ -35,7 +35,8 @@ def whatif(
             f"unknown policy {unknown[0]!r} in --policies; choose from: {', '.join(registry.names())}"
         )
     cap = parse_size(max_capacity, "--max-capacity") if max_capacity is not None else None
-    result = run_whatif(read_trace(trace), names, max_capacity=cap, jobs=jobs)
+    with terminal_progress("whatif"):
+        result = run_whatif(read_trace(trace), names, max_capacity=cap, jobs=jobs)
     if json_out:
         echo_json(result.to_dict())
     else:

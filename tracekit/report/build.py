@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from matplotlib.figure import Figure
 
+from tracekit import progress
 from tracekit.analysis.leaks import by_site, pool_state_at
 from tracekit.errors import OutputError
 from tracekit.outputs import check_folder, check_output, write_bytes
@@ -182,8 +183,10 @@ def write_report(
     if whatif is not None and whatif is not True:
         whatif = load_whatif(whatif)  # likewise a bad what-if JSON
     trace = read_trace(trace_path)
-    analysis, _ = _analyze(trace, analysis)
-    rendered, tl, summary = build_figures(trace, analysis, trace_path.name)
+    with progress.part(0, 2):
+        analysis, _ = _analyze(trace, analysis)
+    with progress.part(1, 2):  # the figures take about as long as the analysis
+        rendered, tl, summary = build_figures(trace, analysis, trace_path.name)
     # Pictures of what happened first, then the numbers, then the supporting detail.
     lead = ("timeline", "oom-moment", "memory-map")
     first = [html.figure_html(r) for k in lead for r in rendered if r.key.split("-device")[0] == k]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.outputs import check_output
 from tracekit.synth.patterns import fragmenting_pattern, random_pattern, training_pattern
@@ -65,6 +66,7 @@ def synthesize(pattern: Pattern, events: int, seed: int, output: Path, *, force:
             w.write(Events(**{**_cols(b), "seq": np.arange(written, written + take, dtype=np.uint64),
                               "t_ns": t}, sites=b.sites))
             written += take
+            progress.report(written, events)
     return output
 
 
