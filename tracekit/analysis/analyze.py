@@ -183,6 +183,7 @@ def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport 
         leaked_blocks=int(np.count_nonzero(never_freed)),
         context=ctx,
         skipped=tuple(i.describe() for i in trace.issues),
+        warnings=tuple(i.describe() for i in trace.warnings),
     )
 
 

@@ -60,7 +60,16 @@ class OOMFacts:
 
 
 def diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
-    """The first cause that holds (see the module docstring) and its explanation."""
+    """The first cause that holds (see the module docstring) and its explanation; where live
+    bytes exceed reserved bytes the explanation says the trace contradicts itself."""
+    d, why = _diagnose(f, ctx)
+    if f.free_in_pool < 0 and not f.raw_device:
+        why += (f" Caution: live blocks ({fs(f.live)}) exceed the reserved segments ({fs(f.reserved)}) here:"
+                " the trace's blocks and segments contradict each other, so this diagnosis is unreliable.")
+    return d, why
+
+
+def _diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
     r, s, free, n = f.request, f.reserved, f.free_in_pool, f.segment
     g = min(f.largest_free, f.usable_largest_free)
     held = "the heap" if ctx.heap_capacity is not None else "the pool"

@@ -65,7 +65,8 @@ class OOMReport:
             "seq": self.seq, "t_ns": self.t_ns, "device": self.device, "stream": self.stream,
             "size": self.size, "rounded": self.rounded, "site": self.site,
             "handled": self.handled, "handler": self.handler, "live_bytes": self.live_bytes,
-            "reserved_bytes": self.reserved_bytes, "free_in_pool": self.free_in_pool,
+            "reserved_bytes": self.reserved_bytes,
+            "free_in_pool": self.free_in_pool if self.free_in_pool >= 0 else None,  # None: see _free_row
             "largest_free_block": self.largest_free_block, "device_free": self.device_free,
             "device_free_bytes": self.device_free, "device_free_source": self.device_free_source.value,
             "diagnosis": self.diagnosis.value, "explanation": self.explanation,
@@ -107,6 +108,7 @@ class Summary:
     leaked_blocks: int
     context: DeviceContext
     skipped: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # inconsistent events kept (blocks against segments)
     ooms: tuple[OOMReport, ...] = ()  # every OOM in seq order (every device's, at the top level)
     device: int | None = None  # the device these figures describe
     devices: tuple[Summary, ...] = ()  # a trace of several devices: each device's own summary
@@ -134,7 +136,9 @@ class Summary:
             "peak_reserved_bytes": self.peak_reserved_bytes, "peak_reserved_seq": self.peak_reserved_seq,
             "max_external_fragmentation": self.max_external_fragmentation,
             "min_largest_free_block": self.min_largest_free_block,
-            "jw1": self.jw1, "jw2": self.jw2, "jw3": self.jw3, "jw4": self.jw4,
+            # Reserved below requested (a negative JW) only where blocks and segments contradict.
+            **{k: (x if x is None or x >= 0 else None) for k, x in
+               (("jw1", self.jw1), ("jw2", self.jw2), ("jw3", self.jw3), ("jw4", self.jw4))},
             "device": self.device,
             "oom": self.oom.to_dict() if self.oom else None,
             "oom_events": self.oom_events,
@@ -146,6 +150,7 @@ class Summary:
         }
         d.update(self.context.to_dict())
         d["skipped_events"] = list(self.skipped)
+        d["warning_events"] = list(self.warnings)
         if self.devices:
             d["devices"] = [p.to_dict() for p in self.devices]
         return d
@@ -185,6 +190,9 @@ class Summary:
         rows.append(("still live at end", f"{sz(self.leaked_bytes)} in {self.leaked_blocks:,} blocks"))
         rows.extend(_site_rows(self.leaks))
         rows.extend(("warning", f"skipped {s}") for s in self.skipped)
+        if self.warnings:
+            kept = "; ".join(self.warnings)
+            rows.append(("warning", f"kept inconsistent events (figures may be off): {kept}"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
 
@@ -199,7 +207,7 @@ class Summary:
             ("  diagnosis", o.diagnosis.value.upper()),
             ("  why", o.explanation),
             ("  live / reserved", f"{format_size(o.live_bytes)} / {format_size(o.reserved_bytes)}"),
-            ("  free / largest", f"{format_size(o.free_in_pool)} / {format_size(o.largest_free_block)}"),
+            _free_row(o),
             _device_free_row(o),
         ]
         if o.budget is not None:
@@ -250,7 +258,7 @@ def _site_rows(sites: tuple[SiteBytes, ...], top: int = 5) -> list[tuple[str, st
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
+    return "n/a" if x is None or x < 0 else f"{x:.1%}"  # < 0: reserved below requested, see to_dict
 
 
 def ratio_over(held: float, base: float) -> float | None:
@@ -260,3 +268,11 @@ def ratio_over(held: float, base: float) -> float | None:
 
 def _opt(x: int | None) -> str:
     return "n/a" if x is None else str(x)
+
+
+def _free_row(o: OOMReport) -> tuple[str, str]:
+    """Free in the pool = reserved - live; below 0 only where the trace's blocks and segments
+    contradict each other (a block outside its segments, a segment freed under live blocks)."""
+    free = (format_size(o.free_in_pool) if o.free_in_pool >= 0
+            else "unknown (live exceeds reserved: blocks and segments of the trace contradict each other)")
+    return ("  free / largest", f"{free} / {format_size(o.largest_free_block)}")

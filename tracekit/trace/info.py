@@ -26,13 +26,15 @@ class TraceInfo:
     sites: int
     skipped: tuple[str, ...]
     extra_columns: tuple[str, ...]
+    warnings: tuple[str, ...] = ()  # inconsistent events that were kept
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path, "metadata": self.meta, "events": self.events, "ops": self.ops,
             "duration_s": self.duration_s, "devices": list(self.devices),
             "streams": list(self.streams), "sites": self.sites,
-            "skipped_events": list(self.skipped), "extra_columns": list(self.extra_columns),
+            "skipped_events": list(self.skipped), "warning_events": list(self.warnings),
+            "extra_columns": list(self.extra_columns),
         }
 
     def to_text(self) -> str:
@@ -65,6 +67,8 @@ class TraceInfo:
             lines.append(f"extra cols   {', '.join(self.extra_columns)}")
         for s in self.skipped:
             lines.append(f"warning      skipped {s}")
+        for s in self.warnings:
+            lines.append(f"warning      kept {s}")
         return "\n".join(lines)
 
 
@@ -82,5 +86,6 @@ def trace_info(trace: Trace) -> TraceInfo:
         streams=tuple(int(s) for s in np.unique(ev.stream)),
         sites=len(ev.sites),
         skipped=tuple(i.describe() for i in trace.issues),
+        warnings=tuple(i.describe() for i in trace.warnings),
         extra_columns=tuple(trace.extras.column_names) if trace.extras is not None else (),
     )

@@ -4,8 +4,10 @@ Structural faults (not Parquet, truncated, empty, no ``tracekit`` metadata,
 a missing or mistyped column, a null size, an unknown op, seq not strictly
 increasing, t_ns decreasing, a malloc/free without addr) raise
 ``TraceFormatError`` with one sentence naming the file and the column or seq.
-Event-level inconsistencies are dropped and reported (``Trace.issues``);
-``strict=True`` turns them into errors. Columns are read one at a time into
+Event-level inconsistencies of the malloc/free pairing are dropped and
+reported (``Trace.issues``); those of blocks against segments in pooled traces
+are kept and reported (``Trace.warnings``, see ``tracekit.trace.containment``);
+``strict=True`` turns both into errors. Columns are read one at a time into
 NumPy so peak memory stays near the size of the result.
 """
 
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json
+from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
 from tracekit.trace.validate import EventIssue, pair_events, remap_mate
@@ -37,7 +40,7 @@ class Trace:
 
     ``mate[i]`` is the index of the event paired with event i (-1 if none);
     ``extras`` holds the columns beyond v1 (row-aligned with ``events``);
-    ``issues`` lists the inconsistent events that were skipped.
+    ``issues`` lists the inconsistent events that were skipped, ``warnings`` those kept.
     """
 
     path: Path | None
@@ -47,6 +50,7 @@ class Trace:
     extras: pa.Table | None
     issues: tuple[EventIssue, ...]
     dropped: int = 0
+    warnings: tuple[EventIssue, ...] = ()
 
 
 def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
@@ -160,8 +164,15 @@ def read_trace(
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq, ev.size)
     _check_totals(p, ev, pairing.mate, pairing.keep)
-    if strict and pairing.issues:
-        raise TraceFormatError(f"{p}: inconsistent events (--strict): {pairing.issues[0].describe()}")
+    try:
+        expandable = _flag(pf, "expandable", extra_tbl) if (ev.op == Op.SEGMENT_ALLOC).any() else None
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
+    warnings = check_pool(ev.op, ev.addr, ev.size, ev.rounded, ev.device, pairing.keep, pairing.mate,
+                          expandable, ev.seq)
+    if strict and (pairing.issues or warnings):
+        first = (pairing.issues or warnings)[0]
+        raise TraceFormatError(f"{p}: inconsistent events (--strict): {first.describe()}")
     dropped = int(len(ev) - np.count_nonzero(pairing.keep))
     mate = pairing.mate
     if dropped:
@@ -169,7 +180,17 @@ def read_trace(
         ev = ev.take(pairing.keep)
         if extra_tbl is not None:
             extra_tbl = extra_tbl.filter(pa.array(pairing.keep))
-    return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped)
+    return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
+
+
+def _flag(pf: pq.ParquetFile, name: str, extra_tbl: pa.Table | None) -> np.ndarray | None:
+    """A bool extra column as NumPy (null -> False), or None where the file has none."""
+    if name not in pf.schema_arrow.names:
+        return None
+    col = extra_tbl.column(name) if extra_tbl is not None else _column(Path(), pf, name)
+    if pa.types.is_null(col.type):
+        return None
+    return col.fill_null(False).to_numpy(zero_copy_only=False).astype(np.bool_, copy=False)
 
 
 def _check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> None:

@@ -5,7 +5,9 @@ a ``segment_free`` likewise with its ``segment_alloc``. Real recordings can
 hold events that break this (the recorder started late, an event was lost),
 so those are warnings, not errors: a free of an address that is not live, a
 double free, and a malloc of an address that is already live. Readers drop
-them and report a count and the first seq of each kind. The pairing is one
+them and report a count and the first seq of each kind (``Severity.SKIPPED``);
+the block/segment checks of ``tracekit.trace.containment`` keep their events
+(``Severity.WARNING``). The pairing is one
 compiled pass with an open-addressing hash table keyed by (device, addr):
 O(n), no per-event Python objects. ``mate[i]`` is the index of the event paired with event i
 (the free of a malloc and the other way round), or -1.
@@ -29,10 +31,24 @@ class IssueKind(IntEnum):
     SEGMENT_ALLOC_LIVE = 5
     FREE_OTHER_DEVICE = 6
     BLOCK_OTHER_DEVICE = 7
+    BLOCK_OUTSIDE_SEGMENT = 8
+    SEGMENT_FREE_UNDER_BLOCKS = 9
+    ROUNDED_BELOW_SIZE = 10
 
     @property
     def describe(self) -> str:
         return _DESCRIBE[self]
+
+    @property
+    def severity(self) -> Severity:
+        return Severity.WARNING if self >= IssueKind.BLOCK_OUTSIDE_SEGMENT else Severity.SKIPPED
+
+
+class Severity(IntEnum):
+    """SKIPPED: readers drop the events; WARNING: they keep them (the data may be real)."""
+
+    SKIPPED = 0
+    WARNING = 1
 
 
 _DESCRIBE = {
@@ -44,6 +60,9 @@ _DESCRIBE = {
     IssueKind.SEGMENT_ALLOC_LIVE: "segment_alloc of an address that is already live",
     IssueKind.FREE_OTHER_DEVICE: "free on another device than its malloc (devices contradict each other)",
     IssueKind.BLOCK_OTHER_DEVICE: "malloc inside a segment of another device, none of its own (and its free)",
+    IssueKind.BLOCK_OUTSIDE_SEGMENT: "malloc outside any live segment of its device",
+    IssueKind.SEGMENT_FREE_UNDER_BLOCKS: "segment_free while blocks inside it are live",
+    IssueKind.ROUNDED_BELOW_SIZE: "malloc with rounded below size",
 }
 
 
