@@ -32,7 +32,10 @@ def trace(tmp_path: Path):
     p = tmp_path / "in.parquet"
     write_trace(p, TraceMeta.new(Source.SYNTHETIC), Events.build(ops, size, addr=addr,
                                                                    seq=np.arange(10, 17, dtype=np.uint64)))
-    return read_trace(p, strict=True)
+    # Not strict: the lone segment row holds none of the blocks, which the reader warns about.
+    t = read_trace(p)
+    assert [w.kind.name for w in t.warnings] == ["BLOCK_OUTSIDE_SEGMENT"] and not t.issues
+    return t
 
 
 def _run(trace, allocator: Allocator = Allocator.CUPY) -> DeviceRun:

@@ -145,9 +145,9 @@ def test_expandable_maps_and_unmaps_pair_on_one_grid(tmp_path: Path) -> None:
     # Map 20 MiB, then 40 MiB more, then unmap the middle 20 MiB: cuts at A, A+20, A+40, A+60 MiB.
     hist = [
         entry("segment_map", A, 20 * MiB, 0),
-        entry("alloc", A, 30 * MiB, 1),
+        entry("alloc", A, 20 * MiB, 1),
         entry("segment_map", A + 20 * MiB, 40 * MiB, 2),
-        entry("free_completed", A, 30 * MiB, 3),
+        entry("free_completed", A, 20 * MiB, 3),
         entry("segment_unmap", A + 20 * MiB, 20 * MiB, 4),
     ]
     segs = [segment(A, 20 * MiB, [], expandable=True), segment(A + 40 * MiB, 20 * MiB, [], expandable=True)]

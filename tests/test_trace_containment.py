@@ -99,6 +99,16 @@ def test_each_device_is_checked_against_its_own_segments(tmp_path: Path) -> None
     assert _warnings(tmp_path, rows) == [f"1 x {OUTSIDE} (first at seq 4)"]
 
 
+def test_a_pool_without_segment_rows_is_not_checked_on_a_shared_device(tmp_path: Path) -> None:
+    # Pool 0 has segments; pool 2 (CuPy's stream-ordered pool) has none, on the same device.
+    rows = [(SA, S, 2 * MiB), (M, S, 512), (M, 1 << 40, 512), (M, S + 4 * MiB, 512)]
+    ev = Events.build(np.array([r[0] for r in rows], np.int8), np.array([r[2] for r in rows], np.uint64),
+                      addr=np.array([r[1] for r in rows], np.uint64))
+    path = write_trace(tmp_path / "p.parquet", TraceMeta.new(Source.SYNTHETIC), ev,
+                       {"pool": np.array([0, 0, 2, 0], np.int64)}, (pa.field("pool", pa.int64()),))
+    assert [w.describe() for w in read_trace(path).warnings] == [f"1 x {OUTSIDE} (first at seq 3)"]
+
+
 def test_a_raw_device_trace_is_not_checked_for_segments(tmp_path: Path) -> None:
     assert _warnings(tmp_path, [(M, S, 512), (M, 1 << 40, 512), (F, S, 0)]) == []
 

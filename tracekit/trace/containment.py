@@ -9,7 +9,8 @@ segments it never saw allocated), so readers keep the events and report a count 
 
 A block lies inside one segment, except that a block may span adjacent grid cells of an expandable
 segment (extra column ``expandable``): there its first and last byte must each lie in a live
-expandable cell (cells between are not looked at). Only devices that have segment rows are checked.
+expandable cell (cells between are not looked at). Only devices that have segment rows are checked,
+and with an extra column ``pool`` only the pools of a device that have them.
 
 Time is the row index. The segment that holds address a at row t is the live one among the
 segments whose range contains a; at any moment live segments are disjoint, so it is found by
@@ -117,24 +118,21 @@ class _Segments:
 
 def check_pool(op: np.ndarray, addr: np.ndarray, size: np.ndarray, rounded: np.ndarray,
                device: np.ndarray, keep: np.ndarray, mate: np.ndarray,
-               expandable: np.ndarray | None, seq: np.ndarray) -> tuple[EventIssue, ...]:
-    """The three inconsistencies among the kept rows (module docstring), first seq of each."""
+               expandable: np.ndarray | None, seq: np.ndarray,
+               pool: np.ndarray | None = None) -> tuple[EventIssue, ...]:
+    """The three inconsistencies among the kept rows (module docstring), first seq of each.
+    With ``pool`` (the extra column, -1 where null) each (device, pool) is checked on its own."""
     n = len(op)
     malloc = (op == Op.MALLOC) & keep
     low = np.flatnonzero(malloc & (rounded < size))
     seg = np.flatnonzero((op == Op.SEGMENT_ALLOC) & keep)
     if not len(seg):
         return _issues(seq, ((IssueKind.ROUNDED_BELOW_SIZE, low),))
-    devs = np.unique(device[seg])
-    if len(devs) == 1 and device.min() == device.max():  # one device: no lookup over all rows
+    if pool is None and device.min() == device.max():  # one device: no lookup over all rows
         blk = np.flatnonzero(malloc & (rounded > 0))
         seg_rank, dr = np.zeros(len(seg), np.int32), np.zeros(len(blk), np.int32)
     else:
-        lut = np.full(1 << 16, -1, np.int32)  # device -> rank among the devices with segments
-        lut[devs.astype(np.int64) + (1 << 15)] = np.arange(len(devs), dtype=np.int32)
-        rank = lut[device.astype(np.int32) + (1 << 15)]
-        blk = np.flatnonzero(malloc & (rank >= 0) & (rounded > 0))
-        seg_rank, dr = rank[seg], rank[blk]
+        blk, seg_rank, dr = _domains(device, pool, malloc & (rounded > 0), seg)
     segs = _Segments.build(seg, seg_rank, addr, size, mate, expandable, n)
     a, r = addr[blk], rounded[blk]
     v = segs.holding(dr, a, blk)
@@ -149,6 +147,22 @@ def check_pool(op: np.ndarray, addr: np.ndarray, size: np.ndarray, rounded: np.n
     return _issues(seq, ((IssueKind.BLOCK_OUTSIDE_SEGMENT, blk[outside]),
                          (IssueKind.SEGMENT_FREE_UNDER_BLOCKS, np.unique(np.concatenate(under))),
                          (IssueKind.ROUNDED_BELOW_SIZE, low)))
+
+
+def _domains(device: np.ndarray, pool: np.ndarray | None, blocks: np.ndarray,
+             seg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The blocks to check (rows of ``blocks`` in a domain with segments) and the domain rank of
+    each segment and block. A domain is a device, or a (device, pool) pair: CuPy's stream-ordered
+    pool has no segment rows and may share a device with pools that have them."""
+    key = device.astype(np.int64)
+    if pool is not None:  # device * 2^47 + pool: exact for pool ids below 2^46
+        key = key * (1 << 47) + np.clip(pool, -1, (1 << 46) - 1)
+    domains = np.unique(key[seg])
+    blk = np.flatnonzero(blocks)
+    rank = np.searchsorted(domains, key[blk])
+    inside = domains[np.minimum(rank, len(domains) - 1)] == key[blk]
+    blk, rank = blk[inside], rank[inside]
+    return blk, np.searchsorted(domains, key[seg]), rank
 
 
 def _freed_under(segs: _Segments, v: np.ndarray, rows: np.ndarray, mate: np.ndarray) -> np.ndarray:

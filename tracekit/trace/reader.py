@@ -164,12 +164,14 @@ def read_trace(
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq, ev.size)
     _check_totals(p, ev, pairing.mate, pairing.keep)
+    pooled = bool((ev.op == Op.SEGMENT_ALLOC).any())
     try:
-        expandable = _flag(pf, "expandable", extra_tbl) if (ev.op == Op.SEGMENT_ALLOC).any() else None
+        expandable = _extra(pf, "expandable", extra_tbl, False) if pooled else None
+        pool = _extra(pf, "pool", extra_tbl, -1) if pooled else None
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     warnings = check_pool(ev.op, ev.addr, ev.size, ev.rounded, ev.device, pairing.keep, pairing.mate,
-                          expandable, ev.seq)
+                          expandable, ev.seq, pool)
     if strict and (pairing.issues or warnings):
         first = (pairing.issues or warnings)[0]
         raise TraceFormatError(f"{p}: inconsistent events (--strict): {first.describe()}")
@@ -183,14 +185,18 @@ def read_trace(
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
 
 
-def _flag(pf: pq.ParquetFile, name: str, extra_tbl: pa.Table | None) -> np.ndarray | None:
-    """A bool extra column as NumPy (null -> False), or None where the file has none."""
+def _extra(pf: pq.ParquetFile, name: str, extra_tbl: pa.Table | None, null: bool | int) -> np.ndarray | None:
+    """An extra column (type checked on open) as NumPy, nulls as ``null``; None where the file has none."""
     if name not in pf.schema_arrow.names:
         return None
     col = extra_tbl.column(name) if extra_tbl is not None else _column(Path(), pf, name)
     if pa.types.is_null(col.type):
         return None
-    return col.fill_null(False).to_numpy(zero_copy_only=False).astype(np.bool_, copy=False)
+    out = col.fill_null(False if isinstance(null, bool) else 0).to_numpy(zero_copy_only=False)
+    out = out.astype(np.bool_ if isinstance(null, bool) else np.int64, copy=False)
+    if col.null_count and null:
+        out[col.is_null().to_numpy(zero_copy_only=False)] = null
+    return out
 
 
 def _check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> None:
