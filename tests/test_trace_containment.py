@@ -153,3 +153,18 @@ def test_every_committed_trace_reads_without_warnings() -> None:
     for p in paths:
         t = read_trace(p, extras=False)
         assert not t.warnings, f"{p.name}: {[w.describe() for w in t.warnings]}"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bucket_table_counts_starts_as_a_binary_search_does(seed: int) -> None:
+    from tracekit.trace.containment import _Segments
+
+    rng = np.random.default_rng(seed)
+    spread = [1 << 20, 1 << 40, 1 << 63][seed % 3]
+    lo = np.sort(rng.integers(0, spread, 50, dtype=np.uint64))
+    rows = np.arange(len(lo), dtype=np.int64)
+    segs = _Segments.build(rows, np.zeros(len(lo), np.int32), lo, np.full(len(lo), 4096, np.uint64),
+                           np.full(len(lo), -1, np.int64), None, len(lo) + 1)
+    a = np.concatenate([rng.integers(0, spread + (1 << 16), 5000, dtype=np.uint64), lo, lo - np.uint64(1),
+                        np.array([0, (1 << 64) - 1], np.uint64)])
+    assert np.array_equal(segs._starts_upto(a), np.searchsorted(segs.starts, a, side="right"))

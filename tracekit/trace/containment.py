@@ -80,7 +80,7 @@ class _Segments:
     def holding(self, dev: np.ndarray, a: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Per query: the segment live at row t whose range holds address a on device rank dev;
         -1 if none, -2 if not resolved within MAX_STEPS."""
-        g = np.searchsorted(self.starts, a, side="right") - 1
+        g = self._starts_upto(a) - 1
         if self.group_dev[-1] != 0:  # several devices: groups are (device, start) pairs
             g = np.searchsorted(self.group_key, dev.astype(np.int64) * (len(self.starts) + 1) + g + 1,
                                 side="right") - 1
@@ -94,6 +94,25 @@ class _Segments:
             todo = todo[more]
         found[todo] = -2
         return found
+
+    def _starts_upto(self, a: np.ndarray) -> np.ndarray:
+        """How many start addresses are <= a: ``searchsorted(starts, a, "right")``, but through a table
+        of about 2^22 equal address buckets where no start falls inside the query's bucket (a binary
+        search per block costs as much as the rest of the check)."""
+        base, n_starts = self.starts[0], len(self.starts)
+        span = int(self.reach.max()) - int(base)
+        shift = max(span.bit_length() - 22, 0)
+        buckets = (span >> shift) + 2
+        if int(base) + (buckets << shift) >= 1 << 64:
+            return np.searchsorted(self.starts, a, side="right")
+        edges = base + (np.arange(buckets, dtype=np.uint64) << np.uint64(shift))
+        upto = np.searchsorted(self.starts, edges, side="right")  # starts <= each bucket's first address
+        b = np.minimum((a - base) >> np.uint64(shift), np.uint64(buckets - 2)).astype(np.int64)
+        out = upto[b]
+        out[a < base] = 0
+        hard = np.flatnonzero((upto[b + 1] != out) & (a >= base) | (a >= edges[-1]))
+        out[hard] = np.searchsorted(self.starts, a[hard], side="right")
+        return np.minimum(out, n_starts)
 
     def _step(self, g: np.ndarray, dev: np.ndarray, a: np.ndarray,
               t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
