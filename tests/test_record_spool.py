@@ -102,12 +102,17 @@ def test_flusher_writes_every_interval(tmp_path: Path) -> None:
     w.close()
 
 
+def _batches_of_pairs(w, hook, batches: int, pairs: int) -> None:  # type: ignore[no-untyped-def]
+    """``batches`` spool batches of ``pairs`` malloc/free pairs each."""
+    for k in range(batches):
+        for i in range(pairs):
+            _pair(hook, k * pairs + i)
+        w.flush()
+
+
 def test_recover_skips_a_batch_cut_short(tmp_path: Path) -> None:
     w, hook = _writer(tmp_path)
-    for k in range(3):
-        for i in range(100):
-            _pair(hook, k * 100 + i)
-        w.flush()
+    _batches_of_pairs(w, hook, 3, 100)
     size = w.path.stat().st_size
     os.truncate(w.path, size - 40)  # a kill in the middle of the last batch
     out = recover(w.path)
@@ -280,3 +285,14 @@ def test_a_note_takes_the_time_of_the_event_before_it_across_site_rows_and_batch
     states = t.meta.extra["oom_states"]
     assert [(s["seq"], s["t_ns"]) for s in states] == [(1, 200), (2, 200)]
     assert [int(t.events.t_ns[s["seq"]]) for s in states] == [s["t_ns"] for s in states]
+
+
+def test_recover_reports_its_batches_forward_to_the_end(tmp_path: Path) -> None:
+    from tracekit import progress
+
+    w, hook = _writer(tmp_path)
+    _batches_of_pairs(w, hook, 3, 10)
+    seen: list[float] = []
+    with progress.reporting(lambda d, t: seen.append(d / t)):
+        recover(w.path)
+    assert seen == sorted(seen) and seen[0] > 1 / 3 and seen[-1] == 1.0

@@ -15,10 +15,12 @@ def recover(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
     """Turn the spool of an unfinished recording into a trace (marked incomplete)."""
-    from tracekit.cli.common import wrote
+    from tracekit.cli.common import terminal_progress, wrote
     from tracekit.record.recover import recover as run
 
-    wrote(run(path, output, force=force))
+    with terminal_progress("recovering"):
+        out = run(path, output, force=force)
+    wrote(out)
 
 
 def register(app: typer.Typer) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tracekit import progress
 from tracekit.errors import InputError
 from tracekit.inputs import check_regular, load_json
 from tracekit.outputs import check_output
@@ -212,9 +213,11 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     index = segment_index(scan.segments)
     with _open(spool) as reader:  # the device mismatches go into the metadata, written first
         mismatches, seq = 0, 0
-        for batch in _batches(reader, spool):
+        # Progress in batches over the three passes; the first (the scan) is done here.
+        for i, batch in enumerate(_batches(reader, spool)):
             ev, _, m = _events(batch, seq, (), index)
             seq, mismatches = seq + len(ev), mismatches + m
+            progress.report(scan.batches + i + 1, 3 * scan.batches)
     try:
         v2 = v2_meta(scan.notes, extra, mismatches)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError):
@@ -226,7 +229,7 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
     with _open(spool) as reader, TraceWriter(output, meta, EXTRA_FIELDS) as w:
-        for batch in _batches(reader, spool):
+        for i, batch in enumerate(_batches(reader, spool)):
             ev, extras, _ = _events(batch, seq, sites, index, t_floor)
             seq += len(ev)
             t_floor = int(ev.t_ns[-1]) if len(ev) else t_floor
@@ -234,6 +237,7 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
             if sum(len(e) for e, _ in pending) >= ROW_GROUP:
                 _write(w, pending)
                 pending = []
+            progress.report(2 * scan.batches + i + 1, 3 * scan.batches)
         if pending:
             _write(w, pending)
     return output
