@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tracekit.device.capacity import Allocator, Terminated
+from tracekit.device.loops import replay_streams
 from tracekit.device.replay import DeviceConfig, replay_on_device
 from tracekit.device.result import output_events, summary
 from tracekit.errors import UsageError
@@ -28,8 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 MiB, GiB = 1 << 20, 1 << 30
 COMMITTED = sorted((ROOT / "traces").glob("*.parquet"))
 COMMITTED_CUPY = [p for p in COMMITTED if read_meta(p).source == Source.CUPY]
-# Replays whose device memory comes back only later in the process (docs/device-replay.md, Limits).
-LATE_RELEASE = {"cupy-user-pool.parquet": "4 MiB of a several-stream CuPy replay comes back only later"}
 # Recordings the simulator does not reproduce yet (tests/test_fidelity.py gives each one's cause).
 SIM_DEPARTS = {"cupy-user-pool.parquet": "the program's own free_all_blocks(stream) releases segments "
                                          "at no request, which the simulator does not replay"}
@@ -72,7 +71,8 @@ def synthetic(tmp_path_factory) -> dict[str, Path]:
 
 def _check_run(trace, run, start_free: int) -> None:
     ev = trace.events
-    assert run.free_end == run.free_start == start_free, "device memory not given back"
+    # >=: the driver may hand back memory it kept for streams (see _replay) during any replay
+    assert run.free_end >= run.free_start and run.free_end >= start_free, "device memory not given back"
     done = run.status == 1
     user = np.isin(ev.op, [Op.MALLOC, Op.FREE, Op.OOM]) & (run.status != 0)
     assert np.all(run.latency[done] >= 0)
@@ -91,11 +91,13 @@ def _check_run(trace, run, start_free: int) -> None:
 
 def _replay(path: Path, alloc: Allocator, capacity: int | None = None, cont: bool = False):
     trace = read_trace(path)
+    # The driver keeps memory for streams once made (docs/device-replay.md, Limits): make this
+    # trace's streams first, so what follows measures the replay's own memory alone.
+    replay_streams(trace.events.op, trace.events.stream)
     start = _free()
     run = replay_on_device(trace, DeviceConfig(0, alloc, capacity, continue_on_oom=cont))
-    if _free() != start and path.name in LATE_RELEASE and alloc == Allocator.CUPY:
-        pytest.xfail(LATE_RELEASE[path.name])
-    assert _free() == start
+    # Not ==: the driver may hand back stream memory of an earlier test at any moment.
+    assert _free() >= start
     return trace, run, start
 
 
@@ -128,14 +130,14 @@ def test_capacity_makes_the_oom_happen_and_everything_is_released(synthetic, all
         assert 14 <= run.first_oom <= 16
     else:
         assert run.first_oom == 16
-    assert run.free_end == start
+    assert run.free_end >= start
     if alloc is not Allocator.CUPY:
         assert GiB + 4 * MiB <= run.free_replay < GiB + 6 * MiB  # capacity + the driver's slack
 
 
 def test_continue_on_oom_counts_every_failure(synthetic) -> None:
     _, run, start = _replay(synthetic["fill"], Allocator.CUDA, capacity=GiB, cont=True)
-    assert run.ooms == 64 - 16 and run.free_end == start
+    assert run.ooms == 64 - 16 and run.free_end >= start
 
 
 @pytest.mark.parametrize("alloc", ALLOCATORS)

@@ -155,9 +155,23 @@ def default_status(o_arr: np.ndarray) -> list:
     return ((o_arr == Op.MALLOC) | (o_arr == Op.FREE) | (o_arr == Op.OOM)).astype(np.int8).tolist()
 
 
+def replay_streams(ops: np.ndarray, streams: np.ndarray) -> dict[int, Any]:
+    """One CuPy stream per recorded stream that allocates (the null stream for 0).
+
+    Made before the replay measures free memory: the driver takes device memory for new
+    streams (about 0.5 MiB each on an H200, kept for reuse after they are destroyed), which
+    must not come out of the replayed capacity.
+    """
+    import cupy
+
+    uniq = np.unique(streams[(ops == Op.MALLOC) | (ops == Op.OOM)])
+    return {int(s): (cupy.cuda.Stream.null if s == 0 else cupy.cuda.Stream()) for s in uniq}
+
+
 def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, streams: np.ndarray,
-               backend: ObservedPool | AsyncPool) -> None:
-    """Pool malloc per request; a free is dropping the last reference to its MemoryPointer."""
+              backend: ObservedPool | AsyncPool, objs: dict[int, Any]) -> None:
+    """Pool malloc per request on its stream (``objs``: ``replay_streams``); a free is dropping
+    the last reference to its MemoryPointer."""
     import cupy
     from cupy.cuda import memory
     from cupy.cuda import runtime as rt
@@ -170,8 +184,6 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
     FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
     S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
     k = every
-    uniq = np.unique(streams[(ops == Op.MALLOC) | (ops == Op.OOM)])
-    objs = {int(s): (cupy.cuda.Stream.null if s == 0 else cupy.cuda.Stream()) for s in uniq}
     multi = len(objs) > 1
     cur = -1
     try:

@@ -35,7 +35,7 @@ from tracekit.device.capacity import (
     plan_capacity,
 )
 from tracekit.device.cuda import check_device, import_cupy
-from tracekit.device.loops import Loop, loop_cuda, loop_pool
+from tracekit.device.loops import Loop, loop_cuda, loop_pool, replay_streams
 from tracekit.errors import DeviceError
 from tracekit.trace.reader import Trace
 
@@ -95,6 +95,7 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     sizes, mates = ev.size.astype(np.int64), trace.mate.astype(np.int64)
     check_device(rt, cfg.device, "--device")
     with cupy.cuda.Device(cfg.device), deferred_signals() as pending:
+        objs = replay_streams(ops, ev.stream) if cfg.allocator is not Allocator.CUDA else {}
         free_start, total = (int(x) for x in rt.memGetInfo())
         plan = plan_capacity(cfg.allocator, cfg.capacity, free_start, total)
         log = SegmentLog()
@@ -111,7 +112,7 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
             if backend is None:
                 loop_cuda(lp, ops, sizes, mates)
             else:
-                loop_pool(lp, ops, sizes, mates, ev.stream, backend)
+                loop_pool(lp, ops, sizes, mates, ev.stream, backend, objs)
             peak = _peak_reserved(cfg.allocator, backend, lp, free_replay)
         except BaseException as e:
             for err in release_all(rt, lp, backend, ballast):  # the replay's own error says what failed
