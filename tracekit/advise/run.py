@@ -18,7 +18,6 @@ from tracekit.advise.search import (
     Runner,
     Task,
     bisect_tasks,
-    default_jobs,
     outcomes,
     single_candidates,
     stage_two,
@@ -28,6 +27,7 @@ from tracekit.analysis.whatif import PolicyFit, live_curve, lower_bound
 from tracekit.errors import UsageError
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
+from tracekit.workers import BISECT_REPLAYS, default_jobs
 
 TOP_SITES = 5
 
@@ -90,7 +90,10 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
 
     names = registry.names() if kind == "raw" else []
     singles = single_candidates(kind, _site_of_failure(trace), names)
-    runner = Runner(trace, min(default_jobs(jobs), len(singles)), counterfactual=kind != "raw")
+    # The singles, about as many combinations, and three bisections: the work that pays for workers.
+    work = 2 * len(singles) + 3 * BISECT_REPLAYS
+    runner = Runner(trace, default_jobs(jobs, tasks=len(singles), events=len(trace.events), replays=work),
+                    counterfactual=kind != "raw")
     try:
         tried = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))
         if kind == "raw":

@@ -16,7 +16,6 @@ prepares the counterfactual input once):
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -102,10 +101,6 @@ class Runner:
         if self.pool is not None:
             self.pool.shutdown()
         _STATE.clear()  # do not keep the trace alive in this process
-
-
-def default_jobs(jobs: int | None) -> int:
-    return max(1, jobs or os.cpu_count() or 1)
 
 
 def outcomes(results: Sequence[Outcome | PolicyFit]) -> list[Outcome]:

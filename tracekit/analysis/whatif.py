@@ -28,7 +28,6 @@ bound and capacities): devices never share one simulated address space.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -45,6 +44,7 @@ from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
+from tracekit.workers import BISECT_REPLAYS, default_jobs
 
 STEP = 2 << 20
 LOWER_BOUND_DESCRIPTION = (
@@ -215,7 +215,8 @@ def whatif(
     step: int = STEP,
     jobs: int | None = None,
 ) -> WhatIfResult:
-    """Smallest capacity per policy (per device); policies run in up to ``jobs`` processes (default: CPUs)."""
+    """Smallest capacity per policy (per device); policies run in up to ``jobs`` processes
+    (default: ``tracekit.workers.default_jobs``, in this process when the work is small)."""
     from tracekit.sim import policies as registry
 
     names = list(policies) if policies else registry.whatif_defaults()
@@ -233,7 +234,8 @@ def _whatif_device(whole: Trace, names: list[str], device: int | None, max_capac
     """The search over one device's events (``device`` None: the trace has one device)."""
     trace = select_device(whole, device) if device is not None else whole
     lb = lower_bound(trace)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
+    jobs = default_jobs(jobs, tasks=len(names), events=len(trace.events),
+                        replays=len(names) * BISECT_REPLAYS)
     if jobs == 1:
         _init_worker(None, trace, None)
         try:

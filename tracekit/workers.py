@@ -1,0 +1,38 @@
+"""How many worker processes a parallel search starts when the user does not say (``--jobs``).
+
+A worker is a fresh interpreter: it imports numpy, pyarrow and numba's compiled kernels
+and reads the trace before its first task, about ``START_S`` seconds (0.7-1.0 s measured on
+the 2-core development machine, 2026-12-01). One replay of an n-event trace takes about
+n / ``EVENTS_PER_S`` seconds on one core (the CuPy and PyTorch models replay 18-19 M events/s,
+the free lists somewhat fewer). Work whose serial estimate,
+``serial_s = replays x events / EVENTS_PER_S``, is under ``2 x START_S`` runs in this process:
+a pool would add more start-up than it saves (``whatif`` on a 20k-event trace: 1.3 s in
+process, 2.0 s with two workers). Above that, one worker per CPU, at most one per task.
+"""
+
+from __future__ import annotations
+
+import os
+
+START_S = 1.0  # seconds to start one worker and read the trace
+EVENTS_PER_S = 15e6  # events replayed per second on one core, rounded down
+BISECT_REPLAYS = 12  # replays of one capacity bisection, typical (2 MiB steps)
+
+
+def serial_seconds(events: int, replays: int) -> float:
+    """Estimated seconds for ``replays`` replays of an ``events``-event trace on one core."""
+    return replays * events / EVENTS_PER_S
+
+
+def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:
+    """Processes for ``tasks`` tasks totalling ``replays`` replays of ``events`` events.
+
+    ``jobs`` given: that many, at most one per task. Otherwise 1 (in this process) when
+    ``serial_seconds(events, replays) < 2 * START_S``, else the CPU count, at most one per task.
+    """
+    cap = max(1, tasks)
+    if jobs is not None:
+        return max(1, min(jobs, cap))
+    if serial_seconds(events, replays) < 2 * START_S:
+        return 1
+    return max(1, min(os.cpu_count() or 1, cap))
