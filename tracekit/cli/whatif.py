@@ -16,7 +16,8 @@ def whatif(
     max_capacity: str | None = typer.Option(
         None, "--max-capacity", help="Search no higher than this (e.g. 80GiB); default: unbounded."
     ),
-    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: one per CPU; none, in this process, when the work would take under 2 s)."),
+    jobs: int | None = typer.Option(
+        None, "--jobs", "-j", min=1, help="Worker processes (default: one per CPU; none for short work)."),
 ) -> None:
     """Find, per allocator policy, the smallest capacity (to 2 MiB) that replays TRACE without OOM."""
     from tracekit.analysis.whatif import whatif as run_whatif

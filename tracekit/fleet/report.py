@@ -22,7 +22,7 @@ from tracekit.fleet import figures as ff
 from tracekit.fleet.summary import FleetSummary, Group
 from tracekit.outputs import write_bytes
 from tracekit.report import html
-from tracekit.report.build import png_bytes
+from tracekit.report.render import png_bytes
 from tracekit.report.style import short_site
 from tracekit.units import format_size
 

@@ -12,16 +12,15 @@ interrupted run never leaves a half report and an input is never overwritten.
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from matplotlib.figure import Figure
 
 from tracekit import progress
 from tracekit.analysis.leaks import by_site, pool_state_at
@@ -31,6 +30,7 @@ from tracekit.report import blocks as blk
 from tracekit.report import figures, html
 from tracekit.report.memory_map import draw_memory_map, map_data
 from tracekit.report.oom_view import draw_moment, moment
+from tracekit.report.render import Pending, png_bytes, render
 from tracekit.report.sections import (
     baseline_section,
     devices_section,
@@ -43,12 +43,6 @@ from tracekit.report.style import PALETTE, short_site, site_colours, time_axis
 from tracekit.report.timeline import TimelineData, timeline_data
 from tracekit.trace import Op, Trace, read_meta, read_trace
 from tracekit.trace.devices import select_device
-
-
-def png_bytes(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=figures.DPI)
-    return buf.getvalue()
 
 
 def _index_of_seq(trace: Trace, seq: int) -> int:
@@ -77,27 +71,25 @@ def build_figures(
     parts = summary.get("devices")
     if not parts:
         out, tl = _device_figures(trace, analysis.timeline, summary, name, "")
-        return out, tl, summary
+        return render(out), tl, summary
     out, main_tl = [], None
     for part in parts:
         d = int(part["device"])
         rows = _main_rows(analysis.timeline, {"devices": parts, "device": d})
         figs, tl = _device_figures(select_device(trace, d), rows, part, f"{name}, device {d}", f"-device{d}")
-        out += [replace(r, title=f"Device {d}: {r.title}") for r in figs]
+        out += [replace(p, title=f"Device {d}: {p.title}") for p in figs]
         if d == summary.get("device"):
             main_tl = tl
     assert main_tl is not None
-    return out, main_tl, summary
+    return render(out), main_tl, summary
 
 
 def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name: str, suffix: str
-                    ) -> tuple[list[html.Rendered], TimelineData]:
-    """The figures of one device (``suffix`` appended to every key)."""
+                    ) -> tuple[list[Pending], TimelineData]:
+    """The figures of one device, not drawn yet (``suffix`` appended to every key)."""
     ev = trace.events
     tl = timeline_data(table, summary)
-    out = [
-        html.Rendered("timeline", "Timeline", _TIMELINE_CAPTION, png_bytes(figures.draw_timeline(tl, name)))
-    ]
+    out = [Pending("timeline", "Timeline", _TIMELINE_CAPTION, partial(figures.draw_timeline, tl, name))]
     if len(ev) == 0:
         return _suffixed(out, suffix), tl
     b, seg = blk.blocks(trace), blk.segments(trace)
@@ -110,11 +102,8 @@ def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name
     x_end = np.append(xs, xs[-1] + max((xs[-1] - xs[0]) * 1e-3, 1e-9))
     layout, by_seg = blk.layout_for(b, seg)
     md = map_data(b, layout, x_end, axis, rgb, legend, by_segment=by_seg, seg=seg)
-    out.append(
-        html.Rendered(
-            "memory-map", "Memory map", _MAP_CAPTION, png_bytes(draw_memory_map(md, name, tl.oom_x))
-        )
-    )
+    out.append(Pending("memory-map", "Memory map", _MAP_CAPTION,
+                       partial(draw_memory_map, md, name, tl.oom_x)))
     oom = summary.get("oom")
     if oom:
         k = _index_of_seq(trace, int(oom["seq"]))
@@ -124,37 +113,22 @@ def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name
         seq = summary.get("peak_reserved_seq")
         k = _index_of_seq(trace, int(seq)) if seq is not None else len(ev) - 1
         m = moment(pool_state_at(ev, trace.mate, k + 1), k, int(ev.seq[k]), None, False, rgb)
-    out.append(
-        html.Rendered(
-            "oom-moment",
-            "The moment of the OOM" if oom else "Segments at peak reserved",
-            _MOMENT_CAPTION,
-            png_bytes(draw_moment(m, legend)),
-        )
-    )
+    title = "The moment of the OOM" if oom else "Segments at peak reserved"
+    out.append(Pending("oom-moment", title, _MOMENT_CAPTION, partial(draw_moment, m, legend)))
     sizes = ev.size[ev.op == Op.MALLOC]
-    out.append(
-        html.Rendered("sizes", "Allocation sizes", _SIZES_CAPTION, png_bytes(figures.draw_sizes(sizes, name)))
-    )
+    out.append(Pending("sizes", "Allocation sizes", _SIZES_CAPTION, partial(figures.draw_sizes, sizes, name)))
     pk = summary.get("peak_live_seq")
     kp = _index_of_seq(trace, int(pk)) if pk is not None else len(ev) - 1
     peak = pool_state_at(ev, trace.mate, kp + 1)  # right after the peak event
     at_peak = [s.to_dict() for s in by_site(peak.block_site, peak.block_size, ev.sites)]
-    peak_text = f"seq {int(ev.seq[kp])}"
-    out.append(
-        html.Rendered(
-            "sites",
-            "Call-sites at the peak, and blocks never freed",
-            _SITES_CAPTION,
-            png_bytes(figures.draw_sites(at_peak, list(summary.get("leaks") or []), by_name, peak_text)),
-        )
-    )
+    leaks = list(summary.get("leaks") or [])
+    out.append(Pending("sites", "Call-sites at the peak, and blocks never freed", _SITES_CAPTION,
+                       partial(figures.draw_sites, at_peak, leaks, by_name, f"seq {int(ev.seq[kp])}")))
     return _suffixed(out, suffix), tl
 
 
-
-def _suffixed(rendered: list[html.Rendered], suffix: str) -> list[html.Rendered]:
-    return [replace(r, key=r.key + suffix) for r in rendered] if suffix else rendered
+def _suffixed(pending: list[Pending], suffix: str) -> list[Pending]:
+    return [replace(p, key=p.key + suffix) for p in pending] if suffix else pending
 
 
 def write_report(

@@ -1,0 +1,102 @@
+"""Figures drawn in two processes: the same bytes as in one, and a failing or hung child costs
+nothing but time (tracekit.report.render)."""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+
+import pytest
+from matplotlib.figure import Figure
+
+from tracekit.report import render as rd
+from tracekit.report.render import Pending, render
+
+pytestmark = pytest.mark.skipif(not rd._can_split(2), reason="splitting needs Linux and two CPUs")
+PARENT = os.getpid()
+
+
+def _line(k: int) -> Figure:
+    fig = Figure(figsize=(3, 2))
+    fig.add_subplot().plot([0, 1, 2], [0, k, k * k])
+    return fig
+
+
+def _fails_in_child(k: int) -> Figure:
+    if os.getpid() != PARENT:
+        raise RuntimeError("only in the child")
+    return _line(k)
+
+
+def _hangs_in_child(k: int) -> Figure:
+    if os.getpid() != PARENT:
+        time.sleep(60)
+    return _line(k)
+
+
+def _pending(draw) -> list[Pending]:
+    return [Pending(f"f{k}", f"figure {k}", "", partial(draw, k)) for k in range(5)]
+
+
+def _forks(monkeypatch) -> list[int]:
+    """The pids of the children ``render`` forks, as it forks them."""
+    pids: list[int] = []
+    real = rd._fork_for
+
+    def spy(pending):
+        child = real(pending)
+        if child is not None:
+            pids.append(child[0])
+        return child
+
+    monkeypatch.setattr(rd, "_fork_for", spy)
+    return pids
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def _serial(pending: list[Pending]) -> list[bytes]:
+    return [rd.png_bytes(p.draw()) for p in pending]
+
+
+def test_two_processes_give_the_same_bytes_in_the_same_order(monkeypatch) -> None:
+    pending = _pending(_line)
+    pids = _forks(monkeypatch)
+    out = render(pending)
+    assert len(pids) == 1 and _reaped(pids[0])
+    assert [r.key for r in out] == [p.key for p in pending]
+    assert [r.png for r in out] == _serial(pending)
+
+
+def test_figures_of_a_failing_child_are_drawn_here() -> None:
+    out = render(_pending(_fails_in_child))
+    assert [r.png for r in out] == _serial(_pending(_line))
+
+
+def test_a_hung_child_is_ended_and_its_figures_drawn_here(monkeypatch) -> None:
+    monkeypatch.setattr(rd, "CHILD_GRACE_S", 0.5)
+    pids = _forks(monkeypatch)
+    t = time.monotonic()
+    out = render(_pending(_hangs_in_child))
+    assert time.monotonic() - t < 30
+    assert [r.png for r in out] == _serial(_pending(_line))
+    assert len(pids) == 1 and _reaped(pids[0])
+
+
+def test_an_error_here_ends_the_child_and_is_raised(monkeypatch) -> None:
+    def boom(k: int) -> Figure:
+        if os.getpid() == PARENT and k == 2:
+            raise ValueError("drawing failed")
+        return _line(k)
+
+    pids = _forks(monkeypatch)
+    with pytest.raises(ValueError, match="drawing failed"):
+        render(_pending(boom))
+    assert len(pids) == 1 and _reaped(pids[0])

@@ -1,0 +1,144 @@
+"""Figures to PNG bytes, split over two processes where the machine has two CPUs or more.
+
+Drawing and encoding a figure is matplotlib's Agg, 0.1-0.2 s per figure on the committed
+traces, and after the analysis the longest part of a report; no figure depends on another.
+On Linux with two CPUs or more, once every figure's data is computed, ``render`` forks one
+child that draws every other figure and sends its PNG bytes back through a pipe while this
+process draws the rest. Fork, not a worker pool: the data is already in memory, and a fresh
+interpreter would spend longer importing matplotlib than drawing. The child only draws
+(matplotlib on NumPy arrays), writes no file and ends with ``os._exit``; figures of a child
+that fails, is killed or takes far longer than this process are drawn here instead, so the
+bytes are the same either way.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import select
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+
+from tracekit.report import figures
+from tracekit.report.html import Rendered
+
+# The child's figures are drawn here if it has not sent them this long after this
+# process finished its own: a hung child must not hang the report.
+CHILD_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A figure not drawn yet: its text and the function that draws it."""
+
+    key: str
+    title: str
+    caption: str
+    draw: Callable[[], Figure]
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=figures.DPI)
+    return buf.getvalue()
+
+
+def _png(p: Pending) -> bytes:
+    return png_bytes(p.draw())
+
+
+def render(pending: Sequence[Pending]) -> list[Rendered]:
+    """Every pending figure drawn, in order (half in a forked child when that is possible)."""
+    pngs: dict[int, bytes] = {}
+    mine = range(len(pending))
+    child = _fork_for(pending[1::2]) if _can_split(len(pending)) else None
+    if child is not None:
+        mine = range(0, len(pending), 2)
+    start, delivered, read_end = time.monotonic(), False, None if child is None else child[1]
+    try:
+        for i in mine:
+            pngs[i] = _png(pending[i])
+        if child is not None:
+            read_end = None  # _collect closes it
+            theirs = _collect(child[1], CHILD_GRACE_S + (time.monotonic() - start))
+            pngs.update({2 * j + 1: b for j, b in theirs.items()})
+            delivered = bool(theirs)
+    finally:
+        if read_end is not None:  # this process failed before reading the child's figures
+            os.close(read_end)
+        if child is not None:
+            _reap(child[0], kill=not delivered)
+    for i in range(len(pending)):  # anything the child did not deliver
+        if i not in pngs:
+            pngs[i] = _png(pending[i])
+    return [Rendered(p.key, p.title, p.caption, pngs[i]) for i, p in enumerate(pending)]
+
+
+def _can_split(n: int) -> bool:
+    return n >= 2 and sys.platform == "linux" and (os.cpu_count() or 1) >= 2
+
+
+def _fork_for(pending: Sequence[Pending]) -> tuple[int, int] | None:
+    """Fork a child drawing ``pending``; (pid, read end of its pipe), or None if fork failed."""
+    r, w = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns when threads exist: here they are Arrow's pool, which the child
+            # never touches (it draws NumPy data with matplotlib), and a hung child is ended.
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:  # the child: draw, send, leave without running anything of the parent's
+        code = 1
+        try:
+            os.close(r)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it; the parent handles its own
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            data = pickle.dumps({j: _png(p) for j, p in enumerate(pending)})
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _collect(r: int, timeout: float) -> dict[int, bytes]:
+    """The child's PNGs read from ``r`` (then closed), or nothing if it failed or sent nothing
+    within ``timeout`` seconds."""
+    chunks, deadline = [], time.monotonic() + timeout
+    with os.fdopen(r, "rb", buffering=0) as f:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([f], [], [], left)[0]:
+                return {}
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    try:
+        out = pickle.loads(b"".join(chunks))
+    except Exception:  # a child that died while writing
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _reap(pid: int, *, kill: bool) -> None:
+    """Wait for the child (ended first when ``kill``) so no zombie is left."""
+    try:
+        if kill:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass
