@@ -10,6 +10,11 @@ real work. Then runs the whole command (``python -m tracekit analyze TRACE
 wall seconds, CPU seconds (user + sys) and peak RSS of that process, with the
 load average beside them (other work on the machine inflates wall time; CPU
 time is the steadier figure). Target: under 10 s and 2 GiB at 10 M events.
+
+Then, in the same run, against C++: ``scripts/bench_bestfit.cpp`` (best fit with std::set,
+``g++ -O2``) replays the raw trace's requests, and the analysis runs in this process on both
+traces, already read (``analyze_trace``, best of --repeat). All CPU seconds; the ratio is
+analysis / C++ replay (target: <= 1.0), and the whole command's CPU against the same C++ loop.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ def main() -> None:
     ]
     import pyarrow.parquet as pq
 
+    whole: dict[str, float] = {}
     for name, cmd, path in cases:
         best = None
         for _ in range(a.repeat):
@@ -86,7 +92,35 @@ def main() -> None:
         assert best is not None
         n = pq.ParquetFile(path).metadata.num_rows
         print(f"{name:<34}{n:>12,}{best[0]:>9.2f}{best[1]:>8.2f}{best[2]:>9.0f}{os.getloadavg()[0]:>7.2f}")
+        whole[name] = best[1]
     tl.unlink(missing_ok=True)
+    against_cpp(raw, pooled, a.dir, a.repeat, whole)
+
+
+def against_cpp(raw: Path, pooled: Path, tmp: Path, repeat: int, whole: dict[str, float]) -> None:
+    """Analysis CPU seconds (in process, trace already read) against the C++ best-fit loop."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_sim import cpp_best_fit
+
+    from tracekit.analysis import analyze_trace
+    from tracekit.trace import read_trace
+
+    cpp = cpp_best_fit(read_trace(raw), tmp, max(repeat, 3))
+    if cpp is None:
+        print("against C++: no C++ compiler found, skipped")
+        return
+    print(f"C++ std::set best fit, {raw.name}: {cpp[0]:.3f} CPU s (loop alone, best of {max(repeat, 3)})")
+    for name, path in (("raw device (no segments)", raw), ("cupy replay (segments)", pooled)):
+        tr = read_trace(path)
+        best = None
+        for _ in range(max(repeat, 3)):
+            t0 = time.process_time()
+            analyze_trace(tr)
+            cpu = time.process_time() - t0
+            best = cpu if best is None else min(best, cpu)
+        assert best is not None
+        print(f"  analysis of {name}: {best:.3f} CPU s, {best / cpp[0]:.2f}x the C++ replay; "
+              f"whole command {whole[name]:.2f} CPU s, {whole[name] / cpp[0]:.2f}x")
 
 
 if __name__ == "__main__":

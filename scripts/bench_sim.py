@@ -68,21 +68,18 @@ def run_one(trace: Path, policy: str) -> tuple[float, float, int, dict | None, s
     return wall, cpu, rss, doc, err.decode()
 
 
-def cpp_bar(trace: Path, tmp: Path, repeat: int) -> None:
-    """Best fit in C++ (std::set) against the best-fit kernel, CPU seconds of the loop alone."""
-    from tracekit.sim.engine import replay
+def cpp_best_fit(tr: object, tmp: Path, repeat: int) -> tuple[float, int, int] | None:
+    """(CPU s of the loop, best of ``repeat``; peak live bytes; peak extent) of the C++ std::set
+    best fit over the trace's prepared requests, or None without a C++ compiler."""
     from tracekit.sim.prepare import prepare
-    from tracekit.trace.reader import read_trace
 
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
-        print("C++ bar: no C++ compiler found, skipped")
-        return
+        return None
     exe = tmp / "bench_bestfit"
     subprocess.run([cxx, "-O2", "-std=c++17", "-o", str(exe), str(ROOT / "scripts" / "bench_bestfit.cpp")],
                    check=True)
-    tr = read_trace(trace)
-    inp = prepare(tr)
+    inp = prepare(tr)  # type: ignore[arg-type]
     data = tmp / "requests.bin"
     with open(data, "wb") as f:
         for arr in (np.array([len(inp)], np.int64), inp.kind.astype(np.int8), inp.size, inp.mate):
@@ -90,6 +87,20 @@ def cpp_bar(trace: Path, tmp: Path, repeat: int) -> None:
     cpp = min((subprocess.run([str(exe), str(data)], capture_output=True, text=True,
                               check=True).stdout.split()
                for _ in range(repeat)), key=lambda r: float(r[0]))
+    data.unlink()
+    return float(cpp[0]), int(cpp[1]), int(cpp[2])
+
+
+def cpp_bar(trace: Path, tmp: Path, repeat: int) -> None:
+    """Best fit in C++ (std::set) against the best-fit kernel, CPU seconds of the loop alone."""
+    from tracekit.sim.engine import replay
+    from tracekit.trace.reader import read_trace
+
+    tr = read_trace(trace)
+    cpp = cpp_best_fit(tr, tmp, repeat)
+    if cpp is None:
+        print("C++ bar: no C++ compiler found, skipped")
+        return
     replay(tr, "best-fit")  # compiled kernels loaded, arrays prepared
     ours = None
     for _ in range(repeat):
@@ -98,9 +109,9 @@ def cpp_bar(trace: Path, tmp: Path, repeat: int) -> None:
         cpu = time.process_time() - t0
         ours = cpu if ours is None else min(ours, cpu)
     assert ours is not None
-    same = (int(cpp[1]), int(cpp[2])) == (res.summary.peak_live_bytes, res.summary.peak_extent)
-    print(f"C++ bar (best fit, {len(inp):,} events, CPU s of the loop): std::set {float(cpp[0]):.3f}, "
-          f"tracekit {ours:.3f}, ratio {float(cpp[0]) / ours:.2f}x; same peaks: {'yes' if same else 'NO'}")
+    same = (cpp[1], cpp[2]) == (res.summary.peak_live_bytes, res.summary.peak_extent)
+    print(f"C++ bar (best fit, {len(tr.events):,} events, CPU s of the loop): std::set {cpp[0]:.3f}, "
+          f"tracekit {ours:.3f}, ratio {cpp[0] / ours:.2f}x; same peaks: {'yes' if same else 'NO'}")
 
 
 def main() -> int:

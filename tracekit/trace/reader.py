@@ -26,6 +26,7 @@ from tracekit.inputs import byte_count, check_regular, load_json
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
+from tracekit.trace.totals import MAX_SIZE, check_totals
 from tracekit.trace.validate import EventIssue, pair_events, remap_mate
 
 _INT_COLUMNS = {
@@ -163,7 +164,7 @@ def read_trace(
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq, ev.size)
-    _check_totals(p, ev, pairing.mate, pairing.keep)
+    check_totals(p, ev, pairing.mate, pairing.keep)
     pooled = bool((ev.op == Op.SEGMENT_ALLOC).any())
     try:
         expandable = _extra(pf, "expandable", extra_tbl, False) if pooled else None
@@ -197,27 +198,6 @@ def _extra(pf: pq.ParquetFile, name: str, extra_tbl: pa.Table | None, null: bool
     if col.null_count and null:
         out[col.is_null().to_numpy(zero_copy_only=False)] = null
     return out
-
-
-def _check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> None:
-    """Live bytes (blocks) and reserved bytes (segments) must stay below 2^62 at every event.
-
-    Each value is below 2^62 already; their running sums are what the analyzer and the
-    replays add up in int64, so a trace whose sums would reach 2^62 is refused here. The
-    running sum is exact in int64 up to its first step past 2^62 (each step is below 2^62),
-    and that first step is all that is looked for.
-    """
-    for start, end, what in ((Op.MALLOC, Op.FREE, "live bytes"), (Op.SEGMENT_ALLOC, Op.SEGMENT_FREE,
-                                                                   "reserved bytes")):
-        amount = (ev.rounded if start == Op.MALLOC else ev.size).astype(np.int64)
-        step = np.where((ev.op == start) & keep, amount, 0)
-        paired = (ev.op == end) & keep & (mate >= 0)
-        step[paired] = -amount[mate[paired]]
-        with np.errstate(over="ignore"):
-            over = np.flatnonzero(np.cumsum(step) >= MAX_SIZE)
-        if len(over):
-            raise TraceFormatError(f"{p}: {what} reach 2^62 or more at seq {int(ev.seq[over[0]])}, "
-                                   "beyond any device")
 
 
 def _column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
@@ -282,8 +262,6 @@ def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, o
         )
 
 
-# No allocation is 4 EiB; larger sizes would wrap once arithmetic moves to int64.
-MAX_SIZE = 1 << 62
 MAX_REQUEST = 1 << 60
 
 

@@ -1,0 +1,57 @@
+"""Running totals a trace must keep below 2^62: live bytes (blocks) and reserved bytes (segments).
+
+Every single size is below 2^62 already; their running sums are what the analyzer and the
+replays add up in int64, so a trace whose sums would reach 2^62 is refused when read. The
+sums are kept in one compiled pass in event order: ``live += rounded`` at a kept malloc,
+``live -= rounded(its malloc)`` at a kept, paired free, and the same for segments with
+``size``. Each sum is exact in int64 up to its first step past 2^62 (every step is below 2^62),
+and that first step is all that is looked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from tracekit.errors import TraceFormatError
+from tracekit.trace.events import Events
+from tracekit.trace.schema import Op
+
+MAX_SIZE = 1 << 62  # no allocation is 4 EiB; larger sizes would wrap once arithmetic moves to int64
+
+
+@njit(cache=True)
+def first_over(op, rounded, size, mate, keep, limit):  # pragma: no cover - compiled
+    """(index, 0 for live bytes / 1 for reserved) of the first event whose running sum reaches
+    ``limit``, or (-1, -1)."""
+    live = np.int64(0)  # int64 throughout: uint64 + int64 would make float64 in numba
+    reserved = np.int64(0)
+    for i in range(op.shape[0]):
+        if not keep[i]:
+            continue
+        o = op[i]
+        if o == Op.MALLOC:
+            live += np.int64(rounded[i])
+        elif o == Op.FREE and mate[i] >= 0:
+            live -= np.int64(rounded[mate[i]])
+        elif o == Op.SEGMENT_ALLOC:
+            reserved += np.int64(size[i])
+        elif o == Op.SEGMENT_FREE and mate[i] >= 0:
+            reserved -= np.int64(size[mate[i]])
+        else:
+            continue
+        if live >= limit:
+            return i, 0
+        if reserved >= limit:
+            return i, 1
+    return -1, -1
+
+
+def check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> None:
+    """Refuse ``p`` (TraceFormatError) if live or reserved bytes reach 2^62 at some event."""
+    i, what = first_over(ev.op, ev.rounded, ev.size, mate, keep, np.int64(MAX_SIZE))
+    if i >= 0:
+        name = "live bytes" if what == 0 else "reserved bytes"
+        raise TraceFormatError(f"{p}: {name} reach 2^62 or more at seq {int(ev.seq[i])}, beyond any device")
