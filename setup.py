@@ -1,12 +1,14 @@
 """Build hook: compile tracekit's kernels when the package is built (``tracekit/cli/precompile.py``).
 
-Everything else about the package is in ``pyproject.toml``. An editable
-install (``pip install -e .``, what the README's scripts run) runs every verb
-once on small traces after the build, so the compiled kernels are in numba's
-on-disk cache beside the sources and no verb compiles anything at run time.
-``TRACEKIT_NO_PRECOMPILE=1`` skips the step. A wheel built for another machine
-cannot carry the cache (it is specific to the CPU and to the installed files),
-so there the kernels compile on first use, or with ``python -m tracekit.cli.precompile``.
+Everything else about the package is in ``pyproject.toml``. After the build
+step every verb runs once on small traces, so the compiled kernels are in
+numba's on-disk cache and no verb compiles anything at run time: beside the
+sources for an editable install (``pip install -e .``, what the README's
+scripts run), inside the build tree for a wheel (``pip install .``,
+``pip wheel .``), which then carries them. numba keys its cache on the source
+files' contents and on the CPU, so a wheel's kernels load on any machine with
+the build machine's CPU model; elsewhere they compile on first use, or with
+``python -m tracekit.cli.precompile``. ``TRACEKIT_NO_PRECOMPILE=1`` skips the step.
 """
 
 import os
@@ -20,13 +22,18 @@ from setuptools.command.build_py import build_py
 class BuildPy(build_py):
     def run(self) -> None:
         super().run()
-        if not getattr(self, "editable_mode", False) or os.environ.get("TRACEKIT_NO_PRECOMPILE"):
+        if os.environ.get("TRACEKIT_NO_PRECOMPILE"):
             return
         root = os.path.dirname(os.path.abspath(__file__))
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        # The package the verbs import, and so where numba writes the kernels.
+        editable = getattr(self, "editable_mode", False)
+        where = root if editable else os.path.abspath(self.build_lib)
+        path = os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
-        step = [sys.executable, "-m", "tracekit.cli.precompile"]
-        done = subprocess.run(step, cwd=root, env=env, check=False)
+        if not editable:  # a wheel carries the kernels, not bytecode (pip compiles that at install)
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+        step = [sys.executable, "-m", "tracekit.cli.precompile", "--traces", os.path.join(root, "traces")]
+        done = subprocess.run(step, cwd=where, env=env, check=False)
         if done.returncode:
             print("tracekit: warning: the kernels were not compiled at build time; they compile on first use",
                   file=sys.stderr)

@@ -44,8 +44,8 @@ def _forks(monkeypatch) -> list[int]:
     pids: list[int] = []
     real = rd._fork_for
 
-    def spy(pending):
-        child = real(pending)
+    def spy(pending, queue):
+        child = real(pending, queue)
         if child is not None:
             pids.append(child[0])
         return child

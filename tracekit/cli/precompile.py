@@ -7,8 +7,10 @@ verb needs compiled is to run the verbs themselves: ``synth`` each pattern,
 then ``info``, ``analyze`` (with a timeline), ``replay --sim`` under every
 registered policy, ``whatif``, ``report``, and ``import torch`` on the
 committed snapshots, on the synthetic traces and on the small committed
-traces when the source tree has them. The package build runs this (``setup.py``,
-at ``pip install -e .``), so no verb compiles at run time afterwards; running
+traces when the source tree has them (``--traces DIR``: another folder holding
+them, as when a wheel is built from a copy of the package). The package build
+runs this (``setup.py``: at ``pip install -e .`` beside the sources, when a wheel
+is built inside the wheel), so no verb compiles at run time afterwards; running
 ``python -m tracekit.cli.precompile`` again does the same for an installation
 made otherwise. A verb that cannot run here (an optional dependency missing) is
 reported and skipped: its kernels then compile on first use, as before.
@@ -48,7 +50,7 @@ def _verb(args: list[str]) -> str | None:
     return None
 
 
-def _runs(tmp: Path) -> Iterator[list[str]]:
+def _runs(tmp: Path, folder: Path) -> Iterator[list[str]]:
     from tracekit.sim import policies
 
     traces = []
@@ -56,7 +58,7 @@ def _runs(tmp: Path) -> Iterator[list[str]]:
         path = tmp / f"{pattern}.parquet"
         yield ["synth", "--pattern", pattern, "--events", "3000", "--seed", "1", "-o", str(path)]
         traces.append(path)
-    traces += [p for p in (ROOT / "traces" / f"{n}.parquet" for n in TRACES) if p.is_file()]
+    traces += [p for p in (folder / f"{n}.parquet" for n in TRACES) if p.is_file()]
     for k, path in enumerate(traces):
         yield ["info", str(path)]
         yield ["analyze", str(path), "--timeline", str(tmp / f"timeline{k}.parquet")]
@@ -65,17 +67,20 @@ def _runs(tmp: Path) -> Iterator[list[str]]:
         yield ["report", str(path), "-o", str(tmp / f"report{k}.html")]
     yield ["whatif", str(traces[0]), "--jobs", "1"]
     for name in SNAPSHOTS:
-        snap = ROOT / "traces" / f"{name}.pickle.gz"
+        snap = folder / f"{name}.pickle.gz"
         if snap.is_file():
             yield ["import", "torch", str(snap), "-o", str(tmp / f"import-{name}.parquet")]
 
 
-def precompile(verbose: bool = True) -> list[tuple[str, str]]:
-    """Run every verb once (see the module docstring); the (verb, reason) pairs that could not run."""
+def precompile(verbose: bool = True, traces: Path | None = None) -> list[tuple[str, str]]:
+    """Run every verb once (see the module docstring); the (verb, reason) pairs that could not run.
+
+    ``traces``: the folder of committed traces (default: the source tree's ``traces/``).
+    """
     failed: list[tuple[str, str]] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tracekit-precompile-") as tmp:
-        for args in _runs(Path(tmp)):
+        for args in _runs(Path(tmp), traces or ROOT / "traces"):
             why = _verb(args)
             if why is not None:
                 failed.append((" ".join(args[:2]), why))
@@ -88,4 +93,9 @@ def precompile(verbose: bool = True) -> list[tuple[str, str]]:
 
 
 if __name__ == "__main__":
-    precompile()
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tracekit.cli.precompile",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=Path, default=None, help="folder of the committed traces")
+    precompile(traces=ap.parse_args().traces)

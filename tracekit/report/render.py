@@ -1,14 +1,16 @@
-"""Figures to PNG bytes, split over two processes where the machine has two CPUs or more.
+"""Figures to PNG bytes, shared between two processes where the machine has two CPUs or more.
 
-Drawing and encoding a figure is matplotlib's Agg, 0.1-0.2 s per figure on the committed
-traces, and after the analysis the longest part of a report; no figure depends on another.
-On Linux with two CPUs or more, once every figure's data is computed, ``render`` forks one
-child that draws every other figure and sends its PNG bytes back through a pipe while this
-process draws the rest. Fork, not a worker pool: the data is already in memory, and a fresh
-interpreter would spend longer importing matplotlib than drawing. The child only draws
-(matplotlib on NumPy arrays), writes no file and ends with ``os._exit``; figures of a child
-that fails, is killed or takes far longer than this process are drawn here instead, so the
-bytes are the same either way.
+Drawing and encoding a figure is matplotlib's Agg, about 0.2 s per figure on the committed
+traces whatever the layout engine, and after the imports the longest part of a report; no
+figure depends on another. On Linux with two CPUs or more, once every figure's data is
+computed, ``render`` forks one child, and both processes take the next figure to draw from a
+shared queue (a pipe holding one 2-byte token per figure; a read that small is atomic, so each
+figure goes to one process) until it is empty; the child sends its PNG bytes back through a
+second pipe. Fork, not a worker pool: the data is already in memory, and a fresh interpreter
+would spend longer importing matplotlib than drawing. The child only draws (matplotlib on
+NumPy arrays), writes no file and ends with ``os._exit``; figures of a child that fails, is
+killed or takes far longer than this process are drawn here instead, so the bytes are the
+same either way.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import os
 import pickle
 import select
 import signal
+import struct
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from matplotlib.figure import Figure
@@ -55,38 +58,54 @@ def _png(p: Pending) -> bytes:
 
 
 def render(pending: Sequence[Pending]) -> list[Rendered]:
-    """Every pending figure drawn, in order (half in a forked child when that is possible)."""
+    """Every pending figure drawn, in order (shared with a forked child when that is possible)."""
     pngs: dict[int, bytes] = {}
-    mine = range(len(pending))
-    child = _fork_for(pending[1::2]) if _can_split(len(pending)) else None
-    if child is not None:
-        mine = range(0, len(pending), 2)
+    queue = _queue(len(pending)) if _can_split(len(pending)) else None
+    child = _fork_for(pending, queue) if queue is not None else None
     start, delivered, read_end = time.monotonic(), False, None if child is None else child[1]
     try:
-        for i in mine:
-            pngs[i] = _png(pending[i])
+        if queue is not None:
+            for i in _taken(queue):
+                pngs[i] = _png(pending[i])
         if child is not None:
             read_end = None  # _collect closes it
             theirs = _collect(child[1], CHILD_GRACE_S + (time.monotonic() - start))
-            pngs.update({2 * j + 1: b for j, b in theirs.items()})
+            pngs.update(theirs)
             delivered = bool(theirs)
     finally:
         if read_end is not None:  # this process failed before reading the child's figures
             os.close(read_end)
         if child is not None:
             _reap(child[0], kill=not delivered)
-    for i in range(len(pending)):  # anything the child did not deliver
+        if queue is not None:
+            os.close(queue)
+    for i in range(len(pending)):  # anything the child took and did not deliver, or every figure
         if i not in pngs:
             pngs[i] = _png(pending[i])
     return [Rendered(p.key, p.title, p.caption, pngs[i]) for i, p in enumerate(pending)]
 
 
 def _can_split(n: int) -> bool:
-    return n >= 2 and sys.platform == "linux" and (os.cpu_count() or 1) >= 2
+    # At most 1,000 figures: their tokens must fit in a pipe's buffer (64 KiB) at once.
+    return 2 <= n <= 1000 and sys.platform == "linux" and (os.cpu_count() or 1) >= 2
 
 
-def _fork_for(pending: Sequence[Pending]) -> tuple[int, int] | None:
-    """Fork a child drawing ``pending``; (pid, read end of its pipe), or None if fork failed."""
+def _queue(n: int) -> int:
+    """The read end of a pipe holding the tokens 0 .. n-1 (2 bytes each), its write end closed."""
+    r, w = os.pipe()
+    os.write(w, b"".join(struct.pack("<H", i) for i in range(n)))  # n figures: far below a pipe's buffer
+    os.close(w)
+    return r
+
+
+def _taken(queue: int) -> Iterator[int]:
+    """The figures this process takes from the queue, until it is empty."""
+    while len(token := os.read(queue, 2)) == 2:
+        yield struct.unpack("<H", token)[0]
+
+
+def _fork_for(pending: Sequence[Pending], queue: int) -> tuple[int, int] | None:
+    """Fork a child drawing what it takes from ``queue``; (pid, read end of its pipe), or None."""
     r, w = os.pipe()
     try:
         with warnings.catch_warnings():
@@ -104,7 +123,7 @@ def _fork_for(pending: Sequence[Pending]) -> tuple[int, int] | None:
             os.close(r)
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it; the parent handles its own
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            data = pickle.dumps({j: _png(p) for j, p in enumerate(pending)})
+            data = pickle.dumps({i: _png(pending[i]) for i in _taken(queue)})
             with os.fdopen(w, "wb") as f:
                 f.write(data)
             code = 0
