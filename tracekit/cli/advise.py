@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 def advise(
     trace: Path = typer.Argument(..., help="A trace (.parquet): a CuPy recording, a PyTorch import, or raw."),
@@ -23,6 +25,8 @@ def advise(
     ),
 ) -> None:
     """Find settings under which TRACE fits its limit, by replay, and print a paste-ready line."""
+    if verify_on_device is None:  # no GPU held: tracekit's own code only (quick_exit)
+        skip_teardown()
     from tracekit.advise.run import advise as run_advise
     from tracekit.cli.common import echo_json, terminal_progress
     from tracekit.trace.reader import read_trace

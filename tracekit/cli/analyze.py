@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 def analyze(
     trace: Path = typer.Argument(
@@ -21,6 +23,7 @@ def analyze(
 ) -> None:
     """Explain a trace: live/reserved memory, fragmentation, every OOM, the fatal one and its cause
     with the device at that moment, leaks."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.analysis.output import analyze_file, write_timeline
     from tracekit.cli.common import echo_json, terminal_progress, wrote
 

@@ -1,8 +1,10 @@
 """The ``tracekit`` command: one Typer app, one module per verb, one error funnel.
 
 Every verb module in ``VERBS`` exposes ``register(app)``. Verb modules import
-only typer at module level so ``tracekit --help`` stays fast; heavy imports
-(numba, polars, matplotlib, cupy, torch) happen inside the command bodies.
+only typer (and ``tracekit.cli.quick_exit``, the standard library alone) at module
+level so ``tracekit --help`` stays fast; heavy imports (numba, polars, matplotlib,
+cupy, torch) happen inside the command bodies. ``main`` ends the process without
+the interpreter's teardown when the verb marked the run (``quick_exit``).
 ``TracekitGroup`` is the single place where library errors, usage errors
 (click's "No such option" and the like) and signals become a one-line message
 on stderr and an exit code (see ``tracekit.errors``): Ctrl-C exits 130 and
@@ -178,8 +180,14 @@ for _verb in VERBS:
 
 
 def main() -> None:
-    """Console entry point."""
-    app(prog_name="tracekit")
+    """Console entry point (ends without the interpreter's teardown where the verb allows it)."""
+    from tracekit.cli.quick_exit import end_now_if_marked
+
+    try:
+        app(prog_name="tracekit")
+    except SystemExit as e:
+        end_now_if_marked(e.code)
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

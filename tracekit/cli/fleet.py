@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 def fleet(
     paths: list[str] = typer.Argument(
@@ -28,6 +30,8 @@ def fleet(
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Analyze many traces (the ranks of one job, runs of a CI history): who ran out of memory and why."""
+    if engine == "local":  # no Ray session: tracekit's own code only (quick_exit)
+        skip_teardown()
     from tracekit.cli.common import echo_json, wrote
     from tracekit.errors import UsageError
     from tracekit.fleet import Engine, FleetOptions, run_fleet

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 sub = typer.Typer(
     name="import",
     help="Convert another tool's allocation history into a tracekit trace.",
@@ -35,6 +37,7 @@ def torch_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
     """Import a PyTorch CUDA memory snapshot; untrusted files are safe (nothing in them is run)."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import wrote
     from tracekit.importers.torch_snapshot import import_snapshot
 

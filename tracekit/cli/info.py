@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 def info(
     trace: Path = typer.Argument(..., help="A trace (.parquet), format version 1 or 2."),
@@ -13,6 +15,7 @@ def info(
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
 ) -> None:
     """Describe a trace: metadata, counts per op, time span, devices and streams."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import echo_json, terminal_progress
     from tracekit.progress import report
     from tracekit.trace.info import trace_info

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 def recover(
     path: Path = typer.Argument(..., help="The spool (NAME.parquet.spool), or the trace name it was for."),
@@ -15,6 +17,7 @@ def recover(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
     """Turn the spool of an unfinished recording into a trace (marked incomplete)."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import terminal_progress, wrote
     from tracekit.record.recover import recover as run
 

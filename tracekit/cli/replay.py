@@ -15,6 +15,8 @@ from pathlib import Path
 import typer
 from typer.core import TyperCommand
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 class ReplayCommand(TyperCommand):
     """``replay`` whose ``--sim`` help names the registered policies, read only when help is shown."""
@@ -75,6 +77,8 @@ def replay(
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Replay a trace through a simulated allocator (--sim) or on a GPU (--device)."""
+    if device is None:  # simulated: tracekit's own code only (quick_exit)
+        skip_teardown()
     from tracekit.errors import UsageError
 
     if (sim is None) == (device is None):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 def report(
     trace: Path = typer.Argument(..., help="A trace (.parquet, format 1 or 2); each device on its own."),
@@ -28,6 +30,7 @@ def report(
     ),
 ) -> None:
     """Draw timeline, memory map, the OOM moment, sizes and call-sites into one HTML page."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import terminal_progress, wrote
     from tracekit.errors import InputError, UsageError
     from tracekit.report import write_report

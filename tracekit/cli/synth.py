@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 class _Pattern(StrEnum):  # mirrors tracekit.synth.Pattern without importing NumPy at --help
     training = "training"
@@ -22,6 +24,7 @@ def synth(
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
     """Write a synthetic trace: weights+activations, random churn, or splintering."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import terminal_progress, wrote
     from tracekit.synth import Pattern, synthesize
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tracekit.cli.quick_exit import skip_teardown
+
 
 def whatif(
     trace: Path = typer.Argument(..., help="A trace (.parquet, format 1 or 2); each device on its own."),
@@ -20,6 +22,7 @@ def whatif(
         None, "--jobs", "-j", min=1, help="Worker processes (default: one per CPU; none for short work)."),
 ) -> None:
     """Find, per allocator policy, the smallest capacity (to 2 MiB) that replays TRACE without OOM."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.analysis.whatif import whatif as run_whatif
     from tracekit.cli.common import echo_json, terminal_progress
     from tracekit.errors import UsageError

@@ -1,0 +1,54 @@
+"""The console entry point ends without the interpreter's teardown only after tracekit's own code
+(tracekit.cli.quick_exit), with every byte of output delivered and the verb's exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tracekit.cli import quick_exit
+from tracekit.cli.app import app
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "traces" / "cupy-oom-frag.parquet"
+
+
+@pytest.fixture(autouse=True)
+def _unmarked():
+    quick_exit._STATE["skip"] = False
+    yield
+    quick_exit._STATE["skip"] = False
+
+
+def _tracekit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tracekit", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_a_quick_exit_delivers_all_output_and_the_code() -> None:
+    p = _tracekit("analyze", str(TRACE), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["oom"]["seq"] == 164  # the whole document arrived
+    bad = _tracekit("analyze", str(ROOT / "traces" / "missing.parquet"))
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "missing.parquet" in bad.stderr
+
+
+def test_verbs_of_tracekit_code_alone_mark_the_run() -> None:
+    assert CliRunner().invoke(app, ["info", str(TRACE)]).exit_code == 0
+    assert quick_exit._STATE["skip"]
+
+
+def test_a_device_replay_keeps_the_normal_exit() -> None:
+    # --device holds a GPU through CuPy, whose exit handlers must run (here it fails: no GPU or
+    # no CuPy, or it runs; either way the run is not marked).
+    CliRunner().invoke(app, ["replay", str(TRACE), "--device", "0"])
+    assert not quick_exit._STATE["skip"]
+
+
+def test_without_the_mark_nothing_ends() -> None:
+    assert quick_exit.end_now_if_marked(0) is None  # still here
