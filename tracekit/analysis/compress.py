@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.trace.schema import Op
+
 EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # free slot marker of the hash table
 
 
@@ -106,17 +108,24 @@ def opening_ranges(op, addr, size, rounded, mate):  # pragma: no cover - compile
     n = op.shape[0]
     k = 0
     for i in range(n):
-        o = op[i]
-        if o == 0 or o == 2 or ((o == 1 or o == 3) and mate[i] < 0):
+        if _opens(op[i], mate[i]):
             k += 1
     rows = np.empty(k, np.int64)
     bounds = np.empty(2 * k, np.uint64)
     r = 0
     for i in range(n):
         o = op[i]
-        if o == 0 or o == 2 or ((o == 1 or o == 3) and mate[i] < 0):
+        if _opens(o, mate[i]):
             rows[r] = i
             bounds[r] = addr[i]
-            bounds[k + r] = addr[i] + (rounded[i] if o == 0 else size[i])
+            bounds[k + r] = addr[i] + (rounded[i] if o == Op.MALLOC else size[i])
             r += 1
     return rows, bounds
+
+
+@njit(cache=True)
+def _opens(o, mate):  # pragma: no cover - compiled
+    # A malloc or segment_alloc, or a free / segment_free whose opening row the trace lacks.
+    if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:
+        return True
+    return (o == Op.FREE or o == Op.SEGMENT_FREE) and mate < 0

@@ -21,6 +21,8 @@ from enum import IntEnum
 import numpy as np
 from numba import njit
 
+from tracekit.trace.schema import Op
+
 
 class IssueKind(IntEnum):
     FREE_NOT_LIVE = 0
@@ -117,7 +119,8 @@ def _grow(keys, tags, vals):  # pragma: no cover - compiled
 def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - compiled
     # One pass in event order. The table maps (device, class, addr) to the index
     # of the live malloc / segment_alloc, or to -1 once freed (so a second free
-    # is told apart from a free of an address never seen). class 0 = block, 1 = segment.
+    # is told apart from a free of an address never seen). Blocks and segments are separate
+    # keys: the tag is device * 2 + (1 for a segment).
     cap = 1 << 12
     keys = np.zeros(cap, np.uint64)
     tags = np.full(cap, _EMPTY, np.int32)
@@ -125,15 +128,15 @@ def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - co
     used = 0
     for i in range(op.shape[0]):
         o = op[i]
-        if o > 3:
+        if o == Op.OOM:
             continue
-        c = 0 if o < 2 else 1
-        tag = np.int32(device[i]) * 2 + c
+        seg = o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE
+        tag = np.int32(device[i]) * 2 + (1 if seg else 0)
         j = _slot(keys, tags, addr[i], tag, cap - 1)
         found = tags[j] != _EMPTY
-        if o == 0 or o == 2:  # malloc / segment_alloc
+        if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:
             if found and vals[j] >= 0:
-                kind = 2 + 3 * c
+                kind = IssueKind.SEGMENT_ALLOC_LIVE if seg else IssueKind.MALLOC_LIVE
                 keep[i] = False
                 counts[kind] += 1
                 if first[kind] < 0:
@@ -153,7 +156,10 @@ def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - co
                 mate[vals[j]] = i
                 vals[j] = -1
             else:
-                kind = (1 if found else 0) + 3 * c
+                if seg:
+                    kind = IssueKind.SEGMENT_DOUBLE_FREE if found else IssueKind.SEGMENT_FREE_NOT_LIVE
+                else:
+                    kind = IssueKind.DOUBLE_FREE if found else IssueKind.FREE_NOT_LIVE
                 keep[i] = False
                 counts[kind] += 1
                 if first[kind] < 0:
