@@ -32,7 +32,7 @@ def fleet(
     """Analyze many traces (the ranks of one job, runs of a CI history): who ran out of memory and why."""
     if engine == "local":  # no Ray session: tracekit's own code only (quick_exit)
         skip_teardown()
-    from tracekit.cli.common import echo_json, wrote
+    from tracekit.cli.common import echo_json, terminal_progress, wrote
     from tracekit.errors import UsageError
     from tracekit.fleet import Engine, FleetOptions, run_fleet
 
@@ -42,12 +42,8 @@ def fleet(
         raise UsageError(f"--engine {engine!r}: choose local or ray") from None
     options = FleetOptions(engine=eng, jobs=jobs, address=address, whatif=whatif, advise=advise,
                            output=output, report=report, force=force)
-    from tracekit.progress import Progress, reporting
-
-    bar = Progress("fleet", min_total=8)  # traces done of all; short fleets finish before a bar helps
-    with reporting(bar):
+    with terminal_progress("fleet"):  # traces done of all, on a terminal, like every verb
         result = run_fleet(paths, options)
-    bar.close()
     if json_out:
         from tracekit.fleet.table import json_rows
 
