@@ -16,7 +16,7 @@ def test_every_step_is_a_verb_and_every_policy_is_replayed(tmp_path: Path) -> No
     group = typer.main.get_command(app)
     verbs = set(group.commands)  # type: ignore[attr-defined]
     assert {r[0] for r in runs} <= verbs
-    assert {"synth", "analyze", "replay", "whatif", "report"} <= {r[0] for r in runs}
+    assert {"synth", "analyze", "replay", "whatif", "report", "advise", "fleet"} <= {r[0] for r in runs}
     replayed = {r[r.index("--sim") + 1] for r in runs if r[0] == "replay"}
     assert replayed == set(policies.names())
 

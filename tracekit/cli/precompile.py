@@ -5,7 +5,9 @@ The hot loops are numba kernels cached on disk (``cache=True``, in the
 argument types a verb passes, so the surest way to have every kernel that a
 verb needs compiled is to run the verbs themselves: ``synth`` each pattern,
 then ``info``, ``analyze`` (with a timeline), ``replay --sim`` under every
-registered policy, ``whatif``, ``report``, and ``import torch`` on the
+registered policy, ``whatif``, ``report``, ``advise`` (a raw, a CuPy and a PyTorch
+trace: each searches through its own inputs), ``fleet`` (its members are read
+and analyzed their own way) and ``import torch`` on the
 committed snapshots, on the synthetic traces and on the small committed
 traces when the source tree has them (``--traces DIR``: another folder holding
 them, as when a wheel is built from a copy of the package). The package build
@@ -29,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ("cupy-oom-frag", "torch-wrap", "torch-expandable", "torch-record-oom", "torch-maxsplit")
 SNAPSHOTS = ("torch-wrap", "torch-record-oom")
+ADVISED = ("cupy-oom-frag", "torch-record-oom")  # a CuPy and a PyTorch search, both small
 PATTERNS = ("training", "random", "fragmenting")
 
 
@@ -66,6 +69,10 @@ def _runs(tmp: Path, folder: Path) -> Iterator[list[str]]:
             yield ["replay", str(path), "--sim", name, "-o", str(tmp / f"replay{k}-{name}.parquet")]
         yield ["report", str(path), "-o", str(tmp / f"report{k}.html")]
     yield ["whatif", str(traces[0]), "--jobs", "1"]
+    yield ["advise", str(traces[0]), "--jobs", "1", "--limit", "64MiB"]  # synthetic: no limit recorded
+    for path in (p for p in (folder / f"{n}.parquet" for n in ADVISED) if p.is_file()):
+        yield ["advise", str(path), "--jobs", "1"]
+    yield ["fleet", *map(str, traces), "--jobs", "1", "-o", str(tmp / "fleet.json")]
     for name in SNAPSHOTS:
         snap = folder / f"{name}.pickle.gz"
         if snap.is_file():
