@@ -31,3 +31,35 @@ def test_replay_and_advise_share_the_torch_kernel_signature() -> None:
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "1"
+
+
+LAYOUTS = """
+import numpy as np
+from tracekit.analysis import analyze_trace
+from tracekit.analysis import largest_free as lf
+from tracekit.trace import Events, TraceMeta, Source, read_trace
+from tracekit.trace.writer import TraceWriter
+from tracekit.trace.totals import first_over
+one = read_trace("traces/cupy-mlp.parquet")  # one row group: columns read zero-copy
+ev = one.events
+w = TraceWriter("{tmp}/groups.parquet", one.meta, row_group_size=4096)  # several: concatenated
+w.write(ev)
+w.close()
+many = read_trace("{tmp}/groups.parquet")
+built = Events.build(np.array(ev.op), np.array(ev.size), addr=np.array(ev.addr),
+                     rounded=np.array(ev.rounded), t_ns=np.array(ev.t_ns), stream=np.array(ev.stream))
+for t in (one, many):
+    analyze_trace(t)
+print(len(lf.scan.signatures), len(first_over.signatures), all(not getattr(built, f).flags.writeable
+      for f in ("op", "size", "addr")))
+"""
+
+
+def test_every_file_layout_reaches_the_same_kernels(tmp_path: Path) -> None:
+    # One row group is read zero-copy (read-only columns), several are concatenated (writable):
+    # Events are read-only either way, so a big trace runs the kernels the install compiled.
+    p = subprocess.run([sys.executable, "-c", LAYOUTS.format(tmp=tmp_path)], capture_output=True,
+                       text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["1", "1", "True"]

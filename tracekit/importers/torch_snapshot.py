@@ -187,7 +187,7 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
         hists.append(h)
     bar.close()
     events, extras = _merge(parts, devices, hists, table, stacks)
-    _pair_free_sizes(events)
+    events = _pair_free_sizes(events)
     ninit = int(np.count_nonzero(extras["initial"]))
     meta = _meta(top, where, settings, skipped, hists, devices, ninit)
     return Converted(meta, events, extras, tuple(devices), ninit, dict(skipped))
@@ -286,13 +286,18 @@ def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History]
     return ev, extras
 
 
-def _pair_free_sizes(ev: Events) -> None:
-    """A free's size is the rounded bytes of the malloc it pairs with (same (device, addr), most recent)."""
+def _pair_free_sizes(ev: Events) -> Events:
+    """``ev`` with each free's size the rounded bytes of the malloc it pairs with (same (device,
+    addr), most recent)."""
+    from dataclasses import replace
+
     from tracekit.trace.validate import pair_events
 
     mate = pair_events(ev.op, ev.addr, ev.device, ev.seq).mate
     free = np.flatnonzero((ev.op == Op.FREE) & (mate >= 0))
-    ev.size[free] = ev.rounded[mate[free]]
+    size = ev.size.copy()
+    size[free] = ev.rounded[mate[free]]
+    return replace(ev, size=size)
 
 
 def _meta(top: dict[str, Any], where: Path, settings: dict[str, Any], skipped: Counter[str],

@@ -30,7 +30,7 @@ FIELDS: tuple[tuple[str, type], ...] = (
 
 @dataclass(frozen=True, eq=False)
 class Events:
-    """n events as parallel arrays; ``sites`` is the call-site dictionary."""
+    """n events as parallel read-only arrays; ``sites`` is the call-site dictionary."""
 
     seq: np.ndarray
     t_ns: np.ndarray
@@ -49,6 +49,14 @@ class Events:
             arr = getattr(self, name)
             if arr.dtype != dtype or arr.ndim != 1 or len(arr) != n:
                 raise ValueError(f"Events.{name}: expected 1-D {np.dtype(dtype)} of length {n}")
+            if arr.flags.writeable:
+                # Events never change; and numba compiles a kernel once per writability, so
+                # columns read zero-copy from one row group (read-only), concatenated from several
+                # or built in memory (writable) would each need their own compiled kernels. One
+                # kind, read-only views, keeps every verb on the kernels the install compiled.
+                view = arr.view()
+                view.flags.writeable = False
+                object.__setattr__(self, name, view)
 
     def __len__(self) -> int:
         return len(self.seq)
