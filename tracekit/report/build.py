@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from matplotlib.figure import Figure
 
 from tracekit import progress
 from tracekit.analysis.leaks import by_site, pool_state_at
@@ -84,27 +85,55 @@ def build_figures(
     return render(out), main_tl, summary
 
 
+RGB = tuple[float, float, float]
+Legend = list[tuple[str, RGB]]  # call-site label and its colour
+
+
 def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name: str, suffix: str
                     ) -> tuple[list[Pending], TimelineData]:
-    """The figures of one device, not drawn yet (``suffix`` appended to every key)."""
+    """The figures of one device, not drawn yet (``suffix`` appended to every key).
+
+    What only one figure needs (the memory map's raster, the pool at the OOM or the peak) is
+    computed when that figure is drawn, so it is shared out with the drawing (``render``).
+    """
     ev = trace.events
     tl = timeline_data(table, summary)
     out = [Pending("timeline", "Timeline", _TIMELINE_CAPTION, partial(figures.draw_timeline, tl, name))]
     if len(ev) == 0:
         return _suffixed(out, suffix), tl
-    b, seg = blk.blocks(trace), blk.segments(trace)
+    b = blk.blocks(trace)
     top = blk.rank_sites(b, len(ev.sites))
     rgb = site_colours(len(ev.sites), top)
     legend = [(short_site(ev.sites[int(s)], 60), PALETTE[i]) for i, s in enumerate(top[: len(PALETTE)])]
     by_name = {ev.sites[int(s)]: PALETTE[i] for i, s in enumerate(top[: len(PALETTE)])}
+    title = "The moment of the OOM" if summary.get("oom") else "Segments at peak reserved"
+    sizes = ev.size[ev.op == Op.MALLOC]
+    out += [
+        Pending("memory-map", "Memory map", _MAP_CAPTION,
+                partial(_memory_map, trace, b, rgb, legend, name, tl.oom_x)),
+        Pending("oom-moment", title, _MOMENT_CAPTION, partial(_moment, trace, summary, rgb, legend)),
+        Pending("sizes", "Allocation sizes", _SIZES_CAPTION, partial(figures.draw_sizes, sizes, name)),
+        Pending("sites", "Call-sites at the peak, and blocks never freed", _SITES_CAPTION,
+                partial(_sites, trace, summary, by_name)),
+    ]
+    return _suffixed(out, suffix), tl
+
+
+def _memory_map(trace: Trace, b: Any, rgb: np.ndarray, legend: Legend, name: str,
+                oom_x: Any) -> Figure:
+    ev = trace.events
+    seg = blk.segments(trace)
     axis = time_axis(ev.t_ns, ev.seq)
     xs = axis.x(ev.t_ns, np.arange(len(ev)))
     x_end = np.append(xs, xs[-1] + max((xs[-1] - xs[0]) * 1e-3, 1e-9))
     layout, by_seg = blk.layout_for(b, seg)
     md = map_data(b, layout, x_end, axis, rgb, legend, by_segment=by_seg, seg=seg)
-    out.append(Pending("memory-map", "Memory map", _MAP_CAPTION,
-                       partial(draw_memory_map, md, name, tl.oom_x)))
-    oom = summary.get("oom")
+    return draw_memory_map(md, name, oom_x)
+
+
+def _moment(trace: Trace, summary: dict[str, Any], rgb: np.ndarray, legend: Legend) -> Figure:
+    """The segments at the fatal OOM (its request drawn under the largest gap), else at peak reserved."""
+    ev, oom = trace.events, summary.get("oom")
     if oom:
         k = _index_of_seq(trace, int(oom["seq"]))
         req = int(oom.get("rounded") or oom.get("size") or 0)
@@ -113,18 +142,18 @@ def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name
         seq = summary.get("peak_reserved_seq")
         k = _index_of_seq(trace, int(seq)) if seq is not None else len(ev) - 1
         m = moment(pool_state_at(ev, trace.mate, k + 1), k, int(ev.seq[k]), None, False, rgb)
-    title = "The moment of the OOM" if oom else "Segments at peak reserved"
-    out.append(Pending("oom-moment", title, _MOMENT_CAPTION, partial(draw_moment, m, legend)))
-    sizes = ev.size[ev.op == Op.MALLOC]
-    out.append(Pending("sizes", "Allocation sizes", _SIZES_CAPTION, partial(figures.draw_sizes, sizes, name)))
+    return draw_moment(m, legend)
+
+
+def _sites(trace: Trace, summary: dict[str, Any], by_name: dict[str, RGB]) -> Figure:
+    """The call-sites holding the most at peak live bytes, and the blocks never freed."""
+    ev = trace.events
     pk = summary.get("peak_live_seq")
     kp = _index_of_seq(trace, int(pk)) if pk is not None else len(ev) - 1
     peak = pool_state_at(ev, trace.mate, kp + 1)  # right after the peak event
     at_peak = [s.to_dict() for s in by_site(peak.block_site, peak.block_size, ev.sites)]
     leaks = list(summary.get("leaks") or [])
-    out.append(Pending("sites", "Call-sites at the peak, and blocks never freed", _SITES_CAPTION,
-                       partial(figures.draw_sites, at_peak, leaks, by_name, f"seq {int(ev.seq[kp])}")))
-    return _suffixed(out, suffix), tl
+    return figures.draw_sites(at_peak, leaks, by_name, f"seq {int(ev.seq[kp])}")
 
 
 def _suffixed(pending: list[Pending], suffix: str) -> list[Pending]:
