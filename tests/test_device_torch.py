@@ -188,17 +188,22 @@ def test_without_free_entries_segment_rows_still_find_their_malloc() -> None:
     assert rows.before.tolist() == [0, 2, 4]
 
 
-@pytest.mark.parametrize(("name", "with_limit", "without"), [
-    ("torch-maxsplit.parquet", 1, 296),  # 295 retries under max_split_size_mb:64, one empty_cache()
-    ("torch-oom.parquet", 0, 3),  # every recorded release was the allocator retrying under its limit
-    ("torch-expandable.parquet", 1, 1),  # the program's own empty_cache() after step 8
+@pytest.mark.parametrize(("name", "oversize_first", "with_limit", "without"), [
+    ("torch-maxsplit.parquet", True, 1, 296),  # 295 retries under max_split_size_mb:64, one empty_cache()
+    ("torch-oom.parquet", False, 3, 3),  # every recorded release was the allocator retrying under its limit
+    ("torch-expandable.parquet", False, 1, 1),  # the program's own empty_cache() after step 8
+    ("torch-handled-oom.parquet", False, 394, 394),  # 169 of them retries PyTorch would not make here
 ])
-def test_releases_left_to_pytorch_under_a_limit(name: str, with_limit: int, without: int) -> None:
+def test_retries_are_left_to_pytorch_only_where_it_releases_oversize_blocks_first(
+        name: str, oversize_first: bool, with_limit: int, without: int) -> None:
+    # Without max_split_size_mb a retry releases every cached block, as empty_cache() does, so
+    # empty_cache() stands in for it even under a limit; with it, a limit leaves the retry to PyTorch.
     from tracekit.device.torch_replay import releases
     from tracekit.sim.prepare import prepare
     from tracekit.trace import read_trace
 
     trace = read_trace(ROOT / "traces" / name)
     init = prepare(trace).initial
-    assert int(releases(trace, init, trace.meta.pool_limit_bytes or 1).sum()) == with_limit
-    assert int(releases(trace, init, None).sum()) == without
+    limit = trace.meta.pool_limit_bytes or 1
+    assert int(releases(trace, init, limit, oversize_first).sum()) == with_limit
+    assert int(releases(trace, init, None, oversize_first).sum()) == without

@@ -92,7 +92,9 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     init = prepare(trace).initial
     ops = np.where(init, -1, ev.op.astype(np.int64))  # the starting state is rebuilt, not replayed
     sizes, mates = ev.size.astype(np.int64), trace.mate.astype(np.int64)
-    release = releases(trace, init, cfg.capacity) if plan.release_points else np.zeros(len(ev), bool)
+    oversize_first = plan.expected.max_split_size < (1 << 62)  # max_split_size_mb is set
+    release = (releases(trace, init, cfg.capacity, oversize_first) if plan.release_points
+               else np.zeros(len(ev), bool))
     streams, sidx = stream_groups(ev.stream)
     backend = TorchBackend(cfg.device, plan, cfg.capacity)
     log = SegmentLog()
@@ -136,19 +138,24 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     return replace(run, peak_reserved=int(_reserved_curve(run).max(initial=0)), torch=info)
 
 
-def releases(trace: Trace, init: np.ndarray, capacity: int | None) -> np.ndarray:
+def releases(trace: Trace, init: np.ndarray, capacity: int | None, oversize_first: bool) -> np.ndarray:
     """Bool per event: call ``empty_cache()`` before it.
 
     The program's own releases (``tracekit.sim.pool_run.retry_releases``) always.
-    A recorded release that was the allocator retrying a request under its limit
-    is left to PyTorch when the replay has a limit too: the real allocator then
-    retries by itself, releasing what its rules release (under
-    ``max_split_size_mb``, only oversize blocks first). Without a limit nothing
-    makes it retry, so ``empty_cache()`` stands in for it there.
+    A recorded release that was the allocator retrying a request: without
+    ``max_split_size_mb`` PyTorch's retry releases every cached block
+    (``release_cached_blocks``, what ``empty_cache()`` does), so ``empty_cache()``
+    before the request stands in for it, also where the replay's PyTorch would
+    not retry by itself (the recorded ``cudaMalloc`` failed for a reason the
+    trace does not show: ``torch-handled-oom``, request 434). With
+    ``max_split_size_mb`` (``oversize_first``) the retry first releases only
+    oversize blocks, which ``empty_cache()`` cannot stand in for: under a limit
+    it is left to PyTorch, which retries by itself where the limit makes it;
+    without a limit nothing would make it retry, so ``empty_cache()`` does.
     """
     ev = trace.events
     own, retry = retry_releases(ev.op, ev.size.astype(np.int64), init)
-    if capacity is not None:
+    if capacity is not None and oversize_first:
         return own
     # the first recorded segment_free of each run a retry released: the release points the run began at
     return own | (release_points(ev.op, init) & ~own & _retry_runs(ev.op, retry))
