@@ -192,7 +192,7 @@ def test_without_free_entries_segment_rows_still_find_their_malloc() -> None:
     ("torch-maxsplit.parquet", True, 1, 296),  # 295 retries under max_split_size_mb:64, one empty_cache()
     ("torch-oom.parquet", False, 3, 3),  # every recorded release was the allocator retrying under its limit
     ("torch-expandable.parquet", False, 1, 1),  # the program's own empty_cache() after step 8
-    ("torch-handled-oom.parquet", False, 394, 394),  # 169 of them retries PyTorch would not make here
+    ("torch-handled-oom.parquet", False, 394, 394),  # 169 of them recorded retries
 ])
 def test_retries_are_left_to_pytorch_only_where_it_releases_oversize_blocks_first(
         name: str, oversize_first: bool, with_limit: int, without: int) -> None:
