@@ -49,5 +49,24 @@ def main() -> None:
         print(f"  ev {k} {Op(ev.op[k]).name:<13} size {int(ev.size[k]):>10} addr {int(ev.addr[k]):#x}")
 
 
+
+def compare() -> None:
+    """Both comparisons with the model: on the input trace and on the replay's own output."""
+    import tempfile
+    from pathlib import Path
+
+    from tracekit.device.command import write_output
+    from tracekit.device.torch_compare import compare_with_model
+
+    trace = read_trace("traces/torch-handled-oom.parquet")
+    run = replay_torch_on_device(trace, None, trace.meta.pool_limit_bytes, 0, continue_on_oom=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = read_trace(write_output(trace, run, Path(tmp) / "out.parquet"))
+        for c in compare_with_model(trace, run, out):
+            print(c.to_dict())
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    compare() if sys.argv[1:] == ["compare"] else main()

@@ -23,10 +23,13 @@ from tracekit.trace import Op, read_trace
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_TRACES = sorted((ROOT / "traces").glob("torch-*.parquet"))
 # Recordings PyTorch's own allocator does not reproduce when replayed, and what was seen (H200).
-DEVICE_DEPARTS = {
-    "torch-handled-oom": "replaying the recorded requests, PyTorch's allocator takes one 20 MiB segment "
-                         "more than the recorded run at request 467 (205,520,896 against 184,549,376 "
-                         "reserved); the model follows the recording; cause not yet found",
+# Traces where equal free blocks lie in another address order on this device than in the recording:
+# PyTorch breaks such ties by address, so from the first one on the device follows its own layout.
+# The model fed this device's addresses must still agree on every request.
+ADDRESS_ORDER = {
+    "torch-handled-oom": "from request 774 on, a tie between two free 128 KiB blocks falls by address, and "
+                         "this device laid those segments out in the other order than the recorded run "
+                         "(the model with this device's addresses agrees on all 12,530 requests)",
 }
 
 
@@ -70,17 +73,18 @@ def test_committed_trace_agrees_with_the_model_request_by_request(path: Path, tm
     assert run.free_end == run.free_start, "device memory not given back"
     assert torch.cuda.memory_reserved(0) == 0
     out = read_trace(write_output(trace, run, tmp_path / "out.parquet"))
-    for c in compare_with_model(trace, run, out):
-        if c.first >= 0 and path.stem in DEVICE_DEPARTS:  # the release was still checked above
-            pytest.xfail(DEVICE_DEPARTS[path.stem])
-        assert c.first < 0, c.to_dict()
+    recorded_order, own_order = compare_with_model(trace, run, out)
+    assert own_order.first < 0, own_order.to_dict()
+    ooms = np.flatnonzero(trace.events.op == Op.OOM)
+    assert run.first_oom == (int(ooms[0]) if len(ooms) else -1)
+    if recorded_order.first >= 0 and path.stem in ADDRESS_ORDER:  # everything else was checked above
+        pytest.xfail(ADDRESS_ORDER[path.stem])
+    assert recorded_order.first < 0, recorded_order.to_dict()
     # the real allocator also reproduces the recording itself
     req = replayed_requests(trace, run)
     dev, rec = device_reserved(trace, run), _recorded_reserved(trace)
     if run.torch.rebuilt is None:
         assert np.array_equal(dev[req], rec[req])
-    ooms = np.flatnonzero(trace.events.op == Op.OOM)
-    assert run.first_oom == (int(ooms[0]) if len(ooms) else -1)
 
 
 def test_settings_are_reset_between_replays() -> None:
