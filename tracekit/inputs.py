@@ -128,3 +128,22 @@ def memory_cap(extra_bytes: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def optional_int(v: Any) -> int | None:
+    """``v`` as an int where it plainly is one, else None: an int (not a bool), a finite float
+    (truncated), or a string of an integer. For fields a reader takes if usable (snapshot
+    metadata, launcher variables, summary values); fields that must be valid are checked instead.
+    """
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v == v and abs(v) < 2**63:
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            return None
+    return None

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tracekit.inputs import optional_int
 from tracekit.trace.schema import Source, TraceMeta
 
 # Budget keys that break the overhead down, in the words the explanation uses.
@@ -83,25 +84,10 @@ def _parts(budget: tuple[tuple[str, int], ...], names: tuple[tuple[str, str], ..
     return sorted(((label, b[key]) for key, label in names if b.get(key)), key=lambda p: -p[1])
 
 
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v == v and abs(v) < 2**63:
-        return int(v)
-    if isinstance(v, str):
-        try:
-            return int(v)
-        except ValueError:
-            return None
-    return None
-
-
 def _budget(raw: Any) -> tuple[tuple[str, int], ...]:
     if not isinstance(raw, Mapping):
         return ()
-    out = [(str(k), _int(v)) for k, v in raw.items()]
+    out = [(str(k), optional_int(v)) for k, v in raw.items()]
     return tuple((k, v) for k, v in out if v is not None)
 
 
@@ -125,10 +111,10 @@ def _replay_context(meta: TraceMeta) -> DeviceContext:
     extra = meta.extra
     policy = extra.get("policy")
     policy = str(policy) if policy is not None else None
-    capacity = _int(extra.get("capacity"))
+    capacity = optional_int(extra.get("capacity"))
     if capacity is None:
         capacity = meta.pool_limit_bytes
-    total = _int(extra.get("device_total"))
+    total = optional_int(extra.get("device_total"))
     name = meta.device.name if meta.device else None
     from tracekit.sim import policies as registry
 
@@ -149,8 +135,8 @@ def device_context(meta: TraceMeta) -> DeviceContext:
     budget = _budget(meta.extra.get("budget"))
     b = dict(budget)
     dev = meta.device
-    total = _int(dev.total_bytes) if dev else None
-    free = _int(dev.free_bytes) if dev else None
+    total = optional_int(dev.total_bytes) if dev else None
+    free = optional_int(dev.free_bytes) if dev else None
     total = total if total is not None else b.get("cuda_total")
     free = free if free is not None else b.get("cuda_free")
     limit = meta.pool_limit_bytes

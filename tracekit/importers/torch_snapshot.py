@@ -38,7 +38,7 @@ from tracekit.importers.pickle_scan import EntryList, scan
 from tracekit.importers.safe_pickle import GZIP_MAGIC, load_pickle
 from tracekit.importers.torch_rounding import divisions_from_settings, round_size
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
-from tracekit.inputs import check_regular
+from tracekit.inputs import check_regular, optional_int
 from tracekit.outputs import check_output
 from tracekit.progress import LARGE_BYTES, Progress
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
@@ -306,8 +306,8 @@ def _meta(top: dict[str, Any], where: Path, settings: dict[str, Any], skipped: C
     tk: dict[str, Any] = raw if isinstance(raw, dict) else {}
     dev = None
     if tk.get("device_name") or tk.get("total_bytes"):
-        free = _int(tk.get("free_bytes_at_start"))
-        dev = DeviceInfo(tk.get("device_name"), _int(tk.get("total_bytes")), free)
+        free = optional_int(tk.get("free_bytes_at_start"))
+        dev = DeviceInfo(tk.get("device_name"), optional_int(tk.get("total_bytes")), free)
     versions = {k: str(tk[v]) for k, v in (("torch", "torch_version"), ("cuda", "cuda_version")) if tk.get(v)}
     info = {
         "snapshot": where.name, "devices": devices, "history_entries": [len(h) for h in hists],
@@ -319,13 +319,8 @@ def _meta(top: dict[str, Any], where: Path, settings: dict[str, Any], skipped: C
         if k in tk:
             extra[f"torch_{k}"] = tk[k]
     return TraceMeta.new(
-        Source.TORCH, device=dev, pool_limit_bytes=_int(tk.get("allowed_bytes")),
+        Source.TORCH, device=dev, pool_limit_bytes=optional_int(tk.get("allowed_bytes")),
         command=tk.get("command"), versions=versions, extra=extra,
     )
 
 
-def _int(v: Any) -> int | None:
-    try:
-        return None if v is None else int(v)
-    except (TypeError, ValueError):
-        return None

@@ -23,19 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracekit.inputs import optional_int
+
 FAMILIES = (
     ("RANK", "LOCAL_RANK", "WORLD_SIZE"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
 )
 PLACEHOLDERS = ("{rank}", "{local_rank}", "{world_size}", "{host}", "{pid}")
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
 
 
 def _meta_int(v: Any) -> int | None:
@@ -59,8 +54,9 @@ class Launch:
         host, pid = platform.node(), os.getpid()
         for rank_var, local_var, size_var in FAMILIES:
             if rank_var in env or local_var in env:
-                return cls(_int(env.get(rank_var)), _int(env.get(local_var)), _int(env.get(size_var)),
-                           host, pid, rank_var if rank_var in env else local_var)
+                return cls(optional_int(env.get(rank_var)), optional_int(env.get(local_var)),
+                           optional_int(env.get(size_var)), host, pid,
+                           rank_var if rank_var in env else local_var)
         return cls(None, None, None, host, pid)
 
     @classmethod

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tracekit.inputs import optional_int
 from tracekit.report.envelope import Envelope, envelope
 from tracekit.report.style import Scale, TimeAxis, byte_scale, time_axis
 
@@ -102,11 +103,11 @@ def timeline_data(
         row = min(int(np.searchsorted(seq, np.uint64(oom_seq))), len(x) - 1)
         oom_x = float(x[row]) if len(x) else 0.0
         oom_text = str(oom.get("explanation") or "")
-        oom_reserved = _int(oom.get("reserved_bytes"))
-        oom_request = _int(oom.get("rounded")) or _int(oom.get("size"))
+        oom_reserved = optional_int(oom.get("reserved_bytes"))
+        oom_request = optional_int(oom.get("rounded")) or optional_int(oom.get("size"))
         if oom_reserved is not None and oom_request:
             top = max(top, float(oom_reserved + oom_request))
-    limit = _int(summary.get("limit_bytes"))
+    limit = optional_int(summary.get("limit_bytes"))
     if limit:
         top = max(top, float(limit))
     handled = [int(o["seq"]) for o in summary.get("ooms") or () if o.get("handled")
@@ -135,5 +136,3 @@ def timeline_data(
     )
 
 
-def _int(v: Any) -> int | None:
-    return None if v is None else int(v)
