@@ -38,7 +38,8 @@ def main() -> None:
         print(f"synth     {time.perf_counter() - t:7.2f} s  ({args.events:,} events, not counted)")
 
     from tracekit.analysis import analyze_trace
-    from tracekit.report.build import _atomic_write, build_figures
+    from tracekit.outputs import write_bytes
+    from tracekit.report.build import build_figures
     from tracekit.report.html import figure_html, page
     from tracekit.report.sections import header, summary_section
     from tracekit.trace import read_trace
@@ -63,7 +64,7 @@ def main() -> None:
         trace.name, header(tr, summary), [summary_section(summary)] + [figure_html(r) for r in rendered]
     )
     out = folder / "report.html"
-    _atomic_write(out, doc.encode())
+    write_bytes(out, doc.encode())
     t4 = time.perf_counter()
     cpu = time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
