@@ -22,7 +22,7 @@ from setuptools.command.build_py import build_py
 class BuildPy(build_py):
     def run(self) -> None:
         super().run()
-        if os.environ.get("TRACEKIT_NO_PRECOMPILE"):
+        if os.environ.get("TRACEKIT_NO_PRECOMPILE", "") not in ("", "0"):
             return
         root = os.path.dirname(os.path.abspath(__file__))
         # The package the verbs import, and so where numba writes the kernels.

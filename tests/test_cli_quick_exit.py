@@ -38,6 +38,15 @@ def test_a_quick_exit_delivers_all_output_and_the_code() -> None:
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "missing.parquet" in bad.stderr
 
 
+def test_a_closed_stdout_still_ends_with_the_verbs_code() -> None:
+    # A daemon or cron job may start tracekit with descriptor 1 closed: Python's stdout is None.
+    import os
+
+    p = subprocess.run([sys.executable, "-m", "tracekit", "info", str(TRACE)], stderr=subprocess.PIPE,
+                       text=True, cwd=ROOT, timeout=120, preexec_fn=lambda: os.close(1))
+    assert p.returncode == 0, p.stderr
+
+
 def test_verbs_of_tracekit_code_alone_mark_the_run() -> None:
     assert CliRunner().invoke(app, ["info", str(TRACE)]).exit_code == 0
     assert quick_exit._STATE["skip"]

@@ -63,3 +63,18 @@ def test_every_file_layout_reaches_the_same_kernels(tmp_path: Path) -> None:
                        timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["1", "1", "True"]
+
+
+def test_events_stay_read_only_across_a_pickle() -> None:
+    # Workers given an in-memory trace unpickle it: its columns must reach the kernels read-only.
+    import pickle
+
+    import numpy as np
+
+    from tracekit.trace import Events, Op
+
+    ev = Events.build(np.array([Op.MALLOC, Op.FREE], np.int8), np.array([512, 512], np.uint64),
+                      addr=np.array([4096, 4096], np.uint64), sites=("a.py:1:f",))
+    back = pickle.loads(pickle.dumps(ev))
+    assert not back.size.flags.writeable and not back.op.flags.writeable
+    assert back.sites == ("a.py:1:f",) and back.size.tolist() == [512, 512]

@@ -103,3 +103,34 @@ def test_an_error_here_ends_the_child_and_is_raised(monkeypatch) -> None:
     with pytest.raises(ValueError, match="drawing failed"):
         render(_pending(boom))
     assert len(pids) == 1 and _reaped(pids[0])
+
+
+def test_a_slow_child_that_keeps_drawing_is_waited_for(monkeypatch) -> None:
+    monkeypatch.setattr(rd, "CHILD_GRACE_S", 0.5)
+    drawn_here: list[int] = []
+
+    def slow(k: int) -> Figure:
+        if os.getpid() == PARENT:
+            drawn_here.append(k)
+        time.sleep(0.3)  # each figure well within the grace, all of them together not
+        return _line(k)
+
+    out = render(_pending(slow))
+    assert [r.png for r in out] == _serial(_pending(_line))
+    assert len(drawn_here) < 5  # the child's figures were taken from it, not drawn again
+
+
+def test_many_open_descriptors_do_not_stop_the_split(tmp_path) -> None:
+    # select() cannot wait on a descriptor above 1023; the pipe to the child gets one here.
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"the open-file limit is {soft}")
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        out = render(_pending(_line))
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert [r.png for r in out] == _serial(_pending(_line))

@@ -31,3 +31,4 @@ def test_reserved_bytes_reaching_2_62_are_refused_at_that_event(tmp_path: Path) 
     p = _segments(tmp_path, [SA, SA, SA, SF, SA, SA], [0, 1, 2, 0, 3, 4])
     with pytest.raises(TraceFormatError, match=r"reserved bytes reach 2\^62 or more at seq 5"):
         read_trace(p)
+

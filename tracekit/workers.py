@@ -19,6 +19,14 @@ EVENTS_PER_S = 15e6  # events replayed per second on one core, rounded down
 BISECT_REPLAYS = 12  # replays of one capacity bisection, typical (2 MiB steps)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask under taskset or a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def serial_seconds(events: int, replays: int) -> float:
     """Estimated seconds for ``replays`` replays of an ``events``-event trace on one core."""
     return replays * events / EVENTS_PER_S
@@ -35,4 +43,4 @@ def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> 
         return max(1, min(jobs, cap))
     if serial_seconds(events, replays) < 2 * START_S:
         return 1
-    return max(1, min(os.cpu_count() or 1, cap))
+    return max(1, min(usable_cpus(), cap))

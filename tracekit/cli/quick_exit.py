@@ -31,6 +31,8 @@ def end_now_if_marked(code: object) -> None:
         return
     status = code if isinstance(code, int) else (0 if code is None else 1)
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with the descriptor closed (a daemon, cron)
+            continue
         # A closed pipe (`| head`) or a closed stream: nothing left to keep.
         with contextlib.suppress(OSError, ValueError):
             stream.flush()

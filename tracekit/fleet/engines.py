@@ -29,7 +29,6 @@ workers start once.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -39,6 +38,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from tracekit.errors import InputError, UsageError
+from tracekit.workers import usable_cpus
 
 T = TypeVar("T")
 OnError = Callable[[int, Exception], Any]
@@ -54,10 +54,7 @@ class Engine(StrEnum):
 
 def default_jobs() -> int:
     """One worker per CPU this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 class LocalRunner:

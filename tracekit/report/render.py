@@ -9,8 +9,8 @@ figure goes to one process) until it is empty; the child sends its PNG bytes bac
 second pipe. Fork, not a worker pool: the data is already in memory, and a fresh interpreter
 would spend longer importing matplotlib than drawing. The child only draws (matplotlib on
 NumPy arrays), writes no file and ends with ``os._exit``; figures of a child that fails, is
-killed or takes far longer than this process are drawn here instead, so the bytes are the
-same either way.
+killed or sends nothing for ``CHILD_GRACE_S`` (it writes a byte after each figure, so a slow
+child is waited for) are drawn here instead, so the bytes are the same either way.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import select
 import signal
 import struct
 import sys
-import time
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,9 +31,11 @@ from matplotlib.figure import Figure
 
 from tracekit.report import figures
 from tracekit.report.html import Rendered
+from tracekit.workers import usable_cpus
 
-# The child's figures are drawn here if it has not sent them this long after this
-# process finished its own: a hung child must not hang the report.
+# The child's figures are drawn here if it has sent nothing (not even the byte it writes after
+# each figure) for this long once this process finished its own: a hung child must not hang the
+# report, a slow one is waited for.
 CHILD_GRACE_S = 30.0
 
 
@@ -63,14 +65,14 @@ def render(pending: Sequence[Pending]) -> list[Rendered]:
     pngs: dict[int, bytes] = {}
     queue = _queue(len(pending)) if _can_split(len(pending)) else None
     child = _fork_for(pending, queue) if queue is not None else None
-    start, delivered, read_end = time.monotonic(), False, None if child is None else child[1]
+    delivered, read_end = False, None if child is None else child[1]
     try:
         if queue is not None:
             for i in _taken(queue):
                 pngs[i] = _png(pending[i])
         if child is not None:
             read_end = None  # _collect closes it
-            theirs = _collect(child[1], CHILD_GRACE_S + (time.monotonic() - start))
+            theirs = _collect(child[1], CHILD_GRACE_S)
             pngs.update(theirs)
             delivered = bool(theirs)
     finally:
@@ -87,8 +89,10 @@ def render(pending: Sequence[Pending]) -> list[Rendered]:
 
 
 def _can_split(n: int) -> bool:
-    # At most 1,000 figures: their tokens must fit in a pipe's buffer (64 KiB) at once.
-    return 2 <= n <= 1000 and sys.platform == "linux" and (os.cpu_count() or 1) >= 2
+    # At most 1,000 figures: their tokens must fit in a pipe's buffer (64 KiB) at once. The main
+    # thread only: the child resets signal handlers, which Python allows there alone.
+    return (2 <= n <= 1000 and sys.platform == "linux" and usable_cpus() >= 2
+            and threading.current_thread() is threading.main_thread())
 
 
 def _queue(n: int) -> int:
@@ -105,9 +109,18 @@ def _taken(queue: int) -> Iterator[int]:
         yield struct.unpack("<H", token)[0]
 
 
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _fork_for(pending: Sequence[Pending], queue: int) -> tuple[int, int] | None:
-    """Fork a child drawing what it takes from ``queue``; (pid, read end of its pipe), or None."""
+    """Fork a child drawing what it takes from ``queue``; (pid, read end of its pipe), or None.
+
+    The child writes one byte (``.``) per figure drawn, so a slow child is told from a hung one,
+    then ``!`` and its PNGs pickled. Signals are held across the fork, so none runs one of this
+    process's handlers in the child before it has its own.
+    """
     r, w = os.pipe()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         with warnings.catch_warnings():
             # Python 3.12+ warns when threads exist: here they are Arrow's pool, which the child
@@ -115,41 +128,50 @@ def _fork_for(pending: Sequence[Pending], queue: int) -> tuple[int, int] | None:
             warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
             pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(r)
         os.close(w)
         return None
     if pid == 0:  # the child: draw, send, leave without running anything of the parent's
         code = 1
         try:
+            for s in _SIGNALS:  # Ctrl-C or SIGTERM ends it; the parent handles its own
+                signal.signal(s, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.close(r)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it; the parent handles its own
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            data = pickle.dumps({i: _png(pending[i]) for i in _taken(queue)})
-            with os.fdopen(w, "wb") as f:
-                f.write(data)
+            with os.fdopen(w, "wb", buffering=0) as f:
+                drawn = {}
+                for i in _taken(queue):
+                    drawn[i] = _png(pending[i])
+                    f.write(b".")
+                f.write(b"!" + pickle.dumps(drawn))
             code = 0
         finally:
             os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     os.close(w)
     return pid, r
 
 
-def _collect(r: int, timeout: float) -> dict[int, bytes]:
-    """The child's PNGs read from ``r`` (then closed), or nothing if it failed or sent nothing
-    within ``timeout`` seconds."""
-    chunks, deadline = [], time.monotonic() + timeout
-    with os.fdopen(r, "rb", buffering=0) as f:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([f], [], [], left)[0]:
-                return {}
-            chunk = f.read(1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
+def _collect(r: int, grace: float) -> dict[int, bytes]:
+    """The child's PNGs read from ``r`` (then closed); nothing if it failed, or sent nothing for
+    ``grace`` seconds."""
+    chunks = []
     try:
-        out = pickle.loads(b"".join(chunks))
-    except Exception:  # a child that died while writing
+        with os.fdopen(r, "rb", buffering=0) as f:
+            poll = select.poll()  # not select(): that fails on descriptors above 1023
+            poll.register(f, select.POLLIN)
+            while True:
+                if not poll.poll(grace * 1000):
+                    return {}
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        data = b"".join(chunks)
+        mark = data.find(b"!")
+        out = pickle.loads(data[mark + 1:]) if mark >= 0 else {}
+    except Exception:  # a child that died while writing, or a pipe this process cannot wait on
         return {}
     return out if isinstance(out, dict) else {}
 

@@ -133,6 +133,7 @@ def prepare(trace: Trace) -> ReplayInput:
     kind, max_live = _classify(ev.op, mate)
     if len(kind) and int(ev.size.max()) >= SIZE_CLAMP:
         size = np.minimum(ev.size, np.uint64(SIZE_CLAMP)).view(np.int64)
+        size.flags.writeable = False  # as the column itself: one compiled kernel either way
     else:
         size = ev.size.view(np.int64)
     streams, stream_index = stream_groups(ev.stream)

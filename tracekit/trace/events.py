@@ -61,6 +61,10 @@ class Events:
     def __len__(self) -> int:
         return len(self.seq)
 
+    def __reduce__(self) -> tuple[type[Events], tuple[object, ...]]:
+        # Through __init__, so columns sent to a worker process arrive read-only too.
+        return (Events, (*(getattr(self, name) for name, _ in FIELDS), self.sites))
+
     @classmethod
     def build(
         cls,
