@@ -61,3 +61,40 @@ def test_a_device_replay_keeps_the_normal_exit() -> None:
 
 def test_without_the_mark_nothing_ends() -> None:
     assert quick_exit.end_now_if_marked(0) is None  # still here
+
+
+STUCK = """
+import ctypes, signal, sys
+from pathlib import Path
+from tracekit import outputs
+from tracekit.cli import quick_exit, watchdog
+watchdog.GRACE_S = 0.5
+quick_exit._STATE["console"] = lambda: False
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # the CLI's handler, which cannot run here
+quick_exit.skip_teardown()
+fd, tmp = outputs._open_temp(Path(sys.argv[1]), Path(sys.argv[1]).parent)
+libc = ctypes.CDLL(None)
+m = ctypes.create_string_buffer(64)
+libc.pthread_mutex_init(m, None)
+libc.pthread_mutex_lock(m)
+print("stuck", flush=True)
+libc.pthread_mutex_lock(m)  # never returns, signals or not (the GIL is released meanwhile)
+"""
+
+
+def test_a_signal_ends_a_run_stuck_in_native_code(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", STUCK, str(tmp_path / "out.parquet")], cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "stuck"
+    assert len(list(tmp_path.iterdir())) == 1  # the temporary output
+    time.sleep(0.5)  # into the second lock: a signal before it would reach the Python handler
+    t = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 143 and time.monotonic() - t < 10, err
+    assert err.strip().splitlines() == ["tracekit: terminated (SIGTERM)"], (p.returncode, err)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind

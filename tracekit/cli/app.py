@@ -109,6 +109,11 @@ class TracekitGroup(TyperGroup):
 _SIGNAL = {"said": False, "term": False}  # this run: the signal line printed; SIGTERM received
 
 
+def announced() -> bool:
+    """Whether this run printed its signal line already."""
+    return bool(_SIGNAL["said"])
+
+
 def _announce(code: int) -> int:
     """Print the one line for a signal's exit ``code`` (once per run); returns the code."""
     if not _SIGNAL["said"]:
@@ -181,8 +186,9 @@ for _verb in VERBS:
 
 def main() -> None:
     """Console entry point (ends without the interpreter's teardown where the verb allows it)."""
-    from tracekit.cli.quick_exit import end_now_if_marked
+    from tracekit.cli.quick_exit import _STATE, end_now_if_marked
 
+    _STATE["console"] = announced  # this module's own, also when run as ``python -m tracekit.cli.app``
     try:
         app(prog_name="tracekit")
     except SystemExit as e:

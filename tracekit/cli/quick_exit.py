@@ -16,13 +16,19 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Any
 
-_STATE = {"skip": False}
+_STATE: dict[str, Any] = {"skip": False, "console": None}  # console: the entry point's announced()
 
 
 def skip_teardown() -> None:
-    """Mark this run as safe to end without the interpreter's teardown (see the module docstring)."""
+    """Mark this run as safe to end without the interpreter's teardown (see the module docstring);
+    from the console, also arm ``tracekit.cli.watchdog`` (a signal ends the run within seconds)."""
     _STATE["skip"] = True
+    if _STATE["console"] is not None:
+        from tracekit.cli.watchdog import arm
+
+        arm(_STATE["console"])
 
 
 def end_now_if_marked(code: object) -> None:
