@@ -40,7 +40,7 @@ from tracekit.report.sections import (
     summary_section,
     whatif_section,
 )
-from tracekit.report.style import PALETTE, short_site, site_colours, time_axis
+from tracekit.report.style import PALETTE, RGB, Legend, short_site, site_colours, time_axis
 from tracekit.report.timeline import TimelineData, timeline_data
 from tracekit.trace import Op, Trace, read_meta, read_trace
 from tracekit.trace.devices import select_device
@@ -83,10 +83,6 @@ def build_figures(
             main_tl = tl
     assert main_tl is not None
     return render(out), main_tl, summary
-
-
-RGB = tuple[float, float, float]
-Legend = list[tuple[str, RGB]]  # call-site label and its colour
 
 
 def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name: str, suffix: str

@@ -24,7 +24,7 @@ from matplotlib.patches import Patch
 from numba import njit
 
 from tracekit.report.blocks import AddressLayout, Spans
-from tracekit.report.style import GREY, Scale, TimeAxis, byte_scale
+from tracekit.report.style import GREY, RGB, Legend, Scale, TimeAxis, byte_scale
 
 SEGMENT_RGB = (0.93, 0.91, 0.84)  # reserved but not allocated: free space inside segments
 SEGMENT_EDGE = (0.55, 0.52, 0.45)
@@ -41,7 +41,7 @@ class MapData:
     rect_rgb: np.ndarray  # (k, 3)
     image: np.ndarray | None  # (height, width, 4) RGBA, row 0 at the lowest offset
     seg_rects: np.ndarray  # (m, 4) segment lifetimes: x0, x1, y0, y1 (drawn behind the blocks)
-    legend: list[tuple[str, tuple[float, float, float]]]
+    legend: Legend
     n_exact: int
     n_aggregated: int
     by_segment: bool
@@ -53,7 +53,7 @@ def map_data(
     x_of_index: np.ndarray,
     axis: TimeAxis,
     site_rgb: np.ndarray,
-    legend: list[tuple[str, tuple[float, float, float]]],
+    legend: Legend,
     *,
     by_segment: bool = True,
     seg: Spans | None = None,
@@ -129,7 +129,7 @@ def _raster(
     y1: np.ndarray,
     colour: np.ndarray,
     site_rgb: np.ndarray,
-    box: tuple[float, float, float],
+    box: RGB,
     w: int,
     h: int,
 ) -> np.ndarray:

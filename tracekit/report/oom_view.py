@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from tracekit.analysis.leaks import PoolState
-from tracekit.report.style import byte_scale
+from tracekit.report.style import Legend, byte_scale
 from tracekit.units import format_size
 
 FREE_RGB = (0.80, 0.93, 0.80)
@@ -124,7 +124,7 @@ def moment(
     )
 
 
-def draw_moment(m: Moment, legend: list[tuple[str, tuple[float, float, float]]]) -> Figure:
+def draw_moment(m: Moment, legend: Legend) -> Figure:
     """One horizontal bar per segment; the request drawn to scale under the largest free gap."""
     n = len(m.rows)
     fig = Figure(

@@ -17,7 +17,10 @@ import numpy as np
 
 GREY = (0.62, 0.62, 0.62)
 # tab10 without its grey, so grey can mean "any other site".
-PALETTE: tuple[tuple[float, float, float], ...] = (
+RGB = tuple[float, float, float]
+Legend = list[tuple[str, RGB]]  # call-site label and its colour
+
+PALETTE: tuple[RGB, ...] = (
     (0.122, 0.467, 0.706),
     (1.000, 0.498, 0.055),
     (0.173, 0.627, 0.173),

@@ -158,21 +158,12 @@ class TorchCaching:
         C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, LARGE_PAGE))
         stats = pool_stats()
         addr, status, C, R = torch_replay(
-            ev.op, _read_only(inp.size), rounded, group, trace.mate, init, init_exp,
-            _read_only(ev.addr.view(np.int64)), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
+            ev.op, inp.size, rounded, group, trace.mate, init, init_exp,
+            ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
             C, R, S, X, stats,
         )
         alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
         return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats), C, S
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """A read-only view: columns read from a file are read-only, a trace made in memory (advise's
-    inputs) is not, and numba compiles one kernel per writability; this keeps it at the one that
-    ``tracekit precompile`` built at install."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
 
 
 def _with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[str, str]:
