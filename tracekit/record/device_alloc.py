@@ -1,16 +1,15 @@
-"""Segment rows: each pool's own device allocations, seen by putting the pool on an allocator we own.
+"""Segment rows: each pool's own device allocations, seen through the allocator the pool is built on.
 
 CuPy fires no hook when a pool gives memory back to the device
 (``free_all_blocks``, the retry sequence before an out-of-memory error), so
-every ``MemoryPool`` made while recording (``tracekit.record.pools``) runs
-over a ``PythonFunctionAllocator`` whose functions get device memory exactly
-as the pool's own allocator would (``cudaMalloc``/``cudaFree`` for CuPy's
-default, else the allocator the program passed) and log a ``segment_alloc``
-or ``segment_free`` row carrying the pool's id and ``cudaMemGetInfo``'s free
-bytes measured right after (device-level events are rare, so the
-measurement costs nothing per malloc). A failed allocation raises the same
-error it always does, so the pool's retry-and-release logic is unchanged;
-failures are only counted.
+every ``MemoryPool`` made while recording without an allocator of its own
+runs over a ``PythonFunctionAllocator`` whose functions get device memory
+exactly as CuPy's ``_malloc`` would (``cudaMalloc``/``cudaFree``) and log a
+``segment_alloc`` or ``segment_free`` row carrying the pool's id (taken when
+the segment is made) and ``cudaMemGetInfo``'s free bytes measured right after
+(device-level events are rare, so the measurement costs nothing per malloc).
+A failed allocation raises the same error it always does, so the pool's
+retry-and-release logic is unchanged; failures are only counted.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ class SegmentLog:
         self._pool_id = pool_id
         self._free_bytes = free_bytes
         self._clock = clock
-        self.live: dict[tuple[int, int], tuple[int, Any]] = {}  # (device, ptr) -> (bytes, keep)
+        self.live: dict[tuple[int, int], tuple[int, Any, int]] = {}  # (device, ptr) -> (bytes, keep, pool)
         self.failures = 0  # allocations that raised (the pool retries or raises OOM)
         self.devices: set[int] = set()
         self.active = True  # False after the recording ends: frees then only release memory
@@ -60,22 +59,24 @@ class SegmentLog:
         except Exception:
             self.failures += 1
             raise
-        self.live[(device_id, ptr)] = (size, keep)
         if not self.active:
+            self.live[(device_id, ptr)] = (size, keep, -1)
             return ptr
+        pool = self._pool_id(device_id)
+        self.live[(device_id, ptr)] = (size, keep, pool)
         self.devices.add(device_id)
         free = self._measure(device_id)
-        self._ext((self._clock(), code_of(SEGMENT_ALLOC, device_id, self._pool_id(device_id)), ptr, size, 0,
+        self._ext((self._clock(), code_of(SEGMENT_ALLOC, device_id, pool), ptr, size, 0,
                    self._stream().ptr, free))
         return ptr
 
     def free(self, ptr: int, device_id: int) -> None:
-        size, keep = self.live.pop((device_id, ptr), (0, None))
+        size, keep, pool = self.live.pop((device_id, ptr), (0, None, -1))
         self._free(ptr, keep)
-        if not self.active:
+        if not self.active or pool < 0:
             return
         free = self._measure(device_id)
-        self._ext((self._clock(), code_of(SEGMENT_FREE, device_id, self._pool_id(device_id)), ptr, size, 0,
+        self._ext((self._clock(), code_of(SEGMENT_FREE, device_id, pool), ptr, size, 0,
                    self._stream().ptr, free))
 
     def _measure(self, device_id: int) -> int:
@@ -85,25 +86,12 @@ class SegmentLog:
             return UNMEASURED
 
     def live_bytes(self, device_id: int) -> int:
-        return sum(s for (d, _), (s, _k) in self.live.items() if d == device_id)
+        return sum(s for (d, _), (s, _k, _p) in self.live.items() if d == device_id)
 
 
 def raw_device_alloc(rt: Any) -> tuple[Callable[[int], tuple[int, Any]], Callable[[int, Any], None]]:
     """cudaMalloc/cudaFree as CuPy's default allocator calls them (``_malloc`` -> ``Memory``)."""
     return (lambda size: (int(rt.malloc(size)), None)), (lambda ptr, keep: rt.free(ptr))
-
-
-def wrapped_alloc(allocator: Callable[[int], Any]) -> tuple[Callable[[int], tuple[int, Any]],
-                                                            Callable[[int, Any], None]]:
-    """A program's own allocator (size -> MemoryPointer): its pointer is kept alive until the free."""
-    def malloc(size: int) -> tuple[int, Any]:
-        mp = allocator(size)
-        return int(mp.ptr), mp
-
-    def free(ptr: int, keep: Any) -> None:
-        del keep  # dropping the last reference releases the memory the way the allocator does
-
-    return malloc, free
 
 
 def pool_state(pool: Any) -> dict[str, int | None]:

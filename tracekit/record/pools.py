@@ -1,17 +1,44 @@
-"""Every CuPy pool a recorded program makes: ids, allocators, and the async pool's own rows.
+"""Every CuPy pool a recorded program uses: ids, segment rows, and the async pool's own rows.
 
-While recording, ``cupy.cuda.MemoryPool`` and ``cupy.cuda.MemoryAsyncPool``
-(and their names in ``cupy.cuda.memory``) are subclasses made here, so every
-pool the program creates, in any thread, is known (CuPy's pool classes are
-Cython classes whose methods cannot be patched; their names can). A
-``MemoryPool`` gets a ``SegmentLog`` allocator wrapping whatever allocator
-the program passed, so its device allocations become segment rows. A
-``MemoryAsyncPool`` fires no memory hook at all, so its ``malloc`` logs the
-malloc row itself (with the call-site and ``cudaMemGetInfo``'s free bytes)
-and hands out the block through ``UnownedMemory`` whose owner logs the free
-row when the program drops the block. Pools built directly from
-``SingleDeviceMemoryPool``, allocators that are no pool (``malloc_async``
-alone) and pools made before recording began are not covered.
+CuPy's pool classes are Cython extension types, and every Cython module that
+``cimport``s ``cupy.cuda.memory`` checks, when it is first imported, that the
+object under the name ``MemoryPool`` (and the other cdef classes) is the type
+it was compiled against: its own ``__dict__`` holds ``__pyx_vtable__`` and its
+instance size is the same. So the recorder never replaces a class. It
+replaces five module-level *functions* (Cython's cimport reaches functions
+through ``__pyx_capi__``, filled at import, never through the module's
+namespace, so no compiled module can tell):
+
+- ``cupy.cuda.memory._malloc``: CuPy's ``MemoryPool.__init__`` and
+  ``SingleDeviceMemoryPool.__init__`` look this name up at run time when no
+  allocator is given (cupy/cuda/memory.pyx, 14.2), so every pool made while
+  recording gets device memory through ``recording_malloc`` (a
+  ``PythonFunctionAllocator`` over ``SegmentLog``): ``cudaMalloc``/``cudaFree``
+  exactly as ``_malloc`` does, logging ``segment_alloc``/``segment_free`` rows
+  (``free_all_blocks()`` and the retry before an out-of-memory error
+  included). ``set_allocator(None)`` and ``using_allocator(None)`` still mean
+  plain ``_malloc`` (no pool, no rows), as without tracekit.
+- ``set_allocator`` and ``get_allocator`` (in ``cupy.cuda`` and
+  ``cupy.cuda.memory``) and ``memory._set_thread_local_allocator`` /
+  ``_get_thread_local_allocator`` (what ``cupy.cuda.using_allocator`` calls):
+  installing ``pool.malloc`` names the pool (a ``MemoryPool`` gets the next
+  ``user N`` id; a ``MemoryAsyncPool``, which fires no memory hook, is
+  installed behind ``AsyncAllocator``, which logs its malloc rows and hands
+  the block out through an ``UnownedMemory`` whose owner logs the free).
+  ``get_allocator`` returns what the program installed.
+
+A segment belongs to the pool behind the allocator installed in the thread
+when CuPy asked for it (``cupy.cuda.get_allocator().__self__``): a pool whose
+``malloc`` the program calls directly while another allocator is installed
+is counted as that one, and a pool behind an allocator function of the
+program's own (not ``pool.malloc``) as ``unattributed``. CuPy's pools can
+hold no weak reference, so the registry keeps a pool alive only while CuPy
+itself does (the allocator installed globally, or in the main thread); pools
+are told apart by ``id()``, so a pool made after another one died, at the
+same address, shares its id in the trace. Pools built before recording
+began, on an allocator of the program's own (``MemoryPool(my_alloc)``) or
+used only through ``pool.malloc`` are recorded by the memory hook (malloc
+and free rows) without segment rows.
 
 The trace's ``pool`` column counts (pool, device) pairs: id i is entry i of
 the ``pools`` metadata list (``id``, ``device``, ``kind``, ``label``,
@@ -21,23 +48,19 @@ the ``pools`` metadata list (``id``, ``device``, ``kind``, ``label``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from tracekit.record.device_alloc import (
-    SegmentLog,
-    async_pool_state,
-    pool_state,
-    raw_device_alloc,
-    wrapped_alloc,
-)
+from tracekit.record.device_alloc import SegmentLog, async_pool_state, pool_state, raw_device_alloc
 from tracekit.record.hook import FREE, MALLOC, OOM, UNMEASURED, EventBuffer, code_of
 from tracekit.record.sites import SiteTable
+
+UNATTRIBUTED = "unattributed"  # label of the pool id for segments made under a non-pool allocator
 
 
 class PoolKind(StrEnum):
@@ -48,31 +71,65 @@ class PoolKind(StrEnum):
     CUDA = "cuda"  # plain device allocations
 
 
+class AsyncAllocator:
+    """What is installed in place of ``MemoryAsyncPool.malloc``: the pool's malloc, with rows."""
+
+    __slots__ = ("key", "original", "pool", "reg")
+
+    def __init__(self, reg: PoolRegistry, pool: Any, key: int, original: Any) -> None:
+        self.reg, self.pool, self.key, self.original = reg, pool, key, original
+
+    def __call__(self, size: int) -> Any:
+        return self.reg.async_malloc(self.key, self.pool, self.original, size)
+
+
 class PoolRegistry:
-    """The pools seen so far and the trace's pool ids; ``patch()`` installs the pool classes."""
+    """The pools seen so far and the trace's pool ids; ``patch()`` installs the recording functions."""
 
     def __init__(self, cupy: Any, buffer: EventBuffer, *, sites: SiteTable | None,
                  oom_state: Callable[[int, Any, PoolKind], dict[str, Any]],
                  clock: Callable[[], int] = time.perf_counter_ns) -> None:
-        self.cupy, self.rt = cupy, cupy.cuda.runtime
+        self.cupy, self.rt, self.memory = cupy, cupy.cuda.runtime, cupy.cuda.memory
         self.buffer, self.sites, self.clock = buffer, sites, clock
         self._oom_state = oom_state
         self.entries: list[dict[str, Any]] = []
         self._ids: dict[tuple[int, int], int] = {}
-        self._pools: list[tuple[Any, PoolKind, str]] = []  # key -> (weakref to pool, kind, label)
-        self.logs: list[SegmentLog] = []
+        self._pools: list[tuple[PoolKind, str]] = []  # key -> (kind, label)
+        self._key_by_id: dict[int, int] = {}  # id(pool) -> key
+        self._owned: dict[int, Any] = {}  # key -> pool the recorder made (the default pool)
+        self._global: tuple[int, Any] | None = None  # the pool behind the global allocator
+        self._local = threading.local()  # .pool: (key, pool) behind this thread's allocator
         self._lock = threading.Lock()
         self._undo: list[tuple[Any, str, Any]] = []
         self.active = True
+        self.segments = SegmentLog(buffer, device_malloc=raw_device_alloc(self.rt)[0],
+                                   device_free=raw_device_alloc(self.rt)[1],
+                                   current_stream=cupy.cuda.get_current_stream, pool_id=self.segment_pool,
+                                   free_bytes=self.free_bytes, clock=clock)
+        self.logs = [self.segments]
+        memory = self.memory
+        self._orig = {name: getattr(memory, name) for name in (
+            "_malloc", "set_allocator", "get_allocator", "_set_thread_local_allocator",
+            "_get_thread_local_allocator")}
+        self._pool_types = (memory.MemoryPool, memory.MemoryAsyncPool)
+        self.recording_malloc = cupy.cuda.PythonFunctionAllocator(self.segments.malloc,
+                                                                 self.segments.free).malloc
 
     # -- ids -----------------------------------------------------------------------------------
-    def add(self, pool: Any, kind: PoolKind, label: str | None = None) -> int:
+    def add(self, pool: Any, kind: PoolKind, label: str | None = None, *, own: bool = False) -> int:
+        """The key of ``pool`` (registered now if new; ``own``: the recorder keeps it alive)."""
         with self._lock:
+            key = self._key_by_id.get(id(pool))
+            if key is not None and self._pools[key][0] is kind:
+                return key
             key = len(self._pools)
             stem = "async" if kind is PoolKind.ASYNC else "user"
-            n = sum(1 for _, k, lab in self._pools if k is kind and lab.startswith(stem))
-            lab = label or f"{stem} {n + 1}"
-            self._pools.append((weakref.ref(pool), kind, lab))
+            n = sum(1 for k, lab in self._pools if k is kind and lab.startswith(stem))
+            self._pools.append((kind, label or f"{stem} {n + 1}"))
+            if pool is not None:
+                self._key_by_id[id(pool)] = key
+            if own:
+                self._owned[key] = pool
             return key
 
     def pool_id(self, key: int, device: int) -> int:
@@ -82,7 +139,7 @@ class PoolRegistry:
         with self._lock:
             got = self._ids.get((key, device))
             if got is None:
-                _, kind, label = self._pools[key]
+                kind, label = self._pools[key]
                 got = self._ids[(key, device)] = len(self.entries)
                 entry = {"id": got, "device": device, "kind": kind.value, "label": label,
                          "limit_bytes": None}
@@ -92,19 +149,30 @@ class PoolRegistry:
             return got
 
     def kind(self, key: int) -> PoolKind:
-        return self._pools[key][1]
-
-    def key_of(self, pool: Any) -> int | None:
-        for key, (ref, _, _) in enumerate(self._pools):
-            if ref() is pool:
-                return key
-        return None
+        return self._pools[key][0]
 
     def installed(self) -> tuple[int | None, Any]:
-        """The registered pool behind the current allocator (key, pool), else (None, None)."""
-        pool = getattr(self.cupy.cuda.get_allocator(), "__self__", None)
-        key = None if pool is None else self.key_of(pool)
-        return key, (pool if key is not None else None)
+        """(key, pool) of the pool behind this thread's current allocator, else (None, None)."""
+        allocator = self._orig["get_allocator"]()
+        if isinstance(allocator, AsyncAllocator):
+            return allocator.key, allocator.pool
+        pool = getattr(allocator, "__self__", None)
+        if isinstance(pool, self._pool_types[0]):
+            return self.add(pool, PoolKind.POOL), pool
+        return None, None
+
+    def segment_pool(self, device: int) -> int:
+        """The pool id of a segment CuPy asks for now (see the module docstring)."""
+        key, _ = self.installed()
+        if key is None:
+            key = self._unattributed()
+        return self.pool_id(key, device)
+
+    def _unattributed(self) -> int:
+        for key, (_, label) in enumerate(self._pools):
+            if label == UNATTRIBUTED:
+                return key
+        return self.add(None, PoolKind.POOL, UNATTRIBUTED)
 
     # -- measurements ---------------------------------------------------------------------------
     def free_bytes(self, device: int) -> int:
@@ -119,51 +187,56 @@ class PoolRegistry:
         finally:
             rt.setDevice(prev)
 
-    def segment_log(self, key: int, allocator: Callable[[int], Any] | None) -> SegmentLog:
-        memory = self.cupy.cuda.memory
-        own = allocator is None or allocator is getattr(memory, "_malloc", None)
-        malloc, free = raw_device_alloc(self.rt) if own else wrapped_alloc(allocator)  # type: ignore[arg-type]
-        log = SegmentLog(self.buffer, device_malloc=malloc, device_free=free,
-                         current_stream=self.cupy.cuda.get_current_stream,
-                         pool_id=lambda device: self.pool_id(key, device), free_bytes=self.free_bytes,
-                         clock=self.clock)
-        self.logs.append(log)
-        return log
+    def make_default(self) -> Any:
+        """CuPy's own ``MemoryPool`` class on the recording allocator: the recording's default pool."""
+        pool = self.memory.MemoryPool(self.recording_malloc)
+        self.add(pool, PoolKind.POOL, "default", own=True)
+        return pool
 
-    def make_pool(self, allocator: Callable[[int], Any] | None = None, label: str | None = None) -> Any:
-        """A recorded MemoryPool (``label`` names it in the metadata)."""
-        return self.classes[0](allocator, _tracekit_label=label)
+    # -- the functions ----------------------------------------------------------------------------
+    def _adopt(self, allocator: Any) -> tuple[Any, tuple[int, Any] | None]:
+        """(what to install for the program's ``allocator``, (key, pool) behind it or None)."""
+        if allocator is None or allocator is self.recording_malloc:
+            return self._orig["_malloc"], None  # "no pool", as the program meant
+        if isinstance(allocator, AsyncAllocator):
+            return allocator, (allocator.key, allocator.pool)
+        pool = getattr(allocator, "__self__", None)
+        if isinstance(pool, self._pool_types[1]) and self.active:
+            key = self.add(pool, PoolKind.ASYNC)
+            return AsyncAllocator(self, pool, key, allocator), (key, pool)
+        if isinstance(pool, self._pool_types[0]):
+            return allocator, (self.add(pool, PoolKind.POOL), pool)
+        return allocator, None
 
-    # -- classes --------------------------------------------------------------------------------
     def patch(self) -> None:
-        """Install the recorded pool classes under CuPy's names (``unpatch`` puts CuPy's back)."""
-        cupy, reg = self.cupy, self
-        memory = cupy.cuda.memory
+        """Install the recording functions under CuPy's names (``unpatch`` puts CuPy's back)."""
+        o = self._orig
 
-        class MemoryPool(memory.MemoryPool):  # type: ignore[misc, name-defined]
-            __doc__ = memory.MemoryPool.__doc__
+        def set_allocator(allocator: Any = None) -> None:
+            real, held = self._adopt(allocator)
+            o["set_allocator"](real)
+            self._global = held  # CuPy holds the pool now, so may we
 
-            def __init__(self, allocator: Any = None, *, _tracekit_label: str | None = None) -> None:
-                key = reg.add(self, PoolKind.POOL, _tracekit_label)
-                log = reg.segment_log(key, allocator)
-                self._tracekit_allocator = cupy.cuda.PythonFunctionAllocator(log.malloc, log.free)
-                super().__init__(self._tracekit_allocator.malloc)
+        def get_allocator() -> Any:
+            return _program_view(o["get_allocator"]())
 
-        class MemoryAsyncPool(memory.MemoryAsyncPool):  # type: ignore[misc, name-defined]
-            __doc__ = memory.MemoryAsyncPool.__doc__
+        def _set_thread_local_allocator(allocator: Any) -> None:
+            real, held = self._adopt(allocator) if allocator is not None else (None, None)
+            o["_set_thread_local_allocator"](real)
+            self._local.pool = held
 
-            def __init__(self, pool_handles: Any = "current") -> None:
-                super().__init__(pool_handles)
-                self._tracekit_key = reg.add(self, PoolKind.ASYNC)
+        def _get_thread_local_allocator() -> Any:
+            return _program_view(o["_get_thread_local_allocator"]())
 
-            def malloc(self, size: int) -> Any:
-                return reg.async_malloc(self, super().malloc, size)
-
-        self.classes = (MemoryPool, MemoryAsyncPool)
-        for owner in (cupy.cuda, memory):
-            for name, cls in (("MemoryPool", MemoryPool), ("MemoryAsyncPool", MemoryAsyncPool)):
+        memory, cuda = self.memory, self.cupy.cuda
+        new = {"_malloc": self.recording_malloc}
+        for fn in (set_allocator, get_allocator, _set_thread_local_allocator, _get_thread_local_allocator):
+            new[fn.__name__] = functools.wraps(o[fn.__name__])(fn)
+        for name, value in new.items():
+            owners = [memory] + [cuda] * (getattr(cuda, name, None) is o[name])
+            for owner in owners:
                 self._undo.append((owner, name, getattr(owner, name)))
-                setattr(owner, name, cls)
+                setattr(owner, name, value)
 
     def unpatch(self) -> None:
         for owner, name, original in reversed(self._undo):
@@ -173,13 +246,19 @@ class PoolRegistry:
         for log in self.logs:
             log.active = False
 
+    def detach(self) -> None:
+        """In a forked child: log nothing more (the functions stay, passing every call through)."""
+        self.active = False
+        for log in self.logs:
+            log.active = False
+
     # -- the async pool's rows -------------------------------------------------------------------
-    def async_malloc(self, pool: Any, malloc: Callable[[int], Any], size: int) -> Any:
+    def async_malloc(self, key: int, pool: Any, malloc: Callable[[int], Any], size: int) -> Any:
         cupy = self.cupy
         if not self.active:
             return malloc(size)
         device = int(self.rt.getDevice())
-        pid = self.pool_id(pool._tracekit_key, device)
+        pid = self.pool_id(key, device)
         site = self.sites.site_of(sys._getframe(1)) if self.sites is not None else -1
         rounded = (size + 511) // 512 * 512
         try:
@@ -225,29 +304,43 @@ class PoolRegistry:
             exc._tracekit_oom_note = index  # type: ignore[attr-defined]
 
     # -- metadata -------------------------------------------------------------------------------
-    def counters(self, key: int, device: int) -> dict[str, Any] | None:
-        """The pool's own counters on ``device`` now, or None if the program dropped the pool."""
-        ref, kind, _ = self._pools[key]
-        pool = ref()
-        if pool is None:
-            return None
+    def reachable(self) -> dict[int, Any]:
+        """The pools the recorder may read now (key -> pool): its own, and those CuPy holds here."""
+        out = dict(self._owned)
+        for held in (self._global, getattr(self._local, "pool", None)):
+            if held is not None:
+                out.setdefault(held[0], held[1])
+        return out
+
+    def counters(self, pool: Any, kind: PoolKind, device: int) -> dict[str, Any]:
+        """The pool's own counters on ``device`` now."""
         with self.cupy.cuda.Device(device):
             return async_pool_state(pool) if kind is PoolKind.ASYNC else pool_state(pool)
 
     def metadata(self) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None]]:
-        """(``pools`` entries with their limits, each entry's counters now) for the end of the trace."""
+        """(``pools`` entries with their limits, each entry's counters now: None where the program
+        no longer holds the pool through an installed allocator) for the end of the trace."""
         pools, ends = [], []
+        reach = self.reachable()
         for e in self.entries:
-            try:
-                end = self.counters(e["key"], e["device"])
-            except Exception as err:  # a device left in an error state: keep the entry
-                end = {"error": f"{type(err).__name__}: {err}"}
+            pool = reach.get(e["key"])
+            end: dict[str, Any] | None = None
+            if pool is not None:
+                try:
+                    end = self.counters(pool, self.kind(e["key"]), e["device"])
+                except Exception as err:  # a device left in an error state: keep the entry
+                    end = {"error": f"{type(err).__name__}: {err}"}
             entry = {k: v for k, v in e.items() if k != "key"}
             if end and "error" not in end:
                 entry["limit_bytes"] = end.get("limit_bytes")
             pools.append(entry)
             ends.append(end)
         return pools, ends
+
+
+def _program_view(allocator: Any) -> Any:
+    """What the program installed, where the recorder put an ``AsyncAllocator`` in its place."""
+    return allocator.original if isinstance(allocator, AsyncAllocator) else allocator
 
 
 class _AsyncBlock:

@@ -90,11 +90,11 @@ class CupyRecording:
         self.probe = cupy_probe(cupy)
         self.pools = PoolRegistry(cupy, self.buffer, sites=self.sites, oom_state=self._async_oom_state)
         self.pools.patch()
-        self.pool = self.pools.make_pool(label="default")
+        self.pool = self.pools.make_default()
         self.pools.pool_id(0, self.device_id)  # pool 0: the default pool on the starting device
         self._previous = cupy.get_default_memory_pool()
         cupy._default_memory_pool = self.pool  # what cupy.get_default_memory_pool() returns
-        cupy.cuda.set_allocator(self.pool.malloc)
+        cupy.cuda.memory.set_allocator(self.pool.malloc)
         if self.limit:
             self.pool.set_limit(size=self.limit)
         meta = start_meta(cupy, self.device_id, command=self.command, sites=self.sites_on,

@@ -13,7 +13,7 @@ hook. Devices are simulated (``FAKECUPY_DEVICES``, default 1, each
 that run a recording in a child process; it never shadows a real CuPy.
 """
 
-from cupy import cuda
+from cupy import cuda, linalg  # noqa: F401
 
 __version__ = "14.2.0+fake"
 

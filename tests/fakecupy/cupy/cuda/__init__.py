@@ -58,9 +58,12 @@ class Device:
 
 @contextlib.contextmanager
 def using_allocator(allocator=None):  # type: ignore[no-untyped-def]
-    prev = getattr(memory._local, "allocator", None)
-    memory._local.allocator = allocator or memory._malloc
+    """As cupy/cuda/__init__.py: through the memory module's thread-local functions, by name."""
+    if allocator is None:
+        allocator = memory._malloc
+    previous = memory._get_thread_local_allocator()
+    memory._set_thread_local_allocator(allocator)
     try:
         yield
     finally:
-        memory._local.allocator = prev
+        memory._set_thread_local_allocator(previous)

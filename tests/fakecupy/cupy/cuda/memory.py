@@ -1,4 +1,14 @@
-"""Memory objects, allocators and the two pool kinds, following cupy/cuda/memory.pyx (14.2)."""
+"""Memory objects, allocators and the two pool kinds, following cupy/cuda/memory.pyx (14.2).
+
+The classes stand for Cython extension types and are as strict as those where it
+matters to a recorder: each has ``__pyx_vtable__`` in its own ``__dict__`` (what a
+module that ``cimport``s this one reads when it is imported, see
+``cupy._cython_import``), the pools have no ``__dict__`` and take no weak
+reference, and names are looked up at call time where the ``.pyx`` looks them up
+in the module's namespace (``_malloc`` in the pools' constructors and in
+``set_allocator(None)``); ``alloc`` calls ``get_allocator`` as the C function
+(this module's own, whatever the namespace holds), as Cython does.
+"""
 
 import threading
 import weakref
@@ -8,6 +18,12 @@ from cupy.cuda import memory_hook, runtime
 _local = threading.local()
 
 
+def _extension_type(cls):  # type: ignore[no-untyped-def]
+    """Mark ``cls`` as a stand-in for a cdef class: its C vtable lives in its own ``__dict__``."""
+    cls.__pyx_vtable__ = object()  # a PyCapsule in CuPy; only its presence and identity matter here
+    return cls
+
+
 class OutOfMemoryError(MemoryError):
     def __init__(self, size, total, limit=0):  # type: ignore[no-untyped-def]
         msg = f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes"
@@ -15,6 +31,7 @@ class OutOfMemoryError(MemoryError):
         super().__init__(msg)
 
 
+@_extension_type
 class Memory:
     def __init__(self, size):  # type: ignore[no-untyped-def]
         self.size, self.device_id = size, runtime.getDevice()
@@ -25,6 +42,7 @@ class Memory:
             runtime.free(self.ptr)
 
 
+@_extension_type
 class UnownedMemory:
     def __init__(self, ptr, size, owner, device_id=-1):  # type: ignore[no-untyped-def]
         self.ptr, self.size, self._owner = ptr, size, owner
@@ -45,6 +63,7 @@ class PythonFunctionAllocatorMemory:
             self._free_func(self.ptr, self.device_id)
 
 
+@_extension_type
 class MemoryPointer:
     def __init__(self, mem, offset):  # type: ignore[no-untyped-def]
         self.mem, self.ptr, self.device_id = mem, mem.ptr + offset, mem.device_id
@@ -57,19 +76,35 @@ def _malloc(size):  # type: ignore[no-untyped-def]
 _current_allocator = _malloc
 
 
+def _get_thread_local_allocator():  # type: ignore[no-untyped-def]
+    return getattr(_local, "allocator", None)
+
+
+def _set_thread_local_allocator(allocator):  # type: ignore[no-untyped-def]
+    _local.allocator = allocator
+
+
 def set_allocator(allocator=None):  # type: ignore[no-untyped-def]
     global _current_allocator
-    _current_allocator = allocator or _malloc
+    if allocator is None:
+        allocator = _malloc
+    if getattr(_local, "allocator", None) is not None:
+        raise ValueError("Can't change the global allocator inside `using_allocator` context manager")
+    _current_allocator = allocator
 
 
 def get_allocator():  # type: ignore[no-untyped-def]
     return getattr(_local, "allocator", None) or _current_allocator
 
 
+_c_get_allocator = get_allocator  # what compiled callers reach (a cpdef function's C entry)
+
+
 def alloc(size):  # type: ignore[no-untyped-def]
-    return get_allocator()(size)
+    return _c_get_allocator()(size)
 
 
+@_extension_type
 class PythonFunctionAllocator:
     def __init__(self, malloc_func, free_func):  # type: ignore[no-untyped-def]
         self._malloc_func, self._free_func = malloc_func, free_func
@@ -106,11 +141,14 @@ class PooledMemory:
                                    pmem_id=id(self))
 
 
+@_extension_type
 class SingleDeviceMemoryPool:
     """Whole segments only (no splitting): enough to drive the recorder's rows and counters."""
 
+    __slots__ = ("__weakref__", "_allocator", "_cache", "_device_id", "_limit", "_segs", "_used")
+
     def __init__(self, allocator=None):  # type: ignore[no-untyped-def]
-        self._allocator = allocator or _malloc
+        self._allocator = allocator if allocator is not None else _malloc
         self._device_id = runtime.getDevice()  # the device current at creation, as in CuPy
         self._cache = {}  # (stream, size) -> [MemoryPointer of a free segment]
         self._segs = {}  # ptr -> MemoryPointer of every segment
@@ -146,10 +184,7 @@ class SingleDeviceMemoryPool:
                 raise OutOfMemoryError(size, self.total_bytes(), self._limit)
         for attempt in range(2):
             try:
-                hooks = list(memory_hook.get_memory_hooks().values())
-                seg = self._allocator(size)
-                for h in hooks:
-                    h.alloc_postprocess(device_id=self._device_id, mem_size=size, mem_ptr=seg.ptr)
+                seg = self._alloc(size)
                 self._segs[seg.ptr] = seg
                 return seg
             except runtime.CUDARuntimeError:
@@ -157,6 +192,19 @@ class SingleDeviceMemoryPool:
                     raise OutOfMemoryError(size, self.total_bytes(), self._limit) from None
                 self.free_all_blocks()
         raise AssertionError
+
+    def _alloc(self, size):  # type: ignore[no-untyped-def]
+        hooks = list(memory_hook.get_memory_hooks().values())
+        for h in hooks:
+            h.alloc_preprocess(device_id=self._device_id, mem_size=size)
+        seg = None
+        try:
+            seg = self._allocator(size)
+        finally:
+            for h in hooks:
+                h.alloc_postprocess(device_id=self._device_id, mem_size=size,
+                                    mem_ptr=seg.ptr if seg is not None else 0)
+        return seg
 
     def _free(self, pmem):  # type: ignore[no-untyped-def]
         self._used -= pmem.size
@@ -188,9 +236,12 @@ class SingleDeviceMemoryPool:
         return self._limit
 
 
+@_extension_type
 class MemoryPool:
+    __slots__ = ("_allocator", "_pools")  # a cdef class: no __dict__, no weak reference
+
     def __init__(self, allocator=None):  # type: ignore[no-untyped-def]
-        self._allocator = allocator or _malloc
+        self._allocator = allocator if allocator is not None else _malloc
         self._pools = None
 
     def device_pool(self):  # type: ignore[no-untyped-def]
@@ -209,7 +260,10 @@ class MemoryPool:
         raise AttributeError(name)
 
 
+@_extension_type
 class MemoryAsyncPool:
+    __slots__ = ("_used",)
+
     def __init__(self, pool_handles="current"):  # type: ignore[no-untyped-def]
         self._used = [0] * runtime.getDeviceCount()
 
@@ -243,3 +297,10 @@ class _AsyncMemory(Memory):
     def __del__(self):  # type: ignore[no-untyped-def]
         self._pool._used[self.device_id] -= self.size
         super().__del__()
+
+
+# The size each extension type had when the modules that cimport this one were compiled
+# ("from C header" in Cython's check), fixed here at import as a compiler would fix it.
+COMPILED_AGAINST = {cls.__name__: (cls, cls.__basicsize__) for cls in (
+    Memory, UnownedMemory, MemoryPointer, PythonFunctionAllocator, SingleDeviceMemoryPool, MemoryPool,
+    MemoryAsyncPool)}
