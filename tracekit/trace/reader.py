@@ -103,6 +103,37 @@ def _check_layout(p: Path, pf: pq.ParquetFile, file_bytes: int) -> None:
     for name, ok, want in _EXTRA_TYPES:
         if name in names and not ok(typ := pf.schema_arrow.field(name).type) and not pa.types.is_null(typ):
             raise TraceFormatError(f"{p}: extra column '{name}' has type {typ}, expected {want}")
+    _check_text(p, pf, file_bytes)
+
+
+# Text (call-sites, op names, stacks, any extra string column) is what a small file can inflate
+# most: one long value repeated, or many long distinct ones, compress thousands of times. Each text
+# column's decompressed size, as the file declares it, is refused beyond TEXT_FREE_BYTES plus
+# TEXT_PER_FILE_BYTE bytes per byte of the file, before anything is decompressed; the call-sites
+# read are then held to MAX_SITE_BYTES each and MAX_SITES_BYTES together (docs/trace-format.md).
+MAX_SITE_BYTES = 16 << 10  # one call-site: a path of PATH_MAX (4 KiB), its line and function, with room
+MAX_SITES_BYTES = 32 << 20  # every distinct call-site together: 160,000 sites of 200 bytes
+TEXT_FREE_BYTES = MAX_SITES_BYTES
+TEXT_PER_FILE_BYTE = 64
+
+
+def _check_text(p: Path, pf: pq.ParquetFile, file_bytes: int) -> None:
+    """InputError when a text column declares more decompressed bytes than the bound above."""
+    md = pf.metadata
+    declared: dict[str, int] = {}
+    for c in range(md.num_columns):
+        if md.schema.column(c).physical_type not in ("BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"):
+            continue
+        name = md.schema.column(c).path.split(".")[0]
+        declared[name] = declared.get(name, 0) + sum(
+            md.row_group(g).column(c).total_uncompressed_size for g in range(md.num_row_groups))
+    allowed = TEXT_FREE_BYTES + TEXT_PER_FILE_BYTE * file_bytes
+    for name, size in declared.items():
+        if size > allowed:
+            raise InputError(
+                f"{p}: column '{name[:40]}' holds {size:,} bytes of text once decompressed, from a file "
+                f"of {file_bytes:,} bytes; more than {TEXT_FREE_BYTES >> 20} MiB plus {TEXT_PER_FILE_BYTE} "
+                "bytes per byte of the file is refused (before it is decompressed)")
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -160,7 +191,9 @@ def read_trace(
     try:
         ev = _read_events(p, pf, schema)
         extra_names = [n for n in schema.names if n not in REQUIRED]
-        extra_tbl = pf.read(columns=extra_names) if (extras and extra_names) else None
+        extra_tbl = _read_extras(p, pf, extra_names) if (extras and extra_names) else None
+    except MemoryError as e:
+        raise _out_of_memory(p, e) from None
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq, ev.size)
@@ -282,17 +315,8 @@ def _to_numpy(p: Path, name: str, arr: pa.ChunkedArray, dtype: type) -> np.ndarr
 
 
 def _read_op(p: Path, pf: pq.ParquetFile) -> np.ndarray:
-    col = _column(p, pf, "op")
-    typ = col.type
-    if pa.types.is_dictionary(typ) and pa.types.is_string(typ.value_type):
-        col = col.unify_dictionaries()
-        names = col.chunks[0].dictionary.to_pylist() if col.num_chunks else []
-        idx = pa.chunked_array([c.indices for c in col.chunks], type=typ.index_type)
-    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        enc = col.combine_chunks().dictionary_encode()
-        names, idx = enc.dictionary.to_pylist(), pa.chunked_array([enc.indices])
-    else:
-        raise TraceFormatError(f"{p}: column 'op' has type {typ}, expected strings")
+    dictionary, idx = _text_dictionary(p, pf, "op")
+    names = dictionary.to_pylist()
     # One slot per dictionary entry plus a last one for nulls: -1 unknown, -2 null.
     lut = np.array([OP_NAMES.index(s) if s in OP_NAMES else -1 for s in names] + [-2], np.int8)
     codes = lut[idx.fill_null(len(names)).to_numpy().astype(np.int64)]
@@ -304,26 +328,68 @@ def _read_op(p: Path, pf: pq.ParquetFile) -> np.ndarray:
             raise TraceFormatError(f"{p}: missing op at seq {seq}")
         name = names[int(idx.to_numpy()[i])]
         raise TraceFormatError(
-            f"{p}: unknown op {name!r} at seq {seq} (expected one of {', '.join(OP_NAMES)})"
+            f"{p}: unknown op {name[:40]!r} at seq {seq} (expected one of {', '.join(OP_NAMES)})"
         )
     return codes
 
 
 def _read_site(p: Path, pf: pq.ParquetFile, schema: pa.Schema, n: int) -> tuple[np.ndarray, tuple[str, ...]]:
-    if "site" not in schema.names:
+    if "site" not in schema.names or pa.types.is_null(schema.field("site").type):
         return np.full(n, -1, dtype=np.int32), ()
-    col = _column(p, pf, "site")
-    typ = col.type
-    if pa.types.is_null(typ):
-        return np.full(n, -1, dtype=np.int32), ()
-    if pa.types.is_dictionary(typ):
-        col = col.unify_dictionaries()
-        merged = col.chunks[0].dictionary if col.num_chunks else pa.array([], pa.string())
-        idx = pa.chunked_array([c.indices for c in col.chunks], type=col.type.index_type)
-    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        enc = col.combine_chunks().dictionary_encode()
-        merged, idx = enc.dictionary, pa.chunked_array([enc.indices])
-    else:
-        raise TraceFormatError(f"{p}: column 'site' has type {typ}, expected strings")
+    merged, idx = _text_dictionary(p, pf, "site")
+    _check_sites(p, merged)
     site = idx.fill_null(-1).to_numpy().astype(np.int32, copy=False)
     return site, tuple(merged.to_pylist())
+
+
+def _check_sites(p: Path, sites: pa.Array) -> None:
+    """TraceFormatError when one distinct call-site is longer than MAX_SITE_BYTES, or all of them
+    together more than MAX_SITES_BYTES (UTF-8 bytes), before they become Python strings."""
+    import pyarrow.compute as pc
+
+    if not len(sites):
+        return
+    lengths = pc.binary_length(sites)
+    longest, total = pc.max(lengths).as_py() or 0, pc.sum(lengths).as_py() or 0
+    if longest > MAX_SITE_BYTES:
+        raise TraceFormatError(f"{p}: a call-site of {longest:,} bytes; call-sites are refused beyond "
+                               f"{MAX_SITE_BYTES:,} bytes each")
+    if total > MAX_SITES_BYTES:
+        raise TraceFormatError(f"{p}: {len(sites):,} distinct call-sites of {total:,} bytes together; "
+                               f"call-sites are refused beyond {MAX_SITES_BYTES:,} bytes in all")
+
+
+def _text_dictionary(p: Path, pf: pq.ParquetFile, name: str) -> tuple[pa.Array, pa.ChunkedArray]:
+    """A string column as (its distinct values, an index per row), the values decoded once."""
+    col = _text_column(p, pf, name)
+    typ = col.type
+    if not (pa.types.is_dictionary(typ) and _is_text(typ.value_type)):
+        declared = pf.schema_arrow.field(name).type
+        raise TraceFormatError(f"{p}: column '{name}' has type {declared}, expected strings")
+    col = col.unify_dictionaries()
+    values = col.chunks[0].dictionary if col.num_chunks else pa.array([], pa.string())
+    return values, pa.chunked_array([c.indices for c in col.chunks], type=typ.index_type)
+
+
+def _text_column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
+    """Column ``name``, a string column read as a dictionary: a file whose schema says plain strings
+    would otherwise decode a value repeated on every row once per row (one 10 kB call-site on
+    a million rows: 10 GB from a few kB of file)."""
+    typ = pf.schema_arrow.field(name).type
+    if not _is_text(typ) and not (pa.types.is_binary(typ) or pa.types.is_large_binary(typ)):
+        return _column(p, pf, name)
+    with open(p, "rb") as f:  # the same file, opened again with the dictionary request
+        again = pq.ParquetFile(f, metadata=pf.metadata, read_dictionary=[name])
+        return again.read(columns=[name]).column(0)
+
+
+def _read_extras(p: Path, pf: pq.ParquetFile, names: list[str]) -> pa.Table:
+    """The extra columns, string columns as dictionaries (``_text_column``)."""
+    return pa.table({name: _text_column(p, pf, name) for name in names})
+
+
+def _out_of_memory(p: Path, e: MemoryError) -> InputError:
+    """The one sentence for running out of memory while reading: the machine or a limit, not the file."""
+    cause = str(e).splitlines()[0] if str(e) else "MemoryError"
+    return InputError(f"{p}: reading it ran out of memory ({cause}); a memory limit (ulimit, a "
+                      "container) or the machine leaves too little for it")
