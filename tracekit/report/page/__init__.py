@@ -1,0 +1,92 @@
+"""The report as one interactive, self-contained HTML page the browser draws.
+
+``write_page(trace_path, output)`` reads a trace, runs the analyzer (unless a result is
+passed in), builds the data model (``tracekit.report.page.data``; shapes in
+``tracekit.report.page.model``, documented in ``docs/report-page.md``) and writes one HTML
+file with the model as JSON and the page's scripts inlined (``tracekit.report.page.html``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tracekit import progress
+from tracekit.outputs import check_output, write_bytes
+from tracekit.trace import read_meta, read_trace
+
+
+def write_page(
+    trace_path: Path,
+    output: Path,
+    analysis: Any = None,
+    *,
+    baseline: Path | None = None,
+    whatif: Any = None,
+    force: bool = False,
+    advise: bool = False,
+) -> Path:
+    """Write the page for ``trace_path`` to ``output``; ``whatif``: True (run it), a result, or its JSON path.
+
+    Existing outputs are refused unless ``force``; an input never is an output. A bad
+    baseline or what-if file fails before the trace is analysed.
+    """
+    from tracekit.analysis import analyze_trace
+    from tracekit.report.page.data import build_model
+    from tracekit.report.page.html import page
+
+    trace_path, output = Path(trace_path), Path(output)
+    inputs = (
+        (trace_path,)
+        + ((Path(baseline),) if baseline else ())
+        + ((Path(whatif),) if isinstance(whatif, str | os.PathLike) else ())
+    )
+    check_output(output, inputs, force=force)
+    if baseline is not None:
+        read_meta(baseline)
+    wd = _whatif_dict(whatif) if whatif is not None and whatif is not True else None
+    trace = read_trace(trace_path)
+    with progress.part(0, 2):
+        if analysis is None or getattr(analysis, "timeline", None) is None:
+            analysis = analyze_trace(trace, timeline=True)
+    with progress.part(1, 2):
+        base = None
+        if baseline is not None:
+            bt = read_trace(Path(baseline))
+            base = (Path(baseline).name, bt, analyze_trace(bt, timeline=True))
+        if whatif is True:
+            from tracekit.analysis.whatif import whatif as run_whatif
+
+            wd = _whatif_dict(run_whatif(trace))
+        model = build_model(
+            trace,
+            analysis,
+            trace_path.name,
+            baseline=base,
+            whatif=wd,
+            advise=_advise(trace) if advise else None,
+        )
+        doc = page(model)
+    write_bytes(output, doc.encode("utf-8"))
+    return output
+
+
+def _whatif_dict(whatif: Any) -> dict[str, Any]:
+    from tracekit.report.sections import load_whatif
+
+    return load_whatif(whatif)
+
+
+def _advise(trace: Any) -> dict[str, Any] | str:
+    """``tracekit advise`` on the trace as a dict, or the one-sentence reason it could not run."""
+    from tracekit.advise.run import advise
+    from tracekit.errors import UsageError
+
+    try:
+        return dict(advise(trace).to_dict())
+    except UsageError as e:
+        return str(e)
+
+
+__all__ = ["write_page"]

@@ -1,0 +1,750 @@
+/* tracekit report page: reads the JSON model (docs/report-page.md) and draws it.
+   Every string from the trace goes into the page through textContent, never as markup. */
+(function () {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  const M = JSON.parse($("model").textContent);
+  const OP = { MALLOC: 0, FREE: 1, SEG_ALLOC: 2, SEG_FREE: 3, OOM: 4 };
+  const T = { ready: false };
+  window.tracekit = T;
+  T.model = M;
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  /* ---------- units ---------- */
+  function fmtBytes(n) {
+    if (n === null || n === undefined || Number.isNaN(n)) return "n/a";
+    const a = Math.abs(n), s = n < 0 ? "-" : "";
+    if (a < 1024) return s + a.toFixed(0) + " B";
+    const u = ["KiB", "MiB", "GiB", "TiB"];
+    let v = a / 1024, i = 0;
+    while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+    return s + v.toFixed(2) + " " + u[i];
+  }
+  function fmtTime(ns) {
+    if (ns === null || ns === undefined || ns < 0) return "n/a";
+    if (ns < 1e6) return (ns / 1e3).toFixed(1) + " µs";
+    if (ns < 1e9) return (ns / 1e6).toFixed(3) + " ms";
+    return (ns / 1e9).toFixed(3) + " s";
+  }
+  const hex = (a) => "0x" + Math.round(a).toString(16);
+
+  /* ---------- columns: base64 -> inflate -> typed array (-> prefix sum) ---------- */
+  const TYPES = { u8: Uint8Array, i32: Int32Array, f32: Float32Array, f64: Float64Array };
+  function b64bytes(s) {
+    if (Uint8Array.fromBase64) return Uint8Array.fromBase64(s);
+    const bin = atob(s), out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  async function decode(c) {
+    const stream = new Blob([b64bytes(c.z)]).stream().pipeThrough(new DecompressionStream("deflate"));
+    const buf = await new Response(stream).arrayBuffer();
+    const a = new TYPES[c.dtype](buf);
+    if (c.delta) for (let i = 1; i < a.length; i++) a[i] += a[i - 1];
+    return a;
+  }
+  function columns(o, out) {
+    if (o && typeof o === "object") {
+      for (const k of Object.keys(o)) {
+        const v = o[k];
+        if (v && typeof v === "object" && typeof v.z === "string" && typeof v.dtype === "string") out.push([o, k]);
+        else columns(v, out);
+      }
+    }
+    return out;
+  }
+  async function decodeAll() {
+    const slots = columns(M, []);
+    const arrays = await Promise.all(slots.map(([o, k]) => decode(o[k])));
+    slots.forEach(([o, k], i) => { o[k] = arrays[i]; });
+  }
+
+  /* ---------- call-sites ---------- */
+  function frameText(f) {
+    const F = M.frames;
+    const line = F.line[f] >= 0 ? ":" + F.line[f] : "";
+    return F.file[f] + line + (F.function[f] ? " in " + F.function[f] : "");
+  }
+  function stackLines(s) {
+    const out = [];
+    for (let i = 0; s >= 0 && i < 256; i++) { out.push(frameText(M.stacks.frame[s])); s = M.stacks.parent[s]; }
+    return out;
+  }
+  const siteText = (s) => (s >= 0 ? frameText(M.stacks.frame[s]) : "(no call-site)");
+  const rankOf = new Map();
+  let colourOf = null;
+  function colours() {
+    M.site_rank.forEach((s, i) => rankOf.set(s, i));
+    const rgb = M.palette.map((h) => [parseInt(h.slice(1, 3), 16), parseInt(h.slice(3, 5), 16), parseInt(h.slice(5, 7), 16)]);
+    colourOf = (s) => {
+      const r = rankOf.get(s);
+      if (r !== undefined && r < rgb.length) return rgb[r];
+      return s < 0 ? [110, 110, 110] : [158, 158, 158];
+    };
+  }
+
+  /* ---------- the allocator state at any event ---------- */
+  const ST = {};
+  function lowerBound(a, v) {
+    let lo = 0, hi = a.length;
+    while (lo < hi) { const m = (lo + hi) >>> 1; if (a[m] < v) lo = m + 1; else hi = m; }
+    return lo;
+  }
+  const CHECKPOINT = 65536;
+  function initState() {
+    const S = M.state;
+    ST.nb = S.blocks.addr.length;
+    ST.ns = S.segments.addr.length;
+    ST.live = new Uint8Array(ST.nb);
+    ST.seg = new Uint8Array(ST.ns);
+    ST.win = -1;
+    ST.pos = -1; // events position applied so far (exclusive)
+    ST.starts = S.windows.map((w) => w.start);
+    ST.wpos = S.windows.map((w) => lowerBound(S.events.index, w.start));
+    ST.checkpoints = S.windows.map(() => []);
+    // Checkpoints inside long windows, so a jump backwards replays at most CHECKPOINT events.
+    S.windows.forEach((w, wi) => {
+      const a = ST.wpos[wi], b = lowerBound(S.events.index, w.end);
+      if (b - a <= CHECKPOINT) return;
+      reset(wi);
+      for (let p = a; p < b; p += CHECKPOINT) {
+        apply(p);
+        ST.checkpoints[wi].push([p, ST.live.slice(), ST.seg.slice()]);
+      }
+    });
+    ST.win = -1;
+  }
+  function reset(wi) {
+    const k = M.state.windows[wi].keyframe;
+    ST.live.fill(0); ST.seg.fill(0);
+    for (let i = 0; i < k.blocks.length; i++) ST.live[k.blocks[i]] = 1;
+    for (let i = 0; i < k.segments.length; i++) ST.seg[k.segments[i]] = 1;
+    ST.win = wi; ST.pos = ST.wpos[wi];
+  }
+  function apply(upto) { // apply kept events [ST.pos, upto)
+    const op = M.state.events.op, ref = M.state.events.ref;
+    for (let p = ST.pos; p < upto; p++) {
+      const r = ref[p];
+      if (r < 0) continue;
+      switch (op[p]) {
+        case OP.MALLOC: ST.live[r] = 1; break;
+        case OP.FREE: ST.live[r] = 0; break;
+        case OP.SEG_ALLOC: ST.seg[r] = 1; break;
+        case OP.SEG_FREE: ST.seg[r] = 0; break;
+      }
+    }
+    ST.pos = Math.max(ST.pos, upto);
+  }
+  /* The kept event nearest to index k (k itself inside a window). */
+  function nearestKept(k) {
+    const idx = M.state.events.index;
+    if (!idx.length) return -1;
+    const p = lowerBound(idx, k);
+    if (p < idx.length && idx[p] === k) return k;
+    const a = p > 0 ? idx[p - 1] : Infinity, b = p < idx.length ? idx[p] : Infinity;
+    return Math.abs(k - a) <= Math.abs(b - k) ? a : b;
+  }
+  /* Blocks and segments live right after event k (k must be kept). */
+  function stateAfter(k) {
+    const S = M.state, idx = S.events.index;
+    const p = lowerBound(idx, k); // position of event k
+    let wi = lowerBound(ST.starts, k + 1) - 1;
+    if (wi < 0) wi = 0;
+    if (ST.win !== wi || ST.pos > p + 1) {
+      const cps = ST.checkpoints[wi];
+      let best = null;
+      for (const c of cps) if (c[0] <= p + 1) best = c;
+      if (best) { ST.live.set(best[1]); ST.seg.set(best[2]); ST.win = wi; ST.pos = best[0]; }
+      else reset(wi);
+    }
+    apply(p + 1);
+    const blocks = [], segs = [];
+    for (let i = 0; i < ST.nb; i++) if (ST.live[i]) blocks.push(i);
+    for (let i = 0; i < ST.ns; i++) if (ST.seg[i]) segs.push(i);
+    return { index: k, pos: p, blocks, segs };
+  }
+  T.stateAfter = stateAfter;
+
+  /* ---------- memory map ---------- */
+  const MAP = { rows: 24, rowH: 12, width: 1200 };
+  let view = null;
+  function layout(st) {
+    const B = M.state.blocks, G = M.state.segments;
+    let segs;
+    if (M.state.pooled) segs = st.segs.map((s) => ({ id: s, addr: G.addr[s], size: G.size[s] }));
+    else segs = st.blocks.map((b) => ({ id: -1, block: b, addr: B.addr[b], size: B.rounded[b] }));
+    segs.sort((a, b) => a.addr - b.addr);
+    let off = 0;
+    for (const s of segs) { s.off = off; off += s.size; }
+    const total = Math.max(off, 1);
+    const cells = MAP.rows * MAP.width;
+    const bpp = total / cells;
+    const segAddr = segs.map((s) => s.addr);
+    // Each live block's offset on the strip: its segment's offset + (address - segment address).
+    const placed = [];
+    for (const b of st.blocks) {
+      let g = lowerBound(segAddr, B.addr[b] + 1) - 1;
+      if (g < 0) continue;
+      const s = segs[g];
+      if (B.addr[b] >= s.addr + s.size) continue;
+      placed.push({ b, off: s.off + (B.addr[b] - s.addr), len: B.rounded[b], seg: g });
+    }
+    placed.sort((x, y) => x.off - y.off);
+    // Free gaps inside each segment, and the largest.
+    let largest = { off: 0, len: 0, seg: -1 };
+    let pi = 0;
+    for (let g = 0; g < segs.length; g++) {
+      const s = segs[g];
+      let cur = s.off;
+      while (pi < placed.length && placed[pi].seg === g) {
+        const p = placed[pi];
+        if (p.off - cur > largest.len) largest = { off: cur, len: p.off - cur, seg: g };
+        cur = Math.max(cur, p.off + p.len);
+        pi++;
+      }
+      if (s.off + s.size - cur > largest.len) largest = { off: cur, len: s.off + s.size - cur, seg: g };
+    }
+    if (!M.state.pooled) largest = { off: 0, len: 0, seg: -1 };
+    return { segs, placed, total, bpp, largest, offsets: placed.map((p) => p.off) };
+  }
+  function cellRange(off, len, bpp) {
+    const a = Math.floor(off / bpp);
+    const b = Math.max(a + 1, Math.ceil((off + len) / bpp));
+    return [a, b];
+  }
+  function drawMap(st) {
+    const cv = $("map");
+    const L = layout(st);
+    const H = MAP.rows * MAP.rowH;
+    cv.width = MAP.width; cv.height = H;
+    const ctx = cv.getContext("2d");
+    const img = ctx.createImageData(MAP.width, H);
+    const cells = MAP.rows * MAP.width;
+    const colour = new Uint8Array(cells * 3).fill(255);
+    const paint = (a, b, c) => {
+      for (let i = Math.max(a, 0); i < Math.min(b, cells); i++) { colour[3 * i] = c[0]; colour[3 * i + 1] = c[1]; colour[3 * i + 2] = c[2]; }
+    };
+    const FREE = [214, 240, 214];
+    for (const s of L.segs) { const [a, b] = cellRange(s.off, s.size, L.bpp); paint(a, b, FREE); }
+    const stackCol = M.state.blocks.stack;
+    for (const p of L.placed) { const [a, b] = cellRange(p.off, p.len, L.bpp); paint(a, b, colourOf(stackCol[p.b])); }
+    const d = img.data;
+    for (let r = 0; r < MAP.rows; r++) {
+      for (let x = 0; x < MAP.width; x++) {
+        const c = r * MAP.width + x;
+        for (let y = 1; y < MAP.rowH; y++) { // one white line between rows
+          const o = ((r * MAP.rowH + y) * MAP.width + x) * 4;
+          d[o] = colour[3 * c]; d[o + 1] = colour[3 * c + 1]; d[o + 2] = colour[3 * c + 2]; d[o + 3] = 255;
+        }
+        const o = (r * MAP.rowH * MAP.width + x) * 4;
+        d[o] = d[o + 1] = d[o + 2] = d[o + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+    // Segment boundaries as dark ticks, the largest free block outlined.
+    ctx.fillStyle = "#333";
+    for (const s of L.segs) {
+      const c = Math.floor(s.off / L.bpp);
+      ctx.fillRect(c % MAP.width, Math.floor(c / MAP.width) * MAP.rowH, 1, MAP.rowH);
+    }
+    if (L.largest.len > 0) outline(ctx, L.largest.off, L.largest.len, L.bpp, "#000", 2);
+    view = { st, L };
+    T.view = { index: st.index, blocks: st.blocks, segments: st.segs, largest: L.largest.len, bpp: L.bpp };
+    return L;
+  }
+  function outline(ctx, off, len, bpp, colour, w) {
+    ctx.strokeStyle = colour; ctx.lineWidth = w;
+    const [a, b] = cellRange(off, len, bpp);
+    for (let r = Math.floor(a / MAP.width); r <= Math.floor((b - 1) / MAP.width) && r < MAP.rows; r++) {
+      const x0 = r === Math.floor(a / MAP.width) ? a % MAP.width : 0;
+      const x1 = r === Math.floor((b - 1) / MAP.width) ? ((b - 1) % MAP.width) + 1 : MAP.width;
+      ctx.strokeRect(x0 + 0.5, r * MAP.rowH + 1.5, Math.max(x1 - x0 - 1, 1), MAP.rowH - 2);
+    }
+  }
+  function drawRequest(oom, L) {
+    const box = $("request");
+    box.replaceChildren();
+    if (!oom) return;
+    const p = el("p", "req");
+    p.append(el("b", null, (oom.handled ? "Handled" : "Fatal") + " OOM: "),
+      el("span", null, "request " + fmtBytes(oom.rounded) + " (" + oom.rounded.toLocaleString() + " B; asked " +
+        fmtBytes(oom.size) + ") against the largest free block " + fmtBytes(L.largest.len) +
+        " at this event (analyzer: " + fmtBytes(oom.largest_free_block) + "); diagnosis: " + oom.diagnosis));
+    box.append(p);
+    if (oom.explanation) box.append(el("p", "help", oom.explanation));
+    // The request at the map's scale: bytes per pixel as above, wrapped the same way.
+    const cells = Math.max(1, Math.ceil(oom.rounded / L.bpp));
+    const rows = Math.min(MAP.rows, Math.ceil(cells / MAP.width));
+    const cv = document.createElement("canvas");
+    cv.id = "request-bar";
+    cv.width = MAP.width; cv.height = rows * MAP.rowH;
+    const ctx = cv.getContext("2d");
+    ctx.fillStyle = "#111";
+    for (let r = 0; r < rows; r++) ctx.fillRect(0, r * MAP.rowH + 1, Math.min(MAP.width, cells - r * MAP.width), MAP.rowH - 2);
+    if (cells > MAP.rows * MAP.width) box.append(el("p", "help", "The request is larger than every segment together; drawn cut."));
+    box.append(cv);
+  }
+  function mapHit(ev) {
+    if (!view) return null;
+    const cv = $("map"), r = cv.getBoundingClientRect();
+    const x = Math.floor((ev.clientX - r.left) * cv.width / r.width), y = Math.floor((ev.clientY - r.top) * cv.height / r.height);
+    const row = Math.floor(y / MAP.rowH);
+    if (x < 0 || x >= MAP.width || row < 0 || row >= MAP.rows) return null;
+    const L = view.L, off = (row * MAP.width + x + 0.5) * L.bpp;
+    const pi = lowerBound(L.offsets, off + 1) - 1;
+    if (pi >= 0) {
+      const p = L.placed[pi];
+      if (off < p.off + Math.max(p.len, L.bpp)) return { block: p.b };
+    }
+    const g = lowerBound(L.segs.map((s) => s.off), off + 1) - 1;
+    if (g >= 0 && off < L.segs[g].off + L.segs[g].size) return { seg: L.segs[g] };
+    return null;
+  }
+  T.locate = function (blockId) { // css pixel (x, y) of a live block on the map, for the tests
+    if (!view) return null;
+    const p = view.L.placed.find((q) => q.b === blockId);
+    if (!p) return null;
+    const [a, b] = cellRange(p.off, p.len, view.L.bpp);
+    const c = Math.floor((a + b - 1) / 2);
+    const cv = $("map"), r = cv.getBoundingClientRect();
+    return { x: r.left + ((c % MAP.width) + 0.5) * r.width / cv.width,
+      y: r.top + (Math.floor(c / MAP.width) * MAP.rowH + MAP.rowH / 2) * r.height / cv.height };
+  };
+  function blockTip(b) {
+    const B = M.state.blocks;
+    const lines = ["block " + hex(B.addr[b]) + ": " + fmtBytes(B.size[b]) + " requested, " + fmtBytes(B.rounded[b]) + " rounded"];
+    const st = stackLines(B.stack[b]);
+    lines.push("call-site: " + (st[0] || "(no call-site)"));
+    for (const s of st.slice(1)) lines.push("  from " + s);
+    lines.push("malloc: seq " + B.malloc_seq[b] + " at " + fmtTime(B.malloc_t[b]));
+    lines.push(B.free[b] >= 0 ? "free: seq " + B.free_seq[b] + " at " + fmtTime(B.free_t[b]) : "never freed");
+    if (B.segment[b] >= 0) lines.push("in segment " + hex(M.state.segments.addr[B.segment[b]]));
+    return lines;
+  }
+  function segTip(s) {
+    const G = M.state.segments;
+    if (s.id < 0) return ["(no segment)"];
+    const i = s.id;
+    return ["segment " + hex(G.addr[i]) + ": " + fmtBytes(G.size[i]),
+      "taken: seq " + G.alloc_seq[i] + " at " + fmtTime(G.alloc_t[i]),
+      G.free[i] >= 0 ? "released: seq " + G.free_seq[i] + " at " + fmtTime(G.free_t[i]) : "never released",
+      "free space here is pale green"];
+  }
+  const tip = $("tip");
+  function showTip(lines, x, y) {
+    tip.replaceChildren(...lines.map((l) => el("div", null, l)));
+    tip.hidden = false;
+    tip.style.left = Math.min(x + 14, window.innerWidth - 380) + "px";
+    tip.style.top = (y + 14) + "px";
+  }
+  const hideTip = () => { tip.hidden = true; };
+
+  /* ---------- selecting an event ---------- */
+  let current = -1;
+  let plot = null;
+  function eventFacts(k) {
+    const E = M.state.events, p = lowerBound(E.index, k);
+    return { seq: E.seq[p], t: E.t_ns[p], op: E.op[p], ref: E.ref[p] };
+  }
+  const OPNAMES = ["malloc", "free", "segment_alloc", "segment_free", "oom"];
+  function select(k) {
+    const n = M.timeline.n;
+    if (!n || !M.state.events.index.length) return;
+    k = Math.max(0, Math.min(n - 1, Math.round(k)));
+    const kept = nearestKept(k);
+    const st = stateAfter(kept);
+    current = kept;
+    const L = drawMap(st);
+    const f = eventFacts(kept);
+    const oom = f.op === OP.OOM && f.ref >= 0 ? M.ooms[f.ref] : null;
+    drawRequest(oom, L);
+    $("scrub").value = String(kept);
+    $("scrub-seq").value = String(f.seq);
+    $("at").textContent = "event " + kept.toLocaleString() + ", seq " + f.seq + " (" + OPNAMES[f.op] + ") at " +
+      fmtTime(f.t) + ": " + st.blocks.length.toLocaleString() + " live blocks in " +
+      (M.state.pooled ? st.segs.length.toLocaleString() + " segments" : "no segments (raw device)") +
+      ", largest free block " + fmtBytes(L.largest.len) + (kept !== k ? " (nearest kept event to " + k + ")" : "");
+    $("at").dataset.seq = String(f.seq);
+    if (oom) showBudget(oom);
+    if (plot) plot.redraw(false, false);
+  }
+  T.select = select;
+  T.selectSeq = function (seq) {
+    const E = M.state.events;
+    let p = lowerBound(E.seq, seq);
+    if (p >= E.seq.length) p = E.seq.length - 1;
+    select(E.index[p]);
+  };
+  T.selectOOM = function (id) { const o = M.ooms[id]; if (o && o.index >= 0) select(o.index); };
+
+  /* ---------- timeline ---------- */
+  const COL = { requested: "#17becf", live: "#1f77b4", reserved: "#ff7f0e", largest_free: "#2ca02c",
+    device_free: "#7f7f7f", frag: "#d62728" };
+  const TL = M.timeline;
+  let level = -1;
+  function levelData(li) {
+    const lv = TL.levels[li], b = lv.bucket, n = TL.n;
+    const dup = b > 1;
+    const m = dup ? 2 * lv.count : lv.count;
+    const x = new Float64Array(m);
+    for (let i = 0; i < lv.count; i++) {
+      if (dup) { x[2 * i] = i * b; x[2 * i + 1] = Math.min((i + 1) * b, n) - 1; } else x[i] = i;
+    }
+    const ys = TL.series.map((s) => {
+      const lo = lv.lo[s.key], hi = lv.hi[s.key], y = new Array(m);
+      const scale = s.unit === "percent" ? 1 : 1 / 1048576;
+      for (let i = 0; i < lv.count; i++) {
+        const a = Number.isNaN(lo[i]) ? null : lo[i] * scale, c = Number.isNaN(hi[i]) ? null : hi[i] * scale;
+        if (dup) { y[2 * i] = a; y[2 * i + 1] = c; } else y[i] = c;
+      }
+      return y;
+    });
+    return [x, ...ys];
+  }
+  function pickLevel(a, b) {
+    const w = Math.max(plot ? plot.bbox.width / devicePixelRatio : 1000, 200);
+    for (let i = TL.levels.length - 1; i >= 0; i--) {
+      if ((b - a) / TL.levels[i].bucket <= 2 * w) return i; // the finest level with at most 2 buckets per pixel
+    }
+    return 0;
+  }
+  const cache = new Map();
+  function zoomTo(a, b) {
+    const n = TL.n;
+    let span = Math.max(b - a, Math.min(20, n));
+    a = Math.max(0, Math.min(a, n - span)); b = Math.min(n, a + span);
+    const li = pickLevel(a, b);
+    if (li !== level) {
+      if (!cache.has(li)) cache.set(li, levelData(li));
+      level = li;
+      plot.setData(cache.get(li), false);
+    }
+    plot.setScale("x", { min: a, max: b });
+  }
+  T.zoom = zoomTo;
+  function markers(u) {
+    const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
+    const X = (v) => u.valToPos(v, "x", true);
+    ctx.save();
+    for (const o of M.ooms) {
+      if (o.index < 0) continue;
+      const x = X(o.index);
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.strokeStyle = o.handled ? "rgba(90,90,90,0.7)" : "#d00";
+      ctx.lineWidth = o.handled ? 1 : 2 * devicePixelRatio;
+      ctx.setLineDash(o.handled ? [4, 4] : []);
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
+      if (!o.handled) { // the failing request stacked on the reserved bytes at that moment
+        const y0 = u.valToPos(o.reserved_bytes / 1048576, "y", true), y1 = u.valToPos((o.reserved_bytes + o.rounded) / 1048576, "y", true);
+        ctx.fillStyle = "#000"; ctx.fillRect(x - 3 * devicePixelRatio, Math.min(y0, y1), 6 * devicePixelRatio, Math.abs(y0 - y1));
+      }
+    }
+    ctx.setLineDash([]);
+    const pk = M.peak;
+    if (pk.live_index !== null) {
+      const x = X(pk.live_index), y = u.valToPos(pk.live_bytes / 1048576, "y", true);
+      ctx.fillStyle = "#1f77b4"; ctx.beginPath(); ctx.moveTo(x, y - 10); ctx.lineTo(x - 6, y - 20); ctx.lineTo(x + 6, y - 20); ctx.fill();
+    }
+    if (TL.limit_bytes) {
+      const y = u.valToPos(TL.limit_bytes / 1048576, "y", true);
+      ctx.strokeStyle = "#000"; ctx.lineWidth = 1; ctx.beginPath(); ctx.moveTo(u.bbox.left, y); ctx.lineTo(u.bbox.left + u.bbox.width, y); ctx.stroke();
+    }
+    if (TL.measured_free) {
+      ctx.fillStyle = "#444";
+      const I = TL.measured_free.index, V = TL.measured_free.bytes;
+      const a = lowerBound(I, u.scales.x.min), b = lowerBound(I, u.scales.x.max + 1);
+      for (let i = a; i < b && i < a + 20000; i++) {
+        ctx.beginPath(); ctx.arc(X(I[i]), u.valToPos(V[i] / 1048576, "y", true), 2.5 * devicePixelRatio, 0, 7); ctx.fill();
+      }
+    }
+    if (current >= 0) {
+      const x = X(current);
+      ctx.strokeStyle = "#6a3d9a"; ctx.lineWidth = 1.5 * devicePixelRatio;
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
+    }
+    ctx.restore();
+  }
+  function curveTip(u) {
+    const i = u.cursor.idx;
+    if (i === null || i === undefined || u.cursor.left < 0) { hideTip(); return; }
+    const lv = TL.levels[level], b = lv.bucket, bi = b > 1 ? i >> 1 : i;
+    const k0 = bi * b, k1 = Math.min((bi + 1) * b, TL.n) - 1;
+    const fine = TL.levels[TL.levels.length - 1].bucket, fi = Math.floor(k0 / fine);
+    const lines = [b > 1 ? "events " + k0.toLocaleString() + "–" + k1.toLocaleString() + " (min..max)" :
+      "event " + k0.toLocaleString()];
+    lines.push((fine > 1 ? "from seq " : "seq ") + TL.seq[fi] + " at " + fmtTime(TL.t_ns[fi]));
+    TL.series.forEach((s) => {
+      const lo = lv.lo[s.key][bi], hi = lv.hi[s.key][bi];
+      if (Number.isNaN(hi)) return;
+      const f = s.unit === "percent" ? (v) => v.toFixed(1) + "%" : fmtBytes;
+      lines.push(s.label + ": " + (lo === hi ? f(hi) : f(lo) + " .. " + f(hi)));
+    });
+    const r = u.over.getBoundingClientRect();
+    showTip(lines, r.left + u.cursor.left, r.top + u.cursor.top);
+  }
+  function buildTimeline() {
+    const box = $("timeline");
+    const width = Math.max(600, Math.min(1400, box.clientWidth || 1200));
+    const series = [{ label: "event" }];
+    for (const s of TL.series) {
+      series.push({ label: s.label, stroke: COL[s.key] || "#000", width: s.key === "live" ? 1.6 : 1.1,
+        scale: s.unit === "percent" ? "%" : "y", dash: s.key === "device_free" ? [3, 3] : undefined,
+        value: (u, v) => (v === null || v === undefined ? "–" : s.unit === "percent" ? v.toFixed(1) + "%" : fmtBytes(v * 1048576)),
+        points: { show: false } });
+    }
+    const opts = {
+      width, height: 380, series,
+      scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] }, "%": { range: [0, 100] } },
+      axes: [{ label: "event index" }, { label: "MiB", size: 70 }, { side: 1, scale: "%", label: "fragmentation %", grid: { show: false } }],
+      cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
+      legend: { live: false },
+      hooks: {
+        draw: [markers],
+        setCursor: [curveTip],
+        setSelect: [(u) => {
+          if (u.select.width > 4) zoomTo(u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
+          u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+        }],
+      },
+    };
+    level = 0;
+    cache.set(0, levelData(0));
+    plot = new uPlot(opts, cache.get(0), box);
+    T.plot = plot;
+    const over = plot.over;
+    let down = null;
+    over.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; });
+    over.addEventListener("click", (e) => {
+      if (down && Math.abs(e.clientX - down[0]) + Math.abs(e.clientY - down[1]) > 4) return; // a drag, not a click
+      const r = over.getBoundingClientRect();
+      select(plot.posToVal(e.clientX - r.left, "x"));
+    });
+    over.addEventListener("mouseleave", hideTip);
+    over.addEventListener("dblclick", () => zoomTo(0, TL.n));
+    over.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const r = over.getBoundingClientRect();
+      const at = plot.posToVal(e.clientX - r.left, "x");
+      const { min, max } = plot.scales.x, f = e.deltaY < 0 ? 0.8 : 1.25;
+      zoomTo(at - (at - min) * f, at + (max - at) * f);
+    }, { passive: false });
+    zoomTo(0, TL.n);
+  }
+  function keys(e) {
+    if (e.target && (e.target.tagName === "INPUT" && e.target.type === "number")) return;
+    if (!plot) return;
+    const { min, max } = plot.scales.x, span = max - min;
+    if (e.key === "+" || e.key === "=") zoomTo(min + span * 0.2, max - span * 0.2);
+    else if (e.key === "-") zoomTo(min - span * 0.25, max + span * 0.25);
+    else if (e.key === "0") zoomTo(0, TL.n);
+    else if (e.key === "ArrowLeft" && e.shiftKey) zoomTo(min - span * 0.2, max - span * 0.2);
+    else if (e.key === "ArrowRight" && e.shiftKey) zoomTo(min + span * 0.2, max + span * 0.2);
+    else if (e.key === "ArrowLeft") step(-1);
+    else if (e.key === "ArrowRight") step(1);
+    else return;
+    e.preventDefault();
+  }
+  function step(d) {
+    const idx = M.state.events.index;
+    const p = lowerBound(idx, current) + d;
+    if (p >= 0 && p < idx.length) select(idx[p]);
+  }
+  T.step = step;
+
+  function oomStrip() {
+    const box = $("oom-strip");
+    if (!M.ooms.length) { box.append(el("span", "help", "No OOM in this trace.")); return; }
+    box.append(el("span", null, "OOMs: "));
+    for (const o of M.ooms) {
+      const b = el("button", o.handled ? "oom handled" : "oom fatal", (o.handled ? "handled" : "FATAL") + " seq " + o.seq);
+      b.type = "button";
+      b.dataset.oom = String(o.id);
+      b.title = fmtBytes(o.rounded) + " at " + siteText(o.stack) + (o.index < 0 ? " (device " + o.device + ", not drawn)" : "");
+      if (o.index < 0) b.disabled = true;
+      b.addEventListener("click", () => T.selectOOM(o.id));
+      box.append(b);
+    }
+  }
+
+  /* ---------- budget ---------- */
+  const BUDGET_COL = { "other processes": "#8c564b", context: "#7f7f7f", "local memory": "#9467bd", heaps: "#bcbd22",
+    "pool reserved": "#ff7f0e", free: "#2ca02c", unaccounted: "#dddddd" };
+  function showBudget(oom) {
+    const box = $("budget");
+    box.replaceChildren();
+    const b = oom ? oom.budget : M.budget_start;
+    if (!b) { box.append(el("p", "help", "The device budget was not recorded for " + (oom ? "this OOM." : "this trace."))); return; }
+    const total = Math.max(...[b.start, b.oom].map((x) => x.total || x.parts.reduce((s, p) => s + Math.max(p.bytes || 0, 0), 0)), 1);
+    for (const bar of [b.start, b.oom]) {
+      const row = el("div", "brow");
+      row.append(el("div", "blabel", bar.label));
+      const strip = el("div", "bbar");
+      for (const p of bar.parts) {
+        if (!p.bytes || p.bytes <= 0) continue;
+        const seg = el("div", "bpart" + (p.name === b.changed ? " changed" : ""));
+        seg.style.width = (100 * p.bytes / total).toFixed(3) + "%";
+        seg.style.background = BUDGET_COL[p.name] || "#ccc";
+        seg.title = p.name + ": " + fmtBytes(p.bytes) + " (" + p.how + ")";
+        if (p.bytes / total > 0.08) seg.textContent = p.name;
+        strip.append(seg);
+      }
+      row.append(strip);
+      box.append(row);
+    }
+    const legend = el("div", "legend");
+    for (const p of b.oom.parts) {
+      const s0 = b.start.parts.find((q) => q.name === p.name);
+      const sw = el("span", "sw"); sw.style.background = BUDGET_COL[p.name] || "#ccc";
+      const item = el("span", "litem");
+      item.append(sw, el("span", null, p.name + ": " + fmtBytes(s0 ? s0.bytes : null) + " → " + fmtBytes(p.bytes) + " (" + p.how + ")"));
+      legend.append(item);
+    }
+    box.append(legend);
+    if (b.changed) box.append(el("p", "changed-term", "Changed most: " + b.changed + " (" + (b.change_bytes >= 0 ? "+" : "") + fmtBytes(b.change_bytes) + ")"));
+    if (b.takers) box.append(el("p", "help", b.takers));
+  }
+
+  /* ---------- tables ---------- */
+  function cell(v, kind) {
+    if (v === null || v === undefined) return "";
+    if (kind === "bytes") return fmtBytes(v);
+    if (kind === "percent") return (100 * v).toFixed(1) + "%";
+    if (kind === "bool") return v ? "yes" : "no";
+    if (kind === "int") return Number(v).toLocaleString();
+    return String(v);
+  }
+  function table(tv) {
+    const sec = el("section", "tbl");
+    sec.append(el("h2", null, tv.title));
+    if (tv.note) sec.append(el("p", "help", tv.note));
+    if (!tv.columns.length) return sec;
+    const t = el("table", "t"), head = el("tr"), body = el("tbody");
+    const order = tv.rows.map((_, i) => i);
+    let sortCol = -1, asc = true;
+    const MAXROWS = 2000;
+    function fill() {
+      body.replaceChildren();
+      for (const i of order.slice(0, MAXROWS)) {
+        const tr = el("tr");
+        tv.rows[i].forEach((v, c) => {
+          const td = el("td", tv.kinds[c] === "text" ? null : "num", cell(v, tv.kinds[c]));
+          if (tv.kinds[c] === "bytes" && v !== null) td.title = Number(v).toLocaleString() + " B";
+          tr.append(td);
+        });
+        if (tv.link === "oom") {
+          tr.className = "link"; tr.dataset.oom = String(i);
+          tr.addEventListener("click", () => T.selectOOM(i));
+        }
+        body.append(tr);
+      }
+    }
+    tv.columns.forEach((c, ci) => {
+      const th = el("th", null, c);
+      th.title = "click to sort";
+      th.addEventListener("click", () => {
+        asc = sortCol === ci ? !asc : tv.kinds[ci] === "text";
+        sortCol = ci;
+        order.sort((a, b) => {
+          const x = tv.rows[a][ci], y = tv.rows[b][ci];
+          const r = x === y ? 0 : x === null ? 1 : y === null ? -1 : x < y ? -1 : 1;
+          return asc ? r : -r;
+        });
+        fill();
+      });
+      head.append(th);
+    });
+    t.append(el("thead"), body);
+    t.firstChild.append(head);
+    fill();
+    sec.append(t);
+    if (tv.rows.length > MAXROWS) sec.append(el("p", "help", "First " + MAXROWS + " of " + tv.rows.length + " rows (sort to see others)."));
+    return sec;
+  }
+  function facts() {
+    const t = $("facts");
+    for (const [k, v] of M.facts) { const tr = el("tr"); tr.append(el("th", null, k), el("td", null, v)); t.append(tr); }
+  }
+  function legend() {
+    const box = $("legend");
+    M.site_rank.slice(0, M.palette.length).forEach((s, i) => {
+      const item = el("span", "litem"), sw = el("span", "sw");
+      sw.style.background = M.palette[i];
+      item.append(sw, el("span", null, siteText(s)));
+      box.append(item);
+    });
+    const item = el("span", "litem"), sw = el("span", "sw"); sw.style.background = "#9e9e9e";
+    item.append(sw, el("span", null, "every other call-site"));
+    const f = el("span", "litem"), fs = el("span", "sw"); fs.style.background = "rgb(214,240,214)";
+    f.append(fs, el("span", null, "free inside a segment (outlined: the largest free block)"));
+    box.append(item, f);
+  }
+  function baseline() {
+    const B = M.baseline;
+    if (!B) return;
+    const sec = $("s-baseline");
+    sec.append(el("h2", null, "Against the baseline: " + B.name));
+    const lv = TL.levels[0];
+    const mine = { x: Array.from({ length: lv.count }, (_, i) => i * lv.bucket), live: Array.from(lv.hi.live || [], (v) => v / 1048576),
+      reserved: Array.from(lv.hi.reserved || lv.hi.live || [], (v) => v / 1048576) };
+    const theirs = { x: Array.from({ length: B.live.length }, (_, i) => i * B.bucket), live: Array.from(B.live, (v) => v / 1048576),
+      reserved: Array.from(B.reserved, (v) => v / 1048576) };
+    const data = uPlot.join([[mine.x, mine.live, mine.reserved], [theirs.x, theirs.live, theirs.reserved]]);
+    const div = el("div"); sec.append(div);
+    new uPlot({ width: Math.min(1400, Math.max(600, sec.clientWidth || 1200)), height: 260,
+      scales: { x: { time: false } }, axes: [{ label: "event index (each trace from its start)" }, { label: "MiB", size: 70 }],
+      series: [{}, { label: "live", stroke: COL.live, spanGaps: true }, { label: "reserved", stroke: COL.reserved, spanGaps: true },
+        { label: "baseline live", stroke: COL.live, dash: [6, 4], spanGaps: true }, { label: "baseline reserved", stroke: COL.reserved, dash: [6, 4], spanGaps: true }] },
+    data, div);
+    sec.append(table({ title: "Both summaries", columns: ["metric", M.trace.name, B.name], kinds: ["text", "text", "text"], rows: B.summary, note: null, link: null }));
+  }
+
+  /* ---------- start ---------- */
+  async function main() {
+    const t0 = performance.now();
+    $("title").textContent = M.title;
+    $("verdict").textContent = M.verdict.text;
+    $("explanation").textContent = M.verdict.explanation || "";
+    await decodeAll();
+    colours();
+    initState();
+    facts();
+    legend();
+    oomStrip();
+    buildTimeline();
+    $("state-note").textContent = M.state.note + (M.trace.devices.length > 1 ? " This page draws device " + M.trace.device +
+      " (the reported OOM's); the other devices' OOMs are listed." : "");
+    const scrub = $("scrub");
+    scrub.max = String(Math.max(TL.n - 1, 0));
+    scrub.addEventListener("input", () => select(Number(scrub.value)));
+    scrub.addEventListener("keydown", (e) => { if (e.key === "ArrowLeft" || e.key === "ArrowRight") { e.preventDefault(); e.stopPropagation(); step(e.key === "ArrowLeft" ? -1 : 1); } });
+    $("go-seq").addEventListener("click", () => T.selectSeq(Number($("scrub-seq").value)));
+    $("prev").addEventListener("click", () => step(-1));
+    $("next").addEventListener("click", () => step(1));
+    const map = $("map");
+    map.addEventListener("mousemove", (e) => {
+      const h = mapHit(e);
+      if (!h) { hideTip(); return; }
+      showTip(h.block !== undefined ? blockTip(h.block) : segTip(h.seg), e.clientX, e.clientY);
+    });
+    map.addEventListener("mouseleave", hideTip);
+    document.addEventListener("keydown", keys);
+    const tabs = $("s-tables");
+    for (const tv of M.tables) tabs.append(table(tv));
+    baseline();
+    const fatal = M.ooms.find((o) => !o.handled && o.index >= 0) || M.ooms.find((o) => o.index >= 0);
+    if (fatal) select(fatal.index);
+    else if (M.peak.reserved_index !== null) select(M.peak.reserved_index);
+    if (!fatal) showBudget(null);
+    T.loadMs = performance.now() - t0;
+    $("status").textContent = "";
+    T.ready = true;
+    document.body.dataset.ready = "1";
+  }
+  main().catch((e) => { $("status").textContent = "The page could not be drawn: " + e; console.error(e); });
+})();

@@ -1,0 +1,248 @@
+"""The browser report's data model: one JSON object, every shape a TypedDict (``docs/report-page.md``).
+
+Bulk numbers travel as ``Column`` objects: a little-endian typed array, optionally
+delta-encoded (``x[i] = x[i-1] + d[i]``, for ascending columns), deflated (zlib)
+and base64-encoded, so a column of a million event indices costs a few kB and the
+page decodes it with the browser's own ``DecompressionStream``. Strings from the
+trace (call-site files and functions, process names, explanations) are plain JSON
+strings: the page inserts them with ``textContent`` only.
+
+Event indices (``index``, ``malloc``, ``free``, ``alloc`` …) count rows of the
+reported device's events from 0; ``seq`` is the trace's own sequence number.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+Dtype = Literal["u8", "i32", "f32", "f64"]
+
+
+class Column(TypedDict):
+    """A typed array: ``n`` values of ``dtype``; ``delta`` = stored as differences (prefix-sum to decode)."""
+
+    dtype: Dtype
+    n: int
+    delta: bool
+    z: str  # base64 of zlib-deflated little-endian bytes
+
+
+class SeriesInfo(TypedDict):
+    key: str  # live | requested | reserved | largest_free | frag | device_free
+    label: str
+    unit: Literal["bytes", "percent"]
+
+
+class Level(TypedDict):
+    """One level of detail: bucket ``i`` covers events ``[i*bucket, min((i+1)*bucket, n))``."""
+
+    bucket: int
+    count: int
+    lo: dict[str, Column]  # series key -> f32 minimum within each bucket
+    hi: dict[str, Column]  # series key -> f32 maximum within each bucket
+
+
+class Points(TypedDict):
+    index: Column  # i32 event index
+    bytes: Column  # f64
+
+
+class Timeline(TypedDict):
+    n: int  # events of the reported device
+    t_ns: Column  # f64 nanoseconds since the first event, per event of the finest level's bucket starts
+    seq: Column  # f64 seq at each bucket start of the finest level
+    series: list[SeriesInfo]
+    levels: list[Level]  # coarsest first
+    measured_free: Points | None
+    limit_bytes: int | None
+
+
+class BudgetPart(TypedDict):
+    name: str  # other processes | context | local memory | heaps | pool reserved | free | unaccounted
+    bytes: int | None
+    how: str  # measured | estimated | derived
+
+
+class BudgetBar(TypedDict):
+    label: str  # "start" or "OOM at seq N"
+    parts: list[BudgetPart]
+    total: int | None
+
+
+class Budget(TypedDict):
+    """The device budget at start and at one OOM; ``changed``: the term that changed most."""
+
+    start: BudgetBar
+    oom: BudgetBar
+    changed: str | None
+    change_bytes: int | None
+    takers: str
+
+
+class OOMView(TypedDict):
+    id: int
+    seq: int
+    index: int  # event index on the reported device; -1 when on another device
+    t_ns: int
+    device: int
+    stream: int
+    size: int
+    rounded: int
+    handled: bool
+    handler: str | None
+    diagnosis: str
+    explanation: str | None
+    stack: int  # stack id, -1 none
+    live_bytes: int
+    reserved_bytes: int
+    largest_free_block: int
+    device_free: int | None
+    device_free_source: str
+    budget: Budget | None
+
+
+class Peak(TypedDict):
+    live_bytes: int
+    live_seq: int | None
+    live_index: int | None
+    reserved_bytes: int
+    reserved_seq: int | None
+    reserved_index: int | None
+
+
+class Frames(TypedDict):
+    """Column-wise: frame ``i`` is (file[i], line[i], function[i]); line -1 when unknown."""
+
+    file: list[str]
+    line: list[int]
+    function: list[str]
+
+
+class Stacks(TypedDict):
+    """Stack ``i`` = frame ``frame[i]`` called from stack ``parent[i]`` (-1: outermost)."""
+
+    frame: list[int]
+    parent: list[int]
+
+
+class Blocks(TypedDict):
+    """Every block the page needs (a malloc and its free), in malloc order."""
+
+    addr: Column  # f64 address
+    size: Column  # f64 requested bytes
+    rounded: Column  # f64 bytes handed out
+    stack: Column  # i32 stack id, -1 none
+    segment: Column  # i32 segment id holding the block, -1 none
+    malloc: Column  # i32 event index of the malloc (delta)
+    free: Column  # i32 event index of the free, -1 never freed
+    malloc_seq: Column  # f64 (delta)
+    free_seq: Column  # f64, -1 never freed
+    malloc_t: Column  # f64 ns since the first event (delta)
+    free_t: Column  # f64, -1 never freed
+
+
+class Segments(TypedDict):
+    addr: Column  # f64
+    size: Column  # f64
+    alloc: Column  # i32 event index of the segment_alloc
+    free: Column  # i32 event index of the segment_free, -1 never
+    alloc_seq: Column  # f64
+    free_seq: Column  # f64, -1 never
+    alloc_t: Column  # f64
+    free_t: Column  # f64, -1 never
+
+
+class Keyframe(TypedDict):
+    """What is live just before event ``index``: block ids and segment ids."""
+
+    index: int
+    blocks: Column  # i32
+    segments: Column  # i32
+
+
+class Window(TypedDict):
+    """Events ``[start, end)`` are all in ``events``; the state anywhere inside replays from ``keyframe``."""
+
+    start: int
+    end: int
+    reason: str  # start | peak | oom N | even
+    keyframe: Keyframe
+
+
+class EventColumns(TypedDict):
+    """The kept events: index (delta), op (0 malloc, 1 free, 2 segment_alloc, 3 segment_free, 4 oom),
+    ref (block id, segment id or OOM id; -1 none), seq (delta) and t_ns (delta)."""
+
+    index: Column
+    op: Column
+    ref: Column
+    seq: Column
+    t_ns: Column
+
+
+class State(TypedDict):
+    complete: bool  # every event is kept (one window)
+    kept: int
+    note: str
+    blocks: Blocks
+    segments: Segments
+    events: EventColumns
+    windows: list[Window]
+    pooled: bool  # the trace has segment rows
+
+
+class TableView(TypedDict):
+    """A table the page draws (sortable): ``kinds`` say how each column sorts and prints."""
+
+    title: str
+    columns: list[str]
+    kinds: list[Literal["text", "bytes", "int", "percent", "bool"]]
+    rows: list[list[str | int | float | bool | None]]
+    note: str | None
+    link: Literal["oom"] | None  # "oom": row i is OOM id i (a click shows the state there)
+
+
+class Baseline(TypedDict):
+    name: str
+    n: int
+    bucket: int
+    live: Column  # f32 max per bucket
+    reserved: Column
+    summary: list[list[str]]  # metric, this trace, baseline
+
+
+class TraceInfo(TypedDict):
+    name: str
+    source: str
+    device: int
+    devices: list[int]
+    device_name: str | None
+    device_total: int | None
+    events: int  # events of the reported device
+    duration_s: float
+    raw_device: bool
+
+
+class Verdict(TypedDict):
+    diagnosis: str | None
+    explanation: str | None
+    text: str  # one-line verdict
+
+
+class PageModel(TypedDict):
+    version: int
+    title: str
+    trace: TraceInfo
+    verdict: Verdict
+    facts: list[list[str]]  # summary metric, value
+    timeline: Timeline
+    ooms: list[OOMView]
+    peak: Peak
+    frames: Frames
+    stacks: Stacks
+    site_rank: list[int]  # stack ids by bytes x lifetime, largest first (the first ones get the palette)
+    palette: list[str]
+    state: State
+    budget_start: Budget | None
+    tables: list[TableView]
+    baseline: Baseline | None
