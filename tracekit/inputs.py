@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,19 +28,60 @@ MAX_JSON_BYTES = 64 << 20
 MAX_DEPTH = 64
 
 
+def safe_text(text: object, *, lines: bool = False) -> str:
+    """``text`` safe to print on a terminal: every character that is not printable escaped as
+    ``repr`` writes it (ESC -> ``\\x1b``, U+202E -> ``\\u202e``, a byte of a non-UTF-8 file name
+    -> ``\\udcff``); printable text, backslashes included, unchanged. ``lines=True`` keeps
+    newlines (for a block of text tracekit composed itself). For every text a trace, a file
+    name or a recorded program controls: call-sites, commands, device names, paths."""
+    s = str(text)
+    if s.isprintable() or (lines and s.replace("\n", "").isprintable()):
+        return s
+    return "\n".join(_escape(part) for part in s.split("\n")) if lines else _escape(s)
+
+
+def _escape(s: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+def plot_text(text: object) -> str:
+    """``safe_text`` that matplotlib also draws literally: every ``$`` not escaped yet becomes
+    ``\\$``, so a call-site, file or policy name holding ``$`` is never read as mathtext (an
+    unmatched one fails the figure). Idempotent: text made literal once stays as it is."""
+    return _DOLLAR.sub(r"\\$", safe_text(text, lines=True))
+
+
+_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def os_cause(e: BaseException) -> str:
+    """The cause of an ``OSError`` in a few words (its strerror: "Permission denied", "File name
+    too long", "Too many levels of symbolic links", "No space left on device")."""
+    return str(getattr(e, "strerror", None) or e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def stat_or_none(path: Path | str, what: str = "input") -> os.stat_result | None:
+    """``os.stat(path)``, None when nothing is there; InputError naming the path and the cause for
+    every other failure (a folder one may not enter, a name too long, a symbolic-link loop, a NUL
+    byte in the name). ``Path.exists`` and ``Path.is_file`` raise on some of these and hide others."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{safe_text(path)}: cannot read the {what} ({os_cause(e)})") from None
+
+
 def check_regular(path: Path | str, what: str = "input") -> os.stat_result:
     """The stat of ``path``; InputError unless it is an existing regular file (checked before opening,
     so a named pipe or a device is never opened and cannot block or stream forever)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot read the {what} ({getattr(e, 'strerror', None) or e})") from None
+    st = stat_or_none(path, what)
+    if st is None:
+        raise InputError(f"{safe_text(path)}: no such file")
     if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{path}: is a folder, not a {what} file")
+        raise InputError(f"{safe_text(path)}: is a folder, not a {what} file")
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{path}: is not a regular file (a pipe, socket or device); "
+        raise InputError(f"{safe_text(path)}: is not a regular file (a pipe, socket or device); "
                          f"give the {what} as a file")
     return st
 
@@ -73,7 +115,7 @@ def load_json_file(path: Path | str, what: str) -> Any:
     try:
         data = Path(path).read_bytes()
     except OSError as e:
-        raise InputError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+        raise InputError(f"{safe_text(path)}: cannot read the {what} ({os_cause(e)})") from None
     return load_json(data, str(path), what)
 
 

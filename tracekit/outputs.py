@@ -12,12 +12,23 @@ a hidden ``.NAME.tmp-PID`` file, removed on every way out Python can catch,
 SIGTERM included (the CLI turns it into an exception) and ``atexit``; one left
 by a killed process (``kill -9``) is swept away by the next write of the same
 target.
+
+The commit never replaces a file the checks did not see: when ``check_output``
+found the target absent, the temporary file is hard-linked to the target's name
+(``link(2)`` fails if any file took that name meanwhile: another run, a sync)
+and then unlinked, so a file that appeared while the verb ran is kept and the
+verb ends with one sentence; only ``force`` lets the commit replace (rename).
+Every ``OSError`` on the way (a folder one may not enter, a read-only folder,
+a full disk, a name too long, a symbolic-link loop) becomes an ``OutputError``
+naming the file and the cause, and every path in a message passes through
+``safe_text`` (a file name can hold terminal escapes).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import glob
 import os
 import stat
@@ -26,8 +37,17 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tracekit.errors import OutputError
+from tracekit.inputs import os_cause, safe_text
 
 _PENDING: set[Path] = set()  # named temporary files not yet renamed into place
+# Outputs checked by ``check_output`` and not yet committed: absolute path -> whether the commit may
+# replace a file found there (only with ``force``; two checks of one path must both allow it).
+_CLAIMS: dict[str, bool] = {}
+
+
+def cannot_write(path: Path | str, e: BaseException, what: str = "") -> OutputError:
+    """The one sentence for an ``OSError`` while writing ``path``: the file, then the cause."""
+    return OutputError(f"{safe_text(path)}: cannot write{' ' + what if what else ''} ({os_cause(e)})")
 
 
 def _kind(mode: int) -> str | None:
@@ -56,10 +76,10 @@ def refuse_kind(path: Path) -> os.stat_result | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise OutputError(f"{path}: cannot write ({getattr(e, 'strerror', None) or e})") from None
+        raise cannot_write(path, e) from None
     kind = _kind(st.st_mode)
     if kind is not None:
-        raise OutputError(f"{path}: cannot write, it is {kind}; outputs are regular files only")
+        raise OutputError(f"{safe_text(path)}: cannot write, it is {kind}; outputs are regular files only")
     return st
 
 
@@ -74,7 +94,8 @@ def refuse_input(path: Path, inputs: Iterable[Path | str | None], option: str = 
             continue
         try:
             if _same(st, os.stat(src)):
-                raise OutputError(f"{path}: refusing to overwrite the input {src}; choose another {option}")
+                raise OutputError(f"{safe_text(path)}: refusing to overwrite the input {safe_text(src)}; "
+                                  f"choose another {option}")
         except (OSError, ValueError):
             continue
 
@@ -82,8 +103,14 @@ def refuse_input(path: Path, inputs: Iterable[Path | str | None], option: str = 
 def _refuse_no_folder(path: Path) -> Path:
     """The folder ``path`` goes into; OutputError if it is not one."""
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{path}: cannot write, folder {parent} does not exist")
+    try:
+        st = os.stat(parent)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except (OSError, ValueError) as e:  # a folder one may not enter, a name too long, a link loop
+        raise cannot_write(path, e) from None
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{safe_text(path)}: cannot write, folder {safe_text(parent)} does not exist")
     return parent
 
 
@@ -95,15 +122,23 @@ def check_output(path: Path | str, inputs: Iterable[Path | str | None] = (), *, 
     st = refuse_kind(path)
     refuse_input(path, inputs, option)
     if st is not None and not force:
-        raise OutputError(f"{path}: already exists; choose another {option} or pass --force")
+        raise OutputError(f"{safe_text(path)}: already exists; choose another {option} or pass --force")
+    key = os.path.abspath(path)
+    _CLAIMS[key] = _CLAIMS.get(key, True) and force
     return path
 
 
 def check_folder(folder: Path | str, option: str) -> Path:
     """A folder outputs go into: absent (it will be made) or a folder; never a file."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise OutputError(f"{folder}: cannot write {option} files there, it is not a folder")
+    try:
+        st = os.stat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return folder
+    except (OSError, ValueError) as e:
+        raise cannot_write(folder, e, f"{option} files there") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{safe_text(folder)}: cannot write {option} files there, it is not a folder")
     return folder
 
 
@@ -111,7 +146,8 @@ class Staged:
     """A temporary file ``tmp`` beside ``path``: ``commit`` renames it into place, ``discard`` removes it.
 
     As a context manager it commits when the block ends cleanly and discards
-    otherwise. For writers that want a file name (Arrow, matplotlib).
+    otherwise; an ``OSError`` of the block (a full disk) becomes the one ``OutputError``
+    sentence. For writers that want a file name (Arrow, matplotlib).
     """
 
     def __init__(self, path: Path | str) -> None:
@@ -127,6 +163,7 @@ class Staged:
 
     def discard(self) -> None:
         _discard(self.tmp)
+        _CLAIMS.pop(os.path.abspath(self.path), None)
 
     def __enter__(self) -> Staged:
         return self
@@ -135,6 +172,8 @@ class Staged:
         try:
             if et is None:
                 self.commit()
+            elif isinstance(e, OSError):
+                raise cannot_write(self.path, e) from None
         finally:
             self.discard()
 
@@ -142,12 +181,8 @@ class Staged:
 @contextlib.contextmanager
 def atomic_output(path: Path | str) -> Iterator[BinaryIO]:
     """A binary file whose content replaces ``path`` only if the ``with`` block ends cleanly."""
-    with Staged(path) as staged:
-        try:
-            with open(staged.tmp, "wb") as f:
-                yield f
-        except OSError as e:
-            raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+    with Staged(path) as staged, open(staged.tmp, "wb") as f:
+        yield f
 
 
 def write_bytes(path: Path | str, data: bytes) -> Path:
@@ -161,11 +196,11 @@ def _open_temp(path: Path, parent: Path) -> tuple[int, Path]:
     """A hidden temporary file beside ``path``, registered for cleanup."""
     _sweep(path, parent)
     tmp = parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.unlink(missing_ok=True)  # our own pid's leftover from an earlier write of this name
     try:
+        tmp.unlink(missing_ok=True)  # our own pid's leftover from an earlier write of this name
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+    except (OSError, ValueError) as e:  # a read-only folder, a name too long with the prefix
+        raise cannot_write(path, e) from None
     _PENDING.add(tmp)
     return fd, tmp
 
@@ -190,12 +225,42 @@ def _alive(pid: int) -> bool:
 
 
 def _commit(path: Path, tmp: Path) -> None:
+    """Move ``tmp`` to ``path``: a rename where the checks allowed replacing (``force``, or a
+    write no check claimed), else a no-replace move that refuses a file that appeared meanwhile."""
     refuse_kind(path)  # it may have become a device or pipe meanwhile: never rename over those
+    may_replace = _CLAIMS.pop(os.path.abspath(path), True)
     try:
-        os.replace(tmp, path)
+        if may_replace:
+            os.replace(tmp, path)
+        else:
+            _move_no_replace(tmp, path)
+    except FileExistsError:
+        raise OutputError(f"{safe_text(path)}: a file of that name appeared while this command ran; it "
+                          "was left as it is and nothing was written (pass --force to replace it)") from None
     except OSError as e:
-        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise cannot_write(path, e) from None
     _PENDING.discard(tmp)
+
+
+def _move_no_replace(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path`` unless ``path`` exists (FileExistsError then, both untouched).
+
+    ``link(2)`` is the atomic check (it never replaces); the temporary name is then unlinked. On
+    a file system without hard links the check and the rename are two steps (a window of
+    microseconds instead of the whole run)."""
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+        os.rename(tmp, path)
+        return
+    with contextlib.suppress(OSError):  # the output is in place; a leftover name is swept later
+        os.unlink(tmp)
 
 
 def _discard(tmp: Path) -> None:
@@ -210,3 +275,4 @@ def cleanup() -> None:
     """Remove every named temporary file not yet renamed into place (called on exit and by the CLI)."""
     for tmp in list(_PENDING):
         _discard(tmp)
+    _CLAIMS.clear()

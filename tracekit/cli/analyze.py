@@ -25,7 +25,7 @@ def analyze(
     with the device at that moment, leaks."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.analysis.output import analyze_file, write_timeline
-    from tracekit.cli.common import echo_json, terminal_progress, wrote
+    from tracekit.cli.common import echo_json, say, terminal_progress, wrote
 
     want = timeline is not None or report is not None  # the report draws the timeline
     outputs = ((timeline, "--timeline"), (report, "--report"))
@@ -34,9 +34,9 @@ def analyze(
     if json_out:
         echo_json(result.summary.to_dict())
     else:
-        typer.echo(result.summary.to_text())
+        say(result.summary.to_text())
     for warning in result.summary.skipped:
-        typer.echo(f"tracekit: warning: {trace}: skipped {warning}", err=True)
+        say(f"tracekit: warning: {trace}: skipped {warning}", err=True)
     if timeline is not None:
         wrote(write_timeline(result, timeline))
     if report is not None:

@@ -27,6 +27,7 @@ import typer.core
 from typer.core import TyperGroup
 
 from tracekit.cli import startup_handlers_installed
+from tracekit.cli.common import say
 from tracekit.errors import Interrupted, TracekitError
 
 
@@ -61,9 +62,9 @@ class TracekitGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except TracekitError as e:
-            typer.echo(f"tracekit: error: {e}", err=True)
+            say(f"tracekit: error: {e}", err=True)
             for note in getattr(e, "__notes__", ()):  # e.g. a cleanup that failed as well
-                typer.echo(f"tracekit: note: {note}", err=True)
+                say(f"tracekit: note: {note}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt as e:
             raise typer.Exit(_announce(getattr(e, "exit_code", 130))) from None
@@ -87,7 +88,7 @@ class TracekitGroup(TyperGroup):
                 typer.echo(e.format_message(), err=True)
                 code = e.exit_code
             except typer.TyperException as e:
-                typer.echo(f"tracekit: error: {_one_sentence(e)}", err=True)
+                say(f"tracekit: error: {_one_sentence(e)}", err=True)
                 code = e.exit_code
             except typer.Abort:
                 code = _announce(130)

@@ -1,4 +1,11 @@
-"""Small helpers shared by the verb modules: JSON output and 'Wrote PATH' lines."""
+"""Small helpers shared by the verb modules: text, JSON and 'Wrote PATH' lines.
+
+Everything a verb prints goes through ``say`` (or ``echo_json``): a trace's call-sites,
+commands, device names and file names are text its author controls, and a terminal acts on
+escape sequences (clear the screen, set the title, plant a hyperlink) and bidi controls
+(reverse a line). ``say`` escapes each such character as ``repr`` does
+(``tracekit.inputs.safe_text``); JSON escapes them itself (``\\u001b``).
+"""
 
 from __future__ import annotations
 
@@ -13,13 +20,21 @@ from typing import Any
 import typer
 
 
+def say(text: object, *, err: bool = False) -> None:
+    """Print ``text`` (lines tracekit composed, holding text from traces) with every character a
+    terminal would act on escaped; newlines kept."""
+    from tracekit.inputs import safe_text
+
+    typer.echo(safe_text(text, lines=True), err=err)
+
+
 def echo_json(obj: Any) -> None:
     """Print one JSON document to stdout (ints stay exact, NaN becomes null)."""
     typer.echo(json.dumps(_clean(obj), indent=2))
 
 
 def wrote(path: Path | str) -> None:
-    typer.echo(f"Wrote {path}", err=True)
+    say(f"Wrote {path}", err=True)
 
 
 # Runs shorter than this finish before a bar helps; the first report after it draws.

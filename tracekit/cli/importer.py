@@ -38,16 +38,16 @@ def torch_cmd(
 ) -> None:
     """Import a PyTorch CUDA memory snapshot; untrusted files are safe (nothing in them is run)."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
-    from tracekit.cli.common import wrote
+    from tracekit.cli.common import say, wrote
     from tracekit.importers.torch_snapshot import import_snapshot
 
     result = import_snapshot(snapshot, output, device=device, stacks=stacks, progress=progress,
                              force=force)
     skipped = ", ".join(f"{n} x {a}" for a, n in sorted(result.skipped.items()))
     if skipped:
-        typer.echo(f"tracekit: note: {snapshot}: skipped history entries: {skipped}", err=True)
+        say(f"tracekit: note: {snapshot}: skipped history entries: {skipped}", err=True)
     if result.initial_rows:
-        typer.echo(
+        say(
             f"tracekit: note: {snapshot}: the history starts mid-run; {result.initial_rows} rows at t=0 "
             "rebuild the state before it (column 'initial')",
             err=True,

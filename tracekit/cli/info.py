@@ -16,7 +16,7 @@ def info(
 ) -> None:
     """Describe a trace: metadata, counts per op, time span, devices and streams."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
-    from tracekit.cli.common import echo_json, terminal_progress
+    from tracekit.cli.common import echo_json, say, terminal_progress
     from tracekit.progress import report
     from tracekit.trace.info import trace_info
     from tracekit.trace.reader import read_trace
@@ -28,9 +28,9 @@ def info(
     if json_out:
         echo_json(summary.to_dict())
     else:
-        typer.echo(summary.to_text())
+        say(summary.to_text())
     for warning in summary.skipped:
-        typer.echo(f"tracekit: warning: {trace}: skipped {warning}", err=True)
+        say(f"tracekit: warning: {trace}: skipped {warning}", err=True)
 
 
 def register(app: typer.Typer) -> None:

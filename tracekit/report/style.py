@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracekit.inputs import plot_text
+
 GREY = (0.62, 0.62, 0.62)
 # tab10 without its grey, so grey can mean "any other site".
 RGB = tuple[float, float, float]
@@ -101,9 +103,11 @@ def time_axis(t_ns: np.ndarray, seq: np.ndarray) -> TimeAxis:
 
 
 def short_site(site: str | None, width: int = 48) -> str:
-    """``path/to/file.py:12:fn`` → ``fn (file.py:12)``, cut to ``width`` characters."""
+    """``path/to/file.py:12:fn`` → ``fn (file.py:12)``, cut to ``width`` characters, drawn literally
+    (``plot_text``: a call-site's ``$`` or control characters are the trace's, not markup)."""
     if not site:
         return "(no call-site)"
+    site = plot_text(site)
     parts = site.rsplit(":", 2)
     if len(parts) == 3:
         path, line, fn = parts

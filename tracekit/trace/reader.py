@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
-from tracekit.inputs import byte_count, check_regular, load_json
+from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
@@ -58,19 +59,35 @@ def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
     """Open ``path`` as Parquet, or raise InputError with a one-sentence cause."""
     p = Path(path)
     spool = p if p.suffix == ".spool" else p.with_name(p.name + ".spool")
-    if spool.exists() and (p == spool or not p.exists()):
-        raise InputError(
-            f"{p}: this recording did not finish; run 'tracekit recover {spool}' to turn it into a trace"
-        )
+    if _spool_there(spool) and (p == spool or stat_or_none(p, "trace") is None):
+        raise InputError(f"{safe_text(p)}: this recording did not finish; run "
+                         f"'tracekit recover {safe_text(spool)}' to turn it into a trace")
     if (file_bytes := check_regular(p, "trace").st_size) == 0:
-        raise InputError(f"{p}: the file is empty")
+        raise InputError(f"{safe_text(p)}: the file is empty")
     try:
-        pf = pq.ParquetFile(p)
+        pf = pq.ParquetFile(_arrow_source(p))
     except (pa.ArrowException, OSError, ValueError) as e:
-        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(f"{p}: not a readable Parquet file, or it is truncated ({cause})") from None
+        raise InputError(f"{safe_text(p)}: not a readable Parquet file, or it is truncated "
+                         f"({os_cause(e)})") from None
     _check_layout(p, pf, file_bytes)
     return p, pf
+
+
+def _spool_there(spool: Path) -> bool:
+    try:  # a spool name too long or unreachable is no spool: the trace's own check says why
+        return stat_or_none(spool, "spool") is not None
+    except InputError:
+        return False
+
+
+def _arrow_source(p: Path) -> str | BinaryIO:
+    """What Arrow opens for ``p``: its name, or an open file where the name is not UTF-8 (a valid
+    byte string on Linux that Arrow cannot encode; Python's file holds the raw bytes)."""
+    try:
+        str(p).encode("utf-8")
+    except UnicodeEncodeError:
+        return open(p, "rb")  # Arrow's reader keeps it for as long as the file is read
+    return str(p)
 
 
 # Reading one column costs a fixed amount per row group, so a file of tiny row groups
