@@ -28,7 +28,7 @@ def advise(
     if verify_on_device is None:  # no GPU held: tracekit's own code only (quick_exit)
         skip_teardown()
     from tracekit.advise.run import advise as run_advise
-    from tracekit.cli.common import echo_json, terminal_progress
+    from tracekit.cli.common import echo_json, say, terminal_progress
     from tracekit.trace.reader import read_trace
     from tracekit.units import parse_size
 
@@ -46,7 +46,7 @@ def advise(
     if json_out:
         echo_json(result.to_dict())
     else:
-        typer.echo(result.to_text())
+        say(result.to_text())
 
 
 def register(app: typer.Typer) -> None:

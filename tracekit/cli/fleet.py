@@ -32,7 +32,7 @@ def fleet(
     """Analyze many traces (the ranks of one job, runs of a CI history): who ran out of memory and why."""
     if engine == "local":  # no Ray session: tracekit's own code only (quick_exit)
         skip_teardown()
-    from tracekit.cli.common import echo_json, terminal_progress, wrote
+    from tracekit.cli.common import echo_json, say, terminal_progress, wrote
     from tracekit.errors import UsageError
     from tracekit.fleet import Engine, FleetOptions, run_fleet
 
@@ -51,9 +51,9 @@ def fleet(
     else:
         from tracekit.fleet.table import rows_text
 
-        typer.echo(rows_text(result.table))
-        typer.echo("")
-        typer.echo(result.summary.to_text())
+        say(rows_text(result.table))
+        say("")
+        say(result.summary.to_text())
     for path in result.written:
         wrote(path)
     errors = result.summary.errors

@@ -99,7 +99,7 @@ def replay(
 def _device(trace: Path, device: int, allocator: str, capacity: str | None, output: Path | None,
             json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None,
             force: bool, torch_conf: str | None) -> None:
-    from tracekit.cli.common import echo_json, wrote
+    from tracekit.cli.common import echo_json, say, wrote
     from tracekit.errors import DeviceError, OOMVerdict
 
     try:
@@ -117,7 +117,7 @@ def _device(trace: Path, device: int, allocator: str, capacity: str | None, outp
     if json_out:
         echo_json(out.to_dict())
     else:
-        typer.echo(out.to_text())
+        say(out.to_text())
     if fail_on_oom and out.verdict is not None:
         raise OOMVerdict(out.verdict)
 
@@ -125,7 +125,7 @@ def _device(trace: Path, device: int, allocator: str, capacity: str | None, outp
 def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | None,
               torch_conf: str | None, output: Path | None, json_out: bool, continue_on_oom: bool,
               fail_on_oom: bool, force: bool) -> None:
-    from tracekit.cli.common import echo_json, wrote
+    from tracekit.cli.common import echo_json, say, wrote
     from tracekit.errors import OOMVerdict
     from tracekit.progress import Progress
     from tracekit.sim.base import SimConfig
@@ -148,13 +148,13 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
     finally:
         bar.close()
     for warning in result.warnings:
-        typer.echo(f"tracekit: warning: {trace}: {warning}", err=True)
+        say(f"tracekit: warning: {trace}: {warning}", err=True)
     if output is not None:
         wrote(output)
     if json_out:
         echo_json(result.to_dict())
     else:
-        typer.echo(result.to_text())
+        say(result.to_text())
     oom = result.summary.oom
     if fail_on_oom and oom is not None:
         raise OOMVerdict(
@@ -181,8 +181,10 @@ def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
         return None
     limit = read_meta(trace).pool_limit_bytes
     if limit:
-        typer.echo(f"tracekit: note: {trace}: replaying under the recorded pool limit of "
-                   f"{format_size(limit)} ({limit} bytes); --capacity none lifts it", err=True)
+        from tracekit.cli.common import say
+
+        say(f"tracekit: note: {trace}: replaying under the recorded pool limit of "
+            f"{format_size(limit)} ({limit} bytes); --capacity none lifts it", err=True)
     return limit
 
 

@@ -24,7 +24,7 @@ def whatif(
     """Find, per allocator policy, the smallest capacity (to 2 MiB) that replays TRACE without OOM."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.analysis.whatif import whatif as run_whatif
-    from tracekit.cli.common import echo_json, terminal_progress
+    from tracekit.cli.common import echo_json, say, terminal_progress
     from tracekit.errors import UsageError
     from tracekit.sim import policies as registry
     from tracekit.trace.reader import read_trace
@@ -44,7 +44,7 @@ def whatif(
     if json_out:
         echo_json(result.to_dict())
     else:
-        typer.echo(result.to_text())
+        say(result.to_text())
 
 
 def register(app: typer.Typer) -> None:
