@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from tracekit.cli.app import app
 from tracekit.errors import DeviceError, OutputError, UsageError
 from tracekit.importers.torch_record import max_entries, record_torch, snapshot_path
+from tracekit.record.sites import site_roots
 from tracekit.trace import Op, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,7 +253,8 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
     out = tmp_path / "t.parquet"
     exit_info = {"status": "exception", "exception": "torch.OutOfMemoryError", "signal": None, "code": 1,
                  "message": "CUDA out of memory", "oom_seq": None, "died_of_oom": True}
-    _write(snap, rec, out, exit_info, {"rank": 1, "local_rank": 1, "world_size": 2}, program)  # type: ignore[arg-type]
+    _write(snap, rec, out, exit_info, {"rank": 1, "local_rank": 1, "world_size": 2},  # type: ignore[arg-type]
+           site_roots(program))
     tr = read_trace(out, strict=True)
     oom = int(np.flatnonzero(tr.events.op == Op.OOM)[0])
     (state,) = tr.meta.extra["oom_states"]
@@ -264,3 +266,37 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
     assert tr.meta.extra["launch"]["rank"] == 1 and tr.meta.schema_version == 2
     # call-sites relative to the program's folder
     assert tr.events.site_name(oom) == "prog.py:6:make"
+
+
+def _oom_site_after_write(tmp_path: Path, strip_frames: bool, site: str | None) -> str | None:
+    """The fatal OOM's call-site in the trace ``_write`` makes from the committed snapshot, with the
+    OOM's frames removed from PyTorch's history where ``strip_frames`` (as in the GPT-2 run)."""
+    import gzip
+    import pickle
+    import types
+
+    from tracekit.importers.torch_record import _write
+
+    with gzip.open(ROOT / "traces" / "torch-record-oom.pickle.gz") as f:
+        snap = pickle.load(f)
+    for trace in snap["device_traces"]:
+        for entry in trace:
+            if entry.get("action") == "oom" and strip_frames:
+                entry["frames"] = []
+    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=[], device=0, info={})
+    exit_info = {"status": "exception", "exception": "torch.OutOfMemoryError", "signal": None, "code": 1,
+                 "message": "CUDA out of memory", "oom_seq": None, "died_of_oom": True, "site": site}
+    out = tmp_path / f"t{int(strip_frames)}{int(site is None)}.parquet"
+    _write(snap, rec, out, exit_info, {}, (str(tmp_path),))  # type: ignore[arg-type]
+    tr = read_trace(out, strict=True)
+    oom = int(np.flatnonzero(tr.events.op == Op.OOM)[-1])
+    assert tr.meta.extra["exit"]["oom_seq"] == oom and tr.meta.extra["exit"]["site"] == site
+    return tr.events.site_name(oom) if tr.events.site[oom] >= 0 else None
+
+
+def test_the_fatal_oom_takes_its_site_from_the_exception_only_where_the_history_has_none(
+        tmp_path: Path) -> None:
+    with_frames = _oom_site_after_write(tmp_path, False, "train.py:12:step")
+    assert with_frames is not None and with_frames != "train.py:12:step"  # PyTorch's own frames win
+    assert _oom_site_after_write(tmp_path, True, "train.py:12:step") == "train.py:12:step"
+    assert _oom_site_after_write(tmp_path, True, None) is None  # no user frame: still none

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -22,26 +23,42 @@ def record(
     torch: bool = typer.Option(False, "--torch", help="Record a PyTorch program (its memory history)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
-    """Run a CuPy (or, with --torch, PyTorch) program unmodified and record its allocations."""
-    from tracekit.cli.common import wrote
+    """Run a CuPy (or, with --torch, PyTorch) program unmodified and record its allocations.
+
+    Once the program has run, the exit code is the program's, whatever happens to the trace; the
+    "Wrote" line (or why no trace was written) goes to descriptor 2 directly, so a program that
+    set ``sys.stderr`` to None or closed its streams changes nothing of it.
+    """
     from tracekit.errors import UsageError
+    from tracekit.record.runner import tell
 
     target = list(target or [])
+    start = os.getcwd()  # the trace is named as the user's shell sees it, wherever the program went
     if torch:
         if limit is not None or no_sites:
             raise UsageError("--limit and --no-sites apply to CuPy recordings, not --torch")
         from tracekit.importers.torch_record import record_torch  # imports torch only when it runs
 
-        path, code = record_torch(target, module=module, output=output, force=force)
+        done = record_torch(target, module=module, output=output, force=force)
     else:
         from tracekit.record import record_cupy
         from tracekit.units import parse_size
 
         size = parse_size(limit, "--limit") if limit is not None else None
-        path, code = record_cupy(target, module=module, output=output, limit=size,
-                                 sites=not no_sites, force=force)
-    wrote(path)
-    raise typer.Exit(code)
+        done = record_cupy(target, module=module, output=output, limit=size, sites=not no_sites, force=force)
+    if done.problem is not None:
+        tell(f"tracekit: error: {done.problem}")
+    elif done.path is not None:
+        tell(f"Wrote {_shown(done.path, start)}")
+    raise typer.Exit(done.code)
+
+
+def _shown(path: Path, start: str) -> str:
+    """``path`` relative to ``start`` where it lies below it, else as it is (absolute)."""
+    try:
+        return str(path.relative_to(start))
+    except ValueError:
+        return str(path)
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import DeviceError, OutputError, UsageError
+from tracekit.record.runner import Recorded, tell
 
 MAX_ENTRIES = 1_000_000
 DUMP_EVERY_S = 2.0  # at most one snapshot dump per this many seconds from the OOM observer
@@ -47,16 +47,20 @@ def snapshot_path(trace: Path) -> Path:
 
 
 def record_torch(target: list[str], *, module: bool, output: Path | None,
-                 force: bool = False) -> tuple[Path, int]:
-    """Run ``target`` like ``python [-m] target...``; returns (trace path, the program's exit code)."""
+                 force: bool = False) -> Recorded:
+    """Run ``target`` like ``python [-m] target...``; returns the trace and the program's exit code.
+
+    The trace and snapshot paths are made absolute before the program runs (it may ``chdir``).
+    """
     from tracekit.outputs import check_output
     from tracekit.record.launch import Launch, output_path
-    from tracekit.record.runner import check_target, default_output, run_target
-    from tracekit.record.signals import quiet_signals, stop_signals
+    from tracekit.record.runner import check_target, default_output, epilogue, run_target
+    from tracekit.record.signals import stop_signals
 
     check_target(target, module)
     launch = Launch.from_env()
-    out = output_path(Path(output) if output is not None else default_output(target, module), launch)
+    given = Path(output) if output is not None else default_output(target, module)
+    out = Path(os.path.abspath(output_path(given, launch)))
     script = None if module else target[0]  # never overwritten, whatever -o names
     check_output(out, (script,), force=force)
     check_output(snapshot_path(out), (script,), force=force)  # the snapshot is written beside the trace
@@ -64,28 +68,44 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     torch = _torch()
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = _Recording(torch, snapshot_path(out), command, entries)
+    roots = _roots(script)
     with stop_signals():
         rec.start()
         outcome = run_target(target, module)
-    with quiet_signals():
-        try:
-            snap = rec.stop(outcome.code)
-            final = outcome.keepalive if isinstance(outcome.keepalive, BaseException) else None
-            exit_info = {**outcome.to_dict(), "oom_seq": None, "died_of_oom": _is_oom(torch, final)}
-        finally:
-            outcome.keepalive = None
-        _write(snap, rec, out, exit_info, launch.to_dict(rec.device), script)
-    return out, outcome.code
+
+    def finish() -> Path:
+        snap = rec.stop(outcome.code)
+        final = outcome.keepalive if isinstance(outcome.keepalive, BaseException) else None
+        exit_info = {**outcome.to_dict(), "oom_seq": None, "died_of_oom": _is_oom(torch, final),
+                     "site": _exception_site(torch, final, roots)}
+        outcome.keepalive = None
+        _write(snap, rec, out, exit_info, launch.to_dict(rec.device), roots)
+        return out
+
+    return epilogue(rec.pid, outcome, finish)
+
+
+def _roots(script: str | None) -> tuple[str, ...]:
+    from tracekit.record.sites import site_roots
+
+    return site_roots(script)
+
+
+def _exception_site(torch: Any, exc: BaseException | None, roots: tuple[str, ...]) -> str | None:
+    """The innermost frame of the program's exception outside PyTorch and tracekit (None if none)."""
+    from tracekit.record.sites import exception_site
+
+    tracekit_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return exception_site(exc, (tracekit_dir, os.path.dirname(os.path.abspath(torch.__file__))), roots)
 
 
 def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str, Any],
-           launch: dict[str, Any], program: str | None) -> None:
+           launch: dict[str, Any], roots: tuple[str, ...]) -> None:
     from tracekit.importers.torch_snapshot import convert
-    from tracekit.record.sites import relative_site, site_roots
+    from tracekit.record.sites import relative_site
     from tracekit.trace import Op, write_trace
 
     c = convert(snap, rec.path)
-    roots = site_roots(program)
     events = dataclasses.replace(c.events, sites=tuple(relative_site(s, roots) for s in c.events.sites))
     oom_rows = np.flatnonzero(events.op == Op.OOM)
     states = rec.states[-len(oom_rows):] if len(oom_rows) else []
@@ -94,6 +114,8 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
                   for i, st in zip(rows.tolist(), states, strict=True)]
     died = exit_info.pop("died_of_oom")
     exit_info["oom_seq"] = int(events.seq[oom_rows[-1]]) if died and len(oom_rows) else None
+    if exit_info["oom_seq"] is not None:
+        events = with_site(events, int(oom_rows[-1]), exit_info.get("site"))
     devices = sorted({int(d) for d in np.unique(events.device)} | {rec.device})
     pools = [{"id": i, "device": d, "kind": "pool", "label": "caching allocator",
               "limit_bytes": rec.info.get("allowed_bytes")} for i, d in enumerate(devices)]
@@ -103,6 +125,18 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     meta = c.meta.with_extra(oom_states=oom_states, exit=exit_info, pools=pools, launch=launch,
                              sites_relative_to=list(roots))
     write_trace(out, meta, events, extras)
+
+
+def with_site(events: Any, row: int, text: str | None) -> Any:
+    """``events`` with event ``row`` at call-site ``text`` where it has none (PyTorch's history
+    recorded no frames for it); unchanged otherwise."""
+    if text is None or events.site[row] >= 0:
+        return events
+    sites = tuple(events.sites)
+    sid = sites.index(text) if text in sites else len(sites)
+    site = np.array(events.site, copy=True)
+    site[row] = sid
+    return dataclasses.replace(events, site=site, sites=sites if sid < len(sites) else (*sites, text))
 
 
 def _is_oom(torch: Any, e: BaseException | None) -> bool:
@@ -157,6 +191,7 @@ class _Recording:
         }
         self.states: list[dict[str, Any]] = []  # the device measured at each OOM, in order
         self._last_dump = 0.0
+        self.pid = os.getpid()  # only this process writes the snapshot and the trace
 
     def start(self) -> None:
         from tracekit.record.probe import torch_probe
@@ -170,6 +205,8 @@ class _Recording:
     def _on_oom(self, device: int, alloc: int, allowed: int, device_free: int) -> None:
         # Runs inside the allocator after the oom entry is recorded (and its lock released),
         # before the error is raised; nothing here may raise into the program.
+        if os.getpid() != self.pid:
+            return  # a forked child: the snapshot beside the trace is the parent's
         self.info["oom_observer"] = {"device": int(device), "alloc_size": int(alloc),
                                      "total_or_allowed": int(allowed), "device_free": int(device_free)}
         self.info["oom_count"] = self.info.get("oom_count", 0) + 1
@@ -182,7 +219,7 @@ class _Recording:
         try:
             self._dump()
         except Exception as e:  # never turn the program's OOM into a different error
-            print(f"tracekit: warning: could not dump the snapshot at OOM ({e})", file=sys.stderr)
+            tell(f"tracekit: warning: could not dump the snapshot at OOM ({e})")
 
     def _pool(self, device: int, allowed: int) -> dict[str, Any]:
         cuda = self.torch.cuda

@@ -188,12 +188,17 @@ def _scan_batch(path: Path, scan: SpoolScan, batch: pa.RecordBatch) -> None:
 
 
 def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
-            index: SegmentIndex, t_floor: int = NO_TIME) -> tuple[Events, dict[str, pa.Array], int]:
+            index: SegmentIndex, t_floor: int = NO_TIME,
+            fill: tuple[int, int] | None = None) -> tuple[Events, dict[str, pa.Array], int]:
+    """The batch's events numbered from ``seq0``; ``fill`` = (seq, site id) names the site of that
+    event where the spool has none (the fatal OOM's site, from the program's exception)."""
     keep = batch.column("op").to_numpy() >= 0
     col = {n: batch.column(n).fill_null(0).to_numpy()[keep] for n in
            ("t_ns", "op", "addr", "size", "rounded", "stream")}
     site = batch.column("site").fill_null(-1).to_numpy()[keep]
     col["site"] = np.where((site >= 0) & (site < len(sites)), site, -1).astype(np.int32)
+    if fill is not None and seq0 <= fill[0] < seq0 + len(site) and col["site"][fill[0] - seq0] < 0:
+        col["site"][fill[0] - seq0] = fill[1]
     if len(col["t_ns"]):  # time never steps back, so the trace reads
         col["t_ns"] = np.maximum.accumulate(np.maximum(col["t_ns"], t_floor))
     n = int(keep.sum())
@@ -225,12 +230,12 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2)
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
-    sites = tuple(scan.sites)
+    sites, fill = _exception_site(tuple(scan.sites), v2.get("exit"))
     seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
     with _open(spool) as reader, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for i, batch in enumerate(_batches(reader, spool)):
-            ev, extras, _ = _events(batch, seq, sites, index, t_floor)
+            ev, extras, _ = _events(batch, seq, sites, index, t_floor, fill)
             seq += len(ev)
             t_floor = int(ev.t_ns[-1]) if len(ev) else t_floor
             pending.append((ev, extras))
@@ -241,6 +246,19 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
         if pending:
             _write(w, pending)
     return output
+
+
+def _exception_site(sites: tuple[str, ...], exit_info: Any) -> tuple[tuple[str, ...], tuple[int, int] | None]:
+    """(the site dictionary, (seq, site id)) where the fatal OOM may take its site from the
+    program's exception (``exit.site``): used only if its own row has none."""
+    if not isinstance(exit_info, dict):
+        return sites, None
+    seq, text = exit_info.get("oom_seq"), exit_info.get("site")
+    if not isinstance(seq, int) or not isinstance(text, str):
+        return sites, None
+    if text in sites:
+        return sites, (seq, sites.index(text))
+    return (*sites, text), (seq, len(sites))
 
 
 def _write(w: TraceWriter, parts: list[tuple[Events, dict[str, pa.Array]]]) -> None:

@@ -16,6 +16,7 @@ state as the program left it before anything is freed.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib.machinery
 import importlib.util
 import io
@@ -24,12 +25,13 @@ import runpy
 import sys
 import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import InputError, UsageError
-from tracekit.record.signals import Terminated
+from tracekit.errors import InputError, TracekitError, UsageError
+from tracekit.record.signals import Terminated, quiet_signals
 
 _SKIP = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),
          os.path.abspath(runpy.__file__), "<frozen runpy>")
@@ -105,7 +107,7 @@ def run_target(target: list[str], module: bool) -> Outcome:
         return _finish(Outcome(_exit_code(e.code), None if quiet else "SystemExit",
                                None if quiet else str(e.code), e))
     except Terminated as e:
-        print(f"tracekit: the program was {e}; writing what was recorded", file=sys.stderr)
+        tell(f"tracekit: the program was {e}; writing what was recorded")
         return _finish(Outcome(128 + e.signum, None, str(e), None, e.signum), join=False)
     except KeyboardInterrupt as e:
         _report(e)
@@ -154,7 +156,9 @@ def _exit_code(code: object) -> int:
         return 0
     if isinstance(code, int):
         return code
-    print(code, file=sys.stderr)
+    if sys.stderr is not None:  # as the interpreter prints sys.exit's message: where it can
+        with contextlib.suppress(Exception):
+            print(code, file=sys.stderr)
     return 1
 
 
@@ -164,9 +168,28 @@ def _report(e: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_SKIP):
         tb = tb.tb_next
     e.__traceback__ = tb
-    sys.stderr.flush()
-    sys.excepthook(type(e), e, tb)
-    sys.stderr.flush()
+    flush_streams()
+    sys.excepthook(type(e), e, tb)  # prints nothing where the program set sys.stderr to None
+    flush_streams()
+
+
+def flush_streams() -> None:
+    """Flush the program's ``sys.stdout`` and ``sys.stderr`` if it left them usable (it may have set
+    them to None or closed their descriptors: then the interpreter's own exit reports it, as
+    without tracekit)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def tell(text: str) -> None:
+    """Write one line of tracekit's own on descriptor 2 after the program's output, whatever the
+    program did with ``sys.stderr`` (None, replaced, closed); nothing if descriptor 2 is closed."""
+    from tracekit.inputs import safe_text
+
+    flush_streams()
+    with contextlib.suppress(OSError):
+        os.write(2, (safe_text(text, lines=True) + "\n").encode("utf-8", "backslashreplace"))
 
 
 def _finish(outcome: Outcome, join: bool = True) -> Outcome:
@@ -174,5 +197,33 @@ def _finish(outcome: Outcome, join: bool = True) -> Outcome:
     for t in threading.enumerate() if join else ():
         if t is not me and not t.daemon:
             t.join()
-    sys.stdout.flush()
+    flush_streams()
     return outcome
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a recording left: the trace (None where none was written), the program's exit code,
+    and, where the trace could not be finished, why (one sentence)."""
+
+    path: Path | None
+    code: int
+    problem: str | None = None
+
+
+def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
+    """Write the trace with ``write()`` in the process that started the recording (``pid``), with
+    stop signals held; a forked child of the program that returns here writes nothing. A failure
+    to write becomes ``problem``: the program's exit code stands either way."""
+    if os.getpid() != pid:
+        outcome.keepalive = None
+        return Recorded(None, outcome.code)
+    with quiet_signals():
+        try:
+            return Recorded(write(), outcome.code)
+        except TracekitError as e:
+            return Recorded(None, outcome.code, str(e))
+        except Exception as e:  # never a traceback after the program ran: say what failed
+            return Recorded(None, outcome.code, f"could not write the trace ({type(e).__name__}: {e})")
+        finally:
+            outcome.keepalive = None

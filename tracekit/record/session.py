@@ -17,6 +17,7 @@ signal pass through.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -33,9 +34,9 @@ from tracekit.record.meta import measure_budget, start_meta
 from tracekit.record.pools import PoolKind, PoolRegistry
 from tracekit.record.probe import cupy_probe
 from tracekit.record.recover import finalize
-from tracekit.record.runner import Outcome, check_target, default_output, run_target
-from tracekit.record.signals import quiet_signals, stop_signals
-from tracekit.record.sites import SiteTable, default_skip_dirs, site_roots
+from tracekit.record.runner import Outcome, Recorded, check_target, default_output, epilogue, run_target
+from tracekit.record.signals import restore_in_child, stop_signals
+from tracekit.record.sites import SiteTable, default_skip_dirs, exception_site, site_roots
 from tracekit.record.spool import SpoolWriter, spool_path
 
 
@@ -107,9 +108,23 @@ class CupyRecording:
         self.hook = cupy_hook(cupy, buffer=self.buffer, sites=self.sites,
                               current_stream=cupy.cuda.get_current_stream, oom_state=self._oom_state,
                               current_device=rt.getDevice if several else None)
+        self.pid = os.getpid()
         self.spool.start()  # before patching: the flusher thread never allocates
         self.hook.__enter__()  # type: ignore[attr-defined]
         self._unpatch = patch_threads(self._install_here)
+        _RECORDING.append(self)
+
+    def detach(self) -> None:
+        """In a forked child (``os.register_at_fork``): record and write nothing more; the parent
+        goes on recording, and only it writes the trace."""
+        with contextlib.suppress(Exception):  # the forking thread's hook; other threads are gone
+            self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
+        self.pools.detach()
+        self.spool.detach()
+        del self.buffer.rows[:]
+        with contextlib.suppress(Exception):
+            self._unpatch()
+        restore_in_child()
 
     def _install_here(self) -> None:
         self.hook.__enter__()  # type: ignore[attr-defined]
@@ -167,6 +182,8 @@ class CupyRecording:
         end_error: str | None = None
         pools: list[dict[str, Any]] | None = None
         pools_end: list[dict[str, Any] | None] | None = None
+        if self in _RECORDING:
+            _RECORDING.remove(self)
         try:
             self._unpatch()
             with contextlib.suppress(KeyError):
@@ -179,8 +196,10 @@ class CupyRecording:
             self.spool.close()
             self.pools.unpatch()
             self.probe.close()
+        exit_meta = _exit_meta(exit_info, exception)
+        exit_meta["site"] = exception_site(exception, default_skip_dirs(), self.roots)
         extra: dict[str, Any] = {
-            "complete": True, "exit": _exit_meta(exit_info, exception), "pool_end": end,
+            "complete": True, "exit": exit_meta, "pool_end": end,
             "device_alloc_failures": sum(log.failures for log in self.pools.logs),
             "duration_ns": time.perf_counter_ns() - self.t0,
             "device_mismatches": len(self.hook.mismatches),
@@ -228,27 +247,35 @@ def oom_note(exception: BaseException | None) -> int | str | None:
 
 
 def record_cupy(target: list[str], *, module: bool = False, output: Path | None = None,
-                limit: int | None = None, sites: bool = True, force: bool = False) -> tuple[Path, int]:
-    """Run ``target`` like python would while recording CuPy's pools; returns (trace, exit code).
+                limit: int | None = None, sites: bool = True, force: bool = False) -> Recorded:
+    """Run ``target`` like python would while recording CuPy's pools; returns what was recorded.
 
-    ``output`` may hold ``{rank}``-style placeholders (``tracekit.record.launch``).
+    ``output`` may hold ``{rank}``-style placeholders (``tracekit.record.launch``); it and the
+    spool are made absolute first, so a program that changes its working directory keeps them.
     """
     check_target(target, module)
     launch = Launch.from_env()
-    out = output_path(output or default_output(target, module), launch)
+    out = Path(os.path.abspath(output_path(output or default_output(target, module), launch)))
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force, launch=launch,
                         program=None if module else target[0])
     with stop_signals():
         rec.start()
         outcome = run_target(target, module)
-    with quiet_signals():
-        try:
-            path = rec.stop(outcome.to_dict(), exception=_exception(outcome))
-        finally:
-            outcome.keepalive = None
-    return path, outcome.code
+    return epilogue(rec.pid, outcome, lambda: rec.stop(outcome.to_dict(), exception=_exception(outcome)))
 
 
 def _exception(outcome: Outcome) -> BaseException | None:
     return outcome.keepalive if isinstance(outcome.keepalive, BaseException) else None
+
+
+_RECORDING: list[CupyRecording] = []  # the recording of this process, detached in a forked child
+
+
+def _after_fork_in_child() -> None:
+    for rec in _RECORDING:
+        rec.detach()
+    _RECORDING.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

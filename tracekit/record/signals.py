@@ -14,11 +14,13 @@ the CuPy spool stays behind for ``tracekit recover``.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 
 class Terminated(BaseException):
@@ -44,10 +46,23 @@ def stop_signals() -> Iterator[None]:
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise)
+    _PREVIOUS.append(previous)
     try:
         yield
     finally:
+        _PREVIOUS.remove(previous)
         signal.signal(signal.SIGTERM, previous)
+
+
+_PREVIOUS: list[Any] = []  # the SIGTERM handlers ``stop_signals`` replaced, outermost first
+
+
+def restore_in_child() -> None:
+    """In a forked child of the recorded program: SIGTERM acts as it did before tracekit (the
+    child is no recording of ours, and must die of the signal as it would without tracekit)."""
+    if _PREVIOUS and _in_main():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGTERM, _PREVIOUS[0])
 
 
 @contextmanager

@@ -136,3 +136,20 @@ def default_skip_dirs() -> tuple[str, ...]:
         if spec is not None and spec.submodule_search_locations:
             dirs.extend(spec.submodule_search_locations)
     return tuple(dirs)
+
+
+def exception_site(exc: BaseException | None, skip_dirs: tuple[str, ...],
+                   roots: tuple[str, ...]) -> str | None:
+    """``path:line:function`` of the innermost frame of ``exc``'s traceback outside ``skip_dirs``
+    (and outside Python's frozen modules), relative as ``relative_path`` makes it; None if none."""
+    prefixes = tuple(os.path.join(os.path.abspath(d), "") for d in skip_dirs)
+    tb = exc.__traceback__ if exc is not None else None
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        name = code.co_filename
+        if not name.startswith("<frozen") and not (prefixes and os.path.abspath(name).startswith(prefixes)):
+            function = getattr(code, "co_qualname", code.co_name)
+            found = f"{relative_path(name, roots)}:{tb.tb_lineno}:{function}"
+        tb = tb.tb_next
+    return found

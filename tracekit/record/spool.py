@@ -14,10 +14,22 @@ decrease (threads can stamp a row a little before another thread appends an
 earlier one). The stream's schema metadata holds the trace metadata known at
 start. ``tracekit.record.recover`` turns a spool into a trace; a batch cut
 short by a kill is skipped.
+
+The spool holds no descriptor between writes: each flush opens the file
+(``O_APPEND | O_CLOEXEC``), writes the batch's encapsulated IPC message (the
+bytes ``pyarrow.ipc.new_stream`` would write), ``fsync``s and closes it, so a
+program that closes descriptors it did not open (``os.closerange(3, 1024)``,
+as daemons do) or ``dup2``s over them cannot lose or misdirect the
+recording, and no child it ``exec``s inherits the file. Only the process that
+made the spool writes to it (a forked child finds another pid and writes
+nothing). A write that fails (a full disk, a file system gone read-only)
+stops the spooling: ``error`` says why, the program runs on, and the events
+written before are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -33,6 +45,7 @@ from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import META_KEY, TraceMeta
 
 SPOOL_KEY = b"tracekit_spool"
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, length 0
 SITE_ROW, NOTE_ROW = -1, -2
 
 SPOOL_SCHEMA = pa.schema([
@@ -62,16 +75,17 @@ class SpoolWriter:
         interval: float = 0.5,
         max_events: int = 65536,
     ) -> None:
-        if path.exists():
-            raise OutputError(f"{path}: a spool already exists (another recording, or recover it first)")
-        try:
-            self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
-        except OSError as e:
-            raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
-        self.path = path
+        self.path, self.pid = path, os.getpid()
         schema = SPOOL_SCHEMA.with_metadata({META_KEY: meta.to_json().encode(), SPOOL_KEY: b"1"})
-        self._writer = pa.ipc.new_stream(self._file, schema)
-        self._fsync()
+        try:
+            self._append(schema.serialize().to_pybytes(), os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            raise OutputError(f"{path}: a spool already exists (another recording, or recover it first)"
+                              ) from None
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
         self.buffer, self.sites, self.t0 = buffer, sites, t0_ns
         self.interval, self.max_events = interval, max_events
         self.events = 0  # event rows written (notes and site names excluded)
@@ -96,19 +110,22 @@ class SpoolWriter:
                     self.flush()
                 except Exception as e:  # a full disk must not kill the program being recorded
                     self.error = f"{type(e).__name__}: {e}"
-                    return
                 last = now
 
     def flush(self) -> int:
         """Write what the buffer holds now as one batch; returns the number of event rows."""
         with self._lock:
+            if os.getpid() != self.pid:
+                return 0  # a forked child's copy: write nothing
+            if self.error is not None:
+                self.buffer.take()  # the spool failed: drop the rows, so memory stays bounded
+                return 0
             raw = self.buffer.take()  # rows first: every site id they use is named by now
             names = self.sites.names_since(self._sites_written) if self.sites is not None else []
             if not len(raw) and not names:
                 return 0
             batch, n_events = self._batch(raw, names)
-            self._writer.write_batch(batch)
-            self._fsync()
+            self._append(batch.serialize().to_pybytes())
             self._sites_written += len(names)
             self.events += n_events
             return n_events
@@ -145,17 +162,31 @@ class SpoolWriter:
                                type=pa.int64()))
         return pa.RecordBatch.from_arrays(arrays, schema=SPOOL_SCHEMA), int(len(raw) - is_note.sum())
 
-    def _fsync(self) -> None:
-        os.fsync(self._file.fileno())
+    def _append(self, data: bytes, flags: int = 0) -> None:
+        """Append ``data`` to the spool and fsync, through a descriptor held only for this call."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | flags, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def detach(self) -> None:
+        """In a forked child: never write (the flusher thread did not survive the fork)."""
+        self.pid = -1
+        self._thread = None
 
     def close(self) -> None:
-        """Stop the flusher, write what is left and close the stream (end-of-stream marker)."""
+        """Stop the flusher, write what is left and the end-of-stream marker; a failure is kept in
+        ``error`` (the spool then ends at its last whole batch), never raised."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         try:
             self.flush()
-        finally:
-            self._writer.close()
-            self._fsync()
-            self._file.close()
+            if self.error is None and os.getpid() == self.pid:
+                self._append(END_OF_STREAM)
+        except Exception as e:  # a full disk at the very end: what was written stays recoverable
+            self.error = self.error or f"{type(e).__name__}: {e}"
