@@ -12,7 +12,11 @@ process, 2.0 s with two workers). Above that, one worker per CPU, at most one pe
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
 
 START_S = 1.0  # seconds to start one worker and read the trace
 EVENTS_PER_S = 15e6  # events replayed per second on one core, rounded down
@@ -44,3 +48,22 @@ def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> 
     if serial_seconds(events, replays) < 2 * START_S:
         return 1
     return max(1, min(usable_cpus(), cap))
+
+
+# The forkserver listens on a Unix socket at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 bytes
+# after TMPDIR and its slash); a socket's name holds at most 107 bytes (sun_path, Linux).
+_SOCKET_NAME_BYTES = 32
+_SUN_PATH_BYTES = 107
+
+
+def process_context(preload: Sequence[str] = ()) -> Any:
+    """The start method of worker processes: forkserver (not fork: the parent holds Arrow's thread
+    pools, which a forked child may find locked), with ``preload`` imported once by the server;
+    spawn where there is no forkserver or where ``TMPDIR`` is too long for its socket's name."""
+    fits = len(os.fsencode(tempfile.gettempdir())) + _SOCKET_NAME_BYTES <= _SUN_PATH_BYTES
+    if fits and "forkserver" in multiprocessing.get_all_start_methods():
+        ctx: Any = multiprocessing.get_context("forkserver")
+        if preload:
+            ctx.set_forkserver_preload(list(preload))  # takes effect where the server is not running yet
+        return ctx
+    return multiprocessing.get_context("spawn")

@@ -15,7 +15,6 @@ prepares the counterfactual input once):
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from tracekit.advise.evaluate import Outcome, evaluate, input_for
 from tracekit.analysis.whatif import PolicyFit
 from tracekit.analysis.whatif import search as bisect
 from tracekit.trace.reader import Trace, read_trace
+from tracekit.workers import process_context
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,7 @@ class Runner:
             _init(None, trace, counterfactual)
             return
         path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
-        # Not fork: the parent holds Arrow's thread pools, which a forked child may find locked.
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        self.pool = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init,
+        self.pool = ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init,
                                         initargs=(path, None if path else trace, counterfactual))
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:

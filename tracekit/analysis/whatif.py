@@ -27,7 +27,6 @@ bound and capacities): devices never share one simulated address space.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -44,7 +43,7 @@ from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
-from tracekit.workers import BISECT_REPLAYS, default_jobs
+from tracekit.workers import BISECT_REPLAYS, default_jobs, process_context
 
 STEP = 2 << 20
 LOWER_BOUND_DESCRIPTION = (
@@ -248,11 +247,8 @@ def _whatif_device(whole: Trace, names: list[str], device: int | None, max_capac
     else:
         # Workers read the file themselves when there is one (cheaper than pickling the events).
         path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
-        # Not fork: the parent holds Arrow's thread pools, which a forked child may find locked.
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         try:
-            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+            with ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init_worker,
                                      initargs=(path, None if path else trace, device)) as pool:
                 fits = []
                 for fit in pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),

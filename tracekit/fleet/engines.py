@@ -28,7 +28,6 @@ workers start once.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -38,7 +37,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from tracekit.errors import InputError, UsageError
-from tracekit.workers import usable_cpus
+from tracekit.workers import process_context, usable_cpus
 
 T = TypeVar("T")
 OnError = Callable[[int, Exception], Any]
@@ -126,12 +125,8 @@ class LocalRunner:
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            ctx: Any = multiprocessing.get_context("spawn")
-            if "forkserver" in multiprocessing.get_all_start_methods():
-                ctx = multiprocessing.get_context("forkserver")
-                # Workers fork from a server that already loaded the analyzer (tracekit.fleet.preload);
-                # this takes effect where the server is not running yet.
-                ctx.set_forkserver_preload(["tracekit.fleet.preload"])
+            # Workers fork from a server that already loaded the analyzer (tracekit.fleet.preload).
+            ctx = process_context(["tracekit.fleet.preload"])
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx)
         return self._pool
 
