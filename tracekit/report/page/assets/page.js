@@ -32,6 +32,7 @@
     if (ns < 1e9) return (ns / 1e6).toFixed(3) + " ms";
     return (ns / 1e9).toFixed(3) + " s";
   }
+  const compact = (v) => (Math.abs(v) >= 1e6 ? +(v / 1e6).toFixed(2) + "M" : Math.abs(v) >= 1e4 ? +(v / 1e3).toFixed(1) + "k" : String(v));
   const hex = (a) => "0x" + Math.round(a).toString(16);
 
   /* ---------- columns: base64 -> inflate -> typed array (-> prefix sum) ---------- */
@@ -501,7 +502,8 @@
     const opts = {
       width, height: 380, series,
       scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] }, "%": { range: [0, 100] } },
-      axes: [{ label: "event index" }, { label: "MiB", size: 70 }, { side: 1, scale: "%", label: "fragmentation %", grid: { show: false } }],
+      axes: [{ label: "event index", values: (u, vals) => vals.map(compact) }, { label: "MiB", size: 70 }]
+        .concat(TL.series.some((s) => s.unit === "percent") ? [{ side: 1, scale: "%", label: "fragmentation %", grid: { show: false } }] : []),
       cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
       legend: { live: false },
       hooks: {
@@ -742,6 +744,7 @@
     else if (M.peak.reserved_index !== null) select(M.peak.reserved_index);
     if (!fatal) showBudget(null);
     T.loadMs = performance.now() - t0;
+    T.readyAt = performance.now(); // since navigation start
     $("status").textContent = "";
     T.ready = true;
     document.body.dataset.ready = "1";
