@@ -14,6 +14,11 @@
   bytes, at the device's granularity, fit).
 - **Raw traces** (anything else): the free-list policies of the simulator registry
   (policies whose replay reports a heap extent), at the limit as heap size.
+- **Overhead cures** (when the device ran out, not a pool limit): one ``Cure`` per term of
+  the device budget the user controls (the stack limit, the malloc heap, the printf FIFO,
+  module loading, another process, another pool of this process), each with the bytes it
+  gives back; a candidate holds a set of them and is the recorded setting replayed with
+  the room those bytes add (``tracekit.advise.overhead``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from itertools import combinations, product
 from pathlib import PurePosixPath
+from typing import TypedDict
+
+from tracekit.analysis.oom_budget import How  # how a cure's bytes were had, as the budget says
 
 TORCH_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("expandable_segments", ("True",)),
@@ -43,16 +51,73 @@ class Kind(StrEnum):
     CUPY_ASYNC = "cupy-async"  # MemoryAsyncPool, modelled as the device allocator
     CUDA_MALLOC = "cudamalloc"  # plain cudaMalloc per request, modelled as the device allocator
     FREE_LIST = "free-list"  # a heap policy of the registry
+    # Overhead cures: the recorded setting with the room the cure gives back.
+    STACK_LIMIT = "stack-limit"  # local memory: the stack limit lowered after the kernel
+    MALLOC_HEAP = "malloc-heap"  # the device malloc heap limit, set before the first malloc kernel
+    PRINTF_FIFO = "printf-fifo"  # the printf FIFO limit, set before the first printf kernel
+    MODULE_LOADING = "module-loading"  # CUDA_MODULE_LOADING=LAZY
+    OTHER_PROCESS = "other-process"  # another process on the device
+    OTHER_POOL = "other-pool"  # another pool of this process holding free cached bytes
+    CURES = "overhead-cures"  # several cures at once
+
+
+CURE_KINDS = frozenset({Kind.STACK_LIMIT, Kind.MALLOC_HEAP, Kind.PRINTF_FIFO, Kind.MODULE_LOADING,
+                        Kind.OTHER_PROCESS, Kind.OTHER_POOL})
+
+
+@dataclass(frozen=True)
+class Cure:
+    """One term of the device budget the user controls, and what changing it gives back.
+
+    ``returns``: bytes the device gets back; ``how`` says how that figure was had and
+    ``why`` gives its source or formula; ``action`` is the exact line or step, ``when``
+    its timing (after the kernel, before the first kernel, before the process starts).
+    """
+
+    kind: Kind
+    target: str  # what is changed: "stack limit 16 KiB -> 1 KiB per thread", "process 495 (python3)"
+    returns: int
+    how: How
+    why: str
+    action: str
+    when: str
+    alternative: str = ""
+    own: bool = True  # a term of this process (False: another process)
+    named: bool = True  # the budget names what holds the bytes (False: only that this process holds them)
+
+    def to_dict(self) -> CureDict:
+        return {"kind": self.kind.value, "target": self.target, "returns_bytes": self.returns,
+                "how": self.how.value, "why": self.why, "action": self.action, "when": self.when,
+                "alternative": self.alternative or None, "own_process": self.own}
+
+
+class CureDict(TypedDict):
+    """One cure in ``advise --json`` (``cures``, and in each cure candidate of ``fits``/``tried``)."""
+
+    kind: str
+    target: str
+    returns_bytes: int
+    how: str
+    why: str
+    action: str
+    when: str
+    alternative: str | None
+    own_process: bool
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One setting to try: ``options`` are policy options as sorted (key, value) pairs."""
+    """One setting to try: ``options`` are policy options as sorted (key, value) pairs.
+
+    A cure candidate (``kind`` a cure kind, or ``CURES`` for several) replays the recorded
+    setting (``policy``/``options`` as recorded) with the room its ``cures`` give back.
+    """
 
     kind: Kind
     policy: str | None
     options: tuple[tuple[str, str], ...] = ()
     site: str | None = None  # CUPY_RELEASE: the call-site
+    cures: tuple[Cure, ...] = ()
 
     @property
     def opts(self) -> dict[str, str]:
@@ -61,9 +126,18 @@ class Candidate:
     @property
     def keys(self) -> int:
         """How many things the user changes (0 = the current setting)."""
+        if self.cures:
+            return len(self.cures)
         return len(self.options) if self.kind == Kind.TORCH_CONF else int(self.kind != Kind.CUPY_POOL)
 
+    @property
+    def returns(self) -> int:
+        """Bytes the cures give back together (0 for a setting)."""
+        return sum(c.returns for c in self.cures)
+
     def label(self) -> str:
+        if self.cures:
+            return " + ".join(c.target for c in self.cures)
         if self.kind == Kind.TORCH_CONF:
             return conf_text(self.opts) or "PyTorch defaults"
         if self.kind == Kind.FREE_LIST:
@@ -78,6 +152,8 @@ class Candidate:
     def line(self, capacity: int | None, trace: str = "TRACE") -> str:
         """The paste-ready line for this candidate (``capacity``: the limit it was checked at)."""
         cap = str(capacity) if capacity else "SIZE"
+        if self.cures:
+            return "; ".join(c.action for c in self.cures)
         if self.kind == Kind.TORCH_CONF:
             return f"PYTORCH_CUDA_ALLOC_CONF={conf_text(self.opts)}"
         if self.kind == Kind.CUPY_LIMIT:

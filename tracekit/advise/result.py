@@ -8,15 +8,22 @@ Headroom = limit − peak reserved (bytes; for a raised ``set_limit``, under the
 When nothing fits, ``min_capacity`` is the smallest capacity (2 MiB steps) under the best
 setting tried, next to the lower bound (peak live bytes, 512 B rounded) and the call-sites
 holding the most live bytes at the peak.
+
+When the device ran out (``room``, ``tracekit.advise.overhead``), the limit is the room the
+process had, a setting that fits within it comes first (it needs no cure), then the
+smallest set of overhead cures with which the run fits; when even every cure falls short,
+the sentence says how many bytes are missing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
-from tracekit.advise.candidates import Candidate, Kind
+from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
 from tracekit.advise.evaluate import Outcome
+from tracekit.advise.overhead import Room, RoomDict
 from tracekit.analysis.leaks import SiteBytes
 from tracekit.units import format_size
 
@@ -37,6 +44,86 @@ def rank_key(o: Outcome) -> tuple[int, int, int, int, int, int]:
 
 
 @dataclass(frozen=True)
+class RoomAdvice:
+    """The device ran out: its room, the cures the budget shows, each replayed (``tried``), and
+    ``pick``, the smallest set with which the run fits (None when none does)."""
+
+    room: Room
+    cures: tuple[Cure, ...]
+    tried: tuple[Outcome, ...]
+    pick: Outcome | None
+    short: bool  # even every cure together leaves the run short
+    notes: tuple[str, ...] = ()
+
+    @property
+    def missing_after_all(self) -> int | None:
+        """Bytes still missing with every cure applied (None: the need is unknown)."""
+        m = self.room.missing
+        return None if m is None else max(0, m - sum(c.returns for c in self.cures))
+
+
+class OutcomeDict(TypedDict, total=False):
+    """One setting or cure in ``fits``/``tried``; ``line`` in ``fits`` only, ``error`` in ``tried`` only,
+    ``cures``/``returns_bytes`` for cures only."""
+
+    setting: str
+    kind: str
+    policy: str | None
+    options: dict[str, str]
+    capacity_bytes: int | None
+    fits: bool
+    peak_reserved_bytes: int
+    headroom_bytes: int | None
+    device_allocs: int
+    device_frees: int
+    price: int
+    verified_by_replay: bool
+    line: str
+    error: str | None
+    cures: list[CureDict]
+    returns_bytes: int
+
+
+class AdviseDict(TypedDict):
+    """``tracekit advise --json``: ``devices`` holds each device's own answer (several devices only)."""
+
+    trace: str | None
+    kind: str
+    device: int | None
+    limit_bytes: int
+    limit_is: str
+    failing_seq: int | None
+    fits: list[OutcomeDict]
+    recommendation: str
+    min_capacity_bytes: int | None
+    min_capacity_setting: str | None
+    lower_bound_bytes: int
+    top_sites_at_peak: list[dict[str, Any]]
+    tried: list[OutcomeDict]
+    room: RoomDict | None
+    cures: list[CureDict]
+    missing_bytes: int | None
+    scope: str
+    notes: list[str]
+    device_checks: list[dict[str, Any]]
+    devices: list[AdviseDict]
+
+
+def outcome_dict(o: Outcome) -> OutcomeDict:
+    """``Outcome.to_dict`` with a cure candidate's cures and the bytes they give back."""
+    d = o.to_dict()
+    out = OutcomeDict(
+        setting=d["setting"], kind=d["kind"], policy=d["policy"], options=d["options"],
+        capacity_bytes=d["capacity_bytes"], fits=d["fits"], peak_reserved_bytes=d["peak_reserved_bytes"],
+        headroom_bytes=d["headroom_bytes"], device_allocs=d["device_allocs"], device_frees=d["device_frees"],
+        price=d["price"], verified_by_replay=d["verified_by_replay"])
+    if o.candidate.cures:
+        out["cures"] = [c.to_dict() for c in o.candidate.cures]
+        out["returns_bytes"] = o.candidate.returns
+    return out
+
+
+@dataclass(frozen=True)
 class AdviseResult:
     """Everything ``advise`` found (bytes unless noted)."""
 
@@ -53,6 +140,9 @@ class AdviseResult:
     command: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     device_checks: tuple[Any, ...] = ()  # tracekit.advise.on_device.DeviceCheck, with --verify-on-device
+    device: int | None = None
+    room: RoomAdvice | None = None  # the device ran out: the limit is the room the process had
+    devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer
 
     @property
     def scope(self) -> str:
@@ -65,14 +155,18 @@ class AdviseResult:
         return text
 
     def recommendation(self) -> str:
-        if self.fits:
+        if self.fits and not self.fits[0].candidate.cures:
             o = self.fits[0]
             where = (f"under the limit of {format_size(self.limit)}" if o.candidate.kind != Kind.CUPY_LIMIT
                      else f"with the pool limit raised to {format_size(o.capacity or 0)}")
+            if self.room is not None:
+                where = f"within the room the process had ({format_size(self.limit)})"
             model = "" if o.verified_by_replay else " (by the device-allocator model, not a replay)"
             return (f"{o.label()} fits {where}{model}, peak reserved "
                     f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom; "
                     f"rerun with: {self.line(o.candidate, o.capacity)}")
+        if self.room is not None:
+            return self._room_sentence(self.room)
         text = f"Nothing tried fits under {format_size(self.limit)}"
         if self.min_capacity is not None and self.min_capacity_setting is not None:
             c = self.min_capacity_setting
@@ -85,41 +179,114 @@ class AdviseResult:
             text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
         return text + "."
 
+    def _room_sentence(self, ra: RoomAdvice) -> str:
+        """The device ran out: the room, what the run needs, and the cure (or what is missing)."""
+        r, fs = ra.room, format_size
+        head = f"The device ran out, not a pool limit: {r.sentence()}"
+        if r.need is None:
+            return head + "; no capacity up to the device's lets the recorded setting fit."
+        head += f", and the run needs {fs(r.need)} through the failing request ({fs(r.missing or 0)} more)"
+        if ra.pick is not None:
+            o = ra.pick
+            cs = o.candidate.cures
+            what = " and ".join(f"{c.target} (gives back {fs(c.returns)}, {c.how.value})" for c in cs)
+            together = f", {fs(o.candidate.returns)} together" if len(cs) > 1 else ""
+            steps = " ".join(f"{_cap(c.when)}: {c.action}." for c in cs)
+            also = [x.candidate.cures[0] for x in ra.tried
+                    if x.fits and x is not o and len(x.candidate.cures) == 1]
+            tail = f" Also enough alone: {'; '.join(f'{c.target} ({fs(c.returns)})' for c in also[:2])}." \
+                if also else ""
+            return (f"{head}. {'Cure' if len(cs) == 1 else 'Cures'}: {what}{together}; the run then fits, "
+                    f"peak reserved {fs(o.peak_reserved)} with {fs(o.headroom or 0)} headroom. {steps}{tail}")
+        if not ra.cures:
+            return (f"{head}; no term of the device budget that this program controls grew, so "
+                    f"{self._shrink()}.")
+        return (f"{head}; every cure together gives back {fs(sum(c.returns for c in ra.cures))}, "
+                f"{fs(ra.missing_after_all or 0)} short, so {self._shrink()}.")
+
+    def _shrink(self) -> str:
+        text = f"the live bytes alone need {format_size(self.lower_bound)}"
+        if self.top_sites:
+            s = self.top_sites[0]
+            who = s.site or "unknown call-sites"
+            text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
+        return text
+
     def to_dict(self) -> dict[str, Any]:
+        """``as_json`` for callers that read it as a plain dict (the report)."""
+        return cast(dict[str, Any], self.as_json())
+
+    def as_json(self) -> AdviseDict:
+        """The ``--json`` document (``AdviseDict``)."""
         fits = []
         for o in self.fits:
-            d = o.to_dict()
+            d = outcome_dict(o)
             d["line"] = self.line(o.candidate, o.capacity)
             fits.append(d)
+        tried = []
+        for o in self.tried:
+            d = outcome_dict(o)
+            d["error"] = o.error
+            tried.append(d)
+        ra = self.room
         return {
-            "trace": self.trace, "kind": self.kind, "limit_bytes": self.limit,
+            "trace": self.trace, "kind": self.kind, "device": self.device, "limit_bytes": self.limit,
+            "limit_is": "room" if ra is not None else "limit",
             "failing_seq": self.failing_seq, "fits": fits, "recommendation": self.recommendation(),
             "min_capacity_bytes": self.min_capacity,
             "min_capacity_setting": self.min_capacity_setting.label() if self.min_capacity_setting else None,
             "lower_bound_bytes": self.lower_bound,
             "top_sites_at_peak": [s.to_dict() for s in self.top_sites],
-            "tried": [o.to_dict() | {"error": o.error} for o in self.tried],
+            "tried": tried,
+            "room": ra.room.to_dict() if ra is not None else None,
+            "cures": [c.to_dict() for c in ra.cures] if ra is not None else [],
+            "missing_bytes": (ra.missing_after_all if ra.pick is None else 0) if ra is not None else None,
             "scope": self.scope, "notes": list(self.notes),
             "device_checks": [c.to_dict() for c in self.device_checks],
+            "devices": [r.as_json() for r in self.devices],
         }
 
     def to_text(self) -> str:
-        head = [f"limit {format_size(self.limit)} ({self.limit} bytes); {len(self.tried)} settings tried; "
-                f"{self.scope}"]
-        rows = [("setting", "fits", "peak reserved", "headroom", "device allocs/frees", "verified")]
-        for o in sorted(self.tried, key=lambda o: (not o.fits, rank_key(o))):
+        """The table(s) and the recommendation; a trace of several devices gets one section each."""
+        if not self.devices:
+            return "\n".join(self._lines())
+        out = [f"{len(self.devices)} devices, each advised on its own (devices are never added together)"]
+        for r in self.devices:
+            out += ["", f"== device {r.device}", *r._lines()]
+        out += ["", f"recommendation (device {self.device}, the one that ran out): {self.recommendation()}"]
+        return "\n".join(out)
+
+    def _lines(self) -> list[str]:
+        fs = format_size
+        if self.room is not None:
+            r = self.room.room
+            need = f"; the run needs {fs(r.need)} through the failing request" if r.need is not None else ""
+            head = [f"room {fs(self.limit)} ({self.limit} bytes): {r.sentence()}{need}; "
+                    f"{len(self.tried)} settings and cures tried; {self.scope}"]
+        else:
+            head = [f"limit {fs(self.limit)} ({self.limit} bytes); {len(self.tried)} settings tried; "
+                    f"{self.scope}"]
+        rows: list[tuple[str, ...]] = [("setting", "fits", "peak reserved", "headroom", "device allocs/frees",
+                                        "verified")]
+        settings = (o for o in self.tried if not o.candidate.cures)
+        for o in sorted(settings, key=lambda o: (not o.fits, rank_key(o))):
             rows.append((
                 o.label(), "error" if o.error else ("yes" if o.fits else "no"),
-                format_size(o.peak_reserved),
-                format_size(o.headroom) if o.fits and o.headroom is not None else "",
+                fs(o.peak_reserved),
+                fs(o.headroom) if o.fits and o.headroom is not None else "",
                 f"{o.device_allocs}/{o.device_frees}", "replay" if o.verified_by_replay else "model",
             ))
-        w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = head + ["  ".join(f"{c:<{w[i]}}" if i == 0 else f"{c:>{w[i]}}" for i, c in enumerate(r))
-                        for r in rows]
+        lines = head + _table(rows)
+        if self.room is not None and self.room.tried:
+            lines.append("overhead cures (the recorded setting replayed with the room each gives back):")
+            cure_rows: list[tuple[str, ...]] = [("gives back", "how", "fits", "cure")]
+            for o in self.room.tried:
+                how = "/".join(sorted({c.how.value for c in o.candidate.cures}))
+                cure_rows.append((fs(o.candidate.returns), how, "yes" if o.fits else "no", o.label()))
+            lines += ["  " + line for line in _table(cure_rows, right=(0,))]
         if not self.fits and self.top_sites:
             lines.append("held at the peak of live bytes:")
-            lines += [f"  {format_size(s.bytes):>12}  {s.blocks:>6} blocks  {s.site or '(no call-site)'}"
+            lines += [f"  {fs(s.bytes):>12}  {s.blocks:>6} blocks  {s.site or '(no call-site)'}"
                       for s in self.top_sites]
         lines += [f"note: {n}" for n in self.notes]
         for c in self.device_checks:
@@ -127,4 +294,20 @@ class AdviseResult:
                        None: f"not checked ({c.note})"}[c.agrees]
             lines.append(f"device: {c.setting}: {verdict}")
         lines.append(f"recommendation: {self.recommendation()}")
-        return "\n".join(lines)
+        return lines
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _table(rows: Sequence[Sequence[str]], right: tuple[int, ...] | None = None) -> list[str]:
+    """Columns padded to their widest cell; the first left-aligned, the rest right-aligned
+    (``right``: the columns to right-align instead)."""
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+    def cell(i: int, c: str) -> str:
+        on_right = i in right if right is not None else i > 0
+        return f"{c:>{w[i]}}" if on_right else f"{c:<{w[i]}}"
+
+    return ["  ".join(cell(i, c) for i, c in enumerate(r)).rstrip() for r in rows]

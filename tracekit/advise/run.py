@@ -1,19 +1,31 @@
 """``advise(trace, ...)``: the whole search, from a read trace to an ``AdviseResult``.
 
-The limit is ``limit`` when given, else the pool limit the trace was recorded under, else
-(raw traces) the device total. Pool traces (PyTorch, CuPy) are replayed as counterfactual
-input (``tracekit.advise.counterfactual``); raw traces as they are. The stages and the
-pruning are those of ``tracekit.advise.search``.
+Each device on its own (``tracekit.trace.devices``): its own pool, limit, room and
+candidates; devices are never added together. A trace of several devices gives one result
+per device (``AdviseResult.devices``) and the top-level answer is that of the device of the
+fatal OOM (else the first that ran out, else the first device).
+
+The limit is ``limit`` when given, else, when the device (not a pool limit) ran out at the
+reported OOM and its free memory was measured there, the room the process had
+(``tracekit.advise.overhead``: free + its pools' reserved bytes; overhead cures are then
+offered), else the pool limit the trace was recorded under, else (raw traces) the device
+total. Pool traces (PyTorch, CuPy) are replayed as counterfactual input
+(``tracekit.advise.counterfactual``); raw traces as they are. The stages and the pruning are
+those of ``tracekit.advise.search``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import numpy as np
 
-from tracekit.advise.candidates import Candidate, Kind
+from tracekit.advise import overhead
+from tracekit.advise.candidates import Candidate, Cure, Kind
 from tracekit.advise.counterfactual import wrapped_start
 from tracekit.advise.evaluate import Outcome
-from tracekit.advise.result import AdviseResult, rank_key
+from tracekit.advise.result import AdviseResult, RoomAdvice, rank_key
 from tracekit.advise.search import (
     Runner,
     Task,
@@ -23,8 +35,10 @@ from tracekit.advise.search import (
     stage_two,
 )
 from tracekit.analysis.leaks import SiteBytes, by_site
+from tracekit.analysis.summary import OOMReport
 from tracekit.analysis.whatif import PolicyFit, live_curve, lower_bound
 from tracekit.errors import UsageError
+from tracekit.trace.devices import split_devices
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 from tracekit.workers import BISECT_REPLAYS, default_jobs
@@ -81,9 +95,46 @@ def _raised_limit(fit: PolicyFit, runner: Runner, device_total: int | None) -> O
 
 def advise(trace: Trace, *, limit: int | None = None, device_total: int | None = None,
            jobs: int | None = None) -> AdviseResult:
-    """Search settings that let ``trace`` fit under the limit (see the module docstring)."""
+    """Search settings that let ``trace`` fit, device by device (see the module docstring)."""
+    if limit is not None and limit <= 0:
+        raise UsageError(f"--limit {limit}: a limit must be a positive size (CuPy reads 0 as no limit, "
+                         "and nothing fits under none)")
+    parts = split_devices(trace) or [(0, trace)]
+    reports = _reported_ooms(trace) if limit is None else {}
+    if len(parts) == 1:
+        d, sub = parts[0]
+        return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, detached=False)
+    results = [_advise_device(sub, d, reports.get(d), limit, device_total, jobs, detached=True)
+               for d, sub in parts]
+    from tracekit.analysis.fatal import fatal_seq
+
+    fatal = fatal_seq(trace.events, trace.meta.extra)
+    main = next((r for r in results if fatal is not None and r.failing_seq == fatal),
+                next((r for r in results if r.failing_seq is not None), results[0]))
+    return dataclasses.replace(main, devices=tuple(results))
+
+
+def _reported_ooms(trace: Trace) -> dict[int, OOMReport]:
+    """Per device, the OOM analyze reports (the fatal one, else the first), where the recorder
+    measured the device at an OOM (format v2); else nothing, and no analysis is run."""
+    from tracekit.analysis.recording import oom_states
+
+    if not oom_states(trace.meta.extra):
+        return {}
+    from tracekit.analysis.analyze import analyze_trace
+
+    summary = analyze_trace(trace, timeline=False).summary
+    return {s.device or 0: s.oom for s in (summary.devices or (summary,)) if s.oom is not None}
+
+
+def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: int | None,
+                   device_total: int | None, jobs: int | None, *, detached: bool) -> AdviseResult:
+    """One device's search; ``detached``: ``trace`` is a cut of a file, so workers get the events."""
     kind = trace_kind(trace)
-    cap = pick_limit(trace, limit, device_total)
+    room = None
+    if report is not None and kind != "raw":
+        room = overhead.room_at(report, overhead.failing_pool_limit(trace, report))
+    cap = room.bytes if room is not None else pick_limit(trace, limit, device_total)
     lb = lower_bound(trace)
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
     from tracekit.sim import policies as registry
@@ -92,8 +143,10 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
     singles = single_candidates(kind, _site_of_failure(trace), names)
     # The singles, about as many combinations, and three bisections: the work that pays for workers.
     work = 2 * len(singles) + 3 * BISECT_REPLAYS
-    runner = Runner(trace, default_jobs(jobs, tasks=len(singles), events=len(trace.events), replays=work),
+    source = dataclasses.replace(trace, path=None) if detached else trace
+    runner = Runner(source, default_jobs(jobs, tasks=len(singles), events=len(trace.events), replays=work),
                     counterfactual=kind != "raw")
+    room_advice = None
     try:
         tried = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))
         if kind == "raw":
@@ -105,23 +158,64 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
         found = [(t.candidate, r) for t, r in zip(tasks, runner.map(tasks), strict=True)
                  if isinstance(r, PolicyFit) and r.min_capacity is not None]
         pool_fit = next((r for c, r in found if c.kind == Kind.CUPY_POOL), None)
-        if pool_fit is not None and not any(o.fits and o.candidate.kind == Kind.CUPY_POOL for o in tried):
+        if room is not None and report is not None:  # the device ran out: its room cannot be raised
+            room_advice = _room_advice(runner, trace, kind, report, room, found, lb, device_total)
+            tried += room_advice.tried
+        elif pool_fit is not None and not any(o.fits and o.candidate.kind == Kind.CUPY_POOL for o in tried):
             raised = _raised_limit(pool_fit, runner, device_total)
             if raised is not None:
                 tried.append(raised)
     finally:
         runner.close()
-    fits = tuple(sorted((o for o in tried if o.fits and o.error is None), key=rank_key))
+    fits = _ranked_fits(tried, room_advice)
     mine = [cr for cr in found if fits and cr[0] == fits[0].candidate]
     setting, best = min(mine or found, key=lambda cr: cr[1].min_capacity or 0, default=(None, None))
-    notes = _notes(trace, kind, tried)
+    notes = _notes(trace, kind, tried) + (room_advice.notes if room_advice is not None else ())
     return AdviseResult(
         trace=str(trace.path) if trace.path else None, kind=kind, limit=cap,
         failing_seq=int(trace.events.seq[ooms[0]]) if len(ooms) else None, tried=tuple(tried), fits=fits,
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
         top_sites=top_sites_at_peak(trace), command=trace.meta.command if kind == "torch" else None,
-        notes=notes,
+        notes=notes, device=device, room=room_advice,
     )
+
+
+def _ranked_fits(tried: Sequence[Outcome], room: RoomAdvice | None) -> tuple[Outcome, ...]:
+    """Settings that fit (ranked by ``rank_key``), then the cures that fit: the pick first, then by
+    ``overhead.preference``. A setting that fits within the room needs no cure."""
+    ok = [o for o in tried if o.fits and o.error is None and (o.headroom is None or o.headroom >= 0)]
+    settings = sorted((o for o in ok if not o.candidate.cures), key=rank_key)
+    cures = sorted((o for o in ok if o.candidate.cures),
+                   key=lambda o: (room is None or o is not room.pick, overhead.preference(o.candidate.cures)))
+    return tuple(settings + cures)
+
+
+def _room_advice(runner: Runner, trace: Trace, kind: str, report: OOMReport, room: overhead.Room,
+                 found: Sequence[tuple[Candidate, PolicyFit]], lb: int, device_total: int | None
+                 ) -> RoomAdvice:
+    """The cures the budget at the OOM shows, each replayed alone with the room it gives back, and
+    the smallest set with which the run fits (replayed too when it holds several)."""
+    base = overhead.recorded(kind)
+    need = next((r.min_capacity for c, r in found if c == base), None)
+    if need is None:
+        (fit,) = runner.map([Task(base, None, device_total, True, lb)])
+        need = fit.min_capacity if isinstance(fit, PolicyFit) else None
+    room = dataclasses.replace(room, need=need)
+    cures = overhead.cures(trace, kind, report)
+    chosen = overhead.smallest_set(cures, need - room.bytes) if need is not None else None
+    sets: list[tuple[Cure, ...]] = [(c,) for c in cures]
+    if chosen and len(chosen) > 1:
+        sets.append(chosen)
+    tasks = [Task(overhead.as_candidate(base, s), room.capacity(sum(c.returns for c in s)), device_total)
+             for s in sets]
+    tried = outcomes(runner.map(tasks))
+    pick = next((o for o in tried if chosen and o.candidate.cures == chosen), None)
+    notes: tuple[str, ...] = ()
+    if need is not None and need <= room.bytes:
+        notes = (f"the recorded setting replays within the room ({room.sentence()}) although the device "
+                 "refused the request: the device needed more than the pool's counters show (its 2 MiB "
+                 "pages), or the failing request was handled",)
+    return RoomAdvice(room, cures, tuple(tried), pick, chosen is None and need is not None, notes)
 
 
 def _notes(trace: Trace, kind: str, tried: list[Outcome]) -> tuple[str, ...]:

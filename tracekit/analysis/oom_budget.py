@@ -89,15 +89,25 @@ class Moment:
     points: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OOMBudget:
-    """The terms, the free figure and its source, and the sentence naming the takers."""
+    """The terms, the free figure and its source, and the sentence naming the takers.
+
+    ``moment``: what the terms were computed from (the measured state at the OOM, the
+    start, the measured rows), for a consumer that needs more than the figures
+    (``tracekit advise`` derives its overhead cures from it).
+    """
 
     terms: tuple[Term, ...]
     free: int | None
     free_source: FreeSource
     free_why: str
     takers: str  # "…; process 4242 (python) holds 133.80 GiB (measured; the largest taker)", or ""
+    moment: Moment | None = None
+
+    def term(self, name: str) -> Term | None:
+        """The term called ``name`` (the first one), or None."""
+        return next((t for t in self.terms if t.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
         """Every term, also those unknown at both moments (``null``), so the keys are fixed."""
@@ -183,7 +193,7 @@ def oom_budget(m: Moment) -> OOMBudget:
         Term("unaccounted", _sub(st.total, st.others_bytes, st.context, pool0, st.free),
              _sub(total1, others1, outside1, pool1, free), D, D, "device total - every term above"),
     ]
-    return OOMBudget(tuple(terms), free, source, free_why, _takers(m, st, s, pool1, outside1))
+    return OOMBudget(tuple(terms), free, source, free_why, _takers(m, st, s, pool1, outside1), m)
 
 
 def _process_rows(st: StartState, s: OOMState | None) -> list[Term]:
@@ -256,14 +266,37 @@ def _drops(m: Moment, st: StartState) -> tuple[np.ndarray, np.ndarray]:
     return seq, (free[:-1] - free[1:]) - (res[1:] - res[:-1])
 
 
-def _between(drops: tuple[np.ndarray, np.ndarray], amount: int, oom_seq: int) -> str:
-    """"between seq A and seq B": the interval whose unexplained drop is closest to ``amount``
-    (within half of it); else the whole span before the OOM."""
+@dataclass(frozen=True)
+class Drop:
+    """A fall in device free between two measured rows that the pool's own growth does not
+    explain: (free_a − free_b) − (reserved_b − reserved_a), bytes; ``after`` -1 = the start."""
+
+    after: int
+    before: int
+    bytes: int
+
+
+def placed_drop(drops: tuple[np.ndarray, np.ndarray], amount: int) -> Drop | None:
+    """The interval whose unexplained drop is closest to ``amount``, if within half of it."""
     seq, drop = drops
     if len(drop) and abs(amount) < 1 << 62:  # beyond any device: no interval can show it
         i = int(np.argmin(np.abs(drop - abs(amount))))
         if abs(int(drop[i]) - abs(amount)) <= abs(amount) // 2:
-            a = "the start" if seq[i] < 0 else f"seq {int(seq[i])}"
-            return (f"between {a} and seq {int(seq[i + 1])} (where free fell by {fs(int(drop[i]))} more "
-                    "than the pool took, measured)")
+            return Drop(int(seq[i]), int(seq[i + 1]), int(drop[i]))
+    return None
+
+
+def moment_drop(m: Moment, amount: int) -> Drop | None:
+    """``placed_drop`` over the measured rows of the moment (start to OOM)."""
+    return placed_drop(_drops(m, m.start or StartState()), amount)
+
+
+def _between(drops: tuple[np.ndarray, np.ndarray], amount: int, oom_seq: int) -> str:
+    """"between seq A and seq B": the interval whose unexplained drop is closest to ``amount``
+    (within half of it); else the whole span before the OOM."""
+    d = placed_drop(drops, amount)
+    if d is not None:
+        a = "the start" if d.after < 0 else f"seq {d.after}"
+        return (f"between {a} and seq {d.before} (where free fell by {fs(d.bytes)} more "
+                "than the pool took, measured)")
     return f"between the start and the OOM at seq {oom_seq}"
