@@ -16,7 +16,7 @@ from typing import Any
 
 def write_report(
     trace_path: Path,
-    output: Path,
+    output: Path | None,
     analysis: Any = None,
     *,
     png_dir: Path | None = None,

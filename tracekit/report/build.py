@@ -158,7 +158,7 @@ def _suffixed(pending: list[Pending], suffix: str) -> list[Pending]:
 
 def write_report(
     trace_path: Path,
-    output: Path,
+    output: Path | None,
     analysis: Any = None,
     *,
     png_dir: Path | None = None,
@@ -169,12 +169,14 @@ def write_report(
 ) -> Path:
     """Write the HTML report for ``trace_path`` to ``output`` (and each figure as PNG under ``png_dir``).
 
-    Existing outputs are refused unless ``force``; an input never is an output.
+    ``output`` None writes the PNGs only (and returns ``png_dir``). Existing outputs are refused
+    unless ``force``; an input never is an output.
     """
-    trace_path, output = Path(trace_path), Path(output)
+    trace_path, output = Path(trace_path), (Path(output) if output is not None else None)
     inputs = (trace_path,) + ((Path(baseline),) if baseline else ()) \
         + ((Path(whatif),) if isinstance(whatif, str | os.PathLike) else ())
-    check_output(output, inputs, force=force)
+    if output is not None:
+        check_output(output, inputs, force=force)
     if png_dir is not None:
         check_folder(png_dir, "--png")
     if baseline is not None:
@@ -230,11 +232,12 @@ def write_report(
     if png_dir is not None:  # every output is checked and the folder made before anything is written
         _make_folder(Path(png_dir))
         for p, _ in pngs:
-            check_output(p, (*inputs, output), option="--png", force=force)
-    write_bytes(output, doc.encode("utf-8"))
+            check_output(p, (*inputs, *([output] if output is not None else [])), option="--png", force=force)
+    if output is not None:
+        write_bytes(output, doc.encode("utf-8"))
     for p, data in pngs:
         write_bytes(p, data)
-    return output
+    return output if output is not None else Path(png_dir or ".")
 
 
 def _main_rows(table: pa.Table, summary: dict[str, Any]) -> pa.Table:
