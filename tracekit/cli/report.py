@@ -1,4 +1,4 @@
-"""``tracekit report TRACE``: the analyzer's findings as figures in one self-contained HTML file."""
+"""``tracekit report TRACE``: the analyzer's findings as one interactive, self-contained HTML page."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def report(
     output: Path | None = typer.Option(
         None, "--output", "-o", help="HTML file to write [default: TRACE with the suffix .html]."
     ),
-    png: Path | None = typer.Option(None, "--png", help="Also write each figure as PNG into this folder."),
+    png: Path | None = typer.Option(
+        None, "--png", help="Also write each figure as PNG (matplotlib) into this folder."
+    ),
     baseline: Path | None = typer.Option(
         None, "--baseline", help="A second trace (e.g. before a fix) to overlay and compare."
     ),
@@ -29,11 +31,11 @@ def report(
         False, "--advise", help="Also add `tracekit advise`: the settings that fit (slower)."
     ),
 ) -> None:
-    """Draw timeline, memory map, the OOM moment, sizes and call-sites into one HTML page."""
+    """One HTML page the browser draws: timeline, allocator state at any event, budget, tables."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import terminal_progress, wrote
     from tracekit.errors import InputError, UsageError
-    from tracekit.report import write_report
+    from tracekit.report.page import write_page
 
     if whatif and whatif_json is not None:
         raise UsageError("--whatif and --whatif-json are exclusive: give one")
@@ -42,8 +44,8 @@ def report(
         raise InputError(f"{whatif_json}: no such what-if JSON file")
     what = whatif_json if whatif_json is not None else (True if whatif else None)
     with terminal_progress("report"):
-        path = write_report(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,
-                            advise=advise)
+        path = write_page(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,
+                          advise=advise)
     wrote(path)
     if png is not None:
         wrote(png)

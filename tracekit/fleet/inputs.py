@@ -3,7 +3,9 @@
 Each PATH is a file (taken as given, even when it is missing or broken: its
 row then says why), a folder (every ``*.parquet`` directly inside it) or a
 glob pattern (``runs/*/rank*.parquet``, ``**`` included). Files are taken
-once each, in the order given, folders and globs sorted by name. A folder or
+once each, in the order given, folders and globs sorted by name: one file is
+one member however it is named (a hard link, a symbolic link, a ``..``:
+files are told apart by device and inode, as ``os.stat`` gives them). A folder or
 pattern that names no trace is an error before any work starts, and so is
 an output path (``-o``, ``--report``) that is also a member.
 """
@@ -11,10 +13,13 @@ an output path (``-o``, ``--report``) that is also a member.
 from __future__ import annotations
 
 import glob
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tracekit.errors import InputError, OutputError, UsageError
+from tracekit.inputs import os_cause, safe_text, stat_or_none
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -24,27 +29,59 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
     if not paths:
         raise UsageError("give at least one PATH: a trace file, a folder of traces or a glob")
     out: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[tuple[int, int] | str] = set()
     for arg in paths:
         for p in _expand_one(str(arg)):
-            key = p.resolve()
+            key = identity(p)
             if key not in seen:
                 seen.add(key)
                 out.append(p)
     return out
 
 
+def identity(p: Path) -> tuple[int, int] | str:
+    """What makes two names one file: (device, inode) where the file exists, else the absolute name."""
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):  # missing or unreachable: its row will say why
+        return os.path.abspath(p)
+    return st.st_dev, st.st_ino
+
+
+def largest_size(members: Sequence[Path]) -> int:
+    """Bytes of the largest member file (0 for none, or where none can be reached)."""
+    def size(p: Path) -> int:
+        try:
+            return os.stat(p).st_size
+        except (OSError, ValueError):
+            return 0
+
+    return max((size(m) for m in members), default=0)
+
+
+def _is_file(p: Path | str) -> bool:
+    """A regular file (after links); False for anything os.stat cannot reach, where pathlib may raise."""
+    try:
+        return stat.S_ISREG(os.stat(p).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _expand_one(arg: str) -> Iterable[Path]:
     p = Path(arg)
-    if p.is_dir():
-        found = sorted(q for q in p.glob("*.parquet") if q.is_file())
+    st = stat_or_none(p, "trace")  # one sentence for a name too long, a folder one may not enter
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        try:
+            found = sorted(q for q in p.glob("*.parquet") if _is_file(q))
+        except OSError as e:
+            raise InputError(f"{safe_text(p)}: cannot list the folder ({os_cause(e)})") from None
         if not found:
-            raise InputError(f"{p}: the folder holds no .parquet trace")
+            raise InputError(f"{safe_text(p)}: the folder holds no .parquet trace")
         return found
-    if not p.exists() and _GLOB_CHARS & set(arg):
-        matched = sorted(Path(m) for m in glob.glob(arg, recursive=True) if Path(m).is_file())
+    if st is None and _GLOB_CHARS & set(arg):
+        matched = sorted(Path(m) for m in glob.glob(arg, recursive=True) if _is_file(m))
         if not matched:
-            raise InputError(f"{arg}: no file matches this pattern")
+            raise InputError(f"{safe_text(arg)}: no file matches this pattern")
         return matched
     return [p]
 
@@ -56,10 +93,10 @@ def check_outputs(members: Sequence[Path], outputs: Iterable[tuple[Path | None, 
     from tracekit.outputs import check_output
 
     named = [(Path(o), opt) for o, opt in outputs if o is not None]
-    keys = {m.resolve() for m in members}
+    keys = {identity(m) for m in members}
     for out, opt in named:
-        if out.resolve() in keys:
-            raise OutputError(f"{out}: {opt} names one of the traces; choose another {opt}")
+        if identity(out) in keys:
+            raise OutputError(f"{safe_text(out)}: {opt} names one of the traces; choose another {opt}")
         check_output(out, members, option=opt, force=force)
-    if len({o.resolve() for o, _ in named}) != len(named):
-        raise UsageError(f"{named[0][0]}: the same path is given for two outputs")
+    if len({identity(o) for o, _ in named}) != len(named):
+        raise UsageError(f"{safe_text(named[0][0])}: the same path is given for two outputs")

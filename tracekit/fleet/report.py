@@ -20,6 +20,7 @@ import polars as pl
 
 from tracekit.fleet import figures as ff
 from tracekit.fleet.summary import FleetSummary, Group
+from tracekit.inputs import safe_text
 from tracekit.outputs import write_bytes
 from tracekit.report import html
 from tracekit.report.render import png_bytes
@@ -30,8 +31,9 @@ LEAD_FIGURES = ("timeline", "oom-moment", "memory-map")  # of each worst trace; 
 
 
 def label(path: str, rank: int | None) -> str:
-    """A trace's short name on an axis: ``rank 3`` where the rank is known, else the file name."""
-    return f"rank {rank}" if rank is not None else Path(path).name
+    """A trace's short name on an axis: ``rank 3`` where the rank is known, else the file name (its
+    control characters escaped; ``png_bytes`` makes every text of a figure literal for matplotlib)."""
+    return f"rank {rank}" if rank is not None else safe_text(Path(path).name)
 
 
 def write_fleet_report(df: pl.DataFrame, summary: FleetSummary,

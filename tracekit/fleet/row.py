@@ -29,7 +29,9 @@ from tracekit.analysis.summary import OOMReport, Summary
 from tracekit.record.launch import Launch
 from tracekit.trace.schema import TraceMeta
 
-_RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d+)(?!\d)", re.IGNORECASE)
+# At most 18 digits: every rank the name can give fits the table's int64 column.
+_RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d{1,18})(?!\d)", re.IGNORECASE)
+INT64_END = 1 << 63  # a table column of integers is int64: [-2^63, 2^63)
 
 
 class RankFrom(StrEnum):
@@ -47,10 +49,20 @@ def rank_from_name(path: Path) -> int | None:
 
 def launch_fields(path: Path, meta: TraceMeta) -> tuple[Launch, RankFrom | None]:
     """The trace's ``launch`` metadata, its rank else the one in the file name; and where it came from."""
-    launch = Launch.from_meta(meta.extra.get("launch"))
+    launch = _usable(Launch.from_meta(meta.extra.get("launch")))
     if launch.rank is not None:
         return launch, RankFrom.LAUNCH
     return _name_rank(path, launch)
+
+
+def _usable(launch: Launch) -> Launch:
+    """``launch`` with a rank or local rank outside [0, 2^63), or a world size outside [1, 2^63),
+    taken as unknown (None): no launcher numbers its processes so, and the table holds int64."""
+    def within(v: int | None, lo: int) -> int | None:
+        return v if v is not None and lo <= v < INT64_END else None
+
+    return replace(launch, rank=within(launch.rank, 0), local_rank=within(launch.local_rank, 0),
+                   world_size=within(launch.world_size, 1))
 
 
 def _name_rank(path: Path, launch: Launch = Launch()) -> tuple[Launch, RankFrom | None]:
@@ -118,7 +130,8 @@ class TraceRow:
         oom = s.oom if s.oom is not None and not s.oom.handled else None
         fits = tuple((f.policy, f.min_capacity) for f in whatif.fits) if whatif is not None else ()
         return cls(
-            path=path, source=meta.source.value, device=s.context.device_name, device_index=device_index,
+            path=path, source=meta.source.value, device=_text(s.context.device_name),
+            device_index=device_index,
             launch=launch, rank_from=rank_from, events=s.events, duration_s=s.duration_s,
             peak_live_bytes=s.peak_live_bytes, peak_live_seq=s.peak_live_seq,
             peak_reserved_bytes=s.peak_reserved_bytes, peak_reserved_seq=s.peak_reserved_seq,
@@ -155,7 +168,22 @@ class TraceRow:
             d["recommendation"] = self.recommendation
             d["advise_error"] = self.advise_error
         d["seconds"] = self.seconds
-        return d
+        return {k: storable(v) if isinstance(v, str) else v for k, v in d.items()}
+
+
+def _text(v: Any) -> str | None:
+    """A name from the metadata where it is text; anything else there (a number, an object) is no name."""
+    return v if isinstance(v, str) else None
+
+
+def storable(text: str) -> str:
+    """``text`` as valid UTF-8, which a table column must be: a byte of a non-UTF-8 file name (held
+    by Python as a lone surrogate) becomes ``\\udcff``, as ``repr`` writes it; other text unchanged."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 # Terms of the device budget at the OOM (tracekit.analysis.oom_budget) that a row keeps.

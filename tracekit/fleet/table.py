@@ -27,10 +27,10 @@ SCHEMA: dict[str, Any] = {
     "path": pl.String, "error": pl.String, "source": pl.String, "device": pl.String,
     "device_index": pl.Int64, "rank": pl.Int64, "rank_from": pl.String, "local_rank": pl.Int64,
     "world_size": pl.Int64, "host": pl.String, "events": pl.Int64, "duration_s": pl.Float64,
-    "peak_live_bytes": pl.Int64, "peak_live_seq": pl.Int64, "peak_reserved_bytes": pl.Int64,
-    "peak_reserved_seq": pl.Int64, "max_external_fragmentation": pl.Float64, "oom_count": pl.Int64,
+    "peak_live_bytes": pl.Int64, "peak_live_seq": pl.UInt64, "peak_reserved_bytes": pl.Int64,
+    "peak_reserved_seq": pl.UInt64, "max_external_fragmentation": pl.Float64, "oom_count": pl.Int64,
     "ooms_handled": pl.Int64, "oom_device": pl.Int64,
-    "oom_seq": pl.Int64, "oom_size": pl.Int64, "oom_site": pl.String, "oom_diagnosis": pl.String,
+    "oom_seq": pl.UInt64, "oom_size": pl.Int64, "oom_site": pl.String, "oom_diagnosis": pl.String,
     "oom_explanation": pl.String, "oom_device_free_bytes": pl.Int64, "oom_device_free_source": pl.String,
     "oom_outside_pool_bytes": pl.Int64, "oom_other_processes_bytes": pl.Int64,
     "leaked_bytes": pl.Int64, "limit_bytes": pl.Int64,
@@ -42,12 +42,11 @@ _OPTIONAL: dict[str, Any] = {"whatif_lower_bound_bytes": pl.Int64, "recommendati
 def rows_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
     """The rows as a DataFrame, by rank (rows without one last, in the given order); optional columns
     only where some row has them."""
-    records = [r.record() for r in rows]
+    records = [_admitted(r).record() for r in rows]
     extra = list(dict.fromkeys(k for rec in records for k in rec if k not in SCHEMA and k != "seconds"))
     schema = dict(SCHEMA)
-    for k in extra:
-        schema[k] = _OPTIONAL.get(k, pl.Int64)  # the rest are min_capacity_*_bytes
-    schema["seconds"] = pl.Float64
+    for k in [*extra, "seconds"]:
+        schema[k] = column_type(k)
     df = pl.DataFrame([{k: rec.get(k) for k in schema} for rec in records], schema=schema, orient="row")
     if any(r.curve is not None for r in rows):
         df = df.with_columns(
@@ -56,6 +55,38 @@ def rows_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
             pl.Series("oom_at", [r.curve.oom_at if r.curve else None for r in rows], dtype=pl.Float64),
         )
     return df.sort("rank", nulls_last=True, maintain_order=True)
+
+
+# The values a column of each type holds: integers within its range (a trace's seq is uint64), text.
+_RANGES = {pl.Int64: (-(1 << 63), 1 << 63), pl.UInt64: (0, 1 << 64)}
+
+
+def column_type(name: str) -> Any:
+    """The polars type of a table column (``min_capacity_*_bytes`` and unknown names: Int64)."""
+    if name == "seconds":
+        return pl.Float64
+    return SCHEMA.get(name) or _OPTIONAL.get(name, pl.Int64)
+
+
+def _misfit(value: Any, typ: Any) -> bool:
+    if value is None:
+        return False
+    if typ == pl.String:
+        return not isinstance(value, str)
+    if typ == pl.Float64:
+        return isinstance(value, bool) or not isinstance(value, int | float)
+    lo, end = _RANGES[typ]
+    return isinstance(value, bool) or not isinstance(value, int) or not lo <= value < end
+
+
+def _admitted(row: TraceRow) -> TraceRow:
+    """``row``, or in its place an error row naming the value that fits no column of the table (a
+    figure beyond 64 bits, an object where text belongs): one odd member never ends the fleet."""
+    for name, value in row.record().items():
+        if _misfit(value, typ := column_type(name)):
+            return TraceRow.failed(row.path, f"{row.path}: its {name}, {str(value)[:40]}, does not fit the "
+                                   f"table's {typ} column", row.seconds)
+    return row
 
 
 def write_parquet(df: pl.DataFrame, path: Path) -> Path:
@@ -75,12 +106,13 @@ def json_rows(df: pl.DataFrame) -> list[dict[str, Any]]:
 
 def rows_text(df: pl.DataFrame, limit: int = 64) -> str:
     """The table as aligned text, one line per trace (the first ``limit``; the rest are counted)."""
+    from tracekit.inputs import safe_text
     from tracekit.units import format_size
 
     head = ("trace", "rank", "events", "peak live", "peak reserved", "max frag", "OOM")
     lines = [head]
     for r in df.head(limit).iter_rows(named=True):
-        name = Path(r["path"]).name
+        name = safe_text(Path(r["path"]).name)  # escaped before the columns are measured
         rank = "" if r["rank"] is None else str(r["rank"])
         if r["error"] is not None:
             lines.append((name, rank, "", "", "", "", "unreadable (see below)"))
