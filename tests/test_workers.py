@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tracekit import workers
@@ -26,7 +28,36 @@ def test_large_work_gets_one_worker_per_cpu_at_most_one_per_task(monkeypatch) ->
     assert default_jobs(None, tasks=20, events=events - 1, replays=1) == 1
 
 
-def test_jobs_given_are_kept_but_never_more_than_the_tasks() -> None:
+def test_jobs_given_are_kept_but_never_more_than_the_tasks_or_the_cpus(monkeypatch) -> None:
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
     assert default_jobs(3, tasks=7, events=10, replays=1) == 3
     assert default_jobs(16, tasks=7, events=10, replays=1) == 7
     assert default_jobs(2, tasks=0, events=10, replays=1) == 1
+    assert default_jobs(16, tasks=20, events=10, replays=1) == 8
+    assert default_jobs(99_999_999_999, tasks=20, events=10, replays=1) == 8
+
+
+def test_workers_are_capped_by_cpus_tasks_and_memory(monkeypatch) -> None:
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(workers, "available_memory", lambda: 10 << 30)
+    # --jobs 100 on 2 CPUs: 2 workers; 100 tasks of 4 GiB workers in 10 GiB: 2 either way
+    assert workers.cap_workers(100, tasks=100, worker_bytes=1 << 30) == 2
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 64)
+    assert workers.cap_workers(100, tasks=100, worker_bytes=1 << 30) == 10  # 10 GiB / 1 GiB
+    assert workers.cap_workers(100, tasks=3, worker_bytes=1 << 30) == 3
+    assert workers.cap_workers(100, tasks=100, worker_bytes=64 << 30) == 1  # one always runs
+    monkeypatch.setattr(workers, "available_memory", lambda: None)  # unknown: CPUs and tasks only
+    assert workers.cap_workers(100, tasks=100, worker_bytes=64 << 30) == 64
+
+
+def test_peak_bytes_is_512_mib_plus_64_per_input_byte() -> None:
+    assert workers.peak_bytes(0) == 512 << 20
+    assert workers.peak_bytes(1 << 20) == (512 << 20) + (64 << 20)
+
+
+def test_available_memory_is_known_on_linux_and_below_the_machine() -> None:
+    avail = workers.available_memory()
+    if avail is None:
+        pytest.skip("no /proc/meminfo here")
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 <= avail <= total

@@ -28,15 +28,20 @@ workers start once.
 
 from __future__ import annotations
 
+import importlib.util
+import ipaddress
+import re
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from tracekit.errors import InputError, UsageError
+from tracekit.errors import InputError, TracekitError, UsageError
+from tracekit.inputs import os_cause, safe_text
 from tracekit.workers import process_context, usable_cpus
 
 T = TypeVar("T")
@@ -177,9 +182,11 @@ def open_engine(engine: Engine, jobs: int, address: str | None = None) -> Iterat
         finally:
             local.close()
         return
+    where = parse_address(address) if address is not None else None  # a typo costs nothing
     ray = _import_ray()
-    if address is not None:
-        _check_reachable(address)
+    if where is not None:
+        _check_client(where, address or "")
+        _check_reachable(where, address or "")
     started = not ray.is_initialized()  # a session the caller opened is used as it is
     if started:
         _init_ray(ray, jobs, address)
@@ -198,17 +205,71 @@ def _import_ray() -> Any:
     return ray
 
 
-def _check_reachable(address: str) -> None:
-    """InputError when ``HOST:PORT`` does not accept a connection (Ray itself retries for minutes)."""
+@dataclass(frozen=True)
+class Address:
+    """A Ray cluster's address: ``HOST:PORT`` (the head's GCS) or ``ray://HOST:PORT`` (Ray's client)."""
+
+    client: bool
+    host: str
+    port: int
+
+
+MAX_HOST = 253  # characters of a DNS name (RFC 1035), dots included
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # one dot-separated part, 1..63
+
+
+def parse_address(address: str) -> Address | None:
+    """``--address`` checked: None for ``auto`` (Ray finds the cluster started on this machine),
+    else the host and port; UsageError naming what is wrong (a port outside 1..65535, a host name
+    longer than 253 characters or with a part that is not letters, digits, ``-`` and ``_``, a
+    scheme other than ``ray://``), before Ray is imported or anything is contacted."""
+    shown = safe_text(address if len(address) <= 80 else address[:77] + "...")
+    if address == "auto":
+        return None
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme != "ray":
+        raise UsageError(f"--address {shown}: give HOST:PORT, ray://HOST:PORT or auto")
+    host, colon, port = (rest if sep else address).rpartition(":")
+    if not colon or not host:
+        raise UsageError(f"--address {shown}: give HOST:PORT, ray://HOST:PORT or auto")
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
+        raise UsageError(f"--address {shown}: the port must be a number from 1 to 65535")
+    _check_host(host, shown)
+    return Address(bool(sep), host[1:-1] if host.startswith("[") else host, int(port))
+
+
+def _check_host(host: str, shown: str) -> None:
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address, as a URL writes it
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise UsageError(f"--address {shown}: {safe_text(host[:60])} is not an IPv6 address") from None
+        return
+    if len(host) > MAX_HOST:
+        raise UsageError(f"--address {shown}: the host name is {len(host):,} characters, more than the "
+                         f"{MAX_HOST} a host name may have")
+    if not all(_LABEL.fullmatch(part) for part in host.split(".")):
+        raise UsageError(f"--address {shown}: the host name may hold letters, digits, '-' and '_' in "
+                         "dot-separated parts of 1 to 63 characters")
+
+
+def _check_client(where: Address, address: str) -> None:
+    """UsageError when ``ray://`` is asked for without Ray's client (``ray[client]``: grpcio)."""
+    if where.client and importlib.util.find_spec("grpc") is None:
+        raise UsageError(f"--address {safe_text(address[:80])}: ray:// needs Ray's client; install it with: "
+                         "pip install 'ray[client]'")
+
+
+def _check_reachable(where: Address, address: str) -> None:
+    """InputError when the host does not accept a connection on the port within CONNECT_TIMEOUT_S
+    (Ray itself retries for minutes)."""
     import socket
 
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # "auto", "ray://...": Ray resolves those itself
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise InputError(f"--address {address}: no Ray cluster answers there ({e.strerror or e})") from None
+        socket.create_connection((where.host, where.port), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, UnicodeError, ValueError) as e:  # UnicodeError: a name IDNA cannot encode
+        raise InputError(f"--address {safe_text(address[:80])}: no Ray cluster answers there "
+                         f"({os_cause(e)})") from None
 
 
 def _init_ray(ray: Any, jobs: int, address: str | None) -> None:
@@ -221,4 +282,9 @@ def _init_ray(ray: Any, jobs: int, address: str | None) -> None:
         else:
             ray.init(num_cpus=jobs, object_store_memory=_RAY_OBJECT_STORE, **quiet)
     except ConnectionError as e:
-        raise InputError(f"--address {address}: cannot connect to a Ray cluster ({e})") from None
+        raise InputError(f"--address {safe_text(address)}: cannot connect to a Ray cluster ({e})") from None
+    except Exception as e:  # Ray fails in many types (RuntimeError, ValueError, an ImportError of an extra)
+        where = f"at --address {safe_text(address[:80])}" if address is not None else "on this machine"
+        cause = str(e).splitlines()[0][:200] if str(e) else ""
+        raise TracekitError(f"Ray could not start a session {where} ({type(e).__name__}: "
+                            f"{safe_text(cause)})") from None

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracekit.fleet.engines import Engine, default_jobs, open_engine
-from tracekit.fleet.inputs import check_outputs, expand_paths
+from tracekit.fleet.inputs import check_outputs, expand_paths, largest_size
 from tracekit.fleet.member import MemberOptions, analyze_member, render_member
-from tracekit.fleet.row import TraceRow
+from tracekit.fleet.row import TraceRow, storable
 from tracekit.progress import report as report_progress
+from tracekit.workers import cap_workers, peak_bytes
 
 if TYPE_CHECKING:
     from tracekit.fleet.summary import FleetSummary
@@ -57,7 +58,10 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
 
     members = expand_paths(paths)
     check_outputs(members, ((options.output, "-o"), (options.report, "--report")), force=options.force)
-    jobs = options.jobs or default_jobs()
+    # One worker per CPU, fewer where the memory the largest member may take (workers.peak_bytes)
+    # does not fit that many times; --jobs asks for at most as many.
+    jobs = cap_workers(options.jobs or default_jobs(), tasks=len(members),
+                       worker_bytes=peak_bytes(largest_size(members)))
     mo = MemberOptions(whatif=options.whatif, advise=options.advise, curve=options.report is not None)
     written: list[Path] = []
     with open_engine(options.engine, jobs, options.address) as runner:
@@ -79,12 +83,14 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
             from tracekit.fleet.report import write_fleet_report
 
             worst = worst_paths(table, WORST_DRAWN)
+            # The table holds each path as storable text; the file is opened by the name it has.
+            named = {storable(str(m)): str(m) for m in members}
             figures: dict[str, Any] = {}
 
             def drawing_died(i: int, e: Exception) -> str:
                 return f"{worst[i]}: the worker drawing it died ({type(e).__name__}: {e})"
 
-            for i, drawn in runner.map(render_member, [(p,) for p in worst], drawing_died):
+            for i, drawn in runner.map(render_member, [(named.get(p, p),) for p in worst], drawing_died):
                 figures[worst[i]] = drawn  # the figures, or why there are none
             written.append(write_fleet_report(table, summary, [(p, figures[p]) for p in worst],
                                               options.report))
