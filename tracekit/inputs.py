@@ -56,7 +56,10 @@ _DOLLAR = re.compile(r"(?<!\\)\$")
 
 def os_cause(e: BaseException) -> str:
     """The cause of an ``OSError`` in a few words (its strerror: "Permission denied", "File name
-    too long", "Too many levels of symbolic links", "No space left on device")."""
+    too long", "Too many levels of symbolic links", "No space left on device"); Arrow's own
+    wording where its error carries no errno."""
+    if isinstance(e, OSError) and e.errno:
+        return os.strerror(e.errno)
     return str(getattr(e, "strerror", None) or e).splitlines()[0] if str(e) else type(e).__name__
 
 

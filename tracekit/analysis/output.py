@@ -44,11 +44,8 @@ def write_timeline(result: AnalysisResult, path: str | os.PathLike[str]) -> Path
     if result.timeline is None:
         raise ValueError("the analysis was run without a timeline")
     out = Path(path)
-    try:
-        with Staged(out) as staged:
-            # Dictionary encoding does not pay on these numeric columns; trying it costs time.
-            pq.write_table(result.timeline, staged.tmp, compression="zstd", use_dictionary=False,
-                           row_group_size=1 << 20)
-    except OSError as e:
-        raise OutputError(f"{out}: cannot write the timeline ({e.strerror or e})") from None
+    with Staged(out) as staged:  # an OSError (a full disk) ends as one sentence naming ``out``
+        # Dictionary encoding does not pay on these numeric columns; trying it costs time.
+        pq.write_table(result.timeline, staged.tmp, compression="zstd", use_dictionary=False,
+                       row_group_size=1 << 20)
     return out

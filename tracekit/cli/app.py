@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import signal
 import sys
 import threading
@@ -181,8 +182,25 @@ def _root(
     """Record, replay and explain GPU out-of-memory errors."""
 
 
+def _no_access_checks(typer_app: typer.Typer) -> None:
+    """Turn off typer's own readability check of every path parameter.
+
+    It runs while the command line is parsed, so an input that exists but may not be read became a
+    usage error (exit 2, "path is not readable"); each verb's input check says why a file cannot
+    be read (``tracekit.inputs``), as one sentence with exit 1, like any other bad input."""
+    commands = [c.callback for c in typer_app.registered_commands]
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _no_access_checks(group.typer_instance)
+    for callback in commands:
+        for param in inspect.signature(callback).parameters.values() if callback else ():
+            if hasattr(param.default, "readable"):
+                param.default.readable = False
+
+
 for _verb in VERBS:
     importlib.import_module(f"tracekit.cli.{_verb}").register(app)
+_no_access_checks(app)
 
 
 def main() -> None:

@@ -34,14 +34,15 @@ def report(
     """One HTML page the browser draws: timeline, allocator state at any event, budget, tables."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import terminal_progress, wrote
-    from tracekit.errors import InputError, UsageError
+    from tracekit.errors import UsageError
+    from tracekit.inputs import check_regular
     from tracekit.report.page import write_page
 
     if whatif and whatif_json is not None:
         raise UsageError("--whatif and --whatif-json are exclusive: give one")
     out = output if output is not None else trace.with_suffix(".html")
-    if whatif_json is not None and not whatif_json.is_file():
-        raise InputError(f"{whatif_json}: no such what-if JSON file")
+    if whatif_json is not None:
+        check_regular(whatif_json, "what-if JSON")
     what = whatif_json if whatif_json is not None else (True if whatif else None)
     with terminal_progress("report"):
         path = write_page(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,

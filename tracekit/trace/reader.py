@@ -67,6 +67,8 @@ def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
     try:
         pf = pq.ParquetFile(_arrow_source(p))
     except (pa.ArrowException, OSError, ValueError) as e:
+        if isinstance(e, OSError) and e.errno:  # the file system's refusal, not the content's fault
+            raise InputError(f"{safe_text(p)}: cannot read the trace ({os_cause(e)})") from None
         raise InputError(f"{safe_text(p)}: not a readable Parquet file, or it is truncated "
                          f"({os_cause(e)})") from None
     _check_layout(p, pf, file_bytes)

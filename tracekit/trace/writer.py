@@ -10,6 +10,7 @@ The caller checks the path first (``outputs.check_output``: inputs, --force).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from types import TracebackType
@@ -18,8 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracekit.errors import OutputError
-from tracekit.outputs import Staged
+from tracekit.outputs import Staged, cannot_write
 from tracekit.trace.events import Events
 from tracekit.trace.schema import OP_NAMES, Op, TraceMeta, arrow_schema
 
@@ -65,7 +65,7 @@ class TraceWriter:
             self._pq = pq.ParquetWriter(self._staged.tmp, self.schema, compression="zstd")
         except OSError as e:
             self._staged.discard()
-            raise OutputError(f"{self.path}: cannot write ({e})") from None
+            raise cannot_write(self.path, e) from None
 
     def write(self, ev: Events, extras: dict[str, np.ndarray | pa.Array] | None = None) -> None:
         if len(ev) == 0:
@@ -78,7 +78,10 @@ class TraceWriter:
             else:
                 arrays.append(pa.array(col, type=f.type) if not isinstance(col, pa.Array) else col)
         table = pa.Table.from_arrays(arrays, schema=self.schema)
-        self._pq.write_table(table, row_group_size=self.row_group_size)
+        try:
+            self._pq.write_table(table, row_group_size=self.row_group_size)
+        except OSError as e:  # a full disk, a file size limit
+            raise cannot_write(self.path, e) from None
         self.rows += len(ev)
 
     def close(self) -> Path:
@@ -86,13 +89,14 @@ class TraceWriter:
             self._pq.close()
             return self._staged.commit()
         except OSError as e:
-            raise OutputError(f"{self.path}: cannot write ({e.strerror or e})") from None
+            raise cannot_write(self.path, e) from None
         finally:
             self._staged.discard()
 
     def abort(self) -> None:
         try:
-            self._pq.close()
+            with contextlib.suppress(OSError):  # the write already failed (a full disk): say that
+                self._pq.close()
         finally:
             self._staged.discard()
 
