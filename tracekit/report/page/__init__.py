@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit import progress
-from tracekit.outputs import check_output, write_bytes
+from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.trace import read_meta, read_trace
 
 
@@ -22,6 +22,7 @@ def write_page(
     output: Path,
     analysis: Any = None,
     *,
+    png_dir: Path | None = None,
     baseline: Path | None = None,
     whatif: Any = None,
     force: bool = False,
@@ -29,8 +30,10 @@ def write_page(
 ) -> Path:
     """Write the page for ``trace_path`` to ``output``; ``whatif``: True (run it), a result, or its JSON path.
 
-    Existing outputs are refused unless ``force``; an input never is an output. A bad
-    baseline or what-if file fails before the trace is analysed.
+    ``png_dir``: also the matplotlib figures as PNG files there (``tracekit.report.build``),
+    drawn from the same analysis and what-if result. Existing outputs are refused unless
+    ``force``; an input never is an output. A bad baseline or what-if file fails before the
+    trace is analysed.
     """
     from tracekit.analysis import analyze_trace
     from tracekit.report.page.data import build_model
@@ -43,14 +46,17 @@ def write_page(
         + ((Path(whatif),) if isinstance(whatif, str | os.PathLike) else ())
     )
     check_output(output, inputs, force=force)
+    if png_dir is not None:
+        check_folder(png_dir, "--png")
     if baseline is not None:
         read_meta(baseline)
     wd = _whatif_dict(whatif) if whatif is not None and whatif is not True else None
     trace = read_trace(trace_path)
-    with progress.part(0, 2):
+    parts = 2 if png_dir is None else 3
+    with progress.part(0, parts):
         if analysis is None or getattr(analysis, "timeline", None) is None:
             analysis = analyze_trace(trace, timeline=True)
-    with progress.part(1, 2):
+    with progress.part(1, parts):
         base = None
         if baseline is not None:
             bt = read_trace(Path(baseline))
@@ -68,6 +74,12 @@ def write_page(
             advise=_advise(trace) if advise else None,
         )
         doc = page(model)
+    if png_dir is not None:
+        from tracekit.report.build import write_report
+
+        with progress.part(2, parts):
+            write_report(trace_path, None, analysis, png_dir=png_dir, baseline=baseline, whatif=wd,
+                         force=force, advise=advise)
     write_bytes(output, doc.encode("utf-8"))
     return output
 

@@ -280,7 +280,8 @@ def _extra_tables(whatif: dict[str, Any] | None, advise: dict[str, Any] | str | 
                     ]
                     for r in tried
                 ],
-                note=f"Recommendation: {advise['recommendation']} ({advise['scope']})",
+                note=" ".join([f"Recommendation. {advise['recommendation']}", f"{advise['scope']}.",
+                               *(f"Note: {n}" for n in advise.get("notes", ()))]),
                 link=None,
             )
         )
