@@ -89,13 +89,15 @@ def _header(s: FleetSummary) -> str:
         verdict = (f"{s.out_of_memory} of {s.analyzed} traces ran out of memory; the most common cause: "
                    f"{top.key} ({top.traces}).")
     if s.worst is not None:
-        verdict += f" Worst: {s.worst.path}: {s.worst.why}. Its own report: {s.worst.report_command}"
+        w = s.worst
+        verdict += safe_text(f" Worst: {w.path}: {w.why}. Its own report: {w.report_command}")
     return html.table(facts) + f'\n<p class="{box}">{html.esc(verdict)}</p>'
 
 
 def _group_rows(groups: Sequence[Group]) -> list[list[str]]:
-    return [[g.key or "(no call-site)", f"{g.traces:,}", ", ".join(map(str, g.ranks[:32])) or "n/a",
-             ", ".join(Path(p).name for p in g.paths[:8]) + (" …" if len(g.paths) > 8 else "")]
+    return [[safe_text(g.key or "(no call-site)"), f"{g.traces:,}",
+             ", ".join(map(str, g.ranks[:32])) or "n/a",
+             ", ".join(safe_text(Path(p).name) for p in g.paths[:8]) + (" …" if len(g.paths) > 8 else "")]
             for g in groups]
 
 
@@ -110,7 +112,7 @@ def _groups_section(s: FleetSummary) -> str:
                      + html.table(_group_rows(s.by_site), head, (1,)))
     if s.errors:
         parts.append("<p>Traces that could not be read or analyzed:</p>"
-                     + html.table([[p, e] for p, e in s.errors], ["trace", "why"]))
+                     + html.table([[safe_text(p), safe_text(e)] for p, e in s.errors], ["trace", "why"]))
     return "\n".join(parts)
 
 
@@ -121,7 +123,7 @@ _ROW_HEAD = ["trace", "rank", "events", "peak live", "peak reserved", "max ext. 
 def _rows_section(df: pl.DataFrame) -> str:
     rows = []
     for r in df.iter_rows(named=True):
-        name, rank = Path(r["path"]).name, "" if r["rank"] is None else str(r["rank"])
+        name, rank = safe_text(Path(r["path"]).name), "" if r["rank"] is None else str(r["rank"])
         if r["error"] is not None:
             rows.append([name, rank, "unreadable: see above"] + [""] * (len(_ROW_HEAD) - 3))
             continue
@@ -130,17 +132,19 @@ def _rows_section(df: pl.DataFrame) -> str:
         rows.append([name, rank, f"{r['events']:,}", format_size(r["peak_live_bytes"]),
                      format_size(r["peak_reserved_bytes"]), html.fmt_value("fragmentation", r[
                          "max_external_fragmentation"]), f"{r['oom_count']} ({r['ooms_handled']})", fatal,
-                     short_site(r["oom_site"], 60) if r["oom_site"] else "", format_size(r["leaked_bytes"])])
+                     safe_text(short_site(r["oom_site"], 60)) if r["oom_site"] else "",
+                     format_size(r["leaked_bytes"])])
     return '<h2 id="rows">Every trace</h2>\n' + html.table(rows, _ROW_HEAD, (1, 2, 3, 4, 5, 6, 9))
 
 
 def _worst_sections(worst: Sequence[tuple[str, list[Any] | str]]) -> list[str]:
     out = []
     for k, (path, drawn) in enumerate(worst, 1):
+        path = safe_text(path)  # a file name is text the page shows: its control characters escaped
         head = f'<h2 id="worst-{k}">Worst trace #{k}: {html.esc(Path(path).name)}</h2>'
         cmd = f"tracekit report {path}"
         if isinstance(drawn, str):
-            out.append(f"{head}\n<p>Its figures could not be drawn: {html.esc(drawn)}</p>")
+            out.append(f"{head}\n<p>Its figures could not be drawn: {html.esc(safe_text(drawn))}</p>")
             continue
         figs = [html.Rendered(f"worst-{k}-{r.key}", f"{r.title} ({Path(path).name})", r.caption, r.png)
                 for key in LEAD_FIGURES for r in drawn if r.key == key]
