@@ -7,6 +7,7 @@ and a raised ``set_limit`` through a fresh CuPy ``MemoryPool``, ``MemoryAsyncPoo
 through the async pool and plain ``cudaMalloc`` through cudaMalloc
 (``tracekit.device.replay.replay_on_device``). A candidate is *confirmed* when the real allocator serves
 every request, and a *disagreement* when model and reality differ on whether it fits.
+An overhead cure is replayed as the recorded setting in the room the cure gives back.
 Candidates the device replay cannot express (``free_all_blocks()`` inserted at a
 call-site, free-list policies) are reported as not checked; when no candidate could be
 replayed at all (no GPU, no CuPy or PyTorch) that is a DeviceError.
@@ -69,12 +70,17 @@ def verify(trace: Trace, tried: Sequence[Outcome], device: int, top: int = TOP) 
 
 
 def _replay(trace: Trace, o: Outcome, device: int) -> Any:
-    """The device run of candidate ``o`` (None when the device replay cannot express it)."""
-    if o.candidate.kind == Kind.TORCH_CONF:
+    """The device run of candidate ``o`` (None when the device replay cannot express it).
+
+    An overhead cure is checked as the recorded setting in the room the cure gives back
+    (the capacity is emulated by holding the rest of the device): the allocator's part of
+    the claim; what the cure itself gives back is measured by ``scripts/seed_scenario.py``.
+    """
+    if (o.candidate.cures and o.candidate.policy == "torch") or o.candidate.kind == Kind.TORCH_CONF:
         from tracekit.device.torch_replay import replay_torch_on_device
 
         return replay_torch_on_device(_input(trace, o), dict(o.candidate.options), o.capacity, device)
-    name = _CUPY.get(o.candidate.kind)
+    name = "CUPY" if o.candidate.cures and o.candidate.policy == "cupy" else _CUPY.get(o.candidate.kind)
     if name is None:
         return None
     from tracekit.device.capacity import Allocator

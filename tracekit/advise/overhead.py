@@ -321,6 +321,7 @@ def smallest_set(found: Sequence[Cure], deficit: int) -> tuple[Cure, ...] | None
     pool = sorted(found, key=lambda c: -c.returns)[:MAX_SET]
     for k in range(1, len(pool) + 1):
         sets = [s for s in combinations(pool, k) if sum(c.returns for c in s) >= deficit]
-        if sets:
-            return min(sets, key=preference)
+        if sets:  # this process's own terms first, as the user would apply them
+            best = min(sets, key=preference)
+            return tuple(sorted(best, key=lambda c: (not c.own, not c.named, -c.returns)))
     return None

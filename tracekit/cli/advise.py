@@ -37,12 +37,19 @@ def advise(
     t = read_trace(trace)
     with terminal_progress("advising"):
         result = run_advise(t, limit=lim, device_total=total, jobs=jobs)
-    if verify_on_device is not None:
+    if verify_on_device is not None and not result.fits:
+        from dataclasses import replace
+
+        note = f"--verify-on-device {verify_on_device}: nothing fits, so there is nothing to verify"
+        result = replace(result, notes=(*result.notes, note))
+    elif verify_on_device is not None:
         from dataclasses import replace
 
         from tracekit.advise.on_device import verify
+        from tracekit.trace.devices import select_device
 
-        result = replace(result, device_checks=verify(t, result.fits, verify_on_device))
+        own = select_device(t, result.device) if result.device is not None else t  # its device's events
+        result = replace(result, device_checks=verify(own, result.fits, verify_on_device))
     if json_out:
         echo_json(result.to_dict())
     else:
