@@ -62,6 +62,8 @@ LAZY_CONTEXT = 564_985_856  # PyTorch's context with CUDA_MODULE_LOADING=LAZY, H
 EAGER_MIN = 1 << 30  # a rest above this in a PyTorch process suggests eager module loading
 SMALLEST = MiB  # a term that gives back less is not worth a cure
 MAX_SET = 8  # cures considered for sets (the largest ones)
+CUDA_PYTHON = ("; with cuda-python instead: from cuda.bindings import runtime; "
+               "runtime.cudaDeviceSetLimit(runtime.cudaLimit.cudaLimitStackSize, {})")
 LIMIT_CODES = {"stack": (0, "cudaLimitStackSize"), "printf": (1, "cudaLimitPrintfFifoSize"),
                "heap": (2, "cudaLimitMallocHeapSize")}  # cudaLimit == CUlimit values
 
@@ -170,7 +172,8 @@ def _set_line(kind: str, which: str, value: int) -> str:
     """The exact line that sets a cudaLimit in this program's framework."""
     code, name = LIMIT_CODES[which]
     if kind == "torch":  # PyTorch has no binding: the driver's own call on the current (primary) context
-        return f"ctypes.CDLL('libcuda.so.1').cuCtxSetLimit({code}, ctypes.c_size_t({value}))  # {name}"
+        return f"import ctypes; ctypes.CDLL('libcuda.so.1').cuCtxSetLimit({code}, ctypes.c_size_t({value}))" \
+               f"  # {name}"
     return f"cupy.cuda.runtime.deviceSetLimit(cupy.cuda.runtime.{name}, {value})"
 
 
@@ -214,7 +217,8 @@ def _stack(m: Moment, kind: str, s0: int, s1: int, threads: int, per_sm: int, sm
         Kind.STACK_LIMIT, f"lower the stack limit from {_size(s1)} to {_size(s0)} per thread", returns, how,
         why, _set_line(kind, "stack", s0),
         "after the kernel that raised it has returned (synchronize first; its next launch raises it again)",
-        f"or give that kernel less local memory per thread: each 1 KiB less gives back {fs(threads * KiB)}")
+        f"or give that kernel less local memory per thread: each 1 KiB less gives back {fs(threads * KiB)}"
+        + (CUDA_PYTHON.format(s0) if kind == "torch" else ""))
 
 
 def _module_loading(b: OOMBudget, kind: str) -> list[Cure]:
