@@ -492,8 +492,8 @@ def test_cli_report_with_the_analyzer_and_a_baseline(tmp_path: Path) -> None:
     text = out.read_text()
     oom = analyze_trace(read_trace(p)).summary.to_dict()["oom"]
     assert html_mod.escape(oom["explanation"]) in text  # the analyzer's sentence, verbatim
-    assert text.count("data:image/png") == 6 and "baseline: fixed.parquet" in text
-    assert (png / "baseline.png").is_file()
+    assert '"baseline":{"name":"fixed.parquet"' in text  # the interactive page's data model
+    assert len(list(png.glob("*.png"))) == 6 and (png / "baseline.png").is_file()
 
 
 def test_cli_report_default_output_sits_beside_the_trace(tmp_path: Path) -> None:
