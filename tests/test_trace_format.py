@@ -249,11 +249,24 @@ def test_hostile_values_are_refused_in_one_sentence(tmp_path: Path, make: object
         read_trace(path)
 
 
-def test_extreme_but_valid_times_are_read(tmp_path: Path) -> None:
+def _two_times(tmp_path: Path, t0: int, t1: int) -> Path:
     ev = Events.build(np.array([Op.MALLOC, Op.FREE], np.int8), np.array([512, 512], np.uint64),
-                      addr=np.array([4096, 4096], np.uint64), t_ns=np.array([-(2**63), 2**63 - 1], np.int64))
-    t = read_trace(write_trace(tmp_path / "t.parquet", TraceMeta.new(Source.SYNTHETIC), ev))
+                      addr=np.array([4096, 4096], np.uint64), t_ns=np.array([t0, t1], np.int64))
+    return write_trace(tmp_path / "t.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
+
+
+@pytest.mark.parametrize("t0, t1", [(-(2**63), -(2**63) + 5), (2**63 - 10, 2**63 - 1), (0, 2**62 - 1)])
+def test_extreme_but_valid_times_are_read(tmp_path: Path, t0: int, t1: int) -> None:
+    t = read_trace(_two_times(tmp_path, t0, t1))
     assert len(t.events) == 2
+    assert int(t.events.t_ns[-1] - t.events.t_ns[0]) == t1 - t0  # the span is exact in int64
+
+
+@pytest.mark.parametrize("t0, t1", [(-(2**63), 2**63 - 1), (0, 2**62), (-(2**61), 2**62 - 2**61)])
+def test_a_time_span_past_2_62_ns_is_refused(tmp_path: Path, t0: int, t1: int) -> None:
+    # t_ns[-1] - t_ns[0] would overflow int64 (a duration of -1 ns) or come close to it: 146 years.
+    with pytest.raises(TraceFormatError, match=r"t_ns spans 2\^62 ns \(146 years\) or more"):
+        read_trace(_two_times(tmp_path, t0, t1))
 
 
 def test_tiny_row_groups_are_refused_not_read_slowly(tmp_path: Path) -> None:

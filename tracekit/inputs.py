@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import stat
@@ -93,12 +94,21 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number here")
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; ``1e999`` overflows to infinity and is refused
+    like ``Infinity`` (no reader meets an infinite size, limit or device total)."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return v
+
+
 def load_json(text: str | bytes, where: str, what: str) -> Any:
     """Parse bounded JSON: size, nesting depth and finite numbers checked; InputError names ``what``."""
     if len(text) > MAX_JSON_BYTES:
         raise InputError(f"{where}: {what} is {len(text):,} bytes, more than the {MAX_JSON_BYTES:,} allowed")
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise InputError(f"{where}: {what} is nested too deeply") from None
     except UnicodeDecodeError:

@@ -14,7 +14,7 @@ NumPy so peak memory stays near the size of the result.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,8 +27,8 @@ from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
-from tracekit.trace.totals import MAX_SIZE, check_totals
-from tracekit.trace.validate import EventIssue, pair_events, remap_mate
+from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals
+from tracekit.trace.validate import EventIssue, IssueKind, pair_events, remap_mate
 
 _INT_COLUMNS = {
     "seq": np.uint64, "t_ns": np.int64, "addr": np.uint64, "size": np.uint64,
@@ -103,6 +103,10 @@ FREE_GROUPS = 4096
 # event are kept, so this bounds a read to ~4 KB of memory per byte of file beyond 2^20 rows.
 ROWS_PER_BYTE = 64
 FREE_ROWS = 1 << 20
+
+# Time stamps are nanoseconds: a span of 2^62 ns is 146 years, and differences of times within it
+# (durations, gaps) stay inside int64 wherever they are added.
+MAX_SPAN_NS = 1 << 62
 
 
 def _check_layout(p: Path, pf: pq.ParquetFile, file_bytes: int) -> None:
@@ -219,6 +223,7 @@ def read_trace(
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq, ev.size)
     check_totals(p, ev, pairing.mate, pairing.keep)
+    check_ranges(p, ev, pairing.keep)
     pooled = bool((ev.op == Op.SEGMENT_ALLOC).any())
     try:
         expandable = _extra(pf, "expandable", extra_tbl, False) if pooled else None
@@ -227,6 +232,9 @@ def read_trace(
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     warnings = check_pool(ev.op, ev.addr, ev.size, ev.rounded, ev.device, pairing.keep, pairing.mate,
                           expandable, ev.seq, pool)
+    if any(w.kind == IssueKind.ROUNDED_BELOW_SIZE for w in warnings):
+        ev = _rounded_at_least_size(ev)
+        check_totals(p, ev, pairing.mate, pairing.keep)
     if strict and (pairing.issues or warnings):
         first = (pairing.issues or warnings)[0]
         raise TraceFormatError(f"{p}: inconsistent events (--strict): {first.describe()}")
@@ -238,6 +246,14 @@ def read_trace(
         if extra_tbl is not None:
             extra_tbl = extra_tbl.filter(pa.array(pairing.keep))
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
+
+
+def _rounded_at_least_size(ev: Events) -> Events:
+    """``ev`` with each request's ``rounded`` raised to its ``size`` where it was below: an allocator
+    hands out at least what was asked, so the kept event counts the bytes it must have taken (live
+    bytes never below requested ones); the warning still reports the rows."""
+    request = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
+    return replace(ev, rounded=np.where(request & (ev.rounded < ev.size), ev.size, ev.rounded))
 
 
 def _extra(pf: pq.ParquetFile, name: str, extra_tbl: pa.Table | None, null: bool | int) -> np.ndarray | None:
@@ -292,6 +308,9 @@ def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema) -> Events:
         back = np.flatnonzero(cols["t_ns"][1:] < cols["t_ns"][:-1])
         if len(back):
             raise TraceFormatError(f"{p}: t_ns decreases at seq {int(seq[back[0] + 1])}")
+        if int(cols["t_ns"][-1]) - int(cols["t_ns"][0]) >= MAX_SPAN_NS:  # Python ints: no overflow
+            raise TraceFormatError(f"{p}: t_ns spans 2^62 ns (146 years) or more, from "
+                                   f"{int(cols['t_ns'][0])} to {int(cols['t_ns'][-1])}; not a recording")
     site, sites = _read_site(p, pf, schema, n)
     return Events(op=op, site=site, sites=sites, **cols)
 

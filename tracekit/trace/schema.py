@@ -10,6 +10,7 @@ lost on a round trip. See ``docs/trace-format.md`` for the public contract.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -184,7 +185,7 @@ class TraceMeta:
 def _opt_int(v: Any, key: str = "") -> int | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v):
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
         raise ValueError(f"{key or 'a size'} must be an integer, got {v!r}")
     return int(v)
 

@@ -6,6 +6,11 @@ sums are kept in one compiled pass in event order: ``live += rounded`` at a kept
 ``live -= rounded(its malloc)`` at a kept, paired free, and the same for segments with
 ``size``. Each sum is exact in int64 up to its first step past 2^62 (every step is below 2^62),
 and that first step is all that is looked for.
+
+No block or segment may run past the end of the 64-bit address space either:
+``addr + rounded`` (a block) or ``addr + size`` (a segment) above 2^64 is no range any
+device has, and a sum that wraps would make a 1 TiB block look as if it lay inside a
+1 MiB segment at the top of the address space.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from tracekit.trace.events import Events
 from tracekit.trace.schema import Op
 
 MAX_SIZE = 1 << 62  # no allocation is 4 EiB; larger sizes would wrap once arithmetic moves to int64
+_TOP = np.uint64((1 << 64) - 1)
+_CHUNK = 1 << 20  # rows per pass of the range check: its temporaries stay a few MiB at any length
 
 
 @njit(cache=True)
@@ -55,3 +62,18 @@ def check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> Non
     if i >= 0:
         name = "live bytes" if what == 0 else "reserved bytes"
         raise TraceFormatError(f"{p}: {name} reach 2^62 or more at seq {int(ev.seq[i])}, beyond any device")
+
+
+def check_ranges(p: Path, ev: Events, keep: np.ndarray) -> None:
+    """Refuse ``p`` (TraceFormatError) if a kept block ``[addr, addr + rounded)`` or segment
+    ``[addr, addr + size)`` ends past 2^64 (``length - 1 > 2^64 - 1 - addr``, in uint64)."""
+    for lo in range(0, len(ev), _CHUNK):
+        sl = slice(lo, lo + _CHUNK)
+        op, addr = ev.op[sl], ev.addr[sl]
+        length = np.where(op == Op.SEGMENT_ALLOC, ev.size[sl], np.where(op == Op.MALLOC, ev.rounded[sl], 0))
+        bad = np.flatnonzero(keep[sl] & (length > 0) & (length - np.uint64(1) > _TOP - addr))
+        if len(bad):
+            i = lo + int(bad[0])
+            what = "segment" if ev.op[i] == Op.SEGMENT_ALLOC else "block"
+            raise TraceFormatError(f"{p}: the {what} at seq {int(ev.seq[i])} ({int(length[bad[0]])} bytes at "
+                                   f"{int(ev.addr[i]):#x}) runs past the end of the 64-bit address space")
