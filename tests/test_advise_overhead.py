@@ -146,6 +146,7 @@ def test_a_binding_pool_limit_keeps_the_pool_settings():
 def test_an_explicit_limit_is_the_users_question():
     r = advise(v2_trace(400), limit=700 * MIB, jobs=1)
     assert r.room is None and r.limit == 700 * MIB and r.fits
+    assert any("asked instead of the room" in n and "350.00 MiB" in n for n in r.notes)
 
 
 def test_limit_zero_is_refused():

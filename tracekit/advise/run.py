@@ -97,10 +97,9 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
            jobs: int | None = None) -> AdviseResult:
     """Search settings that let ``trace`` fit, device by device (see the module docstring)."""
     if limit is not None and limit <= 0:
-        raise UsageError(f"--limit {limit}: a limit must be a positive size (CuPy reads 0 as no limit, "
-                         "and nothing fits under none)")
+        raise UsageError(f"--limit {limit}: give a positive size (CuPy reads a limit of 0 as no limit)")
     parts = split_devices(trace) or [(0, trace)]
-    reports = _reported_ooms(trace) if limit is None else {}
+    reports = _reported_ooms(trace)
     if len(parts) == 1:
         d, sub = parts[0]
         return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, detached=False)
@@ -134,6 +133,10 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     room = None
     if report is not None and kind != "raw":
         room = overhead.room_at(report, overhead.failing_pool_limit(trace, report))
+    asked = []
+    if room is not None and limit is not None:  # the user's question, with the room said beside it
+        asked.append(f"--limit {limit} asked instead of the room the device left: {room.sentence()}")
+        room = None
     cap = room.bytes if room is not None else pick_limit(trace, limit, device_total)
     lb = lower_bound(trace)
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
@@ -170,7 +173,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     fits = _ranked_fits(tried, room_advice)
     mine = [cr for cr in found if fits and cr[0] == fits[0].candidate]
     setting, best = min(mine or found, key=lambda cr: cr[1].min_capacity or 0, default=(None, None))
-    notes = _notes(trace, kind, tried) + (room_advice.notes if room_advice is not None else ())
+    notes = _notes(trace, kind, tried) + (room_advice.notes if room_advice is not None else ()) + tuple(asked)
     return AdviseResult(
         trace=str(trace.path) if trace.path else None, kind=kind, limit=cap,
         failing_seq=int(trace.events.seq[ooms[0]]) if len(ooms) else None, tried=tuple(tried), fits=fits,
