@@ -257,3 +257,38 @@ def test_the_device_that_ran_out_answers_first(tmp_path):
     assert d["device"] == 1 and d["failing_seq"] == 4 and [x["device"] for x in d["devices"]] == [0, 1]
     assert d["devices"][0]["failing_seq"] is None and d["devices"][0]["fits"]
     assert d["lower_bound_bytes"] == 160 * MIB  # device 1's own: 100 live + the 60 MiB request
+
+
+def test_another_pool_with_cached_blocks():
+    """Pool 1 holds a 64 MiB segment with one 16 MiB block live: its free_all_blocks() gives back 48 MiB."""
+    import pyarrow as pa
+
+    t = v2_trace(400)
+    extra = [(SA, 64, 0x40000), (M, 16, 0x40000)]
+    op = np.r_[np.array([r[0] for r in extra], np.int8), t.events.op]
+    size = np.r_[np.array([r[1] * MIB for r in extra], np.uint64), t.events.size]
+    addr = np.r_[np.array([r[2] * MIB for r in extra], np.uint64), t.events.addr]
+    ev = Events.build(op, size, addr=addr, rounded=np.where(op == SA, 0, size).astype(np.uint64),
+                      site=np.r_[np.array([-1, 0], np.int32), t.events.site], sites=t.events.sites)
+    meta = t.meta.with_extra(oom_states=[dict(t.meta.extra["oom_states"][0], seq=6)],
+                             exit=dict(t.meta.extra["exit"], oom_seq=6))
+    pools = pa.table({"pool": pa.array([1, 1, 0, 0, 0, 0, 0], pa.uint16())})
+    two = Trace(None, meta, ev, pair_events(ev.op, ev.addr, ev.device, ev.seq).mate, pools, ())
+    r = advise(two, jobs=1)
+    assert r.room is not None and r.room.room.reserved == 364 * MIB  # both pools' segments
+    o = cure(r, Kind.OTHER_POOL)
+    (c,) = o.candidate.cures
+    assert (c.returns, c.how.value, c.named) == (48 * MIB, "derived", True)
+    assert "free_all_blocks() on pool 1" in c.action
+
+
+def test_cli_on_the_seed_trace():
+    res = CliRunner().invoke(app, ["advise", str(TRACES / "cupy-seed.parquet"), "--json", "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["limit_bytes"] == 2_287_534_080 and d["limit_is"] == "room"  # not 150,109,880,320
+    assert d["fits"][0]["kind"] == "stack-limit" and d["fits"][0]["returns_bytes"] == 4_152_360_960
+    line = "cupy.cuda.runtime.deviceSetLimit(cupy.cuda.runtime.cudaLimitStackSize, 1024)"
+    assert d["fits"][0]["line"] == line
+    assert {c["kind"] for c in d["cures"]} == {"stack-limit", "other-process"}
+    assert d["room"]["missing_bytes"] == 2_701_131_776 - 2_287_534_080

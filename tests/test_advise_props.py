@@ -72,3 +72,28 @@ def test_advise_invariants(steps, limit_mib, source):
         assert r.recommendation().startswith(r.fits[0].label())
     else:
         assert r.recommendation().startswith("Nothing tried fits")
+
+
+@settings(max_examples=200, deadline=None)
+@given(returns=st.lists(st.integers(1, 1000), min_size=0, max_size=8), deficit=st.integers(-5, 4000),
+       own=st.lists(st.booleans(), min_size=8, max_size=8))
+def test_smallest_set_of_cures(returns, deficit, own):
+    """The pick covers the deficit with the fewest cures possible, and exists exactly when all do."""
+    from itertools import combinations
+
+    from tracekit.advise.candidates import Cure
+    from tracekit.advise.overhead import How, smallest_set
+
+    cures = [Cure(Kind.OTHER_PROCESS, f"c{i}", b * MIB, How.MEASURED, "", "", "", own=own[i])
+             for i, b in enumerate(returns)]
+    got = smallest_set(cures, deficit * MIB)
+    if deficit <= 0:
+        assert got == ()
+        return
+    if sum(returns) < deficit:
+        assert got is None
+        return
+    assert got is not None and sum(c.returns for c in got) >= deficit * MIB
+    fewer = [s for k in range(1, len(got)) for s in combinations(cures, k)]
+    assert all(sum(c.returns for c in s) < deficit * MIB for s in fewer)
+    assert [c.own for c in got] == sorted((c.own for c in got), reverse=True)  # own terms listed first

@@ -17,8 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.inputs import optional_int
+
 MIN_BLOCK = 512
 INTERVALS = 16
+MAX_DIVISIONS = 1 << 32  # far above any setting PyTorch accepts; keeps the rounding arithmetic small
 
 
 def divisions_from_settings(settings: Mapping[str, Any] | None) -> np.ndarray:
@@ -27,21 +30,25 @@ def divisions_from_settings(settings: Mapping[str, Any] | None) -> np.ndarray:
     The snapshot stores them as a dict keyed by interval start in MB (``'1'`` ..
     ``'32768'``); interval i covers sizes in [2^i MB, 2^(i+1) MB), the first one
     also everything below 1 MB and the last everything above.
+    A value that is not a whole number in 1 .. 2^32 (a string of text, a fraction, a negative)
+    leaves its interval off, as PyTorch itself would not round there.
     """
     out = np.zeros(INTERVALS, dtype=np.uint64)
     raw = (settings or {}).get("roundup_power2_divisions")
     if isinstance(raw, Mapping):
         for k, v in raw.items():
-            try:
-                mb, d = int(k), int(v)
-            except (TypeError, ValueError):
-                continue
-            if mb > 0 and d > 0:
-                i = min(mb.bit_length() - 1, INTERVALS - 1)
-                out[i] = d
+            mb, d = optional_int(k), _division(v)
+            if mb is not None and mb > 0 and d:
+                out[min(mb.bit_length() - 1, INTERVALS - 1)] = d
     elif isinstance(raw, list | tuple) and len(raw) == INTERVALS:
-        out[:] = [max(int(v), 0) for v in raw]
+        out[:] = [_division(v) for v in raw]
     return out
+
+
+def _division(v: Any) -> int:
+    """One interval's divisions, 0 (off) unless a whole number in 1 .. 2^32."""
+    d = optional_int(v) if not isinstance(v, float) or v.is_integer() else None
+    return d if d is not None and 0 < d <= MAX_DIVISIONS else 0
 
 
 def round_size(size: np.ndarray, divisions: np.ndarray | None = None) -> np.ndarray:
