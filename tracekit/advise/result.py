@@ -261,8 +261,9 @@ class AdviseResult:
         if self.room is not None:
             r = self.room.room
             need = f"; the run needs {fs(r.need)} through the failing request" if r.need is not None else ""
-            head = [f"room {fs(self.limit)} ({self.limit} bytes): {r.sentence()}{need}; "
-                    f"{len(self.tried)} settings and cures tried; {self.scope}"]
+            head = [f"room {fs(self.limit)} ({self.limit} bytes) on device {r.device}: {fs(r.free)} free at "
+                    f"the OOM (measured) + {fs(r.reserved)} in its pools{need}; {len(self.tried)} settings "
+                    f"and cures tried; {self.scope}"]
         else:
             head = [f"limit {fs(self.limit)} ({self.limit} bytes); {len(self.tried)} settings tried; "
                     f"{self.scope}"]
