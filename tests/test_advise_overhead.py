@@ -19,6 +19,7 @@ pick is the pair, replayed at 678. other = 50: 178 < 250, 72 MiB short.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,15 @@ def test_grown_heap_is_a_cure_set_before_the_kernel():
     assert "cudaLimitMallocHeapSize, 8388608" in c.action and "cudaErrorInvalidValue" in c.when
     assert heap.fits  # 350 + 256 = 606 >= 600
     assert r.room.pick is heap  # one cure; the stack's 128 MiB would not do
+
+
+def test_a_stack_limit_without_the_thread_count_is_a_note():
+    """A recording without the start budget (``record --torch``) cannot size the stack cure."""
+    t = v2_trace(400)
+    budget = {k: v for k, v in t.meta.extra["budget"].items() if k != "sm_count"}
+    r = advise(dataclasses.replace(t, meta=t.meta.with_extra(budget=budget)), jobs=1)
+    assert not any(o.candidate.kind == Kind.STACK_LIMIT for o in r.room.tried)
+    assert any("66,560 - 1,024) B x SMs x max threads per SM" in n for n in r.notes)
 
 
 def test_a_binding_pool_limit_keeps_the_pool_settings():

@@ -164,6 +164,24 @@ def cures(trace: Trace, kind: str, report: OOMReport) -> tuple[Cure, ...]:
     return tuple(sorted((c for c in found if c.returns >= SMALLEST), key=lambda c: -c.returns))
 
 
+CUDA_DEFAULT_STACK = 1024  # cudaLimitStackSize before any kernel needs more (bytes per thread)
+
+
+def unsized(report: OOMReport) -> tuple[str, ...]:
+    """A grown stack limit the recording could not size (no start budget: SM and thread counts,
+    the limit at start), said as a note with the formula instead of a cure."""
+    b = report.budget
+    m = b.moment if b is not None else None
+    if m is None or m.state is None or (m.start is not None and m.start.threads):
+        return ()
+    s1 = m.state.limits.stack_size
+    if s1 is None or s1 <= CUDA_DEFAULT_STACK:
+        return ()
+    return (f"the stack limit is {_size(s1)} per thread at the OOM (CUDA's default: 1 KiB); the recording "
+            "did not measure the device's thread count, so what lowering it after the kernel gives back is "
+            f"unknown here: ({s1:,} - 1,024) B x SMs x max threads per SM",)
+
+
 def _size(n: int) -> str:
     return f"{n // KiB} KiB" if n % KiB == 0 and n >= KiB else f"{n:,} B"
 

@@ -218,6 +218,7 @@ def _room_advice(runner: Runner, trace: Trace, kind: str, report: OOMReport, roo
         notes = (f"the recorded setting replays within the room ({room.sentence()}) although the device "
                  "refused the request: the device needed more than the pool's counters show (its 2 MiB "
                  "pages), or the failing request was handled",)
+    notes += overhead.unsized(report)
     return RoomAdvice(room, cures, tuple(tried), pick, chosen is None and need is not None, notes)
 
 
