@@ -5,6 +5,7 @@
 # recorder's GPU tests, and the overhead benchmark. CuPy's examples/ are looked for in
 # $EXAMPLES (default .ext/cupy-examples/examples, copied from CuPy's source repository, not
 # committed). Everything goes into ONE tarball $OUT/transparency.tar.gz (written on exit).
+# SUITE_ONLY=1 skips the benchmark and the tests.
 #   OUT=/some/empty/dir BUDGET_S=400 bash scripts/gpu_transparency.sh
 NAME=transparency
 source "$(dirname "$0")/gpu_common.sh"
@@ -17,8 +18,9 @@ step environment
 } > "$R/env.txt" 2>&1
 
 step "transparency suite"
-run suite 330 python3 scripts/gpu_transparency.py "$R/suite" --examples "$EXAMPLES" --jobs 8 --timeout 150
+run suite 330 python3 scripts/gpu_transparency.py "$R/suite" --examples "$EXAMPLES" --jobs 10 --timeout 120
 pack
+[ "${SUITE_ONLY:-0}" = 1 ] && exit 0
 
 step "overhead benchmark"
 run bench 70 python3 scripts/bench_record_overhead.py --steps 200 --repeats 7 --json "$R/bench.json"

@@ -300,3 +300,35 @@ def test_the_fatal_oom_takes_its_site_from_the_exception_only_where_the_history_
     assert with_frames is not None and with_frames != "train.py:12:step"  # PyTorch's own frames win
     assert _oom_site_after_write(tmp_path, True, "train.py:12:step") == "train.py:12:step"
     assert _oom_site_after_write(tmp_path, True, None) is None  # no user frame: still none
+
+
+class _Memory:
+    """The two functions of ``torch.cuda.memory`` the view stands over, on a list of entries."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, object]] = []
+        self.calls: list[object] = []
+        self._record_memory_history = lambda enabled="all", **kw: self.calls.append(enabled)
+        self._snapshot = lambda: {"segments": [], "device_traces": [list(self.entries)]}
+
+    def alloc(self, addr: int, t: int) -> None:
+        self.entries.append({"action": "alloc", "addr": addr, "size": 512, "stream": 0, "time_us": t})
+
+
+def test_the_programs_own_history_sees_only_its_entries_and_never_stops_tracekits() -> None:
+    from tracekit.importers.torch_record import ProgramHistory
+
+    mem = _Memory()
+    view = ProgramHistory(mem)
+    view.install()
+    mem.alloc(1, 10)  # before the program turns its history on
+    assert mem._snapshot()["device_traces"] == [[]]
+    mem._record_memory_history(max_entries=2)
+    mem.alloc(2, 10)  # same microsecond as the entry before: told apart by position
+    mem.alloc(3, 11)
+    mem.alloc(4, 12)
+    assert [e["addr"] for e in mem._snapshot()["device_traces"][0]] == [3, 4]  # its max_entries
+    mem._record_memory_history(enabled=None)
+    assert mem._snapshot()["device_traces"] == [[]] and mem.calls == []  # tracekit's stays on
+    view.uninstall()
+    assert len(mem._snapshot()["device_traces"][0]) == 4

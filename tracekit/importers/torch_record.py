@@ -198,8 +198,10 @@ class _Recording:
 
         t = self.torch
         self.probe = torch_probe(t)
-        t.cuda.memory._record_memory_history(
+        self.view = ProgramHistory(t.cuda.memory)
+        self.view.real_record(
             enabled="all", context="all", stacks="python", max_entries=self.info["max_entries"])
+        self.view.install()
         t._C._cuda_attach_out_of_memory_observer(self._on_oom)
 
     def _on_oom(self, device: int, alloc: int, allowed: int, device_free: int) -> None:
@@ -244,7 +246,7 @@ class _Recording:
 
     def _dump(self) -> dict[str, Any]:
         self._limit()
-        snap = self.torch.cuda.memory._snapshot()
+        snap = self.view.real_snapshot()
         snap["tracekit"] = dict(self.info)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         try:
@@ -262,7 +264,73 @@ class _Recording:
         with contextlib.suppress(Exception):  # a broken context must not lose the history
             self.torch.cuda.synchronize()
         snap = self._dump()
-        self.torch.cuda.memory._record_memory_history(enabled=None)
+        self.view.uninstall()
+        self.view.real_record(enabled=None)
         with contextlib.suppress(Exception):
             self.probe.close()
         return snap
+
+
+class ProgramHistory:
+    """The program's own ``_record_memory_history`` and ``_snapshot``, over tracekit's history.
+
+    PyTorch has one allocation history per process. A program that turns it on itself would, under
+    ``record --torch``, see the entries tracekit's history holds from before its call, and its
+    ``enabled=None`` would end tracekit's history. So while recording, ``torch.cuda.memory``'s
+    ``_record_memory_history`` and ``_snapshot`` (Python functions, which ``_dump_snapshot`` also
+    calls by name) are these: the program's calls change only its view (on from the last entry
+    at its call, off, its ``max_entries``), tracekit's history stays on underneath, and the
+    program's snapshots hold the entries recorded since it turned its history on (none while it
+    is off), with tracekit's settings (Python stacks, all contexts).
+    """
+
+    def __init__(self, memory: Any) -> None:
+        self.memory = memory
+        self.real_record, self.real_snapshot = memory._record_memory_history, memory._snapshot
+        self.on = False
+        self.marks: list[tuple[Any, ...] | None] = []  # per device: the last entry before the program's call
+        self.max_entries: int | None = None
+
+    def install(self) -> None:
+        self.memory._record_memory_history, self.memory._snapshot = self.record, self.snapshot
+
+    def uninstall(self) -> None:
+        self.memory._record_memory_history, self.memory._snapshot = self.real_record, self.real_snapshot
+
+    def record(self, enabled: Any = "all", *args: Any, **kw: Any) -> None:
+        """``enabled``: "all" or True (the legacy form) turn the program's view on, anything else
+        ("state": no trace entries; None, False) off; ``max_entries`` (legacy:
+        ``trace_alloc_max_entries``, positional after ``context`` and ``stacks``) bounds it."""
+        if enabled is True:
+            entries = kw.get("trace_alloc_max_entries", args[0] if args else None)
+        else:
+            entries = kw.get("max_entries", args[2] if len(args) >= 3 else None)
+        if enabled not in ("all", True):
+            self.on = False
+            return
+        traces = self.real_snapshot().get("device_traces") or []
+        self.marks = [_entry_key(t[-1]) if t else None for t in traces]
+        self.max_entries = int(entries) if isinstance(entries, int) and entries > 0 else None
+        self.on = True
+
+    def snapshot(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        snap: dict[str, Any] = self.real_snapshot(*args, **kw)
+        snap["device_traces"] = [self._view(d, t) for d, t in enumerate(snap.get("device_traces") or [])]
+        return snap
+
+    def _view(self, device: int, trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self.on:
+            return []
+        mark = self.marks[device] if device < len(self.marks) else None
+        start = 0
+        if mark is not None:
+            for i in range(len(trace) - 1, -1, -1):
+                if _entry_key(trace[i]) == mark:
+                    start = i + 1
+                    break
+        kept = trace[start:]
+        return kept[-self.max_entries:] if self.max_entries else kept
+
+
+def _entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(entry.get(k) for k in ("action", "addr", "size", "stream", "time_us"))
