@@ -618,10 +618,12 @@ def main() -> int:
     todo = [c for c in cases(args.examples, work) if args.only is None or c.name in args.only]
     todo.sort(key=lambda c: c.name not in LONG)  # the longest first, so they do not end the run alone
     path = os.pathsep.join(p for p in (str(witness_dir), str(ROOT), args.pythonpath) if p)
+    results: list[dict[str, Any]] = []
     with ThreadPoolExecutor(args.jobs) as ex:
-        results = list(ex.map(lambda c: run_case(c, work, path, args.timeout), todo))
-    (args.out / "transparency.json").write_text(json.dumps(results, indent=2, default=str))
-    (args.out / "transparency.md").write_text(table(results) + "\n")
+        for r in ex.map(lambda c: run_case(c, work, path, args.timeout), todo):
+            results.append(r)  # written as they come: a run cut short still leaves the finished ones
+            (args.out / "transparency.json").write_text(json.dumps(results, indent=2, default=str))
+            (args.out / "transparency.md").write_text(table(results) + "\n")
     bad = [r["name"] for r in results if not r["ok"]]
     print(table(results))
     print(f"{len(results) - len(bad)} of {len(results)} programs transparent; not: {bad}")
