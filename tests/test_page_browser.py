@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_page_model import HOSTILE, page_trace, read_model
+from test_page_model import HOSTILE, ooms, page_trace, read_model
 
 from tracekit.analysis.leaks import pool_state_at
 from tracekit.report.page import write_page
@@ -92,7 +92,7 @@ def test_click_on_the_fatal_oom_shows_its_state(browser: Any, pages: dict[str, P
     o = Opened(browser, pages["torch-handled-oom"])
     trace = read_trace(TRACES / "torch-handled-oom.parquet")
     m = read_model(pages["torch-handled-oom"])
-    fatal = next(x for x in m["ooms"] if not x["handled"])
+    fatal = next(x for x in ooms(m) if not x["handled"])
     o.page.click("#timeline")  # somewhere else first, so the click below is what moves the state
     o.page.click("button.oom.fatal")
     assert o.page.get_attribute("#at", "data-seq") == str(fatal["seq"])
@@ -113,11 +113,11 @@ def test_click_on_the_fatal_oom_shows_its_state(browser: Any, pages: dict[str, P
 def test_every_oom_is_one_click_away(browser: Any, pages: dict[str, Path]) -> None:
     o = Opened(browser, pages["torch-handled-oom"])
     m = read_model(pages["torch-handled-oom"])
-    for x in m["ooms"]:
+    for x in ooms(m):
         o.page.click(f"button.oom[data-oom='{x['id']}']")
         assert o.page.get_attribute("#at", "data-seq") == str(x["seq"])
     o.page.click("tr.link[data-oom='0']")
-    assert o.page.get_attribute("#at", "data-seq") == str(m["ooms"][0]["seq"])
+    assert o.page.get_attribute("#at", "data-seq") == str(ooms(m)[0]["seq"])
     o.page.close()
 
 

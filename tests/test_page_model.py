@@ -57,6 +57,16 @@ def read_model(html_path: Path) -> dict[str, Any]:
     return dict(json.loads(m.group(1)))
 
 
+def ooms(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model's OOM columns as one dict per OOM (numbers as Python ints; ``diagnosis`` by name)."""
+    o = model["ooms"]
+    cols = {k: decode(v).tolist() for k, v in o.items() if isinstance(v, dict)}
+    rows = [{k: int(v[i]) for k, v in cols.items()} | {"id": i} for i in range(o["count"])]
+    for r in rows:
+        r["diagnosis"] = o["diagnoses"][r["diagnosis"]]
+    return rows
+
+
 def replay(model: dict[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
     """(malloc event index of each live block, segment alloc index of each live segment) right after event k,
     from the model's columns: the keyframe of k's window, then the window's events up to k."""
@@ -112,7 +122,7 @@ def test_hand_trace_model(tmp_path: Path) -> None:
     out = write_page(page_trace(tmp_path / "t.parquet"), tmp_path / "t.html")
     m = read_model(out)
     assert m["state"]["complete"] and m["timeline"]["n"] == 14
-    (o,) = m["ooms"]
+    (o,) = ooms(m)
     assert (o["index"], o["rounded"], o["handled"], o["largest_free_block"]) == (13, 16 * MiB, False, 8 * MiB)
     assert o["diagnosis"] == "fragmentation"
     assert m["frames"]["file"][o["stack"]] == "model/c.py" and m["frames"]["line"][o["stack"]] == 30
@@ -137,12 +147,13 @@ def test_replay_matches_the_analyzer_on_real_traces(name: str, tmp_path: Path) -
     m = build_model(trace, analyze_trace(trace), name)
     m = json.loads(model_json(m))
     n = len(trace.events)
-    for k in sorted({0, n // 3, n // 2, n - 1, *(o["index"] for o in m["ooms"] if o["index"] >= 0)}):
+    for k in sorted({0, n // 3, n // 2, n - 1, *(o["index"] for o in ooms(m) if o["index"] >= 0)}):
         blocks, segs = replay(m, k)
         ref = pool_state_at(trace.events, trace.mate, k + 1)
         assert blocks.tolist() == sorted(ref.block_index.tolist()), k
         assert np.sort(trace.events.addr[segs]).tolist() == np.sort(ref.seg_addr).tolist(), k
-    assert sum(not o["handled"] for o in m["ooms"]) <= 1
+    assert sum(not o["handled"] for o in ooms(m)) <= 1
+    assert [o["seq"] for o in ooms(m)] == [o.seq for o in analyze_trace(trace).summary.ooms]
 
 
 def test_windows_past_the_cap_rebuild_the_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

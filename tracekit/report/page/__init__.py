@@ -78,8 +78,16 @@ def write_page(
         from tracekit.report.build import write_report
 
         with progress.part(2, parts):
-            write_report(trace_path, None, analysis, png_dir=png_dir, baseline=baseline, whatif=wd,
-                         force=force, advise=advise)
+            write_report(
+                trace_path,
+                None,
+                analysis,
+                png_dir=png_dir,
+                baseline=baseline,
+                whatif=wd,
+                force=force,
+                advise=advise,
+            )
     write_bytes(output, doc.encode("utf-8"))
     return output
 

@@ -23,7 +23,8 @@ from tracekit.report.page.callsites import PALETTE, one_frame_stacks
 from tracekit.report.page.columns import column
 from tracekit.report.page.model import (
     Baseline,
-    OOMView,
+    OOMColumns,
+    OOMDetail,
     PageModel,
     Peak,
     TableView,
@@ -51,31 +52,55 @@ def index_of(seq_col: np.ndarray, seq: int | None) -> int | None:
     return min(int(np.searchsorted(seq_col, np.uint64(seq))), len(seq_col) - 1)
 
 
-def _oom_view(
-    i: int, o: OOMReport, seq_col: np.ndarray, device: int | None, stack_of: dict[str, int]
-) -> OOMView:
-    k = index_of(seq_col, o.seq) if o.device == device else None
-    return OOMView(
-        id=i,
-        seq=o.seq,
-        index=-1 if k is None else k,
-        t_ns=o.t_ns,
-        device=o.device,
-        stream=o.stream,
-        size=o.size,
-        rounded=o.rounded,
-        handled=o.handled,
-        handler=o.handler,
-        diagnosis=o.diagnosis.value,
-        explanation=o.explanation or None,
-        stack=stack_of.get(o.site, -1) if o.site else -1,
-        live_bytes=o.live_bytes,
-        reserved_bytes=o.reserved_bytes,
-        largest_free_block=o.largest_free_block,
-        device_free=o.device_free,
-        device_free_source=o.device_free_source.value,
-        budget=budget_view(o.budget, o.seq) if o.budget is not None else None,
+DETAILS = 1000  # OOMs (besides the reported one) whose explanation and budget the page carries
+
+
+def oom_columns(
+    ooms: tuple[OOMReport, ...], seq_col: np.ndarray, device: int, t0: int, stack_of: dict[str, int]
+) -> OOMColumns:
+    """Every OOM as columns (the reports are the analyzer's; one row each)."""
+
+    def col(get: Any, dtype: Any) -> np.ndarray:
+        return np.fromiter((get(o) for o in ooms), dtype=dtype, count=len(ooms))
+
+    seq = col(lambda o: o.seq, np.uint64)
+    dev = col(lambda o: o.device, np.int64)
+    k = np.minimum(np.searchsorted(seq_col, seq), max(len(seq_col) - 1, 0))
+    index = np.where(dev == device, k, -1) if len(seq_col) else np.full(len(ooms), -1)
+    names = sorted({o.diagnosis.value for o in ooms})
+    code = {n: i for i, n in enumerate(names)}
+    return OOMColumns(
+        count=len(ooms),
+        seq=column(seq.astype(np.float64), "f64", delta=True),
+        index=column(index, "i32"),
+        t_ns=column(col(lambda o: o.t_ns - t0, np.float64), "f64"),
+        device=column(dev, "i32"),
+        size=column(col(lambda o: o.size, np.float64), "f64"),
+        rounded=column(col(lambda o: o.rounded, np.float64), "f64"),
+        handled=column(col(lambda o: o.handled, np.uint8), "u8"),
+        diagnosis=column(col(lambda o: code[o.diagnosis.value], np.uint8), "u8"),
+        diagnoses=names,
+        stack=column(col(lambda o: stack_of.get(o.site, -1) if o.site else -1, np.int64), "i32"),
+        live_bytes=column(col(lambda o: o.live_bytes, np.float64), "f64"),
+        reserved_bytes=column(col(lambda o: o.reserved_bytes, np.float64), "f64"),
+        largest_free_block=column(col(lambda o: o.largest_free_block, np.float64), "f64"),
+        device_free=column(col(lambda o: -1 if o.device_free is None else o.device_free, np.float64), "f64"),
     )
+
+
+def oom_details(s: Summary) -> list[OOMDetail]:
+    """The explanation and budget of the reported OOM and of the first ``DETAILS`` OOMs."""
+    return [
+        OOMDetail(
+            id=i,
+            explanation=o.explanation or None,
+            handler=o.handler,
+            device_free_source=o.device_free_source.value,
+            budget=budget_view(o.budget, o.seq) if o.budget is not None else None,
+        )
+        for i, o in enumerate(s.ooms)
+        if i < DETAILS or o is s.oom
+    ]
 
 
 def facts(s: Summary) -> list[list[str]]:
@@ -122,28 +147,6 @@ def _site_table(title: str, rows: tuple[SiteBytes, ...], note: str | None) -> Ta
     )
 
 
-def _ooms_table(views: list[OOMView], sites: tuple[str, ...]) -> TableView:
-    rows: list[list[str | int | float | bool | None]] = [
-        [
-            v["seq"],
-            v["device"],
-            v["rounded"],
-            "handled" if v["handled"] else "fatal",
-            v["diagnosis"],
-            sites[v["stack"]] if v["stack"] >= 0 else "(no call-site)",
-        ]
-        for v in views
-    ]
-    return TableView(
-        title="Every OOM",
-        columns=["seq", "device", "request", "outcome", "diagnosis", "call-site"],
-        kinds=["int", "int", "bytes", "text", "text", "text"],
-        rows=rows,
-        note="Click a row to show the memory map at that OOM.",
-        link="oom",
-    )
-
-
 def build_model(
     trace: Trace,
     analysis: Any,
@@ -161,7 +164,8 @@ def build_model(
     ev = sub.events
     seq_col = ev.seq
     stack_of = {site: i for i, site in enumerate(ev.sites)}
-    views = [_oom_view(i, o, seq_col, dev, stack_of) for i, o in enumerate(s.ooms)]
+    t0 = int(ev.t_ns[0]) if len(ev) else 0
+    details = oom_details(s)
     rows = device_rows(analysis.timeline, dev, several)
     ctx = s.context
     frames, stacks = one_frame_stacks(ev.sites)
@@ -173,11 +177,10 @@ def build_model(
         reserved_seq=s.peak_reserved_seq,
         reserved_index=index_of(seq_col, s.peak_reserved_seq),
     )
-    on_dev = np.array([v["id"] for v in views if v["index"] >= 0], np.int64)
-    tables = [_ooms_table(views, ev.sites)] if views else []
-    tables += _site_tables(sub, s, peak)
+    ooms = oom_columns(s.ooms, seq_col, dev, t0, stack_of)
+    tables = _site_tables(sub, s, peak)
     tables += _extra_tables(whatif, advise)
-    first_budget = next((v["budget"] for v in views if v["budget"] is not None), None)
+    first_budget = next((d["budget"] for d in details if d["budget"] is not None), None)
     return PageModel(
         version=1,
         title=f"tracekit report: {name}",
@@ -195,13 +198,18 @@ def build_model(
         verdict=_verdict(s),
         facts=facts(s),
         timeline=lod.timeline(rows, s.raw_device, ctx.limit),
-        ooms=views,
+        ooms=ooms,
+        oom_details=details,
         peak=peak,
         frames=frames,
         stacks=stacks,
         site_rank=[int(x) for x in blk.rank_sites(blk.blocks(sub), len(ev.sites))],
         palette=list(PALETTE),
-        state=build_state(sub, [peak["live_index"], peak["reserved_index"]], on_dev),
+        state=build_state(
+            sub,
+            [peak["live_index"], peak["reserved_index"]],
+            np.fromiter((o.seq for o in s.ooms), np.uint64, len(s.ooms)),
+        ),
         budget_start=first_budget,
         tables=tables,
         baseline=None if baseline is None else baseline_view(s, rows, *baseline),
@@ -280,8 +288,13 @@ def _extra_tables(whatif: dict[str, Any] | None, advise: dict[str, Any] | str | 
                     ]
                     for r in tried
                 ],
-                note=" ".join([f"Recommendation. {advise['recommendation']}", f"{advise['scope']}.",
-                               *(f"Note: {n}" for n in advise.get("notes", ()))]),
+                note=" ".join(
+                    [
+                        f"Recommendation. {advise['recommendation']}",
+                        f"{advise['scope']}.",
+                        *(f"Note: {n}" for n in advise.get("notes", ())),
+                    ]
+                ),
                 link=None,
             )
         )

@@ -79,24 +79,32 @@ class Budget(TypedDict):
     takers: str
 
 
-class OOMView(TypedDict):
+class OOMColumns(TypedDict):
+    """Every OOM (every device's), in seq order, as columns; OOM id = row."""
+
+    count: int
+    seq: Column  # f64
+    index: Column  # i32 event index on the reported device; -1 when on another device
+    t_ns: Column  # f64 ns since the reported device's first event
+    device: Column  # i32
+    size: Column  # f64 requested bytes
+    rounded: Column  # f64 bytes the allocator needed
+    handled: Column  # u8: 1 the program survived it, 0 fatal
+    diagnosis: Column  # u8 index into ``diagnoses``
+    diagnoses: list[str]
+    stack: Column  # i32 stack id, -1 none
+    live_bytes: Column  # f64 at the OOM
+    reserved_bytes: Column  # f64
+    largest_free_block: Column  # f64
+    device_free: Column  # f64, -1 unknown
+
+
+class OOMDetail(TypedDict):
+    """What the analyzer worked out in full for one OOM (the reported one and the first ones)."""
+
     id: int
-    seq: int
-    index: int  # event index on the reported device; -1 when on another device
-    t_ns: int
-    device: int
-    stream: int
-    size: int
-    rounded: int
-    handled: bool
-    handler: str | None
-    diagnosis: str
     explanation: str | None
-    stack: int  # stack id, -1 none
-    live_bytes: int
-    reserved_bytes: int
-    largest_free_block: int
-    device_free: int | None
+    handler: str | None
     device_free_source: str
     budget: Budget | None
 
@@ -236,7 +244,8 @@ class PageModel(TypedDict):
     verdict: Verdict
     facts: list[list[str]]  # summary metric, value
     timeline: Timeline
-    ooms: list[OOMView]
+    ooms: OOMColumns
+    oom_details: list[OOMDetail]
     peak: Peak
     frames: Frames
     stacks: Stacks

@@ -102,15 +102,36 @@ def centres(n: int, peaks: list[int | None], oom_index: np.ndarray) -> list[tupl
     return out
 
 
-def _live_before(start: np.ndarray, end: np.ndarray, k: int) -> np.ndarray:
-    """Ids opened before event ``k`` and not closed before it (``start`` ascending)."""
-    m = int(np.searchsorted(start, k))
-    e = end[:m]
-    return np.flatnonzero((e < 0) | (e >= k))
+def live_at(start: np.ndarray, end: np.ndarray, n: int, ks: np.ndarray) -> list[np.ndarray]:
+    """For each keyframe ``ks[j]`` (ascending), the ids opened before it and not closed before it.
+
+    Id ``b`` (opened at ``start[b]``, closed at ``end[b]``, -1 never, i.e. at ``n``) is live just
+    before event ``k`` iff ``start[b] < k <= end[b]``: the keyframes ``j`` in
+    ``[searchsorted(ks, start, right), searchsorted(ks, end, right))``. Every (id, keyframe) pair
+    is expanded with ``repeat`` and grouped by keyframe: O(ids log K + output), no per-keyframe scan.
+    """
+    endp = np.where(end >= 0, end, n)
+    lo = np.searchsorted(ks, start, side="right")
+    count = np.maximum(np.searchsorted(ks, endp, side="right") - lo, 0)
+    total = int(count.sum())
+    ids = np.repeat(np.arange(len(start)), count)
+    first = np.repeat(np.cumsum(count) - count, count)
+    kf = np.repeat(lo, count) + (np.arange(total) - first)
+    order = np.argsort(kf, kind="stable")  # ids stay ascending within each keyframe
+    cuts = np.cumsum(np.bincount(kf, minlength=len(ks)))[:-1]
+    return np.split(ids[order], cuts)
 
 
-def build_state(trace: Trace, peaks: list[int | None], oom_ids: np.ndarray) -> State:
-    """The state tables of ``trace`` (one device); ``oom_ids[i]``: the page's id of the i-th oom row."""
+def oom_ids(seq: np.ndarray, oom_seq: np.ndarray) -> np.ndarray:
+    """The OOM id (row in ``oom_seq``, ascending) of each oom row whose seq is ``seq``; -1 if absent."""
+    if len(oom_seq) == 0:
+        return np.full(len(seq), -1, np.int64)
+    j = np.minimum(np.searchsorted(oom_seq, seq), len(oom_seq) - 1)
+    return np.where(oom_seq[j] == seq, j, -1)
+
+
+def build_state(trace: Trace, peaks: list[int | None], oom_seq: np.ndarray) -> State:
+    """The state tables of ``trace`` (one device); ``oom_seq``: every OOM's seq, ascending (ids = rows)."""
     ev = trace.events
     n = len(ev)
     t0 = int(ev.t_ns[0]) if n else 0
@@ -122,8 +143,8 @@ def build_state(trace: Trace, peaks: list[int | None], oom_ids: np.ndarray) -> S
     in_win = np.zeros(n + 1, bool)
     for s, e, _ in wins:
         in_win[s:e] = True
-    key_b = [_live_before(bi, bend, s) for s, _, _ in wins]
-    key_s = [_live_before(si, send, s) for s, _, _ in wins]
+    ks = np.array([w[0] for w in wins], np.int64)
+    key_b, key_s = live_at(bi, bend, n, ks), live_at(si, send, n, ks)
     keep_b = in_win[bi] | in_win[np.where(bend >= 0, bend, n)]
     for k in key_b:
         keep_b[k] = True
@@ -136,7 +157,7 @@ def build_state(trace: Trace, peaks: list[int | None], oom_ids: np.ndarray) -> S
     ref[bend[closed]] = np.where(keep_b[closed], new_id[closed], -1)
     ref[si] = np.arange(len(si))
     ref[send[send >= 0]] = np.flatnonzero(send >= 0)
-    ref[oi] = oom_ids
+    ref[oi] = oom_ids(ev.seq[oi], oom_seq)
     window_list = [
         Window(
             start=s,

@@ -90,6 +90,24 @@
     };
   }
 
+  /* ---------- OOMs: columns, one row per OOM; details for the first ones ---------- */
+  const details = new Map();
+  let onDevIdx = [], onDevId = [];
+  function initOOMs() {
+    for (const d of M.oom_details) details.set(d.id, d);
+    const O = M.ooms;
+    for (let i = 0; i < O.count; i++) if (O.index[i] >= 0) { onDevIdx.push(O.index[i]); onDevId.push(i); }
+  }
+  function oom(id) {
+    const O = M.ooms, d = details.get(id) || {};
+    return { id, seq: O.seq[id], index: O.index[id], t_ns: O.t_ns[id], device: O.device[id], size: O.size[id],
+      rounded: O.rounded[id], handled: O.handled[id] === 1, diagnosis: O.diagnoses[O.diagnosis[id]], stack: O.stack[id],
+      live_bytes: O.live_bytes[id], reserved_bytes: O.reserved_bytes[id], largest_free_block: O.largest_free_block[id],
+      device_free: O.device_free[id] >= 0 ? O.device_free[id] : null, explanation: d.explanation || null,
+      handler: d.handler || null, budget: d.budget || null };
+  }
+  T.oom = oom;
+
   /* ---------- the allocator state at any event ---------- */
   const ST = {};
   function lowerBound(a, v) {
@@ -363,8 +381,8 @@
     current = kept;
     const L = drawMap(st);
     const f = eventFacts(kept);
-    const oom = f.op === OP.OOM && f.ref >= 0 ? M.ooms[f.ref] : null;
-    drawRequest(oom, L);
+    const o = f.op === OP.OOM && f.ref >= 0 ? oom(f.ref) : null;
+    drawRequest(o, L);
     $("scrub").value = String(kept);
     $("scrub-seq").value = String(f.seq);
     $("at").textContent = "event " + kept.toLocaleString() + ", seq " + f.seq + " (" + OPNAMES[f.op] + ") at " +
@@ -372,7 +390,7 @@
       (M.state.pooled ? st.segs.length.toLocaleString() + " segments" : "no segments (raw device)") +
       ", largest free block " + fmtBytes(L.largest.len) + (kept !== k ? " (nearest kept event to " + k + ")" : "");
     $("at").dataset.seq = String(f.seq);
-    if (oom) showBudget(oom);
+    if (o) showBudget(o);
     if (plot) plot.redraw(false, false);
   }
   T.select = select;
@@ -382,7 +400,7 @@
     if (p >= E.seq.length) p = E.seq.length - 1;
     select(E.index[p]);
   };
-  T.selectOOM = function (id) { const o = M.ooms[id]; if (o && o.index >= 0) select(o.index); };
+  T.selectOOM = function (id) { if (id >= 0 && id < M.ooms.count && M.ooms.index[id] >= 0) select(M.ooms.index[id]); };
 
   /* ---------- timeline ---------- */
   const COL = { requested: "#17becf", live: "#1f77b4", reserved: "#ff7f0e", largest_free: "#2ca02c",
@@ -433,10 +451,12 @@
     const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
     const X = (v) => u.valToPos(v, "x", true);
     ctx.save();
-    for (const o of M.ooms) {
-      if (o.index < 0) continue;
-      const x = X(o.index);
-      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+    const a = lowerBound(onDevIdx, u.scales.x.min), b = lowerBound(onDevIdx, u.scales.x.max + 1);
+    const stride = Math.max(1, Math.ceil((b - a) / 4000)); // at most 4,000 marks a frame; the fatal one always
+    for (let j = a; j < b; j++) {
+      const id = onDevId[j];
+      if ((j - a) % stride !== 0 && M.ooms.handled[id] === 1) continue;
+      const o = oom(id), x = X(o.index);
       ctx.strokeStyle = o.handled ? "rgba(90,90,90,0.7)" : "#d00";
       ctx.lineWidth = o.handled ? 1 : 2 * devicePixelRatio;
       ctx.setLineDash(o.handled ? [4, 4] : []);
@@ -559,19 +579,33 @@
   }
   T.step = step;
 
+  const STRIP = 400; // OOM buttons at most; past that the fatal ones, the first ones, and the table
+  function oomButton(id) {
+    const o = oom(id);
+    const b = el("button", o.handled ? "oom handled" : "oom fatal", (o.handled ? "handled" : "FATAL") + " seq " + o.seq);
+    b.type = "button";
+    b.dataset.oom = String(id);
+    b.title = fmtBytes(o.rounded) + " at " + siteText(o.stack) + (o.index < 0 ? " (device " + o.device + ", not drawn)" : "");
+    if (o.index < 0) b.disabled = true;
+    b.addEventListener("click", () => T.selectOOM(id));
+    return b;
+  }
   function oomStrip() {
-    const box = $("oom-strip");
-    if (!M.ooms.length) { box.append(el("span", "help", "No OOM in this trace.")); return; }
-    box.append(el("span", null, "OOMs: "));
-    for (const o of M.ooms) {
-      const b = el("button", o.handled ? "oom handled" : "oom fatal", (o.handled ? "handled" : "FATAL") + " seq " + o.seq);
-      b.type = "button";
-      b.dataset.oom = String(o.id);
-      b.title = fmtBytes(o.rounded) + " at " + siteText(o.stack) + (o.index < 0 ? " (device " + o.device + ", not drawn)" : "");
-      if (o.index < 0) b.disabled = true;
-      b.addEventListener("click", () => T.selectOOM(o.id));
-      box.append(b);
+    const box = $("oom-strip"), n = M.ooms.count;
+    if (!n) { box.append(el("span", "help", "No OOM in this trace.")); return; }
+    box.append(el("span", null, n.toLocaleString() + " OOMs: "));
+    const ids = [];
+    for (let i = 0; i < n; i++) if (n <= STRIP || M.ooms.handled[i] === 0 || ids.length < STRIP / 2) ids.push(i);
+    for (const i of ids.slice(0, STRIP)) box.append(oomButton(i));
+    if (ids.length < n) box.append(el("span", "help", "… and " + (n - ids.length).toLocaleString() + " more: see the table of every OOM below."));
+  }
+  function oomTable() {
+    const O = M.ooms, rows = new Array(O.count);
+    for (let i = 0; i < O.count; i++) {
+      rows[i] = [O.seq[i], O.device[i], O.rounded[i], O.handled[i] ? "handled" : "fatal", O.diagnoses[O.diagnosis[i]], siteText(O.stack[i])];
     }
+    return table({ title: "Every OOM", columns: ["seq", "device", "request", "outcome", "diagnosis", "call-site"],
+      kinds: ["int", "int", "bytes", "text", "text", "text"], rows, note: "Click a row to show the memory map at that OOM.", link: "oom" });
   }
 
   /* ---------- budget ---------- */
@@ -580,7 +614,7 @@
   function showBudget(oom) {
     const box = $("budget");
     box.replaceChildren();
-    const b = oom ? oom.budget : M.budget_start;
+    const b = oom && oom.budget ? oom.budget : oom ? null : M.budget_start;
     if (!b) { box.append(el("p", "help", "The device budget was not recorded for " + (oom ? "this OOM." : "this trace."))); return; }
     const total = Math.max(...[b.start, b.oom].map((x) => x.total || x.parts.reduce((s, p) => s + Math.max(p.bytes || 0, 0), 0)), 1);
     for (const bar of [b.start, b.oom]) {
@@ -714,6 +748,7 @@
     $("explanation").textContent = M.verdict.explanation || "";
     await decodeAll();
     colours();
+    initOOMs();
     initState();
     facts();
     legend();
@@ -737,12 +772,15 @@
     map.addEventListener("mouseleave", hideTip);
     document.addEventListener("keydown", keys);
     const tabs = $("s-tables");
+    if (M.ooms.count) tabs.append(oomTable());
     for (const tv of M.tables) tabs.append(table(tv));
     baseline();
-    const fatal = M.ooms.find((o) => !o.handled && o.index >= 0) || M.ooms.find((o) => o.index >= 0);
-    if (fatal) select(fatal.index);
+    let fatal = -1;
+    for (let i = 0; i < onDevId.length && fatal < 0; i++) if (M.ooms.handled[onDevId[i]] === 0) fatal = onDevId[i];
+    if (fatal < 0 && onDevId.length) fatal = onDevId[0];
+    if (fatal >= 0) select(M.ooms.index[fatal]);
     else if (M.peak.reserved_index !== null) select(M.peak.reserved_index);
-    if (!fatal) showBudget(null);
+    if (fatal < 0) showBudget(null);
     T.loadMs = performance.now() - t0;
     T.readyAt = performance.now(); // since navigation start
     $("status").textContent = "";
