@@ -42,7 +42,8 @@ _OPTIONAL: dict[str, Any] = {"whatif_lower_bound_bytes": pl.Int64, "recommendati
 def rows_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
     """The rows as a DataFrame, by rank (rows without one last, in the given order); optional columns
     only where some row has them."""
-    records = [_admitted(r).record() for r in rows]
+    rows = [_admitted(r) for r in rows]
+    records = [r.record() for r in rows]
     extra = list(dict.fromkeys(k for rec in records for k in rec if k not in SCHEMA and k != "seconds"))
     schema = dict(SCHEMA)
     for k in [*extra, "seconds"]:
