@@ -302,3 +302,25 @@ def test_cli_on_the_seed_trace():
     assert d["fits"][0]["line"] == line
     assert {c["kind"] for c in d["cures"]} == {"stack-limit", "other-process"}
     assert d["room"]["missing_bytes"] == 2_701_131_776 - 2_287_534_080
+
+
+def test_eager_module_loading_in_a_pytorch_process():
+    """PyTorch, no start budget: 2,000 MiB of this process outside its 100 MiB pool (NVML) is
+    eager-loading territory; LAZY leaves 564,985,856 B, so the cure gives back the rest (estimated)."""
+    rows = [(SA, 100, 0x1000), (M, 100, 0x1000), (OO, 300, 0)]
+    op = np.array([r[0] for r in rows], np.int8)
+    size = np.array([r[1] * MIB for r in rows], np.uint64)
+    ev = Events.build(op, size, addr=np.array([r[2] * MIB for r in rows], np.uint64),
+                      rounded=np.where(op == SA, 0, size).astype(np.uint64))
+    state = {"seq": 2, "device": 0, "mem_free": 50 * MIB, "mem_total": 1024 * MIB,
+             "limits": {"stack_size": 1024, "malloc_heap_size": 8 * MIB, "printf_fifo_size": MIB},
+             "processes": [{"pid": 9, "name": "python", "used_bytes": 2100 * MIB, "self": True}],
+             "pool": {"used_bytes": 100 * MIB, "total_bytes": 100 * MIB, "limit_bytes": 0}}
+    meta = TraceMeta.new(Source.TORCH, device=DeviceInfo("GPU", 1024 * MIB, 1000 * MIB)).with_extra(
+        oom_states=[state], exit={"status": "exception", "oom_seq": 2, "exception": "OutOfMemoryError"})
+    r = advise(Trace(None, meta, ev, pair_events(ev.op, ev.addr, ev.device, ev.seq).mate, None, ()), jobs=1)
+    assert r.room is not None and r.limit == 150 * MIB
+    o = cure(r, Kind.MODULE_LOADING)
+    (c,) = o.candidate.cures
+    assert (c.returns, c.how.value) == (2000 * MIB - 564_985_856, "estimated")
+    assert c.action == "export CUDA_MODULE_LOADING=LAZY" and o.fits and r.room.pick is o
