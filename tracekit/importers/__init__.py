@@ -8,6 +8,19 @@ state before a wrapped history (``torch_state``) and writes the trace.
 Nothing here imports PyTorch except ``record_torch`` when it runs.
 """
 
-from tracekit.importers.torch_snapshot import ImportResult, import_snapshot
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tracekit.importers.torch_snapshot import ImportResult, import_snapshot
 
 __all__ = ["ImportResult", "import_snapshot"]
+
+
+def __getattr__(name: str) -> Any:
+    """Loaded on first use: ``record --torch`` imports ``torch_record`` into the recorded program's
+    process, which must not get the importer's numba kernels before the program runs."""
+    if name not in __all__:
+        raise AttributeError(f"module 'tracekit.importers' has no attribute {name!r}")
+    from tracekit.importers import torch_snapshot
+
+    return getattr(torch_snapshot, name)
