@@ -33,7 +33,6 @@ from tracekit.record.launch import Launch, output_path
 from tracekit.record.meta import measure_budget, start_meta
 from tracekit.record.pools import PoolKind, PoolRegistry
 from tracekit.record.probe import cupy_probe
-from tracekit.record.recover import finalize
 from tracekit.record.runner import Outcome, Recorded, check_target, default_output, epilogue, run_target
 from tracekit.record.signals import restore_in_child, stop_signals
 from tracekit.record.sites import SiteTable, default_skip_dirs, exception_site, site_roots
@@ -213,6 +212,8 @@ class CupyRecording:
         if restore:
             self.cupy._default_memory_pool = self._previous
             self.cupy.cuda.set_allocator(self._previous.malloc)
+        from tracekit.record.recover import finalize  # numba and the reader: after the program only
+
         try:
             finalize(self.spool_path, self.output, extra)
         except Exception as e:
