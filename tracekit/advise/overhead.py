@@ -209,14 +209,15 @@ def _limit_cures(m: Moment, kind: str) -> list[Cure]:
     for which, label, a, b in grown:
         if a is None or b is None or b <= a:
             continue
-        user = "calls malloc" if which == "heap" else "calls printf"
+        later = ("once such a kernel has run, the limit cannot be lowered: the H200 answers "
+                 "cudaErrorInvalidValue" if which == "heap" else "lowering it later was not measured")
         out.append(Cure(
             Kind.MALLOC_HEAP if which == "heap" else Kind.PRINTF_FIFO,
             f"keep the {label} limit at {fs(a)} (the program raised it to {fs(b)})",
             b - a, How.ESTIMATED, f"the limit's growth, {b:,} - {a:,} B (a limit, not a usage)",
             _set_line(kind, which, a),
-            f"before the first kernel that {user}, where the program raises it now (once such a kernel "
-            "has run, the limit cannot be lowered: the H200 answers cudaErrorInvalidValue)"))
+            f"before the first kernel that calls {'malloc' if which == 'heap' else 'printf'}, where the "
+            f"program raises it now ({later})"))
     return out
 
 
