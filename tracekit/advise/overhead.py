@@ -29,13 +29,17 @@ controls, each giving back ``b`` bytes (said how they were had):
   memory this process took outside every recorded pool since start (another framework's
   cache, libraries' workspaces): b = the growth of the budget's "rest" term (derived).
 
-A set of cures S fits when the recorded setting, replayed with capacity R + Σ_{c∈S} b_c,
-serves every request through the failing one. The recommendation is the smallest such
-set (fewest cures; then fewer other processes, fewer terms whose holder is not named, fewer
-estimated figures, more bytes),
-found from N, the smallest capacity under the recorded setting (bisection, 2 MiB steps):
-S suffices when Σ b ≥ N − R, and the pick is then replayed. When even every cure falls
-short, what is missing is N − R − Σ b (bytes).
+A term that gives back under 1 MiB is not offered. A stack limit that grew where the
+recording has no start budget (``record --torch``: no SM or thread count) cannot be sized
+and is said as a note with the formula instead.
+
+A set of cures S fits when the recorded setting, replayed with capacity R + Σ_{c∈S} b_c
+(never above the raising pool's own limit), serves every request through the failing one.
+The recommendation is the smallest such set (fewest cures; then fewer other processes,
+fewer terms whose holder is not named, fewer estimated figures, more bytes), found from N,
+the smallest capacity under the recorded setting (bisection, 2 MiB steps): S suffices when
+Σ b ≥ N − R, and the pick is then replayed. When even every cure falls short, what is
+missing is N − R − Σ b (bytes).
 """
 
 from __future__ import annotations
