@@ -240,7 +240,7 @@ def _stack(m: Moment, kind: str, s0: int, s1: int, threads: int, per_sm: int, sm
         Kind.STACK_LIMIT, f"lower the stack limit from {_size(s1)} to {_size(s0)} per thread", returns, how,
         why, _set_line(kind, "stack", s0),
         "after the kernel that raised it has returned (synchronize first; its next launch raises it again)",
-        f"or give that kernel less local memory per thread: each 1 KiB less gives back {fs(threads * KiB)}"
+        f"give that kernel less local memory per thread: each 1 KiB less gives back {fs(threads * KiB)}"
         + (CUDA_PYTHON.format(s0) if kind == "torch" else ""))
 
 

@@ -285,6 +285,7 @@ class AdviseResult:
                 how = "/".join(sorted({c.how.value for c in o.candidate.cures}))
                 cure_rows.append((fs(o.candidate.returns), how, "yes" if o.fits else "no", o.label()))
             lines += ["  " + line for line in _table(cure_rows, right=(0,))]
+            lines += [f"  instead: {c.alternative}" for c in self.room.cures if c.alternative]
         if not self.fits and self.top_sites:
             lines.append("held at the peak of live bytes:")
             lines += [f"  {fs(s.bytes):>12}  {s.blocks:>6} blocks  {s.site or '(no call-site)'}"
