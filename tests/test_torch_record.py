@@ -309,7 +309,13 @@ class _Memory:
         self.entries: list[dict[str, object]] = []
         self.calls: list[object] = []
         self._record_memory_history = lambda enabled="all", **kw: self.calls.append(enabled)
-        self._snapshot = lambda: {"segments": [], "device_traces": [list(self.entries)]}
+        self._snapshot = self.snapshot
+
+    def snapshot(self) -> dict[str, object]:
+        """As PyTorch does: the history so far, and then an entry noting the snapshot."""
+        out = {"segments": [], "device_traces": [list(self.entries)]}
+        self.entries.append({"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 0})
+        return out
 
     def alloc(self, addr: int, t: int) -> None:
         self.entries.append({"action": "alloc", "addr": addr, "size": 512, "stream": 0, "time_us": t})
@@ -323,12 +329,19 @@ def test_the_programs_own_history_sees_only_its_entries_and_never_stops_tracekit
     view.install()
     mem.alloc(1, 10)  # before the program turns its history on
     assert mem._snapshot()["device_traces"] == [[]]
-    mem._record_memory_history(max_entries=2)
-    mem.alloc(2, 10)  # same microsecond as the entry before: told apart by position
+    mem._record_memory_history(max_entries=10)
+    mem.alloc(2, 10)  # same microsecond as an entry before: told apart by position
     mem.alloc(3, 11)
+    assert [e["addr"] for e in mem._snapshot()["device_traces"][0]] == [2, 3]  # not the mark's snapshot
     mem.alloc(4, 12)
-    assert [e["addr"] for e in mem._snapshot()["device_traces"][0]] == [3, 4]  # its max_entries
+    actions = [e["action"] for e in mem._snapshot()["device_traces"][0]]
+    assert actions == ["alloc", "alloc", "snapshot", "alloc"]
+    mem._record_memory_history(max_entries=2)
+    mem.alloc(5, 13)
+    mem.alloc(6, 14)
+    mem.alloc(7, 15)
+    assert [e["addr"] for e in mem._snapshot()["device_traces"][0]] == [6, 7]  # its max_entries
     mem._record_memory_history(enabled=None)
     assert mem._snapshot()["device_traces"] == [[]] and mem.calls == []  # tracekit's stays on
     view.uninstall()
-    assert len(mem._snapshot()["device_traces"][0]) == 4
+    assert len(mem._snapshot()["device_traces"][0]) == 14

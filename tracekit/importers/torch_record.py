@@ -288,8 +288,10 @@ class ProgramHistory:
         self.memory = memory
         self.real_record, self.real_snapshot = memory._record_memory_history, memory._snapshot
         self.on = False
-        self.marks: list[tuple[Any, ...] | None] = []  # per device: the last entry before the program's call
+        # per device: (entries then, the last entry's key) at the program's call
+        self.marks: list[tuple[int, tuple[Any, ...]] | None] = []
         self.max_entries: int | None = None
+        self.skip_snapshot = False
 
     def install(self) -> None:
         self.memory._record_memory_history, self.memory._snapshot = self.record, self.snapshot
@@ -308,9 +310,14 @@ class ProgramHistory:
         if enabled not in ("all", True):
             self.on = False
             return
-        traces = self.real_snapshot().get("device_traces") or []
-        self.marks = [_entry_key(t[-1]) if t else None for t in traces]
         self.max_entries = int(entries) if isinstance(entries, int) and entries > 0 else None
+        if self.on and not kw.get("clear_history"):
+            return  # on already: PyTorch keeps the entries it holds, so the view keeps its start
+        traces = self.real_snapshot().get("device_traces") or []
+        # PyTorch notes each snapshot taken in the history (action "snapshot"): the one just taken
+        # for the mark is the recorder's, not the program's, and is left out of its view
+        self.marks = [(len(t), _entry_key(t[-1])) if t else None for t in traces]
+        self.skip_snapshot = True
         self.on = True
 
     def snapshot(self, *args: Any, **kw: Any) -> dict[str, Any]:
@@ -324,10 +331,13 @@ class ProgramHistory:
         mark = self.marks[device] if device < len(self.marks) else None
         start = 0
         if mark is not None:
-            for i in range(len(trace) - 1, -1, -1):
-                if _entry_key(trace[i]) == mark:
-                    start = i + 1
-                    break
+            n, key = mark
+            if len(trace) >= n and _entry_key(trace[n - 1]) == key:
+                start = n  # the history only grew since: the mark is where it was
+            else:  # the ring buffer wrapped: the last entry like the mark
+                start = next((i + 1 for i in range(len(trace) - 1, -1, -1) if _entry_key(trace[i]) == key), 0)
+        if self.skip_snapshot and start < len(trace) and trace[start].get("action") == "snapshot":
+            start += 1
         kept = trace[start:]
         return kept[-self.max_entries:] if self.max_entries else kept
 
