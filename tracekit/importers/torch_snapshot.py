@@ -35,7 +35,7 @@ from tracekit.errors import InputError
 from tracekit.importers import snapshot_policy as policy
 from tracekit.importers import torch_columns as tc
 from tracekit.importers.pickle_scan import EntryList, scan
-from tracekit.importers.safe_pickle import GZIP_MAGIC, load_pickle
+from tracekit.importers.safe_pickle import GZIP_MAGIC, UNPICKLE_PER_BYTE, load_pickle
 from tracekit.importers.torch_rounding import divisions_from_settings, round_size
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
 from tracekit.inputs import check_regular, optional_int
@@ -111,8 +111,12 @@ def scan_file(src: Path, *, progress: bool = False) -> Any | None:
             gz = f.read(2) == GZIP_MAGIC
             if gz:
                 f.seek(0)
-                with gzip.GzipFile(fileobj=f) as g:
-                    buf = np.frombuffer(g.read(), dtype=np.uint8)
+                with gzip.GzipFile(fileobj=f) as g:  # at most 64 bytes per byte of the file (a gzip bomb)
+                    limit = UNPICKLE_PER_BYTE * os.fstat(f.fileno()).st_size
+                    data = g.read(limit + 1)
+                    if len(data) > limit:
+                        return None  # the unpickler, under its memory cap, says what is wrong
+                    buf = np.frombuffer(data, dtype=np.uint8)
             else:
                 buf = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
     except (OSError, EOFError, zlib.error, ValueError):
