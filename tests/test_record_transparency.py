@@ -289,3 +289,18 @@ def test_the_fatal_oom_without_a_recorded_site_takes_the_exceptions(tmp_path: Pa
     malloc = int(np.flatnonzero(t.events.op == Op.MALLOC)[0])
     assert t.events.site[malloc] == -1  # --no-sites: only the fatal OOM is named, from the exception
 
+
+
+def test_the_recorder_loads_no_compiler_or_reader_into_the_program(tmp_path: Path) -> None:
+    """numba (with its own LLVM), the trace reader and the report libraries load only after the
+    program ended: a library of the program's that links LLVM itself (cuFFT's LTO callbacks,
+    nvJitLink) never meets another copy in the same process."""
+    program = """
+        import sys
+        import cupy
+        heavy = ("numba", "llvmlite", "tracekit.trace.reader", "tracekit.record.recover", "matplotlib")
+        print([m for m in heavy if m in sys.modules])
+    """
+    plain, rec = both(tmp_path, program)
+    same(plain, rec)
+    assert rec.stdout == "[]\n"
