@@ -133,18 +133,20 @@ def load_json_file(path: Path | str, what: str) -> Any:
 
 
 def depth(obj: Any) -> int:
-    """Nesting depth of lists and dicts, without recursion (a hostile value cannot exhaust the stack)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if isinstance(o, dict):
-            o = list(o.values())
-        if isinstance(o, list | tuple):
-            deepest = max(deepest, d)
-            if d > MAX_DEPTH:
-                return d
-            stack.extend((v, d + 1) for v in o)
-    return deepest
+    """Nesting depth of lists and dicts, without recursion (a hostile value cannot exhaust the stack).
+
+    Level by level, in list comprehensions: a 3 MB metadata of a million empty objects took 20 s
+    walked one value at a time with a generator, 0.5 s so (a few seconds for the largest allowed)."""
+    d, level = 0, [obj]
+    while level:
+        containers = [o for o in level if isinstance(o, (list, dict, tuple))]
+        if not containers:
+            return d
+        d += 1
+        if d > MAX_DEPTH:
+            return d
+        level = [v for o in containers for v in (o.values() if isinstance(o, dict) else o)]
+    return d
 
 
 def byte_count(value: Any, where: str, what: str, *, allow_none: bool = True) -> int | None:
