@@ -324,3 +324,26 @@ def test_eager_module_loading_in_a_pytorch_process():
     (c,) = o.candidate.cures
     assert (c.returns, c.how.value) == (2000 * MIB - 564_985_856, "estimated")
     assert c.action == "export CUDA_MODULE_LOADING=LAZY" and o.fits and r.room.pick is o
+
+
+def test_the_room_is_per_device():
+    """Device 0 holds 500 MiB and never ran out; device 1 is the worked example (its own room,
+    350 MiB, and its own other process). Device 0's start budget says nothing of device 1, so no
+    stack cure is sized there."""
+    t = v2_trace(400)
+    n = len(t.events)
+    op = np.r_[np.array([SA, M], np.int8), t.events.op]
+    size = np.r_[np.array([500 * MIB] * 2, np.uint64), t.events.size]
+    addr = np.r_[np.array([0x80000 * MIB] * 2, np.uint64), t.events.addr]
+    ev = Events.build(op, size, addr=addr, rounded=np.where(op == SA, 0, size).astype(np.uint64),
+                      device=np.r_[np.zeros(2, np.int32), np.ones(n, np.int32)], sites=t.events.sites,
+                      site=np.r_[np.array([-1, -1], np.int32), t.events.site])
+    state = dict(t.meta.extra["oom_states"][0], seq=6, device=1)
+    meta = t.meta.with_extra(oom_states=[state], exit=dict(t.meta.extra["exit"], oom_seq=6),
+                             budget=dict(t.meta.extra["budget"], device=0))
+    r = advise(Trace(None, meta, ev, pair_events(ev.op, ev.addr, ev.device, ev.seq).mate, None, ()), jobs=1)
+    one = next(d for d in r.devices if d.device == 1)
+    assert r.device == 1 and r.room is not None and r.limit == 350 * MIB == one.limit
+    assert {o.candidate.kind for o in r.room.tried} == {Kind.OTHER_PROCESS}
+    zero = next(d for d in r.devices if d.device == 0)
+    assert zero.room is None and zero.failing_seq is None and zero.lower_bound == 500 * MIB
