@@ -304,3 +304,27 @@ def test_the_recorder_loads_no_compiler_or_reader_into_the_program(tmp_path: Pat
     plain, rec = both(tmp_path, program)
     same(plain, rec)
     assert rec.stdout == "[]\n"
+
+
+def test_a_trace_that_cannot_be_written_is_said_in_one_sentence_and_the_exit_code_stays(
+        tmp_path: Path) -> None:
+    """The file size limit stays low to the end: the spool and then the trace cannot be written;
+    the program's exit code stands, tracekit says why in one line and keeps the spool."""
+    program = """
+        import os, resource, signal, time
+        import cupy
+        a = cupy.empty(1000)
+        time.sleep(0.7)
+        if os.path.exists("t.parquet.spool"):
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+            resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize("t.parquet.spool"), hard))
+        print("done")
+        raise SystemExit(4)
+    """
+    plain, rec = both(tmp_path, program)
+    same(plain, rec)
+    lines = [line for line in rec.stderr.splitlines() if line.startswith("tracekit: ")]
+    assert rec.returncode == 4 and "Traceback" not in rec.stderr and len(lines) == 1, rec.stderr
+    assert "could not write the trace" in lines[0] and "tracekit recover" in lines[0]
+    assert not (tmp_path / "rec" / "t.parquet").exists() and (tmp_path / "rec" / "t.parquet.spool").exists()
