@@ -1,8 +1,9 @@
 """A CuPy recording: install the recorded pools and hook, run, read the pools, write the trace.
 
 ``CupyRecording.start`` measures the cheap budget (before this process
-touches the device), makes CuPy's pool classes recorded ones
-(``tracekit.record.pools``) and a recorded default pool, writes the start
+touches the device), puts the recording functions under CuPy's allocator
+names (``tracekit.record.pools``: no class is replaced) and makes a recorded
+default pool of CuPy's own class, writes the start
 metadata into the spool, starts the flusher and registers the hook in the
 calling thread and (through ``patch_threads``) in every ``threading.Thread``
 started afterwards, since CuPy keeps its hook registry per thread. At an
@@ -11,7 +12,10 @@ out-of-memory error the hook measures the device (``tracekit.record.probe``).
 the spool into the trace and removes the spool. ``record_cupy`` wraps it
 around ``runner.run_target`` with SIGTERM turned into an exception
 (``tracekit.record.signals``): the program's exit code, exception or stop
-signal pass through.
+signal pass through. The output and spool paths are absolute before the
+program runs; a forked child of the program detaches (``os.register_at_fork``)
+and only the process that started the recording writes the trace
+(``runner.epilogue``), which loads the trace writer (and numba) only then.
 """
 
 from __future__ import annotations
