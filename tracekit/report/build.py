@@ -37,6 +37,7 @@ from tracekit.report.sections import (
     devices_section,
     header,
     load_whatif,
+    shown_devices,
     summary_section,
     whatif_section,
 )
@@ -64,9 +65,9 @@ def build_figures(
 ) -> tuple[list[html.Rendered], TimelineData, dict[str, Any]]:
     """Every single-trace figure, rendered, plus the timeline data and the summary dict.
 
-    A trace of several devices gets each figure once per device (keys ``KEY-deviceN``), each
-    drawn from that device's events, timeline and summary alone; the timeline data returned
-    is the reported device's.
+    A trace of several devices gets each figure once per device shown (``shown_devices``: at
+    most eight; keys ``KEY-deviceN``), each drawn from that device's events, timeline and
+    summary alone; the timeline data returned is the reported device's.
     """
     analysis, summary = _analyze(trace, analysis)
     parts = summary.get("devices")
@@ -74,7 +75,7 @@ def build_figures(
         out, tl = _device_figures(trace, analysis.timeline, summary, name, "")
         return render(out), tl, summary
     out, main_tl = [], None
-    for part in parts:
+    for part in shown_devices(summary):
         d = int(part["device"])
         rows = _main_rows(analysis.timeline, {"devices": parts, "device": d})
         figs, tl = _device_figures(select_device(trace, d), rows, part, f"{name}, device {d}", f"-device{d}")

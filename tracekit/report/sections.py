@@ -198,11 +198,36 @@ def summary_section(summary: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+# Devices drawn and tabled one by one; a trace of more (the format allows 32,768) shows these and
+# says how many more there are, so the report's time and size do not grow with the device count.
+MAX_SHOWN_DEVICES = 8
+
+
+def shown_devices(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-device summaries a report shows, at most ``MAX_SHOWN_DEVICES``: the reported
+    device first, then those with an OOM (the first OOM first), then the highest peak reserved."""
+    parts = list(summary.get("devices") or [])
+
+    def rank(p: dict[str, Any]) -> tuple[int, int, int]:
+        oom = p.get("oom")
+        return (p.get("device") != summary.get("device"), oom is None,
+                int(oom["seq"]) if oom else -int(p.get("peak_reserved_bytes") or 0))
+
+    chosen = sorted(parts, key=rank)[:MAX_SHOWN_DEVICES]
+    return sorted(chosen, key=lambda p: int(p["device"]))
+
+
 def devices_section(summary: dict[str, Any]) -> str:
-    """A trace of several devices: every device's own figures side by side (empty otherwise)."""
-    parts = summary.get("devices") or []
-    if not parts:
+    """A trace of several devices: every device's own figures side by side (empty otherwise); of
+    more than ``MAX_SHOWN_DEVICES`` devices, those ``shown_devices`` picks and a line on the rest."""
+    every = summary.get("devices") or []
+    if not every:
         return ""
+    parts = shown_devices(summary)
+    more = len(every) - len(parts)
+    rest = (f"<p>{more:,} more devices are not shown (the report shows the device of the reported OOM, "
+            "those with an OOM and the highest peaks); <code>tracekit analyze --json</code> lists every "
+            "one.</p>") if more else ""
     keys = [k for k in SUMMARY_KEYS if any(k in p for p in parts)]
     rows = [[label(k), *(fmt_value(k, p.get(k)) for p in parts)] for k in keys]
     rows.append(["oom", *(f"{p['oom']['diagnosis']} at seq {p['oom']['seq']}" if p.get("oom") else "none"
@@ -210,7 +235,7 @@ def devices_section(summary: dict[str, Any]) -> str:
     head = ["metric", *(f"device {p['device']}" for p in parts)]
     return "\n".join(['<h2 id="devices">Each device on its own</h2>',
                       "<p>Every device has its own memory, pool, limit and timeline; none is merged "
-                      "with another. The summary above is the device of the reported OOM.</p>",
+                      "with another. The summary above is the device of the reported OOM.</p>", rest,
                       table(rows, head, tuple(range(1, len(head))))])
 
 
