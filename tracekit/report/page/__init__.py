@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit import progress
+from tracekit.inputs import safe_text
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.trace import read_meta, read_trace
 
@@ -60,7 +61,7 @@ def write_page(
         base = None
         if baseline is not None:
             bt = read_trace(Path(baseline))
-            base = (Path(baseline).name, bt, analyze_trace(bt, timeline=True))
+            base = (safe_text(Path(baseline).name), bt, analyze_trace(bt, timeline=True))
         if whatif is True:
             from tracekit.analysis.whatif import whatif as run_whatif
 
@@ -68,7 +69,7 @@ def write_page(
         model = build_model(
             trace,
             analysis,
-            trace_path.name,
+            safe_text(trace_path.name),  # a name that is not UTF-8 holds surrogates no page can encode
             baseline=base,
             whatif=wd,
             advise=_advise(trace) if advise else None,
