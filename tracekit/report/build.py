@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from tracekit import progress
 from tracekit.analysis.leaks import by_site, pool_state_at
 from tracekit.errors import OutputError
+from tracekit.inputs import safe_text
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.report import blocks as blk
 from tracekit.report import figures, html
@@ -188,7 +189,7 @@ def write_report(
     with progress.part(0, 2):
         analysis, _ = _analyze(trace, analysis)
     with progress.part(1, 2):  # the figures take about as long as the analysis
-        rendered, tl, summary = build_figures(trace, analysis, trace_path.name)
+        rendered, tl, summary = build_figures(trace, analysis, safe_text(trace_path.name))
     # Pictures of what happened first, then the numbers, then the supporting detail.
     lead = ("timeline", "oom-moment", "memory-map")
     first = [html.figure_html(r) for k in lead for r in rendered if r.key.split("-device")[0] == k]
@@ -228,7 +229,7 @@ def write_report(
             rendered.append(ar)
             asec = html.figure_html(ar) + asec
         sections.append(asec)
-    doc = html.page(f"tracekit report: {trace_path.name}", header(trace, summary), sections)
+    doc = html.page(f"tracekit report: {safe_text(trace_path.name)}", header(trace, summary), sections)
     pngs = [] if png_dir is None else [(Path(png_dir) / f"{r.key}.png", r.png) for r in rendered]
     if png_dir is not None:  # every output is checked and the folder made before anything is written
         _make_folder(Path(png_dir))
