@@ -71,9 +71,11 @@ def replay(model: dict[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
     """(malloc event index of each live block, segment alloc index of each live segment) right after event k,
     from the model's columns: the keyframe of k's window, then the window's events up to k."""
     st = model["state"]
-    win = next(w for w in st["windows"] if w["start"] <= k < w["end"])
-    live_b = set(decode(win["keyframe"]["blocks"]).tolist())
-    live_s = set(decode(win["keyframe"]["segments"]).tolist())
+    w = next(i for i, w in enumerate(st["windows"]) if w["start"] <= k < w["end"])
+    win, kf = st["windows"][w], st["keyframes"]
+    b_at, s_at = decode(kf["block_at"]), decode(kf["segment_at"])
+    live_b = set(decode(kf["blocks"])[b_at[w]:b_at[w + 1]].tolist())
+    live_s = set(decode(kf["segments"])[s_at[w]:s_at[w + 1]].tolist())
     ev = st["events"]
     idx, op, ref = decode(ev["index"]), decode(ev["op"]), decode(ev["ref"])
     for p in range(int(np.searchsorted(idx, win["start"])), int(np.searchsorted(idx, k, side="right"))):

@@ -58,33 +58,47 @@ DETAILS = 1000  # OOMs (besides the reported one) whose explanation and budget t
 def oom_columns(
     ooms: tuple[OOMReport, ...], seq_col: np.ndarray, device: int, t0: int, stack_of: dict[str, int]
 ) -> OOMColumns:
-    """Every OOM as columns (the reports are the analyzer's; one row each)."""
-
-    def col(get: Any, dtype: Any) -> np.ndarray:
-        return np.fromiter((get(o) for o in ooms), dtype=dtype, count=len(ooms))
-
-    seq = col(lambda o: o.seq, np.uint64)
-    dev = col(lambda o: o.device, np.int64)
-    k = np.minimum(np.searchsorted(seq_col, seq), max(len(seq_col) - 1, 0))
-    index = np.where(dev == device, k, -1) if len(seq_col) else np.full(len(ooms), -1)
+    """Every OOM as columns: one pass over the analyzer's reports into a float64 table (exact: bytes,
+    seq and ns are below 2^53), then one column per field."""
     names = sorted({o.diagnosis.value for o in ooms})
     code = {n: i for i, n in enumerate(names)}
+    rows = [
+        (
+            o.seq,
+            o.device,
+            o.t_ns - t0,
+            o.size,
+            o.rounded,
+            o.handled,
+            code[o.diagnosis.value],
+            stack_of.get(o.site, -1) if o.site else -1,
+            o.live_bytes,
+            o.reserved_bytes,
+            o.largest_free_block,
+            -1 if o.device_free is None else o.device_free,
+        )
+        for o in ooms
+    ]
+    a = np.array(rows, np.float64).reshape(len(rows), 12)
+    seq, dev = a[:, 0].astype(np.uint64), a[:, 1].astype(np.int64)
+    k = np.minimum(np.searchsorted(seq_col, seq), max(len(seq_col) - 1, 0))
+    index = np.where(dev == device, k, -1) if len(seq_col) else np.full(len(ooms), -1)
     return OOMColumns(
         count=len(ooms),
-        seq=column(seq.astype(np.float64), "f64", delta=True),
+        seq=column(a[:, 0], "f64", delta=True),
         index=column(index, "i32"),
-        t_ns=column(col(lambda o: o.t_ns - t0, np.float64), "f64"),
+        t_ns=column(a[:, 2], "f64"),
         device=column(dev, "i32"),
-        size=column(col(lambda o: o.size, np.float64), "f64"),
-        rounded=column(col(lambda o: o.rounded, np.float64), "f64"),
-        handled=column(col(lambda o: o.handled, np.uint8), "u8"),
-        diagnosis=column(col(lambda o: code[o.diagnosis.value], np.uint8), "u8"),
+        size=column(a[:, 3], "f64"),
+        rounded=column(a[:, 4], "f64"),
+        handled=column(a[:, 5], "u8"),
+        diagnosis=column(a[:, 6], "u8"),
         diagnoses=names,
-        stack=column(col(lambda o: stack_of.get(o.site, -1) if o.site else -1, np.int64), "i32"),
-        live_bytes=column(col(lambda o: o.live_bytes, np.float64), "f64"),
-        reserved_bytes=column(col(lambda o: o.reserved_bytes, np.float64), "f64"),
-        largest_free_block=column(col(lambda o: o.largest_free_block, np.float64), "f64"),
-        device_free=column(col(lambda o: -1 if o.device_free is None else o.device_free, np.float64), "f64"),
+        stack=column(a[:, 7], "i32"),
+        live_bytes=column(a[:, 8], "f64"),
+        reserved_bytes=column(a[:, 9], "f64"),
+        largest_free_block=column(a[:, 10], "f64"),
+        device_free=column(a[:, 11], "f64"),
     )
 
 

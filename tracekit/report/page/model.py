@@ -160,21 +160,23 @@ class Segments(TypedDict):
     free_t: Column  # f64, -1 never
 
 
-class Keyframe(TypedDict):
-    """What is live just before event ``index``: block ids and segment ids."""
+class Keyframes(TypedDict):
+    """Window ``w``'s keyframe, what is live just before event ``windows[w].start``: block ids
+    ``blocks[block_at[w]:block_at[w + 1]]`` and segment ids ``segments[segment_at[w]:segment_at[w + 1]]``
+    (one column each for every window, so a page of a thousand windows decodes four columns)."""
 
-    index: int
     blocks: Column  # i32
+    block_at: Column  # i32, windows + 1 offsets
     segments: Column  # i32
+    segment_at: Column  # i32
 
 
 class Window(TypedDict):
-    """Events ``[start, end)`` are all in ``events``; the state anywhere inside replays from ``keyframe``."""
+    """Events ``[start, end)`` are all in ``events``; the state inside replays from the window's keyframe."""
 
     start: int
     end: int
-    reason: str  # start | peak | oom N | even
-    keyframe: Keyframe
+    reason: str  # all | peak | OOM | even (merged windows join their reasons)
 
 
 class EventColumns(TypedDict):
@@ -196,6 +198,7 @@ class State(TypedDict):
     segments: Segments
     events: EventColumns
     windows: list[Window]
+    keyframes: Keyframes
     pooled: bool  # the trace has segment rows
 
 

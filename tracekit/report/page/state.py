@@ -11,7 +11,7 @@ Up to ``MAX_EVENTS`` events every event is kept (one window from 0, empty keyfra
 Past that the page keeps windows of events around the peaks, every OOM and
 ``EVEN`` evenly spaced points, ``WINDOW_BUDGET`` events in all, each with its keyframe;
 the block table then holds the blocks opened or closed inside a window or live at a
-keyframe. Everything is NumPy over whole columns; the one loop runs per window.
+keyframe. Everything is NumPy over whole columns.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.report.page.columns import column
-from tracekit.report.page.model import Blocks, EventColumns, Keyframe, Segments, State, Window
+from tracekit.report.page.model import Blocks, EventColumns, Keyframes, Segments, State, Window
 from tracekit.trace import Op, Trace
 
 MAX_EVENTS = 1_000_000  # every event kept up to here
 WINDOW_BUDGET = 400_000  # events kept in all past MAX_EVENTS
 EVEN = 64  # evenly spaced windows past MAX_EVENTS
-MIN_WINDOW = 512  # events per window, at least
+MIN_WINDOW = 64  # events per window, at least (so many OOMs cannot blow the budget up)
 MAX_OOM_WINDOWS = 1024  # OOM windows past this many OOMs are merged into their neighbours' budget
 
 
@@ -102,8 +102,9 @@ def centres(n: int, peaks: list[int | None], oom_index: np.ndarray) -> list[tupl
     return out
 
 
-def live_at(start: np.ndarray, end: np.ndarray, n: int, ks: np.ndarray) -> list[np.ndarray]:
-    """For each keyframe ``ks[j]`` (ascending), the ids opened before it and not closed before it.
+def live_at(start: np.ndarray, end: np.ndarray, n: int, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each keyframe ``ks[j]`` (ascending), the ids opened before it and not closed before it:
+    ``ids[at[j]:at[j + 1]]`` (ascending).
 
     Id ``b`` (opened at ``start[b]``, closed at ``end[b]``, -1 never, i.e. at ``n``) is live just
     before event ``k`` iff ``start[b] < k <= end[b]``: the keyframes ``j`` in
@@ -118,8 +119,8 @@ def live_at(start: np.ndarray, end: np.ndarray, n: int, ks: np.ndarray) -> list[
     first = np.repeat(np.cumsum(count) - count, count)
     kf = np.repeat(lo, count) + (np.arange(total) - first)
     order = np.argsort(kf, kind="stable")  # ids stay ascending within each keyframe
-    cuts = np.cumsum(np.bincount(kf, minlength=len(ks)))[:-1]
-    return np.split(ids[order], cuts)
+    at = np.concatenate(([0], np.cumsum(np.bincount(kf, minlength=len(ks)))))
+    return ids[order], at
 
 
 def oom_ids(seq: np.ndarray, oom_seq: np.ndarray) -> np.ndarray:
@@ -144,10 +145,9 @@ def build_state(trace: Trace, peaks: list[int | None], oom_seq: np.ndarray) -> S
     for s, e, _ in wins:
         in_win[s:e] = True
     ks = np.array([w[0] for w in wins], np.int64)
-    key_b, key_s = live_at(bi, bend, n, ks), live_at(si, send, n, ks)
+    (key_b, b_at), (key_s, s_at) = live_at(bi, bend, n, ks), live_at(si, send, n, ks)
     keep_b = in_win[bi] | in_win[np.where(bend >= 0, bend, n)]
-    for k in key_b:
-        keep_b[k] = True
+    keep_b[key_b] = True
     new_id = np.cumsum(keep_b) - 1
     bsel = np.flatnonzero(keep_b)
     kept = np.flatnonzero(in_win[:n])
@@ -158,17 +158,13 @@ def build_state(trace: Trace, peaks: list[int | None], oom_seq: np.ndarray) -> S
     ref[si] = np.arange(len(si))
     ref[send[send >= 0]] = np.flatnonzero(send >= 0)
     ref[oi] = oom_ids(ev.seq[oi], oom_seq)
-    window_list = [
-        Window(
-            start=s,
-            end=e,
-            reason=why,
-            keyframe=Keyframe(
-                index=s, blocks=column(new_id[kb], "i32", delta=True), segments=column(ks, "i32", delta=True)
-            ),
-        )
-        for (s, e, why), kb, ks in zip(wins, key_b, key_s, strict=True)
-    ]
+    window_list = [Window(start=s, end=e, reason=why) for s, e, why in wins]
+    keyframes = Keyframes(
+        blocks=column(new_id[key_b], "i32"),
+        block_at=column(b_at, "i32", delta=True),
+        segments=column(key_s, "i32"),
+        segment_at=column(s_at, "i32", delta=True),
+    )
     return State(
         complete=len(wins) == 1 and wins[0][0] == 0 and wins[0][1] == n,
         kept=len(kept),
@@ -183,6 +179,7 @@ def build_state(trace: Trace, peaks: list[int | None], oom_seq: np.ndarray) -> S
             t_ns=column((ev.t_ns[kept] - t0).astype(np.float64), "f64", delta=True),
         ),
         windows=window_list,
+        keyframes=keyframes,
         pooled=len(si) > 0,
     )
 

@@ -43,11 +43,14 @@
     for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
     return out;
   }
+  // One loop per array type, so each stays monomorphic (a shared loop over mixed types runs ~20x slower).
+  function prefix64(a) { for (let i = 1; i < a.length; i++) a[i] += a[i - 1]; }
+  function prefix32(a) { for (let i = 1; i < a.length; i++) a[i] += a[i - 1]; }
   async function decode(c) {
     const stream = new Blob([b64bytes(c.z)]).stream().pipeThrough(new DecompressionStream("deflate"));
     const buf = await new Response(stream).arrayBuffer();
     const a = new TYPES[c.dtype](buf);
-    if (c.delta) for (let i = 1; i < a.length; i++) a[i] += a[i - 1];
+    if (c.delta) (a instanceof Float64Array ? prefix64 : prefix32)(a);
     return a;
   }
   function columns(o, out) {
@@ -140,10 +143,10 @@
     ST.win = -1;
   }
   function reset(wi) {
-    const k = M.state.windows[wi].keyframe;
+    const K = M.state.keyframes;
     ST.live.fill(0); ST.seg.fill(0);
-    for (let i = 0; i < k.blocks.length; i++) ST.live[k.blocks[i]] = 1;
-    for (let i = 0; i < k.segments.length; i++) ST.seg[k.segments[i]] = 1;
+    for (let i = K.block_at[wi]; i < K.block_at[wi + 1]; i++) ST.live[K.blocks[i]] = 1;
+    for (let i = K.segment_at[wi]; i < K.segment_at[wi + 1]; i++) ST.seg[K.segments[i]] = 1;
     ST.win = wi; ST.pos = ST.wpos[wi];
   }
   function apply(upto) { // apply kept events [ST.pos, upto)
@@ -663,7 +666,7 @@
     const t = el("table", "t"), head = el("tr"), body = el("tbody");
     const order = tv.rows.map((_, i) => i);
     let sortCol = -1, asc = true;
-    const MAXROWS = 2000;
+    const MAXROWS = 500; // rows drawn; sorting reorders all of them
     function fill() {
       body.replaceChildren();
       for (const i of order.slice(0, MAXROWS)) {
@@ -746,14 +749,19 @@
     $("title").textContent = M.title;
     $("verdict").textContent = M.verdict.text;
     $("explanation").textContent = M.verdict.explanation || "";
+    const phases = {}, mark = (name) => { phases[name] = Math.round(performance.now()); };
+    mark("parsed");
     await decodeAll();
+    mark("decoded");
     colours();
     initOOMs();
     initState();
     facts();
     legend();
     oomStrip();
+    mark("state");
     buildTimeline();
+    mark("timeline");
     $("state-note").textContent = M.state.note + (M.trace.devices.length > 1 ? " This page draws device " + M.trace.device +
       " (the reported OOM's); the other devices' OOMs are listed." : "");
     const scrub = $("scrub");
@@ -775,12 +783,15 @@
     if (M.ooms.count) tabs.append(oomTable());
     for (const tv of M.tables) tabs.append(table(tv));
     baseline();
+    mark("tables");
     let fatal = -1;
     for (let i = 0; i < onDevId.length && fatal < 0; i++) if (M.ooms.handled[onDevId[i]] === 0) fatal = onDevId[i];
     if (fatal < 0 && onDevId.length) fatal = onDevId[0];
     if (fatal >= 0) select(M.ooms.index[fatal]);
     else if (M.peak.reserved_index !== null) select(M.peak.reserved_index);
     if (fatal < 0) showBudget(null);
+    mark("selected");
+    T.phases = phases;
     T.loadMs = performance.now() - t0;
     T.readyAt = performance.now(); // since navigation start
     $("status").textContent = "";
