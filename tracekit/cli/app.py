@@ -71,6 +71,11 @@ class TracekitGroup(TyperGroup):
             raise typer.Exit(_announce(getattr(e, "exit_code", 130))) from None
         except BrokenPipeError:
             raise typer.Exit(0) from None
+        except MemoryError as e:  # anywhere: the machine or a memory limit, not a bad input
+            cause = str(e).splitlines()[0] if str(e) else "MemoryError"
+            say(f"tracekit: error: ran out of memory ({cause}); a memory limit (ulimit, a container) "
+                "or the machine leaves too little for this input", err=True)
+            raise typer.Exit(1) from None
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
