@@ -179,3 +179,22 @@ def test_plain_schema_text_is_read_as_one_value(inputs: dict[str, Path]) -> None
     note = trace.extras.column("note") if trace.extras is not None else None
     assert note is not None and pa.types.is_dictionary(note.type) and len(note) == 200_000
     assert json.loads(json.dumps(trace.meta.to_dict()))["pool_limit_bytes"] == 1 << 30
+
+
+def test_an_extra_text_column_is_held_to_the_same_bound(tmp_path: Path) -> None:
+    """Not only call-sites: a 64 MiB value in an extra column is refused when the file is opened."""
+    from tracekit.errors import InputError
+    from tracekit.trace.reader import TEXT_FREE_BYTES, read_meta
+
+    note = pa.DictionaryArray.from_arrays(pa.array(np.zeros(2, np.int32)), _strings(1, 64 << 20))
+    site = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["a.py:1:f"]))
+    cols = _columns(2, 0, site)
+    base = arrow_schema(LIMITED)
+    schema = pa.schema([*base, pa.field("note", note.type)], metadata=base.metadata)
+    path = tmp_path / "note.parquet"
+    with pq.ParquetWriter(path, schema, compression="zstd") as w:
+        w.write_table(pa.Table.from_arrays([*cols, note], schema=schema))
+    size = path.stat().st_size
+    assert TEXT_FREE_BYTES + 64 * size < 64 << 20  # what makes it hostile: the file is small
+    with pytest.raises(InputError, match=r"column 'note' holds 67,10\d,\d\d\d bytes of text once decomp"):
+        read_meta(path)
