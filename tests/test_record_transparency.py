@@ -328,3 +328,21 @@ def test_a_trace_that_cannot_be_written_is_said_in_one_sentence_and_the_exit_cod
     assert rec.returncode == 4 and "Traceback" not in rec.stderr and len(lines) == 1, rec.stderr
     assert "could not write the trace" in lines[0] and "tracekit recover" in lines[0]
     assert not (tmp_path / "rec" / "t.parquet").exists() and (tmp_path / "rec" / "t.parquet.spool").exists()
+
+
+def test_a_forked_child_dies_of_sigterm_as_it_would_without_tracekit(tmp_path: Path) -> None:
+    program = """
+        import os, signal, time
+        import cupy
+        a = cupy.empty(1000)
+        pid = os.fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+    """
+    plain, rec = both(tmp_path, program)
+    same(plain, rec)
+    assert rec.stdout == f"child {-15}\n" and rec.returncode == 0

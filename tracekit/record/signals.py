@@ -20,7 +20,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
 
 
 class Terminated(BaseException):
@@ -46,23 +45,10 @@ def stop_signals() -> Iterator[None]:
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise)
-    _PREVIOUS.append(previous)
     try:
         yield
     finally:
-        _PREVIOUS.remove(previous)
         signal.signal(signal.SIGTERM, previous)
-
-
-_PREVIOUS: list[Any] = []  # the SIGTERM handlers ``stop_signals`` replaced, outermost first
-
-
-def restore_in_child() -> None:
-    """In a forked child of the recorded program: SIGTERM acts as it did before tracekit (the
-    child is no recording of ours, and must die of the signal as it would without tracekit)."""
-    if _PREVIOUS and _in_main():
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(signal.SIGTERM, _PREVIOUS[0])
 
 
 @contextmanager
@@ -82,3 +68,15 @@ def quiet_signals() -> Iterator[list[int]]:
     finally:
         for s, h in saved:
             signal.signal(s, h)
+
+
+def restore_in_child() -> None:
+    """In a forked child of the recorded program: SIGTERM acts as it would without tracekit (the
+    child is no recording of ours and must die of the signal): a handler of tracekit's (this
+    module's, or the command line's) becomes the default action; one the program installed stays."""
+    if not _in_main():
+        return
+    current = signal.getsignal(signal.SIGTERM)
+    if str(getattr(current, "__module__", "") or "").startswith("tracekit."):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
