@@ -74,6 +74,7 @@ class CupyRecording:
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
                  interval: float = 0.5, max_events: int = 65536, force: bool = False,
                  launch: Launch | None = None, program: str | None = None) -> None:
+        output = Path(os.path.abspath(output))  # the program may change its working directory
         check_output(output, (program,), force=force)  # never the script being recorded
         self.output, self.spool_path = output, spool_path(output)
         if self.spool_path.exists():
