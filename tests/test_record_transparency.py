@@ -346,3 +346,17 @@ def test_a_forked_child_dies_of_sigterm_as_it_would_without_tracekit(tmp_path: P
     plain, rec = both(tmp_path, program)
     same(plain, rec)
     assert rec.stdout == f"child {-15}\n" and rec.returncode == 0
+
+
+def test_an_error_through_a_recorded_function_shows_the_programs_own_traceback(tmp_path: Path) -> None:
+    program = """
+        import cupy
+        pool = cupy.cuda.MemoryPool()
+        with cupy.cuda.using_allocator(pool.malloc):
+            cupy.cuda.set_allocator(pool.malloc)  # CuPy refuses: ValueError
+    """
+    plain, rec = both(tmp_path, program)
+    assert rec.returncode == plain.returncode == 1
+    ours = own_lines(rec.stderr).replace(str(tmp_path / "rec"), "<dir>")
+    assert ours == plain.stderr.replace(str(tmp_path / "plain"), "<dir>") and "tracekit" not in ours
+    assert "ValueError: Can't change the global allocator" in ours

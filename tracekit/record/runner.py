@@ -20,6 +20,7 @@ import contextlib
 import importlib.machinery
 import importlib.util
 import io
+import itertools
 import os
 import runpy
 import sys
@@ -163,14 +164,32 @@ def _exit_code(code: object) -> int:
 
 
 def _report(e: BaseException) -> None:
-    """Print the traceback the way the interpreter would, without tracekit's frames."""
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_SKIP):
+    """Print the traceback the way the interpreter would, without tracekit's frames (the runner's
+    at the top, and those of the functions the recorder put under CuPy's names, anywhere in the
+    traceback and in the exceptions it chains)."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        x.__traceback__ = _without_tracekit(x.__traceback__)
+        x = x.__cause__ or x.__context__
+    flush_streams()
+    sys.excepthook(type(e), e, e.__traceback__)  # prints nothing where sys.stderr is None
+    flush_streams()
+
+
+def _without_tracekit(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` with every frame of tracekit's (and runpy's) left out, the others linked as they were."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_SKIP):
+            kept.append(tb)
         tb = tb.tb_next
-    e.__traceback__ = tb
-    flush_streams()
-    sys.excepthook(type(e), e, tb)  # prints nothing where the program set sys.stderr to None
-    flush_streams()
+    for a, b in itertools.pairwise(kept):
+        a.tb_next = b
+    if kept:
+        kept[-1].tb_next = None
+    return kept[0] if kept else None
 
 
 def flush_streams() -> None:
