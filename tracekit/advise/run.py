@@ -36,7 +36,7 @@ from tracekit.advise.search import (
 )
 from tracekit.analysis.leaks import SiteBytes, by_site
 from tracekit.analysis.summary import OOMReport
-from tracekit.analysis.whatif import PolicyFit, live_curve, lower_bound
+from tracekit.analysis.whatif import PolicyFit, live_curve, lower_bound, needed_requests
 from tracekit.errors import UsageError
 from tracekit.trace.devices import split_devices
 from tracekit.trace.reader import Trace
@@ -65,13 +65,13 @@ def pick_limit(trace: Trace, limit: int | None, device_total: int | None) -> int
 
 
 def top_sites_at_peak(trace: Trace) -> tuple[SiteBytes, ...]:
-    """Call-sites holding the most live bytes at the peak of live bytes (a failing request counts)."""
+    """Call-sites holding the most live bytes at the peak of live bytes (the fatal request counts)."""
     live = live_curve(trace)
     if len(live) == 0:
         return ()
     ev, k = trace.events, int(np.argmax(live))
     idx = np.arange(len(ev))
-    held = ((ev.op == Op.MALLOC) | (ev.op == Op.OOM)) & (idx <= k) & ((trace.mate < 0) | (trace.mate > k))
+    held = needed_requests(trace) & (idx <= k) & ((trace.mate < 0) | (trace.mate > k))
     b = np.flatnonzero(held)
     return by_site(ev.site[b], ev.size[b], ev.sites, TOP_SITES)
 
