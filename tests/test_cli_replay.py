@@ -140,7 +140,8 @@ def test_device_mode_hands_over_to_the_device_replay(small: Path, monkeypatch) -
     (args, kw), = calls
     assert args == (small,)
     assert kw == {"device": 1, "allocator": "cupy-async", "capacity": "1GiB", "output": None,
-                  "continue_on_oom": False, "compare_sim": "cupy", "force": False, "torch_conf": None}
+                  "continue_on_oom": False, "compare_sim": "cupy", "force": False, "torch_conf": None,
+                  "stop_at_first_oom": False}
 
 
 def test_progress_bar_only_on_a_terminal_and_long_traces() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tracekit.analysis.fatal import handled_rows
 from tracekit.sim.base import PolicyRun, SimConfig, Stat, Status
 from tracekit.sim.policies._torch_config import options_from_snapshot
 from tracekit.sim.policies.cupy_pool import MODEL as CUPY
@@ -57,10 +58,12 @@ class Agreement:
     seg_sim: tuple[int, ...]
     mapped_real: tuple[int, ...]  # bytes of device memory taken per request that took any
     mapped_sim: tuple[int, ...]
-    oom_real: int  # index of the first recorded oom row, -1 none
+    oom_real: int  # index of the recorded oom row the program died of (not one it survived), -1 none
     oom_sim: int
     mallocs: int
     same_address: int
+    handled_real: int = 0  # recorded oom rows the program survived
+    handled_sim: int = 0  # requests the replay saw fail and went on from, as the program did
 
 
 def _attach(ev_op: np.ndarray, req: np.ndarray) -> np.ndarray:
@@ -109,7 +112,8 @@ def agreement(trace: Trace, extra: dict[str, str] | None = None) -> Agreement:
     np.add.at(mapped_real, at[seg], ev.size[seg].astype(np.int64))
     mapped_sim = np.zeros(n + 1, np.int64)
     np.add.at(mapped_sim, sim_at[sim_seg], r.rows_size[sim_seg].astype(np.int64))
-    ooms = np.flatnonzero(ev.op == Op.OOM)
+    handled = handled_rows(ev, trace.meta.extra)
+    ooms = np.flatnonzero((ev.op == Op.OOM) & ~handled)
     m = np.flatnonzero((ev.op == Op.MALLOC) & ~init & (r.status == Status.DONE))
     return Agreement(
         requests=len(idx), reserved_same=len(idx) - len(miss),
@@ -119,6 +123,7 @@ def agreement(trace: Trace, extra: dict[str, str] | None = None) -> Agreement:
         mapped_sim=tuple(int(x) for x in mapped_sim[mapped_sim > 0]),
         oom_real=int(ooms[0]) if len(ooms) else -1, oom_sim=int(r.stats[Stat.FIRST_OOM]),
         mallocs=len(m), same_address=int(np.count_nonzero(ev.addr[m] == r.addr[m])),
+        handled_real=int(np.count_nonzero(handled)), handled_sim=int(r.stats[Stat.HANDLED]),
     )
 
 
@@ -138,7 +143,8 @@ def test_replay_reproduces_the_recorded_allocator(name: str) -> None:
         assert a.mapped_sim == a.mapped_real
     else:
         assert a.seg_sim == a.seg_real
-    assert a.oom_sim == a.oom_real
+    assert a.oom_sim == a.oom_real  # the replay follows the program to the OOM it died of
+    assert a.handled_sim == a.handled_real  # and every request it survived fails there too
 
 
 @pytest.mark.parametrize("name", _known(FILES, {"cupy-async.parquet": ASYNC}))

@@ -67,7 +67,7 @@ class RefBuddy:
 
 
 def check_buddy(trace, cap: int | None, cont: bool) -> None:
-    res = replay(trace, "buddy", SimConfig(capacity=cap, continue_on_oom=cont))
+    res = replay(trace, "buddy", SimConfig(capacity=cap, continue_on_oom=cont, stop_at_first_oom=True))
     ref = RefBuddy(UNBOUNDED if cap is None else cap)
     ev = trace.events
     used: dict[int, int] = {}

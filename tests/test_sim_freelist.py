@@ -28,7 +28,8 @@ POLICIES = ("first-fit", "best-fit", "next-fit", "worst-fit")
 
 def make_trace(steps: list[tuple[str, int]]) -> Trace:
     """("m", size) allocates (input address unique per malloc); ("f", j) frees the j-th malloc;
-    ("o", size) is a recorded failed request (replayed as an allocation attempt)."""
+    ("o", size) is a recorded failed request: the reference replays every one as a plain attempt,
+    as ``stop_at_first_oom`` does (handled ones: tests/test_sim_handled_oom.py)."""
     op, size, addr, where = [], [], [], []
     for kind, v in steps:
         if kind == "m":
@@ -152,7 +153,7 @@ def reference(trace: Trace, policy: str, cap: int, cont: bool, grows: bool = Fal
 
 
 def check_against_reference(trace: Trace, policy: str, cap: int | None, cont: bool) -> None:
-    res = replay(trace, policy, SimConfig(capacity=cap, continue_on_oom=cont))
+    res = replay(trace, policy, SimConfig(capacity=cap, continue_on_oom=cont, stop_at_first_oom=True))
     exp = reference(trace, policy, UNBOUNDED if cap is None else cap, cont, grows=cap is None)
     run = res.run
     np.testing.assert_array_equal(run.status, exp["status"])

@@ -35,11 +35,17 @@ def hole_trace(tmp_path: Path) -> Path:
     return write_trace(tmp_path / "hole.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
 
 
-def test_lower_bound_counts_oom_rows_as_live(tmp_path: Path):
-    op = np.array([Op.MALLOC, Op.OOM, Op.MALLOC])
-    ev = Events.build(op, np.array([1000, 5000, 100], np.uint64), addr=np.array([4096, 0, 8192], np.uint64))
+def test_lower_bound_counts_the_fatal_oom_row_as_live(tmp_path: Path):
+    """The last OOM (nothing allocated after it) is the fatal one and stays live; an OOM the
+    program went on from is handled and not counted (tests/test_sim_handled_oom.py)."""
+    op = np.array([Op.MALLOC, Op.MALLOC, Op.OOM])
+    ev = Events.build(op, np.array([1000, 100, 5000], np.uint64), addr=np.array([4096, 8192, 0], np.uint64))
     p = write_trace(tmp_path / "o.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
-    assert lower_bound(read_trace(p)) == 1024 + 5120 + 512
+    assert lower_bound(read_trace(p)) == 1024 + 512 + 5120
+    handled = Events.build(op[[0, 2, 1]], np.array([1000, 5000, 100], np.uint64),
+                           addr=np.array([4096, 0, 8192], np.uint64))
+    q = write_trace(tmp_path / "h.parquet", TraceMeta.new(Source.SYNTHETIC), handled)
+    assert lower_bound(read_trace(q)) == 1024 + 512
 
 
 def test_hand_worked_capacities(hole_trace: Path):
@@ -134,3 +140,116 @@ def test_whatif_searches_each_device_on_its_own():
     d = res.to_dict()
     assert [x["device"] for x in d["devices"]] == [0, 1] and d["policies"] == []
     assert "device 1:" in res.to_text()
+
+
+def _replaced(path: Path, by: Path) -> None:
+    """Replace ``path`` atomically with a copy of ``by`` (as a sync or an upload does)."""
+    tmp = path.with_suffix(".new")
+    tmp.write_bytes(by.read_bytes())
+    tmp.replace(path)
+
+
+def test_a_trace_replaced_while_whatif_runs_ends_in_one_sentence(hole_trace: Path, tmp_path: Path):
+    """The parent read one trace; the workers find another (or no trace) at its path: the
+    answer would mix two traces' numbers, so the command ends in one sentence instead."""
+    from tracekit.analysis.whatif import fingerprint, reread
+    from tracekit.errors import InputError
+
+    tr = read_trace(hole_trace)
+    assert reread(str(hole_trace), fingerprint(tr)).events.size.tolist() == tr.events.size.tolist()
+    other = tmp_path / "other.parquet"
+    op = np.array([Op.MALLOC, Op.MALLOC])
+    write_trace(other, TraceMeta.new(Source.SYNTHETIC),
+                Events.build(op, np.array([1, 3], np.uint64) * MiB, addr=np.array([1, 2], np.uint64) << 30))
+    _replaced(hole_trace, other)
+    with pytest.raises(InputError, match="changed while the command ran"):
+        whatif(tr, ["first-fit", "cupy"], jobs=2)
+    (tmp_path / "junk.parquet").write_bytes(b"not a trace at all")
+    _replaced(hole_trace, tmp_path / "junk.parquet")
+    with pytest.raises(InputError, match="changed while the command ran"):
+        whatif(tr, ["first-fit", "cupy"], jobs=2)
+
+
+def test_a_trace_replaced_while_advise_runs_ends_in_one_sentence(hole_trace: Path, tmp_path: Path):
+    from tracekit.advise.candidates import Candidate, Kind
+    from tracekit.advise.search import Runner, Task
+    from tracekit.errors import InputError
+
+    tr = read_trace(hole_trace)
+    (tmp_path / "junk.parquet").write_bytes(b"not a trace at all")
+    _replaced(hole_trace, tmp_path / "junk.parquet")
+    runner = Runner(tr, 2, counterfactual=False)
+    try:
+        with pytest.raises(InputError, match="changed while the command ran"):
+            runner.map([Task(Candidate(Kind.FREE_LIST, "first-fit"), 8 * MiB, None)] * 2)
+    finally:
+        runner.close()
+
+
+def test_one_worker_pool_for_every_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Two devices, two policies, two workers: one pool, four searches, each device on its own."""
+    from test_analysis_ooms import trace_of, two_device_meta, two_device_rows
+
+    wi = sys.modules["tracekit.analysis.whatif"]  # the package's ``whatif`` name is the function
+    started = []
+
+    class Counting(wi.ProcessPoolExecutor):
+        def __init__(self, *a: object, **kw: object) -> None:
+            started.append(1)
+            super().__init__(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wi, "ProcessPoolExecutor", Counting)
+    res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit", "first-fit"], jobs=2)
+    assert len(started) == 1
+    assert [[f.min_capacity for f in p.fits] for p in res.devices] == [[8 * MiB] * 2, [300 * MiB] * 2]
+
+
+def test_unusable_recorded_settings_exit_1_as_replay_does(tmp_path: Path):
+    """A PyTorch trace whose recorded allocator settings cannot be used: whatif, like replay,
+    says so in one sentence naming the file and exits 1 (not an error row and exit 0)."""
+    src = read_trace(ROOT / "traces" / "torch-record-oom.parquet")
+    bad = tmp_path / "bad-settings.parquet"
+    too_small = {"max_split_size": 5}  # bytes: PyTorch takes no max_split_size_mb below 20
+    write_trace(bad, src.meta.with_extra(torch_allocator_settings=too_small), src.events)
+    verbs = (["whatif", str(bad), "--policies", "torch", "-j", "1"], ["replay", str(bad), "--sim", "torch"])
+    for verb in verbs:
+        p = subprocess.run([sys.executable, "-m", "tracekit", *verb], capture_output=True, text=True,
+                           cwd=ROOT, timeout=300)
+        assert p.returncode == 1, (verb, p.stdout, p.stderr)
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"tracekit: error: {bad}: the recorded PyTorch allocator settings are not "
+                               "usable") and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(("name", "options"), [("torch-oom", {"expandable_segments": "True"}),
+                                               ("torch-maxsplit", {"max_split_size_mb": "64"}),
+                                               ("cupy-oom-frag", {})])
+def test_replay_whatif_and_advise_give_one_prediction(name: str, options: dict[str, str]):
+    """One setting, three verbs: ``replay --sim`` at the limit says what ``advise`` says of the
+    candidate (fits, peak reserved), and ``whatif``'s smallest capacity is where ``replay``
+    starts to fit (it fits there and fails 2 MiB below)."""
+    from tracekit.advise import candidates as cands
+    from tracekit.advise.counterfactual import prepare, setting
+    from tracekit.advise.evaluate import evaluate
+    from tracekit.analysis.whatif import STEP
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.engine import replay_file
+
+    path = ROOT / "traces" / f"{name}.parquet"
+    tr = read_trace(path)
+    policy = "torch" if name.startswith("torch") else "cupy"
+    limit = tr.meta.pool_limit_bytes
+    whole = setting(tr, policy, options)  # what the options stand for on this recording
+    cand = cands.torch(whole) if policy == "torch" else cands.Candidate(cands.Kind.CUPY_POOL, "cupy")
+    adv = evaluate(cand, prepare(tr), limit, None)
+    rep = replay_file(path, policy, SimConfig(capacity=limit, options=options)).summary
+    assert (rep.oom is None, rep.peak_reserved_bytes) == (adv.fits, adv.peak_reserved)
+    fit = search(prepare(tr), policy, options=whole, counterfactual=True)
+    assert fit.min_capacity is not None
+    assert not replay_file(path, policy, SimConfig(capacity=fit.min_capacity, options=options)).ran_out
+    below = fit.min_capacity - STEP
+    assert below < fit.lower_bound or replay_file(
+        path, policy, SimConfig(capacity=below, options=options)).ran_out
+    r = CliRunner().invoke(app, ["whatif", str(path), "--policies", policy, "--json", "-j", "1"])
+    if not options:  # whatif searches the recorded setting: the same answer
+        assert json.loads(r.stdout)["policies"][0]["min_capacity_bytes"] == fit.min_capacity

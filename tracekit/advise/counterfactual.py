@@ -24,24 +24,32 @@ program rather than about the allocator that ran:
   cannot be recomputed for another setting; ``wrapped_start`` says when a prediction
   rests on it.
 
+``predict(trace, policy, config)`` is the one prediction every verb makes for a setting
+(``replay --sim``, ``whatif``, ``advise``): a recording replayed through a pool policy goes
+through ``prepare`` and ``counterfactual_replay`` under the whole setting
+(``setting``: the recorded PyTorch settings overridden by the options given); anything
+else (a raw trace, a heap policy) replays as it is. ``replay --as-recorded`` is the
+only way around it: the recording with every hint, exactly as recorded.
+
 ``with_release_before(trace, rows)`` adds program releases (``free_all_blocks()`` before
 the given requests) for the CuPy candidate that calls it at a call-site.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from tracekit.sim.base import SimConfig
+from tracekit.sim.base import Layout, SimConfig
 from tracekit.sim.pool_run import release_points
 from tracekit.sim.prepare import prepare as replay_input
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
-from tracekit.trace.schema import Op
+from tracekit.trace.schema import Op, Source
 from tracekit.trace.validate import remap_mate
 
 SETTINGS_KEY = "torch_allocator_settings"
@@ -208,6 +216,37 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
                                         run.rows_size[sa], address_keys(matched))
         result = replay(current, policy, config)
     return current, result
+
+
+def uses_counterfactual(trace: Trace, policy: str) -> bool:
+    """Whether ``predict`` prepares ``trace`` for ``policy``: a recording (CuPy, PyTorch) and a pool."""
+    from tracekit.sim import policies as registry
+
+    pool = registry.get(policy).traits.layout == Layout.POOL
+    return pool and trace.meta.source in (Source.TORCH, Source.CUPY)
+
+
+def setting(trace: Trace, policy: str, options: Mapping[str, str]) -> dict[str, str]:
+    """The whole setting ``options`` stand for on ``trace``: for the policy that reproduces
+    PyTorch's allocator, the settings the trace was recorded with, overridden by ``options``
+    (an ``InputError`` naming the file when the recorded ones are unusable); else ``options``."""
+    from tracekit.sim import policies as registry
+    from tracekit.sim.policies.torch_caching import with_recorded_settings
+
+    if registry.get(policy).traits.reproduces == Source.TORCH:
+        return with_recorded_settings(trace, options)
+    return dict(options)
+
+
+def predict(trace: Trace, policy: str, config: SimConfig) -> tuple[Trace, Any]:
+    """The prediction for ``trace`` under ``policy`` and ``config`` (see the module docstring):
+    (the trace that was replayed, its ``ReplayResult``)."""
+    from tracekit.sim.engine import replay
+
+    if not uses_counterfactual(trace, policy):
+        return trace, replay(trace, policy, config)
+    whole = replace(config, options=setting(trace, policy, config.options))
+    return counterfactual_replay(prepare(trace), policy, whole)
 
 
 def _insert(trace: Trace, rows: np.ndarray, op: np.ndarray, addr: np.ndarray, size: np.ndarray) -> Trace:

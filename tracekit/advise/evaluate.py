@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.advise.candidates import Candidate, Kind
+from tracekit.analysis.whatif import needed_requests
 from tracekit.sim.base import SimConfig
 from tracekit.sim.engine import replay
 from tracekit.sim.heap import round_up
@@ -126,7 +127,7 @@ def _device_model(cand: Candidate, trace: Trace, capacity: int | None, device_to
         cost = round_up(size)
     else:
         cost = np.where(size <= SMALL, round_up(size), round_up(size, PAGE))
-    alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
+    alloc = needed_requests(trace)
     delta = np.where(alloc, cost, 0)
     frees = np.flatnonzero((ev.op == Op.FREE) & (trace.mate >= 0))
     delta[frees] = -cost[trace.mate[frees]]

@@ -1,7 +1,7 @@
 """The advise search: candidates replayed in parallel processes, the grid pruned, capacity bisected.
 
-Stages (each one ``map`` over a process pool; every worker reads the trace once and
-prepares the counterfactual input once):
+Stages (each one ``map`` over a process pool; every worker reads the trace once, checks it
+is the trace the parent read, and prepares the counterfactual input once):
 
 1. every single candidate at the limit (PyTorch: the defaults and each key alone; CuPy:
    its pool, ``free_all_blocks()`` at the failing call-site, the async pool, cudaMalloc;
@@ -19,14 +19,15 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tracekit import progress
 from tracekit.advise import candidates as cands
 from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
-from tracekit.analysis.whatif import PolicyFit
+from tracekit.analysis.whatif import Fingerprint, PolicyFit, fingerprint, reread
 from tracekit.analysis.whatif import search as bisect
-from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.reader import Trace
 from tracekit.workers import process_context
 
 
@@ -41,25 +42,35 @@ class Task:
     lower_bound: int = 0
 
 
-_STATE: dict[str, Trace] = {}
+_STATE: dict[str, Any] = {}
 
 
-def _init(path: str | None, trace: Trace | None, counterfactual: bool) -> None:
-    from tracekit.advise.counterfactual import prepare
+def _init(path: str | None, trace: Trace | None, counterfactual: bool, expected: Fingerprint | None) -> None:
+    _STATE.clear()
+    _STATE.update(path=path, trace=trace, counterfactual=counterfactual, expected=expected, ready=False)
 
-    t = read_trace(path) if path is not None else trace
-    assert t is not None
-    _STATE["trace"] = prepare(t) if counterfactual else t
+
+def _trace() -> Trace:
+    """The worker's input, prepared once: the trace the parent read (a worker reading the file
+    checks it is still that trace: ``whatif.reread``)."""
+    if not _STATE["ready"]:
+        from tracekit.advise.counterfactual import prepare
+
+        t = _STATE["trace"] if _STATE["trace"] is not None else reread(_STATE["path"], _STATE["expected"])
+        _STATE.update(trace=prepare(t) if _STATE["counterfactual"] else t, ready=True)
+    trace: Trace = _STATE["trace"]
+    return trace
 
 
 def _run(task: Task) -> Outcome | PolicyFit:
-    trace = _STATE["trace"]
+    trace = _trace()  # outside the try: a file that changed ends the whole command
     c = task.candidate
     try:
         if task.bisect:
             assert c.policy is not None
             return bisect(input_for(c, trace), c.policy, lb=task.lower_bound, options=c.opts,
-                          max_capacity=task.device_total)
+                          max_capacity=task.device_total,
+                          counterfactual=bool(_STATE["counterfactual"]) and c.kind != Kind.FREE_LIST)
         return evaluate(c, trace, task.capacity, task.device_total)
     except Exception as e:  # one candidate failing must not hide the others' answers
         why = f"{type(e).__name__}: {e}"
@@ -75,11 +86,12 @@ class Runner:
         self.jobs = jobs
         self.pool: ProcessPoolExecutor | None = None
         if jobs == 1:
-            _init(None, trace, counterfactual)
+            _init(None, trace, counterfactual, None)
             return
         path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
-        self.pool = ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init,
-                                        initargs=(path, None if path else trace, counterfactual))
+        args = ((path, None, counterfactual, fingerprint(trace)) if path
+                else (None, trace, counterfactual, None))
+        self.pool = ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init, initargs=args)
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""

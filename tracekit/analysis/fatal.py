@@ -9,7 +9,8 @@ The fatal OOM, in order of evidence:
 4. otherwise: the last OOM after which the program made no successful allocation on the
    same device and stream (a program that went on allocating there survived the error).
 
-Every other OOM is *handled*. Handled OOMs are grouped by call-site; a call-site that
+Every other OOM is *handled* (``handled_rows``: what every live-bytes figure and every
+replay leaves out of what the program needed). Handled OOMs are grouped by call-site; a call-site that
 names a library known to retry with less memory (cuDNN trying smaller convolution
 workspaces, cuBLAS, cuFFT plans) says so, and so does the trace itself when the next
 allocation on the OOM's device and stream came from the same call-site and asked for
@@ -93,3 +94,17 @@ def _went_on(ev: Events, ooms: np.ndarray) -> np.ndarray:
     per_group = np.full(int(group.max()) + 1, -1, np.int64)
     np.maximum.at(per_group, group[: len(mallocs)], mallocs)
     return per_group[group[len(mallocs):]] > ooms
+
+
+def handled_rows(ev: Events, extra: Mapping[str, Any]) -> np.ndarray:
+    """Bool per event: the ``oom`` rows the program survived (every one but the fatal OOM).
+
+    What the program did instead of such a request is in the trace after it (a smaller
+    retry, another algorithm, nothing at all), so the request is not part of what the
+    program needed: it lives no longer than the retry that replaced it, or not at all.
+    """
+    oom = ev.op == Op.OOM
+    if not oom.any():
+        return oom
+    fatal = fatal_seq(ev, extra)
+    return oom if fatal is None else oom & (ev.seq != np.uint64(fatal))

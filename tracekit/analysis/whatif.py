@@ -6,10 +6,11 @@ allocation granularity) and bisects between a capacity known to fail and
 one known to fit:
 
 - lower bound LB = max over time of Σ ⌈requested / 512⌉ · 512 over live
-  requests, counting ``oom`` rows as requests that stay live (the replay
-  retries them). Every policy rounds to at least 512 bytes, so no allocator
-  can succeed below LB; the largest multiple of ``step`` below LB is the
-  first known failure.
+  requests, counting the fatal ``oom`` row as a request that stays live (the
+  replay retries it) and none that the program survived (a handled ``oom``
+  row: the retry or fallback that replaced it is in the trace). Every policy
+  rounds to at least 512 bytes, so no allocator can succeed below LB; the
+  largest multiple of ``step`` below LB is the first known failure.
 - upper end: the peak reserved bytes of an unbounded replay, rounded up to
   ``step`` (doubled until the replay fits, up to ``max_capacity``).
 
@@ -19,7 +20,8 @@ it locally). LB is a floor for every allocator, so the search never goes
 below it, also for a trace that starts from an imported pool state (PyTorch
 snapshots: the ``initial`` extra column), whose starting blocks a replay does
 not re-check against the capacity. ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
-run in parallel worker processes; each worker reads the trace once.
+run in parallel worker processes, one pool for every device; each worker reads the trace once
+and checks it is the trace the parent read (``reread``).
 
 A trace of several devices is searched per device (each device's events alone, its own
 bound and capacities): devices never share one simulated address space.
@@ -27,7 +29,7 @@ bound and capacities): devices never share one simulated address space.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from tracekit import progress
-from tracekit.errors import TracekitError
+from tracekit.errors import InputError, TracekitError
 from tracekit.sim.heap import round_up
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.reader import Trace, read_trace
@@ -48,7 +50,7 @@ from tracekit.workers import BISECT_REPLAYS, default_jobs, process_context
 STEP = 2 << 20
 LOWER_BOUND_DESCRIPTION = (
     "peak live bytes (512 B rounded): max over time of the sum of requests rounded up to 512 B, "
-    "oom rows counted as live"
+    "the fatal oom row counted as live, handled ones not"
 )
 _LIMIT = 1 << 50  # 1 PiB: where the doubling search gives up
 
@@ -138,32 +140,51 @@ class WhatIfResult:
 
 
 def lower_bound(trace: Trace) -> int:
-    """Peak of Σ ⌈requested/512⌉·512 over live requests; oom rows count as requests that stay live."""
+    """Peak of Σ ⌈requested/512⌉·512 over live requests (``live_curve``)."""
     live = live_curve(trace)
     return int(max(0, live.max())) if len(live) else 0
 
 
+def needed_requests(trace: Trace) -> np.ndarray:
+    """Bool per event: a request the program needed served: a ``malloc``, or the fatal ``oom`` row
+    (which stays live: the program needed it to go on). An ``oom`` row the program survived
+    (``analysis.fatal.handled_rows``) is not one: what it did instead is in the trace."""
+    from tracekit.analysis.fatal import handled_rows
+
+    ev = trace.events
+    return (ev.op == Op.MALLOC) | ((ev.op == Op.OOM) & ~handled_rows(ev, trace.meta.extra))
+
+
 def live_curve(trace: Trace) -> np.ndarray:
-    """Σ ⌈requested/512⌉·512 over live requests after every event (int64, bytes)."""
+    """Σ ⌈requested/512⌉·512 over live ``needed_requests`` after every event (int64, bytes)."""
     ev = trace.events
     req = round_up(ev.size.astype(np.int64))
-    alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
-    delta = np.where(alloc, req, 0)
+    delta = np.where(needed_requests(trace), req, 0)
     frees = np.flatnonzero((ev.op == Op.FREE) & (trace.mate >= 0))
     delta[frees] = -req[trace.mate[frees]]
     return np.cumsum(delta)
 
 
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,
-           lb: int | None = None, options: Mapping[str, str] | None = None) -> PolicyFit:
-    """Bisection for one policy (see the module docstring); ``options`` are the policy's settings."""
-    from tracekit.sim.base import SimConfig
-    from tracekit.sim.engine import fits, replay
+           lb: int | None = None, options: Mapping[str, str] | None = None,
+           counterfactual: bool = False) -> PolicyFit:
+    """Bisection for one policy (see the module docstring); ``options`` are the policy's settings.
 
+    ``counterfactual``: ``trace`` is a prepared recording (``advise.counterfactual.prepare``)
+    and every replay goes through ``counterfactual_replay``, the prediction ``replay``,
+    ``advise`` and ``whatif`` share for a recording under a pool policy.
+    """
+    from tracekit.sim.base import SimConfig
+
+    run = _replayer(trace, policy, counterfactual)
     lb = lower_bound(trace) if lb is None else lb
     limit = max_capacity if max_capacity is not None else _LIMIT
     opts = dict(options or {})
-    unbounded = replay(trace, policy, SimConfig(options=opts)).summary.peak_reserved_bytes
+
+    def fits(cap: int) -> bool:
+        return not run(SimConfig(capacity=cap, options=opts)).ran_out
+
+    unbounded = run(SimConfig(options=opts)).summary.peak_reserved_bytes
     replays = 1
     lo = (lb - 1) // step * step if lb > 0 else -step  # largest multiple of step below lb: fails
     hi = max(round_up(max(unbounded, 1), step), lo + step)
@@ -171,39 +192,109 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
         if hi > limit:
             hi = limit // step * step
             replays += 1
-            if hi <= lo or not fits(trace, policy, SimConfig(capacity=hi, options=opts)):
+            if hi <= lo or not fits(hi):
                 return PolicyFit(policy, None, lb, unbounded, replays, limit)
             break
         replays += 1
-        if fits(trace, policy, SimConfig(capacity=hi, options=opts)):
+        if fits(hi):
             break
         lo, hi = hi, hi * 2
     while hi - lo > step:
         mid = (lo + hi) // 2 // step * step
         replays += 1
-        if fits(trace, policy, SimConfig(capacity=mid, options=opts)):
+        if fits(mid):
             hi = mid
         else:
             lo = mid
     return PolicyFit(policy, max(hi, 0), lb, unbounded, replays, limit)
 
 
-_WORKER_TRACE: Trace | None = None
+def _replayer(trace: Trace, policy: str, counterfactual: bool) -> Callable[[Any], Any]:
+    """config -> ReplayResult: the plain replay, or the counterfactual one of a prepared recording."""
+    if counterfactual:
+        from tracekit.advise.counterfactual import counterfactual_replay
+
+        return lambda cfg: counterfactual_replay(trace, policy, cfg)[1]
+    from tracekit.sim.engine import replay
+
+    return lambda cfg: replay(trace, policy, cfg)
 
 
-def _init_worker(path: str | None, trace: Trace | None, device: int | None) -> None:
-    global _WORKER_TRACE
-    _WORKER_TRACE = read_trace(path) if path is not None else trace
-    if _WORKER_TRACE is not None and device is not None:
-        _WORKER_TRACE = select_device(_WORKER_TRACE, device)
+Fingerprint = tuple[int, ...]
 
 
-def _work(policy: str, step: int, max_capacity: int | None, lb: int) -> PolicyFit:
-    assert _WORKER_TRACE is not None
+def fingerprint(trace: Trace) -> Fingerprint:
+    """What a worker checks its own read of the file against: the event count and the
+    wrapping uint64 sums of seq, op, addr, size and t_ns (one pass per column, no copy kept)."""
+    ev = trace.events
+    cols = (ev.seq, ev.op, ev.addr, ev.size, ev.t_ns)
+    return (len(ev), *(int(np.sum(c, dtype=np.uint64)) for c in cols))
+
+
+def reread(path: str, expected: Fingerprint) -> Trace:
+    """The trace at ``path`` as a worker reads it, when it is the trace the parent read.
+
+    A file replaced or changed while the command runs (an atomic ``mv`` by a sync) would mix
+    two traces' numbers in one answer: it ends the command in one sentence instead.
+    """
     try:
-        return search(_WORKER_TRACE, policy, step=step, max_capacity=max_capacity, lb=lb)
+        trace = read_trace(path)
+    except (TracekitError, OSError) as e:
+        raise InputError(f"{path}: the file changed while the command ran and is no longer the trace "
+                         f"that was read ({e}); run the command again") from None
+    if fingerprint(trace) != expected:
+        raise InputError(f"{path}: the file changed while the command ran and is no longer the trace "
+                         "that was read; run the command again")
+    return trace
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One policy's search on one device (``device`` None: the trace has one device)."""
+
+    device: int | None
+    policy: str
+    step: int
+    max_capacity: int | None
+    lb: int
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(path: str | None, trace: Trace | None, expected: Fingerprint | None) -> None:
+    _WORKER.clear()
+    _WORKER.update(path=path, trace=trace, expected=expected)
+
+
+def _device_input(device: int | None, policy: str) -> tuple[Trace, bool, dict[str, str]]:
+    """The trace a task searches, whether it is a prepared recording, and the policy's options
+    (the recorded setting); the whole trace is read once per worker, each device's part and
+    its prepared form once per device."""
+    from tracekit.advise.counterfactual import prepare, setting, uses_counterfactual
+
+    if _WORKER.get("trace") is None:
+        _WORKER["trace"] = reread(_WORKER["path"], _WORKER["expected"])
+    parts = _WORKER.setdefault("parts", {})
+    if device not in parts:
+        whole = _WORKER["trace"]
+        parts[device] = [select_device(whole, device) if device is not None else whole, None]
+    part = parts[device]
+    if not uses_counterfactual(part[0], policy):
+        return part[0], False, {}
+    if part[1] is None:
+        part[1] = prepare(part[0])
+    return part[1], True, setting(part[0], policy, {})
+
+
+def _work(task: _Task) -> PolicyFit:
+    trace, counterfactual, options = _device_input(task.device, task.policy)  # a changed file ends all
+    try:
+        return search(trace, task.policy, step=task.step, max_capacity=task.max_capacity, lb=task.lb,
+                      options=options, counterfactual=counterfactual)
     except Exception as e:  # one policy failing must not hide the others' answers
-        return PolicyFit(policy, None, lb, None, 0, max_capacity or _LIMIT, error=f"{type(e).__name__}: {e}")
+        return PolicyFit(task.policy, None, task.lb, None, 0, task.max_capacity or _LIMIT,
+                         error=f"{type(e).__name__}: {e}")
 
 
 def whatif(
@@ -214,49 +305,60 @@ def whatif(
     step: int = STEP,
     jobs: int | None = None,
 ) -> WhatIfResult:
-    """Smallest capacity per policy (per device); policies run in up to ``jobs`` processes
-    (default: ``tracekit.workers.default_jobs``, in this process when the work is small)."""
+    """Smallest capacity per policy (per device); every (device, policy) search runs in one pool
+    of up to ``jobs`` processes (default: ``tracekit.workers.default_jobs``, in this process
+    when the work is small). A recording searched under a pool policy goes through the
+    counterfactual prediction ``replay`` and ``advise`` make too, under its recorded setting;
+    recorded settings that cannot be used end the command (``InputError``) before any search."""
+    from tracekit.advise.counterfactual import setting, uses_counterfactual
     from tracekit.sim import policies as registry
 
     names = list(policies) if policies else registry.whatif_defaults()
     for name in names:
         registry.get(name)  # UsageError naming the valid policies
+        if uses_counterfactual(trace, name):
+            setting(trace, name, {})  # InputError naming the file: the recorded settings are unusable
     devs = device_ids(trace)
-    if len(devs) <= 1:
-        return _whatif_device(trace, names, None, max_capacity, step, jobs)
-    parts = tuple(_whatif_device(trace, names, d, max_capacity, step, jobs) for d in devs)
-    return WhatIfResult(parts[0].trace, None, step, max_capacity, devices=parts)
+    keys: list[int | None] = list(devs) if len(devs) > 1 else [None]
+    bounds = {d: lower_bound(select_device(trace, d) if d is not None else trace) for d in keys}
+    tasks = [_Task(d, p, step, max_capacity, bounds[d]) for d in keys for p in names]
+    fits = _run(trace, tasks, default_jobs(jobs, tasks=len(tasks), events=len(trace.events),
+                                           replays=len(tasks) * BISECT_REPLAYS))
+    path = str(trace.path) if trace.path else None
+    parts = []
+    for d in keys:
+        mine = tuple(f for t, f in zip(tasks, fits, strict=True) if t.device == d)
+        ev_dev = int(trace.events.device[0]) if d is None and len(trace.events) else d
+        parts.append(WhatIfResult(path, bounds[d], step, max_capacity, mine, device=ev_dev))
+    if len(parts) == 1:
+        return parts[0]
+    return WhatIfResult(path, None, step, max_capacity, devices=tuple(parts))
 
 
-def _whatif_device(whole: Trace, names: list[str], device: int | None, max_capacity: int | None,
-                   step: int, jobs: int | None) -> WhatIfResult:
-    """The search over one device's events (``device`` None: the trace has one device)."""
-    trace = select_device(whole, device) if device is not None else whole
-    lb = lower_bound(trace)
-    jobs = default_jobs(jobs, tasks=len(names), events=len(trace.events),
-                        replays=len(names) * BISECT_REPLAYS)
+def _run(trace: Trace, tasks: list[_Task], jobs: int) -> list[PolicyFit]:
+    """The searches, in order: in this process, or in one pool of ``jobs`` workers."""
     if jobs == 1:
         _init_worker(None, trace, None)
         try:
-            fits = []
-            for i, p in enumerate(names):
-                with progress.part(i, len(names)):  # each replay of the search moves the bar within the part
-                    fits.append(_work(p, step, max_capacity, lb))
+            out = []
+            for i, t in enumerate(tasks):
+                with progress.part(i, len(tasks)):  # each replay of the search moves the bar within the part
+                    out.append(_work(t))
+            return out
         finally:
             _init_worker(None, None, None)  # do not keep the trace alive in this process
-    else:
-        # Workers read the file themselves when there is one (cheaper than pickling the events).
-        path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
-        try:
-            with ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init_worker,
-                                     initargs=(path, None if path else trace, device)) as pool:
-                fits = []
-                for fit in pool.map(_work, names, [step] * len(names), [max_capacity] * len(names),
-                                    [lb] * len(names)):
-                    fits.append(fit)
-                    progress.report(len(fits), len(names))  # policies searched, in order
-        except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
-            raise TracekitError(f"{trace.path or 'the trace'}: a what-if worker process ended abruptly "
-                                "(out of memory or killed)") from None
-    return WhatIfResult(str(trace.path) if trace.path else None, lb, step, max_capacity, tuple(fits),
-                        device=int(trace.events.device[0]) if len(trace.events) else None)
+    # Workers read the file themselves when there is one (cheaper than pickling the events),
+    # and check that it is still the trace read here.
+    path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
+    args = (path, None, fingerprint(trace)) if path else (None, trace, None)
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init_worker,
+                                 initargs=args) as pool:
+            out = []
+            for fit in pool.map(_work, tasks):
+                out.append(fit)
+                progress.report(len(out), len(tasks))  # searches done, in order
+            return out
+    except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
+        raise TracekitError(f"{trace.path or 'the trace'}: a what-if worker process ended abruptly "
+                            "(out of memory or killed)") from None

@@ -73,6 +73,16 @@ def replay(
     continue_on_oom: bool = typer.Option(
         False, "--continue-on-oom", help="Skip a failed request (and its free) and go on."
     ),
+    stop_at_first_oom: bool = typer.Option(
+        False, "--stop-at-first-oom",
+        help="Stop at the first request that fails, also one the program survived (a handled OOM); "
+        "by default a replay goes on past those, as the program did, to the OOM it died of.",
+    ),
+    as_recorded: bool = typer.Option(
+        False, "--as-recorded",
+        help="With --sim: replay the recording exactly as recorded (every release point, address and "
+        "tie it recorded), not the prediction advise and whatif make for the setting.",
+    ),
     fail_on_oom: bool = typer.Option(False, "--fail-on-oom", help="Exit with code 3 if any request failed."),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
@@ -86,19 +96,21 @@ def replay(
     if device is not None:
         if device_total is not None:
             raise UsageError("--device-total applies to --sim, not --device")
+        if as_recorded:
+            raise UsageError("--as-recorded applies to --sim; a device replay follows the recording as it is")
         _device(trace, device, allocator.value, capacity, output, json_out, fail_on_oom,
-                continue_on_oom, compare_sim, force, torch_conf)
+                continue_on_oom, compare_sim, force, torch_conf, stop_at_first_oom)
         return
     if compare_sim is not None:
         raise UsageError("--compare-sim applies to --device; with --sim, run replay once per policy")
     assert sim is not None
     _simulate(trace, sim, capacity, device_total, torch_conf, output, json_out, continue_on_oom,
-              fail_on_oom, force)
+              fail_on_oom, force, stop_at_first_oom, as_recorded)
 
 
 def _device(trace: Path, device: int, allocator: str, capacity: str | None, output: Path | None,
             json_out: bool, fail_on_oom: bool, continue_on_oom: bool, compare_sim: str | None,
-            force: bool, torch_conf: str | None) -> None:
+            force: bool, torch_conf: str | None, stop_at_first_oom: bool) -> None:
     from tracekit.cli.common import echo_json, say, wrote
     from tracekit.errors import DeviceError, OOMVerdict
 
@@ -111,6 +123,7 @@ def _device(trace: Path, device: int, allocator: str, capacity: str | None, outp
     out = run_device_replay(
         trace, device=device, allocator=allocator, capacity=capacity, output=output,
         continue_on_oom=continue_on_oom, compare_sim=compare_sim, force=force, torch_conf=torch_conf,
+        stop_at_first_oom=stop_at_first_oom,
     )
     if out.written is not None:
         wrote(out.written)
@@ -124,7 +137,7 @@ def _device(trace: Path, device: int, allocator: str, capacity: str | None, outp
 
 def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | None,
               torch_conf: str | None, output: Path | None, json_out: bool, continue_on_oom: bool,
-              fail_on_oom: bool, force: bool) -> None:
+              fail_on_oom: bool, force: bool, stop_at_first_oom: bool, as_recorded: bool) -> None:
     from tracekit.cli.common import echo_json, say, wrote
     from tracekit.errors import OOMVerdict
     from tracekit.progress import Progress
@@ -139,12 +152,13 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
         device_total=parse_size(device_total, "--device-total") if device_total is not None else None,
         continue_on_oom=continue_on_oom,
         options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
+        stop_at_first_oom=stop_at_first_oom,
     )
     require_single_device_file(trace, "a simulated replay")
     bar = Progress("replaying", enabled=sys.stderr.isatty(), min_total=PROGRESS_MIN_EVENTS)
     try:
         result = replay_file(trace, sim, config, output=output, command=" ".join(["tracekit", *sys.argv[1:]]),
-                             on_progress=bar, force=force)
+                             on_progress=bar, force=force, as_recorded=as_recorded)
     finally:
         bar.close()
     for warning in result.warnings:

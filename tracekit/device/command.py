@@ -66,6 +66,7 @@ class DeviceReplayOutcome:
 def run_device_replay(
     trace: Path, *, device: int, allocator: str, capacity: str | None, output: Path | None,
     continue_on_oom: bool, compare_sim: str | None, torch_conf: str | None = None, force: bool = False,
+    stop_at_first_oom: bool = False,
 ) -> DeviceReplayOutcome:
     """The ``replay --device`` verb body, without printing."""
     from tracekit.device.replay import DeviceConfig, replay_on_device
@@ -86,7 +87,7 @@ def run_device_replay(
         check_policy(compare_sim)
     tr = read_trace(trace)
     cfg = DeviceConfig(device=device, allocator=alloc, capacity=cap, continue_on_oom=continue_on_oom,
-                       options=options)
+                       options=options, stop_at_first_oom=stop_at_first_oom)
     run = replay_on_device(tr, cfg)  # SIGTERM: Terminated (exit 143) once the device is released
     result = summary(tr, run)
     written = write_output(tr, run, output) if output is not None else None

@@ -8,11 +8,18 @@ list indexing, one dict operation, two ``perf_counter_ns`` reads and three list
 stores around the call, and no Python object outlives its chunk. Every
 ``Loop.every`` requests they sample cudaMemGetInfo and look for a pending
 Ctrl-C/SIGTERM, raising it there, where the map of live blocks is complete.
+
+Requests the program survived (handled ``oom`` rows, ``Loop.attempts``) are replayed as
+the program made them: a failure is counted and the replay goes on; a request the device
+can serve stands in for the retry that replaced it (that ``malloc`` makes no call and its
+free releases the attempt's block), or is released at once where nothing replaced it.
+Only the fatal request (or, with ``stop_at_first_oom``, any) stops the replay.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +28,7 @@ from tracekit.device.allocators import AsyncPool, ObservedPool
 from tracekit.device.capacity import PendingSignal
 from tracekit.errors import DeviceError
 from tracekit.sim.base import Status
+from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 
 CHUNK = 1 << 16
@@ -31,8 +39,13 @@ class Loop:
     """Mutable state shared by the loops: output arrays, live blocks, OOM bookkeeping."""
 
     def __init__(self, n: int, continue_on_oom: bool, sample_every: int | None,
-                 pending: PendingSignal) -> None:
+                 pending: PendingSignal, attempts: Attempts | None = None) -> None:
         self.continue_on_oom = continue_on_oom
+        self.handled = attempts.handled if attempts is not None else np.zeros(n, np.bool_)
+        self.replaced_by = attempts.replaced_by if attempts is not None else np.full(n, -1, np.int64)
+        self.standing: dict[int, Any] = {}  # retry row -> the served attempt's block standing in for it
+        self.released = np.zeros(n, np.bool_)  # handled attempts served and released at once
+        self.handled_ooms = 0
         self.pending = pending
         self.every = sample_every or sampling_interval(n)
         self.k = self.every  # requests left until the next sample (loops that resume keep it here)
@@ -68,11 +81,52 @@ class Loop:
 
             if isinstance(err, runtime.CUDARuntimeError) and err.status != _CUDA_OOM:
                 raise DeviceError(f"CUDA error at event {i}: {err}") from None
+        if self.handled[i]:  # the program survived this failure: the replay goes on, as it did
+            self.handled_ooms += 1
+            return False
         self.ooms += 1
         if self.first_oom < 0:
             self.first_oom = i
             self.oom_state = {"device_free": free, "error": str(err), **(stats or {})}
         return not self.continue_on_oom
+
+
+    def skip(self, i: int) -> bool:
+        """Row i is a handled attempt whose retry an earlier, served attempt already stands in for
+        (the program would not have made it): no call, status ``TRIED``."""
+        r = int(self.replaced_by[i])
+        return bool(self.handled[i]) and r >= 0 and r in self.standing
+
+    def served(self, i: int) -> Any:
+        """Handled attempt i was served (its block is ``live[i]``): it stands in for its retry,
+        or, with nothing to stand in for, is returned for the caller to release at once (else None)."""
+        r = int(self.replaced_by[i])
+        if r >= 0:
+            self.standing[r] = self.live[i]
+            return None
+        self.released[i] = True
+        return self.live.pop(i)
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """Per input row: ``handled`` (an ``oom`` row the program survived) and ``replaced_by``
+    (the ``malloc`` that replaced it, -1 none), as ``tracekit.sim.prepare`` finds them; with
+    ``stop_at_first_oom`` no row is handled and the first failure stops the replay."""
+
+    handled: np.ndarray
+    replaced_by: np.ndarray
+
+    @classmethod
+    def of(cls, trace: Trace, stop_at_first_oom: bool) -> Attempts:
+        from tracekit.sim.codes import Kind
+        from tracekit.sim.prepare import prepare
+
+        inp = prepare(trace)
+        n = len(inp)
+        if stop_at_first_oom:
+            return cls(np.zeros(n, np.bool_), np.full(n, -1, np.int64))
+        return cls(inp.kind == Kind.TRY, inp.replaced_by)
 
 
 def sampling_interval(n: int) -> int:
@@ -96,10 +150,10 @@ def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, r
 
     malloc, free, meminfo, clock, err_t = rt.malloc, rt.free, rt.memGetInfo, time.perf_counter_ns, \
         rt.CUDARuntimeError
-    live, every = lp.live, lp.every
+    live, every, standing, handled = lp.live, lp.every, lp.standing, lp.handled
     # plain ints in locals: an IntEnum compare or attribute load per event would slow the loop
     FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
-    S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
+    S_OOM, S_SKIPPED, S_TRIED = int(Status.OOM), int(Status.SKIPPED), int(Status.TRIED)
     k = every
     for base in _chunks(len(ops)):
         o_arr = ops[base:base + CHUNK]
@@ -123,6 +177,13 @@ def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, r
                     raise DeviceError(f"CUDA error at event {base + j} (cudaFree): {e}") from None
                 t1 = clock()
             elif o == MALLOC or o == OOM:  # noqa: SIM109 - a tuple per event is slower
+                if standing and base + j in standing:  # a served attempt's block stands in for it
+                    live[base + j] = addr[j] = standing.pop(base + j)
+                    stat[j] = S_TRIED
+                    continue
+                if o == OOM and lp.skip(base + j):
+                    stat[j] = S_TRIED
+                    continue
                 t0 = clock()
                 try:
                     p = malloc(s_l[j])
@@ -135,6 +196,9 @@ def loop_cuda(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, r
                     continue
                 t1 = clock()
                 live[base + j] = p
+                if o == OOM and handled[base + j] and lp.served(base + j) is not None:
+                    free(p)  # nothing replaced it: released at once
+                    stat[j] = S_TRIED
             else:
                 continue
             addr[j] = p
@@ -180,9 +244,9 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
     pool_malloc = backend.pool.malloc
     observed = backend if isinstance(backend, ObservedPool) else None
     errs = (memory.OutOfMemoryError, rt.CUDARuntimeError)
-    live, every = lp.live, lp.every
+    live, every, standing, handled = lp.live, lp.every, lp.standing, lp.handled
     FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
-    S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
+    S_OOM, S_SKIPPED, S_TRIED = int(Status.OOM), int(Status.SKIPPED), int(Status.TRIED)
     k = every
     multi = len(objs) > 1
     cur = -1
@@ -208,6 +272,13 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
                     del q  # the pool takes the chunk back when its last reference goes
                     t1 = clock()
                 elif o == MALLOC or o == OOM:  # noqa: SIM109 - a tuple per event is slower
+                    if standing and base + j in standing:  # a served attempt's block stands in for it
+                        live[base + j] = standing.pop(base + j)
+                        addr[j], stat[j] = live[base + j].ptr, S_TRIED
+                        continue
+                    if o == OOM and lp.skip(base + j):
+                        stat[j] = S_TRIED
+                        continue
                     if observed is not None:
                         observed.current = base + j
                     if multi and st_l[j] != cur:
@@ -225,6 +296,8 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
                         continue
                     t1 = clock()
                     p = live[base + j].ptr
+                    if o == OOM and handled[base + j] and lp.served(base + j) is not None:
+                        stat[j] = S_TRIED  # nothing replaced it: released at once (dropped here)
                 else:
                     continue
                 addr[j] = p

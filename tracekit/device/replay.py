@@ -35,7 +35,7 @@ from tracekit.device.capacity import (
     plan_capacity,
 )
 from tracekit.device.cuda import check_device, import_cupy
-from tracekit.device.loops import Loop, loop_cuda, loop_pool, replay_streams
+from tracekit.device.loops import Attempts, Loop, loop_cuda, loop_pool, replay_streams
 from tracekit.errors import DeviceError
 from tracekit.trace.reader import Trace
 
@@ -50,6 +50,7 @@ class DeviceConfig:
     continue_on_oom: bool = False
     sample_every: int | None = None  # None: sampling_interval(n)
     options: Mapping[str, str] = field(default_factory=dict)  # torch: allocator settings (--torch-conf)
+    stop_at_first_oom: bool = False  # a failed request the program survived stops the replay too
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +81,7 @@ class DeviceRun:
     first_oom: int
     oom_state: dict[str, Any] | None
     torch: Any = None  # torch_replay.TorchRun for the torch allocator
+    handled_ooms: int = 0  # failed requests the program survived too (the replay went on past them)
 
 
 def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
@@ -99,7 +101,8 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
         free_start, total = (int(x) for x in rt.memGetInfo())
         plan = plan_capacity(cfg.allocator, cfg.capacity, free_start, total)
         log = SegmentLog()
-        lp = Loop(len(ev), cfg.continue_on_oom, cfg.sample_every, pending)
+        lp = Loop(len(ev), cfg.continue_on_oom, cfg.sample_every, pending,
+                  Attempts.of(trace, cfg.stop_at_first_oom))
         ballast = Ballast(plan.ballast)
         backend: ObservedPool | AsyncPool | None = None
         try:
@@ -127,7 +130,8 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     if len(log):
         log.t_end[:] = [t - t_start for t in log.t_end]
     return DeviceRun(cfg, plan, lp.status, lp.addr, lp.latency, lp.t_end, lp.device_free, log, total,
-                     free_start, free_replay, free_end, peak, lp.ooms, lp.first_oom, lp.oom_state)
+                     free_start, free_replay, free_end, peak, lp.ooms, lp.first_oom, lp.oom_state,
+                     handled_ooms=lp.handled_ooms)
 
 
 def _peak_reserved(alloc: Allocator, backend: Any, lp: Loop, free_replay: int) -> int | None:

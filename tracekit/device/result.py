@@ -174,7 +174,7 @@ def summary(trace: Trace, run: DeviceRun) -> ReplaySummary:
         peak_live_bytes=int(live.max()) if len(live) else 0, peak_reserved_bytes=int(run.peak_reserved or 0),
         peak_extent=None, segment_allocs=int(np.count_nonzero(rows_op == Op.SEGMENT_ALLOC)),
         segment_frees=int(np.count_nonzero(rows_op == Op.SEGMENT_FREE)), oom=oom, oom_count=run.ooms,
-        stopped=oom is not None and not run.config.continue_on_oom,
+        stopped=oom is not None and not run.config.continue_on_oom, handled_ooms=run.handled_ooms,
     ).with_figures(device)
     return result if run.torch is None else result.with_figures(torch_figures(run))
 

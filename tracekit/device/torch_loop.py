@@ -88,20 +88,28 @@ def history_of(entries: list[Any]) -> tc.History:
 
 
 def closing_requests(ops: np.ndarray, status: np.ndarray, sizes: np.ndarray, mates: np.ndarray,
-                     lo: int, hi: int, frees: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                     lo: int, hi: int, frees: bool = True, released: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Input indices in [lo, hi) that left a closing history entry, in order, and that entry's action.
 
-    ``frees``: whether the history records frees (``free_completed``) at all.
+    ``frees``: whether the history records frees (``free_completed``) at all. ``released``:
+    handled attempts served and released at once (``Loop.released``): each left ``alloc``
+    and then, where frees are recorded, ``free_completed``.
     """
     o, st = ops[lo:hi], status[lo:hi]
     alloc = (o == Op.MALLOC) | (o == Op.OOM)
     m = mates[lo:hi]
     freed_size = np.where(m >= 0, sizes[np.maximum(m, 0)], 0)
-    placed = (st == Status.DONE) & alloc & (sizes[lo:hi] > 0)
+    rel = released[lo:hi] if released is not None else np.zeros(hi - lo, np.bool_)
+    placed = ((st == Status.DONE) | rel) & alloc & (sizes[lo:hi] > 0)
     freed = (st == Status.DONE) & (o == Op.FREE) & (freed_size > 0) & frees
     failed = st == Status.OOM
     idx = np.flatnonzero(placed | freed | failed)
     action = np.where(placed[idx], tc.ALLOC, np.where(freed[idx], tc.FREE_COMPLETED, tc.OOM)).astype(np.int8)
+    twice = np.flatnonzero(rel[idx] & placed[idx]) if frees else np.zeros(0, np.int64)
+    if len(twice):  # the release's free_completed right after its alloc
+        idx = np.insert(idx, twice + 1, idx[twice])
+        action = np.insert(action, twice + 1, np.int8(tc.FREE_COMPLETED))
     return idx + lo, action
 
 
@@ -185,7 +193,7 @@ class TorchLoop:
         lp, be = self.lp, self.backend
         h = be.harvest()
         frees = bool(np.any(h.action == tc.FREE_COMPLETED))  # PyTorch without skip_actions records them
-        req, actions = closing_requests(ops, lp.status, sizes, mates, lo, hi, frees)
+        req, actions = closing_requests(ops, lp.status, sizes, mates, lo, hi, frees, lp.released)
         rows = attach(h, req, actions, hi, lp.addr.view(np.int64))
         last = int(lp.t_end[hi - 1]) if hi > 0 else 0
         for i in range(len(rows.before)):
@@ -203,9 +211,9 @@ class TorchLoop:
         lp, be = self.lp, self.backend
         alloc, delete, oom_t = be.alloc, be.delete, be.oom_error
         clock, meminfo = time.perf_counter_ns, be.device_free
-        live, every = lp.live, lp.every
+        live, every, standing, handled = lp.live, lp.every, lp.standing, lp.handled
         FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
-        S_OOM, S_SKIPPED = int(Status.OOM), int(Status.SKIPPED)
+        S_OOM, S_SKIPPED, S_TRIED = int(Status.OOM), int(Status.SKIPPED), int(Status.TRIED)
         sl = slice(base, end)
         o_arr = ops[sl]
         o_l, s_l, m_l, h_l = o_arr.tolist(), sizes[sl].tolist(), mates[sl].tolist(), handles[sl].tolist()
@@ -226,6 +234,13 @@ class TorchLoop:
                     delete(p)
                     t1 = clock()
                 elif o == MALLOC or o == OOM:  # noqa: SIM109 - a tuple per event is slower
+                    if standing and base + j in standing:  # a served attempt's block stands in for it
+                        live[base + j] = addr[j] = standing.pop(base + j)
+                        stat[j] = S_TRIED
+                        continue
+                    if o == OOM and lp.skip(base + j):
+                        stat[j] = S_TRIED
+                        continue
                     t0 = clock()
                     try:
                         p = alloc(s_l[j], h_l[j])
@@ -238,7 +253,9 @@ class TorchLoop:
                         continue
                     t1 = clock()
                     live[base + j] = p
-                else:
+                    if o == OOM and handled[base + j] and lp.served(base + j) is not None:
+                        delete(p)  # nothing replaced it: released at once (history: alloc, then free)
+                        stat[j] = S_TRIED
                     continue
             except RuntimeError as e:
                 lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j)

@@ -23,7 +23,7 @@ import numpy as np
 
 from tracekit.device.allocators import SegmentLog
 from tracekit.device.capacity import Allocator, CapacityPlan, deferred_signals
-from tracekit.device.loops import Loop
+from tracekit.device.loops import Attempts, Loop
 from tracekit.device.replay import DeviceConfig, DeviceRun
 from tracekit.device.torch_backend import TorchBackend
 from tracekit.device.torch_initial import Rebuilt, rebuild
@@ -99,7 +99,8 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     backend = TorchBackend(cfg.device, plan, cfg.capacity)
     log = SegmentLog()
     with deferred_signals() as pending:
-        lp = Loop(len(ev), cfg.continue_on_oom, cfg.sample_every, pending)
+        lp = Loop(len(ev), cfg.continue_on_oom, cfg.sample_every, pending,
+                  Attempts.of(trace, cfg.stop_at_first_oom))
         handles = backend.open_streams(streams)[sidx]
         free_start, total = backend.free_total()
         rebuilt = None
@@ -131,7 +132,7 @@ def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     log.t_end[:] = [max(t - t_start, 0) for t in log.t_end]
     run = DeviceRun(cfg, CapacityPlan(cfg.capacity, 0, cfg.capacity), lp.status, lp.addr, lp.latency,
                     lp.t_end, lp.device_free, log, total, free_start, free_replay, free_end,
-                    None, lp.ooms, lp.first_oom, lp.oom_state)
+                    None, lp.ooms, lp.first_oom, lp.oom_state, handled_ooms=lp.handled_ooms)
     info = TorchRun(plan.conf, backend.settings, dict(plan.options), plan.release_points,
                     str(backend.torch.__version__), rebuilt, np.asarray(loop.mapped, bool),
                     np.asarray(loop.initial, bool), t_loop)

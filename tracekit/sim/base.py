@@ -61,12 +61,15 @@ class SimConfig:
     (CuPy ``set_limit``; PyTorch memory fraction x device total); None = unbounded.
     ``device_total``: the device under a pool (None = unbounded).
     ``options``: policy-specific settings, e.g. PyTorch's allocator config keys.
+    ``stop_at_first_oom``: a request the program survived (a handled ``oom`` row, which a
+    replay otherwise tries and goes on from, as the program did) stops the replay too.
     """
 
     capacity: int | None = None
     device_total: int | None = None
     continue_on_oom: bool = False
     options: Mapping[str, str] = field(default_factory=dict)
+    stop_at_first_oom: bool = False  # replay the requests the program survived as fatal ones too
 
 
 @dataclass(frozen=True, eq=False)

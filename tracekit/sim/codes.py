@@ -33,6 +33,8 @@ class Kind(IntEnum):
     ALLOC = 0  # malloc, or a recorded oom row replayed as an attempt
     FREE = 1
     OTHER = 2  # segment rows (the policy makes its own), ignored
+    TRY = 3  # a recorded oom row the program survived: attempted; a failure is handled, a success
+    #          is released at once (it lives no longer than the retry that replaced it)
 
 
 class Status(IntEnum):
@@ -42,6 +44,7 @@ class Status(IntEnum):
     DONE = 1  # malloc (or a replayed oom row) placed, or free performed
     OOM = 2  # the request could not be placed: emitted as an ``oom`` row
     SKIPPED = 3  # a free whose malloc failed earlier (--continue-on-oom)
+    TRIED = 4  # a handled request (``Kind.TRY``) the replay could serve: placed and released at once
 
 
 class Stat(IntEnum):
@@ -59,6 +62,7 @@ class Stat(IntEnum):
     OOM_LIVE = 9  # at the first OOM: live bytes
     OOM_RESERVED = 10  # at the first OOM: reserved bytes
     OOM_ROUNDED = 11  # at the first OOM: the request after the policy's rounding
+    HANDLED = 12  # count of handled requests (``Kind.TRY``) that failed again: the program went on
 
 
 class Fit(IntEnum):

@@ -67,6 +67,7 @@ def summarize(trace: Trace, policy: str, config: SimConfig, run: PolicyRun) -> R
         peak_extent=s[Stat.PEAK_EXTENT] if s[Stat.PEAK_EXTENT] >= 0 else None,
         segment_allocs=s[Stat.SEGMENT_ALLOCS], segment_frees=s[Stat.SEGMENT_FREES],
         oom=oom, oom_count=s[Stat.OOMS], stopped=oom is not None and not config.continue_on_oom,
+        handled_ooms=s[Stat.HANDLED],
     )
 
 
@@ -79,20 +80,29 @@ def replay_file(
     command: str | None = None,
     on_progress: progress.Callback | None = None,
     force: bool = False,
+    as_recorded: bool = False,
 ) -> ReplayResult:
     """Read the trace at ``path``, replay it, and write the replay to ``output`` if given.
 
-    The policy name and the output path are checked before the trace is read,
-    so a typo costs nothing on a large file; an existing output is refused unless ``force``.
+    The replay is the prediction ``advise`` and ``whatif`` make for the same setting
+    (``tracekit.advise.counterfactual.predict``: a recording under a pool policy is prepared
+    as counterfactual input); ``as_recorded`` replays the recording exactly as recorded,
+    every hint kept. The policy name and the output path are checked before the trace is
+    read, so a typo costs nothing on a large file; an existing output is refused unless ``force``.
     """
     policies.get(policy)
     if output is not None:
         check_output(Path(output), (Path(path),), force=force)
     trace = read_trace(path)  # extras too: policies start from an imported `initial` state
     with progress.reporting(on_progress):
-        result = replay(trace, policy, config)
+        if as_recorded:
+            replayed, result = trace, replay(trace, policy, config)
+        else:
+            from tracekit.advise.counterfactual import predict  # advise imports the simulator
+
+            replayed, result = predict(trace, policy, config)
     if output is not None:
-        write_replay(result, trace, output, command=command)
+        write_replay(result, replayed, output, command=command)
     skipped = tuple(f"skipped {i.describe()}" for i in trace.issues)
     return replace(result, warnings=skipped + result.warnings)
 

@@ -1,7 +1,9 @@
 """A replay as a v1 trace: the input requests with simulated addresses plus the allocator's rows.
 
-Rows, in order: each input ``malloc`` (or replayed ``oom`` row) that was
-placed becomes a ``malloc`` with the simulated address and the policy's
+Rows, in order: each input ``malloc`` (or replayed fatal ``oom`` row) that was
+placed becomes a ``malloc``; a handled ``oom`` row the replay could serve
+(``Status.TRIED``) leaves only the segment rows it caused (a retry it stood in
+for is written as a ``malloc`` at its address) with the simulated address and the policy's
 rounding; each performed ``free`` carries the block's simulated address and
 rounded size; each failed request becomes an ``oom`` row (addr null); the
 policy's ``segment_alloc``/``segment_free`` rows are inserted before the input
@@ -69,7 +71,7 @@ def replay_events(run: PolicyRun, trace: Trace) -> tuple[Events, np.ndarray]:
     size[in_pos] = np.where(is_free, free_size, ev.size[kept])
     size[row_pos] = run.rows_size
     rounded = np.zeros(total, np.uint64)
-    rounded[in_pos] = np.where(kind == Kind.ALLOC, rounded_in[kept], 0)
+    rounded[in_pos] = np.where((kind == Kind.ALLOC) | (kind == Kind.TRY), rounded_in[kept], 0)
 
     at = np.minimum(rb, max(n - 1, 0))  # policy rows take the time of the event they precede
     t_ns = np.zeros(total, np.int64)

@@ -1,7 +1,9 @@
 """The kernel-ready form of a trace, decoded once per trace: ``ReplayInput``.
 
 Policies need, per input event: whether it is an allocation attempt
-(``malloc`` or a replayed ``oom`` row), a ``free`` or neither (``Kind``); the
+(``malloc`` or the fatal ``oom`` row), a handled attempt (an ``oom`` row the program
+survived, ``analysis.fatal.handled_rows``: tried, and released at once when it can be
+served), a ``free`` or neither (``Kind``); the
 requested bytes; for a free the index of its malloc; the index of its stream
 among the trace's distinct streams; and the extra columns some traces carry,
 decoded here and nowhere else: ``initial`` (rows that rebuild the state at the
@@ -22,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from tracekit.sim.codes import Kind, Op
+from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 
 SIZE_CLAMP = 1 << 62  # larger requests fit nowhere; clamping keeps int64 sums exact
@@ -38,6 +41,9 @@ class ReplayInput:
     - ``pool`` (int64; 0 when absent);
     - ``segment_small`` (int8: 1 small pool, 0 large, -1 not given).
 
+    - ``replaced_by`` (int64): for a handled attempt (``Kind.TRY``), the ``malloc`` the program
+      made instead (``replacements``), -1 for none and for every other row.
+
     ``max_live`` is the largest number of simultaneously live requested blocks
     (an upper bound for kernels sizing their tables).
     """
@@ -52,21 +58,28 @@ class ReplayInput:
     expandable: np.ndarray
     pool: np.ndarray
     segment_small: np.ndarray
+    replaced_by: np.ndarray
 
     def __len__(self) -> int:
         return len(self.kind)
 
 
 @njit(cache=True)
-def _classify(op, mate):  # pragma: no cover - compiled
-    """One pass: the kind of each event and the most requests live at once."""
+def _classify(op, mate, handled):  # pragma: no cover - compiled
+    """One pass: the kind of each event and the most requests live at once (a handled
+    attempt is live for a moment: it counts one above the live requests around it)."""
     n = op.shape[0]
     kind = np.empty(n, np.int8)
     live = 0
     most = 0
     for i in range(n):
         o = op[i]
-        if o == Op.MALLOC or o == Op.OOM:  # a recorded failure is replayed as an attempt
+        if o == Op.OOM and handled[i]:  # survived by the program: tried, live at most until its retry's free
+            kind[i] = Kind.TRY
+            live += 1  # an upper bound: a served attempt is counted until the end
+            if live > most:
+                most = live
+        elif o == Op.MALLOC or o == Op.OOM:  # the fatal failure is replayed as an attempt
             kind[i] = Kind.ALLOC
             live += 1
             if live > most:
@@ -129,8 +142,11 @@ def prepare(trace: Trace) -> ReplayInput:
         return hit
     ev = trace.events
     # Kernels read mate only at frees (a free without a malloc, mate -1, frees nothing).
+    from tracekit.analysis.fatal import handled_rows  # here: the analysis package imports the simulator
+
     mate = trace.mate
-    kind, max_live = _classify(ev.op, mate)
+    handled = handled_rows(ev, trace.meta.extra)
+    kind, max_live = _classify(ev.op, mate, handled)
     if len(kind) and int(ev.size.max()) >= SIZE_CLAMP:
         size = np.minimum(ev.size, np.uint64(SIZE_CLAMP)).view(np.int64)
         size.flags.writeable = False  # as the column itself: one compiled kernel either way
@@ -141,7 +157,69 @@ def prepare(trace: Trace) -> ReplayInput:
         kind=kind, size=size, mate=mate, max_live=int(max_live), streams=streams,
         stream_index=stream_index, initial=_bool_column(trace, "initial"),
         expandable=_bool_column(trace, "expandable"), pool=_pool_column(trace),
-        segment_small=_segment_small(trace),
+        segment_small=_segment_small(trace), replaced_by=replacements(ev, handled),
     )
     _CACHE[trace] = out
+    return out
+
+
+def attempt_kinds(inp: ReplayInput, stop_at_first_oom: bool) -> np.ndarray:
+    """The kinds a kernel replays: ``inp.kind``, or with ``stop_at_first_oom`` every handled
+    attempt as a plain one (the replay then ends at the first request that fails)."""
+    if not stop_at_first_oom:
+        return inp.kind
+    return np.where(inp.kind == Kind.TRY, np.int8(Kind.ALLOC), inp.kind).astype(np.int8)
+
+
+SKIP = -2  # ``stand_in``: a handled attempt an earlier attempt of its chain already stood in for
+
+
+@njit(cache=True)
+def stand_in(kind, rep, holder, i):  # pragma: no cover - compiled
+    """What a kernel does with row i before placing it: ``SKIP`` (a handled attempt whose
+    retry an earlier, served attempt already stands in for: the program would not have
+    made it), the index of the served attempt standing in for this ``malloc`` (the kernel
+    hands its block to row i: nothing is allocated), or -1 (place the row as usual)."""
+    k = kind[i]
+    if k == Kind.ALLOC:
+        return holder[i]
+    if k == Kind.TRY and rep[i] >= 0 and holder[rep[i]] >= 0:
+        return SKIP
+    return -1
+
+
+def holders(n: int) -> np.ndarray:
+    """A kernel's table of served handled attempts: per retry row, the attempt standing in its
+    place (int64, -1 none; the kernel fills it as it serves attempts, ``replaced_by``)."""
+    return np.full(n, -1, np.int64)
+
+
+def replacements(ev: Events, handled: np.ndarray) -> np.ndarray:
+    """Per row: for a handled ``oom`` row, the ``malloc`` that replaced it, else -1.
+
+    The replacement is the next ``malloc`` on the row's device and stream when it comes
+    from the same call-site and asks for less (cuDNN's smaller workspace, a caller's
+    smaller retry): the program used it for what the failed request was for, so a replay
+    that can serve the failed request keeps that block live in the retry's place, until
+    the retry's free. A handled row without one (the program did without) has -1.
+    """
+    out = np.full(len(ev), -1, np.int64)
+    rows = np.flatnonzero(handled)
+    if len(rows) == 0:
+        return out
+    mallocs = np.flatnonzero(ev.op == Op.MALLOC)
+    dev, stream = ev.device.astype(np.int64), ev.stream.view(np.int64)
+    nxt = np.full(len(rows), -1, np.int64)
+    # One mask per (device, stream) of the handled rows: a few, as OOMs come from few streams.
+    for d, s in np.unique(np.stack([dev[rows], stream[rows]], axis=1), axis=0).tolist():
+        mine = mallocs[(dev[mallocs] == d) & (stream[mallocs] == s)]
+        if len(mine) == 0:
+            continue
+        sel = (dev[rows] == d) & (stream[rows] == s)
+        at = np.searchsorted(mine, rows[sel], side="right")
+        nxt[sel] = np.where(at < len(mine), mine[np.minimum(at, len(mine) - 1)], -1)
+    ok = nxt >= 0
+    cand = np.where(ok, nxt, 0)
+    same = ok & (ev.site[rows] >= 0) & (ev.site[cand] == ev.site[rows]) & (ev.size[cand] < ev.size[rows])
+    out[rows[same]] = nxt[same]
     return out

@@ -86,6 +86,7 @@ class ReplaySummary:
     oom_count: int
     stopped: bool  # the replay ended at the first OOM (no --continue-on-oom)
     figures: tuple[Figures, ...] = ()  # more groups a replay measured (see the module docstring)
+    handled_ooms: int = 0  # requests the program survived that failed in the replay too (it went on)
 
     def with_figures(self, *groups: Figures) -> ReplaySummary:
         """This summary with more groups of figures."""
@@ -98,6 +99,7 @@ class ReplaySummary:
             "peak_reserved_bytes": self.peak_reserved_bytes, "peak_extent": self.peak_extent,
             "segment_allocs": self.segment_allocs, "segment_frees": self.segment_frees,
             "oom": self.oom.to_dict() if self.oom else None, "oom_count": self.oom_count,
+            "handled_oom_count": self.handled_ooms,
         }
         for group in self.figures:
             d[group.key] = group.to_dict()
@@ -125,9 +127,11 @@ class ReplaySummary:
 
     def _oom_lines(self) -> list[str]:
         o = self.oom
+        handled = ([f"handled OOMs   {self.handled_ooms:,} request(s) the program survived failed here too; "
+                    "the replay went on, as the program did"] if self.handled_ooms else [])
         if o is None:
-            return ["out of memory  no"]
-        lines = [
+            return ["out of memory  no", *handled]
+        lines = [*handled,
             f"out of memory  at seq {o.seq}: request {format_size(o.size)} "
             f"(rounded {format_size(o.rounded)})",
             f"  free {format_size(o.free_bytes)}, largest free block {format_size(o.largest_free_block)}, "

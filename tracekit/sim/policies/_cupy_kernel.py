@@ -20,9 +20,10 @@ from numba import njit
 
 from tracekit.sim import chunks as ck
 from tracekit.sim import segments as sg
-from tracekit.sim.codes import CupySetting, Op, Reservation, Slot, Status
+from tracekit.sim.codes import CupySetting, Kind, Op, Reservation, Slot, Stat, Status
 from tracekit.sim.codes import Field as F
 from tracekit.sim.codes import Piece as P
+from tracekit.sim.prepare import stand_in
 
 NO_RELEASE = -2  # ``rel``: no release here; -1 releases every arena, k >= 0 arena k alone
 NO_X = np.zeros((0, len(Reservation)), dtype=np.int64)  # no expandable reservations in CuPy's pool
@@ -45,7 +46,7 @@ def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - 
 
 
 @njit(cache=True, error_model="numpy")
-def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
+def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
                 C, R, S, stats):  # pragma: no cover - compiled
     limit = cfg[CupySetting.LIMIT]
     dev_total = cfg[CupySetting.DEVICE_TOTAL]
@@ -80,7 +81,16 @@ def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
         if rel[i] != NO_RELEASE:  # the program (or a retry) released cached memory here
             R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
             sg.release_whole_in(C, S, R, i, stream, rel[i])
-        if o == Op.MALLOC or o == Op.OOM:
+        kd = kind[i]
+        h = stand_in(kind, rep, holder, i)
+        if h >= 0:  # a served handled attempt stands in for this malloc: its block
+            blk[i] = blk[h]
+            addr[i] = addr[h]
+            rounded[i] = rounded[h]
+        if h != -1:
+            status[i] = Status.DONE if h >= 0 else Status.TRIED
+            continue
+        if kd == Kind.ALLOC or kd == Kind.TRY:
             s = (size[i] + 511) // 512 * 512
             rounded[i] = s
             if s == 0:  # CuPy returns a null pointer without touching the pool
@@ -103,15 +113,25 @@ def cupy_replay(op, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
             elif _try_malloc(C, S, R, i, s, limit, dev_total, stream):
                 at = sg.recorded_addr(C, S, NO_X, i, s, hints, True)
                 x = sg.add_segment(C, S, R, i, at, s, a, stream[a])
+            elif kd == Kind.TRY:  # the program survived this failure: it goes on
+                status[i] = Status.OOM
+                stats[Stat.HANDLED] += 1
+                continue
             else:
                 status[i] = Status.OOM
                 ck.note_oom(C, S, i, a, s, stats)
                 if cfg[CupySetting.CONTINUE] == 0:
                     break
                 continue
+            if kd == Kind.TRY and rep[i] < 0:  # served; nothing replaced it: released at once
+                ck.free_merge(C, S, x)
+                status[i] = Status.TRIED
+                continue
+            if kd == Kind.TRY:  # served: it lives in place of the retry that replaced it
+                holder[rep[i]] = i
             blk[i] = x
             addr[i] = C[x, F.ADDR]
-            status[i] = Status.DONE
+            status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
             ck.add_live(S, s)
         elif o == Op.FREE:
             ck.free_request(C, S, blk, status, mate, i)

@@ -18,6 +18,7 @@ from tracekit.sim import sizeclass, treap
 from tracekit.sim.codes import Fit, Kind, Stat, Status
 from tracekit.sim.codes import HeapSlot as H
 from tracekit.sim.codes import ListField as F
+from tracekit.sim.prepare import stand_in
 from tracekit.sim.treap import K1, K2, K3, MX, SZ
 
 AT = 0  # the treap's columns start the row
@@ -206,15 +207,26 @@ def _largest(T, st, roots, bm):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def run_chunk(T, st, stack, roots, bm, kind, size, mate, rounded, node_of, addr_out, status, stats,
-              lo, hi, cont):
+def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, node_of, addr_out, status,
+              stats, lo, hi, cont):
     # pragma: no cover - compiled
     for i in range(lo, hi):
         k = kind[i]
-        if k == Kind.ALLOC:
+        h = stand_in(kind, rep, holder, i)
+        if h >= 0:  # a served handled attempt stands in for this malloc: its block
+            node_of[i] = node_of[h]
+            addr_out[i] = addr_out[h]
+        if h != -1:
+            status[i] = Status.DONE if h >= 0 else Status.TRIED
+            continue
+        if k == Kind.ALLOC or k == Kind.TRY:
             r = max(((size[i] + 511) >> 9) << 9, 512)  # 512-byte units, at least one
             rounded[i] = r
             x = _find(T, st, stack, roots, bm, r)
+            if x < 0 and k == Kind.TRY:  # the program survived this failure: it goes on
+                status[i] = Status.OOM
+                stats[Stat.HANDLED] += 1
+                continue
             if x < 0:
                 status[i] = Status.OOM
                 stats[Stat.OOMS] += 1
@@ -231,9 +243,19 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rounded, node_of, addr_
                 continue
             y = _place(T, st, roots, bm, x, r)
             a = T[y, F.ADDR]
+            if k == Kind.TRY and rep[i] < 0:  # served; nothing replaced it: released at once
+                if a + r > stats[Stat.PEAK_EXTENT]:
+                    stats[Stat.PEAK_EXTENT] = a + r
+                st[H.ROVER] = a + r
+                _release(T, st, roots, bm, y)
+                status[i] = Status.TRIED
+                continue
             node_of[i] = y
             addr_out[i] = a
             status[i] = Status.DONE
+            if k == Kind.TRY:  # served: it lives in place of the retry that replaced it
+                status[i] = Status.TRIED
+                holder[rep[i]] = i
             st[H.ROVER] = a + r
             st[H.LIVE] += r
             if st[H.LIVE] > stats[Stat.PEAK_LIVE]:

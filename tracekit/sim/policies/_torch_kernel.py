@@ -26,10 +26,11 @@ from numba import njit
 from tracekit.sim import chunks as ck
 from tracekit.sim import segments as sg
 from tracekit.sim.codes import Field as F
-from tracekit.sim.codes import Op, Slot, Status, TorchPool, Tree
+from tracekit.sim.codes import Kind, Op, Slot, Stat, Status, TorchPool, Tree
 from tracekit.sim.codes import Piece as P
 from tracekit.sim.codes import TorchSetting as T
 from tracekit.sim.policies import _torch_expand as xp
+from tracekit.sim.prepare import stand_in
 
 MIB = 1 << 20
 NO_LIMIT = 1 << 62  # max_split_size unset
@@ -203,8 +204,8 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: n
 
 
 @njit(cache=True, error_model="numpy")
-def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel, retry, hints, stream,
-                 cfg, C, R, S, X, stats):  # pragma: no cover - compiled
+def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_exp, init_addr, rel, retry,
+                 hints, stream, cfg, C, R, S, X, stats):  # pragma: no cover - compiled
     """Replay every event; ``cfg`` is the ``TorchSetting`` vector.
 
     ``rel``: the program released cached memory before this row
@@ -240,7 +241,15 @@ def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel,
             C = ck.room(C, S, 2 * S[Slot.NALIVE] + 8)
             R = ck.rows_room(R, S, S[Slot.NALIVE] + 4 + _pages(S, cfg, 0))
             release_cached(C, S, R, i, stream, X)
-        if o == Op.MALLOC or o == Op.OOM:
+        kd = kind[i]
+        h = stand_in(kind, rep, holder, i)
+        if h >= 0:  # a served handled attempt stands in for this malloc: its block
+            blk[i] = blk[h]
+            addr[i] = addr[h]
+        if h != -1:
+            status[i] = Status.DONE if h >= 0 else Status.TRIED
+            continue
+        if kd == Kind.ALLOC or kd == Kind.TRY:
             s = rounded[i]
             if size[i] == 0:  # PyTorch returns nullptr without touching the pool
                 status[i] = Status.DONE
@@ -254,15 +263,25 @@ def torch_replay(op, size, rounded, group, mate, init, init_exp, init_addr, rel,
                 release_cached(C, S, R, i, stream, X)
                 refused = 0
             x = _malloc(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints, refused)
+            if x == -1 and kd == Kind.TRY:  # the program survived this failure: it goes on
+                status[i] = Status.OOM
+                stats[Stat.HANDLED] += 1
+                continue
             if x == -1:
                 status[i] = Status.OOM
                 ck.note_oom(C, S, i, group[i], s, stats)
                 if cfg[T.CONTINUE] == 0:
                     break
                 continue
+            if kd == Kind.TRY and rep[i] < 0:  # served; nothing replaced it: released at once
+                ck.free_merge(C, S, x)
+                status[i] = Status.TRIED
+                continue
+            if kd == Kind.TRY:  # served: it lives in place of the retry that replaced it
+                holder[rep[i]] = i
             blk[i] = x
             addr[i] = C[x, F.ADDR]
-            status[i] = Status.DONE
+            status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
             ck.add_live(S, C[x, F.SIZE])
         elif o == Op.FREE:
             ck.free_request(C, S, blk, status, mate, i)

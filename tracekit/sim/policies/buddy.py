@@ -26,7 +26,7 @@ from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import BuddySlot as B
 from tracekit.sim.codes import Kind, Stat, Status, named_vector
 from tracekit.sim.heap import UNBOUNDED, UNIT, heap_run, heap_stats
-from tracekit.sim.prepare import prepare
+from tracekit.sim.prepare import attempt_kinds, holders, prepare, stand_in
 from tracekit.sim.treap import K1, K2, K3, NFIELDS, SZ
 from tracekit.trace.reader import Trace
 
@@ -86,16 +86,27 @@ def _largest_order(roots):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def run_chunk(T, st, roots, kind, order, mate, addr_out, status, stats, lo, hi, cont):
+def run_chunk(T, st, roots, kind, order, mate, rep, holder, addr_out, status, stats, lo, hi, cont):
     # pragma: no cover - compiled
     for i in range(lo, hi):
         T = _grow(T, st)
         kd = kind[i]
-        if kd == Kind.ALLOC:
+        h = stand_in(kind, rep, holder, i)
+        if h >= 0:  # a served handled attempt stands in for this malloc: its block
+            addr_out[i] = addr_out[h]
+            order[i] = order[h]
+        if h != -1:
+            status[i] = Status.DONE if h >= 0 else Status.TRIED
+            continue
+        if kd == Kind.ALLOC or kd == Kind.TRY:
             k = order[i]
             j = k
             while j <= MAX_ORDER and roots[j] < 0:
                 j += 1
+            if j > MAX_ORDER and kd == Kind.TRY:  # the program survived this failure: it goes on
+                status[i] = Status.OOM
+                stats[Stat.HANDLED] += 1
+                continue
             if j > MAX_ORDER:
                 status[i] = Status.OOM
                 stats[Stat.OOMS] += 1
@@ -120,13 +131,20 @@ def run_chunk(T, st, roots, kind, order, mate, addr_out, status, stats, lo, hi, 
                 y = _new(T, st, a + (np.int64(1) << j), j)
                 roots[j] = treap.insert(T, roots[j], y, False, AT)
             size = np.int64(1) << k
+            if a + size > stats[Stat.PEAK_EXTENT]:
+                stats[Stat.PEAK_EXTENT] = a + size
+            if kd == Kind.TRY and rep[i] < 0:  # served; nothing replaced it: released at once
+                _merge_free(T, st, roots, a, k)
+                status[i] = Status.TRIED
+                continue
             addr_out[i] = a
             status[i] = Status.DONE
+            if kd == Kind.TRY:  # served: it lives in place of the retry that replaced it
+                status[i] = Status.TRIED
+                holder[rep[i]] = i
             st[B.LIVE] += size
             if st[B.LIVE] > stats[Stat.PEAK_LIVE]:
                 stats[Stat.PEAK_LIVE] = st[B.LIVE]
-            if a + size > stats[Stat.PEAK_EXTENT]:
-                stats[Stat.PEAK_EXTENT] = a + size
         elif kd == Kind.FREE:
             m = mate[i]
             if m < 0:
@@ -134,22 +152,26 @@ def run_chunk(T, st, roots, kind, order, mate, addr_out, status, stats, lo, hi, 
             if status[m] != Status.DONE:
                 status[i] = Status.SKIPPED  # its malloc failed
                 continue
-            a = np.int64(addr_out[m])
-            k = order[m]
-            st[B.LIVE] -= np.int64(1) << k
-            while k < MAX_ORDER:
-                b = a ^ (np.int64(1) << k)
-                y = treap.find(T, roots[k], b, 0, 0, AT)
-                if y < 0:
-                    break
-                roots[k] = treap.remove(T, roots[k], y, False, AT)
-                _drop(T, st, y)
-                a = min(a, b)
-                k += 1
-            y = _new(T, st, a, k)
-            roots[k] = treap.insert(T, roots[k], y, False, AT)
+            st[B.LIVE] -= np.int64(1) << order[m]
+            _merge_free(T, st, roots, np.int64(addr_out[m]), order[m])
             status[i] = Status.DONE
     return T
+
+
+@njit(cache=True)
+def _merge_free(T, st, roots, a, k):  # pragma: no cover - compiled
+    """Return the block of order k at a, merged with its free buddies."""
+    while k < MAX_ORDER:
+        b = a ^ (np.int64(1) << k)
+        y = treap.find(T, roots[k], b, 0, 0, AT)
+        if y < 0:
+            break
+        roots[k] = treap.remove(T, roots[k], y, False, AT)
+        _drop(T, st, y)
+        a = min(a, b)
+        k += 1
+    y = _new(T, st, a, k)
+    roots[k] = treap.insert(T, roots[k], y, False, AT)
 
 
 @njit(cache=True)
@@ -186,9 +208,11 @@ class Buddy:
         stats = heap_stats()
         addr = np.zeros(n, np.uint64)
         status = np.zeros(n, np.int8)
+        kind = attempt_kinds(inp, config.stop_at_first_oom)
+        holder = holders(n)
         for lo, hi in progress.chunks(n):
-            T = run_chunk(T, st, roots, inp.kind, order, inp.mate, addr, status, stats, lo, hi,
-                          config.continue_on_oom)
+            T = run_chunk(T, st, roots, kind, order, inp.mate, inp.replaced_by, holder, addr, status, stats,
+                          lo, hi, config.continue_on_oom)
             if st[B.STOPPED]:
                 break
         rounded = np.left_shift(np.int64(1), order)

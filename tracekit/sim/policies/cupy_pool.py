@@ -41,7 +41,7 @@ from tracekit.sim.pool_run import (
     release_option,
     release_points,
 )
-from tracekit.sim.prepare import prepare
+from tracekit.sim.prepare import attempt_kinds, holders, prepare
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 
@@ -87,8 +87,9 @@ class CupyPool:
             CupySetting.TIES: ties == "trace" and hints.shape[1] > 0,
         })
         addr, status, rounded, C, R = cupy_replay(
-            ev.op, inp.size, arena, trace.mate, init, ev.addr.view(np.int64), rel, hints,
-            streams.view(np.int64), cfg, C, R, S, stats,
+            ev.op, attempt_kinds(inp, config.stop_at_first_oom), inp.replaced_by, holders(len(ev)), inp.size,
+            arena, trace.mate, init, ev.addr.view(np.int64), rel, hints, streams.view(np.int64), cfg, C, R, S,
+            stats,
         )
         return pack(addr, status, rounded, R, S, stats), C, S
 

@@ -36,7 +36,7 @@ from tracekit.sim.base import PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import LIST_WIDTH, Fit, HeapSlot, named_vector
 from tracekit.sim.heap import UNBOUNDED, heap_run, heap_stats
 from tracekit.sim.policies import _freelist_kernel as k
-from tracekit.sim.prepare import prepare
+from tracekit.sim.prepare import attempt_kinds, holders, prepare
 from tracekit.trace.reader import Trace
 
 __all__ = ["Fit", "FreeListModel"]
@@ -74,9 +74,11 @@ class FreeListModel:
         node_of = np.empty(n, np.int32)
         addr = np.zeros(n, np.uint64)
         status = np.zeros(n, np.int8)
+        kind = attempt_kinds(inp, config.stop_at_first_oom)
+        holder = holders(n)
         for lo, hi in progress.chunks(n):
-            k.run_chunk(T, st, stack, roots, bm, inp.kind, inp.size, inp.mate, rounded, node_of, addr,
-                        status, stats, lo, hi, config.continue_on_oom)
+            k.run_chunk(T, st, stack, roots, bm, kind, inp.size, inp.mate, inp.replaced_by, holder, rounded,
+                        node_of, addr, status, stats, lo, hi, config.continue_on_oom)
             if st[HeapSlot.STOPPED]:
                 break
         return heap_run(config, addr, status, rounded, stats)

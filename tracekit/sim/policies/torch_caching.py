@@ -23,7 +23,7 @@ import numpy as np
 from tracekit.errors import InputError, UsageError
 from tracekit.sim import chunks as ck
 from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import Op, Reserve, TorchPool, TorchSetting, named_vector
+from tracekit.sim.codes import Kind, Op, Reserve, TorchPool, TorchSetting, named_vector
 from tracekit.sim.codes import Reservation as X_
 from tracekit.sim.policies._torch_config import (
     MIB,
@@ -41,7 +41,7 @@ from tracekit.sim.pool_run import (
     pool_stats,
     retry_releases,
 )
-from tracekit.sim.prepare import ReplayInput, prepare
+from tracekit.sim.prepare import ReplayInput, attempt_kinds, holders, prepare
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 
@@ -131,7 +131,7 @@ class TorchCaching:
 
     def run_with_state(self, trace: Trace, config: SimConfig) -> tuple[PolicyRun, np.ndarray, np.ndarray]:
         """The run, plus the final chunk store and counters (for consistency checks)."""
-        st = settings(_with_recorded_settings(trace, config.options))
+        st = settings(with_recorded_settings(trace, config.options))
         ev = trace.events
         inp = prepare(trace)
         streams, ns = inp.streams, len(inp.streams)
@@ -157,16 +157,17 @@ class TorchCaching:
         cap, rows_cap = capacity_for_state(trace)
         C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, LARGE_PAGE))
         stats = pool_stats()
+        kind = attempt_kinds(inp, config.stop_at_first_oom)
         addr, status, C, R = torch_replay(
-            ev.op, inp.size, rounded, group, trace.mate, init, init_exp,
-            ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
+            ev.op, kind, inp.replaced_by, holders(len(ev)), inp.size, rounded, group, trace.mate, init,
+            init_exp, ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
             C, R, S, X, stats,
         )
-        alloc = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
+        alloc = (kind == Kind.ALLOC) | (kind == Kind.TRY)
         return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats), C, S
 
 
-def _with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[str, str]:
+def with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[str, str]:
     """The allocator settings the trace was recorded with, overridden by explicit options.
 
     An imported snapshot stores PyTorch's ``allocator_settings``; replaying it
