@@ -410,29 +410,29 @@
     device_free: "#7f7f7f", frag: "#d62728" };
   const TL = M.timeline;
   let level = -1;
+  /* Per series two uPlot series, the bucket maximum (the line) and minimum, filled between as a band:
+     a filled band draws in a few ms where a zigzag through both would stroke thousands of tall segments. */
   function levelData(li) {
-    const lv = TL.levels[li], b = lv.bucket, n = TL.n;
-    const dup = b > 1;
-    const m = dup ? 2 * lv.count : lv.count;
-    const x = new Float64Array(m);
-    for (let i = 0; i < lv.count; i++) {
-      if (dup) { x[2 * i] = i * b; x[2 * i + 1] = Math.min((i + 1) * b, n) - 1; } else x[i] = i;
-    }
-    const ys = TL.series.map((s) => {
-      const lo = lv.lo[s.key], hi = lv.hi[s.key], y = new Array(m);
+    const lv = TL.levels[li], b = lv.bucket;
+    const x = new Float64Array(lv.count);
+    for (let i = 0; i < lv.count; i++) x[i] = i * b;
+    const ys = [];
+    for (const s of TL.series) {
       const scale = s.unit === "percent" ? 1 : 1 / 1048576;
-      for (let i = 0; i < lv.count; i++) {
-        const a = Number.isNaN(lo[i]) ? null : lo[i] * scale, c = Number.isNaN(hi[i]) ? null : hi[i] * scale;
-        if (dup) { y[2 * i] = a; y[2 * i + 1] = c; } else y[i] = c;
+      for (const col of [lv.hi[s.key], lv.lo[s.key]]) {
+        const y = new Array(lv.count);
+        for (let i = 0; i < lv.count; i++) y[i] = Number.isNaN(col[i]) ? null : col[i] * scale;
+        ys.push(y);
       }
-      return y;
-    });
+    }
     return [x, ...ys];
   }
   function pickLevel(a, b) {
     const w = Math.max(plot ? plot.bbox.width / devicePixelRatio : 1000, 200);
     for (let i = TL.levels.length - 1; i >= 0; i--) {
-      if ((b - a) / TL.levels[i].bucket <= 2 * w) return i; // the finest level with at most 2 buckets per pixel
+      // The finest level with at most one bucket per two pixels: the band keeps every minimum and
+      // maximum, and software rasterizing of a jagged path costs with its vertices.
+      if ((b - a) / TL.levels[i].bucket <= w / 2) return i;
     }
     return 0;
   }
@@ -497,7 +497,7 @@
   function curveTip(u) {
     const i = u.cursor.idx;
     if (i === null || i === undefined || u.cursor.left < 0) { hideTip(); return; }
-    const lv = TL.levels[level], b = lv.bucket, bi = b > 1 ? i >> 1 : i;
+    const lv = TL.levels[level], b = lv.bucket, bi = i;
     const k0 = bi * b, k1 = Math.min((bi + 1) * b, TL.n) - 1;
     const fine = TL.levels[TL.levels.length - 1].bucket, fi = Math.floor(k0 / fine);
     const lines = [b > 1 ? "events " + k0.toLocaleString() + "–" + k1.toLocaleString() + " (min..max)" :
@@ -515,20 +515,21 @@
   function buildTimeline() {
     const box = $("timeline");
     const width = Math.max(600, Math.min(1400, box.clientWidth || 1200));
-    const series = [{ label: "event" }];
+    const series = [{ label: "event" }], bands = [];
     for (const s of TL.series) {
-      series.push({ label: s.label, stroke: COL[s.key] || "#000", width: s.key === "live" ? 1.6 : 1.1,
-        scale: s.unit === "percent" ? "%" : "y", dash: s.key === "device_free" ? [3, 3] : undefined,
-        value: (u, v) => (v === null || v === undefined ? "–" : s.unit === "percent" ? v.toFixed(1) + "%" : fmtBytes(v * 1048576)),
-        points: { show: false } });
+      const common = { stroke: COL[s.key] || "#000", scale: s.unit === "percent" ? "%" : "y",
+        dash: s.key === "device_free" ? [3, 3] : undefined, points: { show: false } };
+      series.push({ ...common, label: s.label, width: s.key === "live" ? 1.6 : 1.1 });
+      series.push({ ...common, label: s.label + " (bucket minimum)", width: 0.6 });
+      bands.push({ series: [series.length - 2, series.length - 1], fill: (COL[s.key] || "#000000") + "38" });
     }
     const opts = {
-      width, height: 380, series,
+      width, height: 380, series, bands,
       scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] }, "%": { range: [0, 100] } },
       axes: [{ label: "event index", values: (u, vals) => vals.map(compact) }, { label: "MiB", size: 70 }]
         .concat(TL.series.some((s) => s.unit === "percent") ? [{ side: 1, scale: "%", label: "fragmentation %", grid: { show: false } }] : []),
       cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
-      legend: { live: false },
+      legend: { show: false },
       hooks: {
         draw: [markers],
         setCursor: [curveTip],
@@ -542,6 +543,14 @@
     cache.set(0, levelData(0));
     plot = new uPlot(opts, cache.get(0), box);
     T.plot = plot;
+    const key = el("div", "legend");
+    for (const s of TL.series) {
+      const item = el("span", "litem"), sw = el("span", "sw");
+      sw.style.background = COL[s.key] || "#000";
+      item.append(sw, el("span", null, s.label + (s.unit === "percent" ? " (right axis)" : "")));
+      key.append(item);
+    }
+    box.after(key);
     const over = plot.over;
     let down = null;
     over.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; });
