@@ -57,11 +57,12 @@ def snapshot(path: Path) -> Path:
     return path
 
 
-def tracekit(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None,
+def tracekit(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None,
              fsize: int | None = None, user: int | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run the CLI in a child (bytes out): under a file size limit, or as another user, if asked."""
     def limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails (EFBIG), as on a full disk
+        assert fsize is not None
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
     full_env = {**os.environ, **(env or {})}
@@ -132,7 +133,8 @@ def test_a_folder_one_may_not_write(tmp_path: Path, unwritable: Path, verb: str)
     out = unwritable / f"out-{verb}.x"
     r = tracekit(*WRITERS[verb](src, snap, out))
     line = assert_one_sentence(r, f"{out}: cannot ")  # write, or make the --png folder
-    assert any(c in line for c in ("Permission denied", "Read-only file system", "Operation not permitted")), line
+    causes = ("Permission denied", "Read-only file system", "Operation not permitted")
+    assert any(c in line for c in causes), line
     assert not out.exists()
 
 
@@ -201,7 +203,8 @@ def test_a_folder_one_may_not_enter_and_a_file_one_may_not_read(shared: tuple[Pa
     try:
         for args, cause in (
             (["info", closed / "x.parquet"], "closed/x.parquet: cannot read the trace (Permission denied)"),
-            (["synth", "-p", "random", "-n", "10", "-o", closed / "x.parquet"], "cannot write (Permission denied)"),
+            (["synth", "-p", "random", "-n", "10", "-o", closed / "x.parquet"],
+             "cannot write (Permission denied)"),
             (["report", src, "-o", closed / "r.html"], "cannot write (Permission denied)"),
             # Unreadable input is bad input (exit 1), not bad usage (exit 2).
             (["info", unread], "unread.parquet: cannot read the trace (Permission denied)"),
@@ -218,8 +221,8 @@ def test_a_folder_one_may_not_enter_and_a_file_one_may_not_read(shared: tuple[Pa
 
 def test_a_file_name_that_is_not_utf8_is_read(tmp_path: Path) -> None:
     raw = os.fsencode(tmp_path) + b"/run\xff\x1b[2J.parquet"
-    shutil.copy(small_trace(tmp_path / "t.parquet"), raw)
     name = os.fsdecode(raw)
+    shutil.copy(small_trace(tmp_path / "t.parquet"), name)
     assert len(read_trace(name).events) == 3
     r = tracekit("info", name)
     assert r.returncode == 0, r.stderr
