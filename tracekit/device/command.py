@@ -106,7 +106,8 @@ def _compare(tr: Any, run: Any, policy: str, cap: int | None, continue_on_oom: b
     """The side-by-side table; for torch against torch also reserved bytes after every request."""
     from tracekit.device.compare import compare_with_sim
 
-    comparison = compare_with_sim(tr, policy, cap, continue_on_oom, result, run.config.options)
+    comparison = compare_with_sim(tr, policy, cap, continue_on_oom, result, run.config.options,
+                                  run.config.stop_at_first_oom)
     if run.torch is None or policy != "torch":
         return comparison
     from tracekit.device.torch_compare import compare_with_model

@@ -36,17 +36,20 @@ def check_policy(policy: str) -> None:
 
 
 def compare_with_sim(trace: Trace, policy: str, capacity: int | None, continue_on_oom: bool,
-                     device: dict[str, Any], options: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     device: dict[str, Any], options: Mapping[str, str] | None = None,
+                     stop_at_first_oom: bool = False) -> dict[str, Any]:
     """Simulate ``policy`` and compare it with the device replay's summary ``device``.
 
-    ``options``: the torch allocator settings the device ran under (given to the ``torch`` model only).
+    ``options``: the torch allocator settings the device ran under (given to the ``torch`` model only);
+    the model replays the recording as the device did (as recorded, handled OOMs gone past unless
+    ``stop_at_first_oom``).
     """
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay
 
     opts = dict(options or {}) if policy == "torch" else {}
     sim = replay(trace, policy, SimConfig(capacity=capacity, continue_on_oom=continue_on_oom,
-                                          options=opts)).to_dict()
+                                          options=opts, stop_at_first_oom=stop_at_first_oom)).to_dict()
     return compare_summaries(device, sim, policy)
 
 
