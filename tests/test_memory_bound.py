@@ -198,3 +198,38 @@ def test_an_extra_text_column_is_held_to_the_same_bound(tmp_path: Path) -> None:
     assert TEXT_FREE_BYTES + 64 * size < 64 << 20  # what makes it hostile: the file is small
     with pytest.raises(InputError, match=r"column 'note' holds 67,10\d,\d\d\d bytes of text once decomp"):
         read_meta(path)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _understate(src: Path, dst: Path, column: int, claim: int) -> Path:
+    """``src`` with column ``column``'s ``total_uncompressed_size`` in the footer rewritten to ``claim``
+    (a Thrift zigzag varint, padded to the same length so the footer keeps its layout)."""
+    data = bytearray(src.read_bytes())
+    true = pq.ParquetFile(src).metadata.row_group(0).column(column).total_uncompressed_size
+    old, new = _varint(true << 1), bytearray(_varint(claim << 1))
+    while len(new) < len(old):  # a varint may carry empty continuation bytes
+        new[-1] |= 0x80
+        new.append(0)
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    at = data.index(old, footer)
+    data[at:at + len(old)] = new
+    dst.write_bytes(bytes(data))
+    assert pq.ParquetFile(dst).metadata.row_group(0).column(column).total_uncompressed_size == claim
+    return dst
+
+
+def test_a_footer_that_understates_its_text_is_caught_by_the_page_headers(
+        inputs: dict[str, Path], tmp_path: Path) -> None:
+    """The 256 MiB call-site, its footer claiming 1,000 bytes: the pages' own headers say 256 MiB."""
+    liar = _understate(inputs["one-site"], tmp_path / "liar.parquet", 8, 1000)
+    rc, peak, err = _peak("analyze", str(liar))
+    assert rc == 1 and "column 'site' holds 268,435,4" in err and "Traceback" not in err, err
+    assert peak <= peak_bytes(liar.stat().st_size), f"{peak / 2**20:.0f} MiB"

@@ -26,6 +26,7 @@ from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
+from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
 from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals
 from tracekit.trace.validate import EventIssue, IssueKind, pair_events, remap_mate
@@ -143,15 +144,20 @@ TEXT_PER_FILE_BYTE = 64
 
 
 def _check_text(p: Path, pf: pq.ParquetFile, file_bytes: int) -> None:
-    """InputError when a text column declares more decompressed bytes than the bound above."""
+    """InputError when a text column declares more decompressed bytes than the bound above: in the
+    footer's metadata, or (a footer can understate it) in its pages' own headers, what Arrow allocates."""
     md = pf.metadata
+    text = [c for c in range(md.num_columns)
+            if md.schema.column(c).physical_type in ("BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")]
+    if not text:
+        return
     declared: dict[str, int] = {}
-    for c in range(md.num_columns):
-        if md.schema.column(c).physical_type not in ("BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"):
-            continue
-        name = md.schema.column(c).path.split(".")[0]
-        declared[name] = declared.get(name, 0) + sum(
-            md.row_group(g).column(c).total_uncompressed_size for g in range(md.num_row_groups))
+    budget = [MAX_PAGES]
+    with open(p, "rb") as f:
+        for c in text:
+            name = md.schema.column(c).path.split(".")[0]
+            declared[name] = declared.get(name, 0) + sum(
+                _chunk_text_bytes(p, f, md.row_group(g).column(c), budget) for g in range(md.num_row_groups))
     allowed = TEXT_FREE_BYTES + TEXT_PER_FILE_BYTE * file_bytes
     for name, size in declared.items():
         if size > allowed:
@@ -159,6 +165,20 @@ def _check_text(p: Path, pf: pq.ParquetFile, file_bytes: int) -> None:
                 f"{p}: column '{name[:40]}' holds {size:,} bytes of text once decompressed, from a file "
                 f"of {file_bytes:,} bytes; more than {TEXT_FREE_BYTES >> 20} MiB plus {TEXT_PER_FILE_BYTE} "
                 "bytes per byte of the file is refused (before it is decompressed)")
+
+
+def _chunk_text_bytes(p: Path, f: BinaryIO, chunk: pq.ColumnChunkMetaData, budget: list[int]) -> int:
+    """The larger of a column chunk's declared decompressed size and its pages' (``trace.pages``);
+    the declared one alone where the headers cannot be read (Arrow then says the file is damaged)."""
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    try:
+        pages = decompressed_bytes(f, int(start or 0), chunk.total_compressed_size, budget)
+    except (PageError, OSError, ValueError):
+        if budget[0] < 0:
+            raise InputError(f"{p}: more than {MAX_PAGES:,} pages of text; not a trace that was "
+                             "recorded") from None
+        pages = 0
+    return max(chunk.total_uncompressed_size, pages)
 
 
 def _is_text(t: pa.DataType) -> bool:
