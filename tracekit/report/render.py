@@ -15,6 +15,7 @@ child is waited for) are drawn here instead, so the bytes are the same either wa
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -75,6 +76,12 @@ def _make_literal(fig: Figure) -> None:
             for fmt in (axis.get_major_formatter(), axis.get_minor_formatter()):
                 if isinstance(fmt, FixedFormatter):
                     fmt.seq = [plot_text(s) for s in fmt.seq]
+                # ``set_yticks(ticks, labels)`` keeps the labels in a dict behind a FuncFormatter
+                # (matplotlib 3.8 and later); its values are the given text.
+                func = getattr(fmt, "func", None)
+                if isinstance(func, functools.partial) and func.args and isinstance(func.args[0], dict):
+                    labels = func.args[0]
+                    labels.update({k: plot_text(v) for k, v in labels.items() if isinstance(v, str)})
 
 
 def _png(p: Pending) -> bytes:
