@@ -41,3 +41,21 @@ def test_torch_snapshot_fails_where_pytorch_failed() -> None:
 def test_free_lists_stay_unbounded_by_default() -> None:
     code, d = _replay(str(TRACES / "cupy-oom-frag.parquet"), "--sim", "best-fit")
     assert code == 0 and d["capacity"] is None and d["oom"] is None
+
+
+def test_replay_follows_the_program_to_the_oom_it_died_of() -> None:
+    """ResNet-50 under 4.19 GiB (H200): 4 cuDNN workspace requests failed and were handled, the
+    fifth OOM (seq 14274, step 7) ended the program. The replay fails the 4 again and goes on to
+    it; --stop-at-first-oom stops at the first handled one."""
+    path = str(TRACES / "torch-resnet-fraction.parquet")
+    code, d = _replay(path, "--sim", "torch", "--as-recorded")
+    assert code == 0 and d["oom"]["seq"] == 14274 and d["handled_oom_count"] == 4
+    code, first = _replay(path, "--sim", "torch", "--as-recorded", "--stop-at-first-oom")
+    assert first["oom"]["seq"] < 14274 and first["handled_oom_count"] == 0
+    code, pred = _replay(path, "--sim", "torch")  # the prediction advise makes for the recorded setting
+    assert code == 0 and pred["oom"]["seq"] == 14274
+
+
+def test_as_recorded_applies_to_sim_only(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["replay", str(TRACES / "torch-oom.parquet"), "--device", "0", "--as-recorded"])
+    assert res.exit_code == 2 and "--as-recorded applies to --sim" in res.stderr
