@@ -110,9 +110,11 @@ def test_click_on_the_fatal_oom_shows_its_state(browser: Any, pages: dict[str, P
     o.page.close()
 
 
-def test_every_oom_is_one_click_away(browser: Any, pages: dict[str, Path]) -> None:
-    o = Opened(browser, pages["torch-handled-oom"])
-    m = read_model(pages["torch-handled-oom"])
+@pytest.mark.parametrize("name", ["torch-handled-oom", "cupy-seed"])
+def test_every_oom_is_one_click_away(browser: Any, pages: dict[str, Path], name: str) -> None:
+    o = Opened(browser, pages[name])
+    m = read_model(pages[name])
+    assert ooms(m)
     for x in ooms(m):
         o.page.click(f"button.oom[data-oom='{x['id']}']")
         assert o.page.get_attribute("#at", "data-seq") == str(x["seq"])

@@ -89,7 +89,7 @@ of events, so no spike is hidden.</p>
 <span id="at"></span></div>
 <p id="state-note" class="help"></p>
 <canvas id="map" width="1200" height="320"></canvas>
-<div id="request"></div>
+<div id="request"></div><canvas id="request-bar" width="1200" height="12" hidden></canvas>
 <div id="legend" class="legend"></div>
 </section>
 <section id="s-budget"><h2>The device budget</h2><div id="budget"></div></section>

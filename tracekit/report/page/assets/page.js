@@ -244,7 +244,8 @@
     const cv = $("map");
     const L = layout(st);
     const H = MAP.rows * MAP.rowH;
-    cv.width = MAP.width; cv.height = H;
+    if (cv.width !== MAP.width) cv.width = MAP.width;
+    if (cv.height !== H) cv.height = H;
     const ctx = cv.getContext("2d");
     const img = ctx.createImageData(MAP.width, H);
     const cells = MAP.rows * MAP.width;
@@ -290,8 +291,9 @@
     }
   }
   function drawRequest(oom, L) {
-    const box = $("request");
+    const box = $("request"), cv = $("request-bar");
     box.replaceChildren();
+    cv.hidden = !oom;
     if (!oom) return;
     const p = el("p", "req");
     p.append(el("b", null, (oom.handled ? "Handled" : "Fatal") + " OOM: "),
@@ -303,14 +305,12 @@
     // The request at the map's scale: bytes per pixel as above, wrapped the same way.
     const cells = Math.max(1, Math.ceil(oom.rounded / L.bpp));
     const rows = Math.min(MAP.rows, Math.ceil(cells / MAP.width));
-    const cv = document.createElement("canvas");
-    cv.id = "request-bar";
-    cv.width = MAP.width; cv.height = rows * MAP.rowH;
+    if (cells > MAP.rows * MAP.width) box.append(el("p", "help", "The request is larger than every segment together; drawn cut."));
+    if (cv.height !== rows * MAP.rowH) cv.height = rows * MAP.rowH;
     const ctx = cv.getContext("2d");
+    ctx.clearRect(0, 0, cv.width, cv.height);
     ctx.fillStyle = "#111";
     for (let r = 0; r < rows; r++) ctx.fillRect(0, r * MAP.rowH + 1, Math.min(MAP.width, cells - r * MAP.width), MAP.rowH - 2);
-    if (cells > MAP.rows * MAP.width) box.append(el("p", "help", "The request is larger than every segment together; drawn cut."));
-    box.append(cv);
   }
   function mapHit(ev) {
     if (!view) return null;
@@ -394,7 +394,7 @@
       ", largest free block " + fmtBytes(L.largest.len) + (kept !== k ? " (nearest kept event to " + k + ")" : "");
     $("at").dataset.seq = String(f.seq);
     if (o) showBudget(o);
-    if (plot) plot.redraw(false, false);
+    placeCurrent();
   }
   T.select = select;
   T.selectSeq = function (seq) {
@@ -487,12 +487,16 @@
         ctx.beginPath(); ctx.arc(X(I[i]), u.valToPos(V[i] / 1048576, "y", true), 2.5 * devicePixelRatio, 0, 7); ctx.fill();
       }
     }
-    if (current >= 0) {
-      const x = X(current);
-      ctx.strokeStyle = "#6a3d9a"; ctx.lineWidth = 1.5 * devicePixelRatio;
-      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
-    }
     ctx.restore();
+  }
+  /* The selected event: a line element over the plot, so selecting an event moves one element
+     instead of redrawing (and rasterizing) every curve. */
+  let currentLine = null;
+  function placeCurrent() {
+    if (!plot || !currentLine) return;
+    const x = current >= 0 ? plot.valToPos(current, "x") : -1;
+    currentLine.hidden = !(x >= 0 && x <= plot.over.clientWidth);
+    currentLine.style.left = Math.round(x - 1) + "px";
   }
   function curveTip(u) {
     const i = u.cursor.idx;
@@ -531,7 +535,7 @@
       cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
       legend: { show: false },
       hooks: {
-        draw: [markers],
+        draw: [markers, placeCurrent],
         setCursor: [curveTip],
         setSelect: [(u) => {
           if (u.select.width > 4) zoomTo(u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
@@ -543,6 +547,9 @@
     cache.set(0, levelData(0));
     plot = new uPlot(opts, cache.get(0), box);
     T.plot = plot;
+    currentLine = el("div", "current-line");
+    currentLine.hidden = true;
+    plot.over.append(currentLine);
     const key = el("div", "legend");
     for (const s of TL.series) {
       const item = el("span", "litem"), sw = el("span", "sw");
