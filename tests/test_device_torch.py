@@ -207,3 +207,26 @@ def test_retries_are_left_to_pytorch_only_where_it_releases_oversize_blocks_firs
     limit = trace.meta.pool_limit_bytes or 1
     assert int(releases(trace, init, limit, oversize_first).sum()) == with_limit
     assert int(releases(trace, init, None, oversize_first).sum()) == without
+
+
+def test_handled_attempts_leave_the_history_the_loop_expects() -> None:
+    """A 20 MiB handled attempt served and released at once (nothing replaced it) left ``alloc``
+    then ``free_completed``; a served attempt standing in for its 2 MiB retry left ``alloc``, the
+    retry (status TRIED: no call) nothing, and the retry's free the attempt's ``free_completed``;
+    the segment the attempt took goes before it."""
+    ops = np.array([Op.OOM, Op.MALLOC, Op.OOM, Op.MALLOC, Op.FREE], np.int64)
+    status = np.array([Status.TRIED, Status.DONE, Status.DONE, Status.TRIED, Status.DONE], np.int8)
+    sizes = np.array([20 * MiB, MiB, 8 * MiB, 2 * MiB, 2 * MiB])
+    mates = np.array([-1, -1, -1, -1, 3])
+    released = np.array([True, False, False, False, False])
+    req, actions = closing_requests(ops, status, sizes, mates, 0, 5, True, released)
+    assert req.tolist() == [0, 0, 1, 2, 4]
+    assert actions.tolist() == [tc.ALLOC, tc.FREE_COMPLETED, tc.ALLOC, tc.ALLOC, tc.FREE_COMPLETED]
+    h = _history([("segment_alloc", 1 << 40, 20 * MiB), ("alloc", 1 << 40, 20 * MiB),
+                  ("free_completed", 1 << 40, 20 * MiB), ("alloc", 1 << 40, MiB),
+                  ("alloc", (1 << 40) + MiB, 8 * MiB), ("free_completed", (1 << 40) + MiB, 8 * MiB)])
+    addr = np.array([1 << 40, 1 << 40, (1 << 40) + MiB, (1 << 40) + MiB, 0], np.int64)
+    rows = attach(h, req, actions, 5, addr)
+    assert rows.before.tolist() == [0] and rows.op.tolist() == [Op.SEGMENT_ALLOC]
+    req, actions = closing_requests(ops, status, sizes, mates, 0, 5, False, released)
+    assert req.tolist() == [0, 1, 2] and actions.tolist() == [tc.ALLOC] * 3
