@@ -88,6 +88,7 @@ def test_a_served_attempt_stands_in_for_its_retry(tmp_path: Path) -> None:
     assert rt.calls[:4] == [("malloc", 4 * MiB), ("malloc", 8 * MiB), ("free", 8 * MiB), ("malloc", 3 * MiB)]
     assert lp.status[1] == Status.DONE and lp.status[2] == Status.TRIED
     assert lp.addr[2] == lp.addr[1] and lp.handled_ooms == 0
+    assert sorted(lp.live.values()) == sorted(rt.held)  # each block once: the attempt's went with its retry
 
 
 def test_a_served_attempt_nothing_replaced_is_released_at_once(tmp_path: Path) -> None:
@@ -95,3 +96,57 @@ def test_a_served_attempt_nothing_replaced_is_released_at_once(tmp_path: Path) -
     lp, rt = _run(_trace(tmp_path, rows), 64 * MiB)
     assert rt.calls == [("malloc", 4 * MiB), ("malloc", 16 * MiB), ("free", 16 * MiB), ("malloc", 1 * MiB)]
     assert lp.status[1] == Status.TRIED and lp.released[1]
+
+
+class FakePointer:
+    """A pool block: the pool takes it back when the last reference goes, as CuPy's does."""
+
+    def __init__(self, rt: FakeRuntime, size: int) -> None:
+        self.ptr = rt.malloc(size)  # raises before the block exists: nothing to give back
+        self.rt = rt
+
+    def __del__(self) -> None:
+        if hasattr(self, "rt"):
+            self.rt.free(self.ptr)
+
+
+def test_the_pool_loop_follows_the_program_too(tmp_path: Path, monkeypatch) -> None:
+    """The CuPy pool loop over stand-in ``cupy`` modules (no pool caching: a block goes back when
+    dropped): the same three cases as the cudaMalloc loop."""
+    import sys
+    import types
+
+    from tracekit.device.loops import loop_pool
+
+    rt_mod = types.ModuleType("cupy.cuda.runtime")
+    mem_mod = types.ModuleType("cupy.cuda.memory")
+    mem_mod.OutOfMemoryError = FakeRuntime.CUDARuntimeError  # type: ignore[attr-defined]
+    rt_mod.CUDARuntimeError = FakeRuntime.CUDARuntimeError  # type: ignore[attr-defined]
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.runtime, cuda.memory = rt_mod, mem_mod  # type: ignore[attr-defined]
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = cuda  # type: ignore[attr-defined]
+    for name, mod in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.runtime", rt_mod),
+                      ("cupy.cuda.memory", mem_mod)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    def run(rows: list[tuple[Op, int, int]], cap: int) -> tuple[Loop, FakeRuntime]:
+        trace = _trace(tmp_path, rows)
+        rt = FakeRuntime(cap)
+        rt_mod.memGetInfo = rt.memGetInfo  # type: ignore[attr-defined]
+        backend = types.SimpleNamespace(pool=types.SimpleNamespace(malloc=lambda s: FakePointer(rt, s)),
+                                        stats=lambda: {})
+        lp = Loop(len(trace.events), False, None, PendingSignal(), Attempts.of(trace, False))
+        ev = trace.events
+        loop_pool(lp, ev.op.astype(np.int64), ev.size.astype(np.int64), trace.mate.astype(np.int64),
+                  ev.stream, backend, {})  # type: ignore[arg-type]
+        return lp, rt
+
+    lp, rt = run(RETRIED, 10 * MiB)
+    assert lp.handled_ooms == 1 and lp.first_oom == 5
+    lp, rt = run(RETRIED, 64 * MiB)
+    assert rt.calls[:4] == [("malloc", 4 * MiB), ("malloc", 8 * MiB), ("free", 8 * MiB), ("malloc", 3 * MiB)]
+    assert lp.status[2] == Status.TRIED and lp.addr[2] == lp.addr[1]
+    lp, rt = run([(Op.MALLOC, 4, 0), (Op.OOM, 16, 1), (Op.MALLOC, 1, 2)], 64 * MiB)
+    assert rt.calls == [("malloc", 4 * MiB), ("malloc", 16 * MiB), ("free", 16 * MiB), ("malloc", 1 * MiB)]
+    assert lp.status[1] == Status.TRIED

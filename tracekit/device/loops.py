@@ -101,8 +101,8 @@ class Loop:
         """Handled attempt i was served (its block is ``live[i]``): it stands in for its retry,
         or, with nothing to stand in for, is returned for the caller to release at once (else None)."""
         r = int(self.replaced_by[i])
-        if r >= 0:
-            self.standing[r] = self.live[i]
+        if r >= 0:  # the block moves to its retry: only the retry's free may release it
+            self.standing[r] = self.live.pop(i)
             return None
         self.released[i] = True
         return self.live.pop(i)
