@@ -31,7 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
-OLD = "import sys; from tracekit.report import write_report; write_report(sys.argv[1], sys.argv[2], force=True)"
+OLD = ("import sys; from tracekit.report import write_report; "
+       "write_report(sys.argv[1], sys.argv[2], force=True)")
 TIMED = """async ([what, arg]) => {
   const T = window.tracekit, frame = () => new Promise((r) => requestAnimationFrame(() => r()));
   await frame();

@@ -228,3 +228,33 @@ def test_page_is_one_file_without_network_references(tmp_path: Path) -> None:
     text = out.read_text(encoding="utf-8")
     assert not re.search(r'(src|href)="(https?:)?//', text)
     assert "uPlot" in text and text == page(read_model(out))  # type: ignore[arg-type]
+
+
+def test_several_devices_draw_the_reported_one(tmp_path: Path) -> None:
+    """Two devices, each the hand trace's pattern; the page draws the reported OOM's device, lists both
+    OOMs (the other device's with index -1) and replays that device's events alone."""
+    from tracekit.trace import DeviceInfo, Events, Source, TraceMeta
+    from tracekit.trace.devices import select_device
+
+    base = read_trace(page_trace(tmp_path / "one.parquet"))
+    ev = base.events
+    both = Events.build(
+        op=np.concatenate([ev.op, ev.op]), size=np.concatenate([ev.size, ev.size]),
+        addr=np.concatenate([ev.addr, ev.addr + np.uint64(1 << 40)]),
+        rounded=np.concatenate([ev.rounded, ev.rounded]), site=np.concatenate([ev.site, ev.site]),
+        device=np.repeat(np.array([0, 1]), len(ev)), sites=ev.sites)
+    path = tmp_path / "two.parquet"
+    meta = TraceMeta.new(Source.SYNTHETIC, device=DeviceInfo("Test GPU", 80 * MiB, 70 * MiB))
+    write_trace(path, meta, both)
+    trace = read_trace(path)
+    analysis = analyze_trace(trace)
+    m = json.loads(model_json(build_model(trace, analysis, "two")))
+    drawn = m["trace"]["device"]
+    assert m["trace"]["devices"] == [0, 1] and drawn == analysis.summary.device and m["timeline"]["n"] == 14
+    assert sorted(o["device"] for o in ooms(m)) == [0, 1]
+    assert [o["index"] for o in ooms(m) if o["device"] == drawn] == [13]
+    assert [o["index"] for o in ooms(m) if o["device"] != drawn] == [-1]
+    sub = select_device(trace, drawn)
+    blocks, _ = replay(m, 13)
+    ref = pool_state_at(sub.events, sub.mate, 14).block_index
+    assert blocks.tolist() == sorted(ref.tolist()) == [2, 4, 6, 8]
