@@ -64,6 +64,18 @@ def os_cause(e: BaseException) -> str:
     return str(getattr(e, "strerror", None) or e).splitlines()[0] if str(e) else type(e).__name__
 
 
+def utf8_name(path: Path | str) -> str | None:
+    """``path`` as text Arrow can take, or None where the name is not UTF-8 (a valid byte string on
+    Linux, held by Python as surrogates that Arrow cannot encode): open the file in Python then
+    and hand Arrow the open file."""
+    name = str(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return name
+
+
 def stat_or_none(path: Path | str, what: str = "input") -> os.stat_result | None:
     """``os.stat(path)``, None when nothing is there; InputError naming the path and the cause for
     every other failure (a folder one may not enter, a name too long, a symbolic-link loop, a NUL

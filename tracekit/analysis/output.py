@@ -44,8 +44,8 @@ def write_timeline(result: AnalysisResult, path: str | os.PathLike[str]) -> Path
     if result.timeline is None:
         raise ValueError("the analysis was run without a timeline")
     out = Path(path)
-    with Staged(out) as staged:  # an OSError (a full disk) ends as one sentence naming ``out``
-        # Dictionary encoding does not pay on these numeric columns; trying it costs time.
-        pq.write_table(result.timeline, staged.tmp, compression="zstd", use_dictionary=False,
-                       row_group_size=1 << 20)
+    with Staged(out) as staged, open(staged.tmp, "wb") as f:  # an OSError (a full disk): one sentence
+        # Dictionary encoding does not pay on these numeric columns; trying it costs time. Written
+        # through Python's file, which takes any name (Arrow's own cannot encode one not UTF-8).
+        pq.write_table(result.timeline, f, compression="zstd", use_dictionary=False, row_group_size=1 << 20)
     return out

@@ -236,7 +236,7 @@ def write_report(
         for p, _ in pngs:
             check_output(p, (*inputs, *([output] if output is not None else [])), option="--png", force=force)
     if output is not None:
-        write_bytes(output, doc.encode("utf-8"))
+        write_bytes(output, doc.encode("utf-8", "backslashreplace"))  # a non-UTF-8 name: \udcff
     for p, data in pngs:
         write_bytes(p, data)
     return output if output is not None else Path(png_dir or ".")

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
-from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none
+from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
@@ -66,7 +66,8 @@ def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
     if (file_bytes := check_regular(p, "trace").st_size) == 0:
         raise InputError(f"{safe_text(p)}: the file is empty")
     try:
-        pf = pq.ParquetFile(_arrow_source(p))
+        name = utf8_name(p)  # Arrow keeps an open file for as long as it reads
+        pf = pq.ParquetFile(name if name is not None else open(p, "rb"))  # noqa: SIM115
     except (pa.ArrowException, OSError, ValueError) as e:
         if isinstance(e, OSError) and e.errno:  # the file system's refusal, not the content's fault
             raise InputError(f"{safe_text(p)}: cannot read the trace ({os_cause(e)})") from None
@@ -81,16 +82,6 @@ def _spool_there(spool: Path) -> bool:
         return stat_or_none(spool, "spool") is not None
     except InputError:
         return False
-
-
-def _arrow_source(p: Path) -> str | BinaryIO:
-    """What Arrow opens for ``p``: its name, or an open file where the name is not UTF-8 (a valid
-    byte string on Linux that Arrow cannot encode; Python's file holds the raw bytes)."""
-    try:
-        str(p).encode("utf-8")
-    except UnicodeEncodeError:
-        return open(p, "rb")  # Arrow's reader keeps it for as long as the file is read
-    return str(p)
 
 
 # Reading one column costs a fixed amount per row group, so a file of tiny row groups

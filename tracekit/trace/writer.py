@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracekit.inputs import utf8_name
 from tracekit.outputs import Staged, cannot_write
 from tracekit.trace.events import Events
 from tracekit.trace.schema import OP_NAMES, Op, TraceMeta, arrow_schema
@@ -61,8 +62,10 @@ class TraceWriter:
         self.row_group_size = row_group_size
         self.rows = 0
         self._staged = Staged(self.path)
+        name = utf8_name(self._staged.tmp)  # None: a name that is not UTF-8, written through Python's file
         try:
-            self._pq = pq.ParquetWriter(self._staged.tmp, self.schema, compression="zstd")
+            self._file = None if name is not None else open(self._staged.tmp, "wb")  # noqa: SIM115
+            self._pq = pq.ParquetWriter(name or self._file, self.schema, compression="zstd")
         except OSError as e:
             self._staged.discard()
             raise cannot_write(self.path, e) from None
@@ -87,6 +90,8 @@ class TraceWriter:
     def close(self) -> Path:
         try:
             self._pq.close()
+            if self._file is not None:
+                self._file.close()
             return self._staged.commit()
         except OSError as e:
             raise cannot_write(self.path, e) from None
@@ -97,6 +102,8 @@ class TraceWriter:
         try:
             with contextlib.suppress(OSError):  # the write already failed (a full disk): say that
                 self._pq.close()
+                if self._file is not None:
+                    self._file.close()
         finally:
             self._staged.discard()
 
