@@ -235,6 +235,18 @@ def test_a_file_name_that_is_not_utf8_is_read(tmp_path: Path) -> None:
     assert b"\\udcfe" in r.stderr and b"\xfe" not in r.stderr  # "Wrote ..." escaped too
 
 
+def test_outputs_named_in_bytes_that_are_not_utf8_are_written(tmp_path: Path) -> None:
+    src, snap = small_trace(tmp_path / "t.parquet"), snapshot(tmp_path / "s.pickle")
+    base = os.fsencode(tmp_path) + b"/o\xff"
+    for verb in ("synth", "replay", "import", "analyze", "report"):
+        out = Path(os.fsdecode(base + verb.encode() + b".x"))
+        r = tracekit(*WRITERS[verb](src, snap, out))
+        assert r.returncode == 0, r.stderr
+        assert out.stat().st_size > 0
+    assert len(read_trace(os.fsdecode(base + b"synth.x")).events) == 200000
+    no_temporaries(tmp_path)
+
+
 def test_a_tmpdir_too_long_for_the_forkserver_socket(tmp_path: Path) -> None:
     from tracekit.workers import process_context
 
