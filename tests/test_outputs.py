@@ -116,3 +116,22 @@ def test_a_signal_ends_synth_with_its_code_one_line_and_no_leftovers(tmp_path: P
     assert p.returncode == code, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_verb_leaves_no_claim_on_its_output(tmp_path: Path) -> None:
+    """A verb that checked an output and then failed must not stop a later --force run in this process
+    from replacing it (the output checks end with the verb)."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli.app import app
+
+    out, bad = tmp_path / "r.html", tmp_path / "bad.parquet"
+    bad.write_bytes(b"not a trace")
+    r = CliRunner().invoke(app, ["analyze", str(bad), "--report", str(out)])
+    assert r.exit_code == 1
+    out.write_text("old")
+    src = tmp_path / "ok.parquet"
+    assert CliRunner().invoke(app, ["synth", "-p", "random", "-n", "100", "-o", str(src)]).exit_code == 0
+    r = CliRunner().invoke(app, ["analyze", str(src), "--report", str(out), "--force"])
+    assert r.exit_code == 0, r.output
+    assert out.read_text() != "old"

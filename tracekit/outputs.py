@@ -272,7 +272,8 @@ def _discard(tmp: Path) -> None:
 
 @atexit.register
 def cleanup() -> None:
-    """Remove every named temporary file not yet renamed into place (called on exit and by the CLI)."""
+    """Remove every named temporary file not yet renamed into place and forget the checks of outputs
+    not written (called on exit, and by the CLI when a verb ends)."""
     for tmp in list(_PENDING):
         _discard(tmp)
     _CLAIMS.clear()

@@ -76,6 +76,10 @@ class TracekitGroup(TyperGroup):
             say(f"tracekit: error: ran out of memory ({cause}); a memory limit (ulimit, a container) "
                 "or the machine leaves too little for this input", err=True)
             raise typer.Exit(1) from None
+        finally:  # this verb's output checks end with it (a verb run again in this process starts afresh)
+            from tracekit.outputs import cleanup
+
+            cleanup()
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
