@@ -256,7 +256,9 @@ class TorchLoop:
                     if o == OOM and handled[base + j] and lp.served(base + j) is not None:
                         delete(p)  # nothing replaced it: released at once (history: alloc, then free)
                         stat[j] = S_TRIED
-                    continue
+                        continue
+                else:
+                    continue  # segment rows: PyTorch's allocator makes its own
             except RuntimeError as e:
                 lp.flush(base, addr, t0l, t1l, stat, dfree, stop=j)
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
