@@ -25,7 +25,7 @@ from pathlib import Path
 
 def relabel(src: Path, dst: Path, kind: str) -> int:
     """Write ``src`` as a ``kind`` trace whose limit is 2 % above the live-bytes lower bound."""
-    from tracekit.analysis.whatif import lower_bound
+    from tracekit.advise.capacity import lower_bound
     from tracekit.trace import write_trace
     from tracekit.trace.reader import read_trace
     from tracekit.trace.schema import Source

@@ -278,7 +278,7 @@ def test_cli_json_parquet_and_report(fleet_dir: Path, tmp_path: Path) -> None:
 
 
 def test_whatif_columns_are_the_single_trace_search(fleet_dir: Path) -> None:
-    from tracekit.analysis.whatif import whatif
+    from tracekit.advise.capacity import whatif
 
     res = run_fleet([fleet_dir / "job-b.parquet"], FleetOptions(jobs=1, whatif=True))
     row = res.table.row(0, named=True)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tracekit.analysis.whatif import whatif
+from tracekit.advise.capacity import whatif
 from tracekit.cli.app import app
 from tracekit.sim import policies
 from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig

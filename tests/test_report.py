@@ -422,7 +422,7 @@ def test_whatif_section_from_a_dict(hand: tuple[Path, Trace, HandAnalysis], tmp_
 
 
 def test_whatif_result_from_the_search(hand: tuple[Path, Trace, HandAnalysis], tmp_path: Path) -> None:
-    from tracekit.analysis.whatif import whatif
+    from tracekit.advise.capacity import whatif
     from tracekit.report import write_report
     from tracekit.report.sections import whatif_rows
 

@@ -83,7 +83,7 @@ def test_report_draws_each_device_on_its_own(tmp_path: Path):
 
 
 def test_whatif_section_of_two_devices(tmp_path: Path):
-    from tracekit.analysis.whatif import whatif
+    from tracekit.advise.capacity import whatif
     from tracekit.report.sections import whatif_rows, whatif_section
 
     res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit"], jobs=1)

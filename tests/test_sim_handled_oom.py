@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tracekit.advise.capacity import live_curve, lower_bound, search
 from tracekit.advise.run import top_sites_at_peak
 from tracekit.analysis.fatal import handled_rows
-from tracekit.analysis.whatif import live_curve, lower_bound, search
 from tracekit.sim.base import SimConfig, Status
 from tracekit.sim.engine import replay
 from tracekit.sim.prepare import prepare

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tracekit.analysis.whatif import lower_bound, search, whatif
+from tracekit.advise.capacity import lower_bound, search, whatif
 from tracekit.cli.app import app
 from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
 
@@ -104,7 +104,7 @@ def test_real_oom_traces_need_more_than_the_limit_they_failed_under(name: str, p
 def test_torch_answer_is_the_smallest_capacity_replay_accepts():
     """torch-wrap starts from an imported pool state (the `initial` and `expandable` extra columns):
     whatif must replay what `replay --sim torch` replays, with one worker process or several."""
-    from tracekit.analysis.whatif import STEP
+    from tracekit.advise.capacity import STEP
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay_file
 
@@ -152,7 +152,7 @@ def _replaced(path: Path, by: Path) -> None:
 def test_a_trace_replaced_while_whatif_runs_ends_in_one_sentence(hole_trace: Path, tmp_path: Path):
     """The parent read one trace; the workers find another (or no trace) at its path: the
     answer would mix two traces' numbers, so the command ends in one sentence instead."""
-    from tracekit.analysis.whatif import fingerprint, reread
+    from tracekit.advise.capacity import fingerprint, reread
     from tracekit.errors import InputError
 
     tr = read_trace(hole_trace)
@@ -190,7 +190,7 @@ def test_one_worker_pool_for_every_device(monkeypatch: pytest.MonkeyPatch, tmp_p
     """Two devices, two policies, two workers: one pool, four searches, each device on its own."""
     from test_analysis_ooms import trace_of, two_device_meta, two_device_rows
 
-    wi = sys.modules["tracekit.analysis.whatif"]  # the package's ``whatif`` name is the function
+    wi = sys.modules["tracekit.advise.capacity"]  # the package's ``whatif`` name is the function
     started = []
 
     class Counting(wi.ProcessPoolExecutor):
@@ -229,9 +229,9 @@ def test_replay_whatif_and_advise_give_one_prediction(name: str, options: dict[s
     candidate (fits, peak reserved), and ``whatif``'s smallest capacity is where ``replay``
     starts to fit (it fits there and fails 2 MiB below)."""
     from tracekit.advise import candidates as cands
+    from tracekit.advise.capacity import STEP
     from tracekit.advise.counterfactual import prepare, setting
     from tracekit.advise.evaluate import evaluate
-    from tracekit.analysis.whatif import STEP
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay_file
 

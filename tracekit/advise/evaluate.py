@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.advise.candidates import Candidate, Kind
-from tracekit.analysis.whatif import needed_requests
+from tracekit.advise.capacity import needed_requests
 from tracekit.sim.base import SimConfig
 from tracekit.sim.engine import replay
 from tracekit.sim.heap import round_up

@@ -23,6 +23,7 @@ import numpy as np
 
 from tracekit.advise import overhead
 from tracekit.advise.candidates import Candidate, Cure, Kind
+from tracekit.advise.capacity import PolicyFit, live_curve, lower_bound, needed_requests
 from tracekit.advise.counterfactual import wrapped_start
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.result import AdviseResult, RoomAdvice, rank_key
@@ -36,7 +37,6 @@ from tracekit.advise.search import (
 )
 from tracekit.analysis.leaks import SiteBytes, by_site
 from tracekit.analysis.summary import OOMReport
-from tracekit.analysis.whatif import PolicyFit, live_curve, lower_bound, needed_requests
 from tracekit.errors import UsageError
 from tracekit.trace.devices import split_devices
 from tracekit.trace.reader import Trace

@@ -8,7 +8,7 @@ is the trace the parent read, and prepares the counterfactual input once):
    raw traces: every registry policy, of which the heaps are kept);
 2. PyTorch only: combinations of the keys whose best value did better alone than the
    defaults (fits, fails later, or peaks lower), ``candidates.combine_torch``;
-3. bisection (``tracekit.analysis.whatif.search``, 2 MiB steps from the live-bytes lower
+3. bisection (``tracekit.advise.capacity.search``, 2 MiB steps from the live-bytes lower
    bound) of the smallest capacity: under the recommended candidate when one fits, else
    under the three that got furthest; for CuPy also the smallest ``set_limit``.
 """
@@ -24,9 +24,9 @@ from typing import Any
 from tracekit import progress
 from tracekit.advise import candidates as cands
 from tracekit.advise.candidates import Candidate, Kind
+from tracekit.advise.capacity import Fingerprint, PolicyFit, fingerprint, reread
+from tracekit.advise.capacity import search as bisect
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
-from tracekit.analysis.whatif import Fingerprint, PolicyFit, fingerprint, reread
-from tracekit.analysis.whatif import search as bisect
 from tracekit.trace.reader import Trace
 from tracekit.workers import process_context
 

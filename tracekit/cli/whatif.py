@@ -23,7 +23,7 @@ def whatif(
 ) -> None:
     """Find, per allocator policy, the smallest capacity (to 2 MiB) that replays TRACE without OOM."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
-    from tracekit.analysis.whatif import whatif as run_whatif
+    from tracekit.advise.capacity import whatif as run_whatif
     from tracekit.cli.common import echo_json, say, terminal_progress
     from tracekit.errors import UsageError
     from tracekit.sim import policies as registry

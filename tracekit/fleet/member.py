@@ -67,7 +67,7 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
         result = type(result)(summary=result.summary, timeline=None)  # let the table go now
     whatif = None
     if options.whatif:
-        from tracekit.analysis.whatif import whatif as run_whatif
+        from tracekit.advise.capacity import whatif as run_whatif
 
         whatif = run_whatif(trace, jobs=1)  # the fleet already runs one member per CPU
     advice: tuple[str | None, str | None] = (None, None)

@@ -251,7 +251,7 @@ def _main_rows(table: pa.Table, summary: dict[str, Any]) -> pa.Table:
 
 def _run_whatif(trace: Trace) -> Any:
     """The what-if search with its default policies (as ``tracekit whatif`` runs it)."""
-    from tracekit.analysis.whatif import whatif
+    from tracekit.advise.capacity import whatif
 
     return whatif(trace)
 

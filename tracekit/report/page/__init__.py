@@ -63,7 +63,7 @@ def write_page(
             bt = read_trace(Path(baseline))
             base = (safe_text(Path(baseline).name), bt, analyze_trace(bt, timeline=True))
         if whatif is True:
-            from tracekit.analysis.whatif import whatif as run_whatif
+            from tracekit.advise.capacity import whatif as run_whatif
 
             wd = _whatif_dict(run_whatif(trace))
         model = build_model(
