@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from tracekit.cli.app import app
 from tracekit.errors import DeviceError, OutputError, UsageError
-from tracekit.importers.torch_record import max_entries, record_torch, snapshot_path
 from tracekit.record.sites import site_roots
+from tracekit.record.torch import max_entries, record_torch, snapshot_path
 from tracekit.trace import Op, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,7 +240,7 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
     import pickle
     import types
 
-    from tracekit.importers.torch_record import _write
+    from tracekit.record.torch import _write
 
     with gzip.open(ROOT / "traces" / "torch-record-oom.pickle.gz") as f:
         snap = pickle.load(f)
@@ -275,7 +275,7 @@ def _oom_site_after_write(tmp_path: Path, strip_frames: bool, site: str | None) 
     import pickle
     import types
 
-    from tracekit.importers.torch_record import _write
+    from tracekit.record.torch import _write
 
     with gzip.open(ROOT / "traces" / "torch-record-oom.pickle.gz") as f:
         snap = pickle.load(f)
@@ -322,7 +322,7 @@ class _Memory:
 
 
 def test_the_programs_own_history_sees_only_its_entries_and_never_stops_tracekits() -> None:
-    from tracekit.importers.torch_record import ProgramHistory
+    from tracekit.record.torch import ProgramHistory
 
     mem = _Memory()
     view = ProgramHistory(mem)

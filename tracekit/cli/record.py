@@ -37,7 +37,7 @@ def record(
     if torch:
         if limit is not None or no_sites:
             raise UsageError("--limit and --no-sites apply to CuPy recordings, not --torch")
-        from tracekit.importers.torch_record import record_torch  # imports torch only when it runs
+        from tracekit.record.torch import record_torch  # imports torch only when it runs
 
         done = record_torch(target, module=module, output=output, force=force)
     else:

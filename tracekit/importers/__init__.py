@@ -4,8 +4,7 @@
 pickle ``torch.cuda.memory._dump_snapshot`` writes) with a restricted unpickler
 (``safe_pickle``), maps its history to v1 rows (``torch_columns``), rebuilds the
 state before a wrapped history (``torch_state``) and writes the trace.
-``torch_record.record_torch`` records a PyTorch program and imports its snapshot.
-Nothing here imports PyTorch except ``record_torch`` when it runs.
+Recording a PyTorch program is ``tracekit.record.torch``'s; nothing here imports PyTorch.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -17,8 +16,8 @@ __all__ = ["ImportResult", "import_snapshot"]
 
 
 def __getattr__(name: str) -> Any:
-    """Loaded on first use: ``record --torch`` imports ``torch_record`` into the recorded program's
-    process, which must not get the importer's numba kernels before the program runs."""
+    """Loaded on first use: ``record --torch`` imports this package into the recorded program's
+    process (after it ends), which must not get the importer's numba kernels before it runs."""
     if name not in __all__:
         raise AttributeError(f"module 'tracekit.importers' has no attribute {name!r}")
     from tracekit.importers import torch_snapshot
