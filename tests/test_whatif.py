@@ -190,15 +190,16 @@ def test_one_worker_pool_for_every_device(monkeypatch: pytest.MonkeyPatch, tmp_p
     """Two devices, two policies, two workers: one pool, four searches, each device on its own."""
     from test_analysis_ooms import trace_of, two_device_meta, two_device_rows
 
-    wi = sys.modules["tracekit.advise.capacity"]  # the package's ``whatif`` name is the function
+    import tracekit.workers as workers
+
     started = []
 
-    class Counting(wi.ProcessPoolExecutor):
+    class Counting(workers.ProcessPoolExecutor):
         def __init__(self, *a: object, **kw: object) -> None:
             started.append(1)
             super().__init__(*a, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(wi, "ProcessPoolExecutor", Counting)
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", Counting)
     res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit", "first-fit"], jobs=2)
     assert len(started) == 1
     assert [[f.min_capacity for f in p.fits] for p in res.devices] == [[8 * MiB] * 2, [300 * MiB] * 2]

@@ -61,3 +61,79 @@ def test_available_memory_is_known_on_linux_and_below_the_machine() -> None:
         pytest.skip("no /proc/meminfo here")
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert 0 <= avail <= total
+
+
+# The one worker pool: tasks at module level, so a worker process can import them.
+_STATE: dict[str, int] = {}
+
+
+def _set_base(base: int) -> None:
+    _STATE["base"] = base
+
+
+def _plus_base(x: int) -> int:
+    return _STATE["base"] + x
+
+
+def _die_on(k: int, x: int) -> int:
+    """A task whose worker dies on ``x == k`` (as one killed for memory would)."""
+    if x == k:
+        os._exit(9)
+    return x * 10
+
+
+def test_map_runs_in_process_for_one_job_and_in_order_on_workers() -> None:
+    """One job: in this process, the caller's own state; two: each worker's initializer sets it."""
+    _set_base(1000)
+    with workers.Pool(1) as local:
+        assert list(local.map(_plus_base, [3, 1, 2])) == [1003, 1001, 1002]
+    with workers.Pool(2, initializer=_set_base, initargs=(500,)) as pool:
+        assert list(pool.map(_plus_base, [3, 1, 2, 7])) == [503, 501, 502, 507]
+
+
+def test_a_worker_that_dies_in_map_ends_in_one_sentence() -> None:
+    from tracekit.errors import TracekitError
+
+    with workers.Pool(2, what="t.parquet: a what-if") as pool, pytest.raises(TracekitError) as e:
+        list(pool.map(_plus_one_or_die, [1, 2, -1, 4]))
+    assert str(e.value) == "t.parquet: a what-if worker process ended abruptly (out of memory or killed)"
+
+
+def _plus_one_or_die(x: int) -> int:
+    if x < 0:
+        os._exit(9)
+    return x + 1
+
+
+def test_each_fails_only_the_task_that_kills_its_worker_and_rebuilds_the_pool() -> None:
+    with workers.Pool(2) as pool:
+        got = dict(pool.each(_die_on, [(2, x) for x in range(6)], lambda i, e: f"died: {type(e).__name__}"))
+        again = dict(pool.each(_die_on, [(-1, x) for x in range(3)], lambda i, e: "died"))
+    # task 2 kills its worker every time; the tasks that shared the broken pool ran again and finished
+    assert got == {0: 0, 1: 10, 2: "died: BrokenProcessPool", 3: 30, 4: 40, 5: 50}
+    assert again == {0: 0, 1: 10, 2: 20}  # a later call gets a working pool
+
+
+def test_workers_import_their_modules_and_the_fork_server_preload_is_left_alone() -> None:
+    """``imports`` are imported by each worker; the process-wide forkserver preload is not changed."""
+    import multiprocessing.forkserver as fs
+
+    before = list(fs._forkserver._preload_modules)  # type: ignore[attr-defined]
+    with workers.Pool(2, imports=["json.tool"]) as pool:
+        loaded = list(pool.map(_has_module, ["json.tool", "json.tool"]))
+    assert loaded == [True, True]
+    from tracekit.fleet.engines import LocalRunner
+
+    fleet = LocalRunner(2)  # its workers import the analyzer's warm-up themselves
+    try:
+        warm = dict(fleet.map(_has_module, [("tracekit.fleet.preload",)] * 2, lambda i, e: None))
+    finally:
+        fleet.close()
+    assert warm == {0: True, 1: True}
+    assert fs._forkserver._preload_modules == before  # type: ignore[attr-defined]
+
+
+def _has_module(name: str) -> bool:
+    import sys
+
+    return name in sys.modules

@@ -13,15 +13,33 @@ However many are asked for (``--jobs``), no more workers start than there are ta
 CPUs (more only share them, each with its own memory: ``fleet --jobs 100`` on 2 CPUs took 7 GB
 for nothing) and workers that fit the memory available (``cap_workers``); ``--jobs`` of any size,
 ``99999999999`` included, is a request, not an overflow.
+
+``Pool`` is the one way tracekit runs work on several processes (``whatif``, ``advise``,
+``fleet``): in this process for one job, else ``jobs`` workers started by ``process_context``
+(forkserver; never fork, which the report's figure child alone uses, see
+``tracekit.report.render``). A worker that dies breaks the whole pool: ``map`` then ends the
+command in one sentence; ``each`` rebuilds the pool and retries the tasks that shared it, each
+alone, so only the task that kills its worker again fails.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+from tracekit import progress
+from tracekit.errors import TracekitError
+
+T = TypeVar("T")
+R = TypeVar("R")
+OnError = Callable[[int, Exception], Any]
 
 START_S = 1.0  # seconds to start one worker and read the trace
 EVENTS_PER_S = 15e6  # events replayed per second on one core, rounded down
@@ -103,14 +121,140 @@ _SOCKET_NAME_BYTES = 32
 _SUN_PATH_BYTES = 107
 
 
-def process_context(preload: Sequence[str] = ()) -> Any:
+def process_context() -> Any:
     """The start method of worker processes: forkserver (not fork: the parent holds Arrow's thread
-    pools, which a forked child may find locked), with ``preload`` imported once by the server;
-    spawn where there is no forkserver or where ``TMPDIR`` is too long for its socket's name."""
+    pools, which a forked child may find locked); spawn where there is no forkserver or where
+    ``TMPDIR`` is too long for its socket's name. The fork server's preload (process-wide) is
+    never changed: a pool that wants modules loaded names them to ``Pool`` (``imports``)."""
     fits = len(os.fsencode(tempfile.gettempdir())) + _SOCKET_NAME_BYTES <= _SUN_PATH_BYTES
     if fits and "forkserver" in multiprocessing.get_all_start_methods():
-        ctx: Any = multiprocessing.get_context("forkserver")
-        if preload:
-            ctx.set_forkserver_preload(list(preload))  # takes effect where the server is not running yet
-        return ctx
+        return multiprocessing.get_context("forkserver")
     return multiprocessing.get_context("spawn")
+
+
+WINDOW_PER_WORKER = 4  # tasks in flight per worker in ``Pool.each``: bounded pending results
+
+
+def _start(imports: Sequence[str], initializer: Callable[..., None] | None,
+           initargs: tuple[Any, ...]) -> None:
+    """A worker's start: import ``imports`` (warming what they load), then the pool's initializer."""
+    for name in imports:
+        importlib.import_module(name)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+class Pool:
+    """``jobs`` worker processes (none when ``jobs`` is 1: tasks run in this process), started on
+    first use. ``what`` starts the sentence a broken pool ends with (``map``), up to "worker":
+    ``"t.parquet: a what-if"`` gives "t.parquet: a what-if worker process ended abruptly (...)".
+    ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported.
+    The in-process case runs no initializer: the caller sets its own state up."""
+
+    def __init__(self, jobs: int, *, what: str = "a tracekit", initializer: Callable[..., None] | None = None,
+                 initargs: tuple[Any, ...] = (), imports: Sequence[str] = ()) -> None:
+        self.jobs = max(1, jobs)
+        self.what = what
+        self._start_args = (tuple(imports), initializer, initargs)
+        self._pool: ProcessPoolExecutor | None = None
+        self._generation = 0  # counts rebuilt pools, so one break rebuilds once
+
+    def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
+        """``fn(t)`` for every task, in order; each finished task is reported to ``progress``
+        (in this process a task's own reports fill its part of the bar). A worker that dies
+        ends the command: ``TracekitError`` in one sentence, no traceback."""
+        if self.jobs == 1:
+            for i, t in enumerate(tasks):
+                with progress.part(i, len(tasks)):
+                    yield fn(t)
+            return
+        try:
+            for done, r in enumerate(self._executor().map(fn, tasks), 1):
+                progress.report(done, len(tasks))
+                yield r
+        except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
+            self._drop(self._generation)
+            raise TracekitError(f"{self.what} worker process ended abruptly "
+                                "(out of memory or killed)") from None
+
+    def each(self, fn: Callable[..., R], args: Sequence[tuple[Any, ...]],
+             on_error: OnError) -> Iterator[tuple[int, R]]:
+        """``(i, fn(*args[i]))`` as tasks finish, at most ``WINDOW_PER_WORKER`` x jobs in flight.
+
+        A worker that dies breaks the pool: every task in it then fails with
+        ``BrokenProcessPool``, and the pool does not say whose worker died. So the pool is
+        rebuilt and each of those tasks runs once more, alone (nothing else in flight), before
+        the next new task starts: a task that kills its worker again is then the one to blame
+        and alone gets ``on_error(i, exception)``; the others, often killed only because they
+        shared the machine's memory, finish.
+        """
+        if self.jobs == 1:  # the sequential baseline, and no pool to start for tests
+            for i, a in enumerate(args):
+                yield i, fn(*a)
+            return
+        pending: dict[Future[R], tuple[int, bool, int]] = {}  # future -> (index, is a retry, generation)
+        retry: deque[int] = deque()
+        todo = iter(enumerate(args))
+        while True:
+            self._fill(fn, args, todo, retry, pending)
+            if not pending:
+                return
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                i, retried, generation = pending.pop(f)
+                try:
+                    result = f.result()
+                except BrokenProcessPool as e:
+                    self._drop(generation)
+                    if not retried:
+                        retry.append(i)
+                        continue
+                    result = on_error(i, e)  # it ran alone: its own worker died
+                yield i, result
+
+    def _fill(self, fn: Callable[..., R], args: Sequence[tuple[Any, ...]],
+              todo: Iterator[tuple[int, tuple[Any, ...]]], retry: deque[int],
+              pending: dict[Future[R], tuple[int, bool, int]]) -> None:
+        """Submit the next retry once nothing is in flight, else new tasks up to the window."""
+        if retry:
+            if not pending:  # the broken pool's tasks have all come back: retry one, alone
+                i = retry.popleft()
+                pending[self._submit(fn, args[i])] = (i, True, self._generation)
+            return
+        for i, a in todo:
+            pending[self._submit(fn, a)] = (i, False, self._generation)
+            if len(pending) >= self.jobs * WINDOW_PER_WORKER:
+                return
+
+    def _submit(self, fn: Callable[..., R], a: tuple[Any, ...]) -> Future[R]:
+        """The task's future, on the current generation's pool."""
+        try:
+            return self._executor().submit(fn, *a)
+        except BrokenProcessPool:  # broke since the last result was read; the task has not run
+            self._drop(self._generation)
+            return self._executor().submit(fn, *a)
+
+    def _drop(self, generation: int) -> None:
+        """Shut the pool of ``generation`` down (once), so the next task starts a fresh one."""
+        if generation == self._generation and self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            self._generation += 1
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=process_context(), initializer=_start,
+                                             initargs=self._start_args)
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the workers (tasks not started are dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

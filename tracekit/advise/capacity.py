@@ -30,22 +30,19 @@ bound and capacities): devices never share one simulated address space.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tracekit import progress
 from tracekit.errors import InputError, TracekitError
 from tracekit.sim.heap import round_up
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
-from tracekit.workers import BISECT_REPLAYS, default_jobs, process_context
+from tracekit.workers import BISECT_REPLAYS, Pool, default_jobs
 
 STEP = 2 << 20
 LOWER_BOUND_DESCRIPTION = (
@@ -336,29 +333,21 @@ def whatif(
 
 
 def _run(trace: Trace, tasks: list[_Task], jobs: int) -> list[PolicyFit]:
-    """The searches, in order: in this process, or in one pool of ``jobs`` workers."""
+    """The searches, in order: in this process, or on one ``Pool`` of ``jobs`` workers."""
     if jobs == 1:
         _init_worker(None, trace, None)
-        try:
-            out = []
-            for i, t in enumerate(tasks):
-                with progress.part(i, len(tasks)):  # each replay of the search moves the bar within the part
-                    out.append(_work(t))
-            return out
-        finally:
-            _init_worker(None, None, None)  # do not keep the trace alive in this process
-    # Workers read the file themselves when there is one (cheaper than pickling the events),
-    # and check that it is still the trace read here.
-    path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
-    args = (path, None, fingerprint(trace)) if path else (None, trace, None)
+    pool = Pool(jobs, what=f"{trace.path or 'the trace'}: a what-if", initializer=_init_worker,
+                initargs=worker_input(trace) if jobs > 1 else ())
     try:
-        with ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init_worker,
-                                 initargs=args) as pool:
-            out = []
-            for fit in pool.map(_work, tasks):
-                out.append(fit)
-                progress.report(len(out), len(tasks))  # searches done, in order
-            return out
-    except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
-        raise TracekitError(f"{trace.path or 'the trace'}: a what-if worker process ended abruptly "
-                            "(out of memory or killed)") from None
+        return list(pool.map(_work, tasks))
+    finally:
+        pool.close()
+        _init_worker(None, None, None)  # do not keep the trace alive in this process
+
+
+def worker_input(trace: Trace) -> tuple[str | None, Trace | None, Fingerprint | None]:
+    """What a worker starts from: the file's path and the fingerprint it must match (``reread``),
+    or, for a trace with no file, the trace itself (pickled to each worker). Reading the file
+    is cheaper than pickling the events."""
+    path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
+    return (path, None, fingerprint(trace)) if path else (None, trace, None)

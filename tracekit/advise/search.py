@@ -16,19 +16,16 @@ is the trace the parent read, and prepares the counterfactual input once):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from tracekit import progress
 from tracekit.advise import candidates as cands
 from tracekit.advise.candidates import Candidate, Kind
-from tracekit.advise.capacity import Fingerprint, PolicyFit, fingerprint, reread
+from tracekit.advise.capacity import Fingerprint, PolicyFit, reread, worker_input
 from tracekit.advise.capacity import search as bisect
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
 from tracekit.trace.reader import Trace
-from tracekit.workers import process_context
+from tracekit.workers import Pool
 
 
 @dataclass(frozen=True)
@@ -80,35 +77,24 @@ def _run(task: Task) -> Outcome | PolicyFit:
 
 
 class Runner:
-    """A pool of ``jobs`` processes over one trace (in-process when ``jobs`` is 1)."""
+    """A ``Pool`` of ``jobs`` processes over one trace (in-process when ``jobs`` is 1)."""
 
     def __init__(self, trace: Trace, jobs: int, counterfactual: bool) -> None:
         self.jobs = jobs
-        self.pool: ProcessPoolExecutor | None = None
         if jobs == 1:
             _init(None, trace, counterfactual, None)
+            self.pool = Pool(1)
             return
-        path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
-        args = ((path, None, counterfactual, fingerprint(trace)) if path
-                else (None, trace, counterfactual, None))
-        self.pool = ProcessPoolExecutor(jobs, mp_context=process_context(), initializer=_init, initargs=args)
+        path, whole, expected = worker_input(trace)
+        self.pool = Pool(jobs, what=f"{trace.path or 'the trace'}: an advise", initializer=_init,
+                         initargs=(path, whole, counterfactual, expected))
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
-        out: list[Outcome | PolicyFit] = []
-        if self.pool is None:
-            for i, t in enumerate(tasks):
-                with progress.part(i, len(tasks)):  # the task's replays move the bar within its part
-                    out.append(_run(t))
-            return out
-        for r in self.pool.map(_run, tasks):
-            out.append(r)
-            progress.report(len(out), len(tasks))
-        return out
+        return list(self.pool.map(_run, tasks))
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
+        self.pool.close()
         _STATE.clear()  # do not keep the trace alive in this process
 
 

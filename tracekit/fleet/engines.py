@@ -6,18 +6,19 @@ at most ``WINDOW_PER_WORKER`` × workers tasks in flight, so the driver holds
 a bounded number of pending results whatever the number of traces. A task
 whose worker died (killed for memory, a crash in native code) yields
 ``on_error(i, exception)`` instead of stopping the others (locally, after
-one retry alone: see ``LocalRunner``). One runner serves
+one retry alone: see ``tracekit.workers.Pool.each``). One runner serves
 every phase of a fleet run (rows, then the worst traces' figures), so
 workers start once.
 
 - ``local``: ``jobs`` long-lived processes (default: CPUs). Each imports the
   engine and loads numba's compiled kernels once, then takes trace after
   trace; process start-up and kernel loading, not the analysis, dominate
-  small traces, so they are paid once, not once per trace. Started with
-  forkserver (spawn where there is none): the driver holds Arrow's thread
-  pools, which a forked child may find locked; the fork server preloads the
-  analyzer (``tracekit.fleet.preload``), so the import and the kernel loading
-  happen once for all workers. ``jobs=1`` runs in the driver itself.
+  small traces, so they are paid once, not once per trace. The one worker
+  pool (``tracekit.workers.Pool``: forkserver, spawn where there is none);
+  each worker imports ``tracekit.fleet.preload`` as it starts, so the
+  analyzer's kernels are loaded before its first trace (the process-wide
+  fork-server preload other pools share is left as it is). ``jobs=1`` runs
+  in the driver itself.
 - ``ray``: each trace is one Ray task (``num_cpus=1``) running the same
   function. ``address`` connects to a running cluster (``ray start --head``
   on one node, ``ray start --address`` on the others; every node needs
@@ -31,10 +32,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import re
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -42,11 +40,10 @@ from typing import Any, TypeVar
 
 from tracekit.errors import InputError, TracekitError, UsageError
 from tracekit.inputs import os_cause, safe_text
-from tracekit.workers import process_context, usable_cpus
+from tracekit.workers import WINDOW_PER_WORKER, Pool, usable_cpus
 
 T = TypeVar("T")
 OnError = Callable[[int, Exception], Any]
-WINDOW_PER_WORKER = 4
 CONNECT_TIMEOUT_S = 5.0
 _RAY_OBJECT_STORE = 128 << 20  # rows are small; a local instance needs no big shared-memory store
 
@@ -62,82 +59,21 @@ def default_jobs() -> int:
 
 
 class LocalRunner:
-    """Tasks on a pool of ``jobs`` worker processes, created on first use (or in the driver for 1).
-
-    A worker that dies breaks the whole pool: every task in it then fails with
-    ``BrokenProcessPool``, and the pool does not say whose worker died. So the
-    pool is rebuilt and each of those tasks runs once more, alone (nothing else
-    in flight), before the next new task starts: a task that kills its worker
-    again is then the one to blame and alone gets ``on_error``; the others,
-    often killed only because they shared the machine's memory, finish.
-    """
+    """Tasks on ``tracekit.workers.Pool`` (``jobs`` processes, or the driver itself for 1): a
+    worker that dies fails its own task only (``Pool.each``: the broken pool is rebuilt and the
+    tasks that shared it run again, each alone). Every worker imports ``tracekit.fleet.preload``
+    when it starts, so the analyzer's kernels are loaded before its first trace."""
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
-        self._pool: ProcessPoolExecutor | None = None
-        self._generation = 0  # counts rebuilt pools, so one break rebuilds once
+        self._pool = Pool(jobs, what="a fleet", imports=["tracekit.fleet.preload"])
 
     def map(self, fn: Callable[..., T], args: Sequence[tuple[Any, ...]],
             on_error: OnError) -> Iterator[tuple[int, T]]:
-        if self.jobs == 1:  # the sequential baseline, and no pool to start for tests
-            for i, a in enumerate(args):
-                yield i, fn(*a)
-            return
-        pending: dict[Future[T], tuple[int, bool, int]] = {}  # future -> (index, is a retry, generation)
-        retry: deque[int] = deque()
-        todo = iter(enumerate(args))
-        while True:
-            if retry:
-                if not pending:  # the broken pool's tasks have all come back: retry one, alone
-                    i = retry.popleft()
-                    f, generation = self._submit(fn, args[i])
-                    pending[f] = (i, True, generation)
-            else:
-                for i, a in todo:
-                    f, generation = self._submit(fn, a)
-                    pending[f] = (i, False, generation)
-                    if len(pending) >= self.jobs * WINDOW_PER_WORKER:
-                        break
-            if not pending:
-                return
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                i, retried, generation = pending.pop(f)
-                try:
-                    result = f.result()
-                except BrokenProcessPool as e:
-                    self._drop_pool(generation)
-                    if not retried:
-                        retry.append(i)
-                        continue
-                    result = on_error(i, e)  # it ran alone: its own worker died
-                yield i, result
-
-    def _submit(self, fn: Callable[..., T], a: tuple[Any, ...]) -> tuple[Future[T], int]:
-        """The task's future and the generation of the pool it went to."""
-        try:
-            return self._get_pool().submit(fn, *a), self._generation
-        except BrokenProcessPool:  # broke since the last result was read; the task has not run
-            self._drop_pool(self._generation)
-            return self._get_pool().submit(fn, *a), self._generation
-
-    def _drop_pool(self, generation: int) -> None:
-        """Shut the pool of ``generation`` down (once), so the next task starts a fresh one."""
-        if generation == self._generation and self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-            self._generation += 1
-
-    def _get_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            # Workers fork from a server that already loaded the analyzer (tracekit.fleet.preload).
-            ctx = process_context(["tracekit.fleet.preload"])
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx)
-        return self._pool
+        return self._pool.each(fn, args, on_error)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+        self._pool.close()
 
 
 class RayRunner:

@@ -1,14 +1,13 @@
-"""Imported once by the local engine's fork server, so every worker starts with the analyzer loaded.
+"""Imported by each local engine worker as it starts, so it has the analyzer loaded before its first trace.
 
 Importing the analyzer (NumPy, pyarrow, numba, tracekit) and loading its
 compiled kernels from numba's cache takes about a second per process, more
 than the analysis of a trace of a few hundred thousand events. The local
-engine starts its workers with forkserver and names this module as the
-server's preload: the server imports it once, which analyzes a six-event
-trace built in memory (a segment, blocks, a free, a failing request: the
-pooled scan and the OOM report both run), and every worker forked from the
-server inherits the loaded kernels. No file is read here, so no Arrow
-thread pool exists in the server when it forks.
+engine names this module to its ``tracekit.workers.Pool`` (``imports``):
+each worker imports it once, which analyzes a six-event trace built in
+memory (a segment, blocks, a free, a failing request: the pooled scan and
+the OOM report both run), so the kernels are loaded once per long-lived
+worker, in parallel. No file is read here.
 """
 
 from __future__ import annotations
