@@ -6,11 +6,20 @@ figure depends on another. On Linux with two CPUs or more, once every figure's d
 computed, ``render`` forks one child, and both processes take the next figure to draw from a
 shared queue (a pipe holding one 2-byte token per figure; a read that small is atomic, so each
 figure goes to one process) until it is empty; the child sends its PNG bytes back through a
-second pipe. Fork, not a worker pool: the data is already in memory, and a fresh interpreter
-would spend longer importing matplotlib than drawing. The child only draws (matplotlib on
-NumPy arrays), writes no file and ends with ``os._exit``; figures of a child that fails, is
-killed or sends nothing for ``CHILD_GRACE_S`` (it writes a byte after each figure, so a slow
-child is waited for) are drawn here instead, so the bytes are the same either way.
+second pipe. Fork, not the worker pool (``tracekit.workers.Pool``, forkserver): the data is
+already in memory, and a fresh interpreter would spend longer importing matplotlib than drawing.
+The child only draws (matplotlib on NumPy arrays), writes no file and ends with ``os._exit``;
+figures of a child that fails, is killed or sends nothing for ``CHILD_GRACE_S`` (it writes a byte
+after each figure, so a slow child is waited for) are drawn here instead, so the bytes are the
+same either way.
+
+Why this fork is safe although Arrow's thread pools may exist (the hazard the pool's forkserver
+avoids): a forked child has only the forking thread; a lock another thread held at the fork
+stays held in the child forever, so the child hangs only if it takes such a lock. The child
+takes none of Arrow's: it reads no file, builds no Arrow array and calls no Arrow function,
+only matplotlib and NumPy on arrays computed before the fork (glibc's ``malloc`` locks are
+reset across ``fork``). Should it hang anyway, the grace above ends it and this process draws
+its figures, so the worst case is time, never a different page.
 """
 
 from __future__ import annotations
