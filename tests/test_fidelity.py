@@ -23,11 +23,11 @@ import pytest
 
 from tracekit.analysis.fatal import handled_rows
 from tracekit.sim.base import PolicyRun, SimConfig, Stat, Status
-from tracekit.sim.policies._torch_config import options_from_snapshot
 from tracekit.sim.policies.cupy_pool import MODEL as CUPY
 from tracekit.sim.policies.torch_caching import MODEL as TORCH
 from tracekit.sim.pool_run import retry_releases
 from tracekit.sim.prepare import prepare
+from tracekit.sim.torch_rules import options_from_snapshot
 from tracekit.trace import Op, Source, Trace, read_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"

@@ -13,14 +13,14 @@ import pytest
 
 from tracekit.errors import UsageError
 from tracekit.sim.base import SimConfig, Stat, Status
-from tracekit.sim.policies._torch_config import (
+from tracekit.sim.policies.torch_caching import MODEL
+from tracekit.sim.torch_rules import (
     options_from_snapshot,
     parse_divisions,
     round_sizes,
     segment_sizes,
     settings,
 )
-from tracekit.sim.policies.torch_caching import MODEL
 from tracekit.trace import Events, Op, Source, Trace, TraceMeta
 from tracekit.trace.validate import pair_events
 

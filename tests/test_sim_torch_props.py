@@ -15,8 +15,8 @@ from test_sim_cupy_props import build, check_outputs, trace_prefix
 
 from tracekit.sim.base import SimConfig, Stat, Status
 from tracekit.sim.chunk_check import check_state
-from tracekit.sim.policies._torch_config import segment_sizes
 from tracekit.sim.policies.torch_caching import MODEL
+from tracekit.sim.torch_rules import segment_sizes
 
 MIB = 1 << 20
 sizes = st.one_of(st.integers(1, MIB), st.integers(MIB + 1, 12 * MIB), st.integers(20 * MIB, 60 * MIB),

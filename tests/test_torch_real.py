@@ -177,7 +177,7 @@ def test_committed_traces_match_a_fresh_import(name: str, tmp_path: Path) -> Non
 def test_round_size_matches_real_blocks(name: str) -> None:
     # Small-pool blocks are always split to the rounded size; a large-pool block keeps an unsplit
     # remainder of at most 1 MiB (kSmallSize), so it is round_size(request) plus 0 to 1 MiB.
-    from tracekit.importers.torch_rounding import divisions_from_settings, round_size
+    from tracekit.sim.torch_rules import divisions_from_settings, round_size
 
     snap = snapshot(name)
     blocks = [(b["size"], b["requested_size"], g["segment_type"], g.get("is_expandable", False))

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracekit.importers.torch_rounding import divisions_from_settings, round_size
+from tracekit.sim.torch_rules import divisions_from_settings, round_size
 
 MiB = 1 << 20
 sizes = st.integers(min_value=0, max_value=1 << 40)

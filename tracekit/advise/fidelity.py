@@ -154,7 +154,7 @@ def compare(base: Trace, run: Trace, setting: str, options: dict[str, str], poli
 def run_setting(run: Trace) -> tuple[str, str, dict[str, str], int | None]:
     """(setting text, policy, options, capacity) that ``run`` was recorded under."""
     if run.meta.source == Source.TORCH:
-        from tracekit.sim.policies._torch_config import options_from_snapshot
+        from tracekit.sim.torch_rules import options_from_snapshot
 
         opts = options_from_snapshot(run.meta.extra.get(SETTINGS_KEY) or {})
         return _conf_text(opts), "torch", opts, run.meta.pool_limit_bytes

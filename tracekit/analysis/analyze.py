@@ -31,7 +31,7 @@ from tracekit.analysis.recording import (
 )
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
-from tracekit.sim.policies._torch_config import segment_sizes
+from tracekit.sim.torch_rules import segment_sizes
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace

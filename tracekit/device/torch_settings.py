@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracekit.errors import DeviceError, UsageError
-from tracekit.sim.policies._torch_config import (
+from tracekit.sim.torch_rules import (
     TorchSettings,
     options_from_snapshot,
     settings,

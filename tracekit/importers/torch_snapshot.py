@@ -36,11 +36,11 @@ from tracekit.importers import snapshot_policy as policy
 from tracekit.importers import torch_columns as tc
 from tracekit.importers.pickle_scan import EntryList, scan
 from tracekit.importers.safe_pickle import GZIP_MAGIC, UNPICKLE_PER_BYTE, load_pickle
-from tracekit.importers.torch_rounding import divisions_from_settings, round_size
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
 from tracekit.inputs import check_regular, optional_int
 from tracekit.outputs import check_output
 from tracekit.progress import LARGE_BYTES, Progress
+from tracekit.sim.torch_rules import divisions_from_settings, round_size
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, write_trace
 
 V1_OP = np.array([Op.MALLOC, -1, Op.FREE, Op.SEGMENT_ALLOC, Op.SEGMENT_FREE, Op.SEGMENT_ALLOC,

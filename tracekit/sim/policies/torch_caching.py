@@ -8,7 +8,7 @@ free; on a miss, release of cached blocks and a retry before OOM.
 total): a segment that would take reserved bytes over it fails without a
 device call. ``SimConfig.options`` takes PyTorch's allocator keys
 (``max_split_size_mb``, ``roundup_power2_divisions``, ``expandable_segments``,
-``max_non_split_rounding_mb``) and ``release_points`` (see ``_torch_config``).
+``max_non_split_rounding_mb``) and ``release_points`` (see ``tracekit.sim.torch_rules``).
 Rows marked ``initial`` (the state a snapshot's ring buffer starts from) are
 loaded first at their recorded addresses; new segments get invented addresses.
 """
@@ -25,13 +25,6 @@ from tracekit.sim import chunks as ck
 from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import Kind, Op, Reserve, TorchPool, TorchSetting, named_vector
 from tracekit.sim.codes import Reservation as X_
-from tracekit.sim.policies._torch_config import (
-    MIB,
-    TorchSettings,
-    options_from_snapshot,
-    round_sizes,
-    settings,
-)
 from tracekit.sim.policies._torch_kernel import torch_replay
 from tracekit.sim.pool_run import (
     address_hints,
@@ -42,6 +35,13 @@ from tracekit.sim.pool_run import (
     retry_releases,
 )
 from tracekit.sim.prepare import ReplayInput, attempt_kinds, holders, prepare
+from tracekit.sim.torch_rules import (
+    MIB,
+    TorchSettings,
+    options_from_snapshot,
+    round_sizes,
+    settings,
+)
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 
