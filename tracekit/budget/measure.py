@@ -17,10 +17,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from tracekit.budget.cudactx import primary_context_active
 from tracekit.budget.model import local_memory_model
-from tracekit.budget.nvml import Nvml
-from tracekit.device.cuda import check_device, import_cupy
+from tracekit.gpu.cuda import check_device, import_cupy
+from tracekit.gpu.driver import primary_context_active
+from tracekit.gpu.nvml import Nvml
 
 SCHEMA = "tracekit.budget/1"
 

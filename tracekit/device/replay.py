@@ -34,9 +34,9 @@ from tracekit.device.capacity import (
     deferred_signals,
     plan_capacity,
 )
-from tracekit.device.cuda import check_device, import_cupy
 from tracekit.device.loops import Attempts, Loop, loop_cuda, loop_pool, replay_streams
 from tracekit.errors import DeviceError
+from tracekit.gpu.cuda import check_device, import_cupy
 from tracekit.trace.reader import Trace
 
 

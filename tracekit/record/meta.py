@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from tracekit import __version__
-from tracekit.record.probe import LIMIT_CODES
+from tracekit.gpu.driver import LIMIT_CODES
 from tracekit.trace.schema import DeviceInfo, Source, TraceMeta
 
 

@@ -6,7 +6,8 @@ format v2 (without ``seq`` and ``t_ns``, which the trace writer adds):
 per-process used bytes on the device, each with its pid, its name (Linux
 ``/proc/PID/comm``) and ``self`` for the recording process; ``limits``, the
 current ``cudaLimitStackSize`` / ``cudaLimitMallocHeapSize`` /
-``cudaLimitPrintfFifoSize`` values (bytes, per thread for the stack); and
+``cudaLimitPrintfFifoSize`` values (bytes, per thread for the stack; read
+through the driver, ``tracekit.gpu.driver``, where CuPy is absent); and
 ``pool``, the counters the caller passes. Each figure that cannot be
 measured is None, never an exception: the program's own out-of-memory error
 must reach it unchanged. The probe runs only at an OOM, so its cost (a few
@@ -16,14 +17,12 @@ driver calls, under a millisecond) never touches the per-event path.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Callable
 from typing import Any
 
-from tracekit.budget.nvml import Nvml
-
-LIMIT_CODES = {"stack_size": 0, "printf_fifo_size": 1, "malloc_heap_size": 2}  # cudaLimit == CUlimit
+from tracekit.gpu.driver import LIMIT_CODES, driver_limits
+from tracekit.gpu.nvml import Nvml
 
 
 def process_name(pid: int) -> str | None:
@@ -33,21 +32,6 @@ def process_name(pid: int) -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def driver_limits() -> dict[str, int | None]:
-    """The runtime limits of the context current in this thread, from the driver (``cuCtxGetLimit``)."""
-    out: dict[str, int | None] = dict.fromkeys(LIMIT_CODES)
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        get = lib.cuCtxGetLimit
-    except (OSError, AttributeError):
-        return out
-    for key, code in LIMIT_CODES.items():
-        v = ctypes.c_size_t()
-        if get(ctypes.byref(v), ctypes.c_int(code)) == 0:
-            out[key] = int(v.value)
-    return out
 
 
 class DeviceProbe:

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracekit.device import cuda
 from tracekit.errors import OutputError
+from tracekit.gpu import cuda
 from tracekit.outputs import check_output
 from tracekit.record.device_alloc import pool_state
 from tracekit.record.hook import EventBuffer, cupy_hook

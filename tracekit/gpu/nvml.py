@@ -2,9 +2,20 @@
 
 NVML answers without creating a CUDA context, which is what makes it the
 right witness for "before this process touched the device". Only the few
-calls the budget needs are bound; every failure becomes ``None`` (NVML
-missing, an old driver without the ``_v2`` memory call), never an exception,
-so the budget degrades to "not measured" instead of failing.
+calls the budget and the recorder's OOM probe need are bound; every failure
+becomes ``None`` (NVML missing, an old driver without the ``_v2`` memory
+call), never an exception, so the budget degrades to "not measured" instead
+of failing.
+
+Why ctypes and not ``nvidia-ml-py`` (``pynvml``), the maintained binding:
+the figures here are measured on the GPU machine, which may not have
+``nvidia-ml-py`` installed (CuPy and PyTorch do not bring it), so it would
+have to be an optional path with this one kept as the fallback anyway; and a
+switch changes which structures are passed to ``nvmlDeviceGetMemoryInfo_v2``
+(the ``reserved`` term of the budget equation) and
+``nvmlDeviceGetComputeRunningProcesses_v3``, which only a run on a GPU can
+show to give the same bytes. Until that run, this one path (exercised by the
+GPU tests of the budget and of ``record``) stays the only one.
 """
 
 from __future__ import annotations
