@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.errors import InputError, TracekitError
-from tracekit.sim.heap import round_up
 from tracekit.trace.devices import device_ids, select_device
+from tracekit.trace.live import live_bytes, paired_frees, round_up
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
@@ -156,10 +156,7 @@ def live_curve(trace: Trace) -> np.ndarray:
     """Σ ⌈requested/512⌉·512 over live ``needed_requests`` after every event (int64, bytes)."""
     ev = trace.events
     req = round_up(ev.size.astype(np.int64))
-    delta = np.where(needed_requests(trace), req, 0)
-    frees = np.flatnonzero((ev.op == Op.FREE) & (trace.mate >= 0))
-    delta[frees] = -req[trace.mate[frees]]
-    return np.cumsum(delta)
+    return live_bytes(req, needed_requests(trace), paired_frees(ev.op, trace.mate), trace.mate)
 
 
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,

@@ -27,7 +27,7 @@ from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.capacity import needed_requests
 from tracekit.sim.base import SimConfig
 from tracekit.sim.engine import replay
-from tracekit.sim.heap import round_up
+from tracekit.trace.live import live_bytes, paired_frees, round_up
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
@@ -128,10 +128,7 @@ def _device_model(cand: Candidate, trace: Trace, capacity: int | None, device_to
     else:
         cost = np.where(size <= SMALL, round_up(size), round_up(size, PAGE))
     alloc = needed_requests(trace)
-    delta = np.where(alloc, cost, 0)
-    frees = np.flatnonzero((ev.op == Op.FREE) & (trace.mate >= 0))
-    delta[frees] = -cost[trace.mate[frees]]
-    held = np.cumsum(delta)
+    held = live_bytes(cost, alloc, paired_frees(ev.op, trace.mate), trace.mate)
     if cand.kind == Kind.CUPY_ASYNC:
         held = round_up(held, PAGE)
     bound = min(b for b in (capacity, device_total, 1 << 62) if b is not None)

@@ -24,6 +24,7 @@ from tracekit.device.replay import DeviceRun
 from tracekit.sim.base import Status
 from tracekit.sim.result import OOMInfo, ReplaySummary
 from tracekit.trace.events import Events
+from tracekit.trace.live import live_bytes, paired_frees, round_up
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 
@@ -34,21 +35,12 @@ EXTRA_FIELDS = (
 )
 
 
-def round512(size: np.ndarray) -> np.ndarray:
-    return (size + np.uint64(511)) // np.uint64(512) * np.uint64(512)
-
-
 def live_curve(trace: Trace, run: DeviceRun) -> np.ndarray:
     """Live bytes (sum of rounded sizes of live blocks) after each input event, int64."""
     ev = trace.events
-    r = round512(ev.size).astype(np.int64)
     done = run.status == Status.DONE
     is_malloc = done & ((ev.op == Op.MALLOC) | (ev.op == Op.OOM))
-    is_free = done & (ev.op == Op.FREE) & (trace.mate >= 0)
-    delta = np.zeros(len(ev), np.int64)
-    delta[is_malloc] = r[is_malloc]
-    delta[is_free] = -r[trace.mate[is_free]]
-    return np.cumsum(delta)
+    return live_bytes(round_up(ev.size), is_malloc, done & paired_frees(ev.op, trace.mate), trace.mate)
 
 
 def output_events(trace: Trace, run: DeviceRun) -> tuple[Events, dict[str, pa.Array]]:
@@ -59,7 +51,7 @@ def output_events(trace: Trace, run: DeviceRun) -> tuple[Events, dict[str, pa.Ar
     m = len(rows)
     before = np.asarray(rows.before, np.int64)
     order = np.argsort(np.concatenate([2 * keep + 1, 2 * before]), kind="stable")
-    r = round512(ev.size)
+    r = round_up(ev.size)
     st = run.status[keep]
     op_in = ev.op[keep].copy()
     op_in[(op_in == Op.OOM) & (st == Status.DONE)] = Op.MALLOC  # an oom row that fits here
@@ -155,7 +147,7 @@ def summary(trace: Trace, run: DeviceRun) -> ReplaySummary:
         i = run.first_oom
         free_b = int(st.get("free_bytes", st.get("device_free", 0)))
         oom = OOMInfo(
-            seq=int(ev.seq[i]), size=int(ev.size[i]), rounded=int(round512(ev.size[i: i + 1])[0]),
+            seq=int(ev.seq[i]), size=int(ev.size[i]), rounded=int(round_up(ev.size[i: i + 1])[0]),
             free_bytes=_usable(alloc, free_b), largest_free_block=None,
             live_bytes=int(st.get("live_bytes", live[i])),
             reserved_bytes=int(st.get("reserved_bytes", run.free_replay - int(st.get("device_free", 0)))),

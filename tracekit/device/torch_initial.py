@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.errors import DeviceError
+from tracekit.trace.live import round_up
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 
@@ -96,7 +97,7 @@ def rebuild(trace: Trace, init: np.ndarray, backend: Any, handles: np.ndarray) -
     blocks = np.flatnonzero(init & (ev.op == Op.MALLOC))
     blocks = blocks[np.argsort(ev.addr[blocks], kind="stable")]
     baddr = ev.addr[blocks].astype(np.int64)
-    bsize = np.where(ev.rounded[blocks] > 0, ev.rounded[blocks], (ev.size[blocks] + 511) // 512 * 512)
+    bsize = np.where(ev.rounded[blocks] > 0, ev.rounded[blocks], round_up(ev.size[blocks]))
     delete = backend.delete
     fillers: list[int] = []
     placed: dict[int, int] = {}

@@ -59,6 +59,7 @@ from typing import Any
 from tracekit.record.device_alloc import SegmentLog, async_pool_state, pool_state, raw_device_alloc
 from tracekit.record.hook import FREE, MALLOC, OOM, UNMEASURED, EventBuffer, code_of
 from tracekit.record.sites import SiteTable
+from tracekit.trace.live import round_up
 
 UNATTRIBUTED = "unattributed"  # label of the pool id for segments made under a non-pool allocator
 
@@ -260,7 +261,7 @@ class PoolRegistry:
         device = int(self.rt.getDevice())
         pid = self.pool_id(key, device)
         site = self.sites.site_of(sys._getframe(1)) if self.sites is not None else -1
-        rounded = (size + 511) // 512 * 512
+        rounded = round_up(size)
         try:
             mp = malloc(size)
         except MemoryError as e:

@@ -20,22 +20,17 @@ round or step, so a synthetic trace is also a valid raw-device trace.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from tracekit.trace.events import Events
+from tracekit.trace.live import round_up
 from tracekit.trace.schema import Op
 
 MIN_SIZE = 512
 MAX_SIZE = 64 << 20
 CHUNK = 1 << 20
 BASE = 0x7F00_0000_0000  # a typical CUDA virtual address range
-
-
-def round512(size: Any) -> Any:
-    """Round up to CuPy's 512-byte allocation unit (arrays or NumPy scalars)."""
-    return (size + np.uint64(511)) // np.uint64(512) * np.uint64(512)
 
 
 def _events(op, size, addr, rounded, site, sites) -> Events:
@@ -56,7 +51,7 @@ def random_pattern(n: int, rng: np.random.Generator, slots: int = 2048) -> Itera
         rank = np.arange(c) - np.searchsorted(ss, ss, side="left")
         is_free = ((rank + occupied[ss]) % 2) == 1
         req = np.exp(rng.uniform(np.log(MIN_SIZE), np.log(MAX_SIZE), c)).astype(np.uint64)
-        rnd = round512(req)
+        rnd = round_up(req)
         # A free returns the block its slot got at the previous event (or before this chunk).
         prev_rnd = np.empty(c, dtype=np.uint64)
         prev_rnd[1:] = rnd[order][:-1]
@@ -80,9 +75,9 @@ def training_pattern(n: int, rng: np.random.Generator, layers: int = 24) -> Iter
     sites = ("train.py:30:init_weights", "train.py:88:forward", "train.py:91:gelu",
              "train.py:140:backward")
     w = np.exp(rng.uniform(np.log(4 << 20), np.log(64 << 20), layers)).astype(np.uint64)
-    w_addr = np.uint64(BASE) + np.r_[0, np.cumsum(round512(w))[:-1]].astype(np.uint64)
-    yield _events(np.zeros(layers, np.int8), w, w_addr, round512(w), np.zeros(layers, np.int32), sites)
-    step_base = int(w_addr[-1] + round512(w)[-1]) + (1 << 30)
+    w_addr = np.uint64(BASE) + np.r_[0, np.cumsum(round_up(w))[:-1]].astype(np.uint64)
+    yield _events(np.zeros(layers, np.int8), w, w_addr, round_up(w), np.zeros(layers, np.int32), sites)
+    step_base = int(w_addr[-1] + round_up(w)[-1]) + (1 << 30)
     templates = [_training_step(b, layers, step_base, sites) for b in (8, 16, 24, 32, 48, 64)]
     per_step = len(templates[0])
     done = layers
@@ -97,7 +92,7 @@ def training_pattern(n: int, rng: np.random.Generator, layers: int = 24) -> Iter
 
 def _training_step(batch: int, layers: int, base: int, sites: tuple[str, ...]) -> Events:
     act = np.array([batch * 512 * (1024 + 256 * (i % 4)) for i in range(layers)], np.uint64)
-    act_r = round512(act)
+    act_r = round_up(act)
     act_addr = np.uint64(base) + np.r_[0, np.cumsum(act_r)[:-1]].astype(np.uint64)
     scratch = np.uint64(base + int(act_r.sum()))
     op, size, addr, rnd, site = [], [], [], [], []
@@ -112,8 +107,8 @@ def _training_step(batch: int, layers: int, base: int, sites: tuple[str, ...]) -
     for i in range(layers):
         add(Op.MALLOC, int(act[i]), int(act_addr[i]), int(act_r[i]), 1)
         tmp = int(act[i]) // 2 + 96
-        add(Op.MALLOC, tmp, int(scratch), int(round512(np.uint64(tmp))), 2)
-        add(Op.FREE, int(round512(np.uint64(tmp))), int(scratch), 0, -1)
+        add(Op.MALLOC, tmp, int(scratch), int(round_up(np.uint64(tmp))), 2)
+        add(Op.FREE, int(round_up(np.uint64(tmp))), int(scratch), 0, -1)
     for i in reversed(range(layers)):
         g = int(act[i])
         add(Op.MALLOC, g, int(scratch), int(act_r[i]), 3)
@@ -138,11 +133,11 @@ def fragmenting_pattern(
     while done < n:
         rounds = max(1, min(CHUNK, n - done) // width + 1)
         r_idx = round_no + np.arange(rounds)
-        sizes = round512(rng.integers(1 << 20, 4 << 20, (rounds, 2 * pairs)).astype(np.uint64))
+        sizes = round_up(rng.integers(1 << 20, 4 << 20, (rounds, 2 * pairs)).astype(np.uint64))
         offs = np.cumsum(sizes, axis=1) - sizes
         region_of = (r_idx % (delay + 1)).astype(np.uint64) * np.uint64(region)
         addrs = np.uint64(BASE) + region_of[:, None] + offs
-        big = round512(rng.integers(8 << 20, 16 << 20, rounds).astype(np.uint64))
+        big = round_up(rng.integers(8 << 20, 16 << 20, rounds).astype(np.uint64))
         # The long blocks (odd columns) of round r die at the start of round r + delay.
         all_long_a = np.vstack([carry_addr, addrs[:, 1::2]])
         all_long_s = np.vstack([carry_size, sizes[:, 1::2]])
