@@ -12,27 +12,15 @@ high-water mark rounded up to 2 MiB, so that figure can be larger.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import numpy as np
 
 from tracekit.sim.base import PolicyRun, SimConfig
 from tracekit.sim.codes import Stat
+from tracekit.trace.live import UNIT, round_up  # noqa: F401  (UNIT: the multiple every policy hands out)
 from tracekit.trace.schema import Op
 
-UNIT = 512  # every policy hands out multiples of 512 bytes
 UNBOUNDED = 1 << 60
 SEGMENT_ROUND = 2 << 20
-
-_N = TypeVar("_N", int, np.ndarray)
-
-
-def round_up(n: _N, step: int = UNIT) -> _N:
-    """``n`` rounded up to a multiple of ``step`` (an int, or elementwise over an integer array).
-
-    The compiled kernels inline the same expression: they cannot call Python.
-    """
-    return -(-n // step) * step
 
 
 def heap_stats() -> np.ndarray:
