@@ -14,14 +14,14 @@ live blocks, pool memory) is given back in a ``finally``, also on Ctrl-C and
 SIGTERM; one failed release does not keep the others from running. The
 ``torch`` allocator has its own frame (``tracekit.device.torch_replay``): its
 rows come from PyTorch's memory history rather than from a hook, and
-``device_free`` is not sampled at them.
+``device_free`` is not sampled at them. The settings and the result
+(``DeviceConfig``, ``DeviceRun``) live in ``tracekit.device.run``, which both
+frames import, and are named here too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,58 +30,16 @@ from tracekit.device.allocators import AsyncPool, ObservedPool, SegmentLog
 from tracekit.device.capacity import (
     Allocator,
     Ballast,
-    CapacityPlan,
     deferred_signals,
     plan_capacity,
 )
 from tracekit.device.loops import Attempts, Loop, loop_cuda, loop_pool, replay_streams
+from tracekit.device.run import DeviceConfig, DeviceRun
 from tracekit.errors import DeviceError
 from tracekit.gpu.cuda import check_device, import_cupy
 from tracekit.trace.reader import Trace
 
-
-@dataclass(frozen=True)
-class DeviceConfig:
-    """Replay settings: device ordinal, allocator, capacity (bytes, None = all free memory)."""
-
-    device: int = 0
-    allocator: Allocator = Allocator.CUDA
-    capacity: int | None = None
-    continue_on_oom: bool = False
-    sample_every: int | None = None  # None: sampling_interval(n)
-    options: Mapping[str, str] = field(default_factory=dict)  # torch: allocator settings (--torch-conf)
-    stop_at_first_oom: bool = False  # a failed request the program survived stops the replay too
-
-
-@dataclass(frozen=True, eq=False)
-class DeviceRun:
-    """What happened, per input event (arrays of length n) and per emitted allocator row.
-
-    ``latency`` and ``t_end`` are ns (``t_end`` relative to the replay start;
-    -1 latency = no call made); ``device_free`` is cudaMemGetInfo free bytes, -1
-    where not sampled. ``free_start``/``free_end`` bracket the whole replay
-    (equal when everything was given back); ``free_replay`` is the free memory
-    the replay started with, after the ballast.
-    """
-
-    config: DeviceConfig
-    plan: CapacityPlan
-    status: np.ndarray
-    addr: np.ndarray
-    latency: np.ndarray
-    t_end: np.ndarray
-    device_free: np.ndarray
-    rows: SegmentLog
-    total: int
-    free_start: int
-    free_replay: int
-    free_end: int
-    peak_reserved: int | None
-    ooms: int
-    first_oom: int
-    oom_state: dict[str, Any] | None
-    torch: Any = None  # torch_replay.TorchRun for the torch allocator
-    handled_ooms: int = 0  # failed requests the program survived too (the replay went on past them)
+__all__ = ["Allocator", "DeviceConfig", "DeviceRun", "replay_on_device"]
 
 
 def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:

@@ -24,7 +24,7 @@ import numpy as np
 from tracekit.device.allocators import SegmentLog
 from tracekit.device.capacity import Allocator, CapacityPlan, deferred_signals
 from tracekit.device.loops import Attempts, Loop
-from tracekit.device.replay import DeviceConfig, DeviceRun
+from tracekit.device.run import DeviceConfig, DeviceRun
 from tracekit.device.torch_backend import TorchBackend
 from tracekit.device.torch_initial import Rebuilt, rebuild
 from tracekit.device.torch_loop import TorchLoop
