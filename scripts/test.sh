@@ -15,10 +15,12 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
+# polars (tracekit fleet's table) is the fleet extra; a failure here stops set-up.
+.venv/bin/python -m pip install -q -e ".[fleet]"
 # Ray (the fleet's cluster engine) has no wheel for every platform; its tests skip, saying why,
 # where it cannot be installed, so set-up goes on without it.
-.venv/bin/python -m pip install -q -e ".[fleet]" \
-  || echo "warning: could not install Ray (tracekit[fleet]); the Ray tests will be skipped" >&2
+.venv/bin/python -m pip install -q -e ".[ray]" \
+  || echo "warning: could not install Ray (tracekit[ray]); the Ray tests will be skipped" >&2
 .venv/bin/ruff check tracekit tests scripts
 .venv/bin/mypy
 .venv/bin/python -m pytest -q "$@"

@@ -11,14 +11,18 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import polars as pl
 import pytest
+
+try:  # tracekit fleet's table; the module skips, saying why, without it
+    import polars as pl
+except ImportError:
+    pytest.skip("polars is the 'fleet' extra: pip install -e '.[fleet]'", allow_module_level=True)
 from test_fleet import ROOT, rank_trace
 
 from tracekit.fleet import Engine, FleetOptions, run_fleet
 from tracekit.synth import Pattern, synthesize
 
-ray = pytest.importorskip("ray", reason="Ray is the 'fleet' extra: pip install -e '.[fleet]'")
+ray = pytest.importorskip("ray", reason="Ray is the 'ray' extra: pip install -e '.[ray]'")
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pytest
+
+try:  # tracekit fleet's table; the module skips, saying why, without it
+    import polars as pl
+except ImportError:
+    pytest.skip("polars is the 'fleet' extra: pip install -e '.[fleet]'", allow_module_level=True)
 from typer.testing import CliRunner
 
 from tracekit.cli.app import app
@@ -166,7 +170,7 @@ def test_bad_addresses_end_at_once_with_one_sentence(odd: Path) -> None:
 
 
 def test_ray_client_address_without_the_client_extra(odd: Path) -> None:
-    pytest.importorskip("ray", reason="Ray is the 'fleet' extra: pip install -e '.[fleet]'")
+    pytest.importorskip("ray", reason="Ray is the 'ray' extra: pip install -e '.[ray]'")
     import importlib.util
 
     if importlib.util.find_spec("grpc") is not None:
@@ -176,7 +180,7 @@ def test_ray_client_address_without_the_client_extra(odd: Path) -> None:
 
 
 def test_nobody_answering_is_one_sentence_in_seconds(odd: Path) -> None:
-    pytest.importorskip("ray", reason="Ray is the 'fleet' extra: pip install -e '.[fleet]'")
+    pytest.importorskip("ray", reason="Ray is the 'ray' extra: pip install -e '.[ray]'")
     t0 = time.monotonic()
     res = _fleet(str(odd / "ok.rank0.parquet"), "--engine", "ray", "--address", "127.0.0.1:1", timeout=60)
     assert res.returncode == 1 and "no Ray cluster answers there" in res.stderr, res.stderr

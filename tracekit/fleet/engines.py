@@ -137,7 +137,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UsageError("--engine ray needs Ray; install it with: pip install 'tracekit[fleet]'") from None
+        raise UsageError('--engine ray needs Ray; install it with: pip install -e ".[ray]"') from None
     return ray
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracekit.errors import TracekitError
 from tracekit.fleet.engines import Engine, default_jobs, open_engine
 from tracekit.fleet.inputs import check_outputs, expand_paths, largest_size
 from tracekit.fleet.member import MemberOptions, analyze_member, render_member
@@ -51,8 +52,18 @@ class FleetResult:
     written: tuple[Path, ...]
 
 
+def require_polars() -> None:
+    """TracekitError (exit 1) in one sentence unless polars, the ``fleet`` extra, can be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec("polars") is None:
+        raise TracekitError('tracekit fleet needs polars, which is not installed; install it with: '
+                            'pip install -e ".[fleet]"')
+
+
 def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions()) -> FleetResult:
     """Analyze every trace ``paths`` names; see the module docstring."""
+    require_polars()
     from tracekit.fleet.summary import summarize, worst_paths
     from tracekit.fleet.table import rows_frame, write_parquet
 
