@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracekit.errors import DeviceError, UsageError
+from tracekit.gpu.driver import LIMIT_CODES
 
 _SRC = r"""
 extern "C" __global__ void local_probe(float* out, int salt) {
@@ -27,7 +28,7 @@ extern "C" __global__ void local_probe(float* out, int salt) {
     if (t == 0) out[1] = buf[%(words)d - 1];
 }
 """
-_LIMIT_STACK = 0
+_LIMIT_STACK = LIMIT_CODES["stack_size"]  # cudaLimitStackSize
 MAX_LOCAL = 512 * 1024  # CUDA's per-thread local memory limit
 
 

@@ -19,13 +19,10 @@ from typing import Any
 
 from tracekit.budget.model import local_memory_model
 from tracekit.gpu.cuda import check_device, import_cupy
-from tracekit.gpu.driver import primary_context_active
+from tracekit.gpu.driver import LIMIT_CODES, primary_context_active
 from tracekit.gpu.nvml import Nvml
 
 SCHEMA = "tracekit.budget/1"
-
-# cudaLimit enum values (driver_types.h); CuPy exposes deviceGetLimit but not every name.
-LIMIT_STACK, LIMIT_PRINTF_FIFO, LIMIT_MALLOC_HEAP = 0, 1, 2
 
 BUDGET_KEYS: dict[str, str] = {
     "schema": "format tag, 'tracekit.budget/1'",
@@ -95,9 +92,8 @@ def cheap_budget(device_id: int) -> dict[str, Any]:
         with cp.cuda.Device(device_id):
             free, total = rt.memGetInfo()
             out["context_create_s"] = 0.0 if existed else round(time.perf_counter() - t0, 6)
-            out["stack_size"] = int(rt.deviceGetLimit(LIMIT_STACK))
-            out["printf_fifo_size"] = int(rt.deviceGetLimit(LIMIT_PRINTF_FIFO))
-            out["malloc_heap_size"] = int(rt.deviceGetLimit(LIMIT_MALLOC_HEAP))
+            for key, code in LIMIT_CODES.items():  # stack, printf FIFO, malloc heap: in that order
+                out[key] = int(rt.deviceGetLimit(code))
         after = nv.memory(key)
     out["context_existed"] = existed
     out["cuda_total"], out["cuda_free"] = int(total), int(free)
