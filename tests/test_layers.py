@@ -4,7 +4,7 @@ Rooms (tracekit's packages) stand on floors, lowest first (``FLOORS``). A module
 may import its own room, a room on its floor or a lower one, and the
 foundation (tracekit's top-level modules: errors, units, inputs, outputs,
 progress, interrupts, workers), never a room above it. The rooms' import
-graph has no cycle, even between rooms of one floor; no module imports
+graph has no cycle, even between rooms of one floor, nor has the modules'; no module imports
 another package's private ``_name`` module; and the few arrows the plan
 forbids by name (``FORBIDDEN``) are absent. Every import counts: at the top
 of a module, inside a function (loaded late) or under ``TYPE_CHECKING``.
@@ -55,6 +55,13 @@ KNOWN: dict[tuple[str, str], str] = {
     # codes; they belong below both (with PyTorch's rules).
     ("tracekit.device.torch_backend", "tracekit.importers.torch_columns"): "PyTorch action codes",
     ("tracekit.device.torch_loop", "tracekit.importers.torch_columns"): "PyTorch action codes",
+}
+
+# Module arrows that close a cycle inside one room today; (importer, imported).
+KNOWN_CYCLES: dict[tuple[str, str], str] = {
+    # Under TYPE_CHECKING only: the writer names ReplayResult, which engine defines and
+    # which imports the writer late; the result type belongs in sim/result.py.
+    ("tracekit.sim.output", "tracekit.sim.engine"): "type-only back reference",
 }
 
 
@@ -145,6 +152,24 @@ def test_the_rooms_import_each_other_without_a_cycle() -> None:
         if (src, dst) not in KNOWN and room(src) != room(dst):
             graph.setdefault(room(src), set()).add(room(dst))
     assert _cycle(graph) is None
+
+
+def test_no_two_modules_import_each_other_even_late() -> None:
+    """No module cycle, counting imports inside functions (``replay`` <-> ``torch_replay`` was one)."""
+    assert _cycle(_module_graph(set(KNOWN) | set(KNOWN_CYCLES))) is None
+
+
+def test_each_known_cycle_is_still_one() -> None:
+    for arrow in KNOWN_CYCLES:
+        assert _cycle(_module_graph(set(KNOWN) | set(KNOWN_CYCLES) - {arrow})) is not None, arrow
+
+
+def _module_graph(leave_out: set[tuple[str, str]]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for src, dst in ARROWS:
+        if (src, dst) not in leave_out:
+            graph.setdefault(src, set()).add(dst)
+    return graph
 
 
 def test_each_known_exception_still_breaks_a_rule() -> None:
