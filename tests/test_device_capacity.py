@@ -125,14 +125,17 @@ def test_cli_without_cupy_says_so_in_one_line(tmp_path) -> None:
     assert "Traceback" not in p.stderr
 
 
-def test_sigterm_during_a_replay_is_a_tracekit_error_exiting_143() -> None:
+def test_sigterm_during_a_replay_is_interrupted_exiting_143_at_the_loops_check() -> None:
+    """The device loop's signals are tracekit's one stop: held until ``check()``, then
+    ``Interrupted`` exiting 143 for SIGTERM (130 for SIGINT), as for every verb."""
+    import os
     import signal
 
-    from tracekit.device.capacity import PendingSignal, Terminated
-    from tracekit.errors import TracekitError
+    from tracekit.device.capacity import deferred_signals
+    from tracekit.errors import Interrupted
 
-    pending = PendingSignal()
-    pending.signum = signal.SIGTERM
-    with pytest.raises(TracekitError, match="terminated by SIGTERM; all device memory") as info:
+    with pytest.raises(Interrupted) as info, deferred_signals() as pending:
+        os.kill(os.getpid(), signal.SIGTERM)  # held: the loop goes on to its safe point
         pending.check()
-    assert isinstance(info.value, Terminated) and info.value.exit_code == 143
+        raise AssertionError("check() raises the held signal")
+    assert info.value.exit_code == 143

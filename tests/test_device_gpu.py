@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.device.capacity import Allocator, Terminated
+from tracekit.device.capacity import Allocator
 from tracekit.device.loops import replay_streams
 from tracekit.device.replay import DeviceConfig, replay_on_device
 from tracekit.device.result import output_events, summary
-from tracekit.errors import UsageError
+from tracekit.errors import Interrupted, UsageError
 from tracekit.trace import Events, Op, Source, TraceMeta, read_meta, read_trace, write_trace
 
 pytestmark = pytest.mark.gpu
@@ -149,7 +149,7 @@ def test_a_capacity_above_free_memory_is_refused_without_allocating(synthetic, a
     assert _free() == start
 
 
-@pytest.mark.parametrize("sig,exc", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+@pytest.mark.parametrize("sig,exc", [(signal.SIGTERM, Interrupted), (signal.SIGINT, KeyboardInterrupt)])
 @pytest.mark.parametrize("alloc", ALLOCATORS)
 def test_signals_release_the_ballast_and_live_blocks(synthetic, alloc: Allocator, sig, exc) -> None:
     trace = read_trace(synthetic["churn"])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tracekit.device.capacity import PendingSignal
 from tracekit.device.loops import Attempts, Loop, loop_cuda
+from tracekit.interrupts import Held
 from tracekit.sim.base import Status
 from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
 
@@ -58,7 +58,7 @@ def _trace(tmp: Path, rows: list[tuple[Op, int, int]]) -> object:
 
 def _run(trace, cap: int, stop: bool = False) -> tuple[Loop, FakeRuntime]:
     rt = FakeRuntime(cap)
-    lp = Loop(len(trace.events), False, None, PendingSignal(), Attempts.of(trace, stop))
+    lp = Loop(len(trace.events), False, None, Held(), Attempts.of(trace, stop))
     loop_cuda(lp, trace.events.op.astype(np.int64), trace.events.size.astype(np.int64),
               trace.mate.astype(np.int64), rt)
     return lp, rt
@@ -136,7 +136,7 @@ def test_the_pool_loop_follows_the_program_too(tmp_path: Path, monkeypatch) -> N
         rt_mod.memGetInfo = rt.memGetInfo  # type: ignore[attr-defined]
         backend = types.SimpleNamespace(pool=types.SimpleNamespace(malloc=lambda s: FakePointer(rt, s)),
                                         stats=lambda: {})
-        lp = Loop(len(trace.events), False, None, PendingSignal(), Attempts.of(trace, False))
+        lp = Loop(len(trace.events), False, None, Held(), Attempts.of(trace, False))
         ev = trace.events
         loop_pool(lp, ev.op.astype(np.int64), ev.size.astype(np.int64), trace.mate.astype(np.int64),
                   ev.stream, backend, {})  # type: ignore[arg-type]

@@ -156,11 +156,11 @@ class _Ballast:
 
 
 def test_cleanup_frees_every_block_and_the_ballast_when_one_free_fails() -> None:
-    from tracekit.device.capacity import PendingSignal
     from tracekit.device.loops import Loop
     from tracekit.device.replay import release_all
+    from tracekit.interrupts import Held
 
-    lp = Loop(4, False, None, PendingSignal())
+    lp = Loop(4, False, None, Held())
     lp.live.update({0: 0x1000, 1: 0x2000, 2: 0x3000})
     rt, ballast = _Runtime(bad=0x1000), _Ballast()
     errors = release_all(rt, lp, None, ballast)
@@ -170,9 +170,9 @@ def test_cleanup_frees_every_block_and_the_ballast_when_one_free_fails() -> None
 
 
 def test_a_failed_cuda_free_is_a_device_error_naming_the_event() -> None:
-    from tracekit.device.capacity import PendingSignal
     from tracekit.device.loops import Loop, loop_cuda
     from tracekit.errors import DeviceError
+    from tracekit.interrupts import Held
 
     class Runtime:
         class CUDARuntimeError(Exception):
@@ -188,7 +188,7 @@ def test_a_failed_cuda_free_is_a_device_error_naming_the_event() -> None:
             return (1 << 30, 1 << 30)
 
     ops = np.array([Op.MALLOC, Op.FREE], np.int64)
-    lp = Loop(2, False, None, PendingSignal())
+    lp = Loop(2, False, None, Held())
     with pytest.raises(DeviceError, match=r"CUDA error at event 1 \(cudaFree\): cudaErrorIllegalAddress"):
         loop_cuda(lp, ops, np.array([512, 512], np.int64), np.array([1, 0], np.int64), rt=Runtime())
     assert lp.addr[0] == 0x1000 and lp.status[0] == 1

@@ -1,4 +1,17 @@
-"""Ctrl-C and SIGTERM held back while compiled code runs, and raised where the state is consistent.
+"""tracekit's one signal policy: how SIGINT and SIGTERM stop a verb, a device loop or a recording.
+
+Every verb stops the same way: ``errors.Interrupted`` (a KeyboardInterrupt; exit 130 for SIGINT,
+143 for SIGTERM), turned into one line in ``tracekit.cli.app``; the watchdog
+(``tracekit.cli.watchdog``) ends a process that native code keeps alive past a signal.
+
+- ``deferred()``: held back while compiled code or a device loop runs (below);
+- ``sigterm_raises(make)``: SIGTERM raises ``make(signum)`` in the main thread (the CLI's
+  ``Interrupted``; a recording's ``Terminated``, which a recorded program's own
+  ``except KeyboardInterrupt`` / ``except Exception`` cannot swallow);
+- ``quiet()``: noted, not acted on, while a trace is written;
+- ``restore_in_child()``: a forked child of a recorded program dies of SIGTERM as without us.
+
+Ctrl-C and SIGTERM held back while compiled code runs, and raised where the state is consistent.
 
 Python runs a signal handler between bytecodes. A handler that raises
 (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM) can therefore fire inside the
@@ -10,14 +23,16 @@ polls ``check()`` where it is safe (between kernel chunks, see
 ``Interrupted`` when the block ends: exit 130 for SIGINT, 143 for SIGTERM.
 A block that ends by raising lets its exception through and forgets a held
 signal, so a later block does not raise a stale one. Outside the main thread
-(signals cannot be caught there) the block runs as is.
+(signals cannot be caught there) the block runs as is. A device loop polls the handle the
+block yields (``Held.check``) every few hundred requests, where no pointer is in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -36,12 +51,26 @@ def check() -> None:
         raise Interrupted(signum)
 
 
+class Held:
+    """What a ``deferred()`` block yields: ``check()`` raises a held signal where the caller's state
+    is consistent (a device loop between requests)."""
+
+    @property
+    def signum(self) -> int:
+        """The first signal held (0: none), so a loop can finish its bookkeeping before ``check()``."""
+        return _pending[0] if _pending else 0
+
+    @staticmethod
+    def check() -> None:
+        check()
+
+
 @contextmanager
-def deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while the block runs; raise the first one when it ends."""
+def deferred() -> Iterator[Held]:
+    """Hold SIGINT/SIGTERM while the block runs; raise the first one (``Interrupted``) when it ends."""
     global _depth
-    if threading.current_thread() is not threading.main_thread() or _depth:
-        yield
+    if not _in_main() or _depth:
+        yield Held()
         return
 
     def _mark(signum: int, frame: FrameType | None) -> None:
@@ -51,7 +80,7 @@ def deferred() -> Iterator[None]:
     _depth += 1
     finished = False
     try:
-        yield
+        yield Held()
         finished = True
     finally:
         _depth -= 1
@@ -60,3 +89,55 @@ def deferred() -> Iterator[None]:
         if not finished:  # the block's own exception propagates; a held signal must not outlive it
             _pending.clear()
     check()
+
+
+def _in_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def sigterm_raises(make: Callable[[int], BaseException]) -> Iterator[None]:
+    """Inside the block SIGTERM raises ``make(signum)`` (main thread only; elsewhere nothing changes)."""
+    if not _in_main():
+        yield
+        return
+
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise make(signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def quiet() -> Iterator[list[int]]:
+    """SIGTERM and SIGINT are noted, not acted on, inside the block (the list collects them)."""
+    got: list[int] = []
+    if not _in_main():
+        yield got
+        return
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        got.append(signum)
+
+    saved = [(s, signal.signal(s, note)) for s in (signal.SIGTERM, signal.SIGINT)]
+    try:
+        yield got
+    finally:
+        for s, h in saved:
+            signal.signal(s, h)
+
+
+def restore_in_child() -> None:
+    """In a forked child of a recorded program: SIGTERM acts as it would without tracekit (the
+    child is no recording of ours and must die of the signal): a handler of tracekit's becomes
+    the default action; one the program installed stays."""
+    if not _in_main():
+        return
+    current = signal.getsignal(signal.SIGTERM)
+    if str(getattr(current, "__module__", "") or "").startswith("tracekit."):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

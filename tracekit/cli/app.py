@@ -20,13 +20,13 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from types import FrameType
 from typing import Any
 
 import typer
 import typer.core
 from typer.core import TyperGroup
 
+from tracekit import interrupts
 from tracekit.cli import startup_handlers_installed
 from tracekit.cli.common import say
 from tracekit.errors import Interrupted, TracekitError
@@ -147,18 +147,17 @@ def _sigterm_raises() -> Iterator[None]:
         yield
         return
 
-    def _raise(signum: int, frame: FrameType | None) -> None:
+    def _stop(signum: int) -> Interrupted:
         _SIGNAL["term"] = True
-        raise Interrupted(signum)
+        return Interrupted(signum)
 
-    previous = signal.signal(signal.SIGTERM, _raise)
     sigint = signal.getsignal(signal.SIGINT)
     if startup_handlers_installed():  # from here on Ctrl-C is a KeyboardInterrupt the verbs clean up after
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        yield
+        with interrupts.sigterm_raises(_stop):
+            yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, sigint)
 
 

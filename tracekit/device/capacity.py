@@ -15,16 +15,14 @@ runs with complete bookkeeping). Managed memory is never used.
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from types import FrameType
 from typing import Any
 
-from tracekit.errors import DeviceError, TracekitError, UsageError
+from tracekit import interrupts
+from tracekit.errors import DeviceError, UsageError
+from tracekit.interrupts import Held
 from tracekit.units import format_size
 
 GRANULARITY = 2 << 20  # bytes; cudaMalloc maps device memory in 2 MiB pages above 1 MiB
@@ -119,54 +117,9 @@ class Ballast:
         self.release()
 
 
-class Terminated(TracekitError):
-    """SIGTERM arrived during a device replay; raised only after everything taken was released.
-
-    Exits 143 (128 + SIGTERM), as a process killed by the signal would.
-    """
-
-    exit_code = 143
-
-    def __init__(self) -> None:
-        super().__init__("terminated by SIGTERM; all device memory taken by the replay was released")
-
-
-class PendingSignal:
-    """A SIGINT/SIGTERM that arrived during a replay, held until the loop reaches a safe point.
-
-    Raising from the handler itself could interrupt the loop between a
-    cudaMalloc returning and its pointer being recorded, leaking it; instead
-    the loop calls ``check()`` every few hundred requests (where its state is
-    consistent) and the exception is raised there.
-    """
-
-    def __init__(self) -> None:
-        self.signum = 0
-
-    def check(self) -> None:
-        if self.signum:
-            signum, self.signum = self.signum, 0
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise Terminated()
-
-
-@contextmanager
-def deferred_signals() -> Iterator[PendingSignal]:
-    """Within the block SIGINT/SIGTERM only mark ``PendingSignal``; it is raised at ``check()``
-    or, at the latest, when the block ends (after its ``finally`` clauses released the device)."""
-    pending = PendingSignal()
-    if threading.current_thread() is not threading.main_thread():
-        yield pending
-        return
-
-    def _mark(signum: int, frame: FrameType | None) -> None:
-        pending.signum = signum
-
-    previous = {s: signal.signal(s, _mark) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield pending
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    pending.check()
+def deferred_signals() -> AbstractContextManager[Held]:
+    """Within the block SIGINT/SIGTERM are only held (``tracekit.interrupts.deferred``); the loop
+    raises them at ``check()`` (every few hundred requests, where no pointer is in flight) or, at
+    the latest, when the block ends, after its ``finally`` clauses released the device: one
+    ``Interrupted``, exit 130 for SIGINT and 143 for SIGTERM, as for every verb."""
+    return interrupts.deferred()

@@ -88,7 +88,7 @@ def run_device_replay(
     tr = read_trace(trace)
     cfg = DeviceConfig(device=device, allocator=alloc, capacity=cap, continue_on_oom=continue_on_oom,
                        options=options, stop_at_first_oom=stop_at_first_oom)
-    run = replay_on_device(tr, cfg)  # SIGTERM: Terminated (exit 143) once the device is released
+    run = replay_on_device(tr, cfg)  # SIGTERM: Interrupted (exit 143) once the device is released
     result = summary(tr, run)
     written = write_output(tr, run, output) if output is not None else None
     comparison = None

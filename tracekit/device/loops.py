@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.device.allocators import AsyncPool, ObservedPool
-from tracekit.device.capacity import PendingSignal
 from tracekit.errors import DeviceError
+from tracekit.interrupts import Held
 from tracekit.sim.base import Status
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
@@ -39,7 +39,7 @@ class Loop:
     """Mutable state shared by the loops: output arrays, live blocks, OOM bookkeeping."""
 
     def __init__(self, n: int, continue_on_oom: bool, sample_every: int | None,
-                 pending: PendingSignal, attempts: Attempts | None = None) -> None:
+                 pending: Held, attempts: Attempts | None = None) -> None:
         self.continue_on_oom = continue_on_oom
         self.handled = attempts.handled if attempts is not None else np.zeros(n, np.bool_)
         self.replaced_by = attempts.replaced_by if attempts is not None else np.full(n, -1, np.int64)
