@@ -134,6 +134,12 @@ def test_the_foundation_imports_no_room() -> None:
     assert up == []
 
 
+def test_the_gpu_floor_stands_on_the_foundation_alone() -> None:
+    """CUDA, the driver and NVML need nothing of tracekit but its errors: record, budget and device
+    all build on them."""
+    assert {d for s, d in ARROWS if room(s) == "gpu" and room(d) != "gpu"} == {"tracekit.errors"}
+
+
 def test_no_module_imports_a_room_above_it() -> None:
     assert broken("up") - set(KNOWN) == set()
 
