@@ -188,18 +188,18 @@ def test_a_trace_replaced_while_advise_runs_ends_in_one_sentence(hole_trace: Pat
 
 def test_one_worker_pool_for_every_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Two devices, two policies, two workers: one pool, four searches, each device on its own."""
-    from test_analysis_ooms import trace_of, two_device_meta, two_device_rows
+    import concurrent.futures as futures
 
-    import tracekit.workers as workers
+    from test_analysis_ooms import trace_of, two_device_meta, two_device_rows
 
     started = []
 
-    class Counting(workers.ProcessPoolExecutor):
+    class Counting(futures.ProcessPoolExecutor):
         def __init__(self, *a: object, **kw: object) -> None:
             started.append(1)
             super().__init__(*a, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(workers, "ProcessPoolExecutor", Counting)
+    monkeypatch.setattr(futures, "ProcessPoolExecutor", Counting)  # the one pool's executor
     res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit", "first-fit"], jobs=2)
     assert len(started) == 1
     assert [[f.min_capacity for f in p.fits] for p in res.devices] == [[8 * MiB] * 2, [300 * MiB] * 2]

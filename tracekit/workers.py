@@ -30,12 +30,13 @@ import os
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracekit import progress
 from tracekit.errors import TracekitError
+
+if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts: most verbs never start one
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -168,6 +169,8 @@ class Pool:
                 with progress.part(i, len(tasks)):
                     yield fn(t)
             return
+        from concurrent.futures.process import BrokenProcessPool
+
         try:
             for done, r in enumerate(self._executor().map(fn, tasks), 1):
                 progress.report(done, len(tasks))
@@ -192,6 +195,9 @@ class Pool:
             for i, a in enumerate(args):
                 yield i, fn(*a)
             return
+        from concurrent.futures import FIRST_COMPLETED, wait
+        from concurrent.futures.process import BrokenProcessPool
+
         pending: dict[Future[R], tuple[int, bool, int]] = {}  # future -> (index, is a retry, generation)
         retry: deque[int] = deque()
         todo = iter(enumerate(args))
@@ -228,6 +234,8 @@ class Pool:
 
     def _submit(self, fn: Callable[..., R], a: tuple[Any, ...]) -> Future[R]:
         """The task's future, on the current generation's pool."""
+        from concurrent.futures.process import BrokenProcessPool
+
         try:
             return self._executor().submit(fn, *a)
         except BrokenProcessPool:  # broke since the last result was read; the task has not run
@@ -243,6 +251,8 @@ class Pool:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            from concurrent.futures import ProcessPoolExecutor
+
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=process_context(), initializer=_start,
                                              initargs=self._start_args)
         return self._pool
