@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from tracekit.advise.capacity import whatif
 from tracekit.cli.app import app
 from tracekit.sim import policies
-from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
+from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import Kind, Stat, Status
 from tracekit.sim.heap import heap_run, heap_stats, round_up
 from tracekit.sim.prepare import prepare
@@ -118,3 +118,33 @@ def test_traits_drive_defaults() -> None:
 def test_unknown_policy_lists_the_registered_ones(toy: str, three: Path) -> None:
     r = runner.invoke(app, ["replay", str(three), "--sim", "nope"])
     assert r.exit_code == 2 and toy in r.output
+
+
+def test_each_real_allocator_policy_names_the_allocator_it_models() -> None:
+    # The registry, not a name, says which policy models CuPy's pool and PyTorch's allocator.
+    assert policies.modelling(Allocator.CUPY) == "cupy"
+    assert policies.modelling(Allocator.TORCH) == "torch"
+    assert policies.allocator_of("torch") == Allocator.TORCH
+    assert policies.allocator_of("best-fit") is None  # a model of an idea
+    assert policies.allocator_of("no-such-policy") is None
+    for name in policies.names():  # a policy reproducing a recording's source models a real allocator
+        t = policies.traits(name)
+        assert t is not None and (t.reproduces is None or t.models is not None), name
+
+
+class ModelledBump(Bump):
+    """The toy again, claiming to model CuPy's pool (for the registry's lookup only)."""
+
+    name: ClassVar[str] = "toy-modelled"
+    traits: ClassVar[PolicyTraits] = PolicyTraits(Layout.HEAP, rank=99, models=Allocator.CUPY)
+
+
+def test_a_registered_policy_can_model_a_real_allocator() -> None:
+    policies.register(ModelledBump())
+    try:
+        assert policies.allocator_of("toy-modelled") == Allocator.CUPY
+        assert policies.modelling(Allocator.CUPY) == "cupy"  # the first in listing order (cupy's rank: 5)
+    finally:
+        policies.unregister("toy-modelled")
+    with pytest.raises(RuntimeError, match="no policy models the cuda allocator"):
+        policies.modelling(Allocator.CUDA)

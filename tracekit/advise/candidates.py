@@ -31,6 +31,8 @@ from pathlib import PurePosixPath
 from typing import TypedDict
 
 from tracekit.analysis.oom_budget import How  # how a cure's bytes were had, as the budget says
+from tracekit.sim import policies
+from tracekit.sim.base import Allocator
 
 TORCH_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("expandable_segments", ("True",)),
@@ -177,7 +179,7 @@ def conf_text(opts: Mapping[str, str]) -> str:
 
 
 def torch(opts: Mapping[str, str]) -> Candidate:
-    return Candidate(Kind.TORCH_CONF, "torch", tuple(sorted(opts.items())))
+    return Candidate(Kind.TORCH_CONF, policies.modelling(Allocator.TORCH), tuple(sorted(opts.items())))
 
 
 def single_torch() -> list[Candidate]:
@@ -201,11 +203,16 @@ def combine_torch(best: Mapping[str, Iterable[str]]) -> list[Candidate]:
     return out
 
 
+def cupy_pool(kind: Kind = Kind.CUPY_POOL) -> Candidate:
+    """A setting of CuPy's pool (``kind``: as recorded, or ``set_limit``), on the policy modelling it."""
+    return Candidate(kind, policies.modelling(Allocator.CUPY))
+
+
 def cupy(site: str | None) -> list[Candidate]:
     """The CuPy candidates evaluated at the limit (``set_limit`` is searched separately)."""
-    out = [Candidate(Kind.CUPY_POOL, "cupy")]
+    out = [cupy_pool()]
     if site is not None:
-        out.append(Candidate(Kind.CUPY_RELEASE, "cupy", site=site))
+        out.append(Candidate(Kind.CUPY_RELEASE, policies.modelling(Allocator.CUPY), site=site))
     out += [Candidate(Kind.CUPY_ASYNC, None), Candidate(Kind.CUDA_MALLOC, None)]
     return out
 

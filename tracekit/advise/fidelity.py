@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.advise.counterfactual import SETTINGS_KEY, counterfactual_replay, initial_mask, prepare
-from tracekit.sim.base import PolicyRun, SimConfig
+from tracekit.sim import policies
+from tracekit.sim.base import Allocator, PolicyRun, SimConfig
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op, Source
 from tracekit.units import format_size
@@ -157,9 +158,10 @@ def run_setting(run: Trace) -> tuple[str, str, dict[str, str], int | None]:
         from tracekit.sim.torch_rules import options_from_snapshot
 
         opts = options_from_snapshot(run.meta.extra.get(SETTINGS_KEY) or {})
-        return _conf_text(opts), "torch", opts, run.meta.pool_limit_bytes
+        return _conf_text(opts), policies.modelling(Allocator.TORCH), opts, run.meta.pool_limit_bytes
     limit = run.meta.pool_limit_bytes
-    return (f"set_limit({format_size(limit)})" if limit else "no limit"), "cupy", {}, limit
+    text = f"set_limit({format_size(limit)})" if limit else "no limit"
+    return text, policies.modelling(Allocator.CUPY), {}, limit
 
 
 def _conf_text(opts: dict[str, str]) -> str:

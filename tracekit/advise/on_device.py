@@ -22,6 +22,8 @@ from typing import Any
 from tracekit.advise.candidates import Kind
 from tracekit.advise.evaluate import Outcome
 from tracekit.errors import DeviceError
+from tracekit.sim import policies
+from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
 
 TOP = 3
@@ -76,17 +78,18 @@ def _replay(trace: Trace, o: Outcome, device: int) -> Any:
     (the capacity is emulated by holding the rest of the device): the allocator's part of
     the claim; what the cure itself gives back is measured by ``scripts/seed_scenario.py``.
     """
-    if (o.candidate.cures and o.candidate.policy == "torch") or o.candidate.kind == Kind.TORCH_CONF:
+    models = policies.allocator_of(o.candidate.policy) if o.candidate.policy is not None else None
+    if (o.candidate.cures and models == Allocator.TORCH) or o.candidate.kind == Kind.TORCH_CONF:
         from tracekit.device.torch_replay import replay_torch_on_device
 
         return replay_torch_on_device(_input(trace, o), dict(o.candidate.options), o.capacity, device)
-    name = "CUPY" if o.candidate.cures and o.candidate.policy == "cupy" else _CUPY.get(o.candidate.kind)
+    name = "CUPY" if o.candidate.cures and models == Allocator.CUPY else _CUPY.get(o.candidate.kind)
     if name is None:
         return None
-    from tracekit.device.capacity import Allocator
+    from tracekit.device.capacity import Allocator as OnDevice
     from tracekit.device.replay import DeviceConfig, replay_on_device
 
-    cfg = DeviceConfig(device=device, allocator=Allocator[name], capacity=o.capacity)
+    cfg = DeviceConfig(device=device, allocator=OnDevice[name], capacity=o.capacity)
     return replay_on_device(_input(trace, o), cfg)
 
 

@@ -51,11 +51,12 @@ from typing import TypedDict
 
 import numpy as np
 
-from tracekit.advise.candidates import Candidate, Cure, Kind, torch
+from tracekit.advise.candidates import Candidate, Cure, Kind, cupy_pool, torch
 from tracekit.analysis.diagnosis import Diagnosis
 from tracekit.analysis.oom_budget import FreeSource, How, Moment, OOMBudget, moment_drop
 from tracekit.analysis.recording import ProcessUse, extra_column, pool_limits
 from tracekit.analysis.summary import OOMReport
+from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size as fs
@@ -193,7 +194,7 @@ def _size(n: int) -> str:
 def _set_line(kind: str, which: str, value: int) -> str:
     """The exact line that sets a cudaLimit in this program's framework."""
     code, name = LIMIT_CODES[which]
-    if kind == "torch":  # PyTorch has no binding: the driver's own call on the current (primary) context
+    if kind == Allocator.TORCH:  # PyTorch has no binding: the driver's call on the current (primary) context
         return f"import ctypes; ctypes.CDLL('libcuda.so.1').cuCtxSetLimit({code}, ctypes.c_size_t({value}))" \
                f"  # {name}"
     return f"cupy.cuda.runtime.deviceSetLimit(cupy.cuda.runtime.{name}, {value})"
@@ -241,11 +242,11 @@ def _stack(m: Moment, kind: str, s0: int, s1: int, threads: int, per_sm: int, sm
         why, _set_line(kind, "stack", s0),
         "after the kernel that raised it has returned (synchronize first; its next launch raises it again)",
         f"give that kernel less local memory per thread: each 1 KiB less gives back {fs(threads * KiB)}"
-        + (CUDA_PYTHON.format(s0) if kind == "torch" else ""))
+        + (CUDA_PYTHON.format(s0) if kind == Allocator.TORCH else ""))
 
 
 def _module_loading(b: OOMBudget, kind: str) -> list[Cure]:
-    if kind != "torch":
+    if kind != Allocator.TORCH:
         return []
     rest = b.term("code, constants, driver (rest)")
     outside = b.term("this process outside the pool")
@@ -324,7 +325,7 @@ def _unrecorded(b: OOMBudget) -> list[Cure]:
 
 def recorded(kind: str) -> Candidate:
     """The setting the run was recorded with (PyTorch: the recorded allocator settings)."""
-    return torch({}) if kind == "torch" else Candidate(Kind.CUPY_POOL, "cupy")
+    return torch({}) if kind == Allocator.TORCH else cupy_pool()
 
 
 def as_candidate(base: Candidate, chosen: Sequence[Cure]) -> Candidate:

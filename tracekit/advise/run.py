@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tracekit.advise import overhead
-from tracekit.advise.candidates import Candidate, Cure, Kind
+from tracekit.advise.candidates import Candidate, Cure, Kind, cupy_pool
 from tracekit.advise.capacity import PolicyFit, live_curve, lower_bound, needed_requests
 from tracekit.advise.counterfactual import wrapped_start
 from tracekit.advise.evaluate import Outcome
@@ -38,17 +38,22 @@ from tracekit.advise.search import (
 from tracekit.analysis.leaks import SiteBytes, by_site
 from tracekit.analysis.summary import OOMReport
 from tracekit.errors import UsageError
+from tracekit.sim import policies
+from tracekit.sim.base import Allocator
 from tracekit.trace.devices import split_devices
 from tracekit.trace.reader import Trace
-from tracekit.trace.schema import Op, Source
+from tracekit.trace.schema import Op
 from tracekit.workers import BISECT_REPLAYS, default_jobs
 
 TOP_SITES = 5
 
 
 def trace_kind(trace: Trace) -> str:
-    """``torch``, ``cupy`` or ``raw`` (synthetic traces and replays)."""
-    return {Source.TORCH: "torch", Source.CUPY: "cupy"}.get(trace.meta.source, "raw")
+    """The real allocator the trace was recorded through (an ``Allocator``: ``torch``, ``cupy``), as
+    the registry's policy for its source says, or ``raw`` (synthetic traces and replays)."""
+    name = policies.for_source(trace.meta.source)
+    allocator = policies.allocator_of(name) if name is not None else None
+    return allocator if allocator is not None else "raw"
 
 
 def pick_limit(trace: Trace, limit: int | None, device_total: int | None) -> int:
@@ -88,7 +93,7 @@ def _raised_limit(fit: PolicyFit, runner: Runner, device_total: int | None) -> O
     """The smallest ``set_limit`` as a candidate that fits (evaluated at that limit)."""
     if fit.min_capacity is None:
         return None
-    cand = Candidate(Kind.CUPY_LIMIT, "cupy")
+    cand = cupy_pool(Kind.CUPY_LIMIT)
     (o,) = outcomes(runner.map([Task(cand, fit.min_capacity, device_total)]))
     return o if o.fits else None
 
@@ -178,7 +183,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         trace=str(trace.path) if trace.path else None, kind=kind, limit=cap,
         failing_seq=int(trace.events.seq[ooms[0]]) if len(ooms) else None, tried=tuple(tried), fits=fits,
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
-        top_sites=top_sites_at_peak(trace), command=trace.meta.command if kind == "torch" else None,
+        top_sites=top_sites_at_peak(trace), command=trace.meta.command if kind == Allocator.TORCH else None,
         notes=notes, device=device, room=room_advice,
     )
 
@@ -224,7 +229,7 @@ def _room_advice(runner: Runner, trace: Trace, kind: str, report: OOMReport, roo
 
 def _notes(trace: Trace, kind: str, tried: list[Outcome]) -> tuple[str, ...]:
     out = []
-    if kind == "cupy":
+    if kind == Allocator.CUPY:
         out.append("MemoryAsyncPool and cudaMalloc are modelled as the device allocator, which showed no "
                    "external fragmentation on the H200: they fit when the live bytes at the device's "
                    "granularity fit; they are not replayed. The model is optimistic for MemoryAsyncPool: "

@@ -24,6 +24,7 @@ from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.capacity import Fingerprint, PolicyFit, reread, worker_input
 from tracekit.advise.capacity import search as bisect
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
+from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
 from tracekit.workers import Pool
 
@@ -117,15 +118,15 @@ def best_values(single: Sequence[Outcome]) -> dict[str, list[str]]:
 
 
 def single_candidates(kind: str, site: str | None, policy_names: Sequence[str]) -> list[Candidate]:
-    if kind == "torch":
+    if kind == Allocator.TORCH:
         return cands.single_torch()
-    if kind == "cupy":
+    if kind == Allocator.CUPY:
         return cands.cupy(site)
     return cands.free_lists(policy_names)
 
 
 def stage_two(kind: str, single: Sequence[Outcome]) -> list[Candidate]:
-    return cands.combine_torch(best_values(single)) if kind == "torch" else []
+    return cands.combine_torch(best_values(single)) if kind == Allocator.TORCH else []
 
 
 def bisect_tasks(kind: str, ranked: Sequence[Outcome], lb: int, device_total: int | None) -> list[Task]:
@@ -133,6 +134,6 @@ def bisect_tasks(kind: str, ranked: Sequence[Outcome], lb: int, device_total: in
     fit = [o for o in ranked if o.fits and o.verified_by_replay]
     picks = fit[:1] if fit else [o for o in ranked if o.verified_by_replay and o.error is None][:3]
     tasks = [Task(o.candidate, None, device_total, True, lb) for o in picks]
-    if kind == "cupy" and not any(t.candidate.kind == Kind.CUPY_POOL for t in tasks):
-        tasks.append(Task(Candidate(Kind.CUPY_POOL, "cupy"), None, device_total, True, lb))
+    if kind == Allocator.CUPY and not any(t.candidate.kind == Kind.CUPY_POOL for t in tasks):
+        tasks.append(Task(cands.cupy_pool(), None, device_total, True, lb))
     return tasks

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.errors import UsageError
+from tracekit.sim import policies
+from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 
@@ -47,7 +49,7 @@ def compare_with_sim(trace: Trace, policy: str, capacity: int | None, continue_o
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay
 
-    opts = dict(options or {}) if policy == "torch" else {}
+    opts = dict(options or {}) if policies.allocator_of(policy) == Allocator.TORCH else {}
     sim = replay(trace, policy, SimConfig(capacity=capacity, continue_on_oom=continue_on_oom,
                                           options=opts, stop_at_first_oom=stop_at_first_oom)).to_dict()
     return compare_summaries(device, sim, policy)
@@ -70,7 +72,7 @@ def compare_summaries(device: dict[str, Any], sim: dict[str, Any], policy: str) 
         # peak reserved is exact only for observed pools (cuda: sampled; async: driver pool)
         # torch: the device counts live bytes as requests rounded to 512 B, the model as PyTorch's blocks
         loose = (key == "peak_reserved_bytes" and not exact) or (key.startswith("segment_") and pages) \
-            or (key == "peak_live_bytes" and dev.get("allocator") == "torch")
+            or (key == "peak_live_bytes" and dev.get("allocator") == Allocator.TORCH)
         same = None if loose else d == s
         rows.append({"figure": key, "device": d, "sim": s, "agree": same})
     decided = [r["agree"] for r in rows if r["figure"] in DECIDING and r["agree"] is not None]

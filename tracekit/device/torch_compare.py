@@ -24,7 +24,8 @@ import numpy as np
 from tracekit.device.compare import ReservedComparison, compare_reserved, reserved_by_request
 from tracekit.device.replay import DeviceRun
 from tracekit.device.result import initial_rows
-from tracekit.sim.base import SimConfig, Status
+from tracekit.sim import policies
+from tracekit.sim.base import Allocator, SimConfig, Status
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 
@@ -34,7 +35,7 @@ def _model(trace: Trace, run: DeviceRun) -> Any:
 
     cfg = SimConfig(capacity=run.config.capacity, continue_on_oom=run.config.continue_on_oom,
                     options=dict(run.torch.options))
-    return replay(trace, "torch", cfg)
+    return replay(trace, policies.modelling(Allocator.TORCH), cfg)
 
 
 def replayed_requests(trace: Trace, run: DeviceRun) -> np.ndarray:

@@ -23,7 +23,8 @@ from tracekit.sim.codes import Stat, Status
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 
-__all__ = ["AllocatorModel", "Layout", "PolicyRun", "PolicyTraits", "SimConfig", "Stat", "Status"]
+__all__ = ["Allocator", "AllocatorModel", "Layout", "PolicyRun", "PolicyTraits", "SimConfig", "Stat",
+           "Status"]
 
 
 class Layout(StrEnum):
@@ -31,6 +32,15 @@ class Layout(StrEnum):
 
     HEAP = "heap"  # one contiguous heap [0, capacity): reserved = the heap's high-water mark
     POOL = "pool"  # device allocations under a pool limit: reserved = bytes of live segments
+
+
+class Allocator(StrEnum):
+    """The real allocators a policy can model (the names ``replay --device --allocator`` takes)."""
+
+    CUDA = "cuda"  # every malloc a cudaMalloc, every free a cudaFree
+    CUPY = "cupy"  # CuPy's MemoryPool over cudaMalloc
+    CUPY_ASYNC = "cupy-async"  # CuPy's MemoryAsyncPool (cudaMallocAsync)
+    TORCH = "torch"  # PyTorch's CUDA caching allocator
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,9 @@ class PolicyTraits:
     ``advise``) when no policies are named. ``rank``: place in listings (help,
     whatif's table), ties by name. ``reproduces``: the source whose recorded
     allocator the policy models event for event (its fidelity is tested
-    against those traces), None for a model of an idea.
+    against those traces), None for a model of an idea. ``models``: the real
+    allocator the policy models (None for a model of an idea); advise, device
+    and analysis find a policy by it (``policies.modelling``), never by name.
     """
 
     layout: Layout
@@ -50,7 +62,7 @@ class PolicyTraits:
     whatif: bool = True
     rank: int = 100
     reproduces: Source | None = None
-
+    models: Allocator | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ kernel, say) that discovery does not import. Adding a policy is adding a
 module (and its private kernel): nothing else changes, because every place that
 needs to know about policies asks this registry: ``replay --sim``'s help and its
 default capacity, ``whatif``'s and ``advise``'s default search
-(``whatif_defaults``), the policy matching a recording (``for_source``) and
+(``whatif_defaults``), the policy matching a recording (``for_source``), the
+policy modelling a real allocator (``modelling``, ``allocator_of``) and
 analysis (``is_heap``), from each policy's
 ``PolicyTraits``. ``register`` adds a policy defined elsewhere (a plugin, a
 test). Modules are imported on the first call, so importing this package stays cheap.
@@ -21,7 +22,7 @@ import importlib
 import pkgutil
 
 from tracekit.errors import UsageError
-from tracekit.sim.base import AllocatorModel, Layout, PolicyTraits
+from tracekit.sim.base import Allocator, AllocatorModel, Layout, PolicyTraits
 from tracekit.trace.schema import Source
 
 _ADDED: dict[str, AllocatorModel] = {}
@@ -107,6 +108,23 @@ def for_source(source: Source) -> str | None:
     """The policy that models the allocator a trace from ``source`` was recorded through, if any."""
     found = [n for n in listed() if models()[n].traits.reproduces == source]
     return found[0] if found else None
+
+
+def modelling(allocator: Allocator) -> str:
+    """The policy whose traits say it models ``allocator`` (the first in listing order).
+
+    Every caller asks for an allocator some policy models; none is a bug (RuntimeError).
+    """
+    found = [n for n in listed() if models()[n].traits.models == allocator]
+    if not found:
+        raise RuntimeError(f"no policy models the {allocator.value} allocator")
+    return found[0]
+
+
+def allocator_of(name: str) -> Allocator | None:
+    """The real allocator the policy called ``name`` models, None for a model of an idea or no policy."""
+    t = traits(name)
+    return t.models if t is not None else None
 
 
 def whatif_defaults() -> list[str]:

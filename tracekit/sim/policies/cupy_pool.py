@@ -28,7 +28,7 @@ import numpy as np
 
 from tracekit.errors import UsageError
 from tracekit.sim import chunks as ck
-from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
+from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import CupySetting, named_vector
 from tracekit.sim.policies._cupy_kernel import NO_RELEASE, cupy_replay
 from tracekit.sim.pool_run import (
@@ -55,7 +55,8 @@ class CupyPool:
         "allocations, set_limit with free_all_blocks before OutOfMemoryError"
     )
     traits: ClassVar[PolicyTraits] = PolicyTraits(Layout.POOL, recorded_limit=True, rank=5,
-                                                 reproduces=Source.CUPY)
+                                                 reproduces=Source.CUPY,
+                                                 models=Allocator.CUPY)
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         return self.run_with_state(trace, config)[0]

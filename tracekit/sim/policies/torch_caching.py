@@ -22,7 +22,7 @@ import numpy as np
 
 from tracekit.errors import InputError, UsageError
 from tracekit.sim import chunks as ck
-from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
+from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import Kind, Op, Reserve, TorchPool, TorchSetting, named_vector
 from tracekit.sim.codes import Reservation as X_
 from tracekit.sim.policies._torch_kernel import torch_replay
@@ -124,7 +124,8 @@ class TorchCaching:
         "expandable_segments via --torch-conf"
     )
     traits: ClassVar[PolicyTraits] = PolicyTraits(Layout.POOL, recorded_limit=True, rank=6,
-                                                 reproduces=Source.TORCH)
+                                                 reproduces=Source.TORCH,
+                                                 models=Allocator.TORCH)
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         return self.run_with_state(trace, config)[0]
