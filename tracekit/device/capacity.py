@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from tracekit import interrupts
 from tracekit.errors import DeviceError, UsageError
 from tracekit.interrupts import Held
+from tracekit.sim.allocators import Allocator  # the real allocators, described once beside the policies
 from tracekit.units import format_size
 
 GRANULARITY = 2 << 20  # bytes; cudaMalloc maps device memory in 2 MiB pages above 1 MiB
@@ -32,21 +32,13 @@ GRANULARITY = 2 << 20  # bytes; cudaMalloc maps device memory in 2 MiB pages abo
 DRIVER_SLACK = 4 << 20
 
 
-class Allocator(StrEnum):
-    """The real allocators a trace can be replayed through."""
-
-    CUDA = "cuda"  # every malloc a cudaMalloc, every free a cudaFree
-    CUPY = "cupy"  # a fresh CuPy MemoryPool over cudaMalloc
-    CUPY_ASYNC = "cupy-async"  # CuPy MemoryAsyncPool (cudaMallocAsync)
-    TORCH = "torch"  # PyTorch's CUDA caching allocator (caching_allocator_alloc / _delete)
-
-    @classmethod
-    def parse(cls, text: str) -> Allocator:
-        try:
-            return cls(text)
-        except ValueError:
-            names = ", ".join(a.value for a in cls)
-            raise UsageError(f"unknown --allocator {text!r} (expected one of {names})") from None
+def parse_allocator(text: str) -> Allocator:
+    """The real allocator ``--allocator`` names; UsageError listing the names otherwise."""
+    try:
+        return Allocator(text)
+    except ValueError:
+        names = ", ".join(a.value for a in Allocator)
+        raise UsageError(f"unknown --allocator {text!r} (expected one of {names})") from None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracekit.device.capacity import Allocator
+from tracekit.device.capacity import Allocator, parse_allocator
 from tracekit.errors import UsageError
 from tracekit.sim.result import ReplaySummary
 from tracekit.units import parse_size
@@ -30,7 +30,7 @@ def check_args(device: int, allocator: str, capacity: str | None,
     """Validate the options (no GPU needed); return the allocator and capacity in bytes."""
     if device < 0:
         raise UsageError(f"--device must be a CUDA device ordinal (0, 1, ...), got {device}")
-    alloc = Allocator.parse(allocator)
+    alloc = parse_allocator(allocator)
     if torch_conf is not None and alloc is not Allocator.TORCH:
         raise UsageError("--torch-conf settings apply to --sim torch, or to --device with --allocator torch")
     if capacity is not None and capacity.strip().lower() in ("none", "unbounded"):

@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from tracekit.sim.allocators import Allocator
 from tracekit.sim.codes import Stat, Status
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
@@ -32,15 +33,6 @@ class Layout(StrEnum):
 
     HEAP = "heap"  # one contiguous heap [0, capacity): reserved = the heap's high-water mark
     POOL = "pool"  # device allocations under a pool limit: reserved = bytes of live segments
-
-
-class Allocator(StrEnum):
-    """The real allocators a policy can model (the names ``replay --device --allocator`` takes)."""
-
-    CUDA = "cuda"  # every malloc a cudaMalloc, every free a cudaFree
-    CUPY = "cupy"  # CuPy's MemoryPool over cudaMalloc
-    CUPY_ASYNC = "cupy-async"  # CuPy's MemoryAsyncPool (cudaMallocAsync)
-    TORCH = "torch"  # PyTorch's CUDA caching allocator
 
 
 @dataclass(frozen=True)
