@@ -108,7 +108,9 @@ def _compare(tr: Any, run: Any, policy: str, cap: int | None, continue_on_oom: b
 
     comparison = compare_with_sim(tr, policy, cap, continue_on_oom, result, run.config.options,
                                   run.config.stop_at_first_oom)
-    if run.torch is None or policy != "torch":
+    from tracekit.sim import policies
+
+    if run.torch is None or policies.allocator_of(policy) != Allocator.TORCH:
         return comparison
     from tracekit.device.torch_compare import compare_with_model
     from tracekit.trace.reader import read_trace
