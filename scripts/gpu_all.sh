@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU test of the project (the fleet modules are left out where polars is missing) plus the recording-overhead benchmark, in one run on a
+# Every test marked gpu (selected by marker; modules that need polars or Ray skip themselves) plus the recording-overhead benchmark, in one run on a
 # GPU machine; logs packed into $OUT/gpu-all.tar.gz (OUT defaults to ./out).
 #   PYTHONPATH=. bash scripts/gpu_all.sh [OUT]
 set -uo pipefail
@@ -15,11 +15,7 @@ trap pack EXIT
   git log --oneline -1; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 echo "== gpu tests"
-# The fleet tests need polars (a CPU-side dependency the GPU box may lack); they hold no GPU test.
-ignore=()
-python3 -c "import polars" 2>/dev/null || ignore=(--ignore=tests/test_fleet.py --ignore=tests/test_fleet_ray.py)
-timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider --continue-on-collection-errors \
-  "${ignore[@]}" tests/ \
+timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/ \
   2>&1 | tee "$R/pytest-gpu.log" | tail -25
 echo "== recording overhead"
 timeout "${BENCH_S:-120}" python3 scripts/bench_record_overhead.py --json "$R/overhead.json" \
