@@ -14,9 +14,9 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "warning: could not install chromium; the browser tests will be skipped" >&2
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev]"
-# polars (tracekit fleet's table) is the fleet extra; a failure here stops set-up.
-.venv/bin/python -m pip install -q -e ".[fleet]"
+# polars (tracekit fleet's table) is the fleet extra; a failure here stops set-up. One install, so
+# the build compiles the kernels once.
+.venv/bin/python -m pip install -q -e ".[dev,fleet]"
 # Ray (the fleet's cluster engine) has no wheel for every platform; its tests skip, saying why,
 # where it cannot be installed, so set-up goes on without it.
 .venv/bin/python -m pip install -q -e ".[ray]" \
