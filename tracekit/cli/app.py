@@ -105,11 +105,6 @@ class TracekitGroup(TyperGroup):
             except KeyboardInterrupt as e:  # a signal that arrived outside the verb's own funnel
                 code = _announce(getattr(e, "exit_code", 130))
         if standalone_mode:
-            if threading.current_thread() is threading.main_thread():
-                # The outcome is decided and printed: a signal during interpreter shutdown must
-                # not turn it into a death by signal (Python restores the default action there).
-                for s in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(s, signal.SIG_IGN)
             sys.exit(code)
         return code
 
@@ -220,6 +215,12 @@ def main() -> None:
         app(prog_name="tracekit")
     except SystemExit as e:
         end_now_if_marked(e.code)
+        if threading.current_thread() is threading.main_thread():
+            # The outcome is decided and printed: a signal during interpreter shutdown must not
+            # turn it into a death by signal (Python restores the default action there). Only
+            # here, where the process ends: an in-process caller (a test's CliRunner) keeps its own.
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)
         raise
 
 
