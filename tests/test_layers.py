@@ -49,7 +49,6 @@ FORBIDDEN = {("device", "importers"), ("budget", "device"), ("budget", "record")
 KNOWN: dict[tuple[str, str], str] = {
     # The simulator's result summary reaches up for the analyzer's fatal-OOM rule and
     # advise's counterfactual settings; both belong below sim/ (PyTorch's rules move there).
-    ("tracekit.sim.engine", "tracekit.advise.counterfactual"): "sim reaches up to advise",
     ("tracekit.sim.prepare", "tracekit.analysis.fatal"): "sim reaches up to analysis",
     # The device's PyTorch replay reads PyTorch's history through the importer's action
     # codes; they belong below both (with PyTorch's rules).

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from test_sim_freelist import SIZES, make_trace, steps_strategy
 
 from tracekit import progress
+from tracekit.advise.replay import replay_file
 from tracekit.errors import OutputError, UsageError
 from tracekit.sim import policies
 from tracekit.sim.base import PolicyRun, SimConfig, Stat, Status
-from tracekit.sim.engine import fits, replay, replay_file, write_replay
+from tracekit.sim.engine import fits, replay, write_replay
 from tracekit.sim.options import parse_alloc_conf
 from tracekit.sim.output import replay_events
 from tracekit.sim.prepare import prepare

@@ -105,8 +105,8 @@ def test_torch_answer_is_the_smallest_capacity_replay_accepts():
     """torch-wrap starts from an imported pool state (the `initial` and `expandable` extra columns):
     whatif must replay what `replay --sim torch` replays, with one worker process or several."""
     from tracekit.advise.capacity import STEP
+    from tracekit.advise.replay import replay_file
     from tracekit.sim.base import SimConfig
-    from tracekit.sim.engine import replay_file
 
     path = ROOT / "traces" / "torch-wrap.parquet"
     answers = []
@@ -233,8 +233,8 @@ def test_replay_whatif_and_advise_give_one_prediction(name: str, options: dict[s
     from tracekit.advise.capacity import STEP
     from tracekit.advise.counterfactual import prepare, setting
     from tracekit.advise.evaluate import evaluate
+    from tracekit.advise.replay import replay_file
     from tracekit.sim.base import SimConfig
-    from tracekit.sim.engine import replay_file
 
     path = ROOT / "traces" / f"{name}.parquet"
     tr = read_trace(path)

@@ -138,11 +138,11 @@ def _device(trace: Path, device: int, allocator: str, capacity: str | None, outp
 def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | None,
               torch_conf: str | None, output: Path | None, json_out: bool, continue_on_oom: bool,
               fail_on_oom: bool, force: bool, stop_at_first_oom: bool, as_recorded: bool) -> None:
+    from tracekit.advise.replay import replay_file
     from tracekit.cli.common import echo_json, say, wrote
     from tracekit.errors import OOMVerdict
     from tracekit.progress import Progress
     from tracekit.sim.base import SimConfig
-    from tracekit.sim.engine import replay_file
     from tracekit.sim.options import parse_alloc_conf
     from tracekit.trace.devices import require_single_device_file
     from tracekit.units import format_size, parse_size

@@ -20,12 +20,11 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from tracekit import interrupts, progress
-from tracekit.outputs import check_output
+from tracekit import interrupts
 from tracekit.sim import policies
 from tracekit.sim.base import PolicyRun, SimConfig, Stat
 from tracekit.sim.result import OOMInfo, ReplayResult, ReplaySummary
-from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.reader import Trace
 
 
 def replay(trace: Trace, policy: str, config: SimConfig | None = None) -> ReplayResult:
@@ -71,42 +70,6 @@ def summarize(trace: Trace, policy: str, config: SimConfig, run: PolicyRun) -> R
     )
 
 
-def replay_file(
-    path: str | os.PathLike[str],
-    policy: str,
-    config: SimConfig,
-    *,
-    output: str | os.PathLike[str] | None = None,
-    command: str | None = None,
-    on_progress: progress.Callback | None = None,
-    force: bool = False,
-    as_recorded: bool = False,
-) -> ReplayResult:
-    """Read the trace at ``path``, replay it, and write the replay to ``output`` if given.
-
-    The replay is the prediction ``advise`` and ``whatif`` make for the same setting
-    (``tracekit.advise.counterfactual.predict``: a recording under a pool policy is prepared
-    as counterfactual input); ``as_recorded`` replays the recording exactly as recorded,
-    every hint kept. The policy name and the output path are checked before the trace is
-    read, so a typo costs nothing on a large file; an existing output is refused unless ``force``.
-    """
-    policies.get(policy)
-    if output is not None:
-        check_output(Path(output), (Path(path),), force=force)
-    trace = read_trace(path)  # extras too: policies start from an imported `initial` state
-    with progress.reporting(on_progress):
-        if as_recorded:
-            replayed, result = trace, replay(trace, policy, config)
-        else:
-            from tracekit.advise.counterfactual import predict  # advise imports the simulator
-
-            replayed, result = predict(trace, policy, config)
-    if output is not None:
-        write_replay(result, replayed, output, command=command)
-    skipped = tuple(f"skipped {i.describe()}" for i in trace.issues)
-    return replace(result, warnings=skipped + result.warnings)
-
-
 def write_replay(
     result: ReplayResult, trace: Trace, path: str | os.PathLike[str], *, command: str | None = None
 ) -> Path:
@@ -117,5 +80,5 @@ def write_replay(
 
 
 __all__ = [
-    "OOMInfo", "ReplayResult", "ReplaySummary", "fits", "replay", "replay_file", "summarize", "write_replay",
+    "OOMInfo", "ReplayResult", "ReplaySummary", "fits", "replay", "summarize", "write_replay",
 ]

@@ -1,0 +1,56 @@
+"""A trace file replayed through a simulated allocator, as ``advise`` and ``whatif`` predict it.
+
+``replay --sim`` is this module: the recording is prepared as counterfactual input
+(``tracekit.advise.counterfactual.predict``), so the three verbs give one answer for one
+setting; ``as_recorded`` replays it exactly as recorded. It lives in advise (not in ``sim/``)
+because the prediction is advise's: the simulator below knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from tracekit import progress
+from tracekit.advise.counterfactual import predict
+from tracekit.outputs import check_output
+from tracekit.sim import policies
+from tracekit.sim.base import SimConfig
+from tracekit.sim.engine import replay, write_replay
+from tracekit.sim.result import ReplayResult
+from tracekit.trace.reader import read_trace
+
+
+def replay_file(
+    path: str | os.PathLike[str],
+    policy: str,
+    config: SimConfig,
+    *,
+    output: str | os.PathLike[str] | None = None,
+    command: str | None = None,
+    on_progress: progress.Callback | None = None,
+    force: bool = False,
+    as_recorded: bool = False,
+) -> ReplayResult:
+    """Read the trace at ``path``, replay it, and write the replay to ``output`` if given.
+
+    The replay is the prediction ``advise`` and ``whatif`` make for the same setting
+    (``tracekit.advise.counterfactual.predict``: a recording under a pool policy is prepared
+    as counterfactual input); ``as_recorded`` replays the recording exactly as recorded,
+    every hint kept. The policy name and the output path are checked before the trace is
+    read, so a typo costs nothing on a large file; an existing output is refused unless ``force``.
+    """
+    policies.get(policy)
+    if output is not None:
+        check_output(Path(output), (Path(path),), force=force)
+    trace = read_trace(path)  # extras too: policies start from an imported `initial` state
+    with progress.reporting(on_progress):
+        if as_recorded:
+            replayed, result = trace, replay(trace, policy, config)
+        else:
+            replayed, result = predict(trace, policy, config)
+    if output is not None:
+        write_replay(result, replayed, output, command=command)
+    skipped = tuple(f"skipped {i.describe()}" for i in trace.issues)
+    return replace(result, warnings=skipped + result.warnings)
