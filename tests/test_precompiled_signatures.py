@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = """
 from tracekit.advise.run import advise
 from tracekit.sim.base import SimConfig
-from tracekit.sim.engine import replay_file
+from tracekit.advise.replay import replay_file
 from tracekit.sim.policies._torch_kernel import torch_replay
 from tracekit.trace.reader import read_trace
 replay_file("traces/torch-oom.parquet", "torch", SimConfig())
