@@ -124,6 +124,7 @@ WRITERS = {
     "report-png": lambda src, snap, out: ["report", src, "-o", out.with_suffix(".html"), "--png", out],
     "import": lambda src, snap, out: ["import", "torch", snap, "-o", out],
     "fleet": lambda src, snap, out: ["fleet", src, "--report", out],
+    "fleet-table": lambda src, snap, out: ["fleet", src, "-o", out],
 }
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow.parquet as pq
 
-from tracekit.errors import OutputError
 from tracekit.fleet.row import TraceRow
-from tracekit.outputs import Staged
+from tracekit.outputs import Staged, cannot_write
 
 SCHEMA: dict[str, Any] = {
     "path": pl.String, "error": pl.String, "source": pl.String, "device": pl.String,
@@ -93,10 +93,10 @@ def _admitted(row: TraceRow) -> TraceRow:
 def write_parquet(df: pl.DataFrame, path: Path) -> Path:
     """Write ``df`` as zstd Parquet at ``path``, atomically (``tracekit.outputs``)."""
     with Staged(path) as staged:
-        try:
-            df.write_parquet(staged.tmp, compression="zstd")
+        try:  # through Arrow, whose failed write keeps the errno (polars' says only "transport error")
+            pq.write_table(df.to_arrow(), staged.tmp, compression="zstd")
         except OSError as e:
-            raise OutputError(f"{path}: cannot write the fleet table ({e.strerror or e})") from None
+            raise cannot_write(path, e, "the fleet table") from None
     return path
 
 
