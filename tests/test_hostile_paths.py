@@ -213,6 +213,7 @@ def test_a_folder_one_may_not_enter_and_a_file_one_may_not_read(shared: tuple[Pa
             (["replay", unread, "--sim", "cupy"], "cannot read the trace (Permission denied)"),
             (["import", "torch", unread, "-o", folder / "i.parquet"], "(Permission denied)"),
             (["report", src, "--whatif-json", unread, "-o", folder / "w.html"], "(Permission denied)"),
+            (["fleet", closed], "closed: cannot list the folder (Permission denied)"),
         ):
             assert_one_sentence(tracekit(*args, cwd=folder, env=env, user=user), cause)
     finally:

@@ -71,8 +71,10 @@ def _expand_one(arg: str) -> Iterable[Path]:
     p = Path(arg)
     st = stat_or_none(p, "trace")  # one sentence for a name too long, a folder one may not enter
     if st is not None and stat.S_ISDIR(st.st_mode):
-        try:
-            found = sorted(q for q in p.glob("*.parquet") if _is_file(q))
+        try:  # scandir, not Path.glob: glob says nothing of a folder one may not read
+            with os.scandir(p) as entries:
+                found = sorted(Path(e.path) for e in entries
+                               if e.name.endswith(".parquet") and _is_file(e.path))
         except OSError as e:
             raise InputError(f"{safe_text(p)}: cannot list the folder ({os_cause(e)})") from None
         if not found:
