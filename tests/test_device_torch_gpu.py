@@ -46,7 +46,8 @@ def _torch_reason() -> str | None:
     return None if torch.cuda.is_available() else "PyTorch sees no CUDA device"
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_torch_reason() is not None, reason=str(_torch_reason()))]
+pytestmark = [pytest.mark.gpu, pytest.mark.torch,
+              pytest.mark.skipif(_torch_reason() is not None, reason=str(_torch_reason()))]
 
 
 def _free() -> int:

@@ -23,6 +23,7 @@ from tracekit.fleet import Engine, FleetOptions, run_fleet
 from tracekit.synth import Pattern, synthesize
 
 ray = pytest.importorskip("ray", reason="Ray is the 'ray' extra: pip install -e '.[ray]'")
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,9 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     sync_playwright = None
 
-pytestmark = pytest.mark.skipif(sync_playwright is None or CHROMIUM is None,
-                                reason=f"Playwright or Chromium missing: {INSTALL}")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(sync_playwright is None or CHROMIUM is None,
+                                 reason=f"Playwright or Chromium missing: {INSTALL}")]
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,9 @@ FLAGS = (
     "--disable-dev-shm-usage",
 )
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium binary found (install the Debian package 'chromium')"
-)
+)]
 
 
 def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:

@@ -27,7 +27,9 @@ from tracekit.trace import Op, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
-needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch")
+def needs_torch(test):  # type: ignore[no-untyped-def]
+    """Marked ``torch`` and skipped, saying why, where PyTorch is missing."""
+    return pytest.mark.torch(pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch")(test))
 
 PROGRAM = textwrap.dedent("""
     import sys
