@@ -2,7 +2,7 @@
 
 Usage: PYTHONPATH=. python scripts/fuzz_long.py [--budget SECONDS] [--signals N]
 
-1. ``tests/test_fuzz_*.py`` with ``TRACEKIT_FUZZ=long`` (hundreds of examples per
+1. ``tests/*/test_fuzz_*.py`` with ``TRACEKIT_FUZZ=long`` (hundreds of examples per
    strategy, random seeds) under pytest.
 2. A signal storm: a 1M-event synthetic trace replayed (cupy, torch, first-fit),
    analyzed and re-synthesized, each run sent SIGINT or SIGTERM at a random
@@ -34,7 +34,7 @@ def _default_signals() -> None:
 
 
 def fuzz(budget: float) -> bool:
-    tests = sorted(map(str, ROOT.glob("tests/test_fuzz_*.py")))
+    tests = sorted(map(str, ROOT.glob("tests/*/test_fuzz_*.py")))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     try:
         r = subprocess.run(cmd, cwd=ROOT, env={**ENV, "TRACEKIT_FUZZ": "long"}, timeout=budget)

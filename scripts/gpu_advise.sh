@@ -52,9 +52,9 @@ record_cupy() {
     scripts/record_workloads.py oom > "$W/cupy/cupy-cf-$1.log" 2>&1
   echo "exit code $?" >> "$W/cupy/cupy-cf-$1.log"
 }
-if ls tests/test_advise*.py > /dev/null 2>&1; then
+if ls tests/*/test_advise*.py > /dev/null 2>&1; then
   step "gpu tests"
-  timeout "$(lim 150)" python3 -m pytest -m gpu tests/test_advise*.py -q -rA -p no:cacheprovider \
+  timeout "$(lim 150)" python3 -m pytest -m gpu tests/*/test_advise*.py -q -rA -p no:cacheprovider \
     > "$W/pytest-gpu.log" 2>&1
   echo "exit code $?" >> "$W/pytest-gpu.log"
 fi

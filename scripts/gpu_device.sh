@@ -56,7 +56,7 @@ fi
 
 # 4. tests
 if want tests; then
-  step pytest 150 python3 -m pytest -m gpu tests/test_device*.py tests/test_budget*.py -q -rfEs -p no:cacheprovider
+  step pytest 150 python3 -m pytest -m gpu tests/*/test_device*.py tests/*/test_budget*.py -q -rfEs -p no:cacheprovider
   pack
 fi
 

@@ -25,12 +25,12 @@ pyarrow.__version__)"; git log --oneline -1; date -u; } >"$R/env.txt" 2>&1
 
 timed ground_truth 120 python3 scripts/torch_ground_truth.py --json "$R/ground_truth.json" --out "$R/replays"
 pack
-timed pytest_torch 110 python3 -m pytest -m gpu tests/test_device_torch_gpu.py -q -rfEs -p no:cacheprovider
+timed pytest_torch 110 python3 -m pytest -m gpu tests/gpu/test_device_torch_gpu.py -q -rfEs -p no:cacheprovider
 pack
 timed bench_torch 60 python3 scripts/bench_device_replay.py --allocator torch --events 100000 --repeat 2 \
   --json "$R/bench_torch.json"
 pack
-timed pytest_device 100 python3 -m pytest -m gpu tests/test_device_gpu.py -q -rfEs -p no:cacheprovider
+timed pytest_device 100 python3 -m pytest -m gpu tests/gpu/test_device_gpu.py -q -rfEs -p no:cacheprovider
 pack
 for b in torch-train torch-expandable torch-record-oom; do
   t=traces/$b.parquet

@@ -33,11 +33,11 @@ done
 ls -l "$R"/traces > "$R/sizes.txt"
 
 step "gpu tests: recorder v2"
-run pytest-v2 100 env TRACEKIT_GPU_OUT="$R/gputests" python3 -m pytest -m gpu tests/test_record_gpu_v2.py -q -rA -p no:cacheprovider
+run pytest-v2 100 env TRACEKIT_GPU_OUT="$R/gputests" python3 -m pytest -m gpu tests/gpu/test_record_gpu_v2.py -q -rA -p no:cacheprovider
 step "overhead benchmark"
 run bench 60 python3 scripts/bench_record_overhead.py --repeats 7 --json "$R/bench.json"
 step "gpu tests: record --torch"
-run pytest-torch 90 env TRACEKIT_GPU_OUT="$R/gputests" python3 -m pytest -m gpu tests/test_torch_record.py -q -rA -p no:cacheprovider
+run pytest-torch 90 env TRACEKIT_GPU_OUT="$R/gputests" python3 -m pytest -m gpu tests/cli/test_torch_record.py -q -rA -p no:cacheprovider
 step "gpu tests: recorder v1 checks"
-run pytest-v1 60 python3 -m pytest -m gpu tests/test_record_gpu.py -q -rA -p no:cacheprovider
+run pytest-v1 60 python3 -m pytest -m gpu tests/gpu/test_record_gpu.py -q -rA -p no:cacheprovider
 step done

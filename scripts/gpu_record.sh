@@ -26,7 +26,7 @@ for f in "$R"/traces/*.parquet; do
 done
 
 step "gpu tests"
-run pytest-gpu 150 python3 -m pytest -m gpu tests/test_record_gpu.py -q -rA -p no:cacheprovider
+run pytest-gpu 150 python3 -m pytest -m gpu tests/gpu/test_record_gpu.py -q -rA -p no:cacheprovider
 step "overhead benchmark"
 run bench 100 python3 scripts/bench_record_overhead.py --json "$R/bench.json"
 step done

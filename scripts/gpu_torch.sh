@@ -28,8 +28,8 @@ for f in "$W"/snapshots/*.pickle; do
     > "$W/imported/$b.log" 2>&1 || echo "import of $b failed (see imported/$b.log)"
 done
 
-if ls tests/test_torch*.py >/dev/null 2>&1; then
-  TRACEKIT_GPU_OUT="$W/gputests" PYTHONPATH=. "$PY" -m pytest -m gpu tests/test_torch*.py -q -p no:cacheprovider \
+if ls tests/*/test_torch*.py >/dev/null 2>&1; then
+  TRACEKIT_GPU_OUT="$W/gputests" PYTHONPATH=. "$PY" -m pytest -m gpu tests/*/test_torch*.py -q -p no:cacheprovider \
     2>&1 | tee "$W/pytest.log"
 fi
 

@@ -28,5 +28,5 @@ pack
 
 step "recorder gpu tests"
 run pytest-gpu 120 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -x \
-  tests/test_record_gpu.py tests/test_record_gpu_v2.py tests/test_record_transparency_gpu.py
+  tests/gpu/test_record_gpu.py tests/gpu/test_record_gpu_v2.py tests/gpu/test_record_transparency_gpu.py
 step done

@@ -1,6 +1,6 @@
 """Regenerate the small invalid trace files under tests/data/ used by the format tests.
 
-Each file breaks exactly one rule of trace format v1; tests/test_trace_format.py
+Each file breaks exactly one rule of trace format v1; tests/cli/test_trace_format.py
 asserts the exact error sentence for each. Run: python3 scripts/make_bad_traces.py
 """
 

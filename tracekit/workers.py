@@ -76,7 +76,7 @@ def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> 
 
 
 # The memory one verb (or one worker doing one verb's work) takes at most: 512 MiB plus 64 bytes
-# per byte of its input files (docs/trace-format.md, "Input policy"; tests/test_memory_bound.py).
+# per byte of its input files (docs/trace-format.md, "Input policy"; tests/cli/test_memory_bound.py).
 PEAK_FREE_BYTES = 512 << 20
 PEAK_PER_INPUT_BYTE = 64
 
