@@ -300,7 +300,8 @@ def run_cli(args: list[str], cwd: Path) -> tuple[int, str, int]:
                          env={**os.environ, "PYTHONPATH": str(ROOT)},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert p.stderr is not None
-    err = p.stderr.read()
+    with p.stderr:  # closed here, not left to the garbage collector (a ResourceWarning is an error)
+        err = p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     return p.returncode, err, usage.ru_maxrss * 1024
