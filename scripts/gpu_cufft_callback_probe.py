@@ -1,0 +1,99 @@
+"""On a GPU machine: when does CuPy's ``examples/cufft/callback/jit_r2c_c2r_string.py`` fail with
+``CUFFT_INTERNAL_ERROR``, and is recording the cause?
+
+The transparency suite saw that example fail intermittently under ``tracekit record`` (2 of 4
+recorded runs) while its unrecorded runs passed; the suite runs ten programs at a time. This
+probe separates the candidate causes, one condition at a time, each run in a fresh process:
+
+1. ``plain`` / ``recorded`` alone, one after the other, with a warm callback cache (the cache
+   of CuPy's LTO callbacks, ``CUPY_CACHE_DIR``) and with a fresh cache per run;
+2. ``concurrent``: eight runs at once sharing one fresh cache, plain and recorded;
+3. ``pressure``: plain runs while another process holds all but ``--leave`` bytes of the
+   device (what a concurrent program of the suite can do to the device).
+
+Each run's exit code and the last line of its stderr go to one JSON file.
+
+    python3 scripts/gpu_cufft_callback_probe.py EXAMPLE.py --out $OUT/r2c.json [--repeats 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one(example: str, recorded: bool, cache: str, work: str) -> dict[str, object]:
+    env = {**os.environ, "CUPY_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, example]
+    if recorded:
+        cmd = [sys.executable, "-m", "tracekit", "record", "--force", "-o",
+               os.path.join(work, f"t{time.monotonic_ns()}.parquet"), example]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=180)
+    tail = [ln for ln in p.stderr.splitlines() if ln.strip()][-1:] or [""]
+    return {"recorded": recorded, "code": p.returncode, "seconds": round(time.perf_counter() - t0, 2),
+            "last_stderr": tail[0][-300:]}
+
+
+def hold_all_but(leave: int) -> subprocess.Popen[str]:
+    """A child process that takes every free byte of device 0 but ``leave`` and waits on stdin."""
+    code = (
+        "import cupy, sys\n"
+        "free, _ = cupy.cuda.runtime.memGetInfo()\n"
+        f"p = cupy.cuda.runtime.malloc(max(free - {leave}, 0))\n"
+        "print('held', free - " + str(leave) + ", flush=True)\n"
+        "sys.stdin.read()\n"
+        "cupy.cuda.runtime.free(p)\n"
+    )
+    h = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert h.stdout is not None
+    h.stdout.readline()
+    return h
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("example")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--leave", type=int, default=64 << 20)
+    a = ap.parse_args()
+    example = os.path.abspath(a.example)
+    res: dict[str, list[dict[str, object]]] = {}
+    with tempfile.TemporaryDirectory() as work:
+        warm = os.path.join(work, "warm-cache")
+        for rec in (False, True):
+            res[f"alone-warm-{'rec' if rec else 'plain'}"] = [
+                one(example, rec, warm, work) for _ in range(a.repeats)]
+            res[f"alone-fresh-{'rec' if rec else 'plain'}"] = [
+                one(example, rec, tempfile.mkdtemp(dir=work), work) for _ in range(a.repeats)]
+        for rec in (False, True):
+            shared = tempfile.mkdtemp(dir=work)
+            with ThreadPoolExecutor(8) as ex:
+                res[f"concurrent-fresh-{'rec' if rec else 'plain'}"] = list(
+                    ex.map(one, [example] * 8, [rec] * 8, [shared] * 8, [work] * 8))
+        h = hold_all_but(a.leave)
+        try:
+            res["pressure-plain"] = [one(example, False, warm, work) for _ in range(3)]
+            res["pressure-rec"] = [one(example, True, warm, work) for _ in range(3)]
+        finally:
+            assert h.stdin is not None
+            h.stdin.close()
+            h.wait(timeout=30)
+    summary = {k: f"{sum(r['code'] != 0 for r in v)}/{len(v)} failed" for k, v in res.items()}
+    Path(a.out).write_text(json.dumps({"summary": summary, "runs": res}, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
