@@ -61,7 +61,7 @@ def test_every_pool_kind_on_two_devices(tmp_path: Path) -> None:
     p = _record(tmp_path, PROGRAM, "-o", "t.parquet", FAKECUPY_DEVICES="2")
     assert p.returncode == 1 and "OutOfMemoryError" in p.stderr and "Wrote t.parquet" in p.stderr
     t = read_trace(tmp_path / "t.parquet", strict=True)
-    assert t.meta.schema_version == 2 and t.extras is not None
+    assert t.meta.schema_version == 3 and t.extras is not None
     pools = t.meta.extra["pools"]
     assert [(e["id"], e["device"], e["kind"], e["label"]) for e in pools] == [
         (0, 0, "pool", "default"), (1, 0, "pool", "user 1"), (2, 0, "async", "async 1"),

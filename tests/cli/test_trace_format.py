@@ -28,7 +28,6 @@ BAD = {
     "unknown_op.parquet": "unknown op 'calloc' at seq 1",
     "missing_size.parquet": "missing size at seq 1 (malloc row)",
     "missing_addr.parquet": "missing addr at seq 1 (malloc row)",
-    "bad_version.parquet": "unsupported schema_version 3 (this tracekit reads versions 1 and 2)",
     "bad_source.parquet": "unknown source 'tensorflow' in metadata",
     "no_metadata.parquet": "no 'tracekit' metadata; this is not a tracekit trace",
     "empty.parquet": "the file is empty",
@@ -98,6 +97,19 @@ def test_each_invalid_file_gets_one_clear_sentence(name: str, message: str) -> N
     assert text.startswith(str(DATA / name) + ": ")
     assert message in text
     assert "\n" not in text
+
+
+def test_a_version_beyond_3_is_refused(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    write_trace(tmp_path / "t.parquet", TraceMeta.new(Source.SYNTHETIC), small_events())
+    table = pq.read_table(tmp_path / "t.parquet")
+    meta = dict(table.schema.metadata)
+    meta[b"tracekit"] = meta[b"tracekit"].replace(b'"schema_version": 3', b'"schema_version": 4')
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "v4.parquet")
+    with pytest.raises(TraceFormatError, match=r"unsupported schema_version 4 \(this tracekit reads "
+                                               r"versions 1, 2 and 3\)$"):
+        read_trace(tmp_path / "v4.parquet")
 
 
 def test_structural_faults_are_format_errors() -> None:

@@ -2,18 +2,20 @@
 
 No Python object per event: each field is one NumPy array of length n, and
 call-sites are an int32 index into a small tuple of ``path:line:function``
-strings (-1 = none). Nullable on-disk columns use a zero filler here; which
+strings (-1 = none), whole call stacks an int32 index into a ``StackTable``
+(``tracekit.trace.stacks``; -1 = none). Nullable on-disk columns use a zero filler here; which
 rows are null follows from the op (``addr`` is null only for ``oom``,
 ``rounded`` only for rows that are neither ``malloc`` nor ``oom``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tracekit.trace.schema import Op
+from tracekit.trace.stacks import StackTable, merge
 
 FIELDS: tuple[tuple[str, type], ...] = (
     ("seq", np.uint64),
@@ -25,12 +27,23 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("stream", np.uint64),
     ("device", np.int16),
     ("site", np.int32),
+    ("stack", np.int32),
 )
+
+# The defaults of Events.stack/stacks, told apart by identity: "not given" (see Events).
+_UNSET = np.full(0, -1, np.int32)
+_FROM_SITES = StackTable.empty()
 
 
 @dataclass(frozen=True, eq=False)
 class Events:
-    """n events as parallel read-only arrays; ``sites`` is the call-site dictionary."""
+    """n events as parallel read-only arrays; ``sites`` is the call-site dictionary, ``stacks`` the
+    table that ``stack`` indexes (``stacks.frames(int(stack[i]))``: event i's frames, innermost first).
+
+    A producer that gives neither ``stack`` nor ``stacks`` gets its call-sites as one-frame stacks:
+    ``stack`` = ``site``, ``stacks`` = ``StackTable.from_sites(sites)`` (formats 1 and 2). ``stacks``
+    without ``stack``: no event has a stack. ``stack`` without ``stacks`` is refused (ids of nothing).
+    """
 
     seq: np.ndarray
     t_ns: np.ndarray
@@ -42,9 +55,18 @@ class Events:
     device: np.ndarray
     site: np.ndarray
     sites: tuple[str, ...] = ()
+    stack: np.ndarray = field(default_factory=lambda: _UNSET)  # int32 per event
+    stacks: StackTable = _FROM_SITES
 
     def __post_init__(self) -> None:
         n = len(self.seq)
+        if self.stacks is _FROM_SITES:
+            if self.stack is not _UNSET:
+                raise ValueError("Events.stack given without the StackTable it indexes (Events.stacks)")
+            object.__setattr__(self, "stack", self.site)
+            object.__setattr__(self, "stacks", StackTable.from_sites(self.sites))
+        elif self.stack is _UNSET:
+            object.__setattr__(self, "stack", np.full(n, -1, np.int32))
         for name, dtype in FIELDS:
             arr = getattr(self, name)
             if arr.dtype != dtype or arr.ndim != 1 or len(arr) != n:
@@ -63,7 +85,8 @@ class Events:
 
     def __reduce__(self) -> tuple[type[Events], tuple[object, ...]]:
         # Through __init__, so columns sent to a worker process arrive read-only too.
-        return (Events, (*(getattr(self, name) for name, _ in FIELDS), self.sites))
+        return (Events, (*(getattr(self, name) for name, _ in FIELDS[:-1]), self.sites, self.stack,
+                         self.stacks))
 
     @classmethod
     def build(
@@ -79,11 +102,14 @@ class Events:
         device: np.ndarray | None = None,
         site: np.ndarray | None = None,
         sites: tuple[str, ...] = (),
+        stack: np.ndarray | None = None,
+        stacks: StackTable | None = None,
     ) -> Events:
         """Events from whatever columns are at hand; missing ones get defaults.
 
         Defaults: ``seq`` = 0..n-1, ``t_ns`` = seq, ``addr``/``rounded`` = 0,
-        ``stream``/``device`` = 0, ``site`` = -1 (none).
+        ``stream``/``device`` = 0, ``site`` = -1 (none); ``stack``/``stacks`` as the class says.
+        Raises ValueError when a ``stack`` id is outside -1 .. ``stacks.n_stacks`` - 1.
         """
         n = len(op)
         ar = np.arange(n, dtype=np.uint64)
@@ -106,15 +132,25 @@ class Events:
             device=col(device, np.int16, 0),
             site=col(site, np.int32, -1),
             sites=tuple(sites),
-        )
+            stack=_UNSET if stack is None else np.ascontiguousarray(stack, dtype=np.int32),
+            stacks=_FROM_SITES if stacks is None else stacks,
+        ).checked()
+
+    def checked(self) -> Events:
+        """``self``, or ValueError when a ``stack`` id is not a stack of ``stacks`` (nor -1)."""
+        ids = self.stack
+        if len(ids) and (int(ids.min()) < -1 or int(ids.max()) >= self.stacks.n_stacks):
+            raise ValueError(f"Events.stack holds ids outside -1 .. {self.stacks.n_stacks - 1}")
+        return self
 
     def take(self, index: np.ndarray | slice) -> Events:
         """The events selected by a mask, an index array or a slice (a view), in order."""
-        return Events(**{name: getattr(self, name)[index] for name, _ in FIELDS}, sites=self.sites)
+        return Events(**{name: getattr(self, name)[index] for name, _ in FIELDS}, sites=self.sites,
+                      stacks=self.stacks)
 
     @classmethod
     def concat(cls, parts: list[Events]) -> Events:
-        """Join event batches; call-site dictionaries are merged and indices remapped."""
+        """Join event batches; call-site dictionaries and stack tables are merged, ids remapped."""
         if not parts:
             return cls.build(np.zeros(0, np.int8), np.zeros(0, np.uint64))
         sites: dict[str, int] = {}
@@ -124,7 +160,9 @@ class Events:
             remapped.append(lut[p.site])  # index -1 picks the trailing -1
         cols = {name: np.concatenate([getattr(p, name) for p in parts]) for name, _ in FIELDS}
         cols["site"] = np.concatenate(remapped)
-        return cls(**cols, sites=tuple(sites))
+        table, luts = merge([p.stacks for p in parts])
+        cols["stack"] = np.concatenate([lut[p.stack] for p, lut in zip(parts, luts, strict=True)])
+        return cls(**cols, sites=tuple(sites), stacks=table)
 
     def count(self, op: Op) -> int:
         return int(np.count_nonzero(self.op == op))

@@ -1,8 +1,9 @@
-"""Reading v1 traces, with validation on every read.
+"""Reading traces (formats 1, 2 and 3), with validation on every read.
 
 Structural faults (not Parquet, truncated, empty, no ``tracekit`` metadata,
 a missing or mistyped column, a null size, an unknown op, seq not strictly
-increasing, t_ns decreasing, a malloc/free without addr) raise
+increasing, t_ns decreasing, a malloc/free without addr, a stack table that is not one or a
+stack id it does not hold) raise
 ``TraceFormatError`` with one sentence naming the file and the column or seq.
 Event-level inconsistencies of the malloc/free pairing are dropped and
 reported (``Trace.issues``); those of blocks against segments in pooled traces
@@ -27,7 +28,9 @@ from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
-from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, Op, TraceMeta
+from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, STACK_FIELD, Op, TraceMeta
+from tracekit.trace.stacks import META_KEY as STACKS_KEY
+from tracekit.trace.stacks import StackTable, from_json
 from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals
 from tracekit.trace.validate import EventIssue, IssueKind, pair_events, remap_mate
 
@@ -182,7 +185,10 @@ _EXTRA_TYPES = (
     ("initial", pa.types.is_boolean, "bool"), ("expandable", pa.types.is_boolean, "bool"),
     *((name, pa.types.is_integer, "an integer type")
       for name in ("pool", "device_free", "latency_ns", "input_seq", "free_requested_ns")),
-    ("stack", lambda t: _is_text(t) or (pa.types.is_dictionary(t) and _is_text(t.value_type)), "strings"),
+    # v3: stack ids; format 2's `import torch --stacks` wrote each stack as text (still read, as an extra).
+    ("stack", lambda t: pa.types.is_integer(t) or _is_text(t) or (pa.types.is_dictionary(t)
+                                                                   and _is_text(t.value_type)),
+     "stack ids (an integer type)"),
 )
 
 
@@ -224,9 +230,10 @@ def read_trace(
     for col in REQUIRED:
         if col not in names and col not in ("site",):
             raise TraceFormatError(f"{p}: missing required column '{col}'")
+    stacks = _read_stack_table(p, pf)
     try:
-        ev = _read_events(p, pf, schema)
-        extra_names = [n for n in schema.names if n not in REQUIRED]
+        ev = _read_events(p, pf, schema, stacks)
+        extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
         extra_tbl = _read_extras(p, pf, extra_names) if (extras and extra_names) else None
     except MemoryError as e:
         raise _out_of_memory(p, e) from None
@@ -285,7 +292,50 @@ def _column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
     return pf.read(columns=[name]).column(0)
 
 
-def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema) -> Events:
+def _is_stack_ids(schema: pa.Schema, name: str) -> bool:
+    """``name`` is v3's ``stack`` column (integers, or all null), not format 2's text extra."""
+    typ = schema.field(name).type
+    return name == STACK_FIELD.name and (pa.types.is_integer(typ) or pa.types.is_null(typ))
+
+
+def _read_stack_table(p: Path, pf: pq.ParquetFile) -> StackTable | None:
+    """The ``tracekit.stacks`` table, checked (``stacks.from_json``); None where the file has none.
+    Its JSON lives in the file's footer, so what it holds is bounded by the file's size (and by
+    ``load_json``'s bound), and ``from_json`` bounds what that unfolds into."""
+    raw = (pf.metadata.metadata or {}).get(STACKS_KEY)  # the file's key-value metadata: written on close
+    if raw is None:
+        return None
+    try:
+        obj = load_json(raw, str(p), "the 'tracekit.stacks' metadata")
+    except InputError as e:
+        raise TraceFormatError(str(e)) from None
+    try:
+        return from_json(obj)
+    except ValueError as e:
+        raise TraceFormatError(f"{p}: the 'tracekit.stacks' metadata is not a stack table: {e}") from None
+
+
+def _read_stack(p: Path, pf: pq.ParquetFile, table: StackTable | None, seq: np.ndarray) -> np.ndarray | None:
+    """The ``stack`` column as int32 ids (null: -1), each checked against ``table``; None where the
+    file has neither column nor table (formats 1 and 2: the call-sites stand as one-frame stacks)."""
+    schema, n = pf.schema_arrow, len(seq)
+    there = STACK_FIELD.name in schema.names and _is_stack_ids(schema, STACK_FIELD.name)
+    if not there or pa.types.is_null(schema.field(STACK_FIELD.name).type):
+        return None if table is None else np.full(n, -1, np.int32)
+    col = _column(p, pf, STACK_FIELD.name)
+    ids = col.fill_null(-1).to_numpy() if col.null_count else col.to_numpy()
+    n_stacks = table.n_stacks if table is not None else 0
+    bad = np.flatnonzero((ids < -1) | (ids >= n_stacks)) if len(ids) else ids[:0]
+    if len(bad):
+        i = int(bad[0])
+        held = (f"the 'tracekit.stacks' table holds {n_stacks:,}" if table is not None
+                else "the file has no 'tracekit.stacks' metadata")
+        raise TraceFormatError(f"{p}: column 'stack' names stack {int(ids[i])} at seq {int(seq[i])}, "
+                               f"but {held}")
+    return ids.astype(np.int32, copy=False)
+
+
+def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema, stacks: StackTable | None) -> Events:
     cols: dict[str, np.ndarray] = {}
     n = pf.metadata.num_rows
     op = _read_op(p, pf)
@@ -323,7 +373,13 @@ def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema) -> Events:
             raise TraceFormatError(f"{p}: t_ns spans 2^62 ns (146 years) or more, from "
                                    f"{int(cols['t_ns'][0])} to {int(cols['t_ns'][-1])}; not a recording")
     site, sites = _read_site(p, pf, schema, n)
-    return Events(op=op, site=site, sites=sites, **cols)
+    stack = _read_stack(p, pf, stacks, seq)
+    c = cols
+    if stack is None or stacks is None:  # formats 1 and 2: the call-sites as one-frame stacks
+        return Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
+                      site, sites)
+    return Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
+                  site, sites, stack, stacks)
 
 
 def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, op: np.ndarray) -> None:

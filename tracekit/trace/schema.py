@@ -1,10 +1,11 @@
-"""Trace format v2 (reads v1 too): the event columns, op codes and the ``tracekit`` metadata.
+"""Trace format v3 (reads v1 and v2 too): the event columns, op codes and the ``tracekit`` metadata.
 
 One Parquet file, one row per event. In memory ops are small integer codes
 (``Op``); on disk they are a dictionary-encoded string column. The metadata is
 one JSON object under the Parquet key ``tracekit``; ``TraceMeta`` is its typed
 form and keeps unknown keys in ``extra`` so nothing a newer writer stored is
-lost on a round trip. See ``docs/trace-format.md`` for the public contract.
+lost on a round trip. Version 3 adds the ``stack`` column and the ``tracekit.stacks`` key
+(``tracekit.trace.stacks``). See ``docs/trace-format.md`` for the public contract.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # a v1 trace is a v2 trace without the added columns and keys
+SCHEMA_VERSION = 3
+# A v1 trace is a v2 trace without the added columns and keys; a v2 trace a v3 trace without whole
+# stacks (its call-sites read as one-frame stacks).
+READABLE_VERSIONS = (1, 2, 3)
 META_KEY = b"tracekit"
 
 
@@ -65,11 +68,17 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
     ("site", pa.dictionary(pa.int32(), pa.string()), True),
 )
 REQUIRED = tuple(name for name, _, _ in COLUMNS)  # all but ``site`` must be present on read
+# Version 3's stack id per event (null: none), after the v1 columns; optional on read.
+STACK_FIELD = pa.field("stack", pa.int32(), nullable=True)
 
 
 def arrow_schema(meta: TraceMeta, extra_fields: tuple[pa.Field, ...] = ()) -> pa.Schema:
-    """The Arrow schema of a trace; writers always write the current version (a read v1 is upgraded)."""
+    """The Arrow schema of a trace; writers always write the current version (a read v1 is upgraded):
+    the v1 columns, ``stack``, then ``extra_fields``. An extra field named ``stack`` (the format-2
+    text column of ``import torch --stacks``) takes the place of the v3 one."""
     fields = [pa.field(n, t, nullable=nl) for n, t, nl in COLUMNS]
+    if all(f.name != STACK_FIELD.name for f in extra_fields):
+        fields.append(STACK_FIELD)
     meta = replace(meta, schema_version=SCHEMA_VERSION)
     return pa.schema(fields + list(extra_fields), metadata={META_KEY: meta.to_json().encode()})
 
@@ -156,7 +165,7 @@ class TraceMeta:
             raise TraceFormatError(f"{where}: the 'tracekit' metadata has no schema_version")
         if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise TraceFormatError(
-                f"{where}: unsupported schema_version {version!r} (this tracekit reads versions 1 and 2)"
+                f"{where}: unsupported schema_version {version!r} (this tracekit reads versions 1, 2 and 3)"
             )
         src = d.get("source")
         try:

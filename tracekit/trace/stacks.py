@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TypedDict
+from typing import TypedDict, cast
 
 import numpy as np
 
@@ -180,9 +180,13 @@ class StackTable:
 def parse_site(site: str) -> tuple[str, int, str]:
     """``path:line:function`` -> (path, line, function); (site, -1, "") where it does not parse."""
     parts = site.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit():
+    # ASCII digits only (int() refuses some that isdigit() accepts), and a line the int32 column holds
+    if len(parts) == 3 and parts[1].isascii() and parts[1].isdigit() and int(parts[1]) <= MAX_LINE:
         return parts[0], int(parts[1]), parts[2]
     return site, -1, ""
+
+
+MAX_LINE = (1 << 31) - 1  # the frame table's line column is int32
 
 
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
@@ -221,3 +225,132 @@ class UserCode:
         if not self.prefixes:
             return guess_kind(file) is FrameKind.USER
         return any(file == p or file.startswith(p + os.sep) or p in ("", ".") for p in self.prefixes)
+
+
+class StackInterner:
+    """Frames and stacks interned as they come: equal frames get one id, equal (frame, parent) pairs
+    one stack id, parents always before their children. Merges tables (``add``: concat, the writer's
+    batches) and builds one from frames seen live (``frame_id``/``stack_id``: the recorder)."""
+
+    def __init__(self) -> None:
+        self._frames: dict[tuple[str, int, str, int], int] = {}
+        self._stacks: dict[tuple[int, int], int] = {}
+        self.file: list[str] = []
+        self.line: list[int] = []
+        self.function: list[str] = []
+        self.kind: list[int] = []
+        self.frame: list[int] = []
+        self.parent: list[int] = []
+
+    def frame_id(self, file: str, line: int, function: str, kind: int) -> int:
+        key = (file, line, function, kind)
+        f = self._frames.get(key)
+        if f is None:
+            f = self._frames[key] = len(self.file)
+            self.file.append(file)
+            self.line.append(line)
+            self.function.append(function)
+            self.kind.append(kind)
+        return f
+
+    def stack_id(self, frame: int, parent: int) -> int:
+        """The id of frame ``frame`` called from stack ``parent`` (-1 outermost), new if unseen."""
+        key = (frame, parent)
+        s = self._stacks.get(key)
+        if s is None:
+            s = self._stacks[key] = len(self.frame)
+            self.frame.append(frame)
+            self.parent.append(parent)
+        return s
+
+    def add(self, table: StackTable) -> np.ndarray:
+        """Intern every stack of ``table``; returns int32 ``lut`` of length n_stacks + 1 with
+        ``lut[s]`` the id here of ``table``'s stack ``s`` and ``lut[-1] == -1`` (so ``lut[ids]``
+        remaps an id column with -1 for none in one step)."""
+        flut = [self.frame_id(table.file[f], int(table.line[f]), table.function[f], int(table.kind[f]))
+                for f in range(table.n_frames)]
+        slut = [NONE] * (table.n_stacks + 1)  # the trailing slot answers parent -1
+        for s, (f, p) in enumerate(zip(table.frame.tolist(), table.parent.tolist(), strict=True)):
+            slut[s] = self.stack_id(flut[f], slut[p])
+        return np.asarray(slut, dtype=np.int32)
+
+    def table(self) -> StackTable:
+        return StackTable.build(self.file, self.line, self.function, self.kind, self.frame, self.parent)
+
+
+def merge(tables: Sequence[StackTable]) -> tuple[StackTable, list[np.ndarray]]:
+    """One table holding every stack of ``tables`` and, per table, the lut of ``StackInterner.add``.
+    Tables that are one object (batches of one trace) are merged once; a lone table is kept as is."""
+    if tables and all(t is tables[0] for t in tables):
+        ident = np.append(np.arange(tables[0].n_stacks, dtype=np.int32), np.int32(NONE))
+        return tables[0], [ident] * len(tables)
+    interner = StackInterner()
+    seen: dict[int, np.ndarray] = {}
+    luts = []
+    for t in tables:
+        if id(t) not in seen:
+            seen[id(t)] = interner.add(t)
+        luts.append(seen[id(t)])
+    return interner.table(), luts
+
+
+# Bounds on a table read from a file (``from_json``): the JSON itself is at most MAX_JSON_BYTES
+# (tracekit.inputs) and lives in the file's footer, so its size is bounded by the file's; these bound
+# what it may unfold into (a frame's strings as a call-site's, all of them as all call-sites').
+MAX_FRAME_TEXT_BYTES = 16 << 10
+MAX_TABLE_TEXT_BYTES = 32 << 20
+MAX_ENTRIES = 1 << 22  # frames, and stacks, each: 4 million
+
+
+def from_json(obj: object) -> StackTable:
+    """A table from the parsed ``tracekit.stacks`` value (``StacksJSON``), every field checked;
+    raises ValueError with one clause naming what is wrong (the reader adds the file)."""
+    if not isinstance(obj, dict):
+        raise ValueError("it is not a JSON object")
+    frames, stacks = _part(obj, "frames"), _part(obj, "stacks")
+    file = _texts(frames, "frames", "file")
+    function = _texts(frames, "frames", "function")
+    sizes = [len(s.encode("utf-8", "surrogatepass")) for s in (*file, *function)]
+    if max(sizes, default=0) > MAX_FRAME_TEXT_BYTES:
+        raise ValueError(f"a frame's file or function is {max(sizes):,} bytes, more than "
+                         f"{MAX_FRAME_TEXT_BYTES:,}")
+    if (text := sum(sizes)) > MAX_TABLE_TEXT_BYTES:
+        raise ValueError(f"its frames hold {text:,} bytes of text, more than {MAX_TABLE_TEXT_BYTES:,}")
+    line = _ints(frames, "frames", "line", -1, MAX_LINE)
+    kind = _ints(frames, "frames", "kind", 0, int(max(FrameKind)))
+    frame = _ints(stacks, "stacks", "frame", 0, MAX_ENTRIES)
+    parent = _ints(stacks, "stacks", "parent", NONE, MAX_ENTRIES)
+    return StackTable.build(file, line, function, kind, frame, parent)  # its check: lengths, ids, parents
+
+
+def _part(obj: dict[object, object], key: str) -> dict[object, object]:
+    v = obj.get(key)
+    if not isinstance(v, dict):
+        raise ValueError(f"'{key}' is not a JSON object")
+    return v
+
+
+def _list(part: dict[object, object], where: str, key: str) -> list[object]:
+    v = part.get(key)
+    if not isinstance(v, list):
+        raise ValueError(f"'{where}.{key}' is not a list")
+    if len(v) > MAX_ENTRIES:
+        raise ValueError(f"'{where}.{key}' has {len(v):,} entries, more than {MAX_ENTRIES:,}")
+    return v
+
+
+def _texts(part: dict[object, object], where: str, key: str) -> list[str]:
+    v = _list(part, where, key)
+    if not all(type(s) is str for s in v):
+        raise ValueError(f"'{where}.{key}' holds a value that is not a string")
+    return cast(list[str], v)  # every item checked above
+
+
+def _ints(part: dict[object, object], where: str, key: str, lo: int, hi: int) -> list[int]:
+    v = _list(part, where, key)
+    if not all(type(x) is int for x in v):
+        raise ValueError(f"'{where}.{key}' holds a value that is not a whole number")
+    ints = cast(list[int], v)  # every item checked above
+    if ints and not (lo <= min(ints) and max(ints) <= hi):
+        raise ValueError(f"'{where}.{key}' holds a value outside {lo} .. {hi}")
+    return ints

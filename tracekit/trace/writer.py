@@ -1,16 +1,19 @@
-"""Writing v1 traces: in row groups, zstd-compressed, atomically.
+"""Writing traces (format v3): in row groups, zstd-compressed, atomically.
 
 ``TraceWriter`` streams batches of ``Events`` into a temporary file beside the
 target and renames it into place only when closed cleanly (``tracekit.outputs``,
 the one writer of every output), so an interrupted write never leaves a half
 file under the user's name and never clobbers an existing file with garbage.
 The caller checks the path first (``outputs.check_output``: inputs, --force).
-``write_trace`` is the one-shot form.
+``write_trace`` is the one-shot form. Each batch's stack ids are remapped into one table for the
+whole file (batches of one trace share their ``StackTable`` object: no remapping), which is written
+under the ``tracekit.stacks`` metadata key when the file is closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from types import TracebackType
@@ -22,13 +25,16 @@ import pyarrow.parquet as pq
 from tracekit.inputs import utf8_name
 from tracekit.outputs import Staged, cannot_write
 from tracekit.trace.events import Events
-from tracekit.trace.schema import OP_NAMES, Op, TraceMeta, arrow_schema
+from tracekit.trace.schema import OP_NAMES, STACK_FIELD, Op, TraceMeta, arrow_schema
+from tracekit.trace.stacks import META_KEY as STACKS_KEY
+from tracekit.trace.stacks import StackInterner, StackTable
 
 ROW_GROUP = 1 << 20
 
 
 def events_to_arrays(ev: Events) -> list[pa.Array]:
-    """The nine v1 columns of ``ev`` as Arrow arrays, with nulls where the op says so."""
+    """The nine v1 columns of ``ev`` as Arrow arrays, with nulls where the op says so (``stack``,
+    whose ids depend on the file's whole table, is the writer's)."""
     op_dict = pa.array(OP_NAMES, type=pa.string())
     no_rounded = (ev.op != Op.MALLOC) & (ev.op != Op.OOM)
     site_idx = pa.array(ev.site, type=pa.int32(), mask=ev.site < 0)
@@ -48,7 +54,7 @@ def events_to_arrays(ev: Events) -> list[pa.Array]:
 
 
 class TraceWriter:
-    """Stream ``Events`` batches (plus optional extra columns) into a v1 Parquet file."""
+    """Stream ``Events`` batches (plus optional extra columns) into a Parquet file of format v3."""
 
     def __init__(
         self,
@@ -61,6 +67,7 @@ class TraceWriter:
         self.schema = arrow_schema(meta, extra_fields)
         self.row_group_size = row_group_size
         self.rows = 0
+        self._stacks = _FileStacks() if STACK_FIELD.name not in extra_names(extra_fields) else None
         self._staged = Staged(self.path)
         name = utf8_name(self._staged.tmp)  # None: a name that is not UTF-8, written through Python's file
         try:
@@ -74,6 +81,9 @@ class TraceWriter:
         if len(ev) == 0:
             return
         arrays = events_to_arrays(ev)
+        if self._stacks is not None:
+            ids = self._stacks.ids(ev)
+            arrays.append(pa.array(ids, type=pa.int32(), mask=ids < 0))
         for f in list(self.schema)[len(arrays):]:
             col = (extras or {}).get(f.name)
             if col is None:
@@ -89,6 +99,9 @@ class TraceWriter:
 
     def close(self) -> Path:
         try:
+            if self._stacks is not None:
+                text = json.dumps(self._stacks.table().to_json(), separators=(",", ":"))
+                self._pq.add_key_value_metadata({STACKS_KEY: text.encode()})
             self._pq.close()
             if self._file is not None:
                 self._file.close()
@@ -117,6 +130,40 @@ class TraceWriter:
             self.close()
         else:
             self.abort()
+
+
+def extra_names(fields: tuple[pa.Field, ...]) -> set[str]:
+    return {f.name for f in fields}
+
+
+class _FileStacks:
+    """The stack table of one file, merged from its batches' tables (``StackInterner``) only when
+    a batch brings a table other than the first one's."""
+
+    def __init__(self) -> None:
+        self._first: StackTable | None = None
+        self._interner: StackInterner | None = None
+        self._last: StackTable | None = None
+        self._lut: np.ndarray | None = None  # None: the first table's ids stand
+
+    def ids(self, ev: Events) -> np.ndarray:
+        """``ev.stack`` as ids of the file's table."""
+        t = ev.stacks
+        if t is not self._last:
+            if self._first is None:
+                self._first, self._lut = t, None
+            else:
+                if self._interner is None:
+                    self._interner = StackInterner()
+                    self._interner.add(self._first)  # the first table's ids stay what they were
+                self._lut = self._interner.add(t)
+            self._last = t
+        return ev.stack if self._lut is None else self._lut[ev.stack]
+
+    def table(self) -> StackTable:
+        if self._interner is not None:
+            return self._interner.table()
+        return self._first if self._first is not None else StackTable.empty()
 
 
 def write_trace(
