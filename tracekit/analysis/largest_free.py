@@ -24,56 +24,130 @@ segment freed while blocks in it are live (no real allocator does this) loses
 its gaps at once, but the later free of such a block counts as free space.
 Nothing is recomputed per event; the whole pass is one ``@njit`` loop that
 also keeps the running live/requested/reserved sums and their peaks.
+
+Every slot and column the kernels share is an IntEnum (``Stat``, ``FStat``,
+``Probe``, ``Rec``), which numba reads as compile-time constants.
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
 
 import numpy as np
 from numba import njit
 
 from tracekit.trace.schema import Op
 
-# Slots of the int64 ``stats`` array filled by ``scan``.
-PEAK_LIVE, PEAK_LIVE_IDX, PEAK_REQ, PEAK_REQ_IDX, RES_AT_PEAK_REQ = 0, 1, 2, 3, 4
-PEAK_RES, PEAK_RES_IDX, REQ_AT_PEAK_RES, MIN_LFB_FREE, N_STATS = 5, 6, 7, 8, 9
-# Columns of the int64 ``probed`` array: the state after each probed event.
-PROBE_LIVE, PROBE_REQ, PROBE_RES, PROBE_LFB, N_PROBE = 0, 1, 2, 3, 4
-# Slots of the float64 ``fstats`` array.
-# SUM_*: Σ over events; TSUM_*: Σ weighted by the time to the next event (ns); SUM_DT: Σ of those weights.
-SUM_RES, SUM_REQ, MAX_FRAG, TSUM_RES, TSUM_REQ, SUM_DT, N_FSTATS = 0, 1, 2, 3, 4, 5, 6
+
+class Stat(IntEnum):
+    """Slots of the int64 ``stats`` array ``scan`` returns (bytes; ``*_IDX``: event index, -1 none)."""
+
+    PEAK_LIVE = 0  # max over events of live (Σ rounded sizes of live blocks)
+    PEAK_LIVE_IDX = 1  # first event at that maximum
+    PEAK_REQ = 2  # max over events of requested (Σ requested sizes of live blocks)
+    PEAK_REQ_IDX = 3
+    RES_AT_PEAK_REQ = 4  # reserved after PEAK_REQ_IDX
+    PEAK_RES = 5  # max over events of reserved (Σ live segments; live when the trace has none)
+    PEAK_RES_IDX = 6
+    REQ_AT_PEAK_RES = 7  # the most requested bytes among the events at peak reserved
+    MIN_LFB_FREE = 8  # min largest free block over the events with free > 0 (-1: none)
 
 
-# The max-tree is 8-ary and implicit: node j's children are 8j+1 … 8j+8 (one
-# 64-byte line once the array is aligned), so an update climbs about log8(m)
-# levels, reading one cache line per level. Elsewhere ``size`` is the index of
-# leaf 0 (leaf k is ``tree[size + k]``) and the root ``tree[0]`` is the maximum.
-FAN = 8
+class FStat(IntEnum):
+    """Slots of the float64 ``fstats`` array: Σ over events, and Σ weighted by Δt (ns) to the next event."""
+
+    SUM_RES = 0  # Σ_i reserved_i
+    SUM_REQ = 1  # Σ_i requested_i
+    MAX_FRAG = 2  # max_i (1 − largest free_i / free_i) over events with free_i > 0
+    TSUM_RES = 3  # Σ_i reserved_i · Δt_i
+    TSUM_REQ = 4  # Σ_i requested_i · Δt_i
+    SUM_DT = 5  # Σ_i Δt_i, Δt_i = t_{i+1} − t_i where positive (else 0)
+
+
+class Probe(IntEnum):
+    """Columns of the int64 ``probed`` array: the state (bytes) after each probed event."""
+
+    LIVE = 0
+    REQ = 1
+    RES = 2
+    LFB = 3
+
+
+class Rec(IntEnum):
+    """Columns of the per-position record table (one row per position, so the facts about one
+    address share a cache line)."""
+
+    POS = 0  # the position's address
+    GEND = 1  # end position of the gap starting here
+    GSOE = 2  # start position of the gap ending here (-1: none)
+    SEGS = 3  # how many live segments start here
+
+
+N_STATS = len(Stat)
+N_FSTATS = len(FStat)
+N_PROBE = len(Probe)
+RCOLS = len(Rec)
+NONE = -1  # an index slot that holds no event or position
+
+# The module-level names readers outside this module index with (``lf.PEAK_REQ``, ``lf.PROBE_RES``).
+PEAK_LIVE, PEAK_LIVE_IDX, PEAK_REQ, PEAK_REQ_IDX = Stat.PEAK_LIVE, Stat.PEAK_LIVE_IDX, Stat.PEAK_REQ, \
+    Stat.PEAK_REQ_IDX
+RES_AT_PEAK_REQ, PEAK_RES, PEAK_RES_IDX = Stat.RES_AT_PEAK_REQ, Stat.PEAK_RES, Stat.PEAK_RES_IDX
+REQ_AT_PEAK_RES, MIN_LFB_FREE = Stat.REQ_AT_PEAK_RES, Stat.MIN_LFB_FREE
+SUM_RES, SUM_REQ, MAX_FRAG = FStat.SUM_RES, FStat.SUM_REQ, FStat.MAX_FRAG
+TSUM_RES, TSUM_REQ, SUM_DT = FStat.TSUM_RES, FStat.TSUM_REQ, FStat.SUM_DT
+PROBE_LIVE, PROBE_REQ, PROBE_RES, PROBE_LFB = Probe.LIVE, Probe.REQ, Probe.RES, Probe.LFB
+
+
+# The max-tree is FAN-ary and implicit: node j's children are FAN·j + 1 … FAN·j + FAN (one
+# 64-byte line of int64 once the array is aligned), its parent ⌊(j − 1) / FAN⌋, so an update
+# climbs about log_FAN(m) levels, reading one cache line per level. Elsewhere ``size`` is the
+# index of leaf 0 (leaf k is ``tree[size + k]``) and the root ``tree[0]`` is the maximum.
+FAN_BITS = 3
+FAN = 1 << FAN_BITS  # 8 int64 = one 64-byte cache line
+LINE = 8  # int64 per 64-byte line: the alignment unit of the tree array
+PAD = 2 * LINE  # spare elements allocated so the aligned view always fits
+
+
+@njit(cache=True)
+def _parent(j):  # pragma: no cover - compiled
+    """⌊(j − 1) / FAN⌋ for j ≥ 1 (a shift: j is never negative)."""
+    return (j - 1) >> FAN_BITS
+
+
+@njit(cache=True)
+def _first_child(p):  # pragma: no cover - compiled
+    """FAN·p + 1: the first of node p's FAN children (and of their sibling group)."""
+    return FAN * p + 1
 
 
 @njit(cache=True)
 def _new_tree(m):  # pragma: no cover - compiled
-    # Leaves: FAN**depth >= m; returns (array, index of leaf 0), aligned so sibling groups share a line.
+    """Zeroed tree with FAN^depth ≥ m leaves: (array, index of leaf 0 = Σ_{d<depth} FAN^d).
+
+    The view starts so that every sibling group (indices FAN·p + 1 …) lands on a 64-byte line:
+    index 1 is line-aligned, i.e. (address/8 + offset + 1) ≡ 0 (mod LINE).
+    """
     leaves = 1
     first = 0
     while leaves < max(m, 1):
         first += leaves
         leaves *= FAN
     n = first + leaves
-    raw = np.zeros(n + 16, np.int64)
-    # Sibling groups start at indices 8p+1; shift so that index lands on a 64-byte boundary.
-    base = raw.ctypes.data // 8
-    off = (7 - base) % 8
+    raw = np.zeros(n + PAD, np.int64)
+    base = raw.ctypes.data // 8  # the array's address in int64 units
+    off = (LINE - 1 - base) % LINE
     return raw[off:off + n], first
 
 
 @njit(cache=True)
 def _set(tree, first, k, v):  # pragma: no cover - compiled
-    # Point update of leaf k, climbing only while the group maximum changes.
+    """Leaf k := v; each ancestor := max of its children, climbing only while that changes."""
     j = first + k
     tree[j] = v
     while j > 0:
-        p = (j - 1) >> 3
-        c = 8 * p + 1
+        p = _parent(j)
+        c = _first_child(p)
         m = tree[c]
         for q in range(c + 1, c + FAN):
             if tree[q] > m:
@@ -86,9 +160,9 @@ def _set(tree, first, k, v):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _down(tree, first, j, rightmost):  # pragma: no cover - compiled
-    # From a node known to hold a gap, descend to its rightmost (or leftmost) gap leaf.
+    """From node j, known to hold a gap, the rightmost (or leftmost) gap leaf below it."""
     while j < first:
-        c = 8 * j + 1
+        c = _first_child(j)
         if rightmost:
             q = c + FAN - 1
             while tree[q] <= 0:
@@ -103,63 +177,70 @@ def _down(tree, first, j, rightmost):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _pred(tree, first, k):  # pragma: no cover - compiled
-    # Rightmost leaf <= k holding a gap, or -1.
+    """max{leaf s ≤ k : tree holds a gap at s}, or NONE."""
     j = first + k
     if tree[j] > 0:
         return k
     while j > 0:
-        c = 8 * ((j - 1) >> 3) + 1
+        c = _first_child(_parent(j))
         for q in range(j - 1, c - 1, -1):
             if tree[q] > 0:
                 return _down(tree, first, q, True)
-        j = (j - 1) >> 3
-    return -1
+        j = _parent(j)
+    return NONE
 
 
 @njit(cache=True)
 def _succ(tree, first, k):  # pragma: no cover - compiled
-    # Leftmost leaf >= k holding a gap, or -1.
+    """min{leaf s ≥ k : tree holds a gap at s}, or NONE."""
     j = first + k
     if tree[j] > 0:
         return k
     while j > 0:
-        c = 8 * ((j - 1) >> 3) + 1
+        c = _first_child(_parent(j))
         for q in range(j + 1, c + FAN):
             if tree[q] > 0:
                 return _down(tree, first, q, False)
-        j = (j - 1) >> 3
-    return -1
+        j = _parent(j)
+    return NONE
 
 
-# Columns of the per-position record table (one row per position, so the facts
-# about one address share a cache line): its address, the end position of the
-# gap starting there, the start position of the gap ending there (-1 = none),
-# and how many live segments start there.
-POS, GEND, GSOE, SEGS, RCOLS = 0, 1, 2, 3, 4
+@njit(cache=True)
+def _new_records(pos):  # pragma: no cover - compiled
+    """The record table for positions ``pos``: POS filled, no gap ending anywhere, no segment."""
+    m = pos.shape[0]
+    R = np.zeros((max(m, 1), RCOLS), np.int64)
+    for k in range(m):
+        R[k, Rec.POS] = pos[k]
+        R[k, Rec.GSOE] = NONE
+    return R
 
 
 @njit(cache=True)
 def _add_gap(tree, size, R, s, e):  # pragma: no cover - compiled
-    length = R[e, POS] - R[s, POS]
+    """Record the gap [s, e) of length p_e − p_s bytes (nothing when empty)."""
+    length = R[e, Rec.POS] - R[s, Rec.POS]
     if length > 0:
-        R[s, GEND] = e
-        R[e, GSOE] = s
+        R[s, Rec.GEND] = e
+        R[e, Rec.GSOE] = s
         _set(tree, size, s, length)
 
 
 @njit(cache=True)
 def _drop_gap(tree, size, R, s):  # pragma: no cover - compiled
-    R[R[s, GEND], GSOE] = -1
+    """Forget the gap starting at s."""
+    R[R[s, Rec.GEND], Rec.GSOE] = NONE
     _set(tree, size, s, 0)
 
 
 @njit(cache=True)
 def _carve(tree, size, R, a, b):  # pragma: no cover - compiled
-    # Take [a, b) out of the gap holding it; False if no gap holds all of it.
+    """Take [a, b) out of the gap [s, e) holding it, leaving [s, a) and [b, e); False if no gap
+    holds all of it."""
     s = a if tree[a + size] > 0 else _pred(tree, size, a)
-    if s < 0 or R[s, GEND] < b:
+    if s < 0 or R[s, Rec.GEND] < b:
         return False
-    e = R[s, GEND]
+    e = R[s, Rec.GEND]
     _drop_gap(tree, size, R, s)
     if s < a:
         _add_gap(tree, size, R, s, a)
@@ -170,27 +251,108 @@ def _carve(tree, size, R, a, b):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _release(tree, size, R, merge_all, a, b):  # pragma: no cover - compiled
-    # Return [a, b) as free, merged with its free neighbours inside one segment.
+    """Return [a, b) as free, merged with the gap ending at a and the one starting at b unless a
+    segment starts there (``merge_all``: always merged)."""
     s = a
     e = b
-    if merge_all or R[a, SEGS] == 0:
-        left = R[a, GSOE]
+    if merge_all or R[a, Rec.SEGS] == 0:
+        left = R[a, Rec.GSOE]
         if left >= 0:
             _drop_gap(tree, size, R, left)
             s = left
-    if (merge_all or R[b, SEGS] == 0) and tree[b + size] > 0:
-        e = R[b, GEND]
+    if (merge_all or R[b, Rec.SEGS] == 0) and tree[b + size] > 0:
+        e = R[b, Rec.GEND]
         _drop_gap(tree, size, R, b)
     _add_gap(tree, size, R, s, e)
 
 
 @njit(cache=True)
 def _clear(tree, size, R, a, b):  # pragma: no cover - compiled
-    # Drop every gap starting in [a, b) (a segment freed while blocks were still live).
+    """Drop every gap starting in [a, b) (a segment freed while blocks were still live)."""
     s = _succ(tree, size, a)
     while 0 <= s < b:
         _drop_gap(tree, size, R, s)
         s = _succ(tree, size, s)
+
+
+@njit(cache=True)
+def _segment_alloc(tree, size, R, merge_all, a, b):  # pragma: no cover - compiled
+    """A segment [a, b) is mapped: a segment boundary at a, and the range is one new gap."""
+    if a < b:
+        R[a, Rec.SEGS] += 1
+        _release(tree, size, R, merge_all, a, b)
+
+
+@njit(cache=True)
+def _segment_free(tree, size, R, a, b):  # pragma: no cover - compiled
+    """A segment [a, b) is unmapped: its boundary goes, its gap is carved (or, under live blocks,
+    every gap in it dropped)."""
+    if a < b:
+        R[a, Rec.SEGS] -= 1
+        if not _carve(tree, size, R, a, b):
+            _clear(tree, size, R, a, b)
+
+
+@njit(cache=True)
+def _new_stats():  # pragma: no cover - compiled
+    """Zeroed ``stats`` with every index slot and MIN_LFB_FREE at NONE, and zeroed ``fstats``."""
+    st = np.zeros(N_STATS, np.int64)
+    st[Stat.PEAK_LIVE_IDX] = NONE
+    st[Stat.PEAK_REQ_IDX] = NONE
+    st[Stat.PEAK_RES_IDX] = NONE
+    st[Stat.MIN_LFB_FREE] = NONE
+    return st, np.zeros(N_FSTATS, np.float64)
+
+
+@njit(cache=True)
+def _peaks(st, i, live, req, res):  # pragma: no cover - compiled
+    """Fold event i's live/requested/reserved into the PEAK_* slots (the first event at a maximum)."""
+    if live > st[Stat.PEAK_LIVE] or st[Stat.PEAK_LIVE_IDX] < 0:
+        st[Stat.PEAK_LIVE] = live
+        st[Stat.PEAK_LIVE_IDX] = i
+    if req > st[Stat.PEAK_REQ] or st[Stat.PEAK_REQ_IDX] < 0:
+        st[Stat.PEAK_REQ] = req
+        st[Stat.PEAK_REQ_IDX] = i
+        st[Stat.RES_AT_PEAK_REQ] = res
+    if res > st[Stat.PEAK_RES] or st[Stat.PEAK_RES_IDX] < 0:
+        st[Stat.PEAK_RES] = res
+        st[Stat.PEAK_RES_IDX] = i
+        st[Stat.REQ_AT_PEAK_RES] = req
+    elif res == st[Stat.PEAK_RES] and req > st[Stat.REQ_AT_PEAK_RES]:
+        # A segment is reserved an event before the block it serves: among the
+        # events at peak reserved, use the one with the most requested bytes.
+        st[Stat.REQ_AT_PEAK_RES] = req
+
+
+@njit(cache=True)
+def _probe(probed, probes, p, i, live, req, res, lfb):  # pragma: no cover - compiled
+    """Copy the state after event i into every ``probed`` row whose probe is i, from row p on;
+    returns the next row to fill."""
+    while p < probes.shape[0] and probes[p] == i:
+        probed[p, Probe.LIVE] = live
+        probed[p, Probe.REQ] = req
+        probed[p, Probe.RES] = res
+        probed[p, Probe.LFB] = lfb
+        p += 1
+    return p
+
+
+@njit(cache=True)
+def _sums(st, fs, i, n, t_ns, req, res, lfb, free, frag):  # pragma: no cover - compiled
+    """Fold event i of n into the FStat sums (Δt_i = t_{i+1} − t_i when positive), MAX_FRAG and
+    MIN_LFB_FREE (both over the events with free bytes)."""
+    fs[FStat.SUM_RES] += res
+    fs[FStat.SUM_REQ] += req
+    if i + 1 < n and t_ns[i + 1] > t_ns[i]:
+        dt = np.float64(t_ns[i + 1] - t_ns[i])
+        fs[FStat.TSUM_RES] += res * dt
+        fs[FStat.TSUM_REQ] += req * dt
+        fs[FStat.SUM_DT] += dt
+    if free > 0:
+        if frag > fs[FStat.MAX_FRAG]:
+            fs[FStat.MAX_FRAG] = frag
+        if st[Stat.MIN_LFB_FREE] < 0 or lfb < st[Stat.MIN_LFB_FREE]:
+            st[Stat.MIN_LFB_FREE] = lfb
 
 
 @njit(cache=True)
@@ -202,32 +364,27 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probes, 
     (and of unpaired frees); a free uses its malloc's range via ``mate``.
     ``pos`` (int64): the address of each position. ``pooled``: the trace has
     segment rows (else reserved = live and nothing is free). When ``want``
-    the four ``out_*`` arrays receive the per-event values. ``probes``:
+    the six ``out_*`` arrays receive the per-event values. ``probes``:
     increasing event indices (int64) whose state after the event goes to the
-    row of the returned ``probed`` array (columns PROBE_*). ``out_free``
-    gets reserved − live, ``out_frag`` the external fragmentation
-    1 − largest free / free (0 when nothing is free).
+    row of the returned ``probed`` array (columns ``Probe``). After event i
+    (bytes):
+
+        live_i = Σ rounded, req_i = Σ size over live blocks; res_i = Σ live segment sizes
+        (live_i when not ``pooled``); lfb_i = largest free gap (0 when not ``pooled``);
+        free_i = res_i − live_i; frag_i = 1 − lfb_i / free_i (0 when free_i ≤ 0).
+
     ``t_ns``: event times; the state after event i is weighted by
     t_ns[i+1] − t_ns[i] (0 for the last event or when time goes backwards) in
-    the TSUM_* sums. Returns (int64 stats, float64 fstats, int64 probed)
-    indexed by the module constants.
+    the TSUM_* sums. Returns (int64 stats, float64 fstats, int64 probed),
+    indexed by ``Stat``, ``FStat`` and ``Probe``.
     """
     n = op.shape[0]
-    m = pos.shape[0]
-    tree, tsize = _new_tree(m)
-    R = np.zeros((max(m, 1), RCOLS), np.int64)
-    for k in range(m):
-        R[k, POS] = pos[k]
-        R[k, GSOE] = -1
-    placed = np.zeros(n if pooled else 0, np.bool_)
-    st = np.zeros(N_STATS, np.int64)
-    fs = np.zeros(N_FSTATS, np.float64)
+    tree, tsize = _new_tree(pos.shape[0])
+    R = _new_records(pos)
+    placed = np.zeros(n if pooled else 0, np.bool_)  # the malloc's block was carved from a gap
+    st, fs = _new_stats()
     probed = np.zeros((probes.shape[0], N_PROBE), np.int64)
     p = 0
-    st[PEAK_LIVE_IDX] = -1
-    st[PEAK_REQ_IDX] = -1
-    st[PEAK_RES_IDX] = -1
-    st[MIN_LFB_FREE] = -1
     live = np.int64(0)
     req = np.int64(0)
     res = np.int64(0)
@@ -240,7 +397,7 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probes, 
                 placed[i] = _carve(tree, tsize, R, lo[i], hi[i])
         elif o == Op.FREE:
             j = mate[i]
-            if j < 0:
+            if j < 0:  # its malloc is not in the trace: the free's own size is all there is
                 live -= np.int64(size[i])
                 req -= np.int64(size[i])
             else:
@@ -248,23 +405,13 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probes, 
                 req -= np.int64(size[j])
                 if pooled and placed[j]:
                     _release(tree, tsize, R, merge_all, lo[j], hi[j])
-        elif o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE:
-            j = mate[i] if o == Op.SEGMENT_FREE else i
-            if j < 0:
-                j = i
-            a = lo[j]
-            b = hi[j]
-            if o == Op.SEGMENT_ALLOC:
-                res += np.int64(size[j])
-                if a < b:
-                    R[a, SEGS] += 1
-                    _release(tree, tsize, R, merge_all, a, b)
-            else:
-                res -= np.int64(size[j])
-                if a < b:
-                    R[a, SEGS] -= 1
-                    if not _carve(tree, tsize, R, a, b):
-                        _clear(tree, tsize, R, a, b)
+        elif o == Op.SEGMENT_ALLOC:
+            res += np.int64(size[i])
+            _segment_alloc(tree, tsize, R, merge_all, lo[i], hi[i])
+        elif o == Op.SEGMENT_FREE:
+            j = mate[i] if mate[i] >= 0 else i  # the range of its segment_alloc when paired
+            res -= np.int64(size[j])
+            _segment_free(tree, tsize, R, lo[j], hi[j])
         r = res if pooled else live
         lfb = tree[0] if pooled else np.int64(0)
         free = r - live
@@ -276,37 +423,7 @@ def scan(op, size, rounded, t_ns, mate, lo, hi, pos, pooled, merge_all, probes, 
             out_lfb[i] = lfb
             out_free[i] = free
             out_frag[i] = frag if frag > 0.0 else 0.0
-        if live > st[PEAK_LIVE] or st[PEAK_LIVE_IDX] < 0:
-            st[PEAK_LIVE] = live
-            st[PEAK_LIVE_IDX] = i
-        if req > st[PEAK_REQ] or st[PEAK_REQ_IDX] < 0:
-            st[PEAK_REQ] = req
-            st[PEAK_REQ_IDX] = i
-            st[RES_AT_PEAK_REQ] = r
-        if r > st[PEAK_RES] or st[PEAK_RES_IDX] < 0:
-            st[PEAK_RES] = r
-            st[PEAK_RES_IDX] = i
-            st[REQ_AT_PEAK_RES] = req
-        elif r == st[PEAK_RES] and req > st[REQ_AT_PEAK_RES]:
-            # A segment is reserved an event before the block it serves: among the
-            # events at peak reserved, use the one with the most requested bytes.
-            st[REQ_AT_PEAK_RES] = req
-        while p < probes.shape[0] and probes[p] == i:
-            probed[p, PROBE_LIVE] = live
-            probed[p, PROBE_REQ] = req
-            probed[p, PROBE_RES] = r
-            probed[p, PROBE_LFB] = lfb
-            p += 1
-        fs[SUM_RES] += r
-        fs[SUM_REQ] += req
-        if i + 1 < n and t_ns[i + 1] > t_ns[i]:
-            dt = np.float64(t_ns[i + 1] - t_ns[i])
-            fs[TSUM_RES] += r * dt
-            fs[TSUM_REQ] += req * dt
-            fs[SUM_DT] += dt
-        if free > 0:
-            if frag > fs[MAX_FRAG]:
-                fs[MAX_FRAG] = frag
-            if st[MIN_LFB_FREE] < 0 or lfb < st[MIN_LFB_FREE]:
-                st[MIN_LFB_FREE] = lfb
+        _peaks(st, i, live, req, r)
+        p = _probe(probed, probes, p, i, live, req, r, lfb)
+        _sums(st, fs, i, n, t_ns, req, r, lfb, free, frag)
     return st, fs, probed

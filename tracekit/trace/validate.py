@@ -87,27 +87,47 @@ class Pairing:
     issues: tuple[EventIssue, ...]
 
 
-_EMPTY = -1
+# The pairing table: open addressing over (key, tag) slots, linear probing. A tag is
+# device · N_CLASSES + class (``BLOCK`` or ``SEGMENT``), so blocks and segments of one address
+# are separate keys; a slot's value is the index of the live malloc / segment_alloc, or FREED.
+EMPTY = -1  # the tag of an unused slot
+FREED = -1  # the value of a key whose last allocation was freed (a second free is a double free)
+BLOCK, SEGMENT, N_CLASSES = 0, 1, 2
+INITIAL_SLOTS = 1 << 12  # a power of two: the slot index is the hash masked by slots − 1
+# Fibonacci hashing: h = ((addr >> ADDR_SHIFT) · ⌊2^64/φ⌋ mod 2^64) >> HASH_SHIFT. Device
+# allocations are at least 256-byte aligned, so the low ADDR_SHIFT bits carry nothing; the
+# product's high bits mix best, so the low HASH_SHIFT are dropped.
+GOLDEN = 11400714819323198485  # ⌊2^64 / φ⌋
+ADDR_SHIFT = 8
+HASH_SHIFT = 20
 
 
 @njit(cache=True)
 def _slot(keys, tags, addr, tag, mask):  # pragma: no cover - compiled
-    # Open addressing with linear probing; Fibonacci hashing of the address.
-    h = ((addr >> np.uint64(8)) * np.uint64(11400714819323198485)) >> np.uint64(20)
+    """The slot of (addr, tag): where it is, or the empty slot where it goes (linear probing
+    from h & mask, h the Fibonacci hash of the address)."""
+    h = ((addr >> np.uint64(ADDR_SHIFT)) * np.uint64(GOLDEN)) >> np.uint64(HASH_SHIFT)
     j = np.int64(h & np.uint64(mask))
-    while tags[j] != _EMPTY and (keys[j] != addr or tags[j] != tag):
+    while tags[j] != EMPTY and (keys[j] != addr or tags[j] != tag):
         j = (j + 1) & mask
     return j
 
 
 @njit(cache=True)
+def _too_full(used, slots):  # pragma: no cover - compiled
+    """Load factor used / slots above 1/2: probe runs would grow long."""
+    return used * 2 > slots
+
+
+@njit(cache=True)
 def _grow(keys, tags, vals):  # pragma: no cover - compiled
+    """The table rehashed into twice the slots."""
     cap = keys.shape[0] * 2
     nk = np.zeros(cap, np.uint64)
-    nt = np.full(cap, _EMPTY, np.int32)
+    nt = np.full(cap, EMPTY, np.int32)
     nv = np.zeros(cap, np.int64)
     for j in range(keys.shape[0]):
-        if tags[j] != _EMPTY:
+        if tags[j] != EMPTY:
             k = _slot(nk, nt, keys[j], tags[j], cap - 1)
             nk[k] = keys[j]
             nt[k] = tags[j]
@@ -116,14 +136,36 @@ def _grow(keys, tags, vals):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _flag(keep, counts, first, kind, i):  # pragma: no cover - compiled
+    """Event i has issue ``kind``: readers skip it; count it, and keep the first such event."""
+    keep[i] = False
+    counts[kind] += 1
+    if first[kind] < 0:
+        first[kind] = i
+
+
+@njit(cache=True)
+def _live_again(seg):  # pragma: no cover - compiled
+    """The issue of an allocation at an address that is still live."""
+    return IssueKind.SEGMENT_ALLOC_LIVE if seg else IssueKind.MALLOC_LIVE
+
+
+@njit(cache=True)
+def _unpaired_free(seg, seen):  # pragma: no cover - compiled
+    """The issue of a free with no live allocation: a second free when the key was seen, else a
+    free of an address never allocated."""
+    if seg:
+        return IssueKind.SEGMENT_DOUBLE_FREE if seen else IssueKind.SEGMENT_FREE_NOT_LIVE
+    return IssueKind.DOUBLE_FREE if seen else IssueKind.FREE_NOT_LIVE
+
+
+@njit(cache=True)
 def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - compiled
-    # One pass in event order. The table maps (device, class, addr) to the index
-    # of the live malloc / segment_alloc, or to -1 once freed (so a second free
-    # is told apart from a free of an address never seen). Blocks and segments are separate
-    # keys: the tag is device * 2 + (1 for a segment).
-    cap = 1 << 12
+    """One pass in event order over the pairing table: an allocation claims its key (value := i),
+    a free pairs with the value (mate both ways, value := FREED); the rest is flagged."""
+    cap = INITIAL_SLOTS
     keys = np.zeros(cap, np.uint64)
-    tags = np.full(cap, _EMPTY, np.int32)
+    tags = np.full(cap, EMPTY, np.int32)
     vals = np.zeros(cap, np.int64)
     used = 0
     for i in range(op.shape[0]):
@@ -131,39 +173,28 @@ def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - co
         if o == Op.OOM:
             continue
         seg = o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE
-        tag = np.int32(device[i]) * 2 + (1 if seg else 0)
+        tag = np.int32(device[i]) * N_CLASSES + (SEGMENT if seg else BLOCK)
         j = _slot(keys, tags, addr[i], tag, cap - 1)
-        found = tags[j] != _EMPTY
+        seen = tags[j] != EMPTY
+        live = seen and vals[j] != FREED
         if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:
-            if found and vals[j] >= 0:
-                kind = IssueKind.SEGMENT_ALLOC_LIVE if seg else IssueKind.MALLOC_LIVE
-                keep[i] = False
-                counts[kind] += 1
-                if first[kind] < 0:
-                    first[kind] = i
+            if live:
+                _flag(keep, counts, first, _live_again(seg), i)
                 continue
-            if not found:
+            if not seen:
                 keys[j] = addr[i]
                 tags[j] = tag
                 used += 1
             vals[j] = i
-            if used * 2 > cap:
+            if _too_full(used, cap):
                 keys, tags, vals = _grow(keys, tags, vals)
                 cap = keys.shape[0]
-        else:  # free / segment_free
-            if found and vals[j] >= 0:
-                mate[i] = vals[j]
-                mate[vals[j]] = i
-                vals[j] = -1
-            else:
-                if seg:
-                    kind = IssueKind.SEGMENT_DOUBLE_FREE if found else IssueKind.SEGMENT_FREE_NOT_LIVE
-                else:
-                    kind = IssueKind.DOUBLE_FREE if found else IssueKind.FREE_NOT_LIVE
-                keep[i] = False
-                counts[kind] += 1
-                if first[kind] < 0:
-                    first[kind] = i
+        elif live:  # free / segment_free of a live allocation
+            mate[i] = vals[j]
+            mate[vals[j]] = i
+            vals[j] = FREED
+        else:
+            _flag(keep, counts, first, _unpaired_free(seg, seen), i)
 
 
 def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray,
@@ -189,6 +220,7 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
 
 # Beyond this many devices the cross-device check is skipped (it costs one pass per device).
 MAX_DEVICES_CHECKED = 16
+U64_MAX = np.uint64(np.iinfo(np.uint64).max)
 
 
 def _other_device(op: np.ndarray, addr: np.ndarray, device: np.ndarray, keep: np.ndarray,
@@ -196,14 +228,14 @@ def _other_device(op: np.ndarray, addr: np.ndarray, device: np.ndarray, keep: np
     """Among the skipped block frees, count those whose address a malloc on another device
     returned: the trace's devices contradict each other (e.g. a recorder that took the device
     from the wrong source). Counted apart from, and also within, the frees that are not live."""
-    lost = np.flatnonzero(~keep & (op == 1))
+    lost = np.flatnonzero(~keep & (op == Op.FREE))
     devs = np.unique(device[lost]) if len(lost) else device[:0]
     if not len(lost) or len(np.unique(device)) > MAX_DEVICES_CHECKED:
         return
     hit = np.zeros(len(lost), np.bool_)
     for d in devs:
         mine = device[lost] == d
-        elsewhere = addr[(op == 0) & (device != d)]
+        elsewhere = addr[(op == Op.MALLOC) & (device != d)]
         hit[mine] = np.isin(addr[lost[mine]], elsewhere)
     k = IssueKind.FREE_OTHER_DEVICE
     counts[k] = int(hit.sum())
@@ -213,7 +245,7 @@ def _other_device(op: np.ndarray, addr: np.ndarray, device: np.ndarray, keep: np
 
 def _covered(lo: np.ndarray, size: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Per address in ``at``: inside the union of the ranges [lo, lo + size) (lifetimes ignored)."""
-    hi = lo + np.minimum(size, np.uint64((1 << 64) - 1) - lo)  # saturating: no range wraps past 2^64
+    hi = lo + np.minimum(size, U64_MAX - lo)  # saturating: no range wraps past 2^64
     order = np.argsort(lo, kind="stable")
     lo, reach = lo[order], np.maximum.accumulate(hi[order])
     j = np.searchsorted(lo, at, side="right") - 1
@@ -225,11 +257,11 @@ def _block_other_device(op: np.ndarray, addr: np.ndarray, size: np.ndarray, devi
     """Skip mallocs (and their frees) whose address lies in a segment of another device and in
     none of their own: the devices of the trace contradict each other. Address ranges of a device
     are taken over the whole trace, so a block is flagged only where no own segment ever held it."""
-    seg = np.flatnonzero(op == 2)
+    seg = np.flatnonzero(op == Op.SEGMENT_ALLOC)
     devs = np.unique(device[seg])
     if len(devs) < 2 or len(devs) > MAX_DEVICES_CHECKED:
         return
-    blk = np.flatnonzero((op == 0) & keep)
+    blk = np.flatnonzero((op == Op.MALLOC) & keep)
     cov = np.stack([_covered(addr[seg[device[seg] == d]], size[seg[device[seg] == d]], addr[blk])
                     for d in devs])
     own = np.searchsorted(devs, device[blk])
