@@ -58,8 +58,9 @@ def test_handled_and_fatal_from_what_followed():
     assert s.oom is not None and s.oom.seq == 8 and not s.oom.handled and s.oom.site == SITES[1]
     d = s.to_dict()
     assert d["oom_events"] == 4 and d["handled_ooms"] == 3
-    assert d["handled_by"] == [{"site": CONV, "handler": d["handled_by"][0]["handler"], "count": 3,
-                                "sizes": [4 * GiB] * 3}]
+    # One-frame stacks (format 1/2): the user's frame and the request's are the site itself.
+    assert d["handled_by"] == [{"site": CONV, "user_site": CONV, "request_site": CONV,
+                                "handler": d["handled_by"][0]["handler"], "count": 3, "sizes": [4 * GiB] * 3}]
     assert "cuDNN" in d["handled_by"][0]["handler"]
     assert [o["handled"] for o in d["ooms"]] == [True, True, True, False]
     assert {"seq", "device", "size", "site", "diagnosis", "handled"} <= set(d["ooms"][0])
@@ -223,7 +224,8 @@ def test_a_retry_at_the_same_call_site_names_the_caller():
     rows = [(o, a, s, 1 if site == 0 else site, d) for o, a, s, site, d in cudnn_rows()]
     s = analyze_trace(trace_of(rows, TraceMeta.new(Source.TORCH)), timeline=False).summary
     assert [o.handler for o in s.ooms] == [RETRIED, RETRIED, RETRIED, None]
-    assert s.handled_by() == [{"site": SITES[1], "handler": RETRIED, "count": 3, "sizes": [4 * GiB] * 3}]
+    assert s.handled_by() == [{"site": SITES[1], "user_site": SITES[1], "request_site": SITES[1],
+                               "handler": RETRIED, "count": 3, "sizes": [4 * GiB] * 3}]
 
 
 def test_split_devices_equals_select_device():

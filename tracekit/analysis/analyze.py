@@ -3,7 +3,10 @@
 The sequential part (running sums, the largest free block) is one compiled
 pass; everything else is NumPy over whole columns: the state at the OOM is
 rebuilt with masks over the malloc/free pairing, leaks are the mallocs that
-were never freed, grouped by call-site.
+were never freed, grouped by call-site. A call-site is the label of an event's stack
+(``tracekit.trace.callsite``: the user's line and the library line that made the request),
+computed once per distinct stack; ``trees`` adds the live bytes by whole stack
+(``tracekit.analysis.tree``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from tracekit.analysis import largest_free as lf
 from tracekit.analysis.context import DeviceContext, device_context_for
 from tracekit.analysis.diagnosis import OOMFacts, diagnose
 from tracekit.analysis.fatal import fatal_seq, handler, retried_smaller
-from tracekit.analysis.leaks import PoolState, SiteBytes, by_site, leaks, pool_state_at
+from tracekit.analysis.leaks import PoolState, SiteBytes, by_label, leaks, pool_state_at
 from tracekit.analysis.oom_budget import FreeSource, Moment, oom_budget
 from tracekit.analysis.recording import (
     OOMState,
@@ -31,11 +34,14 @@ from tracekit.analysis.recording import (
 )
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
+from tracekit.analysis.tree import TreeInputs, TreeLimits, trees_of
 from tracekit.sim.torch_rules import segment_sizes
+from tracekit.trace.callsite import CallSites, frame_text, stack_ids, stack_table
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
+from tracekit.trace.stacks import UserCode
 
 TOP_SITES = 10
 DETAILED = 64  # OOMs (besides the reported one) that get a pool-state rebuild and a device budget
@@ -58,22 +64,34 @@ class AnalysisResult:
     timeline: pa.Table | None
 
 
-def analyze_trace(trace: Trace, *, timeline: bool = True) -> AnalysisResult:
+@dataclass(frozen=True, eq=False)
+class _Asked:
+    """What every device's analysis shares: the trace's call-sites, and the tree limits (None: no trees)."""
+
+    sites: CallSites
+    trees: TreeLimits | None
+
+
+def analyze_trace(trace: Trace, *, timeline: bool = True, user_code: UserCode = UserCode(),
+                  trees: TreeLimits | None = None) -> AnalysisResult:
     """Analyze a trace, each device on its own; ``timeline=False`` keeps memory to the summary's needs.
 
     A trace of several devices gives one summary per device (``Summary.devices``); the
     top-level figures are those of the device of the reported OOM (the fatal one, else the
     first), or of the device with the highest peak reserved; ``ooms`` lists every device's.
+    ``user_code``: what counts as the user's code in call-site labels; ``trees``: also the
+    live bytes by stack at the peak, the OOMs and the end, under those limits.
     """
     devs = device_ids(trace)
     fatal = fatal_seq(trace.events, trace.meta.extra)
+    asked = _Asked(CallSites.of(stack_table(trace.events), user_code), trees)  # once: devices share it
     if len(devs) <= 1:
-        return _analyze_device(trace, timeline, devs[0] if devs else 0, True, fatal)
+        return _analyze_device(trace, timeline, devs[0] if devs else 0, True, fatal, asked)
     home = home_device(trace.meta.extra, devs)
     parts = []
     for i, (d, sub) in enumerate(split_devices(_with_extras(trace))):
         with progress.part(i, len(devs)):
-            parts.append(_analyze_device(sub, timeline, d, d == home, fatal))
+            parts.append(_analyze_device(sub, timeline, d, d == home, fatal, asked))
     return _combine(parts)
 
 
@@ -102,8 +120,8 @@ def _combine(parts: list[AnalysisResult]) -> AnalysisResult:
     return AnalysisResult(summary=summary, timeline=table)
 
 
-def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal: int | None
-                    ) -> AnalysisResult:
+def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal: int | None,
+                    asked: _Asked) -> AnalysisResult:
     ev, mate = trace.events, trace.mate
     ctx = device_context_for(trace.meta, device, home)
     ooms = np.flatnonzero(ev.op == Op.OOM)
@@ -117,14 +135,46 @@ def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal
     at = _Probed(probes, scan.probed, measured, free_col, extra_column(trace, "pool"))
     start = start_state(trace.meta.extra, ctx.device_total, ctx.free_at_start) if home else None
     states = oom_states(trace.meta.extra)
+    sites = _Sites(asked.sites, stack_ids(ev))
     reports = []
     for n, k in enumerate(ooms):
         lead = n == 0 or (fatal is not None and int(ev.seq[k]) == fatal)
         detail = lead or n < DETAILED
-        reports.append(_oom_report(trace, scan, ctx, int(k), at, start, states, device, fatal, detail, lead))
+        reports.append(_oom_report(trace, scan, ctx, int(k), at, start, states, device, fatal, detail, lead,
+                                   sites))
     oom = next((r for r in reports if not r.handled), reports[0] if reports else None)
-    summary = _summary(trace, scan, ctx, oom, len(ooms))
+    summary = _summary(trace, scan, ctx, oom, len(ooms), sites)
+    if asked.trees is not None:
+        peak = int(scan.stats[lf.PEAK_LIVE_IDX])
+        inputs = TreeInputs(ev, mate, sites.stack, sites.cs.table, sites.cs.roles)
+        trees = trees_of(inputs, peak if peak >= 0 else None,
+                         [(int(k), r.handled) for k, r in zip(ooms, reports, strict=True)], asked.trees)
+        summary = replace(summary, trees=trees)
     return AnalysisResult(summary=replace(summary, ooms=tuple(reports), device=device), timeline=table)
+
+
+@dataclass(frozen=True, eq=False)
+class _Sites:
+    """One device's events by call-site: each event's stack id and its label id (int32)."""
+
+    cs: CallSites
+    stack: np.ndarray
+    label: np.ndarray
+    _request_text: dict[int, str]
+
+    def __init__(self, cs: CallSites, stack: np.ndarray) -> None:
+        object.__setattr__(self, "cs", cs)
+        object.__setattr__(self, "stack", stack)
+        object.__setattr__(self, "label", cs.of_events(stack))
+        object.__setattr__(self, "_request_text", {})
+
+    def request_text(self, stack: int) -> str | None:
+        """The text of the frames that made the request (once per distinct stack): who handled it."""
+        if stack < 0:
+            return None
+        if stack not in self._request_text:
+            self._request_text[stack] = " ".join(frame_text(f) for f in self.cs.request_side(stack))
+        return self._request_text[stack]
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,7 +212,7 @@ def _jw1(fs: np.ndarray) -> float | None:
 
 
 def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport | None,
-             n_ooms: int) -> Summary:
+             n_ooms: int, sites: _Sites) -> Summary:
     ev, st, fs = trace.events, scan.stats, scan.fstats
     n = len(ev)
     peak_req = int(st[lf.PEAK_REQ])
@@ -187,7 +237,7 @@ def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport 
         jw4=ratio_over(peak_res, peak_req),
         oom=oom,
         oom_events=n_ooms,
-        leaks=leaks(ev, trace.mate),
+        leaks=leaks(ev, trace.mate, sites.stack, sites.cs),
         leaked_bytes=int(ev.rounded[never_freed].sum()),
         leaked_blocks=int(np.count_nonzero(never_freed)),
         context=ctx,
@@ -198,7 +248,7 @@ def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport 
 
 def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: _Probed,
                 start: StartState | None, states: dict[int, OOMState], device: int, fatal: int | None,
-                detail: bool, lead: bool) -> OOMReport:
+                detail: bool, lead: bool, sites: _Sites) -> OOMReport:
     """The verdict at the OOM row k; ``detail``: the largest free block the request could use
     is found per stream and pool (else the largest of all); ``lead``: list the top call-sites."""
     ev = trace.events
@@ -216,7 +266,7 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
             usable = _usable(state, int(ev.stream[k]), request, torch and not ctx.expandable_segments,
                              ctx.expandable_segments)
         if lead:
-            top = by_site(state.block_site, state.block_size, ev.sites, TOP_SITES)
+            top = by_label(sites.stack[state.block_index], state.block_size, sites.cs, TOP_SITES)
     st = states.get(seq)
     column = int(at.free_col[k]) if at.free_col is not None and at.free_col[k] >= 0 else None
     # The budget at the OOM needs the device measured there (format v2); without it the
@@ -241,13 +291,16 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
                      pool_reserved=st.pool_total if st is not None else None,
                      takers=budget.takers if budget is not None else "")
     diagnosis, explanation = diagnose(facts, ctx)
+    cs, label, stack = sites.cs, int(sites.label[k]), int(sites.stack[k])
+    frames = tuple(frame_text(f) for f in cs.frames(stack)) if detail and stack >= 0 else ()
     return OOMReport(
         seq=seq, t_ns=int(ev.t_ns[k]), size=int(ev.size[k]), rounded=request,
-        site=ev.site_name(k), stream=int(ev.stream[k]), live_bytes=live, reserved_bytes=reserved,
+        site=cs.name(label), stream=int(ev.stream[k]), live_bytes=live, reserved_bytes=reserved,
         free_in_pool=reserved - live, largest_free_block=lfb, device_free=dev_free,
         diagnosis=diagnosis, explanation=explanation, top_live_sites=top, device=device,
         handled=fatal is None or seq != fatal, device_free_source=source, budget=budget,
-        handler=handler(ev.site_name(k), detail and retried_smaller(ev, k)),
+        handler=handler(sites.request_text(stack), detail and retried_smaller(ev, k, sites.label)),
+        user_site=cs.user_site(label), request_site=cs.request_site(label), stack=frames,
     )
 
 

@@ -10,8 +10,10 @@ The fatal OOM, in order of evidence:
    same device and stream (a program that went on allocating there survived the error).
 
 Every other OOM is *handled* (``handled_rows``: what every live-bytes figure and every
-replay leaves out of what the program needed). Handled OOMs are grouped by call-site; a call-site that
-names a library known to retry with less memory (cuDNN trying smaller convolution
+replay leaves out of what the program needed). Handled OOMs are grouped by call-site (the
+label of their stack: the user's line and the request's line, ``tracekit.trace.callsite``);
+a request whose frames (the request frame and the frames inside it, which handled the error)
+name a library known to retry with less memory (cuDNN trying smaller convolution
 workspaces, cuBLAS, cuFFT plans) says so, and so does the trace itself when the next
 allocation on the OOM's device and stream came from the same call-site and asked for
 less (the caller retried smaller).
@@ -44,16 +46,19 @@ LOOKAHEAD = 64  # mallocs after an OOM searched for the next one on its device a
 
 
 def handler(site: str | None, retried: bool = False) -> str | None:
-    """Who handles an OOM raised at ``site``, where the call-site (or the retry) shows it."""
+    """Who handles an OOM raised at ``site`` (the text of the frames that made the request),
+    where those frames (or the retry) show it."""
     low = (site or "").lower()
     return next((who for key, who in HANDLERS if key in low), RETRIED if retried else None)
 
 
-def retried_smaller(ev: Events, k: int) -> bool:
-    """The next malloc on OOM row k's device and stream is from its call-site and smaller."""
+def retried_smaller(ev: Events, k: int, site: np.ndarray | None = None) -> bool:
+    """The next malloc on OOM row k's device and stream is from its call-site and smaller;
+    ``site``: each event's call-site id (default ``ev.site``; analyze gives its stack's label)."""
+    site = ev.site if site is None else site
     mallocs = np.flatnonzero(ev.op[k + 1: k + 1 + 16 * LOOKAHEAD] == Op.MALLOC) + k + 1
     same = mallocs[(ev.device[mallocs] == ev.device[k]) & (ev.stream[mallocs] == ev.stream[k])][:1]
-    return bool(len(same) and ev.site[k] >= 0 and ev.site[same[0]] == ev.site[k]
+    return bool(len(same) and site[k] >= 0 and site[same[0]] == site[k]
                 and ev.size[same[0]] < ev.size[k])
 
 

@@ -5,18 +5,32 @@ whole trace (no per-event Python), the blocks and segments that are live
 just before event ``k`` runs (for an ``oom`` row: the moment the request
 failed); ``k = len(events)`` gives the state at the end of the trace, which
 is where leaks are read. ``by_site`` groups live blocks by call-site:
-``bytes`` = Σ rounded sizes, ``blocks`` = count, largest first.
+``bytes`` = Σ rounded sizes, ``blocks`` = count, largest first; ``by_label`` groups them by
+the label of their stack (``tracekit.trace.callsite``: the user's line and the library line
+that made the request), so stacks that reach one request line from one user line are one row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
+from tracekit.trace.callsite import CallSites
 from tracekit.trace.events import Events
 from tracekit.trace.schema import Op
+
+
+class SiteBytesJSON(TypedDict):
+    """``site``: the call-site's label; ``user_site``/``request_site``: its user frame and the
+    frame that made the request (``path:line:function``, null where the stack has none)."""
+
+    site: str | None
+    user_site: str | None
+    request_site: str | None
+    bytes: int
+    blocks: int
 
 
 @dataclass(frozen=True)
@@ -26,9 +40,16 @@ class SiteBytes:
     site: str | None
     bytes: int
     blocks: int
+    user_site: str | None = None
+    request_site: str | None = None
+
+    def as_json(self) -> SiteBytesJSON:
+        return SiteBytesJSON(site=self.site, user_site=self.user_site, request_site=self.request_site,
+                             bytes=self.bytes, blocks=self.blocks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"site": self.site, "bytes": self.bytes, "blocks": self.blocks}
+        """``as_json`` as a plain dict, for callers that hold it as one."""
+        return dict(self.as_json())
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,8 +135,20 @@ def pool_state_at(ev: Events, mate: np.ndarray, k: int) -> PoolState:
 def by_site(site: np.ndarray, nbytes: np.ndarray, sites: tuple[str, ...], top: int | None = None
             ) -> tuple[SiteBytes, ...]:
     """Group blocks by call-site: Σ bytes and count per site, most bytes first."""
+    return tuple(SiteBytes(sites[k] if k >= 0 else None, b, n) for k, b, n in _grouped(site, nbytes, top))
+
+
+def by_label(stack: np.ndarray, nbytes: np.ndarray, cs: CallSites, top: int | None = None
+             ) -> tuple[SiteBytes, ...]:
+    """Group blocks by the label of their stack (``stack``: stack ids, -1 none), most bytes first."""
+    return tuple(SiteBytes(cs.name(k), b, n, cs.user_site(k), cs.request_site(k))
+                 for k, b, n in _grouped(cs.of_events(stack), nbytes, top))
+
+
+def _grouped(site: np.ndarray, nbytes: np.ndarray, top: int | None) -> list[tuple[int, int, int]]:
+    """(key, Σ bytes, count) per distinct key (-1: none), most bytes first, exact integer sums."""
     if len(site) == 0:
-        return ()
+        return []
     key = site.astype(np.int64) + 1  # -1 (no site) -> bucket 0
     order = np.argsort(key, kind="stable")
     k = key[order]
@@ -126,14 +159,17 @@ def by_site(site: np.ndarray, nbytes: np.ndarray, sites: tuple[str, ...], top: i
     rank = np.lexsort((keys, -total.astype(np.float64)))
     if top is not None:
         rank = rank[:top]
-    out = [
-        SiteBytes(sites[keys[r] - 1] if keys[r] > 0 else None, int(total[r]), int(count[r]))
-        for r in rank
-    ]
-    return tuple(out)
+    return [(int(keys[r]) - 1, int(total[r]), int(count[r])) for r in rank]
 
 
-def leaks(ev: Events, mate: np.ndarray, top: int | None = 20) -> tuple[SiteBytes, ...]:
-    """Blocks still live at the end of the trace (malloc never freed), by call-site."""
-    b = np.flatnonzero((ev.op == Op.MALLOC) & (mate < 0))
-    return by_site(ev.site[b], ev.rounded[b], ev.sites, top)
+def never_freed(ev: Events, mate: np.ndarray) -> np.ndarray:
+    """Indices of the mallocs never freed (still live at the end of the trace)."""
+    return np.flatnonzero((ev.op == Op.MALLOC) & (mate < 0))
+
+
+def leaks(ev: Events, mate: np.ndarray, stack: np.ndarray, cs: CallSites, top: int | None = 20
+          ) -> tuple[SiteBytes, ...]:
+    """Blocks still live at the end of the trace (malloc never freed), by call-site label;
+    ``stack``: each event's stack id."""
+    b = never_freed(ev, mate)
+    return by_label(stack[b], ev.rounded[b], cs, top)

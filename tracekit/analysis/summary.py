@@ -19,15 +19,64 @@ denominator is 0:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from tracekit.analysis.context import DeviceContext
 from tracekit.analysis.diagnosis import Diagnosis
-from tracekit.analysis.leaks import SiteBytes
+from tracekit.analysis.leaks import SiteBytes, SiteBytesJSON
 from tracekit.analysis.oom_budget import FreeSource, OOMBudget
+from tracekit.analysis.tree import Trees
 from tracekit.units import format_size
 
 HANDLED_SIZES = 5  # requests listed per call-site of handled OOMs
+
+
+class OOMBriefJSON(TypedDict):
+    """An ``ooms`` entry. ``site``: the call-site's label (``tracekit.trace.callsite``: "U in f →
+    R", or one frame as ``path:line:function``); ``user_site``/``request_site``: its user frame
+    and the frame that made the request, ``path:line:function`` (null where there is none)."""
+
+    seq: int
+    t_ns: int
+    device: int
+    stream: int
+    size: int
+    rounded: int
+    site: str | None
+    user_site: str | None
+    request_site: str | None
+    handled: bool
+    handler: str | None
+    live_bytes: int
+    reserved_bytes: int
+    free_in_pool: int | None
+    largest_free_block: int
+    device_free: int | None
+    device_free_bytes: int | None
+    device_free_source: str
+    diagnosis: str
+
+
+class OOMJSON(OOMBriefJSON):
+    """The reported ``oom``: an entry and the state at that moment; ``stack``: its frames,
+    innermost first, as ``path:line:function`` (tracekit's own left out; empty: none recorded)."""
+
+    explanation: str
+    top_live_sites: list[SiteBytesJSON]
+    budget: dict[str, Any] | None
+    stack: list[str]
+
+
+class HandledJSON(TypedDict):
+    """A ``handled_by`` entry: handled OOMs of one call-site (label), who handled them, how many,
+    the first requests (rounded bytes, seq order)."""
+
+    site: str | None
+    user_site: str | None
+    request_site: str | None
+    handler: str | None
+    count: int
+    sizes: list[int]
 
 
 @dataclass(frozen=True)
@@ -59,27 +108,27 @@ class OOMReport:
     device_free_source: FreeSource = FreeSource.UNKNOWN
     budget: OOMBudget | None = None
     handler: str | None = None  # who handled it, where the call-site or a retry shows it
+    user_site: str | None = None  # the user's frame of the call-site (path:line:function)
+    request_site: str | None = None  # the frame that made the request
+    stack: tuple[str, ...] = ()  # every frame, innermost first (the detailed OOMs only)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq, "t_ns": self.t_ns, "device": self.device, "stream": self.stream,
-            "size": self.size, "rounded": self.rounded, "site": self.site,
-            "handled": self.handled, "handler": self.handler, "live_bytes": self.live_bytes,
-            "reserved_bytes": self.reserved_bytes,
-            "free_in_pool": self.free_in_pool if self.free_in_pool >= 0 else None,  # None: see _free_row
-            "largest_free_block": self.largest_free_block, "device_free": self.device_free,
-            "device_free_bytes": self.device_free, "device_free_source": self.device_free_source.value,
-            "diagnosis": self.diagnosis.value, "explanation": self.explanation,
-            "top_live_sites": [s.to_dict() for s in self.top_live_sites],
-            "budget": self.budget.to_dict() if self.budget is not None else None,
-        }
+    def to_dict(self) -> OOMJSON:
+        return OOMJSON(
+            **self.brief(), explanation=self.explanation,
+            top_live_sites=[s.as_json() for s in self.top_live_sites],
+            budget=self.budget.to_dict() if self.budget is not None else None, stack=list(self.stack))
 
-    def brief(self) -> dict[str, Any]:
+    def brief(self) -> OOMBriefJSON:
         """The ``ooms`` list entry: what failed, where, why, and whether it was survived."""
-        d = self.to_dict()
-        for key in ("top_live_sites", "budget", "explanation"):
-            d.pop(key)
-        return d
+        return OOMBriefJSON(
+            seq=self.seq, t_ns=self.t_ns, device=self.device, stream=self.stream, size=self.size,
+            rounded=self.rounded, site=self.site, user_site=self.user_site, request_site=self.request_site,
+            handled=self.handled, handler=self.handler, live_bytes=self.live_bytes,
+            reserved_bytes=self.reserved_bytes,
+            free_in_pool=self.free_in_pool if self.free_in_pool >= 0 else None,  # None: see _free_row
+            largest_free_block=self.largest_free_block, device_free=self.device_free,
+            device_free_bytes=self.device_free, device_free_source=self.device_free_source.value,
+            diagnosis=self.diagnosis.value)
 
 
 @dataclass(frozen=True)
@@ -112,20 +161,23 @@ class Summary:
     ooms: tuple[OOMReport, ...] = ()  # every OOM in seq order (every device's, at the top level)
     device: int | None = None  # the device these figures describe
     devices: tuple[Summary, ...] = ()  # a trace of several devices: each device's own summary
+    trees: Trees | None = None  # live bytes by stack at the peak, the OOMs and the end (--tree)
 
-    def handled_by(self) -> list[dict[str, Any]]:
-        """Handled OOMs grouped by call-site: ``site``, ``handler`` (where it shows), ``count`` and
-        the first requests (``sizes``, rounded bytes, in seq order)."""
-        counts: dict[str | None, int] = {}
-        who: dict[str | None, str | None] = {}
-        sizes: dict[str | None, list[int]] = {}
+    def handled_by(self) -> list[HandledJSON]:
+        """Handled OOMs grouped by call-site (label): ``site``, its ``user_site`` and
+        ``request_site``, ``handler`` (where it shows), ``count`` and the first requests
+        (``sizes``, rounded bytes, in seq order)."""
+        groups: dict[str | None, HandledJSON] = {}
         for o in self.ooms:
             if o.handled:
-                counts[o.site] = counts.get(o.site, 0) + 1
-                who[o.site] = who.get(o.site) or o.handler
-                sizes.setdefault(o.site, []).append(o.rounded)
-        return [{"site": k, "handler": who[k], "count": v, "sizes": sizes[k][:HANDLED_SIZES]}
-                for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
+                g = groups.setdefault(o.site, HandledJSON(
+                    site=o.site, user_site=o.user_site, request_site=o.request_site, handler=None,
+                    count=0, sizes=[]))
+                g["count"] += 1
+                g["handler"] = g["handler"] or o.handler
+                if len(g["sizes"]) < HANDLED_SIZES:
+                    g["sizes"].append(o.rounded)
+        return sorted(groups.values(), key=lambda g: -g["count"])
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -153,6 +205,8 @@ class Summary:
         d["warning_events"] = list(self.warnings)
         if self.devices:
             d["devices"] = [p.to_dict() for p in self.devices]
+        if self.trees is not None:
+            d["trees"] = self.trees.to_dict()
         return d
 
     def to_text(self) -> str:
@@ -194,7 +248,8 @@ class Summary:
             kept = "; ".join(self.warnings)
             rows.append(("warning", f"kept inconsistent events (figures may be off): {kept}"))
         width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+        text = "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+        return text if self.trees is None else f"{text}\n\n{self.trees.to_text()}"
 
     def _oom_rows(self) -> list[tuple[str, str]]:
         o = self.oom
@@ -235,7 +290,7 @@ class Summary:
         return rows
 
 
-def handled_line(h: dict[str, Any]) -> str:
+def handled_line(h: HandledJSON | dict[str, Any]) -> str:
     """"3 x SITE (who: 364.50 MiB, 182.25 MiB, 91.13 MiB)" for one ``handled_by`` entry."""
     shown = ", ".join(format_size(b) for b in h["sizes"]) + (", ..." if h["count"] > len(h["sizes"]) else "")
     who = f"{h['handler']}: " if h["handler"] else "requests "

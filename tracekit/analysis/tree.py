@@ -1,0 +1,350 @@
+"""Live bytes by whole call stack as a tree (an icicle as text): outermost frame first.
+
+``stack_tree(table, stack, nbytes)`` takes the blocks of one moment as two columns (each
+block's stack id, -1 none, and its bytes) and returns a tree of frozen ``TreeNode``s:
+
+- a stack's own bytes ``own[s]`` = Σ bytes of the blocks whose stack is ``s`` (one vector
+  sum, no Python object per block);
+- hidden frames (tracekit's always; C/C++ ``NATIVE`` frames unless ``TreeLimits.native``)
+  give their bytes to the nearest shown frame outside them, and stacks that read alike once
+  they are left out (the same shown frame under the same node) are one node;
+- a node's ``bytes`` = its own + Σ its children's (rolled up through ``parent``, innermost
+  level first), so the root holds Σ ``nbytes``; ``blocks`` likewise;
+- children are sorted by bytes, largest first; a child is kept while its share of the root
+  is at least ``min_share``, it is among the first ``max_children``, it is no deeper than
+  ``max_depth`` and the tree holds fewer than ``max_nodes`` nodes (nodes are opened largest
+  first, so the budget goes to the biggest branches); what is cut is counted in the parent's
+  ``more`` (children) and ``more_bytes`` (their bytes).
+
+Blocks with no stack sit under the root as "(no call stack)"; with C/C++ frames collapsed,
+those whose every frame is C/C++ as "(C/C++ frames only)".
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import TypedDict
+
+import numpy as np
+
+from tracekit.analysis.leaks import never_freed, pool_state_at
+from tracekit.inputs import safe_text
+from tracekit.trace.callsite import FrameRoles, nearest
+from tracekit.trace.events import Events
+from tracekit.trace.stacks import NONE, Frame, StackTable, UserCode
+from tracekit.units import format_size
+
+NO_STACK = "(no call stack)"
+NATIVE_ONLY = "(C/C++ frames only)"
+OOM_TREES = 8  # OOMs that get a tree: the fatal one, then the first handled ones
+
+
+@dataclass(frozen=True)
+class TreeLimits:
+    """How much of a tree is kept (see the module docstring); ``native``: show C/C++ frames."""
+
+    min_share: float = 0.01
+    max_depth: int = 40
+    max_children: int = 8
+    max_nodes: int = 120
+    native: bool = False
+
+
+class TreeNodeJSON(TypedDict):
+    """One node: ``frame`` as text, the frame's parts (null for the root and the buckets),
+    ``bytes``/``blocks`` at or under it, largest child first, and what was cut."""
+
+    frame: str
+    file: str | None
+    line: int | None
+    function: str | None
+    kind: str | None
+    user: bool
+    bytes: int
+    blocks: int
+    children: list[TreeNodeJSON]
+    more: int
+    more_bytes: int
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """A frame (None: the root or a bucket named by ``text``) and the bytes held at or under it."""
+
+    text: str
+    frame: Frame | None
+    user: bool
+    bytes: int
+    blocks: int
+    children: tuple[TreeNode, ...] = ()
+    more: int = 0  # children cut (each with its subtree)
+    more_bytes: int = 0
+
+    def to_dict(self) -> TreeNodeJSON:
+        f = self.frame
+        return TreeNodeJSON(
+            frame=self.text, file=f.file if f else None, line=f.line if f and f.line >= 0 else None,
+            function=f.function if f else None, kind=f.kind.name.lower() if f else None, user=self.user,
+            bytes=self.bytes, blocks=self.blocks, children=[c.to_dict() for c in self.children],
+            more=self.more, more_bytes=self.more_bytes)
+
+    def count(self) -> int:
+        """Nodes in the tree, this one included."""
+        return 1 + sum(c.count() for c in self.children)
+
+
+def node_text(f: Frame) -> str:
+    """``file:line in function`` (``file in function`` without a line; the file alone without both)."""
+    if not f.function:
+        return f.short()
+    return f"{f.short()} in {f.function}"
+
+
+@dataclass(frozen=True, eq=False)
+class _Rolled:
+    """Nodes as arrays: index < n_stacks are canonical stacks, then the two buckets."""
+
+    parent: np.ndarray  # node id of the parent node, -1: the root
+    bytes: np.ndarray  # int64 inclusive
+    blocks: np.ndarray  # int64 inclusive
+    own: np.ndarray  # int64 bytes of blocks ending at the node
+    depth: np.ndarray  # int64, 1 for a child of the root
+
+
+def stack_tree(table: StackTable, stack: np.ndarray, nbytes: np.ndarray, limits: TreeLimits = TreeLimits(),
+               roles: FrameRoles | None = None) -> TreeNode:
+    """The tree of ``nbytes`` by ``stack`` (parallel columns; see the module docstring)."""
+    roles = roles if roles is not None else FrameRoles.of(table, UserCode())
+    r = _roll_up(table, np.asarray(stack, np.int64), np.asarray(nbytes).astype(np.int64), limits, roles)
+    return _build(table, r, limits, roles)
+
+
+def _roll_up(table: StackTable, stack: np.ndarray, nbytes: np.ndarray, limits: TreeLimits,
+             roles: FrameRoles) -> _Rolled:
+    ns = table.n_stacks
+    n_nodes = ns + 2  # + the "no stack" and "C/C++ only" buckets
+    no_stack, native_only = ns, ns + 1
+    hidden = roles.tracekit | (roles.native & (not limits.native))
+    shown = ~hidden[table.frame] if ns else np.zeros(0, bool)
+    eff = nearest(table.parent, shown)  # the shown stack a stack's own bytes go to
+    ext = np.append(eff, NONE)
+    outer = ext[table.parent]  # the nearest shown stack strictly outside
+    canon = _canonical(table, shown, outer)
+    # Each block's node: its stack's shown stack, canonical; the buckets where there is none.
+    valid = stack >= 0
+    node = np.full(len(stack), no_stack, np.int64)
+    target = np.where(eff >= 0, canon[np.maximum(eff, 0)], native_only)
+    node[valid] = target[stack[valid]]
+    own = np.zeros(n_nodes, np.int64)
+    np.add.at(own, node, nbytes)
+    blocks = np.bincount(node, minlength=n_nodes).astype(np.int64)
+    parent = np.full(n_nodes, NONE, np.int64)
+    parent[:ns] = np.where(outer >= 0, canon[np.maximum(outer, 0)], NONE)
+    depth = _depths(parent)
+    inc, incb = own.copy(), blocks.copy()
+    is_node = np.zeros(n_nodes, bool)
+    is_node[:ns] = shown & (canon == np.arange(ns))
+    is_node[ns:] = True
+    for d in range(int(depth.max(initial=0)), 1, -1):  # innermost level first
+        at = np.flatnonzero(is_node & (depth == d))
+        np.add.at(inc, parent[at], inc[at])
+        np.add.at(incb, parent[at], incb[at])
+    inc[~is_node] = 0
+    incb[~is_node] = 0
+    return _Rolled(parent, inc, incb, own, depth)
+
+
+def _canonical(table: StackTable, shown: np.ndarray, outer: np.ndarray) -> np.ndarray:
+    """Per stack, the first shown stack with the same shown frame under the same canonical
+    node (level by level, outermost first); hidden stacks keep their own id (unused)."""
+    ns = table.n_stacks
+    canon = np.arange(ns, dtype=np.int64)
+    level = _depths(np.where(shown, outer, NONE).astype(np.int64))
+    for d in range(1, int(level.max(initial=0)) + 1):
+        at = np.flatnonzero(shown & (level == d))
+        up = np.where(outer[at] >= 0, canon[np.maximum(outer[at], 0)], NONE)
+        keys = np.stack([up, table.frame[at].astype(np.int64)], axis=1)
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        canon[at] = at[first][inverse.reshape(-1)]
+    return canon
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """1 + the number of nodes between a node and the root (parent -1 = the root): one vector
+    step per level."""
+    n = len(parent)
+    depth = np.ones(n, np.int64)
+    ext = np.append(parent, NONE)
+    p = parent.copy()
+    while True:
+        up = p >= 0
+        if not up.any():
+            return depth
+        depth[up] += 1
+        p = np.where(up, ext[np.where(up, p, n)], NONE)
+
+
+def _build(table: StackTable, r: _Rolled, limits: TreeLimits, roles: FrameRoles) -> TreeNode:
+    """Open nodes largest first under the limits, then freeze them bottom-up."""
+    total = int(r.bytes[r.parent < 0].sum()) if len(r.bytes) else 0
+    live = np.flatnonzero(r.bytes > 0)
+    order = live[np.lexsort((-r.bytes[live], r.parent[live]))]  # by parent, largest first
+    par = r.parent[order]
+    floor = limits.min_share * total
+
+    def kids(p: int) -> np.ndarray:
+        lo, hi = np.searchsorted(par, p, "left"), np.searchsorted(par, p, "right")
+        return order[lo:hi]
+
+    kept: dict[int, list[int]] = {}
+    cut: dict[int, tuple[int, int]] = {}
+    budget = limits.max_nodes
+    heap: list[tuple[int, int]] = [(-total, NONE)]
+    while heap:
+        _, p = heapq.heappop(heap)
+        ch = kids(p)
+        depth = int(r.depth[p]) if p >= 0 else 0
+        take = [] if depth >= limits.max_depth else \
+            [int(c) for c in ch[:limits.max_children] if r.bytes[c] >= floor and r.bytes[c] > 0]
+        take = take[:max(budget, 0)]
+        budget -= len(take)
+        kept[p] = take
+        rest = ch[len(take):]
+        cut[p] = (len(rest), int(r.bytes[rest].sum()))
+        for c in take:
+            heapq.heappush(heap, (-int(r.bytes[c]), c))
+
+    def freeze(p: int) -> TreeNode:
+        children = tuple(freeze(c) for c in kept.get(p, []))
+        more, more_bytes = cut.get(p, (0, 0))
+        if p < 0:
+            return TreeNode("everything", None, False, total, int(r.blocks[r.parent < 0].sum()),
+                            children, more, more_bytes)
+        if p >= table.n_stacks:
+            text = NO_STACK if p == table.n_stacks else NATIVE_ONLY
+            return TreeNode(text, None, False, int(r.bytes[p]), int(r.blocks[p]), children, more, more_bytes)
+        f = int(table.frame[p])
+        frame = table.frame_at(f)
+        return TreeNode(node_text(frame), frame, bool(roles.user[f]), int(r.bytes[p]), int(r.blocks[p]),
+                        children, more, more_bytes)
+
+    return freeze(NONE)
+
+
+def tree_lines(root: TreeNode, title: str) -> list[str]:
+    """The tree as text, one line per node: ``bytes  share  frame`` indented by depth, the user's
+    frames marked ``*``, each frame's text escaped for a terminal, "… N more (X)" where cut."""
+    lines = [f"{format_size(root.bytes):>11}  {share_of(root.bytes, root.bytes):>6}  {title}"]
+    total = root.bytes
+
+    def share(b: int) -> str:
+        return share_of(b, total)
+
+    def walk(n: TreeNode, depth: int) -> None:
+        pad = "  " * depth
+        for c in n.children:
+            mark = "*" if c.user else " "
+            lines.append(f"{format_size(c.bytes):>11}  {share(c.bytes):>6} {mark}{pad}{safe_text(c.text)}")
+            walk(c, depth + 1)
+        if n.more:
+            lines.append(f"{'':>11}  {'':>6}  {pad}  … {n.more:,} more ({format_size(n.more_bytes)})")
+
+    walk(root, 1)
+    return lines
+
+
+def share_of(part: int, total: int) -> str:
+    """``part / total`` as a percentage with one decimal, "n/a" for an empty total."""
+    return f"{part / total:.1%}" if total > 0 else "n/a"
+
+
+class OOMTreeJSON(TypedDict):
+    seq: int
+    handled: bool
+    tree: TreeNodeJSON
+
+
+class TreesJSON(TypedDict):
+    """``analyze --tree --json``'s ``trees``: live bytes by stack at the peak of live bytes (after
+    event ``peak_seq``), before each OOM that has a tree (``ooms``; ``ooms_without_tree`` more
+    have none), and never freed; ``native_collapsed``: C/C++ frames folded into their caller."""
+
+    peak_seq: int | None
+    peak: TreeNodeJSON | None
+    ooms: list[OOMTreeJSON]
+    ooms_without_tree: int
+    never_freed: TreeNodeJSON
+    native_collapsed: bool
+
+
+@dataclass(frozen=True)
+class OOMTree:
+    seq: int
+    handled: bool
+    tree: TreeNode
+
+
+@dataclass(frozen=True)
+class Trees:
+    """The trees of one device's trace (see ``TreesJSON``)."""
+
+    peak_seq: int | None
+    peak: TreeNode | None
+    ooms: tuple[OOMTree, ...]
+    ooms_without_tree: int
+    never_freed: TreeNode
+    native_collapsed: bool
+
+    def to_dict(self) -> TreesJSON:
+        return TreesJSON(
+            peak_seq=self.peak_seq, peak=self.peak.to_dict() if self.peak is not None else None,
+            ooms=[OOMTreeJSON(seq=o.seq, handled=o.handled, tree=o.tree.to_dict()) for o in self.ooms],
+            ooms_without_tree=self.ooms_without_tree, never_freed=self.never_freed.to_dict(),
+            native_collapsed=self.native_collapsed)
+
+    def to_text(self) -> str:
+        note = "; C/C++ frames folded into their caller (--tree-native shows them)" \
+            if self.native_collapsed else ""
+        out = [f"live bytes by call stack, outermost frame first (* = your code{note})"]
+        if self.peak is not None:
+            out += ["", *tree_lines(self.peak, f"live at the peak of live bytes (after seq {self.peak_seq})")]
+        for o in self.ooms:
+            fate = "handled" if o.handled else "fatal"
+            out += ["", *tree_lines(o.tree, f"live at the {fate} OOM at seq {o.seq} (before the request)")]
+        if self.ooms_without_tree:
+            out += ["", f"... and {self.ooms_without_tree:,} more OOMs without a tree"]
+        out += ["", *tree_lines(self.never_freed, "never freed (live at the end)")]
+        return "\n".join(out)
+
+
+@dataclass(frozen=True, eq=False)
+class TreeInputs:
+    """One device's events and what its trees need: each event's stack id, the table, the roles."""
+
+    ev: Events
+    mate: np.ndarray
+    stack: np.ndarray
+    table: StackTable
+    roles: FrameRoles
+
+
+def trees_of(t: TreeInputs, peak: int | None, ooms: list[tuple[int, bool]], limits: TreeLimits) -> Trees:
+    """The trees at the peak (event index ``peak``: the blocks live after it), before each OOM
+    (``ooms``: (event index, handled), seq order; the fatal one and the first handled ones up to
+    ``OOM_TREES``) and at the end (blocks never freed)."""
+    def at(k: int) -> TreeNode:
+        state = pool_state_at(t.ev, t.mate, k)
+        return stack_tree(t.table, t.stack[state.block_index], state.block_size, limits, t.roles)
+
+    fatal = [o for o in ooms if not o[1]]
+    chosen = sorted(fatal[:1] + [o for o in ooms if o[1]][:OOM_TREES - len(fatal[:1])])
+    end = never_freed(t.ev, t.mate)
+    native = bool(np.any(t.roles.native)) and not limits.native
+    return Trees(
+        peak_seq=int(t.ev.seq[peak]) if peak is not None else None,
+        peak=at(peak + 1) if peak is not None else None,
+        ooms=tuple(OOMTree(int(t.ev.seq[k]), handled, at(k)) for k, handled in chosen),
+        ooms_without_tree=len(ooms) - len(chosen),
+        never_freed=stack_tree(t.table, t.stack[end], t.ev.rounded[end], limits, t.roles),
+        native_collapsed=native)
