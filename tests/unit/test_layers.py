@@ -36,7 +36,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("budget", "device", "record"),
     ("analysis",),
     ("advise",),
-    ("report", "fleet"),
+    ("report", "fleet", "export"),
     ("cli",),
 )
 FOUNDATION = "tracekit"  # the top-level modules (errors.py, units.py, ...): below every room

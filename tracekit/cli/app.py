@@ -52,7 +52,7 @@ NoArgsIsHelpError: Any = _no_args_is_help_error()  # a click exception: format_m
 
 VERBS = (
     "info", "synth", "replay", "analyze", "whatif", "advise", "record", "recover", "budget",
-    "importer", "report", "fleet",
+    "importer", "report", "export", "fleet",
 )
 
 

@@ -1,0 +1,165 @@
+"""The moments an export shows: which blocks were live when, weighted by bytes, grouped by stack.
+
+Every moment is a set of ``malloc`` rows, each weighing its ``rounded`` bytes (what the allocator
+handed out, as every live-bytes figure of tracekit counts it), summed per stack:
+
+- ``PEAK``: the blocks live just after the event at which the device's live bytes are highest
+  (the first such event), one moment per device. live(k) = Σ rounded of mallocs i ≤ k whose paired
+  free comes after k (``tracekit.trace.live.live_bytes``), so the moment's total equals the
+  analyzer's peak live bytes.
+- ``FATAL_OOM`` / ``HANDLED_OOM``: the blocks live on the OOM's device just before its ``oom`` row
+  (the moment the request failed: ``tracekit.analysis.pool_state_at``). The fatal OOM is always
+  kept; handled ones in seq order up to ``max_ooms`` in all, the rest counted (``omitted_ooms``).
+- ``NEVER_FREED``: every malloc without a paired free, all devices.
+- ``ALLOCATED``: every malloc of the trace, all devices (freed or not): where the bytes were asked for.
+
+Per stack: ``bytes`` = Σ rounded (uint64, exact), ``blocks`` = how many. Sums over NumPy columns, one
+Python step per distinct stack (a few thousand), none per event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from tracekit.analysis.fatal import fatal_seq
+from tracekit.analysis.leaks import pool_state_at
+from tracekit.trace.events import Events
+from tracekit.trace.live import live_bytes, paired_frees
+from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
+from tracekit.trace.stacks import StackTable
+
+MAX_OOMS = 16  # OOM moments exported per trace (the fatal one first); the rest are counted
+
+
+def event_stacks(ev: Events) -> tuple[np.ndarray, StackTable]:
+    """Each event's stack id (-1: none) and the stack table they index.
+
+    Until events carry whole stacks, a call-site is a one-frame stack whose id is the site id.
+    """
+    return ev.site, StackTable.from_sites(ev.sites)
+
+
+class MomentKind(StrEnum):
+    PEAK = "peak"
+    FATAL_OOM = "fatal_oom"
+    HANDLED_OOM = "handled_oom"
+    NEVER_FREED = "never_freed"
+    ALLOCATED = "allocated"
+
+
+@dataclass(frozen=True, eq=False)
+class Moment:
+    """One weighted set of blocks: distinct ``stack`` ids with their ``bytes`` and ``blocks``."""
+
+    kind: MomentKind
+    title: str
+    seq: int | None  # the event the moment is read at (None: the whole trace)
+    device: int | None  # None: every device
+    stack: np.ndarray  # int32, distinct, ascending; -1 = no stack recorded
+    bytes: np.ndarray  # uint64, Σ rounded per stack
+    blocks: np.ndarray  # int64, mallocs per stack
+
+    @property
+    def total(self) -> int:
+        """Σ bytes over the moment (exact)."""
+        return int(self.bytes.sum(dtype=np.uint64)) if len(self.bytes) else 0
+
+
+@dataclass(frozen=True, eq=False)
+class Selection:
+    """What an export shows of one trace."""
+
+    moments: tuple[Moment, ...]
+    stacks: StackTable
+    omitted_ooms: int  # handled OOMs beyond MAX_OOMS, not exported
+
+
+def by_stack(stack: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct stacks ascending, Σ bytes per stack as uint64, count per stack)."""
+    if not len(stack):
+        return np.zeros(0, np.int32), np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    order = np.argsort(stack, kind="stable")
+    s = stack[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    total = np.add.reduceat(nbytes[order].astype(np.uint64), starts)
+    count = np.diff(np.r_[starts, len(s)]).astype(np.int64)
+    return s[starts].astype(np.int32), total, count
+
+
+def select(trace: Trace, *, max_ooms: int = MAX_OOMS) -> Selection:
+    """The moments of ``trace`` (see the module docstring), in the order an export lists them:
+    peaks, the fatal OOM, handled OOMs, never freed, all allocated."""
+    ev, mate = trace.events, trace.mate
+    stack, table = event_stacks(ev)
+    devices = [int(d) for d in np.unique(ev.device)]
+    many = len(devices) > 1
+    weigh = _Weigher(stack, ev.rounded)
+    out = []
+    for d in devices:
+        k, rows = _peak(ev, mate, d)
+        if k >= 0:
+            seq = int(ev.seq[k])
+            out.append(weigh(MomentKind.PEAK, f"live at the peak, seq {seq}{_on(d, many)}", rows, seq, d))
+    ooms, omitted = _ooms(ev, trace.meta.extra, max_ooms)
+    for k, fatal in ooms:
+        d = int(ev.device[k])
+        state = pool_state_at(ev, mate, k)
+        rows = state.block_index[ev.device[state.block_index] == ev.device[k]]
+        seq = int(ev.seq[k])
+        what, kind = ("fatal OOM", MomentKind.FATAL_OOM) if fatal else ("handled OOM", MomentKind.HANDLED_OOM)
+        out.append(weigh(kind, f"live at the {what}, seq {seq}{_on(d, many)}", rows, seq, d))
+    malloc = ev.op == Op.MALLOC
+    out.append(weigh(MomentKind.NEVER_FREED, "never freed", np.flatnonzero(malloc & (mate < 0)), None, None))
+    out.append(weigh(MomentKind.ALLOCATED, "all bytes allocated", np.flatnonzero(malloc), None, None))
+    return Selection(tuple(out), table, omitted)
+
+
+@dataclass(frozen=True, eq=False)
+class _Weigher:
+    """Makes a Moment of malloc rows: their stacks and rounded bytes, summed per stack."""
+
+    stack: np.ndarray
+    rounded: np.ndarray
+
+    def __call__(self, kind: MomentKind, title: str, rows: np.ndarray, seq: int | None,
+                 device: int | None) -> Moment:
+        s, b, c = by_stack(self.stack[rows], self.rounded[rows])
+        return Moment(kind, title, seq, device, s, b, c)
+
+
+def _on(device: int, many: bool) -> str:
+    return f", device {device}" if many else ""
+
+
+def _peak(ev: Events, mate: np.ndarray, device: int) -> tuple[int, np.ndarray]:
+    """The first event of ``device``'s highest live bytes and the malloc rows live just after it;
+    (-1, none) when the device never holds a byte."""
+    mine = ev.device == device
+    counted = (ev.op == Op.MALLOC) & mine
+    live = live_bytes(ev.rounded, counted, paired_frees(ev.op, mate) & mine, mate)
+    if not len(live) or int(live.max()) <= 0:
+        return -1, np.zeros(0, np.int64)
+    k = int(np.argmax(live))
+    head = slice(0, k + 1)
+    return k, np.flatnonzero(counted[head] & ((mate[head] < 0) | (mate[head] > k)))
+
+
+def _ooms(ev: Events, extra: Mapping[str, Any], max_ooms: int) -> tuple[list[tuple[int, bool]], int]:
+    """(row, is fatal) of the OOMs to export, the fatal one first, then handled ones in seq order;
+    and how many handled OOMs were left out."""
+    rows = np.flatnonzero(ev.op == Op.OOM)
+    if not len(rows):
+        return [], 0
+    fatal = fatal_seq(ev, extra)
+    is_fatal = ev.seq[rows] == np.uint64(fatal) if fatal is not None else np.zeros(len(rows), bool)
+    chosen = [(int(k), True) for k in rows[is_fatal]]
+    handled = rows[~is_fatal]
+    room = max(max_ooms - len(chosen), 0)
+    chosen += [(int(k), False) for k in handled[:room]]
+    return chosen, max(len(handled) - room, 0)

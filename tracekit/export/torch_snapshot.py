@@ -1,0 +1,190 @@
+"""A trace as a PyTorch memory snapshot: the dict ``torch.cuda.memory._snapshot()`` returns, pickled.
+
+So a CuPy recording (or any trace) opens in PyTorch's MemoryViz (https://pytorch.org/memory_viz) and
+``python -m torch.cuda._memory_viz``. Plain pickle protocol 4 of builtins only (no PyTorch class, no
+global): ``tracekit.export.pickle_writer``. Shape (what ``docs/pytorch.md`` says the importer reads):
+
+- ``device_traces[d]``: device ``d``'s history in seq order, one dict per entry with ``action``,
+  ``addr``, ``size``, ``stream``, ``time_us`` and ``frames`` ([{filename, line, name}], innermost
+  first, shared between entries of one stack; line 0 where the trace has none):
+  ``malloc`` → ``alloc`` (``size`` = the request); ``free`` → ``free_requested`` then
+  ``free_completed`` (``size`` = its malloc's request, as PyTorch records it); ``segment_alloc`` /
+  ``segment_free`` → the same; ``oom`` → ``oom`` (``size`` = the rounded request, ``addr`` 0,
+  ``device_free`` = the free bytes measured at the OOM, -1 where the trace has none).
+  ``time_us`` = ⌊t_ns / 1000⌋.
+- ``segments``: the segments live at the end of the trace, each with its ``blocks`` in address
+  order tiling it exactly: each block live at the end (``active_allocated``, ``size`` = rounded,
+  ``requested_size`` = the request, its frames) and each gap between them (``inactive``), so
+  Σ block sizes = ``total_size`` as PyTorch's own checks (``_memory_viz`` stats) require. A trace
+  without segment rows (raw cudaMalloc) has none.
+- ``allocator_settings``: a PyTorch trace's own settings (``torch_allocator_settings``), else absent.
+- ``tracekit``: the device name and total, free bytes at start, the pool limit (``allowed_bytes``)
+  and the command, which ``tracekit import torch`` reads back and PyTorch ignores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from tracekit.analysis.recording import extra_column
+from tracekit.export.moments import event_stacks
+from tracekit.export.pickle_writer import Kind, Memo, Name, Ref, Writer, plain_blob, write_entries
+from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
+from tracekit.trace.stacks import StackTable
+
+CHUNK = 1 << 18  # trace rows per pass of the compiled writer (its buffer stays ~60 MB)
+SMALL_SEGMENT = 2 << 20  # PyTorch's small-pool segments are 2 MiB
+_KIND = np.array([Kind.ALLOC, Kind.FREE_COMPLETED, Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.OOM],
+                 np.int64)  # by Op code; a free's first copy becomes FREE_REQUESTED
+_KEYS = {Name.ACTION: "action", Name.ADDR: "addr", Name.SIZE: "size", Name.STREAM: "stream",
+         Name.TIME_US: "time_us", Name.FRAMES: "frames", Name.DEVICE_FREE: "device_free"}
+
+
+def frames_of(table: StackTable, stack: int) -> list[dict[str, Any]]:
+    """PyTorch's frames of ``stack``, innermost first (``line`` 0 where unknown)."""
+    return [{"filename": f.file, "line": max(f.line, 0), "name": f.function} for f in table.frames(stack)]
+
+
+class _Stacks:
+    """Memo items of the frame lists: one per stack id (index ``n_stacks`` = no stack: [])."""
+
+    def __init__(self, memo: Memo, table: StackTable) -> None:
+        self.items = np.array([memo.item(("frames", s), plain_blob(frames_of(table, s)))
+                               for s in range(table.n_stacks)] + [memo.item(("frames", -1), b"]")],
+                              np.int64)
+
+    def of(self, stack: np.ndarray) -> np.ndarray:
+        """The memo item of each stack id (-1 picks the last: the empty list)."""
+        return self.items[stack]
+
+
+def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> None:
+    """Pickle ``trace`` as a snapshot into the binary file ``f`` (see the module docstring)."""
+    ev = trace.events
+    stack, table = event_stacks(ev)
+    memo = Memo()
+    stacks = _Stacks(memo, table)
+    names = np.zeros(Name.KIND0 + len(Kind), np.int64)
+    for pos, key in _KEYS.items():
+        names[pos] = memo.string(key)
+    for k in Kind:
+        names[Name.KIND0 + k] = memo.string(k.action)
+    w = Writer(f, memo)
+    top: dict[str, Any] = {"segments": final_segments(trace, stack, stacks)}
+    w.raw(b"}(")  # the top-level dict and the mark of its items (EMPTY_DICT, MARK)
+    for key, value in top.items():
+        w.obj(key)
+        w.obj(value)
+    w.obj("device_traces")
+    _device_traces(w, trace, stack, stacks, names)
+    settings = trace.meta.extra.get("torch_allocator_settings")
+    if isinstance(settings, dict):
+        w.obj("allocator_settings")
+        w.obj(settings)
+    w.obj("tracekit")
+    w.obj(tracekit_record(trace, exporter))
+    w.raw(b"u")  # SETITEMS
+    w.end()
+
+
+def _device_traces(w: Writer, trace: Trace, stack: np.ndarray, stacks: _Stacks, names: np.ndarray) -> None:
+    """The list of every device's history (index = device ordinal, empty lists between)."""
+    ev = trace.events
+    n_dev = int(ev.device.max()) + 1 if len(ev) else 1
+    free_col = extra_column(trace, "device_free")
+    w.raw(b"](")  # EMPTY_LIST, MARK
+    for d in range(n_dev):
+        w.raw(b"]")
+        rows = np.flatnonzero(ev.device == d)
+        for lo in range(0, len(rows), CHUNK):
+            write_entries(w, entry_columns(trace, rows[lo: lo + CHUNK], stack, stacks, free_col), names)
+    w.raw(b"e")  # APPENDS
+
+
+def entry_columns(trace: Trace, rows: np.ndarray, stack: np.ndarray, stacks: _Stacks,
+                  free_col: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The history entries of trace ``rows`` as columns (a free is two entries)."""
+    ev, mate = trace.events, trace.mate
+    op = ev.op[rows]
+    idx = np.repeat(rows, np.where(op == Op.FREE, 2, 1))
+    first = np.r_[True, idx[1:] != idx[:-1]] if len(idx) else np.zeros(0, bool)
+    o = ev.op[idx]
+    kind = _KIND[o]
+    kind[(o == Op.FREE) & first] = Kind.FREE_REQUESTED
+    m = mate[idx]
+    size = ev.size[idx].copy()
+    paired = (o == Op.FREE) & (m >= 0)
+    size[paired] = ev.size[m[paired]]  # PyTorch records a free with its block's request
+    oom = o == Op.OOM
+    size[oom] = ev.rounded[idx[oom]]
+    addr = np.where(oom, np.uint64(0), ev.addr[idx])
+    device_free = np.full(len(idx), -1, np.int64)
+    if free_col is not None:
+        device_free[oom] = free_col[idx[oom]]
+    return {"kind": kind, "addr": addr, "size": size, "stream": ev.stream[idx],
+            "time_us": ev.t_ns[idx] // 1000, "frames": stacks.of(stack[idx]), "device_free": device_free}
+
+
+def final_segments(trace: Trace, stack: np.ndarray, stacks: _Stacks) -> list[dict[str, Any]]:
+    """The segments live at the end, each tiled by its live blocks and the gaps between them.
+
+    One dict per live segment and per block in it (the allocator's state at the end, not one per
+    event). A block that lies in no live segment of its device stays in the history only."""
+    ev, mate = trace.events, trace.mate
+    segs = np.flatnonzero((ev.op == Op.SEGMENT_ALLOC) & (mate < 0))
+    blocks = np.flatnonzero((ev.op == Op.MALLOC) & (mate < 0))
+    blocks = blocks[np.lexsort((ev.addr[blocks], ev.device[blocks]))]
+    b_dev, b_addr = ev.device[blocks].astype(np.int64), ev.addr[blocks]
+    empty = Ref(int(stacks.items[-1]))
+    out = []
+    for s in segs[np.lexsort((ev.addr[segs], ev.device[segs]))].tolist():
+        d, base, total = int(ev.device[s]), int(ev.addr[s]), int(ev.size[s])
+        lo = np.searchsorted(b_dev, d, "left")
+        hi = np.searchsorted(b_dev, d, "right")
+        a = lo + int(np.searchsorted(b_addr[lo:hi], np.uint64(base), "left"))
+        z = lo + int(np.searchsorted(b_addr[lo:hi], np.uint64(base + total), "left"))
+        tiles, cursor, active, requested = [], base, 0, 0
+        for b in blocks[a:z].tolist():
+            start, size = int(ev.addr[b]), int(ev.rounded[b])
+            if start < cursor:  # overlaps the block before it: the trace contradicts itself here
+                continue
+            size = min(size, base + total - start)
+            if start > cursor:
+                tiles.append(_block(cursor, start - cursor, 0, "inactive", empty))
+            tiles.append(_block(start, size, int(ev.size[b]), "active_allocated",
+                                Ref(int(stacks.of(stack[b: b + 1])[0]))))
+            cursor, active, requested = start + size, active + size, requested + int(ev.size[b])
+        if cursor < base + total:
+            tiles.append(_block(cursor, base + total - cursor, 0, "inactive", empty))
+        out.append({
+            "device": d, "address": base, "total_size": total, "allocated_size": active,
+            "active_size": active, "requested_size": requested, "stream": int(ev.stream[s]),
+            "segment_type": "small" if total <= SMALL_SEGMENT else "large", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": Ref(int(stacks.of(stack[s: s + 1])[0])), "blocks": tiles,
+        })
+    return out
+
+
+def _block(addr: int, size: int, requested: int, state: str, frames: Ref) -> dict[str, Any]:
+    return {"address": addr, "size": size, "requested_size": requested, "state": state, "frames": frames}
+
+
+def tracekit_record(trace: Trace, exporter: str) -> dict[str, Any]:
+    """The top-level ``tracekit`` key: what ``tracekit import torch`` reads back into the metadata."""
+    meta = trace.meta
+    rec: dict[str, Any] = {"exporter": exporter, "source": meta.source.value}
+    if trace.path is not None:
+        rec["trace"] = Path(trace.path).name
+    dev = meta.device
+    pairs = {
+        "device_name": dev.name if dev else None, "total_bytes": dev.total_bytes if dev else None,
+        "free_bytes_at_start": dev.free_bytes if dev else None, "allowed_bytes": meta.pool_limit_bytes,
+        "command": meta.command, "torch_version": meta.versions.get("torch"),
+        "cuda_version": meta.versions.get("cuda"),
+    }
+    rec.update({k: v for k, v in pairs.items() if v is not None})
+    return rec
