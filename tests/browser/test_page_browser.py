@@ -171,7 +171,7 @@ def test_hostile_call_sites_render_as_text(browser: Any, pages: dict[str, Path])
     p = o.page
     assert o.errors == []
     assert p.locator("img").count() == 0 and p.locator("#pwn").count() == 0
-    assert p.locator("script").count() == 3  # the model and the two inlined scripts, nothing injected
+    assert p.locator("script").count() == 4  # the model and the three inlined scripts, nothing injected
     legend = p.text_content("#legend") or ""
     for s in ("evil/<script>alert(1)</script>.py:1 in f", "x.py:2 in </style><b id=pwn>bold</b>",
               'y.py:3 in "><img src=x onerror=alert(1)>'):

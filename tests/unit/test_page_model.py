@@ -6,6 +6,15 @@ blocks (event indices 1..8, call-site i % 3), the even ones freed (events 9..12)
 events 2, 4, 6, 8 (offsets 8, 24, 40, 56 MiB) and the largest free block is 8 MiB.
 The state the page would show is rebuilt here from the model's columns alone (``replay``:
 keyframe, then the window's events) and compared with the analyzer's ``pool_state_at``.
+
+The stacks trace (``stacks_trace``) has the same shape with whole call stacks and blocks of
+different sizes: frames main (train.py:100), step (train.py:88), _call_impl (torch, installed),
+forward (model.py:30), conv (torch, installed), c10::cuda::malloc (C++), deepcopy (Python's
+copy.py); stacks s0 = main, s1 = s0 > step, s2 = s1 > _call_impl, s3 = s2 > forward,
+s4 = s3 > conv, s5 = s4 > malloc, s6 = s1 > deepcopy. Eight blocks fill the 64 MiB segment, rounded
+8, 4, 8, 12, 8, 8, 4, 12 MiB at stacks s5, s4, s6, s5, s3, s1, s5, s6; blocks 0, 2, 4, 6 are freed;
+then a 16 MiB request at s5 fails (fatal). ``FLAME_AT_OOM`` and ``FLAME_AT_PEAK`` are the worked
+flame graphs (MiB held by each path, root first) at the OOM and at the peak (after event 8).
 """
 
 from __future__ import annotations
@@ -23,11 +32,12 @@ import pytest
 from tracekit.analysis import analyze_trace
 from tracekit.analysis.leaks import pool_state_at
 from tracekit.report.page import lod, state, write_page
-from tracekit.report.page.callsites import parse_site
+from tracekit.report.page.callsites import stacks_of
 from tracekit.report.page.columns import column, decode
 from tracekit.report.page.data import build_model
 from tracekit.report.page.html import csp, model_json, page
-from tracekit.trace import Op, read_trace, write_trace
+from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, read_trace, write_trace
+from tracekit.trace.stacks import FrameKind, StackTable, UserCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))  # shared hand-built traces
 from test_report import SITES, hand_trace
@@ -40,12 +50,81 @@ HOSTILE = (
 )
 
 
+FRAMES = (  # file, line, function, kind
+    ("train.py", 100, "main", FrameKind.USER),
+    ("train.py", 88, "step", FrameKind.USER),
+    ("/venv/lib/python3.12/site-packages/torch/nn/modules/module.py", 1500, "_call_impl", FrameKind.LIBRARY),
+    ("model.py", 30, "forward", FrameKind.USER),
+    ("/venv/lib/python3.12/site-packages/torch/functional.py", 77, "conv", FrameKind.LIBRARY),
+    ("c10/cuda/CUDACachingAllocator.cpp", 12, "c10::cuda::malloc", FrameKind.NATIVE),
+    ("/usr/lib/python3.12/copy.py", 10, "deepcopy", FrameKind.STDLIB),
+)
+PARENT = (-1, 0, 1, 2, 3, 4, 1)  # stack s = frame s called from stack PARENT[s]
+SIZES_MIB = (8, 4, 8, 12, 8, 8, 4, 12)
+BLOCK_STACK = (5, 4, 6, 5, 3, 1, 5, 6)
+BASE = 1 << 32
+ALL, MAIN, STEP, CALL, FWD, CONV, C10, COPY = ("all", "main", "step", "_call_impl", "forward", "conv",
+                                                "c10::cuda::malloc", "deepcopy")
+# Worked by hand from the docstring: live at the OOM are blocks 1 (4 MiB, s4), 3 (12, s5), 5 (8, s1)
+# and 7 (12, s6).
+FLAME_AT_OOM = {
+    (ALL,): 36, (ALL, MAIN): 36, (ALL, MAIN, STEP): 36, (ALL, MAIN, STEP, CALL): 16,
+    (ALL, MAIN, STEP, CALL, FWD): 16, (ALL, MAIN, STEP, CALL, FWD, CONV): 16,
+    (ALL, MAIN, STEP, CALL, FWD, CONV, C10): 12, (ALL, MAIN, STEP, COPY): 12,
+}
+# At the peak every block is live: s1 holds 8 directly, deepcopy 8 + 12, forward 8 + conv (4 + 8 + 12 + 4).
+FLAME_AT_PEAK = {
+    (ALL,): 64, (ALL, MAIN): 64, (ALL, MAIN, STEP): 64, (ALL, MAIN, STEP, CALL): 36,
+    (ALL, MAIN, STEP, CALL, FWD): 36, (ALL, MAIN, STEP, CALL, FWD, CONV): 28,
+    (ALL, MAIN, STEP, CALL, FWD, CONV, C10): 24, (ALL, MAIN, STEP, COPY): 20,
+}
+
+
+def stacks_trace(path: Path, frames: tuple[tuple[str, int, str, FrameKind], ...] = FRAMES) -> Path:
+    """The stacks trace of the module docstring (14 events), written as trace format v3."""
+    table = StackTable.build([f[0] for f in frames], [f[1] for f in frames], [f[2] for f in frames],
+                             [int(f[3]) for f in frames], range(len(frames)), PARENT)
+    off = np.concatenate(([0], np.cumsum(SIZES_MIB)[:-1]))
+    rows = [(Op.SEGMENT_ALLOC, BASE, 64 * MiB, 0, -1)]
+    rows += [(Op.MALLOC, BASE + int(off[i]) * MiB, SIZES_MIB[i] * MiB - 100, SIZES_MIB[i] * MiB,
+              BLOCK_STACK[i]) for i in range(8)]
+    rows += [(Op.FREE, BASE + int(off[i]) * MiB, SIZES_MIB[i] * MiB - 100, 0, -1) for i in (0, 2, 4, 6)]
+    rows += [(Op.OOM, 0, 16 * MiB, 16 * MiB, 5)]
+    op, addr, size, rounded, stack = (np.array(c) for c in zip(*rows, strict=True))
+    ev = Events.build(op=op, size=size, addr=addr, rounded=rounded, stack=stack, stacks=table,
+                      t_ns=np.arange(len(op), dtype=np.int64) * 250_000_000)
+    meta = TraceMeta.new(Source.SYNTHETIC, device=DeviceInfo("Test GPU", 80 * MiB, 70 * MiB))
+    write_trace(path, meta, ev)
+    return path
+
+
+def flame_of(model: dict[str, Any], k: int) -> dict[tuple[str, ...], int]:
+    """MiB held by each path (root "all", then function names outermost first) right after event k:
+    every live block's rounded bytes added to each prefix of its stack's path, the stack walked
+    through the model's STACK table (independent of the page's roll-up through ``parent``)."""
+    blocks = model["state"]["blocks"]
+    malloc, rounded, stack = decode(blocks["malloc"]), decode(blocks["rounded"]), decode(blocks["stack"])
+    live, _ = replay(model, k)
+    out: dict[tuple[str, ...], int] = {}
+    for b in np.flatnonzero(np.isin(malloc, live)):
+        names, s = [], int(stack[b])
+        while s >= 0:
+            names.append(model["frames"]["function"][model["stacks"]["frame"][s]])
+            s = model["stacks"]["parent"][s]
+        path = ("all", *reversed(names))
+        for i in range(1, len(path) + 1):
+            out[path[:i]] = out.get(path[:i], 0) + int(rounded[b])
+    return {p: v // MiB for p, v in out.items()}
+
+
 def page_trace(path: Path, sites: tuple[str, ...] = SITES, *, oom: bool = True) -> Path:
     """The trace of the module docstring (``test_report.hand_trace``), call-sites replaced by ``sites``."""
     hand_trace(path, oom=oom)
     if sites != SITES:
         t = read_trace(path)
-        write_trace(path, t.meta, dataclasses.replace(t.events, sites=sites))
+        ev = t.events
+        write_trace(path, t.meta, dataclasses.replace(ev, sites=sites, stack=ev.site,
+                                                      stacks=StackTable.from_sites(sites)))
     return path
 
 
@@ -192,11 +271,48 @@ def test_segment_of_handles_a_segment_taken_again_at_the_same_address() -> None:
     assert state.segment_of(b_addr, b_at, s_addr, s_size, s_at, s_end, 20).tolist() == [0, 1, 2, -1]
 
 
-def test_parse_site() -> None:
-    assert parse_site("tv/models/resnet.py:151:forward") == ("tv/models/resnet.py", 151, "forward")
-    assert parse_site("a.py:12") == ("a.py", 12, "")
-    assert parse_site("<unknown>") == ("<unknown>", -1, "")
-    assert parse_site("C:/x/a.py:3:f") == ("C:/x/a.py", 3, "f")
+def test_one_frame_sites_are_one_frame_stacks(tmp_path: Path) -> None:
+    """A format-2 trace: frame i is site i parsed, stack i is frame i alone, kinds and user flags follow
+    the path; the blocks and the OOM name the site ids as stack ids."""
+    sites = ("model/a.py:10:weights", "/x/site-packages/tv/resnet.py:151:forward", "<unknown>")
+    m = read_model(write_page(page_trace(tmp_path / "t.parquet", sites), tmp_path / "t.html"))
+    assert m["frames"]["file"] == ["model/a.py", "/x/site-packages/tv/resnet.py", "<unknown>"]
+    assert m["frames"]["line"] == [10, 151, -1] and m["frames"]["function"] == ["weights", "forward", ""]
+    assert m["frames"]["kind"] == [FrameKind.USER, FrameKind.LIBRARY, FrameKind.USER]
+    assert m["frames"]["user"] == [True, False, True] and m["frames"]["kinds"][FrameKind.NATIVE] == "native"
+    assert m["stacks"] == {"frame": [0, 1, 2], "parent": [-1, -1, -1]} and m["user_code"] == []
+    assert decode(m["state"]["blocks"]["stack"]).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert [o["stack"] for o in ooms(m)] == [2]
+
+
+def test_whole_stacks_reach_the_model(tmp_path: Path) -> None:
+    """The stacks trace: the FRAME and STACK tables are the trace's own, the blocks and the OOM name
+    stack ids, and the bytes rolled up along each path are the worked flame graphs."""
+    path = stacks_trace(tmp_path / "s.parquet")
+    m = read_model(write_page(path, tmp_path / "s.html"))
+    table, stack = stacks_of(read_trace(path).events)
+    assert table.n_stacks == 7 and stack.tolist()[1:9] == list(BLOCK_STACK)
+    F = m["frames"]
+    assert F["function"] == [f[2] for f in FRAMES] and F["line"] == [f[1] for f in FRAMES]
+    assert F["kind"] == [int(f[3]) for f in FRAMES]
+    assert F["user"] == [True, True, False, True, False, False, False]
+    assert m["stacks"] == {"frame": list(range(7)), "parent": list(PARENT)}
+    assert decode(m["state"]["blocks"]["stack"]).tolist() == list(BLOCK_STACK)
+    (o,) = ooms(m)
+    assert (o["stack"], o["index"], o["handled"]) == (5, 13, False)
+    assert flame_of(m, 13) == FLAME_AT_OOM
+    assert flame_of(m, m["peak"]["live_index"]) == FLAME_AT_PEAK and m["peak"]["live_index"] == 8
+    assert flame_of(m, 13) == flame_of(m, m["timeline"]["n"] - 1)  # never freed: live at the end
+
+
+def test_user_code_paths_decide_whose_frames(tmp_path: Path) -> None:
+    """``--user-code PATH``: exactly the frames under PATH are the user's, whatever their kind."""
+    path = stacks_trace(tmp_path / "s.parquet")
+    trace = read_trace(path)
+    uc = UserCode.of(["/venv/lib/python3.12/site-packages/torch"])
+    m = build_model(trace, analyze_trace(trace), "s", user_code=uc)
+    assert m["frames"]["user"] == [False, False, True, False, True, False, False]
+    assert m["user_code"] == list(uc.prefixes)
 
 
 def test_hostile_call_sites_stay_data(tmp_path: Path) -> None:
@@ -205,7 +321,7 @@ def test_hostile_call_sites_stay_data(tmp_path: Path) -> None:
     text = out.read_text(encoding="utf-8")
     body = text.split('id="model">', 1)[1].split("</script>", 1)[0]
     assert "<" not in body  # every < is \u003c inside the JSON
-    assert "<img" not in text and "<b id=pwn>" not in text and text.count("<script") == 3
+    assert "<img" not in text and "<b id=pwn>" not in text and text.count("<script") == 4
     m = read_model(out)
     assert m["frames"]["file"][0] == "evil/<script>alert(1)</script>.py"
     assert m["frames"]["function"][2] == '"><img src=x onerror=alert(1)>'

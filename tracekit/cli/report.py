@@ -30,8 +30,14 @@ def report(
     advise: bool = typer.Option(
         False, "--advise", help="Also add `tracekit advise`: the settings that fit (slower)."
     ),
+    user_code: list[str] = typer.Option(
+        [], "--user-code", metavar="PATH",
+        help="Frames under PATH are your code (repeatable) [default: frames outside installed "
+        "packages and Python's own library].",
+    ),
 ) -> None:
-    """One HTML page the browser draws: timeline, allocator state at any event, budget, tables."""
+    """One HTML page the browser draws: timeline, allocator state and flame graph at any event, budget,
+    tables."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.cli.common import terminal_progress, wrote
     from tracekit.errors import UsageError
@@ -46,7 +52,7 @@ def report(
     what = whatif_json if whatif_json is not None else (True if whatif else None)
     with terminal_progress("report"):
         path = write_page(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,
-                          advise=advise)
+                          advise=advise, user_code=user_code)
     wrote(path)
     if png is not None:
         wrote(png)

@@ -9,6 +9,7 @@ file with the model as JSON and the page's scripts inlined (``tracekit.report.pa
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tracekit import progress
 from tracekit.inputs import safe_text
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.trace import read_meta, read_trace
+from tracekit.trace.stacks import UserCode
 
 
 def write_page(
@@ -28,13 +30,15 @@ def write_page(
     whatif: Any = None,
     force: bool = False,
     advise: bool = False,
+    user_code: Sequence[str] = (),
 ) -> Path:
     """Write the page for ``trace_path`` to ``output``; ``whatif``: True (run it), a result, or its JSON path.
 
     ``png_dir``: also the matplotlib figures as PNG files there (``tracekit.report.build``),
     drawn from the same analysis and what-if result. Existing outputs are refused unless
     ``force``; an input never is an output. A bad baseline or what-if file fails before the
-    trace is analysed.
+    trace is analysed. ``user_code``: the paths whose frames are the user's code (``--user-code``;
+    none: the frames the recorder saw outside installed packages and Python's own library).
     """
     from tracekit.analysis import analyze_trace
     from tracekit.report.page.data import build_model
@@ -73,6 +77,7 @@ def write_page(
             baseline=base,
             whatif=wd,
             advise=_advise(trace) if advise else None,
+            user_code=UserCode.of(user_code),
         )
         doc = page(model)
     if png_dir is not None:

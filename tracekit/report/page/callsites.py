@@ -1,16 +1,22 @@
-"""Call-sites as interned frames and stacks: a FRAME table and a STACK table.
+"""Call stacks for the page: the trace's frame table and stack table, as the page's JSON.
 
-A frame is (file, line, function), parsed from a trace call-site ``file:line:function``
-(a site that does not parse is kept whole as the file, line -1, function ""). A stack is
-a leaf frame and the stack it was called from (-1: none), so whole call stacks share
-their common outer part. A trace of format 1 or 2 records one frame per event: stack
-``i`` is then frame ``i`` with no parent, and the stack id of an event is its ``site``
-index unchanged. Colours go to stacks by bytes x lifetime (``report.blocks.rank_sites``).
+The one model of whole call stacks is ``tracekit.trace.stacks.StackTable``: frame ``f`` is
+(file, line, function, kind), stack ``s`` is frame ``frame[s]`` called from stack
+``parent[s]`` (-1: outermost; ``parent[s] < s``). Every event names one stack id (-1 none).
+A trace of format 1 or 2 carries one frame per event; its sites read as one-frame stacks whose
+ids are the site ids (``StackTable.from_sites``), so the page has one model for every trace.
+Each frame also says whether it is the user's code (``UserCode``: by default the frames of
+kind USER; with ``--user-code PATH`` exactly those under PATH). Colours go to stacks by
+bytes x lifetime (``report.blocks.rank_sites``).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from tracekit.report.page.model import Frames, Stacks
+from tracekit.trace import Events
+from tracekit.trace.stacks import FrameKind, StackTable, UserCode
 
 # Colour-blind-safe qualitative palette (Okabe-Ito, then Tableau's extras); grey means "other".
 PALETTE: tuple[str, ...] = (
@@ -28,19 +34,23 @@ PALETTE: tuple[str, ...] = (
     "#7f3c8d",
 )
 
-
-def parse_site(site: str) -> tuple[str, int, str]:
-    """``"a/b.py:151:forward"`` -> ``("a/b.py", 151, "forward")``; anything else -> ``(site, -1, "")``."""
-    parts = site.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit():
-        return parts[0], int(parts[1]), parts[2]
-    if len(parts) >= 2 and parts[-1].isdigit():  # "file:line" without a function
-        return site.rsplit(":", 1)[0], int(parts[-1]), ""
-    return site, -1, ""
+KIND_NAMES: list[str] = [k.name.lower() for k in FrameKind]  # index = FrameKind value
 
 
-def one_frame_stacks(sites: tuple[str, ...]) -> tuple[Frames, Stacks]:
-    """Frame and stack tables for a trace whose call-sites are one frame each."""
-    parsed = [parse_site(s) for s in sites]
-    frames = Frames(file=[p[0] for p in parsed], line=[p[1] for p in parsed], function=[p[2] for p in parsed])
-    return frames, Stacks(frame=list(range(len(sites))), parent=[-1] * len(sites))
+def stacks_of(events: Events) -> tuple[StackTable, np.ndarray]:
+    """The trace's stack table and the stack id of every event (int32, -1 none): ``events.stacks`` and
+    ``events.stack`` (a format-1/2 trace's sites as one-frame stacks, ids = site ids)."""
+    return events.stacks, events.stack
+
+
+def page_stacks(table: StackTable, user: UserCode) -> tuple[Frames, Stacks]:
+    """The FRAME and STACK tables of the page's model."""
+    frames = Frames(
+        file=list(table.file),
+        line=table.line.tolist(),
+        function=list(table.function),
+        kind=table.kind.tolist(),
+        user=user.mask(table).tolist(),
+        kinds=KIND_NAMES,
+    )
+    return frames, Stacks(frame=table.frame.tolist(), parent=table.parent.tolist())

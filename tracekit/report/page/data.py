@@ -9,6 +9,7 @@ for the reported device (the fatal OOM's); every device's OOMs are listed.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from tracekit.analysis.summary import OOMReport, Summary
 from tracekit.report import blocks as blk
 from tracekit.report.page import lod
 from tracekit.report.page.budget import budget_view
-from tracekit.report.page.callsites import PALETTE, one_frame_stacks
+from tracekit.report.page.callsites import PALETTE, page_stacks, stacks_of
 from tracekit.report.page.columns import column
 from tracekit.report.page.model import (
     Baseline,
@@ -32,8 +33,9 @@ from tracekit.report.page.model import (
     Verdict,
 )
 from tracekit.report.page.state import build_state
-from tracekit.trace import Trace
+from tracekit.trace import Op, Trace
 from tracekit.trace.devices import device_ids, select_device
+from tracekit.trace.stacks import UserCode
 from tracekit.units import format_size
 
 
@@ -55,11 +57,17 @@ def index_of(seq_col: np.ndarray, seq: int | None) -> int | None:
 DETAILS = 1000  # OOMs (besides the reported one) whose explanation and budget the page carries
 
 
+def oom_stacks(trace: Trace, stack: np.ndarray) -> dict[int, int]:
+    """The stack id of every oom row of the trace (every device's), by seq."""
+    oi = np.flatnonzero(trace.events.op == Op.OOM)
+    return dict(zip(trace.events.seq[oi].tolist(), stack[oi].tolist(), strict=True))
+
+
 def oom_columns(
-    ooms: tuple[OOMReport, ...], seq_col: np.ndarray, device: int, t0: int, stack_of: dict[str, int]
+    ooms: tuple[OOMReport, ...], seq_col: np.ndarray, device: int, t0: int, stack_of: dict[int, int]
 ) -> OOMColumns:
     """Every OOM as columns: one pass over the analyzer's reports into a float64 table (exact: bytes,
-    seq and ns are below 2^53), then one column per field."""
+    seq and ns are below 2^53), then one column per field; ``stack_of``: the stack id by the OOM's seq."""
     names = sorted({o.diagnosis.value for o in ooms})
     code = {n: i for i, n in enumerate(names)}
     rows = [
@@ -71,7 +79,7 @@ def oom_columns(
             o.rounded,
             o.handled,
             code[o.diagnosis.value],
-            stack_of.get(o.site, -1) if o.site else -1,
+            stack_of.get(o.seq, -1),
             o.live_bytes,
             o.reserved_bytes,
             o.largest_free_block,
@@ -169,20 +177,24 @@ def build_model(
     baseline: tuple[str, Trace, Any] | None = None,
     whatif: dict[str, Any] | None = None,
     advise: dict[str, Any] | str | None = None,
+    user_code: UserCode | None = None,
 ) -> PageModel:
-    """The whole data model of the page for ``trace`` and its ``analysis`` (``AnalysisResult``)."""
+    """The whole data model of the page for ``trace`` and its ``analysis`` (``AnalysisResult``);
+    ``user_code``: what counts as the user's code (default: the frames of kind USER)."""
     s: Summary = analysis.summary
     several = len(device_ids(trace)) > 1
     dev = s.device if s.device is not None else (device_ids(trace) or [0])[0]
     sub = select_device(trace, dev) if several else trace
     ev = sub.events
     seq_col = ev.seq
-    stack_of = {site: i for i, site in enumerate(ev.sites)}
+    user = user_code if user_code is not None else UserCode()
+    table, all_stacks = stacks_of(trace.events)
+    stack = stacks_of(ev)[1] if several else all_stacks
     t0 = int(ev.t_ns[0]) if len(ev) else 0
     details = oom_details(s)
     rows = device_rows(analysis.timeline, dev, several)
     ctx = s.context
-    frames, stacks = one_frame_stacks(ev.sites)
+    frames, stacks = page_stacks(table, user)
     peak = Peak(
         live_bytes=s.peak_live_bytes,
         live_seq=s.peak_live_seq,
@@ -191,7 +203,7 @@ def build_model(
         reserved_seq=s.peak_reserved_seq,
         reserved_index=index_of(seq_col, s.peak_reserved_seq),
     )
-    ooms = oom_columns(s.ooms, seq_col, dev, t0, stack_of)
+    ooms = oom_columns(s.ooms, seq_col, dev, t0, oom_stacks(trace, all_stacks))
     tables = _site_tables(sub, s, peak)
     tables += _extra_tables(whatif, advise)
     first_budget = next((d["budget"] for d in details if d["budget"] is not None), None)
@@ -217,10 +229,12 @@ def build_model(
         peak=peak,
         frames=frames,
         stacks=stacks,
-        site_rank=[int(x) for x in blk.rank_sites(blk.blocks(sub), len(ev.sites))],
+        user_code=list(user.prefixes),
+        site_rank=stack_rank(sub, stack, table.n_stacks),
         palette=list(PALETTE),
         state=build_state(
             sub,
+            stack,
             [peak["live_index"], peak["reserved_index"]],
             np.fromiter((o.seq for o in s.ooms), np.uint64, len(s.ooms)),
         ),
@@ -228,6 +242,12 @@ def build_model(
         tables=tables,
         baseline=None if baseline is None else baseline_view(s, rows, *baseline),
     )
+
+
+def stack_rank(sub: Trace, stack: np.ndarray, n_stacks: int) -> list[int]:
+    """Stack ids by bytes x lifetime of their blocks, largest first (``blocks.rank_sites`` by stack)."""
+    b = blk.blocks(sub)
+    return [int(x) for x in blk.rank_sites(dataclasses.replace(b, site=stack[b.start]), n_stacks)]
 
 
 def _site_tables(sub: Trace, s: Summary, peak: Peak) -> list[TableView]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from tracekit.report.page.model import PageModel
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-SCRIPTS = ("uPlot.iife.min.js", "page.js")
+SCRIPTS = ("uPlot.iife.min.js", "flame.js", "page.js")
 STYLES = ("uPlot.min.css", "page.css")
 
 
@@ -91,6 +91,12 @@ of events, so no spike is hidden.</p>
 <canvas id="map" width="1200" height="320"></canvas>
 <div id="request"></div><canvas id="request-bar" width="1200" height="12" hidden></canvas>
 <div id="legend" class="legend"></div>
+</section>
+<section id="s-flame"><h2>Flame graph: what holds the live bytes</h2>
+<p class="help">The blocks live at the selected event by call stack: the root on top, each frame below the
+one that called it, as wide as the bytes it and what it calls hold. Click a frame to zoom into it, click it
+(or an ancestor) again to zoom out; hover for its file, line, bytes and share. Keys: p peak, f fatal OOM,
+[ / ] previous / next OOM, e the end (what was never freed), Escape the whole graph.</p>
 </section>
 <section id="s-budget"><h2>The device budget</h2><div id="budget"></div></section>
 <section id="s-facts"><h2>Summary</h2><table id="facts" class="t"></table></section>

@@ -119,15 +119,21 @@ class Peak(TypedDict):
 
 
 class Frames(TypedDict):
-    """Column-wise: frame ``i`` is (file[i], line[i], function[i]); line -1 when unknown."""
+    """The FRAME table, column-wise: frame ``i`` is (file[i], line[i], function[i]) of kind ``kind[i]``
+    (``kinds[kind[i]]``: user, library, stdlib, native; ``tracekit.trace.stacks.FrameKind``);
+    ``user[i]``: the frame is the user's code (``UserCode``, ``--user-code PATH``); line -1 when unknown."""
 
     file: list[str]
     line: list[int]
     function: list[str]
+    kind: list[int]
+    user: list[bool]
+    kinds: list[str]  # the kind names, index = kind
 
 
 class Stacks(TypedDict):
-    """Stack ``i`` = frame ``frame[i]`` called from stack ``parent[i]`` (-1: outermost)."""
+    """The STACK table: stack ``i`` = frame ``frame[i]`` called from stack ``parent[i]`` (-1: outermost);
+    ``parent[i] < i``, so a walk outwards ends and a pass from the last id down rolls bytes up."""
 
     frame: list[int]
     parent: list[int]
@@ -252,6 +258,7 @@ class PageModel(TypedDict):
     peak: Peak
     frames: Frames
     stacks: Stacks
+    user_code: list[str]  # the --user-code paths ([]: the frames of kind user are the user's code)
     site_rank: list[int]  # stack ids by bytes x lifetime, largest first (the first ones get the palette)
     palette: list[str]
     state: State

@@ -131,8 +131,9 @@ def oom_ids(seq: np.ndarray, oom_seq: np.ndarray) -> np.ndarray:
     return np.where(oom_seq[j] == seq, j, -1)
 
 
-def build_state(trace: Trace, peaks: list[int | None], oom_seq: np.ndarray) -> State:
-    """The state tables of ``trace`` (one device); ``oom_seq``: every OOM's seq, ascending (ids = rows)."""
+def build_state(trace: Trace, stack: np.ndarray, peaks: list[int | None], oom_seq: np.ndarray) -> State:
+    """The state tables of ``trace`` (one device); ``stack``: the stack id of each of its events (-1 none);
+    ``oom_seq``: every OOM's seq, ascending (ids = rows)."""
     ev = trace.events
     n = len(ev)
     t0 = int(ev.t_ns[0]) if n else 0
@@ -169,7 +170,7 @@ def build_state(trace: Trace, peaks: list[int | None], oom_seq: np.ndarray) -> S
         complete=len(wins) == 1 and wins[0][0] == 0 and wins[0][1] == n,
         kept=len(kept),
         note=_note(n, len(kept), wins),
-        blocks=_blocks(trace, bi[bsel], bend[bsel], si, send, t0),
+        blocks=_blocks(trace, stack, bi[bsel], bend[bsel], si, send, t0),
         segments=_segments(trace, si, send, t0),
         events=EventColumns(
             index=column(kept, "i32", delta=True),
@@ -190,7 +191,13 @@ def _opt(values: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 
 def _blocks(
-    trace: Trace, bi: np.ndarray, bend: np.ndarray, si: np.ndarray, send: np.ndarray, t0: int
+    trace: Trace,
+    stack: np.ndarray,
+    bi: np.ndarray,
+    bend: np.ndarray,
+    si: np.ndarray,
+    send: np.ndarray,
+    t0: int,
 ) -> Blocks:
     ev = trace.events
     seg = segment_of(ev.addr[bi], bi, ev.addr[si], ev.size[si], si, send, len(ev))
@@ -199,7 +206,7 @@ def _blocks(
         addr=column(ev.addr[bi].astype(np.float64), "f64"),
         size=column(ev.size[bi].astype(np.float64), "f64"),
         rounded=column(ev.rounded[bi].astype(np.float64), "f64"),
-        stack=column(ev.site[bi], "i32"),
+        stack=column(stack[bi], "i32"),
         segment=column(seg, "i32"),
         malloc=column(bi, "i32", delta=True),
         free=column(bend, "i32"),

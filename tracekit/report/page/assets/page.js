@@ -80,6 +80,11 @@
     for (let i = 0; s >= 0 && i < 256; i++) { out.push(frameText(M.stacks.frame[s])); s = M.stacks.parent[s]; }
     return out;
   }
+  /* The innermost frame of stack s that is the user's code (-1 none). */
+  function userFrame(s) {
+    for (let i = 0; s >= 0 && i < 256; i++) { const f = M.stacks.frame[s]; if (M.frames.user[f]) return f; s = M.stacks.parent[s]; }
+    return -1;
+  }
   const siteText = (s) => (s >= 0 ? frameText(M.stacks.frame[s]) : "(no call-site)");
   const rankOf = new Map();
   let colourOf = null;
@@ -344,6 +349,8 @@
     const st = stackLines(B.stack[b]);
     lines.push("call-site: " + (st[0] || "(no call-site)"));
     for (const s of st.slice(1)) lines.push("  from " + s);
+    const mine = userFrame(B.stack[b]);
+    if (mine >= 0 && st.length > 1) lines.push("your code: " + frameText(mine));
     lines.push("malloc: seq " + B.malloc_seq[b] + " at " + fmtTime(B.malloc_t[b]));
     lines.push(B.free[b] >= 0 ? "free: seq " + B.free_seq[b] + " at " + fmtTime(B.free_t[b]) : "never freed");
     if (B.segment[b] >= 0) lines.push("in segment " + hex(M.state.segments.addr[B.segment[b]]));
@@ -369,6 +376,7 @@
 
   /* ---------- selecting an event ---------- */
   let current = -1;
+  let FL = null; // the flame graph (flame.js)
   let plot = null;
   function eventFacts(k) {
     const E = M.state.events, p = lowerBound(E.index, k);
@@ -386,6 +394,7 @@
     const f = eventFacts(kept);
     const o = f.op === OP.OOM && f.ref >= 0 ? oom(f.ref) : null;
     drawRequest(o, L);
+    if (FL) FL.draw(st, { oom: o, when: whenText(kept, f, o) });
     $("scrub").value = String(kept);
     $("scrub-seq").value = String(f.seq);
     $("at").textContent = "event " + kept.toLocaleString() + ", seq " + f.seq + " (" + OPNAMES[f.op] + ") at " +
@@ -397,6 +406,21 @@
     placeCurrent();
   }
   T.select = select;
+  function whenText(k, f, o) {
+    const at = "after event " + k.toLocaleString() + " (seq " + f.seq + ")";
+    if (o) return "at the " + (o.handled ? "handled" : "fatal") + " OOM, " + at;
+    if (k === M.peak.live_index) return "at the peak of live bytes, " + at;
+    if (k === M.timeline.n - 1) return "at the end (never freed), " + at;
+    return at;
+  }
+  /* The next (d = 1) or previous (d = -1) OOM of the drawn device from the selected event. */
+  function stepOOM(d) {
+    if (!onDevIdx.length) return;
+    let j = d > 0 ? lowerBound(onDevIdx, current + 1) : lowerBound(onDevIdx, current) - 1;
+    j = Math.max(0, Math.min(onDevIdx.length - 1, j));
+    T.selectOOM(onDevId[j]);
+  }
+  T.stepOOM = stepOOM;
   T.selectSeq = function (seq) {
     const E = M.state.events;
     let p = lowerBound(E.seq, seq);
@@ -775,6 +799,9 @@
     facts();
     legend();
     oomStrip();
+    FL = window.tracekitFlame(M, { el, fmtBytes, showTip, hideTip });
+    FL.mount($("s-flame"), { select, selectOOM: T.selectOOM, oomIds: () => onDevId, stepOOM });
+    T.flame = FL;
     mark("state");
     buildTimeline();
     mark("timeline");

@@ -1,0 +1,208 @@
+"""The flame graph of the report page in a real browser (Playwright, headless Chromium).
+
+The stacks trace of ``tests/unit/test_page_model.py`` (whole call stacks, blocks of 4 to 12 MiB, a fatal
+16 MiB request at the end) has worked flame graphs at the OOM and at the peak (``FLAME_AT_OOM``,
+``FLAME_AT_PEAK``: MiB held by each path, root first); the page's nodes, their bytes and their drawn widths
+are checked against them. Skips like ``test_page_browser.py`` where Playwright or Chromium is missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the browser fixture and page helper
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))  # shared hand-built traces
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+import test_page_browser as shared
+from test_page_model import (
+    ALL,
+    C10,
+    CALL,
+    CONV,
+    COPY,
+    FLAME_AT_OOM,
+    FLAME_AT_PEAK,
+    FRAMES,
+    FWD,
+    MAIN,
+    STEP,
+    stacks_trace,
+)
+
+from tracekit.report.page import write_page
+from tracekit.trace.stacks import FrameKind
+
+Opened = shared.Opened
+browser = shared.browser  # the module's one headless Chromium (a fixture)
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(shared.sync_playwright is None or shared.CHROMIUM is None,
+                                 reason=f"Playwright or Chromium missing: {shared.INSTALL}")]
+
+MiB = 1 << 20
+NATIVE = "C++ (native)"
+HOSTILE_FRAMES = (
+    ("evil/<script>alert(1)</script>.py", 100, "main", FrameKind.USER),
+    ("train.py", 88, "</style><b id=pwn>bold</b>", FrameKind.USER),
+    *FRAMES[2:6],
+    ("/usr/lib/python3.12/copy.py", 10, '"><img src=x onerror=alert(1)>', FrameKind.STDLIB),
+)
+# The drawn nodes as paths of names: a node's name is its frame's function, "all" for the root.
+PATHS = """() => {
+  const F = tracekit.model.frames, v = tracekit.flame.view, by = new Map(v.nodes.map((n) => [n.node, n]));
+  const name = (n) => n.frame >= 0 ? F.function[n.frame] : n.frame === -3 ? "all" : n.label;
+  return v.nodes.map((n) => {
+    const path = [];
+    for (let u = n; u; u = by.get(u.parent)) path.unshift(name(u));
+    return [path, n.bytes, n.w, n.req, n.node];
+  });
+}"""
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("flame")
+    return {
+        "stacks": write_page(stacks_trace(tmp / "s.parquet"), tmp / "s.html"),
+        "hostile": write_page(stacks_trace(tmp / "h.parquet", HOSTILE_FRAMES), tmp / "h.html"),
+    }
+
+
+def drawn(o: Opened) -> dict[tuple[str, ...], tuple[float, float, bool, int]]:
+    """Each drawn node by its path: (MiB, width in px, on the failing request's stack, node id)."""
+    return {tuple(p): (b / MiB, w, r, n) for p, b, w, r, n in o.page.evaluate(PATHS)}
+
+
+def show_native(o: Opened) -> None:
+    o.page.check(".fl-native input")
+
+
+def test_at_the_fatal_oom_the_worked_flame_graph(browser: Any, pages: dict[str, Path]) -> None:
+    """The page opens at the fatal OOM: with C++ frames shown every path holds the worked MiB, each node
+    is drawn as wide as its bytes (the root full width), the failing request's path is outlined."""
+    o = Opened(browser, pages["stacks"])
+    p = o.page
+    assert "fatal OOM" in (p.text_content(".fl-title") or "")
+    folded = drawn(o)
+    assert folded[(ALL, MAIN, STEP, CALL, FWD, CONV, NATIVE)][0] == 12  # the C++ run, one node
+    assert all(C10 not in path for path in folded)
+    show_native(o)
+    nodes = drawn(o)
+    assert {path: v[0] for path, v in nodes.items()} == FLAME_AT_OOM
+    full = nodes[(ALL,)][1]
+    for path, (mib, width, _, _) in nodes.items():
+        assert width == pytest.approx(full * mib / 36, abs=0.01), path
+    # Drawn on the screen at those widths too (CSS pixels, one pixel of rounding).
+    for path in ((ALL, MAIN, STEP, CALL), (ALL, MAIN, STEP, COPY)):
+        box = p.evaluate(f"tracekit.flame.locate({nodes[path][3]})")
+        assert box["width"] == pytest.approx(full * nodes[path][0] / 36, abs=1.0)
+    outlined = {path for path, v in nodes.items() if v[2]}
+    assert outlined == {(ALL, MAIN), (ALL, MAIN, STEP), (ALL, MAIN, STEP, CALL), (ALL, MAIN, STEP, CALL, FWD),
+                        (ALL, MAIN, STEP, CALL, FWD, CONV), (ALL, MAIN, STEP, CALL, FWD, CONV, C10)}
+    assert p.locator("#flame .fl.req").count() == 6
+    note = p.text_content(".fl-note") or ""
+    assert "Fatal OOM" in note and "16.00 MiB" in note and "main (train.py:100) → step (train.py:88)" in note
+    assert o.errors == []
+    p.close()
+
+
+def test_peak_and_never_freed_buttons_and_keys(browser: Any, pages: dict[str, Path]) -> None:
+    o = Opened(browser, pages["stacks"])
+    p = o.page
+    show_native(o)
+    p.click("button.fl-peak")
+    assert {path: v[0] for path, v in drawn(o).items()} == FLAME_AT_PEAK
+    assert p.get_attribute("#at", "data-seq") == "8" and "peak" in (p.text_content(".fl-title") or "")
+    assert p.locator("#flame .fl.req").count() == 0
+    p.click("button.fl-end")
+    assert {path: v[0] for path, v in drawn(o).items()} == FLAME_AT_OOM  # never freed = live at the end
+    assert p.get_attribute("#at", "data-seq") == "13"
+    p.keyboard.press("p")
+    assert drawn(o)[(ALL,)][0] == 64
+    p.keyboard.press("f")
+    assert drawn(o)[(ALL,)][0] == 36 and p.locator("#flame .fl.req").count() == 6
+    p.keyboard.press("p")
+    p.click("button.fl-fatal")
+    assert p.get_attribute("#at", "data-seq") == "13"
+    p.keyboard.press("p")
+    p.select_option("select.fl-ooms", "0")
+    assert p.get_attribute("#at", "data-seq") == "13"
+    assert o.errors == []
+    p.close()
+
+
+def test_click_zooms_in_and_out(browser: Any, pages: dict[str, Path]) -> None:
+    """A click on forward (16 of 36 MiB) draws it full width with conv (16) full width below and the C++
+    node at 12/16; its ancestors stay on top; a click on it again zooms out to its caller, on the root
+    to the whole graph."""
+    o = Opened(browser, pages["stacks"])
+    p = o.page
+    nodes = drawn(o)
+    full = nodes[(ALL,)][1]
+    fwd = nodes[(ALL, MAIN, STEP, CALL, FWD)][3]
+    xy = p.evaluate(f"tracekit.flame.locate({fwd})")
+    p.mouse.click(xy["x"], xy["y"])
+    assert p.evaluate("tracekit.flame.view.focus") == fwd
+    zoomed = drawn(o)
+    assert zoomed[(ALL, MAIN, STEP, CALL, FWD)][1] == pytest.approx(full)
+    assert zoomed[(ALL, MAIN, STEP, CALL, FWD, CONV)][1] == pytest.approx(full)
+    assert zoomed[(ALL, MAIN, STEP, CALL, FWD, CONV, NATIVE)][1] == pytest.approx(full * 12 / 16)
+    assert (ALL, MAIN, STEP, COPY) not in zoomed and (ALL, MAIN, STEP) in zoomed
+    assert "zoomed into forward" in (p.text_content(".fl-title") or "")
+    p.keyboard.press("p")  # another event: the zoom stays on forward (36 MiB of 64 there)
+    assert p.evaluate("tracekit.flame.view.focus") == fwd
+    assert drawn(o)[(ALL, MAIN, STEP, CALL, FWD, CONV)][1] == pytest.approx(full * 28 / 36)
+    xy = p.evaluate(f"tracekit.flame.locate({fwd})")
+    p.mouse.click(xy["x"], xy["y"])  # the focus again: out to its caller
+    assert p.evaluate("tracekit.flame.view.focus") == nodes[(ALL, MAIN, STEP, CALL)][3]
+    xy = p.evaluate("tracekit.flame.locate(0)")
+    p.mouse.click(xy["x"], xy["y"])
+    assert p.evaluate("tracekit.flame.view.focus") == 0
+    assert drawn(o)[(ALL, MAIN, STEP, COPY)][1] == pytest.approx(full * 20 / 64)
+    assert o.errors == []
+    p.close()
+
+
+def test_hover_names_the_frame(browser: Any, pages: dict[str, Path]) -> None:
+    o = Opened(browser, pages["stacks"])
+    p = o.page
+    nodes = drawn(o)
+    p.locator("#flame").scroll_into_view_if_needed()
+    xy = p.evaluate(f"tracekit.flame.locate({nodes[(ALL, MAIN, STEP, COPY)][3]})")
+    p.mouse.move(xy["x"], xy["y"])
+    tip = p.text_content("#tip") or ""
+    assert "deepcopy" in tip and "/usr/lib/python3.12/copy.py:10" in tip and "stdlib frame" in tip
+    assert "12.00 MiB (12,582,912 B) in 1 blocks" in tip and "33.3% of the live bytes" in tip
+    assert "your code" not in tip
+    xy = p.evaluate(f"tracekit.flame.locate({nodes[(ALL, MAIN, STEP)][3]})")
+    p.mouse.move(xy["x"], xy["y"])
+    tip = p.text_content("#tip") or ""
+    assert "step" in tip and "train.py:88" in tip and "your code" in tip and "100.0%" in tip
+    assert "8.00 MiB allocated here" in tip and "on the failing request's stack" in tip
+    assert p.locator("#flame .fl.mine").count() == 3  # main, step, forward: the user's frames, marked
+    assert o.errors == []
+    p.close()
+
+
+def test_hostile_frame_names_render_as_text(browser: Any, pages: dict[str, Path]) -> None:
+    o = Opened(browser, pages["hostile"])
+    p = o.page
+    show_native(o)
+    assert o.errors == []
+    assert p.locator("img").count() == 0 and p.locator("#pwn").count() == 0
+    labels = p.evaluate("Array.from(document.querySelectorAll('#flame .fl')).map((d) => d.textContent)")
+    assert "</style><b id=pwn>bold</b> (train.py:88)" in labels
+    assert '"><img src=x onerror=alert(1)> (copy.py:10)' in labels
+    nodes = {tuple(path): n for path, _, _, _, n in p.evaluate(PATHS)}
+    xy = p.evaluate(f"tracekit.flame.locate({nodes[('all', 'main')]})")
+    p.mouse.move(xy["x"], xy["y"])
+    assert "evil/<script>alert(1)</script>.py:100" in (p.text_content("#tip") or "")
+    note = p.text_content(".fl-note") or ""
+    assert "</style><b id=pwn>bold</b> (train.py:88)" in note
+    assert p.locator("#pwn").count() == 0 and p.locator("img").count() == 0
+    assert p.locator("script").count() == 4
+    p.close()

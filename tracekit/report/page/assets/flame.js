@@ -1,0 +1,284 @@
+/* tracekit report page: the flame graph (icicle) of the bytes live at the selected event.
+   Root at the top, outermost frame first, each node as wide as the bytes its stack and the stacks
+   it calls hold. Built from the page's one data model: the live blocks the page reconstructs at any
+   event (page.js) and the FRAME and STACK tables (docs/report-page.md). Every string from the trace
+   goes in through textContent. page.js calls window.tracekitFlame(model, lib) once, then draw(). */
+(function () {
+  "use strict";
+  const ROOT = -3, NOSTACK = -4, NATIVE_RUN = -2; // node "frames" that are not frames
+  const ROW = 18; // px per level
+  const MINPX = 0.5; // nodes narrower than this are not drawn (their bytes still count above)
+  const MAXNODES = 6000; // drawn at most; past that the narrowest are left out
+  const HUE = { user: [28, 85], library: [208, 55], stdlib: [0, 0], native: [268, 45] };
+
+  window.tracekitFlame = function (M, lib) {
+    const { el, fmtBytes, showTip, hideTip } = lib;
+    const F = M.frames, S = M.stacks, B = M.state.blocks;
+    const NATIVE = F.kinds.indexOf("native");
+    const ns = S.frame.length, K = F.file.length + 8;
+    const hasNative = F.kind.some((k) => k === NATIVE);
+    const box = el("div", null);
+    box.id = "flame";
+    let collapse = hasNative; // C++ frames folded into one node per run by default
+    let tree = build(collapse), focus = 0, last = null;
+
+    /* The tree of paths: node 0 the root (every live block), node 1 the blocks without a stack, then one
+       node per distinct (parent node, frame), so stacks that repeat a path share its node. With
+       ``fold``, each run of consecutive native frames is one node. Node ids grow away from the root
+       (a parent stack has a smaller id than its children), so one pass from the last node rolls bytes up. */
+    function build(fold) {
+      const nodeOf = new Int32Array(ns), parent = [-1, 0], frame = [ROOT, NOSTACK], index = new Map();
+      for (let s = 0; s < ns; s++) {
+        const p = S.parent[s] >= 0 ? nodeOf[S.parent[s]] : 0, f = S.frame[s];
+        let key = f;
+        if (fold && F.kind[f] === NATIVE) {
+          if (frame[p] === NATIVE_RUN) { nodeOf[s] = p; continue; }
+          key = NATIVE_RUN;
+        }
+        const k = p * K + (key + 8);
+        let n = index.get(k);
+        if (n === undefined) { n = frame.length; index.set(k, n); frame.push(key); parent.push(p); }
+        nodeOf[s] = n;
+      }
+      const n = frame.length, start = new Int32Array(n + 1), depth = new Int32Array(n);
+      for (let i = 1; i < n; i++) { start[parent[i] + 1]++; depth[i] = depth[parent[i]] + 1; }
+      for (let i = 0; i < n; i++) start[i + 1] += start[i];
+      const kids = new Int32Array(Math.max(n - 1, 0)), fill = start.slice(0, n);
+      for (let i = 1; i < n; i++) kids[fill[parent[i]]++] = i;
+      return { n, nodeOf, parent: Int32Array.from(parent), frame: Int32Array.from(frame), start, kids, depth };
+    }
+
+    /* Bytes (rounded, as the analyzer's live bytes) and blocks per node: each block to its stack's node,
+       then every node's total into its parent's, from the last node down. */
+    function weigh(blocks) {
+      const n = tree.n, self = new Float64Array(n), count = new Float64Array(n);
+      for (let i = 0; i < blocks.length; i++) {
+        const b = blocks[i], s = B.stack[b], v = s >= 0 ? tree.nodeOf[s] : 1;
+        self[v] += B.rounded[b]; count[v] += 1;
+      }
+      const total = self.slice(), blocksIn = count.slice();
+      for (let i = n - 1; i > 0; i--) { total[tree.parent[i]] += total[i]; blocksIn[tree.parent[i]] += blocksIn[i]; }
+      return { self, total, blocks: blocksIn };
+    }
+
+    function kindOf(v) {
+      const f = tree.frame[v];
+      if (f === ROOT) return "root";
+      if (f === NOSTACK) return "none";
+      if (f === NATIVE_RUN) return "run";
+      return F.kinds[F.kind[f]] || "library";
+    }
+    function label(v) {
+      const f = tree.frame[v];
+      if (f === ROOT) return "all live blocks";
+      if (f === NOSTACK) return "(no call stack)";
+      if (f === NATIVE_RUN) return "C++ (native)";
+      const base = F.file[f].split("/").pop(), at = F.line[f] >= 0 ? base + ":" + F.line[f] : base;
+      return F.function[f] ? F.function[f] + " (" + at + ")" : at;
+    }
+    function where(f) { return F.file[f] + (F.line[f] >= 0 ? ":" + F.line[f] : ""); }
+    function colour(v) {
+      const f = tree.frame[v];
+      if (f < 0) return null;
+      const [h, s] = F.user[f] ? HUE.user : HUE[F.kinds[F.kind[f]]] || HUE.library;
+      let x = 0; // lightness by a hash of the name, so neighbours differ
+      const name = F.function[f] + F.file[f];
+      for (let i = 0; i < name.length; i++) x = (x * 31 + name.charCodeAt(i)) >>> 0;
+      return "hsl(" + h + "," + s + "%," + (64 + (x % 12)) + "%)";
+    }
+    /* Path of a stack's node, root first (the failing request's, at an OOM). */
+    function pathOf(stack) {
+      const out = [];
+      for (let v = stack >= 0 ? tree.nodeOf[stack] : -1; v >= 0; v = tree.parent[v]) out.unshift(v);
+      return out;
+    }
+
+    /* Which nodes are drawn where: the focus's ancestors and the focus full width, its descendants
+       scaled by the focus's bytes, children widest first, anything narrower than MINPX left out. */
+    function layout(w, wt) {
+      const out = [], chain = [];
+      for (let v = focus; v >= 0; v = tree.parent[v]) chain.unshift(v);
+      chain.forEach((v, d) => out.push({ v, x: 0, w, d, anc: v !== focus }));
+      const scale = w / Math.max(wt.total[focus], 1);
+      let minBytes = MINPX / scale;
+      const todo = [[focus, 0, chain.length - 1]];
+      while (todo.length && out.length < MAXNODES) {
+        const [v, x0, d] = todo.shift(); // breadth first: the shallow levels are drawn before a cap bites
+        const kids = Array.from(tree.kids.subarray(tree.start[v], tree.start[v + 1]))
+          .filter((c) => wt.total[c] >= minBytes && wt.total[c] > 0)
+          .sort((a, b) => wt.total[b] - wt.total[a] || a - b);
+        let x = x0;
+        for (const c of kids) {
+          const cw = wt.total[c] * scale;
+          out.push({ v: c, x, w: cw, d: d + 1, anc: false });
+          todo.push([c, x, d + 1]);
+          x += cw;
+          if (out.length >= MAXNODES) { minBytes = Infinity; break; }
+        }
+      }
+      return out;
+    }
+
+    function draw(st, ctx) {
+      last = { st, ctx };
+      const wt = weigh(st.blocks);
+      if (focus >= tree.n || wt.total[focus] <= 0) focus = 0;
+      const req = new Set(ctx.oom && ctx.oom.stack >= 0 ? pathOf(ctx.oom.stack).slice(1) : []); // the root aside
+      const w = Math.max(box.clientWidth || 1200, 200);
+      const nodes = layout(w, wt);
+      let depth = 0;
+      const frag = document.createDocumentFragment();
+      for (const p of nodes) {
+        const d = el("div", "fl " + kindOf(p.v) + (tree.frame[p.v] >= 0 && F.user[tree.frame[p.v]] ? " mine" : "") +
+          (p.anc ? " anc" : "") + (p.v === focus ? " focus" : "") + (req.has(p.v) ? " req" : ""));
+        d.dataset.node = String(p.v);
+        d.style.left = p.x.toFixed(2) + "px";
+        d.style.width = Math.max(p.w, 1).toFixed(2) + "px";
+        d.style.top = (p.d * ROW) + "px";
+        const c = colour(p.v);
+        if (c) d.style.background = c;
+        if (p.w >= 28) d.textContent = label(p.v);
+        frag.append(d);
+        depth = Math.max(depth, p.d);
+      }
+      box.replaceChildren(frag);
+      box.style.height = ((depth + 1) * ROW + 2) + "px";
+      api.view = { focus, total: wt.total[0], nodes: nodes.map((p) => ({ node: p.v, parent: tree.parent[p.v], frame: tree.frame[p.v], label: label(p.v),
+        bytes: wt.total[p.v], self: wt.self[p.v], x: p.x, w: p.w, depth: p.d, req: req.has(p.v) })) };
+      api.weights = wt;
+      head(st, ctx, wt);
+      request(ctx, req, wt);
+    }
+
+    const title = el("p", "fl-title"), note = el("div", "fl-note");
+    function head(st, ctx, wt) {
+      title.textContent = "Live " + ctx.when + ": " + fmtBytes(wt.total[0]) + " in " + wt.blocks[0].toLocaleString() +
+        " blocks" + (focus !== 0 ? "; zoomed into " + label(focus) + " (" + fmtBytes(wt.total[focus]) + ")" : "") + ".";
+    }
+    function request(ctx, req, wt) {
+      note.replaceChildren();
+      const o = ctx.oom;
+      if (!o) return;
+      const p = el("p", "req");
+      p.append(el("b", null, (o.handled ? "Handled" : "Fatal") + " OOM: "));
+      if (o.stack < 0) { p.append(el("span", null, "the failing request (" + fmtBytes(o.rounded) + ") has no call stack in the trace.")); note.append(p); return; }
+      const names = [];
+      for (let s = o.stack, i = 0; s >= 0 && i < 256; i++, s = S.parent[s]) names.unshift(S.frame[s]);
+      p.append(el("span", null, "the failing request (" + fmtBytes(o.rounded) + ") came from, outermost first: "));
+      names.forEach((f, i) => {
+        if (i) p.append(el("span", null, " → "));
+        p.append(el("span", F.user[f] ? "mine-text" : null, (F.function[f] || "?") + " (" + where(f) + ")"));
+      });
+      const held = [...req].map((v) => wt.total[v]);
+      p.append(el("span", null, ". Outlined red: its frames" + (held.length ? "; the innermost holds " + fmtBytes(held[held.length - 1]) + " live" : "") + "."));
+      note.append(p);
+    }
+
+    function tip(v) {
+      const wt = api.weights, f = tree.frame[v], all = wt.total[0], lines = [];
+      if (f >= 0) {
+        lines.push(F.function[f] ? F.function[f] : "(no function name)");
+        lines.push(where(f));
+        lines.push(F.kinds[F.kind[f]] + " frame" + (F.user[f] ? " · your code" : ""));
+      } else lines.push(label(v) + (f === NATIVE_RUN ? ": C++ frames folded into one (tick “show C++ frames”)" : ""));
+      lines.push(fmtBytes(wt.total[v]) + " (" + wt.total[v].toLocaleString() + " B) in " + wt.blocks[v].toLocaleString() + " blocks" +
+        (wt.self[v] > 0 && wt.self[v] < wt.total[v] ? "; " + fmtBytes(wt.self[v]) + " allocated here" : ""));
+      lines.push((100 * wt.total[v] / Math.max(all, 1)).toFixed(1) + "% of the live bytes at this event" +
+        (focus !== 0 && v !== focus ? ", " + (100 * wt.total[v] / Math.max(wt.total[focus], 1)).toFixed(1) + "% of " + label(focus) : ""));
+      const o = last && last.ctx.oom;
+      if (o && o.stack >= 0 && v !== 0 && pathOf(o.stack).includes(v)) lines.push("on the failing request's stack");
+      const above = new Set(); // the focus's ancestors
+      for (let u = tree.parent[focus]; u >= 0; u = tree.parent[u]) above.add(u);
+      lines.push(v === focus ? (v ? "click: zoom out" : "") : above.has(v) ? "click: zoom out to here" : "click: zoom in");
+      return lines.filter((l) => l);
+    }
+    function zoom(v) {
+      focus = v === focus ? Math.max(tree.parent[v], 0) : v;
+      if (last) draw(last.st, last.ctx);
+    }
+    function nodeAt(e) {
+      const t = e.target && e.target.closest ? e.target.closest(".fl") : null;
+      return t ? Number(t.dataset.node) : -1;
+    }
+    box.addEventListener("click", (e) => { const v = nodeAt(e); if (v >= 0) zoom(v); });
+    box.addEventListener("mousemove", (e) => { const v = nodeAt(e); if (v < 0) hideTip(); else showTip(tip(v), e.clientX, e.clientY); });
+    box.addEventListener("mouseleave", hideTip);
+
+    /* The controls: the peak, each OOM (fatal ones as buttons, every one in the list), never freed. */
+    function controls(go) {
+      const bar = el("div", "controls fl-controls");
+      const button = (text, cls, fn, hint) => {
+        const b = el("button", cls, text); b.type = "button"; b.title = hint; b.addEventListener("click", fn); bar.append(b); return b;
+      };
+      if (M.peak.live_index !== null) button("peak live (" + fmtBytes(M.peak.live_bytes) + ")", "fl-peak", () => go.select(M.peak.live_index), "key p");
+      const ids = go.oomIds(), fatal = ids.filter((i) => M.ooms.handled[i] === 0);
+      for (const i of fatal) button("FATAL OOM seq " + M.ooms.seq[i], "oom fatal fl-fatal", () => go.selectOOM(i), "key f");
+      if (ids.length) {
+        const sel = el("select", "fl-ooms"); sel.setAttribute("aria-label", "OOM");
+        sel.append(el("option", null, ids.length.toLocaleString() + " OOMs…"));
+        for (const i of ids.slice(0, 2000)) {
+          const o = el("option", null, (M.ooms.handled[i] ? "handled" : "FATAL") + " seq " + M.ooms.seq[i] + " · " + fmtBytes(M.ooms.rounded[i]));
+          o.value = String(i); sel.append(o);
+        }
+        sel.addEventListener("change", () => { if (sel.value !== "") go.selectOOM(Number(sel.value)); sel.selectedIndex = 0; });
+        bar.append(sel);
+        button("◀ OOM", "fl-prev", () => go.stepOOM(-1), "key [");
+        button("OOM ▶", "fl-next", () => go.stepOOM(1), "key ]");
+      }
+      button("never freed (live at the end)", "fl-end", () => go.select(M.timeline.n - 1), "key e");
+      button("whole graph", "fl-reset", () => { focus = 0; if (last) draw(last.st, last.ctx); }, "key Escape");
+      if (hasNative) {
+        const l = el("label", "fl-native"), c = el("input");
+        c.type = "checkbox"; c.checked = !collapse;
+        c.addEventListener("change", () => { collapse = !c.checked; tree = build(collapse); focus = 0; if (last) draw(last.st, last.ctx); });
+        l.append(c, el("span", null, " show C++ (native) frames"));
+        bar.append(l);
+      }
+      document.addEventListener("keydown", (e) => {
+        if (e.target && e.target.tagName === "INPUT" && e.target.type !== "range" && e.target.type !== "checkbox") return;
+        if (e.ctrlKey || e.metaKey || e.altKey) return;
+        if (e.key === "p" && M.peak.live_index !== null) go.select(M.peak.live_index);
+        else if (e.key === "f" && fatal.length) go.selectOOM(fatal[0]);
+        else if (e.key === "e") go.select(M.timeline.n - 1);
+        else if (e.key === "[" && ids.length) go.stepOOM(-1);
+        else if (e.key === "]" && ids.length) go.stepOOM(1);
+        else if (e.key === "Escape" && focus !== 0) { focus = 0; if (last) draw(last.st, last.ctx); }
+        else return;
+        e.preventDefault();
+      });
+      return bar;
+    }
+    function legend() {
+      const lg = el("div", "legend");
+      const item = (text, cls, bg) => {
+        const i = el("span", "litem"), sw = el("span", "sw " + cls);
+        if (bg) sw.style.background = bg;
+        i.append(sw, el("span", null, text)); lg.append(i);
+      };
+      item("your code" + (M.user_code.length ? " (under " + M.user_code.join(", ") + ")" : ""), "", "hsl(28,85%,72%)");
+      item("installed library", "", "hsl(208,55%,72%)");
+      item("Python's library", "", "hsl(0,0%,74%)");
+      if (hasNative) item("C++ (native)", "", "hsl(268,45%,74%)");
+      item("the failing request's stack, at an OOM", "sw-req", null);
+      return lg;
+    }
+    const api = {
+      mount(section, go) { section.append(controls(go), title, box, note, legend()); },
+      draw,
+      zoom,
+      tree: () => tree,
+      /* css pixel (x, y) and width of a drawn node, scrolled into view, for the tests */
+      locate(v) {
+        const d = box.querySelector('.fl[data-node="' + v + '"]');
+        if (!d) return null;
+        d.scrollIntoView({ block: "center", inline: "nearest" });
+        const r = d.getBoundingClientRect();
+        return { x: r.left + r.width / 2, y: r.top + r.height / 2, width: r.width };
+      },
+      nodeOfStack: (s) => (s >= 0 ? tree.nodeOf[s] : 1),
+      view: null,
+      weights: null,
+    };
+    return api;
+  };
+})();
