@@ -25,7 +25,8 @@ def test_recorded_programs_are_their_own_and_every_event_is_the_hooks(tmp_path: 
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_transparency.py"), str(tmp_path),
                         "--only", *PROGRAMS], capture_output=True, text=True, timeout=600, cwd=ROOT)
     results = json.loads((tmp_path / "transparency.json").read_text())
-    assert [r["name"] for r in results] == PROGRAMS, p.stderr[-3000:]
+    # The suite runs its cases in its own order; every one asked for must be there.
+    assert sorted(r["name"] for r in results) == sorted(PROGRAMS), p.stderr[-3000:]
     for r in results:
         assert r["exit_same"] and r["stdout_same_masked"] and r["stderr_same_masked"], r
         assert r["trace_written"] and r["mallocs_equal"] and r["frees_in_witness"] and r["ooms_equal"], r
