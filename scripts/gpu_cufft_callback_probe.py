@@ -9,7 +9,11 @@ probe separates the candidate causes, one condition at a time, each run in a fre
    of CuPy's LTO callbacks, ``CUPY_CACHE_DIR``) and with a fresh cache per run;
 2. ``concurrent``: eight runs at once sharing one fresh cache, plain and recorded;
 3. ``pressure``: plain runs while another process holds all but ``--leave`` bytes of the
-   device (what a concurrent program of the suite can do to the device).
+   device (what a concurrent program of the suite can do to the device);
+4. ``--variants``: the example with a warm cache under stand-ins for one part of the recorder
+   each: through ``runpy`` alone, beside a thread that builds and fsyncs Arrow batches every
+   50 ms (the spool's flusher), beside a thread that only wakes every 50 ms, and recorded with
+   ``--no-sites``; every run's whole stderr is kept.
 
 Each run's exit code and the last line of its stderr go to one JSON file.
 
@@ -31,17 +35,46 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one(example: str, recorded: bool, cache: str, work: str) -> dict[str, object]:
+WRAP = """
+import os, runpy, sys, threading, time
+mode, example = sys.argv[1], sys.argv[2]
+def flusher():
+    import numpy as np, pyarrow as pa
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"spool{os.getpid()}")
+    while True:
+        b = pa.RecordBatch.from_arrays([pa.array(np.arange(1000))], names=["a"])
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(fd, b.serialize().to_pybytes()); os.fsync(fd); os.close(fd)
+        time.sleep(0.05)
+def idle():
+    while True:
+        time.sleep(0.05)
+if mode != "runpy":
+    threading.Thread(target=flusher if mode == "arrow-thread" else idle, daemon=True).start()
+sys.argv = [example]
+runpy.run_path(example, run_name="__main__")
+"""
+
+
+def one(example: str, recorded: bool | str, cache: str, work: str, keep: bool = False) -> dict[str, object]:
     env = {**os.environ, "CUPY_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, example]
-    if recorded:
-        cmd = [sys.executable, "-m", "tracekit", "record", "--force", "-o",
+    if recorded is True or recorded == "no-sites":
+        extra = ["--no-sites"] if recorded == "no-sites" else []
+        cmd = [sys.executable, "-m", "tracekit", "record", "--force", *extra, "-o",
                os.path.join(work, f"t{time.monotonic_ns()}.parquet"), example]
+    elif isinstance(recorded, str):
+        wrap = os.path.join(work, "wrap.py")
+        Path(wrap).write_text(WRAP)
+        cmd = [sys.executable, wrap, recorded, example]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=180)
     tail = [ln for ln in p.stderr.splitlines() if ln.strip()][-1:] or [""]
-    return {"recorded": recorded, "code": p.returncode, "seconds": round(time.perf_counter() - t0, 2),
-            "last_stderr": tail[0][-300:]}
+    out: dict[str, object] = {"recorded": recorded, "code": p.returncode,
+                              "seconds": round(time.perf_counter() - t0, 2), "last_stderr": tail[0][-300:]}
+    if keep or p.returncode != 0:
+        out["stderr"] = p.stderr[-6000:]
+    return out
 
 
 def hold_all_but(leave: int) -> subprocess.Popen[str]:
@@ -67,11 +100,18 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--leave", type=int, default=64 << 20)
+    ap.add_argument("--variants", action="store_true", help="only the stand-ins of step 4")
     a = ap.parse_args()
     example = os.path.abspath(a.example)
     res: dict[str, list[dict[str, object]]] = {}
     with tempfile.TemporaryDirectory() as work:
         warm = os.path.join(work, "warm-cache")
+        if a.variants:
+            one(example, False, warm, work)  # warms the cache
+            for v in ("runpy", "idle-thread", "arrow-thread", "no-sites", True, False):
+                res[f"variant-{v}"] = [one(example, v, warm, work) for _ in range(a.repeats)]
+            write(a.out, res)
+            return
         for rec in (False, True):
             res[f"alone-warm-{'rec' if rec else 'plain'}"] = [
                 one(example, rec, warm, work) for _ in range(a.repeats)]
@@ -90,8 +130,12 @@ def main() -> None:
             assert h.stdin is not None
             h.stdin.close()
             h.wait(timeout=30)
+    write(a.out, res)
+
+
+def write(out: str, res: dict[str, list[dict[str, object]]]) -> None:
     summary = {k: f"{sum(r['code'] != 0 for r in v)}/{len(v)} failed" for k, v in res.items()}
-    Path(a.out).write_text(json.dumps({"summary": summary, "runs": res}, indent=1))
+    Path(out).write_text(json.dumps({"summary": summary, "runs": res}, indent=1))
     print(json.dumps(summary, indent=1))
 
 
