@@ -51,7 +51,8 @@ ROWS = [  # op, addr, size, rounded, site
 ]
 
 
-def write_rows(path: Path, rows: list[tuple[int, int, int, int, int]], sites: tuple[str, ...] = SITES) -> Path:
+def write_rows(path: Path, rows: list[tuple[int, int, int, int, int]],
+               sites: tuple[str, ...] = SITES) -> Path:
     op, addr, size, rounded, site = (np.array(c) for c in zip(*rows, strict=True))
     ev = Events.build(op=op, size=size, addr=addr, rounded=rounded, site=site,
                       t_ns=np.arange(len(op)) * 1000, sites=sites)
@@ -81,12 +82,13 @@ def by_leaf(doc: dict[str, Any], profile: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def test_the_worked_totals_of_the_hand_built_trace(tmp_path: Path, schema: jsonschema.Draft7Validator) -> None:
+def test_the_worked_totals_of_the_hand_built_trace(tmp_path: Path,
+                                                   schema: jsonschema.Draft7Validator) -> None:
     doc = exported(write_rows(tmp_path / "t.parquet", ROWS), tmp_path / "t.json")
     schema.validate(doc)
     titles = [p["name"] for p in doc["profiles"]]
-    assert titles == ["live at the peak, seq 4", "live at the fatal OOM, seq 8", "live at the handled OOM, seq 5",
-                      "never freed", "all bytes allocated"]
+    assert titles == ["live at the peak, seq 4", "live at the fatal OOM, seq 8",
+                      "live at the handled OOM, seq 5", "never freed", "all bytes allocated"]
     assert doc["activeProfileIndex"] == 1  # the fatal OOM opens first
     peak, fatal, handled, never, allocated = doc["profiles"]
     assert by_leaf(doc, peak) == {"weights": 1024, "activations": 8192}
@@ -153,7 +155,8 @@ def test_a_profile_per_device_peak_and_the_ooms_on_their_own_device(tmp_path: Pa
     write_trace(path, TraceMeta.new(Source.SYNTHETIC), ev)
     sel = select(read_trace(path))
     got = [(m.title, m.device, m.total) for m in sel.moments]
-    assert got == [("live at the peak, seq 3, device 0", 0, 2048), ("live at the peak, seq 1, device 1", 1, 4096),
+    assert got == [("live at the peak, seq 3, device 0", 0, 2048),
+                   ("live at the peak, seq 1, device 1", 1, 4096),
                    ("live at the fatal OOM, seq 4, device 1", 1, 4096),
                    ("never freed", None, 6144), ("all bytes allocated", None, 7168)]
 

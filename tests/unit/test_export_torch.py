@@ -8,12 +8,14 @@ compiled scanner both) must give back the trace's own events.
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 import pickletools
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,7 +70,8 @@ def entries_bytes(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
 @given(st.lists(st.tuples(st.sampled_from(list(Kind)), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
                           st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1),
                           st.integers(-(2**63), 2**63 - 1)), max_size=2500))
-def test_compiled_entries_equal_what_python_unpickles(rows: list[tuple[Kind, int, int, int, int, int]]) -> None:
+def test_compiled_entries_equal_what_python_unpickles(
+        rows: list[tuple[Kind, int, int, int, int, int]]) -> None:
     cols = {name: np.array([r[i] for r in rows], dtype) for i, (name, dtype) in enumerate(
         [("kind", np.int64), ("addr", np.uint64), ("size", np.uint64), ("stream", np.uint64),
          ("time_us", np.int64), ("device_free", np.int64)])}
@@ -81,7 +84,7 @@ def test_compiled_entries_equal_what_python_unpickles(rows: list[tuple[Kind, int
             e["device_free"] = free
         want.append(e)
     assert got == want
-    assert all(a["frames"] is b["frames"] for a, b in zip(got, got[1:], strict=False))  # one shared list
+    assert all(a["frames"] is b["frames"] for a, b in itertools.pairwise(got))  # one shared list
 
 
 def pooled_trace(path: Path) -> Path:
@@ -105,8 +108,6 @@ def pooled_trace(path: Path) -> Path:
                       t_ns=1_234_567 + np.arange(len(op)) * 1500, sites=SITES)
     free = np.full(len(op), -1, np.int64)
     free[op == Op.OOM] = [3 * MiB, 5 * MiB]
-    import pyarrow as pa
-
     write_trace(path, TraceMeta.new(Source.CUPY, pool_limit_bytes=6 * MiB), ev,
                 {"device_free": pa.array(free, pa.int64(), mask=free < 0)},
                 (pa.field("device_free", pa.int64()),))
@@ -126,8 +127,8 @@ def test_the_snapshot_of_a_hand_built_trace(tmp_path: Path) -> None:
     assert list(snap) == ["segments", "device_traces", "tracekit"]
     hist = snap["device_traces"][0]
     assert [e["action"] for e in hist] == [
-        "segment_alloc", "alloc", "alloc", "alloc", "segment_alloc", "alloc", "free_requested", "free_completed",
-        "oom", "free_requested", "free_completed", "segment_free", "alloc", "oom"]
+        "segment_alloc", "alloc", "alloc", "alloc", "segment_alloc", "alloc", "free_requested",
+        "free_completed", "oom", "free_requested", "free_completed", "segment_free", "alloc", "oom"]
     assert [e["time_us"] for e in hist[:3]] == [1234, 1236, 1237]  # floor(t_ns / 1000)
     assert hist[6]["size"] == hist[7]["size"] == MiB  # a free carries its block's request
     assert (hist[8]["size"], hist[8]["device_free"], hist[8]["addr"]) == (64 * MiB, 3 * MiB, 0)
@@ -177,8 +178,8 @@ def test_the_importer_reads_back_the_hand_built_trace(tmp_path: Path, fast: bool
     assert [f for f in free if f is not None] == [3 * MiB, 5 * MiB]
 
 
-COMMITTED = ["cupy-mlp", "cupy-fft", "cupy-sort", "cupy-oom-frag", "cupy-seed", "cupy-user-pool", "cupy-async",
-             "torch-handled-oom", "torch-tuned", "torch-expandable"]
+COMMITTED = ["cupy-mlp", "cupy-fft", "cupy-sort", "cupy-oom-frag", "cupy-seed", "cupy-user-pool",
+             "cupy-async", "torch-handled-oom", "torch-tuned", "torch-expandable"]
 
 
 @pytest.mark.parametrize("name", COMMITTED)
