@@ -106,7 +106,8 @@ def test_whatif_searches_every_policy_that_takes_part(toy: str, three: Path) -> 
 
 def test_traits_drive_defaults() -> None:
     assert policies.listed()[:5] == ["best-fit", "first-fit", "next-fit", "worst-fit", "buddy"]
-    assert policies.of_layout(Layout.POOL) == ["cupy", "torch"]
+    assert policies.of_layout(Layout.POOL) == ["cupy", "torch", "cuda", "cupy-async"]
+    assert policies.whatif_defaults() == [*policies.of_layout(Layout.HEAP), "cupy", "torch"]  # named only
     assert all(policies.traits(p).recorded_limit for p in ("cupy", "torch"))  # type: ignore[union-attr]
     assert policies.traits("torch").reproduces == Source.TORCH  # type: ignore[union-attr]
     assert policies.for_source(Source.CUPY) == "cupy" and policies.for_source(Source.SYNTHETIC) is None
@@ -146,5 +147,8 @@ def test_a_registered_policy_can_model_a_real_allocator() -> None:
         assert policies.modelling(Allocator.CUPY) == "cupy"  # the first in listing order (cupy's rank: 5)
     finally:
         policies.unregister("toy-modelled")
-    with pytest.raises(RuntimeError, match="no policy models the cuda allocator"):
-        policies.modelling(Allocator.CUDA)
+
+
+def test_every_real_allocator_has_its_policy() -> None:
+    # What replay --device --allocator runs, replay --sim can model, and by the same name.
+    assert {a: policies.modelling(a) for a in Allocator} == {a: a.value for a in Allocator}

@@ -9,13 +9,13 @@ and, with ``-o``, the replay as a trace (format version 2).
 from __future__ import annotations
 
 import sys
-from enum import StrEnum
 from pathlib import Path
 
 import typer
 from typer.core import TyperCommand
 
 from tracekit.cli.quick_exit import skip_teardown
+from tracekit.sim.allocators import Allocator  # light: no NumPy; the names --allocator takes
 
 
 class ReplayCommand(TyperCommand):
@@ -30,13 +30,6 @@ class ReplayCommand(TyperCommand):
         super().format_help(ctx, formatter)  # type: ignore[arg-type]
 
 
-class Allocator(StrEnum):
-    cuda = "cuda"
-    cupy = "cupy"
-    cupy_async = "cupy-async"
-    torch = "torch"
-
-
 PROGRESS_MIN_EVENTS = 1_000_000
 
 
@@ -48,7 +41,7 @@ def replay(
     ),
     device: int | None = typer.Option(None, "--device", help="Replay on this GPU instead of simulating."),
     allocator: Allocator = typer.Option(
-        Allocator.cupy, "--allocator",
+        Allocator.CUPY, "--allocator",
         help="With --device: the allocator that serves the requests (torch: PyTorch's caching allocator).",
     ),
     compare_sim: str | None = typer.Option(

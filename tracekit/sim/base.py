@@ -24,8 +24,8 @@ from tracekit.sim.codes import Stat, Status
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 
-__all__ = ["Allocator", "AllocatorModel", "Layout", "PolicyRun", "PolicyTraits", "SimConfig", "Stat",
-           "Status"]
+__all__ = ["Allocator", "AllocatorModel", "Basis", "Layout", "PolicyRun", "PolicyTraits", "SimConfig",
+           "Stat", "Status"]
 
 
 class Layout(StrEnum):
@@ -33,6 +33,18 @@ class Layout(StrEnum):
 
     HEAP = "heap"  # one contiguous heap [0, capacity): reserved = the heap's high-water mark
     POOL = "pool"  # device allocations under a pool limit: reserved = bytes of live segments
+
+
+class Basis(StrEnum):
+    """What a policy's verdict (fits or not) rests on."""
+
+    # The allocator's placement replayed: a request fails when no free block, and no new
+    # device allocation under the limit, can hold it (fragmentation included).
+    PLACEMENT = "placement"
+    # The device's bytes at its granularity: every request is a device call, and one fails
+    # only when those bytes do not fit (no external fragmentation, as the H200 showed for the
+    # device allocator: docs/fidelity.md). advise reports such a verdict as modelled.
+    FOOTPRINT = "footprint"
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,8 @@ class PolicyTraits:
     against those traces), None for a model of an idea. ``models``: the real
     allocator the policy models (None for a model of an idea); advise, device
     and analysis find a policy by it (``policies.modelling``), never by name.
+    ``basis``: what a verdict rests on (``Basis``); advise ranks a footprint
+    verdict after replayed ones and prices it at one device call per request and per free.
     """
 
     layout: Layout
@@ -55,6 +69,7 @@ class PolicyTraits:
     rank: int = 100
     reproduces: Source | None = None
     models: Allocator | None = None
+    basis: Basis = Basis.PLACEMENT
 
 
 @dataclass(frozen=True)
