@@ -35,14 +35,16 @@ from tracekit.advise.search import (
     single_candidates,
     stage_two,
 )
-from tracekit.analysis.leaks import SiteBytes, by_site
+from tracekit.analysis.leaks import SiteBytes, by_label
 from tracekit.analysis.summary import OOMReport
 from tracekit.errors import UsageError
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator
+from tracekit.trace.callsite import CallSites, stack_ids, stack_table
 from tracekit.trace.devices import split_devices
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
+from tracekit.trace.stacks import UserCode
 from tracekit.workers import BISECT_REPLAYS, default_jobs
 
 TOP_SITES = 5
@@ -69,8 +71,9 @@ def pick_limit(trace: Trace, limit: int | None, device_total: int | None) -> int
     raise UsageError(f"{where}the trace records no limit and no device size; give --limit SIZE")
 
 
-def top_sites_at_peak(trace: Trace) -> tuple[SiteBytes, ...]:
-    """Call-sites holding the most live bytes at the peak of live bytes (the fatal request counts)."""
+def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode()) -> tuple[SiteBytes, ...]:
+    """Call-sites (labels: the user's line and the request's, ``tracekit.trace.callsite``) holding
+    the most live bytes at the peak of live bytes (the fatal request counts)."""
     live = live_curve(trace)
     if len(live) == 0:
         return ()
@@ -78,10 +81,12 @@ def top_sites_at_peak(trace: Trace) -> tuple[SiteBytes, ...]:
     idx = np.arange(len(ev))
     held = needed_requests(trace) & (idx <= k) & ((trace.mate < 0) | (trace.mate > k))
     b = np.flatnonzero(held)
-    return by_site(ev.site[b], ev.size[b], ev.sites, TOP_SITES)
+    return by_label(stack_ids(ev)[b], ev.size[b], CallSites.of(stack_table(ev), user_code), TOP_SITES)
 
 
 def _site_of_failure(trace: Trace) -> str | None:
+    """The failing request's recorded one-frame ``site`` (where ``free_all_blocks()`` would go:
+    the candidate's evaluation finds the rows by that name)."""
     ev = trace.events
     ooms = np.flatnonzero(ev.op == Op.OOM)
     if len(ooms) == 0 or ev.site[ooms[0]] < 0:
@@ -99,16 +104,17 @@ def _raised_limit(fit: PolicyFit, runner: Runner, device_total: int | None) -> O
 
 
 def advise(trace: Trace, *, limit: int | None = None, device_total: int | None = None,
-           jobs: int | None = None) -> AdviseResult:
-    """Search settings that let ``trace`` fit, device by device (see the module docstring)."""
+           jobs: int | None = None, user_code: UserCode = UserCode()) -> AdviseResult:
+    """Search settings that let ``trace`` fit, device by device (see the module docstring);
+    ``user_code``: what counts as the user's code where a call-site is named."""
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit {limit}: give a positive size (CuPy reads a limit of 0 as no limit)")
     parts = split_devices(trace) or [(0, trace)]
-    reports = _reported_ooms(trace)
+    reports = _reported_ooms(trace, user_code)
     if len(parts) == 1:
         d, sub = parts[0]
-        return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, detached=False)
-    results = [_advise_device(sub, d, reports.get(d), limit, device_total, jobs, detached=True)
+        return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code, detached=False)
+    results = [_advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code, detached=True)
                for d, sub in parts]
     from tracekit.analysis.fatal import fatal_seq
 
@@ -118,7 +124,7 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
     return dataclasses.replace(main, devices=tuple(results))
 
 
-def _reported_ooms(trace: Trace) -> dict[int, OOMReport]:
+def _reported_ooms(trace: Trace, user_code: UserCode) -> dict[int, OOMReport]:
     """Per device, the OOM analyze reports (the fatal one, else the first), where the recorder
     measured the device at an OOM (format v2); else nothing, and no analysis is run."""
     from tracekit.analysis.recording import oom_states
@@ -127,12 +133,13 @@ def _reported_ooms(trace: Trace) -> dict[int, OOMReport]:
         return {}
     from tracekit.analysis.analyze import analyze_trace
 
-    summary = analyze_trace(trace, timeline=False).summary
+    summary = analyze_trace(trace, timeline=False, user_code=user_code).summary
     return {s.device or 0: s.oom for s in (summary.devices or (summary,)) if s.oom is not None}
 
 
 def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: int | None,
-                   device_total: int | None, jobs: int | None, *, detached: bool) -> AdviseResult:
+                   device_total: int | None, jobs: int | None, user_code: UserCode, *, detached: bool
+                   ) -> AdviseResult:
     """One device's search; ``detached``: ``trace`` is a cut of a file, so workers get the events."""
     kind = trace_kind(trace)
     room = None
@@ -183,7 +190,8 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         trace=str(trace.path) if trace.path else None, kind=kind, limit=cap,
         failing_seq=int(trace.events.seq[ooms[0]]) if len(ooms) else None, tried=tuple(tried), fits=fits,
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
-        top_sites=top_sites_at_peak(trace), command=trace.meta.command if kind == Allocator.TORCH else None,
+        top_sites=top_sites_at_peak(trace, user_code),
+        command=trace.meta.command if kind == Allocator.TORCH else None,
         notes=notes, device=device, room=room_advice,
     )
 

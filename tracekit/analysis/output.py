@@ -16,18 +16,21 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tracekit.analysis.analyze import AnalysisResult, analyze_trace
+from tracekit.analysis.tree import TreeLimits
 from tracekit.errors import OutputError
 from tracekit.outputs import Staged, check_output
 from tracekit.trace.reader import read_trace
+from tracekit.trace.stacks import UserCode
 
 
 def analyze_file(
     path: str | os.PathLike[str], *, timeline: bool, strict: bool = False,
     outputs: Iterable[tuple[Path | None, str]] = (), force: bool = False,
+    user_code: UserCode = UserCode(), trees: TreeLimits | None = None,
 ) -> AnalysisResult:
     """Check ``outputs`` (path, the option that named it) against ``path``, read the trace, analyze it.
 
-    An existing output is refused unless ``force``.
+    An existing output is refused unless ``force``; ``user_code`` and ``trees`` as ``analyze_trace``.
     """
     src = Path(path)
     named = [(Path(o), opt) for o, opt in outputs if o is not None]
@@ -36,7 +39,8 @@ def analyze_file(
     wanted = [o for o, _ in named]
     if len(wanted) != len({o.resolve() for o in wanted}):
         raise OutputError(f"{wanted[0]}: the same path is given for two outputs")
-    return analyze_trace(read_trace(src, strict=strict, extras=False), timeline=timeline)
+    return analyze_trace(read_trace(src, strict=strict, extras=False), timeline=timeline, user_code=user_code,
+                         trees=trees)
 
 
 def write_timeline(result: AnalysisResult, path: str | os.PathLike[str]) -> Path:

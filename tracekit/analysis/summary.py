@@ -26,6 +26,7 @@ from tracekit.analysis.diagnosis import Diagnosis
 from tracekit.analysis.leaks import SiteBytes, SiteBytesJSON
 from tracekit.analysis.oom_budget import FreeSource, OOMBudget
 from tracekit.analysis.tree import Trees
+from tracekit.inputs import safe_text
 from tracekit.units import format_size
 
 HANDLED_SIZES = 5  # requests listed per call-site of handled OOMs
@@ -258,7 +259,7 @@ class Summary:
         fate = "survived: the program went on" if o.handled else "fatal: the program died of it"
         rows = [
             ("out of memory", f"seq {o.seq} on device {o.device} ({fate}): {format_size(o.size)} "
-             f"requested ({format_size(o.rounded)} rounded) at {o.site or '(no call-site)'}"),
+             f"requested ({format_size(o.rounded)} rounded) at {site_text(o.site)}"),
             ("  diagnosis", o.diagnosis.value.upper()),
             ("  why", o.explanation),
             ("  live / reserved", f"{format_size(o.live_bytes)} / {format_size(o.reserved_bytes)}"),
@@ -284,7 +285,7 @@ class Summary:
         for o in self.ooms[:top]:
             mark = "handled" if o.handled else "FATAL"
             rows.append(("", f"  seq {o.seq:>8} dev {o.device} {format_size(o.rounded):>11} {mark:<7} "
-                         f"{o.diagnosis.value:<13} {o.site or '(no call-site)'}"))
+                         f"{o.diagnosis.value:<13} {site_text(o.site)}"))
         if len(self.ooms) > top:
             rows.append(("", f"  ... and {len(self.ooms) - top} more (--json lists them all)"))
         return rows
@@ -294,7 +295,13 @@ def handled_line(h: HandledJSON | dict[str, Any]) -> str:
     """"3 x SITE (who: 364.50 MiB, 182.25 MiB, 91.13 MiB)" for one ``handled_by`` entry."""
     shown = ", ".join(format_size(b) for b in h["sizes"]) + (", ..." if h["count"] > len(h["sizes"]) else "")
     who = f"{h['handler']}: " if h["handler"] else "requests "
-    return f"{h['count']:,} x {h['site'] or '(no call-site)'} ({who}{shown})"
+    return f"{h['count']:,} x {site_text(h['site'])} ({who}{shown})"
+
+
+def site_text(site: str | None) -> str:
+    """A call-site for a line of text: escaped for a terminal on its own, so that no character of it
+    (a newline included) acts or starts a line; "(no call-site)" for none."""
+    return safe_text(site) if site is not None else "(no call-site)"
 
 
 def _device_free_row(o: OOMReport) -> tuple[str, str]:
@@ -308,7 +315,7 @@ def _device_free_row(o: OOMReport) -> tuple[str, str]:
 
 def _site_rows(sites: tuple[SiteBytes, ...], top: int = 5) -> list[tuple[str, str]]:
     """One row per call-site, bytes first so long paths do not widen the label column."""
-    return [("", f"  {format_size(s.bytes):>11} in {s.blocks:>6,} blocks  {s.site or '(no call-site)'}")
+    return [("", f"  {format_size(s.bytes):>11} in {s.blocks:>6,} blocks  {site_text(s.site)}")
             for s in sites[:top]]
 
 

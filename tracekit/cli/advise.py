@@ -23,6 +23,9 @@ def advise(
     verify_on_device: int | None = typer.Option(
         None, "--verify-on-device", min=0, help="Re-check the top settings through a real allocator on GPU N."
     ),
+    user_code: list[str] = typer.Option(
+        [], "--user-code", metavar="PATH",
+        help="Your code, where call-sites are named: frames under PATH (repeatable; docs/analysis.md)."),
 ) -> None:
     """Find settings under which TRACE fits its limit, by replay, and print a paste-ready line."""
     if verify_on_device is None:  # no GPU held: tracekit's own code only (quick_exit)
@@ -30,13 +33,14 @@ def advise(
     from tracekit.advise.run import advise as run_advise
     from tracekit.cli.common import echo_json, say, terminal_progress
     from tracekit.trace.reader import read_trace
+    from tracekit.trace.stacks import UserCode
     from tracekit.units import parse_size
 
     lim = parse_size(limit, "--limit") if limit is not None else None
     total = parse_size(device_total, "--device-total") if device_total is not None else None
     t = read_trace(trace)
     with terminal_progress("advising"):
-        result = run_advise(t, limit=lim, device_total=total, jobs=jobs)
+        result = run_advise(t, limit=lim, device_total=total, jobs=jobs, user_code=UserCode.of(user_code))
     if verify_on_device is not None and not result.fits:
         from dataclasses import replace
 

@@ -11,7 +11,8 @@ from tracekit.cli.quick_exit import skip_teardown
 
 def analyze(
     trace: Path = typer.Argument(
-        ..., help="A trace (.parquet, format 1 or 2): recorded, imported or replayed; each device on its own."
+        ..., help="A trace (.parquet, format 1, 2 or 3): recorded, imported or replayed; each device on its "
+                  "own."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     timeline: Path | None = typer.Option(
@@ -20,17 +21,29 @@ def analyze(
     report: Path | None = typer.Option(None, "--report", help="Also write an HTML report to this path."),
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
+    user_code: list[str] = typer.Option(
+        [], "--user-code", metavar="PATH",
+        help="Your code: frames under PATH (repeatable); default: every frame outside installed "
+             "packages, the standard library and tracekit."),
+    tree: bool = typer.Option(
+        False, "--tree", help="Also the live bytes by call stack at the peak, at each OOM and never freed."),
+    tree_native: bool = typer.Option(
+        False, "--tree-native", help="Show C/C++ frames in --tree (folded into their caller by default)."),
 ) -> None:
     """Explain a trace: live/reserved memory, fragmentation, every OOM, the fatal one and its cause
     with the device at that moment, leaks."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.analysis.output import analyze_file, write_timeline
+    from tracekit.analysis.tree import TreeLimits
     from tracekit.cli.common import echo_json, say, terminal_progress, wrote
+    from tracekit.trace.stacks import UserCode
 
     want = timeline is not None or report is not None  # the report draws the timeline
     outputs = ((timeline, "--timeline"), (report, "--report"))
+    limits = TreeLimits(native=tree_native) if tree or tree_native else None
     with terminal_progress("analyzing"):
-        result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs, force=force)
+        result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs, force=force,
+                              user_code=UserCode.of(user_code), trees=limits)
     if json_out:
         echo_json(result.summary.to_dict())
     else:

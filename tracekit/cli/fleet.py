@@ -28,6 +28,9 @@ def fleet(
     ),
     advise: bool = typer.Option(False, "--advise", help="Add each trace's recommendation."),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
+    user_code: list[str] = typer.Option(
+        [], "--user-code", metavar="PATH",
+        help="Your code, where call-sites are named: frames under PATH (repeatable; docs/analysis.md)."),
 ) -> None:
     """Analyze many traces (the ranks of one job, runs of a CI history): who ran out of memory and why."""
     if engine == "local":  # no Ray session: tracekit's own code only (quick_exit)
@@ -35,13 +38,14 @@ def fleet(
     from tracekit.cli.common import echo_json, say, terminal_progress, wrote
     from tracekit.errors import UsageError
     from tracekit.fleet import Engine, FleetOptions, run_fleet
+    from tracekit.trace.stacks import UserCode
 
     try:
         eng = Engine(engine)
     except ValueError:
         raise UsageError(f"--engine {engine!r}: choose local or ray") from None
     options = FleetOptions(engine=eng, jobs=jobs, address=address, whatif=whatif, advise=advise,
-                           output=output, report=report, force=force)
+                           output=output, report=report, force=force, user_code=UserCode.of(user_code))
     with terminal_progress("fleet"):  # traces done of all, on a terminal, like every verb
         result = run_fleet(paths, options)
     if json_out:

@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from tracekit.errors import TracekitError
+from tracekit.trace.stacks import UserCode
 
 
-def recommend(trace: Any) -> tuple[str | None, str | None]:
+def recommend(trace: Any, user_code: UserCode = UserCode()) -> tuple[str | None, str | None]:
     """(the recommendation sentence, None), or (None, why there is none) for this trace."""
     from tracekit.advise.run import advise
 
     try:
-        return str(advise(trace, jobs=1).recommendation()), None
+        return str(advise(trace, jobs=1, user_code=user_code).recommendation()), None
     except TracekitError as e:
         return None, str(e)

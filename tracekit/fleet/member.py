@@ -15,7 +15,7 @@ highest reserved bytes held in it, so no peak is hidden).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from tracekit.errors import TracekitError
 from tracekit.fleet.row import TraceRow, launch_fields
+from tracekit.trace.stacks import UserCode
 
 CURVE_BINS = 240
 
@@ -34,6 +35,7 @@ class MemberOptions:
     whatif: bool = False
     advise: bool = False
     curve: bool = False
+    user_code: UserCode = field(default_factory=UserCode)  # what counts as the user's code
 
 
 def analyze_member(path: str, options: MemberOptions) -> TraceRow:
@@ -57,7 +59,7 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
 
     # Replays use extra columns (a wrapped history's starting state), the analysis reads its own.
     trace = read_trace(path, extras=options.whatif or options.advise)
-    result = analyze_trace(trace, timeline=options.curve)
+    result = analyze_trace(trace, timeline=options.curve, user_code=options.user_code)
     curve = None
     if result.timeline is not None:
         tl = result.timeline
@@ -74,7 +76,7 @@ def _analyze(path: str, options: MemberOptions, t0: float) -> TraceRow:
     if options.advise:
         from tracekit.fleet.advice import recommend
 
-        advice = recommend(trace)
+        advice = recommend(trace, options.user_code)
     return TraceRow.from_summary(
         path, trace.meta, result.summary, *launch_fields(Path(path), trace.meta),
         device_index=result.summary.device,

@@ -13,8 +13,10 @@ of memory has a fatal OOM (the one the program died of, ``oom_*`` columns);
 OOMs the program survived are counted in ``ooms_handled`` (``oom_count`` counts
 all). A trace of several devices gives the figures of the device the
 analyzer reports (``device_index``: the fatal OOM's device, else the one with
-the highest peak reserved). ``seconds`` is the wall time the worker spent on
-the member (read + analyze + options).
+the highest peak reserved). ``oom_site`` is the fatal OOM's call-site label (the
+user's line and the library line that made the request, ``tracekit.trace.callsite``),
+``oom_user_site`` and ``oom_request_site`` those two frames as ``path:line:function``.
+``seconds`` is the wall time the worker spent on the member (read + analyze + options).
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class TraceRow:
     oom_seq: int | None = None
     oom_size: int | None = None
     oom_site: str | None = None
+    oom_user_site: str | None = None
+    oom_request_site: str | None = None
     oom_diagnosis: str | None = None
     oom_explanation: str | None = None
     oom_device_free_bytes: int | None = None
@@ -138,7 +142,9 @@ class TraceRow:
             max_external_fragmentation=s.max_external_fragmentation, oom_count=s.oom_events,
             ooms_handled=sum(o.handled for o in s.ooms), oom_device=oom.device if oom else None,
             oom_seq=oom.seq if oom else None, oom_size=oom.size if oom else None,
-            oom_site=oom.site if oom else None, oom_diagnosis=oom.diagnosis.value if oom else None,
+            oom_site=oom.site if oom else None, oom_user_site=oom.user_site if oom else None,
+            oom_request_site=oom.request_site if oom else None,
+            oom_diagnosis=oom.diagnosis.value if oom else None,
             oom_explanation=oom.explanation if oom else None,
             oom_device_free_bytes=oom.device_free if oom else None,
             oom_device_free_source=oom.device_free_source.value if oom else None,
@@ -206,7 +212,7 @@ def capacity_column(policy: str) -> str:
 _FIGURES = (
     "events", "duration_s", "peak_live_bytes", "peak_live_seq", "peak_reserved_bytes",
     "peak_reserved_seq", "max_external_fragmentation", "oom_count", "ooms_handled", "oom_device",
-    "oom_seq", "oom_size", "oom_site", "oom_diagnosis", "oom_explanation", "oom_device_free_bytes",
-    "oom_device_free_source", "oom_outside_pool_bytes", "oom_other_processes_bytes", "leaked_bytes",
-    "limit_bytes",
+    "oom_seq", "oom_size", "oom_site", "oom_user_site", "oom_request_site", "oom_diagnosis",
+    "oom_explanation", "oom_device_free_bytes", "oom_device_free_source", "oom_outside_pool_bytes",
+    "oom_other_processes_bytes", "leaked_bytes", "limit_bytes",
 )

@@ -11,7 +11,7 @@ engine and write the page.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from tracekit.fleet.inputs import check_outputs, expand_paths, largest_size
 from tracekit.fleet.member import MemberOptions, analyze_member, render_member
 from tracekit.fleet.row import TraceRow, storable
 from tracekit.progress import report as report_progress
+from tracekit.trace.stacks import UserCode
 from tracekit.workers import cap_workers, peak_bytes
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class FleetOptions:
     output: Path | None = None
     report: Path | None = None
     force: bool = False  # replace existing output files
+    user_code: UserCode = field(default_factory=UserCode)  # what counts as the user's code (``--user-code``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +75,8 @@ def run_fleet(paths: Sequence[str | Path], options: FleetOptions = FleetOptions(
     # does not fit that many times; --jobs asks for at most as many.
     jobs = cap_workers(options.jobs or default_jobs(), tasks=len(members),
                        worker_bytes=peak_bytes(largest_size(members)))
-    mo = MemberOptions(whatif=options.whatif, advise=options.advise, curve=options.report is not None)
+    mo = MemberOptions(whatif=options.whatif, advise=options.advise, curve=options.report is not None,
+                       user_code=options.user_code)
     written: list[Path] = []
     with open_engine(options.engine, jobs, options.address) as runner:
         rows: list[TraceRow | None] = [None] * len(members)
