@@ -38,19 +38,33 @@ ROOT = Path(__file__).resolve().parents[1]
 WRAP = """
 import os, runpy, sys, threading, time
 mode, example = sys.argv[1], sys.argv[2]
-def flusher():
-    import numpy as np, pyarrow as pa
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"spool{os.getpid()}")
+import numpy as np, pyarrow as pa
+PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"spool{os.getpid()}")
+def batch():
+    b = pa.RecordBatch.from_arrays([pa.array(np.arange(1000))], names=["a"])
+    return b.serialize().to_pybytes()
+def put(data, sync=True):
+    fd = os.open(PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, data)
+    if sync:
+        os.fsync(fd)
+    os.close(fd)
+WORK = {
+    "arrow-thread": lambda: put(batch()),
+    "arrow-nosync-thread": lambda: put(batch(), False),
+    "numpy-thread": lambda: put(np.arange(1000).tobytes()),
+    "fsync-thread": lambda: put(b"x" * 8000),
+    "idle-thread": lambda: None,
+}
+def loop(work):
     while True:
-        b = pa.RecordBatch.from_arrays([pa.array(np.arange(1000))], names=["a"])
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.write(fd, b.serialize().to_pybytes()); os.fsync(fd); os.close(fd)
+        work()
         time.sleep(0.05)
-def idle():
-    while True:
-        time.sleep(0.05)
+if mode == "arrow-warm-thread":
+    put(batch())  # every first use of Arrow's batch path done before the program starts
+    mode = "arrow-thread"
 if mode != "runpy":
-    threading.Thread(target=flusher if mode == "arrow-thread" else idle, daemon=True).start()
+    threading.Thread(target=loop, args=(WORK[mode],), daemon=True).start()
 sys.argv = [example]
 runpy.run_path(example, run_name="__main__")
 """
@@ -101,6 +115,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--leave", type=int, default=64 << 20)
     ap.add_argument("--variants", action="store_true", help="only the stand-ins of step 4")
+    ap.add_argument("--only", nargs="*", help="with --variants: these stand-ins (names as in WRAP's WORK, "
+                    "'arrow-warm-thread', 'runpy', 'no-sites', 'True' = recorded, 'False' = plain)")
     a = ap.parse_args()
     example = os.path.abspath(a.example)
     res: dict[str, list[dict[str, object]]] = {}
@@ -108,8 +124,9 @@ def main() -> None:
         warm = os.path.join(work, "warm-cache")
         if a.variants:
             one(example, False, warm, work)  # warms the cache
-            for v in ("runpy", "idle-thread", "arrow-thread", "no-sites", True, False):
-                res[f"variant-{v}"] = [one(example, v, warm, work) for _ in range(a.repeats)]
+            for v in a.only or ("runpy", "idle-thread", "arrow-thread", "no-sites", "True", "False"):
+                arg: bool | str = {"True": True, "False": False}.get(v, v)
+                res[f"variant-{v}"] = [one(example, arg, warm, work) for _ in range(a.repeats)]
             write(a.out, res)
             return
         for rec in (False, True):
