@@ -9,7 +9,8 @@
   combined with expandable segments, which PyTorch does not support.
 - **CuPy** (``cupy`` traces): the default pool, ``set_limit`` at the smallest fitting size,
   ``free_all_blocks()`` before each request of the failing request's call-site,
-  ``MemoryAsyncPool`` and plain ``cudaMalloc`` (both modelled as the device allocator:
+  ``MemoryAsyncPool`` and plain ``cudaMalloc`` (the registry policies modelling
+  ``Allocator.CUPY_ASYNC`` and ``Allocator.CUDA``, both on the device's footprint:
   on the H200 the device showed no external fragmentation, so they fit when the live
   bytes, at the device's granularity, fit).
 - **Raw traces** (anything else): the free-list policies of the simulator registry
@@ -50,8 +51,8 @@ class Kind(StrEnum):
     CUPY_POOL = "cupy-pool"  # the cupy policy (options: none), at the limit
     CUPY_LIMIT = "cupy-set-limit"  # the cupy policy at the smallest fitting set_limit
     CUPY_RELEASE = "cupy-free-all-blocks"  # the cupy policy with free_all_blocks() before a call-site
-    CUPY_ASYNC = "cupy-async"  # MemoryAsyncPool, modelled as the device allocator
-    CUDA_MALLOC = "cudamalloc"  # plain cudaMalloc per request, modelled as the device allocator
+    CUPY_ASYNC = "cupy-async"  # MemoryAsyncPool, on the policy modelling it (the device's footprint)
+    CUDA_MALLOC = "cudamalloc"  # plain cudaMalloc per request, on the policy modelling it (likewise)
     FREE_LIST = "free-list"  # a heap policy of the registry
     # Overhead cures: the recorded setting with the room the cure gives back.
     STACK_LIMIT = "stack-limit"  # local memory: the stack limit lowered after the kernel
@@ -213,7 +214,8 @@ def cupy(site: str | None) -> list[Candidate]:
     out = [cupy_pool()]
     if site is not None:
         out.append(Candidate(Kind.CUPY_RELEASE, policies.modelling(Allocator.CUPY), site=site))
-    out += [Candidate(Kind.CUPY_ASYNC, None), Candidate(Kind.CUDA_MALLOC, None)]
+    out += [Candidate(Kind.CUPY_ASYNC, policies.modelling(Allocator.CUPY_ASYNC)),
+            Candidate(Kind.CUDA_MALLOC, policies.modelling(Allocator.CUDA))]
     return out
 
 

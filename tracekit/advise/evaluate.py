@@ -1,19 +1,16 @@
 """One candidate, one replay: does it fit under the limit, at what peak and at what price.
 
-Pool and heap candidates replay the trace through the simulator at the limit; pools replay
+Every candidate replays the trace through its registry policy at the limit; pools replay
 it as counterfactual input, with device addresses ordered as a real run would order them
-(``tracekit.advise.counterfactual``); ``verified_by_replay`` is then True.
-``MemoryAsyncPool`` and plain ``cudaMalloc`` are not replayed: they are modelled as the
-device allocator, which on the H200 showed no external fragmentation
-(``docs/device-replay.md``), so their reserved bytes after every event are
-
-    async:      ⌈Σ_live ⌈size/512⌉·512 / 2 MiB⌉ · 2 MiB   (the driver's pool maps 2 MiB pages)
-    cudaMalloc: Σ_live cost(size), cost = ⌈size/512⌉·512 if size ≤ 1 MiB else ⌈size/2 MiB⌉·2 MiB
-
-and they fit when the peak is within the limit (optimistic for the async pool, whose own
-pool can fragment: ``docs/fidelity.md``). ``price`` counts device calls: segment
-allocations plus frees for pools (for expandable segments: pages mapped plus unmapped), one
-call per request and per free for cudaMalloc and the async pool, none for a simulated heap.
+(``tracekit.advise.counterfactual``). What the verdict rests on is the policy's
+``traits.basis``: a replay of the allocator's placement (``verified_by_replay`` True), or the
+device's footprint (``MemoryAsyncPool`` and plain ``cudaMalloc``, the policies ``cupy-async``
+and ``cuda``: the device allocator, which on the H200 showed no external fragmentation,
+fits when the live bytes at its granularity fit; optimistic for the async pool, whose own
+pool can fragment: ``docs/fidelity.md``), reported as modelled. ``price`` counts device
+calls: segment allocations plus frees for pools (for expandable segments: pages mapped plus
+unmapped), one call per request and per free for a footprint policy (each request is itself
+the device call), none for a simulated heap.
 """
 
 from __future__ import annotations
@@ -25,15 +22,12 @@ import numpy as np
 
 from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.capacity import needed_requests
-from tracekit.sim.base import SimConfig
+from tracekit.sim import policies
+from tracekit.sim.base import Basis, SimConfig
 from tracekit.sim.engine import replay
-from tracekit.trace.live import live_bytes, paired_frees, round_up
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
-
-PAGE = 2 << 20
-SMALL = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -101,8 +95,6 @@ def input_for(cand: Candidate, prepared: Trace) -> Trace:
 
 def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: int | None) -> Outcome:
     """``cand`` at ``capacity``; ``trace`` is the counterfactual input (raw traces: as read)."""
-    if cand.kind in (Kind.CUPY_ASYNC, Kind.CUDA_MALLOC):
-        return _device_model(cand, trace, capacity, device_total)
     assert cand.policy is not None
     src = input_for(cand, trace)
     cfg = SimConfig(capacity=capacity, device_total=device_total, options=cand.opts)
@@ -116,26 +108,16 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     failed = None
     if s.oom is not None:
         failed = int(np.searchsorted(src.events.seq, s.oom.seq))
-    return Outcome(cand, capacity, s.oom is None, s.peak_reserved_bytes, s.segment_allocs, s.segment_frees,
-                   failed, True, heap=s.peak_extent is not None)
+    replayed = policies.get(cand.policy).traits.basis == Basis.PLACEMENT
+    allocs, frees = (s.segment_allocs, s.segment_frees) if replayed else device_calls(src, failed)
+    return Outcome(cand, capacity, s.oom is None, s.peak_reserved_bytes, allocs, frees, failed, replayed,
+                   heap=s.peak_extent is not None)
 
 
-def _device_model(cand: Candidate, trace: Trace, capacity: int | None, device_total: int | None) -> Outcome:
+def device_calls(trace: Trace, failed: int | None) -> tuple[int, int]:
+    """(requests, frees) before input row ``failed`` (all when None): a footprint policy's device
+    calls, one per request the program needed (``needed_requests``) and one per ``free`` row."""
     ev = trace.events
-    size = ev.size.astype(np.int64)
-    if cand.kind == Kind.CUPY_ASYNC:
-        cost = round_up(size)
-    else:
-        cost = np.where(size <= SMALL, round_up(size), round_up(size, PAGE))
-    alloc = needed_requests(trace)
-    held = live_bytes(cost, alloc, paired_frees(ev.op, trace.mate), trace.mate)
-    if cand.kind == Kind.CUPY_ASYNC:
-        held = round_up(held, PAGE)
-    bound = min(b for b in (capacity, device_total, 1 << 62) if b is not None)
-    over = np.flatnonzero(held > bound)
-    upto = held[: over[0]] if len(over) else held
-    calls = int(np.count_nonzero(alloc[: over[0]] if len(over) else alloc))
-    nfree = int(np.count_nonzero((ev.op == Op.FREE)[: over[0]] if len(over) else ev.op == Op.FREE))
-    peak = int(upto.max()) if len(upto) else 0
-    return Outcome(cand, capacity, len(over) == 0, peak, calls, nfree,
-                   int(over[0]) if len(over) else None, False)
+    upto = slice(None, failed)
+    return (int(np.count_nonzero(needed_requests(trace)[upto])),
+            int(np.count_nonzero(ev.op[upto] == Op.FREE)))
