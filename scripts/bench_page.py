@@ -2,16 +2,19 @@
 time to interactive and redraw times in headless Chromium.
 
 Usage: ``python3 scripts/bench_page.py [--events 10000000] [--pattern fragmenting] [--trace PATH]
-[--keep DIR] [--skip-old] [--repeat 20]``.
+[--keep DIR] [--skip-old] [--repeat 20] [--stacks 5000]``.
 
-1. Writes the trace (``tracekit synth``) unless ``--trace`` or it exists in ``--keep``.
+1. Writes the trace (``tracekit synth``) unless ``--trace`` or it exists in ``--keep``; with ``--stacks N``
+   every malloc and OOM gets one of N whole call stacks (a random tree of depth up to 40 over 4N/3 frames,
+   a quarter of them C++, seeded), the stacks of a deep recording, written as trace format v3.
 2. Times ``tracekit report`` (the page) and the matplotlib report (``tracekit.report.write_report``),
    each in a fresh process, one after the other, after a warm-up run of each on a small trace.
 3. Opens the page from ``file://`` in headless Chromium (Playwright, ``/usr/bin/chromium``) and
    reads ``performance.now()`` when the page is ready (since navigation start: interactive), then
    times, inside the page, each redraw up to the next animation frame: a zoom (random ranges, so
    levels of detail change), a scrub step (the next kept event), a jump to a random event, and a
-   click on an OOM (every OOM if there are few, else a random sample).
+   click on an OOM (every OOM if there are few, else a random sample); and in the flame graph at the peak
+   (with its C++ frames shown) a click zooming into a random drawn node and one zooming back out.
 
 Targets (issue: the report in the browser): at most 25 MB; written in at most 2x the matplotlib
 report's time; interactive within 3 s; each redraw within 100 ms.
@@ -41,6 +44,7 @@ TIMED = """async ([what, arg]) => {
   else if (what === "step") T.step(1);
   else if (what === "jump") T.select(arg);
   else if (what === "oom") T.selectOOM(arg);
+  else if (what === "flame") T.flame.zoom(arg);
   await frame();
   return performance.now() - t;
 }"""
@@ -99,9 +103,48 @@ def browser_times(page_path: Path, repeat: int) -> dict[str, Any]:
         count = page.evaluate("tracekit.model.ooms.count")
         ids = list(range(count)) if count <= repeat else rng.sample(range(count), repeat)
         ooms = [page.evaluate(TIMED, ["oom", i]) for i in ids]
-        out.update(zoom=zooms, step=steps, jump=jumps, oom=ooms, errors=errors, events=n, ooms=count,
-                   note=page.evaluate("tracekit.model.state.note"))
+        if page.locator(".fl-native input").count():
+            page.check(".fl-native input")
+        page.evaluate("tracekit.select(tracekit.model.peak.live_index)")
+        flame = []
+        for _ in range(repeat):
+            nodes = page.evaluate("tracekit.flame.view.nodes.map((n) => n.node)")
+            flame.append(page.evaluate(TIMED, ["flame", nodes[rng.randrange(len(nodes))]]))
+            flame.append(page.evaluate(TIMED, ["flame", 0]))
+        out.update(zoom=zooms, step=steps, jump=jumps, oom=ooms, flame=flame, errors=errors, events=n,
+                   ooms=count, note=page.evaluate("tracekit.model.state.note"),
+                   drawn=page.evaluate("tracekit.flame.view.nodes.length"),
+                   stacks=page.evaluate("tracekit.model.stacks.frame.length"))
         b.close()
+    return out
+
+
+def with_stacks(trace: Path, n: int, out: Path) -> Path:
+    """``trace`` with every malloc and OOM at one of ``n`` random whole call stacks (seeded), as v3."""
+    import dataclasses
+
+    import numpy as np
+
+    from tracekit.trace import Op, read_trace, write_trace
+    from tracekit.trace.stacks import FrameKind, StackTable
+
+    rng = np.random.default_rng(0)
+    nf = n * 4 // 3
+    kind = rng.choice([FrameKind.USER, FrameKind.LIBRARY, FrameKind.STDLIB, FrameKind.NATIVE], nf,
+                      p=[0.3, 0.35, 0.1, 0.25]).astype(int)
+    parent = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
+    for s in range(1, n):  # a parent among the earlier stacks, keeping depth <= 40
+        p = int(rng.integers(-1, s))
+        if p >= 0 and depth[p] < 40:
+            parent[s], depth[s] = p, depth[p] + 1
+    t = read_trace(trace)
+    ev = t.events
+    table = StackTable.build([f"pkg/mod{i % 97}/file{i}.py" for i in range(nf)],
+                             rng.integers(1, 2000, nf).tolist(), [f"fn_{i}" for i in range(nf)], kind.tolist(),
+                             rng.integers(0, nf, n).tolist(), parent.tolist())
+    stack = np.where((ev.op == Op.MALLOC) | (ev.op == Op.OOM), rng.integers(0, n, len(ev)), -1)
+    write_trace(out, t.meta, dataclasses.replace(ev, stack=stack.astype(np.int32), stacks=table))
     return out
 
 
@@ -120,6 +163,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None)
     ap.add_argument("--skip-old", action="store_true", help="do not time the matplotlib report")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--stacks", type=int, default=0, help="give the trace this many whole call stacks")
     args = ap.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="tracekit-bench-page-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -128,6 +172,9 @@ def main() -> None:
         from tracekit.synth import Pattern, synthesize
 
         synthesize(Pattern(args.pattern), args.events, 0, trace)
+    if args.stacks:
+        deep = folder / f"{trace.stem}-stacks{args.stacks}.parquet"
+        trace = deep if deep.exists() else with_stacks(trace, args.stacks, deep)
     new, old, page = write_times(trace, folder, args.skip_old)
     size = page.stat().st_size
     print(f"trace      {trace}")
@@ -137,8 +184,9 @@ def main() -> None:
     r = browser_times(page, args.repeat)
     print(f"browser    ready {r['interactive_ms']:.0f} ms after navigation start (target 3000 ms); "
           f"{r['open_to_ready_s']:.2f} s from goto; {r['events']:,} events, {r['ooms']:,} OOMs")
-    for k in ("zoom", "step", "jump", "oom"):
+    for k in ("zoom", "step", "jump", "oom", "flame"):
         print(line(k, r[k]))
+    print(f"flame      {r['stacks']:,} stacks in the trace, {r['drawn']:,} nodes drawn at the peak")
     print(f"state      {r['note']}")
     if r["errors"]:
         print("page errors:", *r["errors"], sep="\n  ")

@@ -2,7 +2,7 @@
    Root at the top, outermost frame first, each node as wide as the bytes its stack and the stacks
    it calls hold. Built from the page's one data model: the live blocks the page reconstructs at any
    event (page.js) and the FRAME and STACK tables (docs/report-page.md). Every string from the trace
-   goes in through textContent. page.js calls window.tracekitFlame(model, lib) once, then draw(). */
+   goes in through textContent (the graph itself is drawn on a canvas, its labels as canvas text). page.js calls window.tracekitFlame(model, lib) once, then draw(). */
 (function () {
   "use strict";
   const ROOT = -3, NOSTACK = -4, NATIVE_RUN = -2; // node "frames" that are not frames
@@ -17,7 +17,7 @@
     const NATIVE = F.kinds.indexOf("native");
     const ns = S.frame.length, K = F.file.length + 8;
     const hasNative = F.kind.some((k) => k === NATIVE);
-    const box = el("div", null);
+    const box = el("canvas", null);
     box.id = "flame";
     let collapse = hasNative; // C++ frames folded into one node per run by default
     let tree = build(collapse), focus = 0, last = null;
@@ -102,8 +102,8 @@
       const scale = w / Math.max(wt.total[focus], 1);
       let minBytes = MINPX / scale;
       const todo = [[focus, 0, chain.length - 1]];
-      while (todo.length && out.length < MAXNODES) {
-        const [v, x0, d] = todo.shift(); // breadth first: the shallow levels are drawn before a cap bites
+      for (let q = 0; q < todo.length && out.length < MAXNODES; q++) {
+        const [v, x0, d] = todo[q]; // breadth first: the shallow levels are drawn before a cap bites
         const kids = Array.from(tree.kids.subarray(tree.start[v], tree.start[v + 1]))
           .filter((c) => wt.total[c] >= minBytes && wt.total[c] > 0)
           .sort((a, b) => wt.total[b] - wt.total[a] || a - b);
@@ -119,36 +119,67 @@
       return out;
     }
 
+    /* One canvas, drawn in one pass: a page of thousands of nodes redraws in a few ms and adds no
+       element to lay out. Hover and click find the node under the pointer from the layout (rows). */
+    let cssWidth = 0, rows = [];
+    const FONT = "11px system-ui, sans-serif", BOLD = "600 11px system-ui, sans-serif";
+    const FIXED = { root: "#4d4d4d", none: "#9e9e9e", run: "#b8a2dc" };
+    function fit(g, text, room) { // the text cut to fit ``room`` px, with an ellipsis
+      if (room <= 0) return "";
+      let w = g.measureText(text).width;
+      if (w <= room) return text;
+      let n = Math.floor(text.length * room / w);
+      while (n > 0 && g.measureText(text.slice(0, n) + "…").width > room) n--;
+      return n > 0 ? text.slice(0, n) + "…" : "";
+    }
     function draw(st, ctx) {
       last = { st, ctx };
       const wt = weigh(st.blocks);
       if (focus >= tree.n || wt.total[focus] <= 0) focus = 0;
       const req = new Set(ctx.oom && ctx.oom.stack >= 0 ? pathOf(ctx.oom.stack).slice(1) : []); // the root aside
-      const w = Math.max(box.clientWidth || 1200, 200);
-      const nodes = layout(w, wt);
+      if (!cssWidth) cssWidth = Math.max(box.clientWidth || 1200, 200);
+      const w = cssWidth, nodes = layout(w, wt);
       let depth = 0;
-      const frag = document.createDocumentFragment();
-      for (const p of nodes) {
-        const d = el("div", "fl " + kindOf(p.v) + (tree.frame[p.v] >= 0 && F.user[tree.frame[p.v]] ? " mine" : "") +
-          (p.anc ? " anc" : "") + (p.v === focus ? " focus" : "") + (req.has(p.v) ? " req" : ""));
-        d.dataset.node = String(p.v);
-        d.style.left = p.x.toFixed(2) + "px";
-        d.style.width = Math.max(p.w, 1).toFixed(2) + "px";
-        d.style.top = (p.d * ROW) + "px";
-        const c = colour(p.v);
-        if (c) d.style.background = c;
-        if (p.w >= 28) d.textContent = label(p.v);
-        frag.append(d);
-        depth = Math.max(depth, p.d);
-      }
-      box.replaceChildren(frag);
-      box.style.height = ((depth + 1) * ROW + 2) + "px";
-      api.view = { focus, total: wt.total[0], nodes: nodes.map((p) => ({ node: p.v, parent: tree.parent[p.v], frame: tree.frame[p.v], label: label(p.v),
-        bytes: wt.total[p.v], self: wt.self[p.v], x: p.x, w: p.w, depth: p.d, req: req.has(p.v) })) };
+      for (const p of nodes) depth = Math.max(depth, p.d);
+      const h = (depth + 1) * ROW, dpr = window.devicePixelRatio || 1;
+      box.width = Math.round(w * dpr); box.height = Math.round(h * dpr);
+      box.style.height = (h + 2) + "px"; // border-box: the 1 px border each side
+      const g = box.getContext("2d");
+      g.setTransform(dpr, 0, 0, dpr, 0, 0);
+      g.clearRect(0, 0, w, h);
+      g.textBaseline = "middle";
+      rows = Array.from({ length: depth + 1 }, () => []);
+      nodes.forEach((p, i) => {
+        const f = tree.frame[p.v], kind = kindOf(p.v), mine = f >= 0 && F.user[f], y = p.d * ROW;
+        p.mine = mine; p.req = req.has(p.v);
+        rows[p.d].push(i);
+        g.globalAlpha = p.anc ? 0.8 : 1;
+        g.fillStyle = FIXED[kind] || colour(p.v);
+        g.fillRect(p.x, y, Math.max(p.w - 1, 0.5), ROW - 1);
+        if (mine) { g.fillStyle = "#b35900"; g.fillRect(p.x, y, Math.min(3, p.w), ROW - 1); }
+        if (p.v === focus) { g.fillStyle = "#000"; g.fillRect(p.x, y + ROW - 3, p.w - 1, 2); }
+        g.globalAlpha = 1;
+        if (p.req) { g.strokeStyle = "#d00"; g.lineWidth = 2; g.strokeRect(p.x + 1, y + 1, Math.max(p.w - 3, 0.5), ROW - 3); }
+        p.text = "";
+        if (p.w >= 28) {
+          g.font = mine ? BOLD : FONT;
+          g.fillStyle = kind === "root" ? "#fff" : "#111";
+          p.text = fit(g, label(p.v), p.w - (mine ? 9 : 6));
+          if (p.text) g.fillText(p.text, p.x + (mine ? 6 : 3), y + ROW / 2);
+        }
+      });
+      api.view = { focus, total: wt.total[0], width: w, nodes: nodes.map((p) => ({ node: p.v, parent: tree.parent[p.v],
+        frame: tree.frame[p.v], label: label(p.v), text: p.text, bytes: wt.total[p.v], self: wt.self[p.v], x: p.x, w: p.w,
+        depth: p.d, req: p.req, mine: p.mine, kind: kindOf(p.v) })) };
       api.weights = wt;
+      api.drawn = nodes;
       head(st, ctx, wt);
       request(ctx, req, wt);
     }
+    window.addEventListener("resize", () => {
+      const w = Math.max(box.clientWidth || 1200, 200);
+      if (w !== cssWidth) { cssWidth = w; if (last) draw(last.st, last.ctx); }
+    });
 
     const title = el("p", "fl-title"), note = el("div", "fl-note");
     function head(st, ctx, wt) {
@@ -196,12 +227,21 @@
       focus = v === focus ? Math.max(tree.parent[v], 0) : v;
       if (last) draw(last.st, last.ctx);
     }
-    function nodeAt(e) {
-      const t = e.target && e.target.closest ? e.target.closest(".fl") : null;
-      return t ? Number(t.dataset.node) : -1;
+    function nodeAt(e) { // the node under the pointer (-1 none): its row, then the last node starting left of it
+      const r = box.getBoundingClientRect(), x = (e.clientX - r.left) * cssWidth / r.width, d = Math.floor((e.clientY - r.top) / ROW);
+      const row = rows[d], N = api.drawn;
+      if (!row || !N) return -1;
+      let lo = 0, hi = row.length;
+      while (lo < hi) { const m = (lo + hi) >>> 1; if (N[row[m]].x <= x) lo = m + 1; else hi = m; }
+      const p = lo > 0 ? N[row[lo - 1]] : null;
+      return p && x < p.x + p.w ? p.v : -1;
     }
     box.addEventListener("click", (e) => { const v = nodeAt(e); if (v >= 0) zoom(v); });
-    box.addEventListener("mousemove", (e) => { const v = nodeAt(e); if (v < 0) hideTip(); else showTip(tip(v), e.clientX, e.clientY); });
+    box.addEventListener("mousemove", (e) => {
+      const v = nodeAt(e);
+      box.style.cursor = v < 0 ? "default" : "pointer";
+      if (v < 0) hideTip(); else showTip(tip(v), e.clientX, e.clientY);
+    });
     box.addEventListener("mouseleave", hideTip);
 
     /* The controls: the peak, each OOM (fatal ones as buttons, every one in the list), never freed. */
@@ -215,7 +255,7 @@
       for (const i of fatal) button("FATAL OOM seq " + M.ooms.seq[i], "oom fatal fl-fatal", () => go.selectOOM(i), "key f");
       if (ids.length) {
         const sel = el("select", "fl-ooms"); sel.setAttribute("aria-label", "OOM");
-        sel.append(el("option", null, ids.length.toLocaleString() + " OOMs…"));
+        sel.append(el("option", null, ids.length.toLocaleString() + (ids.length === 1 ? " OOM…" : " OOMs…")));
         for (const i of ids.slice(0, 2000)) {
           const o = el("option", null, (M.ooms.handled[i] ? "handled" : "FATAL") + " seq " + M.ooms.seq[i] + " · " + fmtBytes(M.ooms.rounded[i]));
           o.value = String(i); sel.append(o);
@@ -269,11 +309,13 @@
       tree: () => tree,
       /* css pixel (x, y) and width of a drawn node, scrolled into view, for the tests */
       locate(v) {
-        const d = box.querySelector('.fl[data-node="' + v + '"]');
-        if (!d) return null;
-        d.scrollIntoView({ block: "center", inline: "nearest" });
-        const r = d.getBoundingClientRect();
-        return { x: r.left + r.width / 2, y: r.top + r.height / 2, width: r.width };
+        const p = (api.drawn || []).find((q) => q.v === v);
+        if (!p) return null;
+        let r = box.getBoundingClientRect();
+        window.scrollBy(0, r.top + p.d * ROW + ROW / 2 - window.innerHeight / 2);
+        r = box.getBoundingClientRect();
+        const k = r.width / cssWidth;
+        return { x: r.left + (p.x + p.w / 2) * k, y: r.top + p.d * ROW + ROW / 2, width: p.w * k };
       },
       nodeOfStack: (s) => (s >= 0 ? tree.nodeOf[s] : 1),
       view: null,

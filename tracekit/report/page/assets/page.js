@@ -85,7 +85,13 @@
     for (let i = 0; s >= 0 && i < 256; i++) { const f = M.stacks.frame[s]; if (M.frames.user[f]) return f; s = M.stacks.parent[s]; }
     return -1;
   }
-  const siteText = (s) => (s >= 0 ? frameText(M.stacks.frame[s]) : "(no call-site)");
+  /* A stack named by its innermost frame, after the innermost frame of the user's code where that is
+     another one: "train.py:88 in step → torch/nn/functional.py:2000 in conv2d". */
+  function siteText(s) {
+    if (s < 0) return "(no call-site)";
+    const leaf = M.stacks.frame[s], mine = userFrame(s);
+    return (mine >= 0 && mine !== leaf ? frameText(mine) + " → " : "") + frameText(leaf);
+  }
   const rankOf = new Map();
   let colourOf = null;
   function colours() {
