@@ -140,9 +140,9 @@ def with_stacks(trace: Path, n: int, out: Path) -> Path:
             parent[s], depth[s] = p, depth[p] + 1
     t = read_trace(trace)
     ev = t.events
-    table = StackTable.build([f"pkg/mod{i % 97}/file{i}.py" for i in range(nf)],
-                             rng.integers(1, 2000, nf).tolist(), [f"fn_{i}" for i in range(nf)], kind.tolist(),
-                             rng.integers(0, nf, n).tolist(), parent.tolist())
+    files = [f"pkg/mod{i % 97}/file{i}.py" for i in range(nf)]
+    table = StackTable.build(files, rng.integers(1, 2000, nf).tolist(), [f"fn_{i}" for i in range(nf)],
+                             kind.tolist(), rng.integers(0, nf, n).tolist(), parent.tolist())
     stack = np.where((ev.op == Op.MALLOC) | (ev.op == Op.OOM), rng.integers(0, n, len(ev)), -1)
     write_trace(out, t.meta, dataclasses.replace(ev, stack=stack.astype(np.int32), stacks=table))
     return out
