@@ -55,7 +55,11 @@ WORK = {
     "numpy-thread": lambda: put(np.arange(1000).tobytes()),
     "fsync-thread": lambda: put(b"x" * 8000),
     "idle-thread": lambda: None,
+    "open-close-thread": lambda: os.close(os.open(PATH, os.O_RDONLY | os.O_CREAT, 0o644)),
+    "held-fd-thread": lambda: (os.write(HELD, b"x" * 8000), os.fsync(HELD)),
+    "cpu-thread": lambda: sum(range(20000)),
 }
+HELD = os.open(PATH + "held", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 def loop(work):
     while True:
         work()
