@@ -5,9 +5,19 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tracekit.analysis.tree import NATIVE_ONLY, NO_STACK, TreeLimits, TreeNode, stack_tree, tree_lines
-from tracekit.trace.callsite import CallSites, FrameRoles, nearest, top_package
+from tracekit.analysis.tree import (
+    NATIVE_ONLY,
+    NO_STACK,
+    TreeLimits,
+    TreeNode,
+    node_text,
+    stack_tree,
+    tree_lines,
+)
+from tracekit.trace.callsite import CallSites, FrameRoles, label_of, nearest, top_package
 from tracekit.trace.stacks import FrameKind, StackTable, UserCode
 
 VENV = "/venv/lib/python3.12/site-packages"
@@ -168,3 +178,64 @@ def test_roles_are_per_frame() -> None:
     r = FrameRoles.of(TREE, UserCode())
     assert r.native.tolist() == [False, False, False, True, False, True]
     assert r.user.tolist() == [True, True, False, False, True, False]
+
+
+FILES = ("train.py", "model.py", f"{VENV}/torch/nn/f.py", f"{VENV}/tv/m.py", "tracekit/record/hook.py",
+         "alloc.cpp", RUNPY)
+KINDS = (U, U, L, L, U, N, S)
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> StackTable:
+    n = draw(st.integers(1, 40))
+    parent = [draw(st.integers(-1, i - 1)) for i in range(n)]
+    which = [draw(st.integers(0, len(FILES) - 1)) for _ in range(n)]
+    return StackTable.build([FILES[w] for w in which], [i + 1 for i in range(n)], [f"f{i}" for i in range(n)],
+                            [int(KINDS[w]) for w in which], range(n), parent)
+
+
+def by_walking(t: StackTable, s: int) -> str | None:
+    """The label of stack s, the slow way: walk its frames innermost first."""
+    frames = [f for f in t.frames(s) if not f.file.startswith("tracekit/")]
+    user = next((i for i, f in enumerate(frames) if f.kind is U), None)
+    inner = [i for i, f in enumerate(frames) if f.kind is not N and "/torch/" not in f.file]
+    req = inner[0] if inner else (0 if frames else None)
+    if user is not None and req is not None and req > user:
+        req = user
+    u = frames[user] if user is not None else None
+    r = frames[req] if req is not None else None
+    return label_of(u, r)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables())
+def test_labels_match_a_walk_of_each_stack(t: StackTable) -> None:
+    cs = CallSites.of(t)
+    assert [cs.name(int(x)) for x in cs.label] == [by_walking(t, s) for s in range(t.n_stacks)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(), st.data())
+def test_tree_bytes_match_a_walk_of_each_block(t: StackTable, data: st.DataObject) -> None:
+    stack = np.array(data.draw(st.lists(st.integers(-1, t.n_stacks - 1), max_size=30)), np.int64)
+    nbytes = np.array(data.draw(st.lists(st.integers(0, 1 << 40), min_size=len(stack), max_size=len(stack))),
+                      np.int64)
+    everything = TreeLimits(min_share=0, max_children=1000, max_nodes=10**6, native=True)
+    root = stack_tree(t, stack, nbytes, everything)
+    assert root.bytes == int(nbytes.sum())
+    # Every root-to-node path of the tree holds the bytes of the blocks whose shown frames start so.
+    paths: dict[tuple[str, ...], int] = {}
+    for s, b in zip(stack.tolist(), nbytes.tolist(), strict=True):
+        shown = [f for f in reversed(t.frames(s)) if not f.file.startswith("tracekit/")] if s >= 0 else []
+        texts = tuple(node_text(f) for f in shown) or ((NATIVE_ONLY,) if s >= 0 else (NO_STACK,))
+        for d in range(1, len(texts) + 1):
+            paths[texts[:d]] = paths.get(texts[:d], 0) + b
+
+    def walk(n: TreeNode, path: tuple[str, ...]) -> None:
+        for c in n.children:
+            assert c.bytes == paths[(*path, c.text)]
+            assert sum(x.bytes for x in c.children) <= c.bytes
+            walk(c, (*path, c.text))
+
+    walk(root, ())
+    assert sum(c.bytes for c in root.children) == root.bytes - root.more_bytes

@@ -16,8 +16,8 @@ block's stack id, -1 none, and its bytes) and returns a tree of frozen ``TreeNod
   first, so the budget goes to the biggest branches); what is cut is counted in the parent's
   ``more`` (children) and ``more_bytes`` (their bytes).
 
-Blocks with no stack sit under the root as "(no call stack)"; with C/C++ frames collapsed,
-those whose every frame is C/C++ as "(C/C++ frames only)".
+Blocks with no stack sit under the root as "(no call stack)"; those whose every frame is hidden
+(C/C++ frames collapsed, or tracekit's) as "(C/C++ or tracekit frames only)".
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tracekit.trace.stacks import NONE, Frame, StackTable, UserCode
 from tracekit.units import format_size
 
 NO_STACK = "(no call stack)"
-NATIVE_ONLY = "(C/C++ frames only)"
+NATIVE_ONLY = "(C/C++ or tracekit frames only)"
 OOM_TREES = 8  # OOMs that get a tree: the fatal one, then the first handled ones
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -148,9 +149,13 @@ class CallSites:
         label, labels, lu, lr = _labels(table, u, r)
         return cls(table, roles, u, r, u_st, r_st, label, labels, lu, lr)
 
+    @cached_property
+    def _label_or_none(self) -> np.ndarray:
+        return np.append(self.label, NONE).astype(np.int32)  # index -1 picks the trailing NONE
+
     def of_events(self, stack: np.ndarray) -> np.ndarray:
         """The label id of each given stack id (int32, -1 for stack -1 or no frame)."""
-        return np.append(self.label, NONE).astype(np.int32)[stack]
+        return self._label_or_none[stack]
 
     def name(self, label: int) -> str | None:
         return self.labels[label] if label >= 0 else None
