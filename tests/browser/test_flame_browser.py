@@ -207,3 +207,91 @@ def test_hostile_frame_names_render_as_text(browser: Any, pages: dict[str, Path]
     assert p.locator("#pwn").count() == 0 and p.locator("img").count() == 0
     assert p.locator("script").count() == 4
     p.close()
+
+
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+
+def test_each_oom_handled_or_fatal_holds_the_analyzers_live_bytes(browser: Any, tmp_path: Path) -> None:
+    """On a real recording with handled OOMs and a fatal one: the list names each OOM handled or FATAL,
+    choosing one selects it, ``]`` steps to the next; at each the flame graph's root holds exactly the
+    analyzer's live bytes at that OOM."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from test_page_model import ooms, read_model
+
+    page_path = write_page(TRACES / "torch-handled-oom.parquet", tmp_path / "t.html")
+    m = ooms(read_model(page_path))
+    assert any(x["handled"] for x in m) and not all(x["handled"] for x in m)
+    o = Opened(browser, page_path)
+    p = o.page
+    options = p.evaluate("Array.from(document.querySelectorAll('select.fl-ooms option'))"
+                         ".slice(1).map((e) => e.textContent)")
+    assert [t.split(" seq ")[0] for t in options] == ["handled" if x["handled"] else "FATAL" for x in m]
+    for x in m:
+        p.select_option("select.fl-ooms", str(x["id"]))
+        assert p.get_attribute("#at", "data-seq") == str(x["seq"])
+        assert p.evaluate("tracekit.flame.view.total") == x["live_bytes"]
+        title = p.text_content(".fl-title") or ""
+        assert ("handled OOM" if x["handled"] else "fatal OOM") in title
+        assert sum(p.evaluate("tracekit.flame.view.nodes.map((n) => n.req)")) == (1 if x["stack"] >= 0 else 0)
+    p.select_option("select.fl-ooms", "0")
+    p.keyboard.press("]")
+    assert p.get_attribute("#at", "data-seq") == str(m[1]["seq"])
+    p.keyboard.press("[")
+    assert p.get_attribute("#at", "data-seq") == str(m[0]["seq"])
+    assert o.errors == []
+    p.close()
+
+
+def test_deep_random_stacks_roll_up_as_the_analyzer_s_blocks(browser: Any, tmp_path: Path) -> None:
+    """A synthetic trace given 400 random stacks (depth up to 30, a quarter of the frames C++): at several
+    events every drawn node holds the bytes of the analyzer's live blocks (``pool_state_at``) whose stack
+    path starts with the node's path, summed here by walking each block's stack."""
+    import dataclasses
+
+    import numpy as np
+
+    from tracekit.analysis.leaks import pool_state_at
+    from tracekit.synth import Pattern, synthesize
+    from tracekit.trace import Op, read_trace, write_trace
+    from tracekit.trace.stacks import StackTable
+
+    rng = np.random.default_rng(7)
+    synthesize(Pattern("fragmenting"), 20_000, 0, tmp_path / "s.parquet")
+    t = read_trace(tmp_path / "s.parquet")
+    n, nf = 400, 300
+    parent, depth = [-1], [1]
+    for s in range(1, n):  # a parent among the earlier stacks, keeping the depth at most 30
+        q = int(rng.integers(-1, s))
+        q = q if q < 0 or depth[q] < 30 else -1
+        parent.append(q)
+        depth.append(1 if q < 0 else depth[q] + 1)
+    kind = rng.choice([0, 1, 2, 3], nf, p=[0.3, 0.35, 0.1, 0.25]).tolist()
+    table = StackTable.build([f"m/f{i}.py" for i in range(nf)], list(range(nf)),
+                             [f"fn{i}" for i in range(nf)], kind, rng.integers(0, nf, n).tolist(), parent)
+    ev = t.events
+    stack = np.where(ev.op == Op.MALLOC, rng.integers(-1, n, len(ev)), -1).astype(np.int32)
+    write_trace(tmp_path / "d.parquet", t.meta, dataclasses.replace(ev, stack=stack, stacks=table))
+    trace = read_trace(tmp_path / "d.parquet")
+    page_path = write_page(tmp_path / "d.parquet", tmp_path / "d.html")
+    o = Opened(browser, page_path)
+    show_native(o)
+    paths = """() => { const v = tracekit.flame.view, by = new Map(v.nodes.map((n) => [n.node, n]));
+      return v.nodes.map((n) => {
+        const p = []; for (let u = n; u && u.node; u = by.get(u.parent)) p.unshift(u.frame);
+        return [p, n.bytes]; }); }"""
+    for k in (len(ev) // 5, len(ev) // 2, len(ev) - 1):
+        o.page.evaluate(f"tracekit.select({k})")
+        live = pool_state_at(trace.events, trace.mate, k + 1).block_index
+        want: dict[tuple[int, ...], int] = {(): 0}
+        for b in live.tolist():
+            frames = list(trace.events.stacks.walk(int(trace.events.stack[b])))[::-1]
+            path = tuple(frames) if trace.events.stack[b] >= 0 else (-4,)
+            for i in range(len(path) + 1):
+                want[path[:i]] = want.get(path[:i], 0) + int(trace.events.rounded[b])
+        got = {tuple(p): b for p, b in o.page.evaluate(paths)}
+        assert len(got) > 20
+        for path, b in got.items():
+            assert b == want[path], (k, path)
+    assert o.errors == []
+    o.page.close()
