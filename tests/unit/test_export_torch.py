@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracekit.export import torch_snapshot
-from tracekit.export.pickle_writer import Kind, Memo, Name, Writer, int_bytes, write_entries
+from tracekit.export.pickle_writer import Kind, Memo, Writer, entry_names, int_bytes, write_entries
 from tracekit.export.run import Format, export_file
 from tracekit.importers.torch_snapshot import import_snapshot
 from tracekit.trace import Events, Op, Source, Trace, TraceMeta, read_trace, write_trace
@@ -49,11 +49,7 @@ def entries_bytes(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     """The entries the compiled writer makes of ``cols``, unpickled by Python, inside a list."""
     f = io.BytesIO()
     memo = Memo()
-    names = np.zeros(Name.KIND0 + len(Kind), np.int64)
-    for pos, key in torch_snapshot._KEYS.items():
-        names[pos] = memo.string(key)
-    for k in Kind:
-        names[Name.KIND0 + k] = memo.string(k.action)
+    names = entry_names(memo)
     empty = memo.item(("frames", -1), b"]")
     cols = {**cols, "frames": np.full(len(cols["kind"]), empty, np.int64)}
     w = Writer(f, memo)
@@ -78,10 +74,9 @@ def test_compiled_entries_equal_what_python_unpickles(
     got = entries_bytes(cols)
     want = []
     for k, addr, size, stream, t, free in rows:
-        e: dict[str, Any] = {"action": k.action, "addr": addr, "size": size, "stream": stream, "time_us": t,
-                             "frames": []}
-        if k is Kind.OOM:
-            e["device_free"] = free
+        e: dict[str, Any] = {"action": k.action, "size": size, "stream": stream, "time_us": t,
+                             "compile_context": "N/A", "user_metadata": "", "frames": []}
+        e.update({"device_free": free} if k is Kind.OOM else {"addr": addr})
         want.append(e)
     assert got == want
     assert all(a["frames"] is b["frames"] for a, b in itertools.pairwise(got))  # one shared list
@@ -131,7 +126,7 @@ def test_the_snapshot_of_a_hand_built_trace(tmp_path: Path) -> None:
         "free_completed", "oom", "free_requested", "free_completed", "segment_free", "alloc", "oom"]
     assert [e["time_us"] for e in hist[:3]] == [1234, 1236, 1237]  # floor(t_ns / 1000)
     assert hist[6]["size"] == hist[7]["size"] == MiB  # a free carries its block's request
-    assert (hist[8]["size"], hist[8]["device_free"], hist[8]["addr"]) == (64 * MiB, 3 * MiB, 0)
+    assert (hist[8]["size"], hist[8]["device_free"], "addr" in hist[8]) == (64 * MiB, 3 * MiB, False)
     assert hist[1]["frames"] == [{"filename": "train.py", "line": 10, "name": "step"}]
     assert hist[1]["frames"] is hist[5]["frames"] and hist[0]["frames"] == []  # shared, as PyTorch's are
     assert hist[4]["stream"] == 7
@@ -225,3 +220,22 @@ def test_a_raw_device_trace_has_no_segments(tmp_path: Path, traces_dir: Path) ->
         "alloc", "alloc", "free_requested", "free_completed"]
     import_snapshot(tmp_path / "raw.pickle", tmp_path / "back.parquet")
     same_events(read_trace(path), read_trace(tmp_path / "back.parquet"))
+
+
+def test_the_keys_are_those_of_a_real_pytorch_snapshot(tmp_path: Path, traces_dir: Path) -> None:
+    """Entries, segments and blocks carry exactly the keys PyTorch 2.11 wrote on the H200."""
+    from tracekit.importers.safe_pickle import load_pickle
+
+    real = load_pickle(traces_dir / "torch-handled-oom.pickle.gz")
+    ours = snapshot_of(pooled_trace(tmp_path / "p.parquet"), tmp_path / "p.pickle")
+
+    def entry_keys(snap: dict[str, Any]) -> dict[str, set[str]]:
+        return {e["action"]: set(e) for t in snap["device_traces"] for e in t if e["action"] != "snapshot"}
+
+    assert entry_keys(ours) == entry_keys(real)
+    assert {k for s in ours["segments"] for k in s} == {k for s in real["segments"] for k in s}
+    assert {k for s in ours["segments"] for b in s["blocks"] for k in b} == {
+        k for s in real["segments"] for b in s["blocks"] for k in b}
+    assert set(ours) <= set(real)
+    pool_id = type(real["segments"][0]["segment_pool_id"])
+    assert all(type(s["segment_pool_id"]) is pool_id for s in ours["segments"])

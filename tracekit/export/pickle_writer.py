@@ -231,7 +231,11 @@ class Name(IntEnum):
     TIME_US = 4
     FRAMES = 5
     DEVICE_FREE = 6
-    KIND0 = 7  # the action string of entry kind 0; kind k is at KIND0 + k
+    COMPILE_CONTEXT = 7
+    USER_METADATA = 8
+    NOT_COMPILED = 9  # the value "N/A" (PyTorch's compile_context outside torch.compile)
+    EMPTY = 10  # the value "" (PyTorch's user_metadata when none was set)
+    KIND0 = 11  # the action string of entry kind 0; kind k is at KIND0 + k
 
 
 class Kind(IntEnum):
@@ -249,7 +253,7 @@ class Kind(IntEnum):
         return self.name.lower()
 
 
-ENTRY_BOUND = 110  # bytes an entry takes at most, besides first definitions of memo items
+ENTRY_BOUND = 130  # bytes an entry takes at most, besides first definitions of memo items
 
 
 @njit(cache=True)
@@ -332,8 +336,9 @@ def entries(out, kind, addr, size, stream, time_us, frames, device_free, names, 
             count):  # pragma: no cover - compiled
     """Write one dict per entry into ``out`` (APPENDS batches of BATCH); returns the bytes written.
 
-    Entry i: ``{'action': KIND0 + kind[i], 'addr', 'size', 'stream', 'time_us', 'frames': memo item
-    frames[i]}`` plus ``'device_free'`` for an OOM."""
+    Entry i, with the keys PyTorch 2.11 writes: ``{'action': KIND0 + kind[i], 'addr', 'size',
+    'stream', 'time_us', 'compile_context': 'N/A', 'user_metadata': '', 'frames': memo item
+    frames[i]}``; an OOM has ``'device_free'`` instead of ``'addr'``."""
     pos = 0
     n = kind.shape[0]
     for i in range(n):
@@ -345,25 +350,46 @@ def entries(out, kind, addr, size, stream, time_us, frames, device_free, names, 
         pos += 2
         pos = _put_ref(out, pos, names[Name.ACTION], blob, start, slot, count)
         pos = _put_ref(out, pos, names[Name.KIND0 + kind[i]], blob, start, slot, count)
-        pos = _put_ref(out, pos, names[Name.ADDR], blob, start, slot, count)
-        pos = _put_u64(out, pos, addr[i])
+        if kind[i] == Kind.OOM:
+            pos = _put_ref(out, pos, names[Name.DEVICE_FREE], blob, start, slot, count)
+            pos = _put_i64(out, pos, device_free[i])
+        else:
+            pos = _put_ref(out, pos, names[Name.ADDR], blob, start, slot, count)
+            pos = _put_u64(out, pos, addr[i])
         pos = _put_ref(out, pos, names[Name.SIZE], blob, start, slot, count)
         pos = _put_u64(out, pos, size[i])
         pos = _put_ref(out, pos, names[Name.STREAM], blob, start, slot, count)
         pos = _put_u64(out, pos, stream[i])
         pos = _put_ref(out, pos, names[Name.TIME_US], blob, start, slot, count)
         pos = _put_i64(out, pos, time_us[i])
+        pos = _put_ref(out, pos, names[Name.COMPILE_CONTEXT], blob, start, slot, count)
+        pos = _put_ref(out, pos, names[Name.NOT_COMPILED], blob, start, slot, count)
+        pos = _put_ref(out, pos, names[Name.USER_METADATA], blob, start, slot, count)
+        pos = _put_ref(out, pos, names[Name.EMPTY], blob, start, slot, count)
         pos = _put_ref(out, pos, names[Name.FRAMES], blob, start, slot, count)
         pos = _put_ref(out, pos, frames[i], blob, start, slot, count)
-        if kind[i] == Kind.OOM:
-            pos = _put_ref(out, pos, names[Name.DEVICE_FREE], blob, start, slot, count)
-            pos = _put_i64(out, pos, device_free[i])
         out[pos] = Opcode.SETITEMS
         pos += 1
         if i % BATCH == BATCH - 1 or i == n - 1:
             out[pos] = Opcode.APPENDS
             pos += 1
     return pos
+
+
+ENTRY_STRINGS = {Name.ACTION: "action", Name.ADDR: "addr", Name.SIZE: "size", Name.STREAM: "stream",
+                 Name.TIME_US: "time_us", Name.FRAMES: "frames", Name.DEVICE_FREE: "device_free",
+                 Name.COMPILE_CONTEXT: "compile_context", Name.USER_METADATA: "user_metadata",
+                 Name.NOT_COMPILED: "N/A", Name.EMPTY: ""}
+
+
+def entry_names(memo: Memo) -> np.ndarray:
+    """The ``names`` array of ``entries``: the memo items of the entries' keys and fixed strings."""
+    names = np.zeros(Name.KIND0 + len(Kind), np.int64)
+    for pos, text in ENTRY_STRINGS.items():
+        names[pos] = memo.string(text)
+    for k in Kind:
+        names[Name.KIND0 + k] = memo.string(k.action)
+    return names
 
 
 def write_entries(w: Writer, cols: dict[str, np.ndarray], names: np.ndarray) -> None:

@@ -4,13 +4,14 @@ So a CuPy recording (or any trace) opens in PyTorch's MemoryViz (https://pytorch
 ``python -m torch.cuda._memory_viz``. Plain pickle protocol 4 of builtins only (no PyTorch class, no
 global): ``tracekit.export.pickle_writer``. Shape (what ``docs/pytorch.md`` says the importer reads):
 
-- ``device_traces[d]``: device ``d``'s history in seq order, one dict per entry with ``action``,
-  ``addr``, ``size``, ``stream``, ``time_us`` and ``frames`` ([{filename, line, name}], innermost
-  first, shared between entries of one stack; line 0 where the trace has none):
+- ``device_traces[d]``: device ``d``'s history in seq order, one dict per entry with the keys
+  PyTorch 2.11 writes: ``action``, ``addr``, ``size``, ``stream``, ``time_us``,
+  ``compile_context`` ("N/A"), ``user_metadata`` ("") and ``frames`` ([{filename, line, name}],
+  innermost first, one list shared by the entries of one stack; line 0 where the trace has none):
   ``malloc`` → ``alloc`` (``size`` = the request); ``free`` → ``free_requested`` then
   ``free_completed`` (``size`` = its malloc's request, as PyTorch records it); ``segment_alloc`` /
-  ``segment_free`` → the same; ``oom`` → ``oom`` (``size`` = the rounded request, ``addr`` 0,
-  ``device_free`` = the free bytes measured at the OOM, -1 where the trace has none).
+  ``segment_free`` → the same; ``oom`` → ``oom`` (``size`` = the rounded request; ``device_free``
+  = the free bytes measured at the OOM, -1 where the trace has none, in place of ``addr``).
   ``time_us`` = ⌊t_ns / 1000⌋.
 - ``segments``: the segments live at the end of the trace, each with its ``blocks`` in address
   order tiling it exactly: each block live at the end (``active_allocated``, ``size`` = rounded,
@@ -31,7 +32,7 @@ import numpy as np
 
 from tracekit.analysis.recording import extra_column
 from tracekit.export.moments import event_stacks
-from tracekit.export.pickle_writer import Kind, Memo, Name, Ref, Writer, plain_blob, write_entries
+from tracekit.export.pickle_writer import Kind, Memo, Ref, Writer, entry_names, plain_blob, write_entries
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import StackTable
@@ -40,8 +41,6 @@ CHUNK = 1 << 18  # trace rows per pass of the compiled writer (its buffer stays 
 SMALL_SEGMENT = 2 << 20  # PyTorch's small-pool segments are 2 MiB
 _KIND = np.array([Kind.ALLOC, Kind.FREE_COMPLETED, Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.OOM],
                  np.int64)  # by Op code; a free's first copy becomes FREE_REQUESTED
-_KEYS = {Name.ACTION: "action", Name.ADDR: "addr", Name.SIZE: "size", Name.STREAM: "stream",
-         Name.TIME_US: "time_us", Name.FRAMES: "frames", Name.DEVICE_FREE: "device_free"}
 
 
 def frames_of(table: StackTable, stack: int) -> list[dict[str, Any]]:
@@ -68,11 +67,7 @@ def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> None:
     stack, table = event_stacks(ev)
     memo = Memo()
     stacks = _Stacks(memo, table)
-    names = np.zeros(Name.KIND0 + len(Kind), np.int64)
-    for pos, key in _KEYS.items():
-        names[pos] = memo.string(key)
-    for k in Kind:
-        names[Name.KIND0 + k] = memo.string(k.action)
+    names = entry_names(memo)
     w = Writer(f, memo)
     top: dict[str, Any] = {"segments": final_segments(trace, stack, stacks)}
     w.raw(b"}(")  # the top-level dict and the mark of its items (EMPTY_DICT, MARK)
