@@ -164,25 +164,23 @@ def _canonical(table: StackTable, shown: np.ndarray, outer: np.ndarray) -> np.nd
     for d in range(1, int(level.max(initial=0)) + 1):
         at = np.flatnonzero(shown & (level == d))
         up = np.where(outer[at] >= 0, canon[np.maximum(outer[at], 0)], NONE)
-        keys = np.stack([up, table.frame[at].astype(np.int64)], axis=1)
-        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        keys = (up + 1) * (table.n_frames + 1) + table.frame[at]  # one int64 per (node above, frame)
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         canon[at] = at[first][inverse.reshape(-1)]
     return canon
 
 
 def _depths(parent: np.ndarray) -> np.ndarray:
-    """1 + the number of nodes between a node and the root (parent -1 = the root): one vector
-    step per level."""
+    """1 + the number of nodes above a node (parent -1 = the root), by pointer jumping:
+    ``dist += dist[jump]; jump = jump[jump]`` until every jump reaches the root,
+    ⌈log2 depth⌉ + 1 vector steps."""
     n = len(parent)
-    depth = np.ones(n, np.int64)
-    ext = np.append(parent, NONE)
-    p = parent.copy()
-    while True:
-        up = p >= 0
-        if not up.any():
-            return depth
-        depth[up] += 1
-        p = np.where(up, ext[np.where(up, p, n)], NONE)
+    jump = np.append(np.where(parent < 0, n, parent), n).astype(np.int64)  # n: the root, fixed
+    dist = np.append(parent >= 0, False).astype(np.int64)
+    while bool(np.any(jump[:n] != n)):
+        dist = dist + dist[jump]
+        jump = jump[jump]
+    return dist[:n] + 1
 
 
 def _build(table: StackTable, r: _Rolled, limits: TreeLimits, roles: FrameRoles) -> TreeNode:

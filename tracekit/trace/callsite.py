@@ -193,13 +193,14 @@ def _labels(table: StackTable, u: np.ndarray, r: np.ndarray
     (two frames of equal text) share one label."""
     if len(u) == 0:
         return np.zeros(0, np.int32), (), (), ()
-    pairs = np.stack([u.astype(np.int64), r.astype(np.int64)], axis=1)
-    uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    width = table.n_frames + 1  # one int64 key per pair: (u + 1) * width + (r + 1)
+    pair = (u.astype(np.int64) + 1) * width + (r.astype(np.int64) + 1)
+    keys, inverse = np.unique(pair, return_inverse=True)
     index: dict[str, int] = {}
     users: list[str | None] = []
     requests: list[str | None] = []
-    lut = np.full(len(uniq), NONE, np.int32)
-    for i, (uf, rf) in enumerate(uniq.tolist()):
+    lut = np.full(len(keys), NONE, np.int32)
+    for i, (uf, rf) in enumerate(zip((keys // width - 1).tolist(), (keys % width - 1).tolist(), strict=True)):
         user = table.frame_at(uf) if uf >= 0 else None
         req = table.frame_at(rf) if rf >= 0 else None
         text = label_of(user, req)
