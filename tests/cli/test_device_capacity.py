@@ -33,9 +33,9 @@ def test_cupy_capacity_is_the_pool_limit() -> None:
 def test_ballast_for_16gib_on_an_h200(alloc: Allocator) -> None:
     plan = plan_capacity(alloc, 16 * GiB, H200_FREE, H200_TOTAL)
     # 149,557,477,376 - 17,179,869,184 - 4 MiB = 132,373,413,888 = 63,120.56 x 2 MiB -> 63,120
-    assert plan.ballast == 63_120 * GRANULARITY
+    assert plan.ballast_bytes == 63_120 * GRANULARITY
     assert plan.pool_limit is None
-    left = H200_FREE - plan.ballast
+    left = H200_FREE - plan.ballast_bytes
     assert 16 * GiB + DRIVER_SLACK <= left < 16 * GiB + DRIVER_SLACK + GRANULARITY
 
 
@@ -47,11 +47,11 @@ def test_ballast_for_16gib_on_an_h200(alloc: Allocator) -> None:
 def test_plan_leaves_at_least_capacity_free(free: int, frac: float, alloc: Allocator) -> None:
     cap = max(1, int(free * frac))
     plan = plan_capacity(alloc, cap, free, free + GiB)
-    assert plan.ballast % GRANULARITY == 0
+    assert plan.ballast_bytes % GRANULARITY == 0
     if alloc in (Allocator.CUPY, Allocator.TORCH):  # the pool limit does the limiting; nothing is taken
-        assert plan.ballast == 0 and plan.pool_limit == cap
-    elif plan.ballast:
-        assert cap + DRIVER_SLACK <= free - plan.ballast < cap + DRIVER_SLACK + GRANULARITY
+        assert plan.ballast_bytes == 0 and plan.pool_limit == cap
+    elif plan.ballast_bytes:
+        assert cap + DRIVER_SLACK <= free - plan.ballast_bytes < cap + DRIVER_SLACK + GRANULARITY
     else:  # within the driver's slack of the free memory: nothing to take
         assert free - cap < DRIVER_SLACK + GRANULARITY
 
@@ -63,7 +63,7 @@ def test_capacity_above_free_is_refused(alloc: Allocator) -> None:
 
 
 def test_capacity_equal_to_free_takes_no_ballast() -> None:
-    assert plan_capacity(Allocator.CUDA, H200_FREE, H200_FREE, H200_TOTAL).ballast == 0
+    assert plan_capacity(Allocator.CUDA, H200_FREE, H200_FREE, H200_TOTAL).ballast_bytes == 0
 
 
 def test_zero_capacity_is_refused() -> None:

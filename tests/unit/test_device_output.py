@@ -7,6 +7,7 @@ the GPU tests check that real replays produce such runs.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,11 @@ import pytest
 
 from tracekit.device.allocators import SegmentLog
 from tracekit.device.capacity import DRIVER_SLACK, Allocator, CapacityPlan
-from tracekit.device.compare import compare_summaries, format_comparison
+from tracekit.device.compare import ReservedComparison, compare_summaries, format_comparison
+from tracekit.device.figures import DeviceFigures, Latency
 from tracekit.device.replay import DeviceConfig, DeviceRun
 from tracekit.device.result import EXTRA_FIELDS, live_curve, output_events, summary
+from tracekit.sim.result import OOMInfo, ReplaySummary
 from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
 
 MiB = 1 << 20
@@ -115,21 +118,51 @@ def test_cuda_oom_reserved_comes_from_device_free(trace) -> None:
     assert s["device"]["peak_reserved"] == "sampled"
 
 
+def _summary(policy: str, oom_seq: int | None, peak_reserved: int, segment_allocs: int,
+             device: DeviceFigures | None = None) -> ReplaySummary:
+    oom = None if oom_seq is None else OOMInfo(oom_seq, 5000, 5120, 0, None, 3072, peak_reserved)
+    s = ReplaySummary(policy, 4 * MiB, None, 7, 4096, peak_reserved, None, segment_allocs, 1, oom, 1, True)
+    return s if device is None else s.with_figures(device)
+
+
+def _device(allocator: str, peak_reserved: str) -> DeviceFigures:
+    lat = Latency(2000.0, 2100.0, 2)
+    return DeviceFigures(0, allocator, 6, peak_reserved, lat, lat, 140 * 1024 * MiB, 120 * MiB, 120 * MiB,
+                         120 * MiB, 0)
+
+
 def test_compare_agrees_and_disagrees() -> None:
-    dev = {"policy": "cupy", "oom": {"seq": 13}, "peak_reserved_bytes": 4 * MiB, "segment_allocs": 2,
-           "segment_frees": 1, "peak_live_bytes": 4096,
-           "device": {"allocator": "cupy", "peak_reserved": "exact"}}
-    sim = {**dev, "oom": {"seq": 13}}
+    dev = _summary("cupy", 13, 4 * MiB, 2, _device("cupy", "exact"))
+    sim = _summary("cupy", 13, 4 * MiB, 2)
     c = compare_summaries(dev, sim, "cupy")
-    assert c["agree"] is True
-    c = compare_summaries(dev, {**sim, "segment_allocs": 3}, "cupy")
-    assert c["agree"] is False
+    assert c.agree is True and c.allocator == "cupy"
+    assert [(r.figure, r.device, r.sim) for r in c.rows] == [
+        ("first_oom_seq", 13, 13), ("peak_reserved_bytes", 4 * MiB, 4 * MiB), ("segment_allocs", 2, 2),
+        ("segment_frees", 1, 1), ("peak_live_bytes", 4096, 4096)]
+    c = compare_summaries(dev, _summary("cupy", 13, 4 * MiB, 3), "cupy")
+    assert c.agree is False
     assert "DISAGREE" in format_comparison(c)
+    assert compare_summaries(dev, _summary("cupy", None, 4 * MiB, 2), "cupy").agree is False  # no OOM there
     # the cuda allocator's peak reserved is sampled: shown, but it does not decide
-    cuda = {**dev, "device": {"allocator": "cuda", "peak_reserved": "sampled"}}
-    c = compare_summaries(cuda, {**sim, "peak_reserved_bytes": 1}, "first-fit")
-    assert c["agree"] is True
-    assert next(r for r in c["rows"] if r["figure"] == "peak_reserved_bytes")["agree"] is None
+    cuda = _summary("cuda", 13, 4 * MiB, 2, _device("cuda", "sampled"))
+    c = compare_summaries(cuda, _summary("first-fit", 13, 1, 2), "first-fit")
+    assert c.agree is True
+    assert next(r for r in c.rows if r.figure == "peak_reserved_bytes").agree is None
+
+
+def test_reserved_bytes_decide_the_verdict_and_keep_their_json() -> None:
+    dev = _summary("torch", 13, 4 * MiB, 2, _device("torch", "exact"))
+    c = compare_summaries(dev, _summary("torch", 13, 4 * MiB, 2), "torch")
+    same = ReservedComparison("model, recorded addresses", 5, 5, None, None, None, None)
+    off = ReservedComparison("model, this device's addresses", 5, 3, 2, 12, 2 * MiB, 4 * MiB)
+    assert replace(c, reserved=(same,)).agree is True and replace(c, reserved=(same, off)).agree is False
+    d = replace(c, reserved=(same, off)).to_dict()
+    assert list(d) == ["policy", "allocator", "rows", "agree", "reserved"] and d["agree"] is False
+    assert d["reserved"][1] == {"model": "model, this device's addresses", "requests": 5, "same": 3,
+                                "first_index": 2, "first_seq": 12, "device_reserved": 2 * MiB,
+                                "model_reserved": 4 * MiB}
+    assert "reserved" not in c.to_dict()
+    assert "first differ at seq 12 (input row 2)" in format_comparison(replace(c, reserved=(off,)))
 
 
 class _Runtime:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -50,6 +50,33 @@ LOWER_BOUND_DESCRIPTION = (
     "the fatal oom row counted as live, handled ones not"
 )
 _LIMIT = 1 << 50  # 1 PiB: where the doubling search gives up
+
+
+class PolicyFitDict(TypedDict):
+    """One policy in ``whatif --json``; ``*_bytes`` are the fields ``min_capacity``,
+    ``unbounded_peak_reserved``, ``searched_up_to`` and the derived ``overhead``."""
+
+    policy: str
+    min_capacity_bytes: int | None
+    overhead_bytes: int | None
+    overhead_ratio: float | None
+    unbounded_peak_reserved_bytes: int | None
+    replays: int
+    searched_up_to_bytes: int
+    error: str | None
+
+
+class WhatIfDict(TypedDict):
+    """``whatif --json``; ``devices`` only for a trace of several devices."""
+
+    trace: str | None
+    device: int | None
+    lower_bound_bytes: int | None
+    lower_bound_description: str
+    step_bytes: int
+    max_capacity_bytes: int | None
+    policies: list[PolicyFitDict]
+    devices: NotRequired[list[WhatIfDict]]
 
 
 @dataclass(frozen=True)
@@ -76,13 +103,12 @@ class PolicyFit:
             return None
         return self.min_capacity / self.lower_bound - 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy, "min_capacity_bytes": self.min_capacity,
-            "overhead_bytes": self.overhead, "overhead_ratio": self.overhead_ratio,
-            "unbounded_peak_reserved_bytes": self.unbounded_peak_reserved,
-            "replays": self.replays, "searched_up_to_bytes": self.searched_up_to, "error": self.error,
-        }
+    def to_dict(self) -> PolicyFitDict:
+        return PolicyFitDict(
+            policy=self.policy, min_capacity_bytes=self.min_capacity, overhead_bytes=self.overhead,
+            overhead_ratio=self.overhead_ratio, unbounded_peak_reserved_bytes=self.unbounded_peak_reserved,
+            replays=self.replays, searched_up_to_bytes=self.searched_up_to, error=self.error,
+        )
 
 
 @dataclass(frozen=True)
@@ -101,12 +127,12 @@ class WhatIfResult:
     device: int | None = None
     devices: tuple[WhatIfResult, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {
-            "trace": self.trace, "device": self.device, "lower_bound_bytes": self.lower_bound,
-            "lower_bound_description": LOWER_BOUND_DESCRIPTION, "step_bytes": self.step,
-            "max_capacity_bytes": self.max_capacity, "policies": [f.to_dict() for f in self.fits],
-        }
+    def to_dict(self) -> WhatIfDict:
+        d = WhatIfDict(
+            trace=self.trace, device=self.device, lower_bound_bytes=self.lower_bound,
+            lower_bound_description=LOWER_BOUND_DESCRIPTION, step_bytes=self.step,
+            max_capacity_bytes=self.max_capacity, policies=[f.to_dict() for f in self.fits],
+        )
         if self.devices:
             d["devices"] = [p.to_dict() for p in self.devices]
         return d

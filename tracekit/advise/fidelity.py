@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -81,6 +81,26 @@ def predicted(trace: Trace, run: PolicyRun) -> Requests:
     return Requests(idx, ev.op[idx], ev.size[idx].astype(np.int64), np.cumsum(delta)[idx])
 
 
+class ComparisonDict(TypedDict):
+    run: str
+    setting: str
+    compared: int
+    same_requests: bool
+    agree: int
+    first_departure: int | None
+    real_peak_reserved: int
+    predicted_peak_reserved: int
+    real_got_past: bool
+    predicted_got_past: bool
+
+
+class ComparisonTableDict(TypedDict):
+    """``scripts/torch_counterfactual.py``'s JSON: the base recording and one row per run."""
+
+    base: str
+    runs: list[ComparisonDict]
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One predicted run against the real one (request ordinals, bytes)."""
@@ -96,8 +116,14 @@ class Comparison:
     real_got_past: bool  # the real run served BASE's failing request
     predicted_got_past: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_dict(self) -> ComparisonDict:
+        return ComparisonDict(
+            run=self.run, setting=self.setting, compared=self.compared, same_requests=self.same_requests,
+            agree=self.agree, first_departure=self.first_departure,
+            real_peak_reserved=self.real_peak_reserved, predicted_peak_reserved=self.predicted_peak_reserved,
+            real_got_past=self.real_got_past,
+            predicted_got_past=self.predicted_got_past,
+        )
 
 
 def _is_alloc(op: np.ndarray) -> np.ndarray:
@@ -180,8 +206,8 @@ class ComparisonTable:
     base: str
     rows: tuple[Comparison, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"base": self.base, "runs": [r.to_dict() for r in self.rows]}
+    def to_dict(self) -> ComparisonTableDict:
+        return ComparisonTableDict(base=self.base, runs=[r.to_dict() for r in self.rows])
 
     def to_markdown(self) -> str:
         lines = [

@@ -16,8 +16,8 @@ replayed at all (no GPU, no CuPy or PyTorch) that is a DeviceError.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from tracekit.advise.candidates import Kind
 from tracekit.advise.evaluate import Outcome
@@ -29,6 +29,17 @@ from tracekit.trace.reader import Trace
 TOP = 3
 _CUPY = {Kind.CUPY_POOL: "CUPY", Kind.CUPY_LIMIT: "CUPY", Kind.CUPY_ASYNC: "CUPY_ASYNC",
          Kind.CUDA_MALLOC: "CUDA"}
+
+
+class DeviceCheckDict(TypedDict):
+    """One entry of ``device_checks`` in ``advise --json``: the fields and the derived ``agrees``."""
+
+    setting: str
+    fits_in_model: bool
+    fits_on_device: bool | None
+    peak_reserved_on_device: int | None
+    note: str
+    agrees: bool | None
 
 
 @dataclass(frozen=True)
@@ -45,8 +56,11 @@ class DeviceCheck:
     def agrees(self) -> bool | None:
         return None if self.fits_on_device is None else self.fits_on_device == self.fits_in_model
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "agrees": self.agrees}
+    def to_dict(self) -> DeviceCheckDict:
+        return DeviceCheckDict(setting=self.setting, fits_in_model=self.fits_in_model,
+                               fits_on_device=self.fits_on_device,
+                               peak_reserved_on_device=self.peak_reserved_on_device, note=self.note,
+                               agrees=self.agrees)
 
 
 def verify(trace: Trace, tried: Sequence[Outcome], device: int, top: int = TOP) -> tuple[DeviceCheck, ...]:

@@ -23,6 +23,7 @@ from typing import Any, TypedDict, cast
 
 from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
 from tracekit.advise.evaluate import Outcome
+from tracekit.advise.on_device import DeviceCheck, DeviceCheckDict
 from tracekit.advise.overhead import Room, RoomDict
 from tracekit.analysis.leaks import SiteBytes
 from tracekit.units import format_size
@@ -105,7 +106,7 @@ class AdviseDict(TypedDict):
     missing_bytes: int | None
     scope: str
     notes: list[str]
-    device_checks: list[dict[str, Any]]
+    device_checks: list[DeviceCheckDict]
     devices: list[AdviseDict]
 
 
@@ -139,7 +140,7 @@ class AdviseResult:
     top_sites: tuple[SiteBytes, ...]
     command: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
-    device_checks: tuple[Any, ...] = ()  # tracekit.advise.on_device.DeviceCheck, with --verify-on-device
+    device_checks: tuple[DeviceCheck, ...] = ()  # with --verify-on-device
     device: int | None = None
     room: RoomAdvice | None = None  # the device ran out: the limit is the room the process had
     devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer

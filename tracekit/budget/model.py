@@ -13,13 +13,14 @@ thread x max resident threads per SM x SMs), the device malloc heap, the
 printf FIFO and the rest (device code, constant memory, driver bookkeeping),
 which are *estimates*: the driver reports the context only as one number.
 ``unaccounted`` is what is left; on a quiet GPU it is within the 2 MiB
-allocation granularity.
+allocation granularity. A term's and a check's JSON (``TermDict``, ``CheckDict``)
+are their fields, a check's with the derived ``difference`` and ``ok``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 MiB = 1 << 20
 GRANULARITY = 2 * MiB  # cudaMalloc rounds requests above 1 MiB to 2 MiB on Hopper
@@ -30,6 +31,23 @@ class How:
     ESTIMATED = "estimated"
     DERIVED = "derived"
     UNAVAILABLE = "unavailable"
+
+
+class TermDict(TypedDict):
+    name: str
+    bytes: int | None
+    how: str
+    why: str
+    part_of: str | None
+
+
+class CheckDict(TypedDict):
+    name: str
+    left: int
+    right: int
+    difference: int
+    tolerance: int
+    ok: bool
 
 
 @dataclass(frozen=True)
@@ -45,9 +63,8 @@ class Term:
     why: str
     part_of: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes": self.bytes, "how": self.how, "why": self.why,
-                "part_of": self.part_of}
+    def to_dict(self) -> TermDict:
+        return TermDict(name=self.name, bytes=self.bytes, how=self.how, why=self.why, part_of=self.part_of)
 
 
 def local_memory_model(stack_bytes: int, max_threads_per_sm: int, sm_count: int) -> int:
@@ -153,12 +170,18 @@ class Check:
     tolerance: int = GRANULARITY
 
     @property
-    def ok(self) -> bool:
-        return abs(self.left - self.right) <= self.tolerance
+    def difference(self) -> int:
+        """left − right (bytes)."""
+        return self.left - self.right
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "left": self.left, "right": self.right,
-                "difference": self.left - self.right, "tolerance": self.tolerance, "ok": self.ok}
+    @property
+    def ok(self) -> bool:
+        """|left − right| ≤ tolerance."""
+        return abs(self.difference) <= self.tolerance
+
+    def to_dict(self) -> CheckDict:
+        return CheckDict(name=self.name, left=self.left, right=self.right, difference=self.difference,
+                         tolerance=self.tolerance, ok=self.ok)
 
 
 def cross_checks(b: dict[str, Any], terms: list[Term]) -> list[Check]:
@@ -185,5 +208,5 @@ def cross_checks(b: dict[str, Any], terms: list[Term]) -> list[Check]:
 def format_checks(checks: list[Check]) -> str:
     return "\n".join(
         f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.left:,} vs {c.right:,} "
-        f"(difference {c.left - c.right:,} B, tolerance {c.tolerance:,} B)" for c in checks
+        f"(difference {c.difference:,} B, tolerance {c.tolerance:,} B)" for c in checks
     )

@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from tracekit.budget.kernel_probe import MAX_LOCAL
 from tracekit.budget.measure import measure_budget
-from tracekit.budget.model import MiB, budget_terms, cross_checks, format_checks, format_table
+from tracekit.budget.model import (
+    Check,
+    CheckDict,
+    MiB,
+    Term,
+    TermDict,
+    budget_terms,
+    cross_checks,
+    format_checks,
+    format_table,
+)
 from tracekit.errors import UsageError
+
+
+class EquationDict(TypedDict):
+    """What ``budget --json`` adds after the measured figures (``tracekit.budget.measure``)."""
+
+    terms: list[TermDict]
+    checks: list[CheckDict]
+
+
+def equation(terms: list[Term], checks: list[Check]) -> EquationDict:
+    """The equation's rows and checks as JSON."""
+    return EquationDict(terms=[t.to_dict() for t in terms], checks=[c.to_dict() for c in checks])
 
 
 def budget_report(device: int, kernel_local_bytes: int | None, probe_largest: bool, as_json: bool) -> str:
@@ -22,12 +44,11 @@ def budget_report(device: int, kernel_local_bytes: int | None, probe_largest: bo
     terms = budget_terms(b)
     checks = cross_checks(b, terms)
     if as_json:
-        doc = {**b, "terms": [t.to_dict() for t in terms], "checks": [c.to_dict() for c in checks]}
-        return json.dumps(doc, indent=2, default=str)
+        return json.dumps({**b, **equation(terms, checks)}, indent=2, default=str)
     return render_text(b, terms, checks)
 
 
-def render_text(b: dict[str, Any], terms: list, checks: list) -> str:
+def render_text(b: dict[str, Any], terms: list[Term], checks: list[Check]) -> str:
     """Header, the equation table, the checks, then one paragraph per probe."""
     head = (f"device {b['device']}: {b.get('name')}  driver {b.get('driver_version')}  "
             f"CUDA driver {b.get('cuda_driver_version')} runtime {b.get('cuda_runtime_version')}")

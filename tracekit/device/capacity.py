@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from tracekit import interrupts
 from tracekit.errors import DeviceError, UsageError
@@ -41,19 +41,26 @@ def parse_allocator(text: str) -> Allocator:
         raise UsageError(f"unknown --allocator {text!r} (expected one of {names})") from None
 
 
+class CapacityPlanDict(TypedDict):
+    capacity: int | None
+    ballast_bytes: int
+    pool_limit: int | None
+
+
 @dataclass(frozen=True)
 class CapacityPlan:
-    """What to do before replaying: ``ballast`` bytes to take, ``pool_limit`` for CuPy's pool.
+    """What to do before replaying: ``ballast_bytes`` to take, ``pool_limit`` for CuPy's pool.
 
     ``capacity`` is what was asked (None = the whole free memory).
     """
 
     capacity: int | None
-    ballast: int
+    ballast_bytes: int
     pool_limit: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"capacity": self.capacity, "ballast_bytes": self.ballast, "pool_limit": self.pool_limit}
+    def to_dict(self) -> CapacityPlanDict:
+        return CapacityPlanDict(capacity=self.capacity, ballast_bytes=self.ballast_bytes,
+                                pool_limit=self.pool_limit)
 
 
 def plan_capacity(allocator: Allocator, capacity: int | None, free: int, total: int) -> CapacityPlan:

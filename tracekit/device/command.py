@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, cast
 
 from tracekit.device.capacity import Allocator, parse_allocator
+from tracekit.device.compare import SimComparison, SimComparisonDict
+from tracekit.device.figures import DeviceFiguresDict, TorchFiguresDict
 from tracekit.errors import UsageError
-from tracekit.sim.result import ReplaySummary
+from tracekit.sim.result import ReplaySummary, ReplaySummaryDict
 from tracekit.units import parse_size
 
 
@@ -41,18 +43,30 @@ def check_args(device: int, allocator: str, capacity: str | None,
     return alloc, cap
 
 
+class DeviceReplayDict(ReplaySummaryDict):
+    """``replay --device N --json``: the one replay summary, its ``device`` group (and ``torch``
+    through PyTorch's allocator), and ``compare_sim`` with ``--compare-sim``."""
+
+    device: DeviceFiguresDict
+    torch: NotRequired[TorchFiguresDict]
+    compare_sim: NotRequired[SimComparisonDict]
+
+
 @dataclass(frozen=True)
 class DeviceReplayOutcome:
     """What a device replay produced: its summary, the comparison, the file written, the verdict."""
 
     summary: ReplaySummary
-    comparison: dict[str, Any] | None
+    comparison: SimComparison | None
     written: Path | None
     verdict: str | None  # the sentence for --fail-on-oom when any request failed, else None
 
-    def to_dict(self) -> dict[str, Any]:
-        d = self.summary.to_dict()
-        return d if self.comparison is None else {**d, "compare_sim": self.comparison}
+    def to_dict(self) -> DeviceReplayDict:
+        # The summary carries the device group (and torch): its groups add their own keys.
+        d = cast(DeviceReplayDict, self.summary.to_dict())
+        if self.comparison is not None:
+            d["compare_sim"] = self.comparison.to_dict()
+        return d
 
     def to_text(self) -> str:
         text = self.summary.to_text()
@@ -93,7 +107,7 @@ def run_device_replay(
     written = write_output(tr, run, output) if output is not None else None
     comparison = None
     if compare_sim is not None:
-        comparison = _compare(tr, run, compare_sim, cap, continue_on_oom, result.to_dict(), written)
+        comparison = _compare(tr, run, compare_sim, cap, continue_on_oom, result, written)
     verdict = None
     if run.ooms:
         verdict = (f"{trace}: {run.ooms} allocation(s) ran out of memory on device {device} "
@@ -102,7 +116,7 @@ def run_device_replay(
 
 
 def _compare(tr: Any, run: Any, policy: str, cap: int | None, continue_on_oom: bool,
-             result: dict[str, Any], written: Path | None) -> dict[str, Any]:
+             result: ReplaySummary, written: Path | None) -> SimComparison:
     """The side-by-side table; for torch against torch also reserved bytes after every request."""
     from tracekit.device.compare import compare_with_sim
 
@@ -118,9 +132,7 @@ def _compare(tr: Any, run: Any, policy: str, cap: int | None, continue_on_oom: b
     with tempfile.TemporaryDirectory(prefix="tracekit-") as tmp:
         path = written if written is not None else write_output(tr, run, Path(tmp) / "replay.parquet")
         reserved = compare_with_model(tr, run, read_trace(path))
-    comparison["reserved"] = [c.to_dict() for c in reserved]
-    comparison["agree"] = bool(comparison["agree"] and all(c.first < 0 for c in reserved))
-    return comparison
+    return replace(comparison, reserved=tuple(reserved))
 
 
 def write_output(tr: Any, run: Any, output: Path) -> Path:
@@ -138,7 +150,7 @@ def write_output(tr: Any, run: Any, output: Path) -> Path:
         command=" ".join(sys.argv),
     ).with_extra(
         replay={"kind": "device", "device_index": run.config.device, "allocator": run.config.allocator.value,
-                "capacity": run.plan.capacity, "ballast_bytes": run.plan.ballast,
+                "capacity": run.plan.capacity, "ballast_bytes": run.plan.ballast_bytes,
                 "free_at_start": run.free_replay, "input": str(tr.path)},
         allocator=run.config.allocator.value,
         policy=run.config.allocator.value,

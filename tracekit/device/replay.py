@@ -61,7 +61,7 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
         log = SegmentLog()
         lp = Loop(len(ev), cfg.continue_on_oom, cfg.sample_every, pending,
                   Attempts.of(trace, cfg.stop_at_first_oom))
-        ballast = Ballast(plan.ballast)
+        ballast = Ballast(plan.ballast_bytes)
         backend: ObservedPool | AsyncPool | None = None
         try:
             if cfg.allocator is Allocator.CUPY:

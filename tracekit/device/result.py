@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.device.capacity import DRIVER_SLACK, Allocator
-from tracekit.device.figures import DeviceFigures, Latency, TorchFigures
+from tracekit.device.figures import DeviceFigures, DeviceOOM, Latency, TorchFigures
 from tracekit.device.replay import DeviceRun
 from tracekit.sim.base import Status
 from tracekit.sim.result import OOMInfo, ReplaySummary
@@ -156,10 +156,9 @@ def summary(trace: Trace, run: DeviceRun) -> ReplaySummary:
         index=run.config.device, allocator=alloc.value,
         replayed=int(np.count_nonzero(run.status != Status.IGNORED)),
         peak_reserved=_PEAK_HOW[alloc] if run.peak_reserved is not None else "unknown",
-        malloc_latency=Latency.of(run.latency[mal]), free_latency=Latency.of(run.latency[fre]),
+        malloc_latency_ns=Latency.of(run.latency[mal]), free_latency_ns=Latency.of(run.latency[fre]),
         total=run.total, free_start=run.free_start, free_replay=run.free_replay, free_end=run.free_end,
-        ballast_bytes=run.plan.ballast, oom_device_free=st.get("device_free") if oom else None,
-        oom_error=st.get("error") if oom else None,
+        ballast_bytes=run.plan.ballast_bytes, oom=_device_oom(st) if oom else None,
     )
     result = ReplaySummary(
         policy=alloc.value, capacity=run.plan.capacity, device_total=run.free_replay, events=len(ev),
@@ -169,6 +168,12 @@ def summary(trace: Trace, run: DeviceRun) -> ReplaySummary:
         stopped=oom is not None and not run.config.continue_on_oom, handled_ooms=run.handled_ooms,
     ).with_figures(device)
     return result if run.torch is None else result.with_figures(torch_figures(run))
+
+
+def _device_oom(state: dict[str, Any]) -> DeviceOOM | None:
+    """The device at the first OOM, when its free memory was measured then."""
+    free = state.get("device_free")
+    return None if free is None else DeviceOOM(free, state.get("error"))
 
 
 def torch_figures(run: DeviceRun) -> TorchFigures:

@@ -16,7 +16,10 @@ printers, the report and CI gates read one shape (bytes unless noted):
 
 A replay that measures more adds its own groups of figures with
 ``with_figures``: each ``Figures`` object has a JSON key, a ``to_dict`` and
-``to_lines`` for the text summary. A device replay, for one, adds a group
+``to_lines`` for the text summary. The JSON shapes are ``OOMInfoDict`` and
+``ReplaySummaryDict`` (a group adds its own key, typed where the group is
+defined), each produced by its dataclass's ``to_dict`` alone; keys are the
+field names, except ``handled_oom_count`` (the field ``handled_ooms``). A device replay, for one, adds a group
 ``device`` (call latencies, sampled ``device_free``, the comparison with a
 simulated policy) to the common figures above, rather than a summary of its
 own. ``ReplayResult`` is a simulated replay's summary with its raw
@@ -25,8 +28,9 @@ own. ``ReplayResult`` is a simulated replay's summary with its raw
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol, TypedDict, cast
 
 from tracekit.sim.base import PolicyRun, SimConfig
 from tracekit.units import format_size
@@ -38,9 +42,39 @@ class Figures(Protocol):
     @property
     def key(self) -> str: ...  # the group's key in ``to_dict``, e.g. "device"
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> Mapping[str, object]: ...
 
     def to_lines(self) -> list[str]: ...
+
+
+class OOMInfoDict(TypedDict):
+    """``OOMInfo`` in JSON: its fields and the derived ``cause``."""
+
+    seq: int
+    size: int
+    rounded: int
+    free_bytes: int
+    largest_free_block: int | None
+    live_bytes: int
+    reserved_bytes: int
+    cause: str
+
+
+class ReplaySummaryDict(TypedDict):
+    """``ReplaySummary`` in JSON (``replay --json``); each group of figures adds its own key."""
+
+    policy: str
+    capacity: int | None
+    device_total: int | None
+    events: int
+    peak_live_bytes: int
+    peak_reserved_bytes: int
+    peak_extent: int | None
+    segment_allocs: int
+    segment_frees: int
+    oom: OOMInfoDict | None
+    oom_count: int
+    handled_oom_count: int
 
 
 @dataclass(frozen=True)
@@ -61,12 +95,12 @@ class OOMInfo:
     def cause(self) -> str:
         return "fragmentation" if self.free_bytes >= self.rounded else "exhausted"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq, "size": self.size, "rounded": self.rounded,
-            "free_bytes": self.free_bytes, "largest_free_block": self.largest_free_block,
-            "live_bytes": self.live_bytes, "reserved_bytes": self.reserved_bytes, "cause": self.cause,
-        }
+    def to_dict(self) -> OOMInfoDict:
+        return OOMInfoDict(
+            seq=self.seq, size=self.size, rounded=self.rounded, free_bytes=self.free_bytes,
+            largest_free_block=self.largest_free_block, live_bytes=self.live_bytes,
+            reserved_bytes=self.reserved_bytes, cause=self.cause,
+        )
 
 
 @dataclass(frozen=True)
@@ -92,18 +126,22 @@ class ReplaySummary:
         """This summary with more groups of figures."""
         return replace(self, figures=self.figures + groups)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {
-            "policy": self.policy, "capacity": self.capacity, "device_total": self.device_total,
-            "events": self.events, "peak_live_bytes": self.peak_live_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes, "peak_extent": self.peak_extent,
-            "segment_allocs": self.segment_allocs, "segment_frees": self.segment_frees,
-            "oom": self.oom.to_dict() if self.oom else None, "oom_count": self.oom_count,
-            "handled_oom_count": self.handled_ooms,
-        }
+    def to_dict(self) -> ReplaySummaryDict:
+        d = ReplaySummaryDict(
+            policy=self.policy, capacity=self.capacity, device_total=self.device_total, events=self.events,
+            peak_live_bytes=self.peak_live_bytes, peak_reserved_bytes=self.peak_reserved_bytes,
+            peak_extent=self.peak_extent, segment_allocs=self.segment_allocs,
+            segment_frees=self.segment_frees, oom=self.oom.to_dict() if self.oom else None,
+            oom_count=self.oom_count, handled_oom_count=self.handled_ooms,
+        )
+        groups = cast(dict[str, object], d)  # each group's key and shape are the group's own
         for group in self.figures:
-            d[group.key] = group.to_dict()
+            groups[group.key] = group.to_dict()
         return d
+
+    def group(self, key: str) -> Figures | None:
+        """The group of figures under ``key`` (e.g. ``device``), None when this replay has none."""
+        return next((g for g in self.figures if g.key == key), None)
 
     def to_text(self) -> str:
         cap = "unbounded"
@@ -162,7 +200,7 @@ class ReplayResult:
     def ran_out(self) -> bool:
         return self.summary.oom is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReplaySummaryDict:
         return self.summary.to_dict()
 
     def to_text(self) -> str:
