@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import html
 import re
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))  # shared hand-built traces
 from test_analysis_budget import seed_trace
 from test_analysis_ooms import CONV, cudnn_rows, trace_of, two_device_meta, two_device_rows
 
