@@ -238,3 +238,14 @@ def test_cuda_oom_within_the_driver_slack_is_exhaustion(trace) -> None:
     pool = DeviceRun(**{**_run(trace).__dict__, "oom_state": {"free_bytes": 8192, "device_free": 8192}})
     # a pool's free bytes count whole
     assert summary(trace, pool).to_dict()["oom"]["cause"] == "fragmentation"
+
+
+def test_the_output_trace_names_what_was_replayed_where(trace, tmp_path: Path) -> None:
+    from tracekit.device.command import ReplayMetaDict, write_output
+    from tracekit.trace.reader import read_meta
+
+    out = write_output(trace, _run(trace), tmp_path / "out.parquet")
+    replay = read_meta(out).extra["replay"]
+    assert replay == {"kind": "device", "device_index": 0, "allocator": "cupy", "capacity": 4 * MiB,
+                      "ballast_bytes": 0, "free_at_start": 120 * MiB, "input": str(trace.path)}
+    assert list(replay) == list(ReplayMetaDict.__annotations__)  # the shape, key for key

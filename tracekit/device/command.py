@@ -17,7 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NotRequired, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from tracekit.device.capacity import Allocator, parse_allocator
 from tracekit.device.compare import SimComparison, SimComparisonDict
@@ -50,6 +50,18 @@ class DeviceReplayDict(ReplaySummaryDict):
     device: DeviceFiguresDict
     torch: NotRequired[TorchFiguresDict]
     compare_sim: NotRequired[SimComparisonDict]
+
+
+class ReplayMetaDict(TypedDict):
+    """The output trace's ``replay`` metadata: what was replayed where (bytes)."""
+
+    kind: str  # "device"
+    device_index: int
+    allocator: str
+    capacity: int | None
+    ballast_bytes: int
+    free_at_start: int  # free memory the replay had (after any ballast)
+    input: str
 
 
 @dataclass(frozen=True)
@@ -149,9 +161,10 @@ def write_output(tr: Any, run: Any, output: Path) -> Path:
         pool_limit_bytes=run.plan.pool_limit,
         command=" ".join(sys.argv),
     ).with_extra(
-        replay={"kind": "device", "device_index": run.config.device, "allocator": run.config.allocator.value,
-                "capacity": run.plan.capacity, "ballast_bytes": run.plan.ballast_bytes,
-                "free_at_start": run.free_replay, "input": str(tr.path)},
+        replay=ReplayMetaDict(kind="device", device_index=run.config.device,
+                              allocator=run.config.allocator.value, capacity=run.plan.capacity,
+                              ballast_bytes=run.plan.ballast_bytes, free_at_start=run.free_replay,
+                              input=str(tr.path)),
         allocator=run.config.allocator.value,
         policy=run.config.allocator.value,
         capacity=run.plan.capacity,
