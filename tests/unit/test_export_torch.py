@@ -191,6 +191,9 @@ def test_committed_traces_read_back_to_the_same_events(name: str, traces_dir: Pa
         same_events(read_trace(src), back)
     original = read_trace(src).meta
     assert back.meta.device == original.device and back.meta.pool_limit_bytes == original.pool_limit_bytes
+    grows = torch_snapshot.expandable_rows(read_trace(src))
+    if grows is not None:  # expandable cells travel as segment_map / segment_unmap and read back so
+        assert np.array_equal(torch_snapshot.expandable_rows(back), grows)
     if original.source is Source.TORCH:  # PyTorch's settings travel, so its rounding reads back the same
         assert back.meta.extra["torch_allocator_settings"] == original.extra["torch_allocator_settings"]
 

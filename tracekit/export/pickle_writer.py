@@ -247,6 +247,8 @@ class Kind(IntEnum):
     SEGMENT_ALLOC = 3
     SEGMENT_FREE = 4
     OOM = 5
+    SEGMENT_MAP = 6  # expandable segments: physical memory mapped into a reserved range
+    SEGMENT_UNMAP = 7
 
     @property
     def action(self) -> str:

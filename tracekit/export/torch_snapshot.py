@@ -10,14 +10,18 @@ global): ``tracekit.export.pickle_writer``. Shape (what ``docs/pytorch.md`` says
   innermost first, one list shared by the entries of one stack; line 0 where the trace has none):
   ``malloc`` → ``alloc`` (``size`` = the request); ``free`` → ``free_requested`` then
   ``free_completed`` (``size`` = its malloc's request, as PyTorch records it); ``segment_alloc`` /
-  ``segment_free`` → the same; ``oom`` → ``oom`` (``size`` = the rounded request; ``device_free``
-  = the free bytes measured at the OOM, -1 where the trace has none, in place of ``addr``).
+  ``segment_free`` → the same (``segment_map`` / ``segment_unmap`` for the rows a trace marks
+  ``expandable``: PyTorch's expandable segments, imported one grid cell per row); ``oom`` →
+  ``oom`` (``size`` = the rounded request; ``device_free`` = the free bytes measured at the OOM,
+  -1 where the trace has none, in place of ``addr``).
   ``time_us`` = ⌊t_ns / 1000⌋.
 - ``segments``: the segments live at the end of the trace, each with its ``blocks`` in address
   order tiling it exactly: each block live at the end (``active_allocated``, ``size`` = rounded,
   ``requested_size`` = the request, its frames) and each gap between them (``inactive``), so
-  Σ block sizes = ``total_size`` as PyTorch's own checks (``_memory_viz`` stats) require. A trace
-  without segment rows (raw cudaMalloc) has none.
+  Σ block sizes = ``total_size`` as PyTorch's own checks (``_memory_viz`` stats) require.
+  Adjacent live ``expandable`` cells of one device and stream are one segment again
+  (``is_expandable`` true), as PyTorch reports a growing segment, so a block spanning cells lies
+  in one segment. A trace without segment rows (raw cudaMalloc) has none.
 - ``allocator_settings``: a PyTorch trace's own settings (``torch_allocator_settings``), else absent.
 - ``tracekit``: the device name and total, free bytes at start, the pool limit (``allowed_bytes``)
   and the command, which ``tracekit import torch`` reads back and PyTorch ignores.
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import pyarrow as pa
 
 from tracekit.analysis.recording import extra_column
 from tracekit.export.moments import event_stacks
@@ -91,17 +96,19 @@ def _device_traces(w: Writer, trace: Trace, stack: np.ndarray, stacks: _Stacks, 
     ev = trace.events
     n_dev = int(ev.device.max()) + 1 if len(ev) else 1
     free_col = extra_column(trace, "device_free")
+    expandable = expandable_rows(trace)
     w.raw(b"](")  # EMPTY_LIST, MARK
     for d in range(n_dev):
         w.raw(b"]")
         rows = np.flatnonzero(ev.device == d)
         for lo in range(0, len(rows), CHUNK):
-            write_entries(w, entry_columns(trace, rows[lo: lo + CHUNK], stack, stacks, free_col), names)
+            cols = entry_columns(trace, rows[lo: lo + CHUNK], stack, stacks, free_col, expandable)
+            write_entries(w, cols, names)
     w.raw(b"e")  # APPENDS
 
 
 def entry_columns(trace: Trace, rows: np.ndarray, stack: np.ndarray, stacks: _Stacks,
-                  free_col: np.ndarray | None) -> dict[str, np.ndarray]:
+                  free_col: np.ndarray | None, expandable: np.ndarray | None) -> dict[str, np.ndarray]:
     """The history entries of trace ``rows`` as columns (a free is two entries)."""
     ev, mate = trace.events, trace.mate
     op = ev.op[rows]
@@ -110,6 +117,9 @@ def entry_columns(trace: Trace, rows: np.ndarray, stack: np.ndarray, stacks: _St
     o = ev.op[idx]
     kind = _KIND[o]
     kind[(o == Op.FREE) & first] = Kind.FREE_REQUESTED
+    if expandable is not None:
+        kind[(o == Op.SEGMENT_ALLOC) & expandable[idx]] = Kind.SEGMENT_MAP
+        kind[(o == Op.SEGMENT_FREE) & expandable[idx]] = Kind.SEGMENT_UNMAP
     m = mate[idx]
     size = ev.size[idx].copy()
     paired = (o == Op.FREE) & (m >= 0)
@@ -124,20 +134,49 @@ def entry_columns(trace: Trace, rows: np.ndarray, stack: np.ndarray, stacks: _St
             "time_us": ev.t_ns[idx] // 1000, "frames": stacks.of(stack[idx]), "device_free": device_free}
 
 
+def expandable_rows(trace: Trace) -> np.ndarray | None:
+    """The trace's ``expandable`` column (bool per event, null as false), or None without one."""
+    tbl = trace.extras
+    if tbl is None or "expandable" not in tbl.column_names:
+        return None
+    col = tbl.column("expandable")
+    if not pa.types.is_boolean(col.type):
+        return None
+    return np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def live_segments(trace: Trace) -> list[tuple[int, int, int, int, int, bool]]:
+    """(device, address, size, stream, row of the first segment_alloc, expandable) of each segment
+    live at the end, by device and address; adjacent expandable cells of one device and stream
+    joined into one (``Σ`` of their sizes)."""
+    ev, mate = trace.events, trace.mate
+    segs = np.flatnonzero((ev.op == Op.SEGMENT_ALLOC) & (mate < 0))
+    segs = segs[np.lexsort((ev.addr[segs], ev.device[segs]))]
+    flags = expandable_rows(trace)
+    grow = flags[segs] if flags is not None else np.zeros(len(segs), bool)
+    out: list[tuple[int, int, int, int, int, bool]] = []
+    for s, x in zip(segs.tolist(), grow.tolist(), strict=True):
+        d, a, n, st = int(ev.device[s]), int(ev.addr[s]), int(ev.size[s]), int(ev.stream[s])
+        if out and x and out[-1][5] and out[-1][0] == d and out[-1][3] == st and out[-1][1] + out[-1][2] == a:
+            last = out[-1]
+            out[-1] = (d, last[1], last[2] + n, st, last[4], True)
+        else:
+            out.append((d, a, n, st, s, x))
+    return out
+
+
 def final_segments(trace: Trace, stack: np.ndarray, stacks: _Stacks) -> list[dict[str, Any]]:
     """The segments live at the end, each tiled by its live blocks and the gaps between them.
 
     One dict per live segment and per block in it (the allocator's state at the end, not one per
     event). A block that lies in no live segment of its device stays in the history only."""
     ev, mate = trace.events, trace.mate
-    segs = np.flatnonzero((ev.op == Op.SEGMENT_ALLOC) & (mate < 0))
     blocks = np.flatnonzero((ev.op == Op.MALLOC) & (mate < 0))
     blocks = blocks[np.lexsort((ev.addr[blocks], ev.device[blocks]))]
     b_dev, b_addr = ev.device[blocks].astype(np.int64), ev.addr[blocks]
     empty = Ref(int(stacks.items[-1]))
     out = []
-    for s in segs[np.lexsort((ev.addr[segs], ev.device[segs]))].tolist():
-        d, base, total = int(ev.device[s]), int(ev.addr[s]), int(ev.size[s])
+    for d, base, total, stream, s, grows in live_segments(trace):
         lo = np.searchsorted(b_dev, d, "left")
         hi = np.searchsorted(b_dev, d, "right")
         a = lo + int(np.searchsorted(b_addr[lo:hi], np.uint64(base), "left"))
@@ -150,16 +189,17 @@ def final_segments(trace: Trace, stack: np.ndarray, stacks: _Stacks) -> list[dic
             size = min(size, base + total - start)
             if start > cursor:
                 tiles.append(_block(cursor, start - cursor, 0, "inactive", empty))
-            tiles.append(_block(start, size, int(ev.size[b]), "active_allocated",
-                                Ref(int(stacks.of(stack[b: b + 1])[0]))))
-            cursor, active, requested = start + size, active + size, requested + int(ev.size[b])
+            req = min(int(ev.size[b]), size)
+            frames = Ref(int(stacks.of(stack[b: b + 1])[0]))
+            tiles.append(_block(start, size, req, "active_allocated", frames))
+            cursor, active, requested = start + size, active + size, requested + req
         if cursor < base + total:
             tiles.append(_block(cursor, base + total - cursor, 0, "inactive", empty))
         out.append({
             "device": d, "address": base, "total_size": total, "allocated_size": active,
-            "active_size": active, "requested_size": requested, "stream": int(ev.stream[s]),
+            "active_size": active, "requested_size": requested, "stream": stream,
             "segment_type": "small" if total <= SMALL_SEGMENT else "large", "segment_pool_id": (0, 0),
-            "is_expandable": False, "frames": Ref(int(stacks.of(stack[s: s + 1])[0])), "blocks": tiles,
+            "is_expandable": grows, "frames": Ref(int(stacks.of(stack[s: s + 1])[0])), "blocks": tiles,
         })
     return out
 
