@@ -257,7 +257,7 @@ def _spool_batch(rows: list[tuple[int | None, int, int, int | None, str | None]]
     t, op, size, site, text = zip(*rows, strict=True)
     n = len(rows)
     cols = [list(t), list(op), [0x1000] * n, list(size), list(size), [0] * n, [0] * n, list(site), list(text),
-            [-1] * n, [-1] * n]
+            [-1] * n, [-1] * n, [-1] * n]
     return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SPOOL_SCHEMA,
                                                                                    strict=True)],
                                       schema=SPOOL_SCHEMA)

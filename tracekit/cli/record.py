@@ -1,4 +1,4 @@
-"""``tracekit record [-o TRACE] [--limit SIZE] [--no-sites] [--torch] [-m] SCRIPT|MODULE [ARGS]...``."""
+"""``tracekit record [-o TRACE] [--limit SIZE] [--no-sites] [--stack-depth N] [--torch] [-m] SCRIPT ...``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import os
 from pathlib import Path
 
 import typer
+
+# tracekit.record.callstacks.DEFAULT_DEPTH, not imported: --help loads no NumPy (a test holds them equal)
+STACK_DEPTH = 64
+MAX_STACK_DEPTH = 4096
 
 
 def record(
@@ -19,7 +23,12 @@ def record(
     limit: str | None = typer.Option(
         None, "--limit", help="Set the CuPy pool's limit first, e.g. 256MiB (pool.set_limit)."
     ),
-    no_sites: bool = typer.Option(False, "--no-sites", help="Do not record call-sites (less overhead)."),
+    no_sites: bool = typer.Option(False, "--no-sites", help="Record no call-sites nor stacks (cheaper)."),
+    stack_depth: int | None = typer.Option(
+        None, "--stack-depth", metavar="N", min=0, max=MAX_STACK_DEPTH,
+        help=f"Frames kept of each malloc's call stack, innermost first (default {STACK_DEPTH}; 0: the "
+             "one call-site only).",
+    ),
     torch: bool = typer.Option(False, "--torch", help="Record a PyTorch program (its memory history)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
@@ -35,8 +44,8 @@ def record(
     target = list(target or [])
     start = os.getcwd()  # the trace is named as the user's shell sees it, wherever the program went
     if torch:
-        if limit is not None or no_sites:
-            raise UsageError("--limit and --no-sites apply to CuPy recordings, not --torch")
+        if limit is not None or no_sites or stack_depth is not None:
+            raise UsageError("--limit, --no-sites and --stack-depth apply to CuPy recordings, not --torch")
         from tracekit.record.torch import record_torch  # imports torch only when it runs
 
         done = record_torch(target, module=module, output=output, force=force)
@@ -45,7 +54,8 @@ def record(
         from tracekit.units import parse_size
 
         size = parse_size(limit, "--limit") if limit is not None else None
-        done = record_cupy(target, module=module, output=output, limit=size, sites=not no_sites, force=force)
+        done = record_cupy(target, module=module, output=output, limit=size, sites=not no_sites, force=force,
+                           stack_depth=STACK_DEPTH if stack_depth is None else stack_depth)
     if done.problem is not None:
         tell(f"tracekit: error: {done.problem}")
     elif done.path is not None:

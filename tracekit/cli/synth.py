@@ -22,6 +22,10 @@ def synth(
     seed: int = typer.Option(0, "--seed", "-s", help="Random seed."),
     output: Path = typer.Option(..., "-o", "--output", help="Output trace (.parquet)."),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
+    stacks: int = typer.Option(
+        3000, "--stacks", metavar="N",
+        help="Distinct call stacks the requests carry (0: the call-sites alone, as one-frame stacks).",
+    ),
 ) -> None:
     """Write a synthetic trace: weights+activations, random churn, or splintering."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
@@ -29,7 +33,7 @@ def synth(
     from tracekit.synth import Pattern, synthesize
 
     with terminal_progress("synth"):
-        path = synthesize(Pattern(pattern.value), events, seed, output, force=force)
+        path = synthesize(Pattern(pattern.value), events, seed, output, force=force, stacks=stacks)
     wrote(path)
 
 

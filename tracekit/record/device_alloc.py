@@ -67,7 +67,7 @@ class SegmentLog:
         self.devices.add(device_id)
         free = self._measure(device_id)
         self._ext((self._clock(), code_of(SEGMENT_ALLOC, device_id, pool), ptr, size, 0,
-                   self._stream().ptr, free))
+                   self._stream().ptr, free, -1))
         return ptr
 
     def free(self, ptr: int, device_id: int) -> None:
@@ -77,7 +77,7 @@ class SegmentLog:
             return
         free = self._measure(device_id)
         self._ext((self._clock(), code_of(SEGMENT_FREE, device_id, pool), ptr, size, 0,
-                   self._stream().ptr, free))
+                   self._stream().ptr, free, -1))
 
     def _measure(self, device_id: int) -> int:
         try:

@@ -1,19 +1,21 @@
 """The allocation hook: CuPy's MemoryHook callbacks turned into raw integer rows.
 
-Every event is one atomic ``list.extend`` of seven ints onto a flat list
+Every event is one atomic ``list.extend`` of eight ints onto a flat list
 (``EventBuffer``): ``t``, ``code``, ``addr``, ``size``, ``rounded``,
-``stream``, ``device_free``, where ``code = (site + 1) << 32 | (pool + 1) << 12
+``stream``, ``device_free``, ``stack``, where ``code = (site + 1) << 32 | (pool + 1) << 12
 | device << 4 | op`` and ``device_free`` is ``cudaMemGetInfo``'s free bytes
-measured right after a device-level event (-1 = not measured). One C call
+measured right after a device-level event (-1 = not measured) and ``stack`` the
+request's whole call stack (``tracekit.record.callstacks``; -1 = none). One C call
 per event keeps the hook cheap and makes it safe from any thread (a row is
 never torn), and the writer turns the list into NumPy columns once per batch,
 so no Python object outlives a batch. CuPy calls six callbacks per
 malloc/free pair with keyword arguments; the four the recorder does not need
 are bound to ``dict`` (a C call, cheaper than a no-op Python method) and the
 two it needs are closures whose parameters are named, so CPython binds the
-keywords without building a dict. Call-sites are captured for malloc and
-oom rows only: a free belongs to the block its malloc made (readers pair
-them), and a frame lookup at every free would double the cost. ``op`` 15 marks a note row: ``addr`` is the
+keywords without building a dict. Call-sites and stacks are captured for
+malloc and oom rows only: a free belongs to the block its malloc made (readers
+pair them), and a frame lookup at every free would double the cost (a free's
+stack slot is -1). ``op`` 15 marks a note row: ``addr`` is the
 index of a JSON-able dict in ``EventBuffer.notes`` describing the event
 written just before it (the device and the pool at an out-of-memory error).
 
@@ -35,14 +37,16 @@ import itertools
 import sys
 import time
 from collections.abc import Callable
+from itertools import accumulate, takewhile
 from typing import Any
 
 import numpy as np
 
+from tracekit.record.callstacks import LiveStacks, frame_code, frame_lasti
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import Op
 
-ROW = 7  # ints per event
+ROW = 8  # ints per event
 NOTE = 15  # op code of a note row
 DEVICE_SHIFT = 4
 POOL_SHIFT = 12
@@ -86,14 +90,14 @@ class EventBuffer:
         """
         index = self._next_note()
         self.notes[index] = {**note, "note": index}
-        self.extend((*row, clock(), NOTE, index, 0, 0, 0, UNMEASURED))
+        self.extend((*row, clock(), NOTE, index, 0, 0, 0, UNMEASURED, -1))
         return index
 
     def annotate(self, note: dict[str, Any], clock: Callable[[], int]) -> None:
         """A note row about the recording itself (a new pool), not about one event."""
         index = self._next_note()
         self.notes[index] = {**note, "note": index}
-        self.extend((clock(), NOTE, index, 0, 0, 0, UNMEASURED))
+        self.extend((clock(), NOTE, index, 0, 0, 0, UNMEASURED, -1))
 
 
 def unpack(raw: np.ndarray) -> dict[str, np.ndarray]:
@@ -110,6 +114,7 @@ def unpack(raw: np.ndarray) -> dict[str, np.ndarray]:
         "rounded": raw[:, 4],
         "stream": raw[:, 5],
         "device_free": raw[:, 6],
+        "stack": raw[:, 7].astype(np.int32),
     }
 
 
@@ -121,7 +126,8 @@ class TraceHook:
     the pool that raised and the measured device (an ``oom_states`` entry
     without seq and time). ``current_device`` (``cupy.cuda.runtime.getDevice``)
     is given only where the machine has several devices. ``sites=None``
-    records no call-sites. Use ``cupy_hook`` to get the registrable subclass.
+    records no call-sites; ``stacks`` (with ``sites``) records whole stacks
+    too. Use ``cupy_hook`` to get the registrable subclass.
     """
 
     name = "tracekit"
@@ -131,6 +137,7 @@ class TraceHook:
         buffer: EventBuffer,
         *,
         sites: SiteTable | None,
+        stacks: LiveStacks | None = None,
         current_stream: Callable[[], Any],
         oom_state: Callable[[int], tuple[int | None, dict[str, Any]]] = lambda device_id: (None, {}),
         current_device: Callable[[], int] | None = None,
@@ -145,13 +152,15 @@ class TraceHook:
         self.alloc_preprocess = self.alloc_postprocess = dict
         self.malloc_preprocess = self.free_preprocess = dict
         device = _device_check(current_device, self.mismatches.append)
-        self.malloc_postprocess, self.free_postprocess = (
-            _callbacks(buffer.extend, clock, current_stream, self._failed, device)
-            if sites is None
-            else _site_callbacks(buffer.extend, clock, current_stream, self._failed, sites, device)
-        )
+        if sites is None:
+            callbacks = _callbacks(buffer.extend, clock, current_stream, self._failed, device)
+        elif stacks is None:
+            callbacks = _site_callbacks(buffer.extend, clock, current_stream, self._failed, sites, device)
+        else:
+            callbacks = _stack_callbacks(buffer.extend, clock, current_stream, self._failed, stacks, device)
+        self.malloc_postprocess, self.free_postprocess = callbacks
 
-    def _failed(self, device_id: int, size: int, mem_size: int, site: int) -> None:
+    def _failed(self, device_id: int, size: int, mem_size: int, site: int, stack: int = -1) -> None:
         """A malloc returned no memory: log an ``oom`` row if the pending exception is a MemoryError."""
         exc = sys.exc_info()[1]
         if exc is not None and not isinstance(exc, MemoryError):
@@ -171,7 +180,7 @@ class TraceHook:
         }
         free = state.get("mem_free")
         row = (self._clock(), code_of(OOM, device_id, pool, site), 0, size, mem_size, self._stream().ptr,
-               UNMEASURED if free is None else int(free))
+               UNMEASURED if free is None else int(free), stack)
         index = self.buffer.note(row, note, self._clock)
         if exc is not None:  # lets the recording tell which OOM ended the program
             with contextlib.suppress(AttributeError):  # an exception type without a __dict__
@@ -200,13 +209,13 @@ def _callbacks(ext, clock, stream, failed, device):  # type: ignore[no-untyped-d
         if device is not None:
             device_id = device(device_id)
         if mem_ptr:
-            ext((clock(), device_id << _dev, mem_ptr, size, mem_size, stream().ptr, _na))
+            ext((clock(), device_id << _dev, mem_ptr, size, mem_size, stream().ptr, _na, -1))
         elif size:
             failed(device_id, size, mem_size, -1)
 
     def free_postprocess(device_id, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
                          _dev=DEVICE_SHIFT, _free=FREE, _na=UNMEASURED):
-        ext((clock(), (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr, _na))
+        ext((clock(), (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr, _na, -1))
 
     return malloc_postprocess, free_postprocess
 
@@ -233,9 +242,40 @@ def _site_callbacks(ext, clock, stream, failed, sites, device):  # type: ignore[
             device_id = device(device_id)
         if mem_ptr:
             ext((clock(), ((s + 1) << _site) | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr,
-                 _na))
+                 _na, -1))
         elif size:
             failed(device_id, size, mem_size, s)
+
+    return malloc_postprocess, _callbacks(ext, clock, stream, failed, device)[1]
+
+
+def _stack_callbacks(ext, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
+    # The window read and its key (tracekit.record.callstacks.window, window_key) are inlined: C-level
+    # iteration, one key, one dict lookup whose answer holds the site's row bits and the stack id,
+    # so a window seen before runs no Python loop.
+    getframe = sys._getframe
+    hot = stacks.hot
+    miss = stacks.miss
+    site_of = stacks.sites.site_of
+    steps = stacks.steps
+
+    def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
+                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED, _list=list,
+                           _tw=takewhile, _acc=accumulate, _get=getattr, _map=map, _id=id,
+                           _code=frame_code, _lasti=frame_lasti):
+        frames = _list(_tw(bool, _acc(steps, _get, initial=getframe(1))))
+        v = hot.get((*_map(_id, _map(_code, frames)), *_map(_lasti, frames)))
+        if v is None:
+            v = miss(frames)
+        bits, st = v
+        if bits is None:  # no frame outside CuPy and tracekit in the window: the site lies beyond it
+            bits = (site_of(frames[0]) + 1) << _site
+        if device is not None:
+            device_id = device(device_id)
+        if mem_ptr:
+            ext((clock(), bits | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr, _na, st))
+        elif size:
+            failed(device_id, size, mem_size, (bits >> _site) - 1, st)
 
     return malloc_postprocess, _callbacks(ext, clock, stream, failed, device)[1]
 

@@ -32,7 +32,7 @@ def measure_budget(device_id: int) -> dict[str, Any]:
 
 
 def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, limit: int | None,
-               pool: Any, budget: dict[str, Any]) -> TraceMeta:
+               pool: Any, budget: dict[str, Any], stack_depth: int = 0) -> TraceMeta:
     """The trace metadata at start (call with ``device_id`` current and the recorded pool installed)."""
     rt = cupy.cuda.runtime
     free, total = (int(x) for x in rt.memGetInfo())
@@ -68,6 +68,7 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
         budget=budget,
         recorder={
             "call_sites": sites,
+            "stack_depth": stack_depth if sites else 0,  # frames per stack; 0: no whole stacks
             "hook": "cupy.cuda.MemoryHook (malloc/free) + PythonFunctionAllocator (segments) "
                     "for every MemoryPool; MemoryAsyncPool.malloc wrapped",
             "threads": "every threading.Thread started after recording began",

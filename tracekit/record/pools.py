@@ -56,6 +56,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+from tracekit.record.callstacks import LiveStacks, capture_of
 from tracekit.record.device_alloc import SegmentLog, async_pool_state, pool_state, raw_device_alloc
 from tracekit.record.hook import FREE, MALLOC, OOM, UNMEASURED, EventBuffer, code_of
 from tracekit.record.sites import SiteTable
@@ -89,9 +90,10 @@ class PoolRegistry:
 
     def __init__(self, cupy: Any, buffer: EventBuffer, *, sites: SiteTable | None,
                  oom_state: Callable[[int, Any, PoolKind], dict[str, Any]],
-                 clock: Callable[[], int] = time.perf_counter_ns) -> None:
+                 clock: Callable[[], int] = time.perf_counter_ns, stacks: LiveStacks | None = None) -> None:
         self.cupy, self.rt, self.memory = cupy, cupy.cuda.runtime, cupy.cuda.memory
         self.buffer, self.sites, self.clock = buffer, sites, clock
+        self.capture = capture_of(sites, stacks)  # (site, stack) of an async pool's request
         self._oom_state = oom_state
         self.entries: list[dict[str, Any]] = []
         self._ids: dict[tuple[int, int], int] = {}
@@ -260,20 +262,20 @@ class PoolRegistry:
             return malloc(size)
         device = int(self.rt.getDevice())
         pid = self.pool_id(key, device)
-        site = self.sites.site_of(sys._getframe(1)) if self.sites is not None else -1
+        site, stack = self.capture(sys._getframe(1))
         rounded = round_up(size)
         try:
             mp = malloc(size)
         except MemoryError as e:
             state = self._oom_state(device, pool, PoolKind.ASYNC)
-            self._log_oom(device, pid, site, size, rounded, e, state)
+            self._log_oom(device, pid, (site, stack), size, rounded, e, state)
             raise
         if not mp.ptr:
             return mp
         ptr = int(mp.ptr)
         stream = cupy.cuda.get_current_stream().ptr
         self.buffer.extend((self.clock(), code_of(MALLOC, device, pid, site), ptr, size, rounded, stream,
-                            self._measure(device)))
+                            self._measure(device), stack))
         owner = _AsyncBlock(self, mp, device, pid, rounded)
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, mp.mem.size, owner, device), 0)
 
@@ -282,7 +284,7 @@ class PoolRegistry:
             return
         stream = self.cupy.cuda.get_current_stream().ptr
         self.buffer.extend((self.clock(), code_of(FREE, device, pid), ptr, rounded, 0, stream,
-                            self._measure(device)))
+                            self._measure(device), -1))
 
     def _measure(self, device: int) -> int:
         try:
@@ -290,8 +292,9 @@ class PoolRegistry:
         except Exception:
             return UNMEASURED
 
-    def _log_oom(self, device: int, pid: int, site: int, size: int, rounded: int, exc: BaseException,
-                 state: dict[str, Any]) -> None:
+    def _log_oom(self, device: int, pid: int, call: tuple[int, int], size: int, rounded: int,
+                 exc: BaseException, state: dict[str, Any]) -> None:
+        site, stack = call
         free = state.get("mem_free")
         counters = state.get("pool") or {}
         note = {"kind": "oom", "device": device, "size": size, "rounded": rounded,
@@ -299,7 +302,7 @@ class PoolRegistry:
                 "used_bytes": counters.get("used_bytes"), "total_bytes": counters.get("total_bytes"),
                 "limit": counters.get("limit_bytes"), "state": state}
         row = (self.clock(), code_of(OOM, device, pid, site), 0, size, rounded,
-               self.cupy.cuda.get_current_stream().ptr, UNMEASURED if free is None else int(free))
+               self.cupy.cuda.get_current_stream().ptr, UNMEASURED if free is None else int(free), stack)
         index = self.buffer.note(row, note, self.clock)
         with contextlib.suppress(AttributeError):
             exc._tracekit_oom_note = index  # type: ignore[attr-defined]

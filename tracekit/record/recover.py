@@ -1,7 +1,7 @@
 """Turning a spool into a trace: at the end of a recording, or after a crash.
 
 ``finalize`` reads the spool three times, batch by batch: the first pass
-collects call-site names, notes and segment rows (from which the segment
+collects call-site names, frames and stacks, notes and segment rows (from which the segment
 index is built); the second resolves every block row against that index only
 to count the rows whose device disagrees with their segment's, because that
 count goes into the metadata and the metadata is written before the first
@@ -18,8 +18,10 @@ what is lost is at most the flush interval before the kill.
 A spool is untrusted input like any other (see "Input policy" in
 docs/trace-format.md): ``_open`` checks its columns and types once, and
 ``_checked`` every batch before any arithmetic (op codes, nulls, sizes below
-2^62 and requests below 2^60, device ordinals, call-site ids defined densely
-and in order, notes as bounded JSON objects); ``t_ns`` that steps back (threads
+2^62 and requests below 2^60, device ordinals, call-site, frame and stack ids
+defined densely and in order, a stack's frame defined and its parent earlier,
+frames as bounded JSON, notes as bounded JSON objects; an event's stack id that
+names no stack reads as none); ``t_ns`` that steps back (threads
 that stamped out of order) is clamped to the time before it.
 """
 
@@ -46,9 +48,10 @@ from tracekit.record.finish import (
     segment_rows,
     v2_meta,
 )
-from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY, SPOOL_SCHEMA
+from tracekit.record.spool import FRAME_ROW, NOTE_ROW, SITE_ROW, SPOOL_KEY, SPOOL_SCHEMA, STACK_ROW
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, Op, TraceMeta
+from tracekit.trace.stacks import MAX_FRAME_TEXT_BYTES, MAX_LINE, FrameKind, StackTable
 from tracekit.trace.writer import TraceWriter
 
 ROW_GROUP = 1 << 20
@@ -61,6 +64,8 @@ class SpoolScan:
 
     meta: TraceMeta
     sites: list[str] = field(default_factory=list)
+    frames: list[tuple[str, int, str, int]] = field(default_factory=list)  # file, line, function, kind
+    stacks: list[tuple[int, int]] = field(default_factory=list)  # frame, parent
     notes: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
     batches: int = 0
@@ -96,7 +101,7 @@ def _open(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
         yield reader
 
 
-OPTIONAL = ("pool", "device_free")  # spools of version 1 recordings have neither
+OPTIONAL = ("pool", "device_free", "stack")  # spools of version 1 recordings have none, of 2 no stack
 MAX_SIZE, MAX_REQUEST, MAX_DEVICE = 1 << 62, 1 << 60, 32767
 
 
@@ -106,8 +111,8 @@ def _checked(path: Path, batch: pa.RecordBatch) -> pa.RecordBatch:
     if op.null_count:
         raise InputError(f"{path}: a spool row has no op")
     code = op.to_numpy()
-    if len(code) and (code.min() < NOTE_ROW or code.max() > Op.OOM):
-        bad = int(code[(code < NOTE_ROW) | (code > Op.OOM)][0])
+    if len(code) and (code.min() < STACK_ROW or code.max() > Op.OOM):
+        bad = int(code[(code < STACK_ROW) | (code > Op.OOM)][0])
         raise InputError(f"{path}: a spool row has op code {bad}, not one of the recorder's")
     ev = code >= 0
     for name in ("t_ns", "size", "device", "stream", "addr"):
@@ -122,8 +127,9 @@ def _checked(path: Path, batch: pa.RecordBatch) -> pa.RecordBatch:
     dev = batch.column("device").fill_null(0).to_numpy()
     if np.any(ev & ((dev < 0) | (dev > MAX_DEVICE))):
         raise InputError(f"{path}: a spool event names a device outside 0..{MAX_DEVICE}")
-    if np.any((code == SITE_ROW) & batch.column("site").is_null().to_numpy(zero_copy_only=False)):
-        raise InputError(f"{path}: a call-site row of the spool has no id")
+    named = (code == SITE_ROW) | (code == FRAME_ROW) | (code == STACK_ROW)
+    if np.any(named & batch.column("site").is_null().to_numpy(zero_copy_only=False)):
+        raise InputError(f"{path}: a call-site, frame or stack row of the spool has no id")
     return batch
 
 
@@ -168,6 +174,7 @@ def _scan_batch(path: Path, scan: SpoolScan, batch: pa.RecordBatch) -> None:
         if site == len(scan.sites):
             scan.sites.append("")
         scan.sites[site] = text[i].as_py() or ""
+    _scan_stacks(path, scan, batch, op)
     events_before = np.cumsum(op >= 0)
     # A note describes the event row before it: it takes that row's time as the trace will hold it
     # (never stepping back, see _events), not the time of a site or note row in between.
@@ -187,9 +194,56 @@ def _scan_batch(path: Path, scan: SpoolScan, batch: pa.RecordBatch) -> None:
     scan.batches += 1
 
 
+def _scan_stacks(path: Path, scan: SpoolScan, batch: pa.RecordBatch, op: np.ndarray) -> None:
+    """The frame and stack rows of a batch into ``scan``, each checked (the module docstring)."""
+    rows = np.flatnonzero((op == FRAME_ROW) | (op == STACK_ROW))
+    if not len(rows):
+        return
+    ids = batch.column("site").to_numpy(zero_copy_only=False)
+    addr, size = (batch.column(n).fill_null(0).to_numpy(zero_copy_only=False) for n in ("addr", "size"))
+    text = batch.column("text")
+    for i in rows:
+        at, a, b = int(ids[i]), int(addr[i]), int(size[i])
+        if op[i] == FRAME_ROW:
+            if at != len(scan.frames):
+                raise InputError(f"{path}: frame id {at} out of order (next expected {len(scan.frames)})")
+            scan.frames.append(_frame(path, text[i].as_py(), a - 1, b))
+        else:
+            if at != len(scan.stacks):
+                raise InputError(f"{path}: stack id {at} out of order (next expected {len(scan.stacks)})")
+            if not (0 <= a < len(scan.frames) and -1 <= b - 1 < at):
+                raise InputError(f"{path}: stack {at} names frame {a} and parent {b - 1}; a stack's frame "
+                                 "must be defined before it and its parent be an earlier stack")
+            scan.stacks.append((a, b - 1))
+
+
+def _frame(path: Path, text: str | None, line: int, kind: int) -> tuple[str, int, str, int]:
+    """A frame row's (file, line, function, kind), or InputError saying what is wrong with it."""
+    names = load_json(text or "", str(path), "a frame in the spool")
+    if not (isinstance(names, list) and len(names) == 2 and all(isinstance(x, str) for x in names)):
+        raise InputError(f"{path}: a frame in the spool is not a [file, function] pair of strings")
+    if max(len(x.encode("utf-8", "surrogatepass")) for x in names) > MAX_FRAME_TEXT_BYTES:
+        raise InputError(f"{path}: a frame in the spool names a file or function of more than "
+                         f"{MAX_FRAME_TEXT_BYTES:,} bytes")
+    if not (-1 <= line <= MAX_LINE and 0 <= kind <= max(FrameKind)):
+        raise InputError(f"{path}: a frame in the spool has line {line} or kind {kind}, out of range")
+    return names[0], line, names[1], kind
+
+
+def stack_table(scan: SpoolScan) -> StackTable | None:
+    """The spool's stack table; None where it recorded no stacks (the call-sites then stand as
+    one-frame stacks, as in traces of format 2)."""
+    if not scan.frames and not scan.stacks:
+        return None
+    file, line, function, kind = zip(*scan.frames, strict=True) if scan.frames else ((), (), (), ())
+    frame, parent = zip(*scan.stacks, strict=True) if scan.stacks else ((), ())
+    return StackTable.build(file, line, function, kind, frame, parent)  # consistent: checked per row
+
+
 def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
             index: SegmentIndex, t_floor: int = NO_TIME,
-            fill: tuple[int, int] | None = None) -> tuple[Events, dict[str, pa.Array], int]:
+            fill: tuple[int, int] | None = None,
+            stacks: StackTable | None = None) -> tuple[Events, dict[str, pa.Array], int]:
     """The batch's events numbered from ``seq0``; ``fill`` = (seq, site id) names the site of that
     event where the spool has none (the fatal OOM's site, from the program's exception)."""
     keep = batch.column("op").to_numpy() >= 0
@@ -204,9 +258,15 @@ def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
     n = int(keep.sum())
     seq = np.arange(seq0, seq0 + n, dtype=np.uint64)
     device, extras, mismatches = batch_columns(batch, keep, seq, index)
+    stack = None
+    if stacks is not None:
+        raw = batch.column("stack").fill_null(-1).to_numpy()[keep] if "stack" in batch.schema.names \
+            else np.full(n, -1)
+        stack = np.where((raw >= 0) & (raw < stacks.n_stacks), raw, -1).astype(np.int32)
     ev = Events.build(
         col["op"], col["size"], addr=col["addr"], rounded=col["rounded"], t_ns=col["t_ns"],
         seq=seq, stream=col["stream"], device=device, site=col["site"], sites=sites,
+        stack=stack, stacks=stacks,
     )
     return ev, extras, mismatches
 
@@ -231,11 +291,12 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
     sites, fill = _exception_site(tuple(scan.sites), v2.get("exit"))
+    stacks = stack_table(scan)  # one table object for every batch: the writer remaps nothing
     seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
     with _open(spool) as reader, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for i, batch in enumerate(_batches(reader, spool)):
-            ev, extras, _ = _events(batch, seq, sites, index, t_floor, fill)
+            ev, extras, _ = _events(batch, seq, sites, index, t_floor, fill, stacks)
             seq += len(ev)
             t_floor = int(ev.t_ns[-1]) if len(ev) else t_floor
             pending.append((ev, extras))

@@ -3,8 +3,9 @@
 ``CupyRecording.start`` measures the cheap budget (before this process
 touches the device), puts the recording functions under CuPy's allocator
 names (``tracekit.record.pools``: no class is replaced) and makes a recorded
-default pool of CuPy's own class, writes the start
-metadata into the spool, starts the flusher and registers the hook in the
+default pool of CuPy's own class, keeps whole call stacks
+(``tracekit.record.callstacks``, ``stack_depth`` frames each) unless
+call-sites are off, writes the start metadata into the spool, starts the flusher and registers the hook in the
 calling thread and (through ``patch_threads``) in every ``threading.Thread``
 started afterwards, since CuPy keeps its hook registry per thread. At an
 out-of-memory error the hook measures the device (``tracekit.record.probe``).
@@ -31,6 +32,7 @@ from typing import Any
 from tracekit.errors import OutputError
 from tracekit.gpu import cuda
 from tracekit.outputs import check_output
+from tracekit.record.callstacks import DEFAULT_DEPTH, live_stacks
 from tracekit.record.device_alloc import pool_state
 from tracekit.record.hook import EventBuffer, cupy_hook
 from tracekit.record.launch import Launch, output_path
@@ -73,7 +75,8 @@ class CupyRecording:
 
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
                  interval: float = 0.5, max_events: int = 65536, force: bool = False,
-                 launch: Launch | None = None, program: str | None = None) -> None:
+                 launch: Launch | None = None, program: str | None = None,
+                 stack_depth: int = DEFAULT_DEPTH) -> None:
         output = Path(os.path.abspath(output))  # the program may change its working directory
         check_output(output, (program,), force=force)  # never the script being recorded
         self.output, self.spool_path = output, spool_path(output)
@@ -81,6 +84,7 @@ class CupyRecording:
             raise OutputError(f"{self.spool_path}: a spool already exists (a recording still running, "
                               f"or one that was killed: `tracekit recover {self.spool_path}`)")
         self.command, self.sites_on, self.limit = command, sites, limit
+        self.stack_depth = stack_depth if sites else 0  # --no-sites records no stacks either
         self.interval, self.max_events = interval, max_events
         self.launch = launch or Launch.from_env()
         self.roots = site_roots(program)
@@ -92,8 +96,10 @@ class CupyRecording:
         budget = measure_budget(self.device_id)  # first: it reads NVML before our context exists
         self.buffer = EventBuffer()
         self.sites = SiteTable(default_skip_dirs(), self.roots) if self.sites_on else None
+        self.stacks = live_stacks(self.sites, self.stack_depth) if self.sites is not None else None
         self.probe = cupy_probe(cupy)
-        self.pools = PoolRegistry(cupy, self.buffer, sites=self.sites, oom_state=self._async_oom_state)
+        self.pools = PoolRegistry(cupy, self.buffer, sites=self.sites, oom_state=self._async_oom_state,
+                                  stacks=self.stacks)
         self.pools.patch()
         self.pool = self.pools.make_default()
         self.pools.pool_id(0, self.device_id)  # pool 0: the default pool on the starting device
@@ -103,13 +109,13 @@ class CupyRecording:
         if self.limit:
             self.pool.set_limit(size=self.limit)
         meta = start_meta(cupy, self.device_id, command=self.command, sites=self.sites_on,
-                          limit=self.limit, pool=self.pool, budget=budget)
+                          limit=self.limit, pool=self.pool, budget=budget, stack_depth=self.stack_depth)
         meta = meta.with_extra(launch=self.launch.to_dict(self.device_id), sites_relative_to=list(self.roots))
         self.t0 = time.perf_counter_ns()
         self.spool = SpoolWriter(self.spool_path, meta, self.buffer, self.sites, self.t0,
-                                 interval=self.interval, max_events=self.max_events)
+                                 interval=self.interval, max_events=self.max_events, stacks=self.stacks)
         several = cuda.device_count(rt) > 1
-        self.hook = cupy_hook(cupy, buffer=self.buffer, sites=self.sites,
+        self.hook = cupy_hook(cupy, buffer=self.buffer, sites=self.sites, stacks=self.stacks,
                               current_stream=cupy.cuda.get_current_stream, oom_state=self._oom_state,
                               current_device=rt.getDevice if several else None)
         self.pid = os.getpid()
@@ -253,7 +259,8 @@ def oom_note(exception: BaseException | None) -> int | str | None:
 
 
 def record_cupy(target: list[str], *, module: bool = False, output: Path | None = None,
-                limit: int | None = None, sites: bool = True, force: bool = False) -> Recorded:
+                limit: int | None = None, sites: bool = True, force: bool = False,
+                stack_depth: int = DEFAULT_DEPTH) -> Recorded:
     """Run ``target`` like python would while recording CuPy's pools; returns what was recorded.
 
     ``output`` may hold ``{rank}``-style placeholders (``tracekit.record.launch``); it and the
@@ -264,7 +271,7 @@ def record_cupy(target: list[str], *, module: bool = False, output: Path | None 
     out = Path(os.path.abspath(output_path(output or default_output(target, module), launch)))
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force, launch=launch,
-                        program=None if module else target[0])
+                        program=None if module else target[0], stack_depth=stack_depth)
     with stop_signals():
         rec.start()
         outcome = run_target(target, module)

@@ -6,9 +6,14 @@ at least every ``interval`` seconds (0.5 by default) and as soon as
 a process killed with SIGKILL (or a machine that dies) loses at most the
 last interval of events. Each batch holds, in order, the names of call-sites
 first used since the last batch (``op`` -1, ``site`` = id, ``text`` = name),
-then the events, with note rows (``op`` -2, ``text`` = JSON) right after the
-event they describe; ``pool`` and ``device_free`` are the v2 columns (-1 for
-"resolve later" and "not measured"; spools written before them lack both).
+the frames and stacks first seen since then (``op`` -3: ``site`` = frame id,
+``addr`` = line + 1, ``size`` = kind, ``text`` = JSON ``[file, function]``;
+``op`` -4: ``site`` = stack id, ``addr`` = its frame, ``size`` = parent + 1),
+then the events (``stack``: the stack id, -1 none), with note rows (``op``
+-2, ``text`` = JSON) right after the event they describe; ``pool`` and
+``device_free`` are the v2 columns (-1 for "resolve later" and "not
+measured"; spools written before them lack both, and spools before whole
+stacks lack ``stack``).
 Times are nanoseconds since the recording started, clamped so they never
 decrease (threads can stamp a row a little before another thread appends an
 earlier one). The stream's schema metadata holds the trace metadata known at
@@ -35,23 +40,25 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import OutputError
+from tracekit.record.callstacks import LiveStacks
 from tracekit.record.hook import NOTE, ROW, EventBuffer, unpack
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import META_KEY, TraceMeta
 
 SPOOL_KEY = b"tracekit_spool"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, length 0
-SITE_ROW, NOTE_ROW = -1, -2
+SITE_ROW, NOTE_ROW, FRAME_ROW, STACK_ROW = -1, -2, -3, -4
 
 SPOOL_SCHEMA = pa.schema([
     ("t_ns", pa.int64()), ("op", pa.int8()), ("addr", pa.uint64()), ("size", pa.uint64()),
     ("rounded", pa.uint64()), ("stream", pa.uint64()), ("device", pa.int16()), ("site", pa.int32()),
-    ("text", pa.string()), ("pool", pa.int32()), ("device_free", pa.int64()),
+    ("text", pa.string()), ("pool", pa.int32()), ("device_free", pa.int64()), ("stack", pa.int32()),
 ])
 # pool: -1 = resolve from the segments when the trace is written; device_free: -1 = not measured.
 
@@ -74,6 +81,7 @@ class SpoolWriter:
         *,
         interval: float = 0.5,
         max_events: int = 65536,
+        stacks: LiveStacks | None = None,
     ) -> None:
         self.path, self.pid = path, os.getpid()
         schema = SPOOL_SCHEMA.with_metadata({META_KEY: meta.to_json().encode(), SPOOL_KEY: b"1"})
@@ -86,10 +94,10 @@ class SpoolWriter:
             with contextlib.suppress(OSError):
                 path.unlink()
             raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
-        self.buffer, self.sites, self.t0 = buffer, sites, t0_ns
+        self.buffer, self.sites, self.stacks, self.t0 = buffer, sites, stacks, t0_ns
         self.interval, self.max_events = interval, max_events
         self.events = 0  # event rows written (notes and site names excluded)
-        self._sites_written = 0
+        self._sites_written = self._frames_written = self._stacks_written = 0
         self._last_t = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -120,17 +128,23 @@ class SpoolWriter:
             if self.error is not None:
                 self.buffer.take()  # the spool failed: drop the rows, so memory stays bounded
                 return 0
-            raw = self.buffer.take()  # rows first: every site id they use is named by now
+            raw = self.buffer.take()  # rows first: every site and stack id they use is named by now
             names = self.sites.names_since(self._sites_written) if self.sites is not None else []
-            if not len(raw) and not names:
+            st = self.stacks
+            frames = st.frames_since(self._frames_written) if st is not None else []
+            links = st.stacks_since(self._stacks_written) if st is not None else []
+            if not len(raw) and not names and not frames and not links:
                 return 0
-            batch, n_events = self._batch(raw, names)
+            batch, n_events = self._batch(raw, names, frames, links)
             self._append(batch.serialize().to_pybytes())
             self._sites_written += len(names)
+            self._frames_written += len(frames)
+            self._stacks_written += len(links)
             self.events += n_events
             return n_events
 
-    def _batch(self, raw: np.ndarray, names: list[str]) -> tuple[pa.RecordBatch, int]:
+    def _batch(self, raw: np.ndarray, names: list[str], frames: list[tuple[str, int, str, int]],
+               links: list[tuple[int, int]]) -> tuple[pa.RecordBatch, int]:
         c = unpack(raw)
         t = np.maximum.accumulate(np.maximum(c["t"] - self.t0, self._last_t)) if len(raw) else c["t"]
         if len(t):
@@ -142,24 +156,26 @@ class SpoolWriter:
             text[i] = json.dumps(self.buffer.notes[int(c["addr"][i])], default=str)
         op = np.where(is_note, np.int8(NOTE_ROW), op).astype(np.int8)
         addr = np.where(is_note, 0, c["addr"])
-        k = len(names)
-        z64 = np.zeros(k, np.int64)
+        head = _head_rows(names, self._sites_written, frames, self._frames_written, links,
+                          self._stacks_written)
+        k = len(head["op"])
+        t_head = np.full(k, t[0] if len(t) else self._last_t, np.int64)
         cols = [
-            np.concatenate([np.full(k, t[0] if len(t) else self._last_t, np.int64), t]),
-            np.concatenate([np.full(k, SITE_ROW, np.int8), op]),
-            np.concatenate([z64, addr]).astype(np.uint64),
-            np.concatenate([z64, c["size"]]).astype(np.uint64),
-            np.concatenate([z64, c["rounded"]]).astype(np.uint64),
-            np.concatenate([z64, c["stream"]]).astype(np.uint64),
+            np.concatenate([t_head, t]),
+            np.concatenate([head["op"], op]),
+            np.concatenate([head["addr"], addr]).astype(np.uint64),
+            np.concatenate([head["size"], c["size"]]).astype(np.uint64),
+            np.concatenate([np.zeros(k, np.int64), c["rounded"]]).astype(np.uint64),
+            np.concatenate([np.zeros(k, np.int64), c["stream"]]).astype(np.uint64),
             np.concatenate([np.zeros(k, np.int16), c["device"]]),
-            np.concatenate([np.arange(self._sites_written, self._sites_written + k, dtype=np.int32),
-                            c["site"]]),
+            np.concatenate([head["site"], c["site"]]),
         ]
         arrays = [pa.array(a, type=f.type) for a, f in zip(cols, SPOOL_SCHEMA, strict=False)]
-        arrays.append(pa.array(list(names) + text, type=pa.string()))
+        arrays.append(pa.array(head["text"] + text, type=pa.string()))
         arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int32), c["pool"]]), type=pa.int32()))
         arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int64), c["device_free"]]),
                                type=pa.int64()))
+        arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int32), c["stack"]]), type=pa.int32()))
         return pa.RecordBatch.from_arrays(arrays, schema=SPOOL_SCHEMA), int(len(raw) - is_note.sum())
 
     def _append(self, data: bytes, flags: int = 0) -> None:
@@ -190,3 +206,21 @@ class SpoolWriter:
                 self._append(END_OF_STREAM)
         except Exception as e:  # a full disk at the very end: what was written stays recoverable
             self.error = self.error or f"{type(e).__name__}: {e}"
+
+
+def _head_rows(names: list[str], site0: int, frames: list[tuple[str, int, str, int]], frame0: int,
+               links: list[tuple[int, int]], stack0: int) -> dict[str, Any]:
+    """The rows that name what a batch's events use first: call-sites, frames, stacks, in that order
+    (columns op, site, addr, size as NumPy; text as a list)."""
+    ns, nf, nk = len(names), len(frames), len(links)
+    fr = np.array([(ln + 1, kind) for _, ln, _, kind in frames], np.int64).reshape(-1, 2)
+    lk = np.array(links, np.int64).reshape(-1, 2)
+    return {
+        "op": np.concatenate([np.full(ns, SITE_ROW, np.int8), np.full(nf, FRAME_ROW, np.int8),
+                              np.full(nk, STACK_ROW, np.int8)]),
+        "site": np.concatenate([np.arange(site0, site0 + ns), np.arange(frame0, frame0 + nf),
+                                np.arange(stack0, stack0 + nk)]).astype(np.int32),
+        "addr": np.concatenate([np.zeros(ns, np.int64), fr[:, 0], lk[:, 0]]),
+        "size": np.concatenate([np.zeros(ns, np.int64), fr[:, 1], lk[:, 1] + 1]),
+        "text": [*names, *(json.dumps([file, function]) for file, _, function, _ in frames), *([None] * nk)],
+    }

@@ -10,6 +10,7 @@ rows are null follows from the op (``addr`` is null only for ``oom``,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,13 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("site", np.int32),
     ("stack", np.int32),
 )
+
+@functools.lru_cache(maxsize=16)
+def site_stacks(sites: tuple[str, ...]) -> StackTable:
+    """``StackTable.from_sites(sites)``, one object per distinct dictionary: the batches of one trace
+    built from one call-site tuple share their table, so concat and the writer remap nothing."""
+    return StackTable.from_sites(sites)
+
 
 # The defaults of Events.stack/stacks, told apart by identity: "not given" (see Events).
 _UNSET = np.full(0, -1, np.int32)
@@ -64,7 +72,7 @@ class Events:
             if self.stack is not _UNSET:
                 raise ValueError("Events.stack given without the StackTable it indexes (Events.stacks)")
             object.__setattr__(self, "stack", self.site)
-            object.__setattr__(self, "stacks", StackTable.from_sites(self.sites))
+            object.__setattr__(self, "stacks", site_stacks(self.sites))
         elif self.stack is _UNSET:
             object.__setattr__(self, "stack", np.full(n, -1, np.int32))
         for name, dtype in FIELDS:

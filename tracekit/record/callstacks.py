@@ -1,0 +1,221 @@
+"""Whole call stacks of the recorded program, interned as it runs (trace format v3).
+
+At every malloc and out-of-memory request the hook reads the Python frames of the call, from the
+innermost outwards, at most ``depth`` of them: the *window*. Its key is the ``id`` of each frame's
+code object and its instruction offset (``f_lasti``): a tuple of ints, hashed once, looked up in
+one dict (``LiveStacks.hot``) that answers the pair (the one-frame site's row bits, the stack
+id). Only a window never seen before takes the slow path (``LiveStacks.miss``): each frame is
+named once per (code, offset) (path made relative to the first root holding it, as the one-frame
+site is, its line, its qualified name, its kind), tracekit's own frames are dropped, and the
+frames are interned into stacks (``tracekit.trace.stacks.StackInterner``: one frame and one
+parent per stack). No frame object is kept beyond the call (that would keep the program's arrays
+alive past their frames' end); the code objects seen are kept, so their ids are never reused.
+
+The window is read with C-level iteration (``itertools.accumulate`` of ``getattr(f, "f_back")``
+stopped at ``None`` by ``takewhile(bool, ...)``, then ``map`` of the two attribute getters), so
+the cost per frame is a few C calls and no bytecode. ``docs/record.md`` has the measured cost.
+
+Kinds: a frame's file under the most specific root that holds it decides (``root_kinds``): the
+standard library -> ``STDLIB``, an installed-package folder (site-packages, dist-packages) ->
+``LIBRARY``, the working directory, the program's folder or no root at all -> ``USER``;
+``<frozen ...>`` modules are the standard library's. CuPy's Python frames stay in the stack (the
+innermost library frame that made the request is wanted); the one-frame site still skips them.
+
+The tables grow only (ids are dense and never change), so the spool writes the frames and stacks
+new since its last batch, as it does call-site names, and ``tracekit recover`` rebuilds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from itertools import accumulate, takewhile
+from operator import attrgetter
+from types import CodeType, FrameType
+
+from tracekit.record.sites import SiteTable, relative_path
+from tracekit.trace.stacks import FrameKind, StackInterner
+
+DEFAULT_DEPTH = 64  # frames per stack unless --stack-depth says otherwise
+SITE_SHIFT = 32  # where a row's code keeps site + 1 (tracekit.record.hook)
+
+frame_code, frame_lasti = attrgetter("f_code"), attrgetter("f_lasti")
+
+
+def backs(depth: int) -> tuple[str, ...]:
+    """What ``window`` iterates over for a window of ``depth`` frames (made once per recording)."""
+    return ("f_back",) * (depth - 1)
+
+
+def window(frame: FrameType | None, steps: tuple[str, ...]) -> list[FrameType]:
+    """``frame`` and its callers, one per item of ``steps`` (``backs``), fewer where the stack ends:
+    ``frame``, ``frame.f_back``, ... up to the first None, all in C."""
+    if frame is None:
+        return []
+    return list(takewhile(bool, accumulate(steps, getattr, initial=frame)))
+
+
+def window_key(frames: list[FrameType]) -> tuple[int, ...]:
+    """The cache key of a window: the code ids, then the instruction offsets."""
+    return (*map(id, map(frame_code, frames)), *map(frame_lasti, frames))
+
+
+class LiveStacks:
+    """The frames and stacks of one recording; ``hot`` maps a window key to (site bits, stack id).
+
+    ``site bits`` is ``(site + 1) << 32`` (the row code's site field), or None where the window
+    holds no frame outside the site's skipped libraries (the site is then looked up each time,
+    beyond the window: only with a small ``depth``).
+    """
+
+    def __init__(self, sites: SiteTable, depth: int, own_dirs: tuple[str, ...],
+                 kinds: tuple[tuple[str, FrameKind], ...]) -> None:
+        self.sites, self.depth, self.steps = sites, depth, backs(depth)
+        self._own = tuple(os.path.join(os.path.abspath(d), "") for d in own_dirs)
+        self._kinds = kinds
+        self.hot: dict[tuple[int, ...], tuple[int | None, int]] = {}
+        self._frame_of: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> frame id
+        self._named: dict[int, tuple[str, str, int] | None] = {}  # id(code) -> (path, name, kind); None: own
+        self._codes: list[CodeType] = []  # keeps every code seen alive, so its id stays unique
+        self.table = StackInterner()
+        self._lock = threading.Lock()
+
+    def capture(self, frame: FrameType | None) -> tuple[int, int]:
+        """(site id, stack id) of a request whose innermost Python frame is ``frame``."""
+        frames = window(frame, self.steps)
+        v = self.hot.get(window_key(frames))
+        if v is None:
+            v = self.miss(frames)
+        bits, stack = v
+        return ((bits >> SITE_SHIFT) - 1 if bits is not None else self.sites.site_of(frame)), stack
+
+    def miss(self, frames: list[FrameType]) -> tuple[int | None, int]:
+        """Slow path: name and intern the window's frames, remember the window's answer."""
+        key = window_key(frames)
+        with self._lock:
+            v = self.hot.get(key)  # another thread may have just added it
+            if v is None:
+                v = self.hot[key] = (self._site_bits(frames), self._stack(frames))
+        return v
+
+    def _site_bits(self, frames: list[FrameType]) -> int | None:
+        for f in frames:
+            if not self.sites.is_internal(f.f_code):
+                return (self.sites.site_of(f) + 1) << SITE_SHIFT
+        return None
+
+    def _stack(self, frames: list[FrameType]) -> int:
+        ids = [fid for fid in map(self._frame_id, frames) if fid >= 0]
+        stack = -1
+        for fid in reversed(ids):  # outermost first: a parent is interned before its children
+            stack = self.table.stack_id(fid, stack)
+        return stack
+
+    def _frame_id(self, frame: FrameType) -> int:
+        """The frame id of ``frame`` at its current instruction; -1 for tracekit's own frames."""
+        code = frame.f_code
+        key = (id(code), frame.f_lasti)
+        fid = self._frame_of.get(key)
+        if fid is None:
+            named = self._name(code)
+            fid = -1 if named is None else self.table.frame_id(named[0], _line(frame), named[1],
+                                                               named[2])
+            self._frame_of[key] = fid
+        return fid
+
+    def _name(self, code: CodeType) -> tuple[str, str, int] | None:
+        if id(code) not in self._named:
+            self._codes.append(code)
+            path = code.co_filename
+            if self._own and os.path.abspath(path).startswith(self._own):
+                self._named[id(code)] = None
+            else:
+                name = getattr(code, "co_qualname", code.co_name)
+                self._named[id(code)] = (relative_path(path, self.sites.roots), name,
+                                         int(kind_of(path, self._kinds)))
+        return self._named[id(code)]
+
+    # -- what the spool writes ------------------------------------------------------------------
+    @property
+    def n_frames(self) -> int:
+        return len(self.table.file)
+
+    @property
+    def n_stacks(self) -> int:
+        return len(self.table.frame)
+
+    def frames_since(self, start: int) -> list[tuple[str, int, str, int]]:
+        """(file, line, function, kind) of frame ids ``start``, ``start+1``, ... known now."""
+        with self._lock:
+            t = self.table
+            return list(zip(t.file[start:], t.line[start:], t.function[start:], t.kind[start:], strict=True))
+
+    def stacks_since(self, start: int) -> list[tuple[int, int]]:
+        """(frame, parent) of stack ids ``start``, ``start+1``, ... known now."""
+        with self._lock:
+            t = self.table
+            return list(zip(t.frame[start:], t.parent[start:], strict=True))
+
+
+def _line(frame: FrameType) -> int:
+    line = frame.f_lineno  # None at some instructions (3.12: no line)
+    return line if line is not None else -1
+
+
+def kind_of(path: str, kinds: tuple[tuple[str, FrameKind], ...]) -> FrameKind:
+    """The kind of the most specific root holding ``path`` (``root_kinds``); USER under none."""
+    if path.startswith("<frozen"):
+        return FrameKind.STDLIB
+    best, found = -1, FrameKind.USER
+    for root, kind in kinds:
+        prefix = os.path.join(root, "")
+        if len(prefix) > best and path.startswith(prefix):
+            best, found = len(prefix), kind
+    return found
+
+
+def root_kinds(roots: tuple[str, ...]) -> tuple[tuple[str, FrameKind], ...]:
+    """Each root with the kind of the frames under it: the standard library's folders STDLIB, the
+    installed-package folders LIBRARY, the others (working directory, program folder) USER."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    std = {os.path.abspath(p) for k in ("stdlib", "platstdlib") if (p := paths.get(k))}
+    libs = {os.path.abspath(p) for k in ("purelib", "platlib") if (p := paths.get(k))}
+    with contextlib.suppress(AttributeError):  # site helpers are missing in some embedded interpreters
+        libs.update(os.path.abspath(p) for p in (*site.getsitepackages(), site.getusersitepackages()))
+    out = []
+    for r in roots:
+        a = os.path.abspath(r)
+        installed = a in libs or os.path.basename(a) in ("site-packages", "dist-packages")
+        out.append((a, FrameKind.LIBRARY if installed else FrameKind.STDLIB if a in std else FrameKind.USER))
+    return tuple(out)
+
+
+def tracekit_dirs() -> tuple[str, ...]:
+    """tracekit's own package folder: the only frames a stack leaves out."""
+    return (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+
+
+def live_stacks(sites: SiteTable, depth: int) -> LiveStacks | None:
+    """The stack tables of a recording whose site table is ``sites``; None for ``depth`` 0."""
+    if depth <= 0:
+        return None
+    return LiveStacks(sites, depth, tracekit_dirs(), root_kinds(sites.roots))
+
+
+Capture = Callable[[FrameType | None], tuple[int, int]]
+
+
+def capture_of(sites: SiteTable | None, stacks: LiveStacks | None) -> Capture:
+    """(site, stack) of a request from its innermost frame: whole stacks, the site alone, or none."""
+    if stacks is not None:
+        return stacks.capture
+    if sites is not None:
+        site_of = sites.site_of
+        return lambda frame: (site_of(frame), -1)
+    return lambda frame: (-1, -1)
+
