@@ -20,6 +20,7 @@
     const box = el("canvas", null);
     box.id = "flame";
     box.setAttribute("role", "img");
+    box.setAttribute("aria-label", "flame graph of the live bytes by call stack; hover a frame for its details");
     let collapse = hasNative; // C++ frames folded into one node per run by default
     let tree = build(collapse), focus = 0, last = null;
 
@@ -184,7 +185,6 @@
 
     const title = el("p", "fl-title"), note = el("div", "fl-note");
     function head(st, ctx, wt) {
-      box.setAttribute("aria-label", "flame graph of the live bytes by call stack; hover a frame for its details");
       title.textContent = "Live " + ctx.when + ": " + fmtBytes(wt.total[0]) + " in " + wt.blocks[0].toLocaleString() +
         " blocks" + (focus !== 0 ? "; zoomed into " + label(focus) + " (" + fmtBytes(wt.total[focus]) + ")" : "") + ".";
     }
