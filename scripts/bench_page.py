@@ -2,11 +2,10 @@
 time to interactive and redraw times in headless Chromium.
 
 Usage: ``python3 scripts/bench_page.py [--events 10000000] [--pattern fragmenting] [--trace PATH]
-[--keep DIR] [--skip-old] [--repeat 20] [--stacks 5000]``.
+[--keep DIR] [--skip-old] [--repeat 20] [--stacks 3000]``.
 
-1. Writes the trace (``tracekit synth``) unless ``--trace`` or it exists in ``--keep``; with ``--stacks N``
-   every malloc and OOM gets one of N whole call stacks (a random tree of depth up to 40 over 4N/3 frames,
-   a quarter of them C++, seeded), the stacks of a deep recording, written as trace format v3.
+1. Writes the trace (``tracekit synth``, its requests at ``--stacks`` distinct whole call stacks of depth
+   8..39) unless ``--trace`` or it exists in ``--keep``.
 2. Times ``tracekit report`` (the page) and the matplotlib report (``tracekit.report.write_report``),
    each in a fresh process, one after the other, after a warm-up run of each on a small trace.
 3. Opens the page from ``file://`` in headless Chromium (Playwright, ``/usr/bin/chromium``) and
@@ -30,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tracekit.synth.stacks import DEFAULT_STACKS
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -119,35 +120,6 @@ def browser_times(page_path: Path, repeat: int) -> dict[str, Any]:
     return out
 
 
-def with_stacks(trace: Path, n: int, out: Path) -> Path:
-    """``trace`` with every malloc and OOM at one of ``n`` random whole call stacks (seeded), as v3."""
-    import dataclasses
-
-    import numpy as np
-
-    from tracekit.trace import Op, read_trace, write_trace
-    from tracekit.trace.stacks import FrameKind, StackTable
-
-    rng = np.random.default_rng(0)
-    nf = n * 4 // 3
-    kind = rng.choice([FrameKind.USER, FrameKind.LIBRARY, FrameKind.STDLIB, FrameKind.NATIVE], nf,
-                      p=[0.3, 0.35, 0.1, 0.25]).astype(int)
-    parent = np.full(n, -1, np.int64)
-    depth = np.zeros(n, np.int64)
-    for s in range(1, n):  # a parent among the earlier stacks, keeping depth <= 40
-        p = int(rng.integers(-1, s))
-        if p >= 0 and depth[p] < 40:
-            parent[s], depth[s] = p, depth[p] + 1
-    t = read_trace(trace)
-    ev = t.events
-    files = [f"pkg/mod{i % 97}/file{i}.py" for i in range(nf)]
-    table = StackTable.build(files, rng.integers(1, 2000, nf).tolist(), [f"fn_{i}" for i in range(nf)],
-                             kind.tolist(), rng.integers(0, nf, n).tolist(), parent.tolist())
-    stack = np.where((ev.op == Op.MALLOC) | (ev.op == Op.OOM), rng.integers(0, n, len(ev)), -1)
-    write_trace(out, t.meta, dataclasses.replace(ev, stack=stack.astype(np.int32), stacks=table))
-    return out
-
-
 def line(name: str, ms: list[float]) -> str:
     if not ms:
         return f"{name:<10} (none)"
@@ -163,18 +135,15 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None)
     ap.add_argument("--skip-old", action="store_true", help="do not time the matplotlib report")
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--stacks", type=int, default=0, help="give the trace this many whole call stacks")
+    ap.add_argument("--stacks", type=int, default=DEFAULT_STACKS, help="distinct call stacks of the trace")
     args = ap.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="tracekit-bench-page-"))
     folder.mkdir(parents=True, exist_ok=True)
-    trace = args.trace or folder / f"{args.pattern}-{args.events}.parquet"
+    trace = args.trace or folder / f"{args.pattern}-{args.events}-stacks{args.stacks}.parquet"
     if not trace.exists():
         from tracekit.synth import Pattern, synthesize
 
-        synthesize(Pattern(args.pattern), args.events, 0, trace)
-    if args.stacks:
-        deep = folder / f"{trace.stem}-stacks{args.stacks}.parquet"
-        trace = deep if deep.exists() else with_stacks(trace, args.stacks, deep)
+        synthesize(Pattern(args.pattern), args.events, 0, trace, stacks=args.stacks)
     new, old, page = write_times(trace, folder, args.skip_old)
     size = page.stat().st_size
     print(f"trace      {trace}")
