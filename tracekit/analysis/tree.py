@@ -47,7 +47,7 @@ class TreeLimits:
     min_share: float = 0.01
     max_depth: int = 40
     max_children: int = 8
-    max_nodes: int = 120
+    max_nodes: int = 60
     native: bool = False
 
 
