@@ -130,3 +130,42 @@ def test_real_traces_keep_their_sites_and_draw_trees(traces_dir: Path, name: str
     assert s.trees is not None and s.trees.never_freed.bytes == s.leaked_bytes
     assert s.trees.peak is not None and s.trees.peak.bytes == s.peak_live_bytes
     assert len(s.trees.ooms) == min(len(s.ooms), 8)
+
+
+def test_tree_of_ten_thousand_distinct_stacks_is_bounded(tmp_path: Path) -> None:
+    """10,000 live blocks, each of its own stack (100 outer frames x 100 inner ones): every tree
+    prints at most its node budget, each cut counted, and the totals still add up."""
+    from tracekit.analysis.tree import TreeLimits
+
+    n_outer, per = 100, 100
+    n = n_outer * per
+    files = [f"outer{i}.py" for i in range(n_outer)] + [f"{VENV}/lib{j % 7}/m.py" for j in range(n)]
+    kinds = [FrameKind.USER] * n_outer + [FrameKind.LIBRARY] * n
+    parent = [-1] * n_outer + [j // per for j in range(n)]
+    table = StackTable.build(files, [1 + j for j in range(len(files))], ["f"] * len(files), kinds,
+                             range(len(files)), parent)
+    size = (np.arange(n, dtype=np.uint64) % 97 + 1) * 512
+    addr = np.arange(n, dtype=np.uint64) * (1 << 20)
+    ev = Events.build(np.full(n, Op.MALLOC), size, addr=addr, rounded=size,
+                      stack=np.arange(n_outer, n_outer + n, dtype=np.int32), stacks=table)
+    path = write_trace(tmp_path / "wide.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
+    out, _ = analyze(str(path), "--tree")
+    budget = TreeLimits().max_nodes
+    start = out.index("live bytes by call stack")
+    lines = out[start:].splitlines()
+    # Two trees (the peak, never freed), each a title, its nodes and at most one "more" line a node.
+    assert len(lines) <= 2 * (2 + 2 * budget) + 4
+    assert any("… " in x and " more (" in x for x in lines)
+    _, d = analyze(str(path), "--tree", "--json")
+    assert d is not None
+    peak = d["trees"]["peak"]
+    assert peak["bytes"] == int(size.sum()) == d["peak_live_bytes"]
+
+    def count(node: dict) -> int:
+        return 1 + sum(count(c) for c in node["children"])
+
+    def shown(node: dict) -> int:  # the bytes of the children kept plus what was cut add up
+        assert sum(c["bytes"] for c in node["children"]) + node["more_bytes"] <= node["bytes"]
+        return sum(shown(c) for c in node["children"]) + 1
+
+    assert count(peak) <= budget + 1 and shown(peak) == count(peak)
