@@ -180,3 +180,26 @@ def test_committed_traces_validate_and_the_peak_is_the_analyzers(name: str, trac
     assert allocated["endValue"] == int(trace.events.rounded[trace.events.op == Op.MALLOC].sum())
     ooms = [p for p in doc["profiles"] if "OOM" in p["name"]]
     assert len(ooms) == min(trace.events.count(Op.OOM), 16)
+
+
+def test_whole_stacks_become_samples_from_the_root(tmp_path: Path,
+                                                   schema: jsonschema.Draft7Validator) -> None:
+    """A trace with whole call stacks (format v3): every sample is its stack's frames, outermost first."""
+    from tracekit.synth import Pattern, synthesize
+
+    path = synthesize(Pattern.TRAINING, 4000, 7, tmp_path / "deep.parquet", stacks=40)
+    trace = read_trace(path)
+    ev = trace.events
+    assert int(ev.stacks.parent.max()) >= 0  # stacks deeper than one frame
+    doc = exported(path, tmp_path / "deep.json")
+    schema.validate(doc)
+    frames = doc["shared"]["frames"]
+    sel = select(trace)
+    for m, prof in zip(sel.moments, doc["profiles"], strict=True):
+        for s, sample, weight in zip(m.stack.tolist(), prof["samples"], prof["weights"], strict=True):
+            want = [(f.function or f.file, f.file) for f in reversed(ev.stacks.frames(s))] if s >= 0 else \
+                [("<no call-site>", None)]
+            assert [(frames[i]["name"], frames[i].get("file")) for i in sample] == want
+            assert weight == int(m.bytes[m.stack.tolist().index(s)])
+    assert max(len(s) for p in doc["profiles"] for s in p["samples"]) > 1
+    assert doc["profiles"][0]["endValue"] == analyze_trace(trace, timeline=False).summary.peak_live_bytes

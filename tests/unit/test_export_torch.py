@@ -242,3 +242,29 @@ def test_the_keys_are_those_of_a_real_pytorch_snapshot(tmp_path: Path, traces_di
     assert set(ours) <= set(real)
     pool_id = type(real["segments"][0]["segment_pool_id"])
     assert all(type(s["segment_pool_id"]) is pool_id for s in ours["segments"])
+
+
+def test_whole_stacks_are_the_entries_frames(tmp_path: Path) -> None:
+    """A trace with whole call stacks (format v3): each entry's frames are its event's stack, innermost
+    first, one list per stack; the importer reads the events back (its call-site is the innermost
+    frame outside PyTorch, so only the rest is compared)."""
+    from tracekit.synth import Pattern, synthesize
+
+    path = synthesize(Pattern.FRAGMENTING, 3000, 3, tmp_path / "deep.parquet", stacks=30)
+    trace = read_trace(path)
+    ev = trace.events
+    snap = snapshot_of(path, tmp_path / "deep.pickle")
+    hist = snap["device_traces"][0]
+    rows = np.repeat(np.arange(len(ev)), np.where(ev.op == Op.FREE, 2, 1))
+    assert len(hist) == len(rows)
+    seen: dict[int, Any] = {}
+    for e, r in zip(hist, rows.tolist(), strict=True):
+        s = int(ev.stack[r])
+        want = [{"filename": f.file, "line": max(f.line, 0), "name": f.function} for f in ev.stacks.frames(s)]
+        assert e["frames"] == want
+        assert seen.setdefault(s, e["frames"]) is e["frames"]
+    assert max(len(f) for f in seen.values()) > 1
+    import_snapshot(tmp_path / "deep.pickle", tmp_path / "back.parquet")
+    back = read_trace(tmp_path / "back.parquet")
+    for col in ("op", "addr", "rounded", "stream", "device"):
+        assert np.array_equal(getattr(ev, col), getattr(back.events, col)), col

@@ -38,11 +38,9 @@ MAX_OOMS = 16  # OOM moments exported per trace (the fatal one first); the rest 
 
 
 def event_stacks(ev: Events) -> tuple[np.ndarray, StackTable]:
-    """Each event's stack id (-1: none) and the stack table they index.
-
-    Until events carry whole stacks, a call-site is a one-frame stack whose id is the site id.
-    """
-    return ev.site, StackTable.from_sites(ev.sites)
+    """Each event's stack id (-1: none) and the stack table they index (trace format v3; a v1/v2
+    trace's call-sites are one-frame stacks whose ids are the site ids)."""
+    return ev.stack, ev.stacks
 
 
 class MomentKind(StrEnum):
