@@ -6,8 +6,9 @@ code object and its instruction offset (``f_lasti``): a tuple of ints, hashed on
 one dict (``LiveStacks.hot``) that answers the pair (the one-frame site's row bits, the stack
 id). Only a window never seen before takes the slow path (``LiveStacks.miss``): each frame is
 named once per (code, offset) (path made relative to the first root holding it, as the one-frame
-site is, its line, its qualified name, its kind), tracekit's own frames are dropped, and the
-frames are interned into stacks (``tracekit.trace.stacks.StackInterner``: one frame and one
+site is, its line, its qualified name, its kind), tracekit's own frames are dropped (and what
+called tracekit's launcher: the stack ends at the program's ``<module>``), and the frames are
+interned into stacks (``tracekit.trace.stacks.StackInterner``: one frame and one
 parent per stack). No frame object is kept beyond the call (that would keep the program's arrays
 alive past their frames' end); the code objects seen are kept, so their ids are never reused.
 
@@ -107,7 +108,16 @@ class LiveStacks:
         return None
 
     def _stack(self, frames: list[FrameType]) -> int:
-        ids = [fid for fid in map(self._frame_id, frames) if fid >= 0]
+        """The stack id of a window: tracekit's innermost frames (its allocator wrappers) left out,
+        and the first tracekit frame met after the program's ends the stack: what lies beyond is
+        tracekit's launcher (its runner, the command line's typer and runpy frames), or a thread's
+        start-up around tracekit's hook installer, never the program's."""
+        ids: list[int] = []
+        for fid in map(self._frame_id, frames):
+            if fid >= 0:
+                ids.append(fid)
+            elif ids:
+                break
         stack = -1
         for fid in reversed(ids):  # outermost first: a parent is interned before its children
             stack = self.table.stack_id(fid, stack)
