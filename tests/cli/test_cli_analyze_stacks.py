@@ -169,3 +169,14 @@ def test_tree_of_ten_thousand_distinct_stacks_is_bounded(tmp_path: Path) -> None
         return sum(shown(c) for c in node["children"]) + 1
 
     assert count(peak) <= budget + 1 and shown(peak) == count(peak)
+
+
+def test_fleet_summary_escapes_each_call_site() -> None:
+    pytest.importorskip("polars")
+    from tracekit.fleet.summary import FleetSummary, Group
+
+    s = FleetSummary(traces=1, analyzed=1, out_of_memory=1, by_diagnosis=(),
+                     by_site=(Group(f"{EVIL}:1:f\nFAKE", 1, (3,), ("a.parquet",)),), imbalance=None,
+                     worst=None, errors=())
+    text = s.to_text()
+    assert "\nFAKE" not in text and "\x1b" not in text and "evil\\x1b[2J.py:1:f\\nFAKE  (rank 3)" in text

@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis.summary import site_text
 from tracekit.units import format_size
 
 
@@ -104,7 +105,7 @@ class FleetSummary:
         for title, groups in (("by diagnosis", self.by_diagnosis), ("by call-site", self.by_site)):
             if groups:
                 lines.append(f"out of memory {title}:")
-                lines.extend(f"  {g.traces:>5} x {g.key or '(no call-site)'}{_ranks(g.ranks)}"
+                lines.extend(f"  {g.traces:>5} x {site_text(g.key)}{_ranks(g.ranks)}"
                              for g in groups)
         if self.imbalance is not None:
             im = self.imbalance
@@ -175,7 +176,7 @@ def _worst(ok: pl.DataFrame) -> Worst | None:
     r = ok.filter(pl.col("path") == paths[0]).row(0, named=True)
     if r["oom_seq"] is not None:
         why = (f"ran out of memory at seq {r['oom_seq']} asking {format_size(r['oom_size'])} at "
-               f"{r['oom_site'] or '(no call-site)'}: {r['oom_diagnosis']}")
+               f"{site_text(r['oom_site'])}: {r['oom_diagnosis']}")
     else:
         why = f"no OOM; the highest peak reserved, {format_size(r['peak_reserved_bytes'])}"
     out = Path(r["path"]).with_suffix(".html").name
