@@ -59,7 +59,8 @@ def child(mode: str, snap: str, out: str) -> None:
     """Import in this fresh process, then print its peak resident bytes and CPU seconds."""
     from tracekit.importers.torch_snapshot import import_snapshot
 
-    import_snapshot(snap, out, fast={"scan": True, "unpickle": False}[mode], progress=False)
+    import_snapshot(snap, out, fast={"scan": True, "unpickle": False}[mode], progress=False,
+                    force=True)
     status = Path("/proc/self/status").read_text()
     hwm = int(status.split("VmHWM:")[1].split()[0]) * 1024
     use = resource.getrusage(resource.RUSAGE_SELF)
@@ -73,14 +74,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=1024)
     ap.add_argument("--source", type=Path, default=ROOT / "traces" / "torch-train.pickle.gz")
-    ap.add_argument("--keep", type=Path, default=None, help="Folder to keep the snapshot and trace in.")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="Folder to keep the snapshot and trace in (one built there before is reused).")
     ap.add_argument("--modes", default="scan,unpickle", help="Readers to measure: scan, unpickle.")
     a = ap.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="tk-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     snap, out = work / "big.pickle", work / "big.parquet"
     t = time.perf_counter()
-    entries = build(a.source, snap, a.size_mb)
+    count = work / "big.entries"
+    if a.keep is not None and snap.exists() and count.exists():  # built by an earlier run with --keep
+        entries = int(count.read_text())
+    else:
+        entries = build(a.source, snap, a.size_mb)
+        count.write_text(str(entries))
     size = snap.stat().st_size
     print(f"built {snap} : {size / 2**20:.0f} MiB, {entries:,} entries in {time.perf_counter() - t:.1f} s")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -99,8 +106,8 @@ def main() -> int:
               f"({entries / cpu / 1e6:.2f} M entries per CPU second), "
               f"peak RSS {peak / 2**30:.2f} GiB = {peak / size:.1f} x the file")
     if a.keep is None:
-        snap.unlink(missing_ok=True)
-        out.unlink(missing_ok=True)
+        for p in (snap, out, count):
+            p.unlink(missing_ok=True)
         work.rmdir()
     return 0
 

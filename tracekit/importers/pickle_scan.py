@@ -23,21 +23,12 @@ from typing import Any
 import numpy as np
 
 from tracekit.importers.pickle_kernel import (
-    ACTION_CODES,
-    ARGLEN,
-    K_DICT,
-    K_ENTRY,
-    K_FRAME,
-    K_TUPLE,
-    LIT_OFF,
-    LITS,
-    T_BIGINT,
-    T_BOOL,
-    T_BYTES,
-    T_FLOAT,
-    T_INT,
-    T_NONE,
-    T_STR,
+    Cap,
+    Ed,
+    Fr,
+    Kind,
+    Nd,
+    Tag,
     _scan,
 )
 
@@ -56,9 +47,13 @@ class Scan:
     """The arrays ``_scan`` returns, and their translation back into builtin objects."""
 
     def __init__(self, buf: np.ndarray, out: tuple[Any, ...]) -> None:
-        (_, _, self.st_t, self.st_a, self.st_b, self.kind, self.aux, self.first, self.site, self.nfr,
-         self.node_entries, ep, self.ekt, self.eka, self.ekb, self.evt, self.eva, self.evb,
-         self.entries, self.frames) = out
+        _, _, self.st_t, self.st_a, self.st_b, nd, ed, self.entries, self.frames = out
+        self.kind, self.aux = nd[:, Nd.KIND], nd[:, Nd.AUX]
+        self.first, self.site = nd[:, Nd.FIRST], nd[:, Nd.SITE]
+        self.nfr, self.node_entries = nd[:, Nd.N_FRAMES], nd[:, Nd.N_ENTRIES]
+        ep = ed[:, Ed.PARENT]
+        self.ekt, self.eka, self.ekb = ed[:, Ed.KEY_TAG], ed[:, Ed.KEY_A], ed[:, Ed.KEY_B]
+        self.evt, self.eva, self.evb = ed[:, Ed.VALUE_TAG], ed[:, Ed.VALUE_A], ed[:, Ed.VALUE_B]
         self.buf = buf
         order = np.argsort(ep, kind="stable")
         nodes, start, count = np.unique(ep[order], return_index=True, return_counts=True)
@@ -77,10 +72,12 @@ class Scan:
     def frame(self, f: int) -> dict[str, Any]:
         obj = self._frame_objs.get(f)
         if obj is None:
-            fo, fl, line, no, nl, _, big, ll = (int(x) for x in self.frames[f])
-            if big:
-                line = self.value(T_BIGINT, line, ll)
-            obj = {"filename": self.text(fo, fl), "line": line, "name": self.text(no, nl)}
+            row = self.frames[f].tolist()
+            line = row[Fr.LINE]
+            if row[Fr.BIG]:
+                line = self.value(Tag.BIGINT, line, row[Fr.LINE_LEN])
+            obj = {"filename": self.text(row[Fr.FILE_OFF], row[Fr.FILE_LEN]), "line": line,
+                   "name": self.text(row[Fr.NAME_OFF], row[Fr.NAME_LEN])}
             self._frame_objs[f] = obj
         return obj
 
@@ -88,19 +85,19 @@ class Scan:
         return self.value(int(self.st_t[0]), int(self.st_a[0]), int(self.st_b[0]))
 
     def value(self, t: int, a: int, b: int) -> Any:
-        if t == T_NONE:
+        if t == Tag.NONE:
             return None
-        if t == T_BOOL:
+        if t == Tag.BOOL:
             return bool(a)
-        if t == T_INT:
+        if t == Tag.INT:
             return a
-        if t == T_FLOAT:
+        if t == Tag.FLOAT:
             return struct.unpack(">d", struct.pack(">q", a))[0]
-        if t == T_STR:
+        if t == Tag.STR:
             return self.text(a, b)
-        if t == T_BYTES:
+        if t == Tag.BYTES:
             return bytes(self.buf[a:a + b])
-        if t == T_BIGINT:
+        if t == Tag.BIGINT:
             return int.from_bytes(bytes(self.buf[a:a + b]), "little", signed=True)
         return self.node(a)
 
@@ -108,18 +105,18 @@ class Scan:
         kind = int(self.kind[nd])
         lo, hi = self.span.get(nd, (0, 0))
         idx = self.order[lo:hi].tolist()
-        if kind == K_FRAME:
+        if kind == Kind.FRAME:
             return self.frame(int(self.aux[nd]))
-        if kind == K_ENTRY:
+        if kind == Kind.ENTRY:
             raise _Unsupported("a history entry outside a device's list")
-        if kind == K_DICT:
+        if kind == Kind.DICT:
             kt, ka, kb = self.ekt[idx].tolist(), self.eka[idx].tolist(), self.ekb[idx].tolist()
             vt, va, vb = self.evt[idx].tolist(), self.eva[idx].tolist(), self.evb[idx].tolist()
             return {self.value(*k): self.value(*v)
                     for k, v in zip(zip(kt, ka, kb, strict=True), zip(vt, va, vb, strict=True), strict=True)}
         items = [self.value(t, a, b) for t, a, b in zip(self.evt[idx].tolist(), self.eva[idx].tolist(),
                                                           self.evb[idx].tolist(), strict=True)]
-        if kind == K_TUPLE:
+        if kind == Kind.TUPLE:
             return tuple(items)
         if self.nfr[nd]:  # a stack: its first frame and the innermost one outside PyTorch suffice
             if items or self.node_entries[nd]:
@@ -140,7 +137,12 @@ class _Unsupported(Exception):
 def scan(buf: np.ndarray, progress: Any = None) -> Any | None:
     """The snapshot in ``buf`` with each device history as an ``EntryList``; None if out of the subset."""
     n = len(buf)
-    caps = np.array([1 << 14, 1 << 12, n // 8, n // 16, n // 32, n // 48, n // 64], np.int64) + 1024
+    caps = np.zeros(len(Cap), np.int64)
+    # What each array may need per byte of the file (a value takes at least 2 bytes, an entry dozens).
+    caps[[Cap.STACK, Cap.MARKS]] = 1 << 14, 1 << 12
+    caps[[Cap.MEMO, Cap.NODES, Cap.EDGES]] = n // 8, n // 16, n // 32
+    caps[[Cap.ENTRIES, Cap.FRAMES]] = n // 48, n // 64
+    caps += 1024
     for _ in range(5):  # capacities too small (an unusual file): retry with twice as much
         out = _run(buf, caps, progress)
         if out is None or out[0] != 2:
@@ -164,7 +166,7 @@ def _run(buf: np.ndarray, caps: np.ndarray, progress: Any) -> tuple[Any, ...] | 
     pos = np.zeros(2, np.int64)  # [bytes scanned, stop request]
     box: list[Any] = []
     worker = threading.Thread(target=lambda: box.append(
-        _scan(buf, LITS, LIT_OFF, ACTION_CODES, ARGLEN, pos, caps)), daemon=True)
+        _scan(buf, pos, caps)), daemon=True)
     worker.start()
     try:
         while worker.is_alive():

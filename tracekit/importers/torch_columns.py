@@ -21,6 +21,7 @@ import numpy as np
 
 from tracekit.errors import InputError
 from tracekit.importers import snapshot_policy as policy
+from tracekit.importers.pickle_kernel import En
 from tracekit.progress import Progress
 
 # Codes for history actions (not v1 ops: several map to none or to several rows).
@@ -190,24 +191,26 @@ def read_scanned(entries: Any, table: SiteTable, where: str = "") -> History:
     """A History from a compiled scan's entry columns (``pickle_scan.EntryList``), no per-entry object."""
     sc = entries.scan
     col = sc.entries
-    rows = np.flatnonzero(col[:, 10] == entries.node)
+    rows = np.flatnonzero(col[:, En.LIST] == entries.node)
     sel: Any = slice(None) if len(rows) == len(col) else rows
-    act = col[sel, 0]
+    act = col[sel, En.ACTION]
     skipped: Counter[str] = Counter()
     for i in np.flatnonzero(act < 0).tolist():
         r = int(rows[i])
-        skipped["None" if col[r, 0] == -2 else sc.text(int(col[r, 1]), int(col[r, 2]))] += 1
+        skipped["None" if col[r, En.ACTION] == -2 else
+                sc.text(int(col[r, En.ACTION_OFF]), int(col[r, En.ACTION_LEN]))] += 1
     keep = act >= 0
     if not keep.all():
         sel = rows[keep]
-    action = col[sel, 0].astype(np.int8)
-    ints = [col[sel, k] for k in (3, 4, 5)]
+    action = col[sel, En.ACTION].astype(np.int8)
+    ints = [col[sel, k] for k in (En.ADDR, En.SIZE, En.STREAM)]
     if any(len(c) and int(c.min()) < 0 for c in ints):
         raise InputError(f"{where}: a history entry has a negative address, size or stream")
-    has_time = bool(np.all(col[sel, 7] == 1))
-    time_us = col[sel, 6].copy() if has_time else np.where(col[sel, 7] == 1, col[sel, 6], -1)
-    device_free = np.where(action == OOM, col[sel, 8], -1).astype(np.int64)
-    node = col[sel, 9]
+    clock = col[sel, En.HAS_TIME] == 1
+    has_time = bool(np.all(clock))
+    time_us = col[sel, En.TIME_US].copy() if has_time else np.where(clock, col[sel, En.TIME_US], -1)
+    device_free = np.where(action == OOM, col[sel, En.DEVICE_FREE], -1).astype(np.int64)
+    node = col[sel, En.FRAMES]
     site = np.full(len(action), -1, np.int32)
     has = node >= 0
     nd = node[has]
