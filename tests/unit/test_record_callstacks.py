@@ -15,7 +15,14 @@ import click
 import numpy as np
 import pytest
 
-from tracekit.record.callstacks import DEFAULT_DEPTH, LiveStacks, kind_of, root_kinds, tracekit_dirs
+from tracekit.record.callstacks import (
+    DEFAULT_DEPTH,
+    LiveStacks,
+    kind_of,
+    live_stacks,
+    root_kinds,
+    tracekit_dirs,
+)
 from tracekit.record.hook import EventBuffer, TraceHook, unpack
 from tracekit.record.sites import SiteTable, site_roots
 from tracekit.trace import Op
@@ -168,3 +175,14 @@ def test_no_frame_is_kept_alive(fakelib: types.ModuleType) -> None:
 
     ref = holder()
     assert ref() is None  # the frame that held it ended with it: the recorder kept no frame
+
+
+def test_a_window_stops_at_the_launcher_frame(fakelib: types.ModuleType) -> None:
+    buf = EventBuffer()
+    sites = SiteTable((os.path.dirname(fakelib.__file__),), site_roots(None))
+    stacks = live_stacks(sites, DEFAULT_DEPTH, launcher=sys._getframe())
+    assert stacks is not None
+    hook = TraceHook(buf, sites=sites, stacks=stacks, current_stream=lambda: STREAM)
+    a(hook, fakelib, BASE)
+    labels = _labels(stacks, int(unpack(buf.take())["stack"][0]))
+    assert [x.rsplit(":", 1)[1] for x in labels] == ["zeros", "c", "b", "a"]  # this frame and beyond: out

@@ -29,6 +29,8 @@ new since its last batch, as it does call-site names, and ``tracekit recover`` r
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 import os
 import threading
 from collections.abc import Callable
@@ -50,12 +52,23 @@ def backs(depth: int) -> tuple[str, ...]:
     return ("f_back",) * (depth - 1)
 
 
-def window(frame: FrameType | None, steps: tuple[str, ...]) -> list[FrameType]:
+def window(frame: FrameType | None, steps: tuple[str, ...],
+           stop: Callable[[object], bool] | None = None) -> list[FrameType]:
     """``frame`` and its callers, one per item of ``steps`` (``backs``), fewer where the stack ends:
-    ``frame``, ``frame.f_back``, ... up to the first None, all in C."""
+    ``frame``, ``frame.f_back``, ... up to the first None, all in C; with ``stop`` (``not_at``)
+    also up to the launcher's frame, which is left out."""
     if frame is None:
         return []
-    return list(takewhile(bool, accumulate(steps, getattr, initial=frame)))
+    frames = accumulate(steps, getattr, initial=frame)
+    return list(takewhile(bool, takewhile(stop, frames) if stop is not None else frames))
+
+
+def not_at(launcher: FrameType) -> Callable[[object], bool]:
+    """A C-level predicate, false at ``launcher`` only: ``window`` stops there. The launcher is the
+    frame of tracekit's that runs the program (``record_cupy``): alive as long as the program runs,
+    so holding it keeps nothing of the program's alive, and every frame outside it is the
+    launcher's own (typer, runpy), never part of a stack, so the hot path need not read them."""
+    return functools.partial(operator.is_not, launcher)
 
 
 def window_key(frames: list[FrameType]) -> tuple[int, ...]:
@@ -72,8 +85,9 @@ class LiveStacks:
     """
 
     def __init__(self, sites: SiteTable, depth: int, own_dirs: tuple[str, ...],
-                 kinds: tuple[tuple[str, FrameKind], ...]) -> None:
+                 kinds: tuple[tuple[str, FrameKind], ...], launcher: FrameType | None = None) -> None:
         self.sites, self.depth, self.steps = sites, depth, backs(depth)
+        self.stop = not_at(launcher) if launcher is not None else None
         self._own = tuple(os.path.join(os.path.abspath(d), "") for d in own_dirs)
         self._kinds = kinds
         self.hot: dict[tuple[int, ...], tuple[int | None, int]] = {}
@@ -85,7 +99,7 @@ class LiveStacks:
 
     def capture(self, frame: FrameType | None) -> tuple[int, int]:
         """(site id, stack id) of a request whose innermost Python frame is ``frame``."""
-        frames = window(frame, self.steps)
+        frames = window(frame, self.steps, self.stop)
         v = self.hot.get(window_key(frames))
         if v is None:
             v = self.miss(frames)
@@ -210,11 +224,12 @@ def tracekit_dirs() -> tuple[str, ...]:
     return (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
 
 
-def live_stacks(sites: SiteTable, depth: int) -> LiveStacks | None:
-    """The stack tables of a recording whose site table is ``sites``; None for ``depth`` 0."""
+def live_stacks(sites: SiteTable, depth: int, launcher: FrameType | None = None) -> LiveStacks | None:
+    """The stack tables of a recording whose site table is ``sites``; None for ``depth`` 0.
+    ``launcher``: the frame that runs the program, where every window stops (``not_at``)."""
     if depth <= 0:
         return None
-    return LiveStacks(sites, depth, tracekit_dirs(), root_kinds(sites.roots))
+    return LiveStacks(sites, depth, tracekit_dirs(), root_kinds(sites.roots), launcher)
 
 
 Capture = Callable[[FrameType | None], tuple[int, int]]

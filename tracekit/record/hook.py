@@ -258,12 +258,13 @@ def _stack_callbacks(ext, clock, stream, failed, stacks, device):  # type: ignor
     miss = stacks.miss
     site_of = stacks.sites.site_of
     steps = stacks.steps
+    stop = stacks.stop if stacks.stop is not None else bool  # bool: the stack's end alone
 
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
                            _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED, _list=list,
                            _tw=takewhile, _acc=accumulate, _get=getattr, _map=map, _id=id,
                            _code=frame_code, _lasti=frame_lasti):
-        frames = _list(_tw(bool, _acc(steps, _get, initial=getframe(1))))
+        frames = _list(_tw(bool, _tw(stop, _acc(steps, _get, initial=getframe(1)))))
         v = hot.get((*_map(_id, _map(_code, frames)), *_map(_lasti, frames)))
         if v is None:
             v = miss(frames)

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from tracekit.errors import OutputError
@@ -76,7 +78,7 @@ class CupyRecording:
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
                  interval: float = 0.5, max_events: int = 65536, force: bool = False,
                  launch: Launch | None = None, program: str | None = None,
-                 stack_depth: int = DEFAULT_DEPTH) -> None:
+                 stack_depth: int = DEFAULT_DEPTH, launcher: FrameType | None = None) -> None:
         output = Path(os.path.abspath(output))  # the program may change its working directory
         check_output(output, (program,), force=force)  # never the script being recorded
         self.output, self.spool_path = output, spool_path(output)
@@ -85,6 +87,7 @@ class CupyRecording:
                               f"or one that was killed: `tracekit recover {self.spool_path}`)")
         self.command, self.sites_on, self.limit = command, sites, limit
         self.stack_depth = stack_depth if sites else 0  # --no-sites records no stacks either
+        self.launcher = launcher  # the frame running the program: stacks stop there (callstacks.not_at)
         self.interval, self.max_events = interval, max_events
         self.launch = launch or Launch.from_env()
         self.roots = site_roots(program)
@@ -96,7 +99,8 @@ class CupyRecording:
         budget = measure_budget(self.device_id)  # first: it reads NVML before our context exists
         self.buffer = EventBuffer()
         self.sites = SiteTable(default_skip_dirs(), self.roots) if self.sites_on else None
-        self.stacks = live_stacks(self.sites, self.stack_depth) if self.sites is not None else None
+        self.stacks = (live_stacks(self.sites, self.stack_depth, self.launcher) if self.sites is not None
+                       else None)
         self.probe = cupy_probe(cupy)
         self.pools = PoolRegistry(cupy, self.buffer, sites=self.sites, oom_state=self._async_oom_state,
                                   stacks=self.stacks)
@@ -271,7 +275,8 @@ def record_cupy(target: list[str], *, module: bool = False, output: Path | None 
     out = Path(os.path.abspath(output_path(output or default_output(target, module), launch)))
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force, launch=launch,
-                        program=None if module else target[0], stack_depth=stack_depth)
+                        program=None if module else target[0], stack_depth=stack_depth,
+                        launcher=sys._getframe())
     with stop_signals():
         rec.start()
         outcome = run_target(target, module)
