@@ -58,8 +58,9 @@ def test_handled_and_fatal_from_what_followed():
     assert s.oom is not None and s.oom.seq == 8 and not s.oom.handled and s.oom.site == SITES[1]
     d = s.to_dict()
     assert d["oom_events"] == 4 and d["handled_ooms"] == 3
-    # One-frame stacks (format 1/2): the user's frame and the request's are the site itself.
-    assert d["handled_by"] == [{"site": CONV, "user_site": CONV, "request_site": CONV,
+    # One-frame stacks (format 1/2): the request's frame is the site itself; a frame of PyTorch's
+    # own is never the user's code.
+    assert d["handled_by"] == [{"site": CONV, "user_site": None, "request_site": CONV,
                                 "handler": d["handled_by"][0]["handler"], "count": 3, "sizes": [4 * GiB] * 3}]
     assert "cuDNN" in d["handled_by"][0]["handler"]
     assert [o["handled"] for o in d["ooms"]] == [True, True, True, False]

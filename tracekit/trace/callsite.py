@@ -4,8 +4,9 @@ For every stack of a ``StackTable`` (``tracekit.trace.stacks``), once per distin
 with NumPy over the stack table (never per event):
 
 - the **user frame** ``U``: the innermost frame that is the user's code (``UserCode``: by
-  default every ``USER`` frame; with ``--user-code PATH``, the frames under PATH), never a
-  C/C++ (``NATIVE``) frame and never tracekit's own;
+  default every ``USER`` frame that is not an array library's, below; with ``--user-code
+  PATH``, exactly the frames under PATH), never a C/C++ (``NATIVE``) frame and never
+  tracekit's own;
 - the **request frame** ``R``: the innermost frame that is neither tracekit's, nor C/C++, nor
   the array library's own (PyTorch's ``torch``, CuPy's ``cupy``, ``cupyx``,
   ``cupy_backends``, ``fastrlock``); where the stack has no such frame, its innermost frame
@@ -46,6 +47,7 @@ ARROW = " → "
 FRAMEWORKS = frozenset({"torch", "cupy", "cupyx", "cupy_backends", "fastrlock"})
 _INSTALLED = ("site-packages", "dist-packages")
 _TRACEKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../tracekit
+_PACKAGES = FRAMEWORKS | {"tracekit"}
 
 
 def stack_ids(ev: Events) -> np.ndarray:
@@ -60,17 +62,20 @@ def stack_table(ev: Events) -> StackTable:
 
 def top_package(path: str) -> str:
     """The top-level package a frame's file belongs to: the first folder after the last
-    ``site-packages``/``dist-packages``, of a relative path its first folder, of tracekit's
-    own install folder ``tracekit``; "" for any other absolute path."""
+    ``site-packages``/``dist-packages``; tracekit's own install folder: ``tracekit``; else
+    the outermost folder of the path named like an array library or tracekit (a source
+    checkout on ``PYTHONPATH``: ``/src/cupy/cupy/cuda/memory.py`` is ``cupy``'s), else, of a
+    relative path, its first folder; "" otherwise."""
     parts = path.replace("\\", "/").split("/")
     for i in range(len(parts) - 1, -1, -1):
         if parts[i] in _INSTALLED:
-            return parts[i + 1] if i + 1 < len(parts) else ""
-    if os.path.isabs(path):
-        if path == _TRACEKIT_DIR or path.startswith(_TRACEKIT_DIR + os.sep):
-            return "tracekit"
-        return ""
-    return parts[0] if len(parts) > 1 else ""
+            return parts[i + 1] if i + 1 < len(parts) - 1 else ""
+    if path == _TRACEKIT_DIR or path.startswith(_TRACEKIT_DIR + os.sep):
+        return "tracekit"
+    named = next((p for p in parts[:-1] if p in _PACKAGES), None)
+    if named is not None:
+        return named
+    return parts[0] if len(parts) > 1 and not os.path.isabs(path) else ""
 
 
 def nearest(parent: np.ndarray, hit: np.ndarray) -> np.ndarray:
@@ -109,6 +114,8 @@ class FrameRoles:
         framework = np.array([p in FRAMEWORKS for p in pkg], dtype=bool)
         native = table.kind == FrameKind.NATIVE
         user = user_code.mask(table) & ~native & ~tracekit
+        if not user_code.prefixes:  # an array library is never the user's code unless PATH says so
+            user &= ~framework
         return cls(user, tracekit, framework, native)
 
 
