@@ -1,4 +1,5 @@
-"""Recording overhead on a CuPy MLP training loop: no hook, no-op hook, recording with/without sites.
+"""Recording overhead on a CuPy MLP training loop: no hook, no-op hook, recording without call-sites,
+with one call-site per malloc (``--stack-depth 0``) and with whole stacks (the default).
 
 Each variant runs a warm-up of the loop (untimed, so a fresh recorded pool
 has its segments) and then the timed loop, ending with a device sync; the
@@ -6,7 +7,9 @@ variants are interleaved over the repeats (the machine's speed drifts) and
 the minimum and median are reported, with their ratios to the run without
 any hook, and the allocation events per second. The targets are judged on the
 minimum, the usual estimator for a noisy machine.
-Targets: recording with call-sites at most 1.15x, without at most 1.10x.
+Targets: recording with call-sites at most 1.15x, without at most 1.10x; whole stacks at most 1.05x
+the one-call-site recording (``ratio_stacks_to_sites``), all in the same run against CuPy's no-op
+hook (``ratio_to_noop``).
 
     PYTHONPATH=. python3 scripts/bench_record_overhead.py [--steps 200] [--repeats 21] [--json OUT]
 """
@@ -24,11 +27,15 @@ import time
 from pathlib import Path
 
 import cupy as cp
+import numpy as np
 
 from tracekit.record import CupyRecording
+from tracekit.record.callstacks import DEFAULT_DEPTH
 from tracekit.trace import read_trace
 
 HERE = Path(__file__).resolve().parent
+# --stack-depth of each recording variant: 0 keeps the one call-site alone, as before whole stacks
+DEPTHS = {"record_no_sites": 0, "record_sites": 0, "record_stacks": DEFAULT_DEPTH}
 
 
 def _workloads():  # type: ignore[no-untyped-def]
@@ -63,8 +70,10 @@ def main() -> int:
     mlp = _workloads().run_mlp
     tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
     mlp(args.warmup)
-    times: dict[str, list[float]] = {"none": [], "noop_hook": [], "record_no_sites": [], "record_sites": []}
-    finalize_s: dict[str, list[float]] = {"record_no_sites": [], "record_sites": []}
+    times: dict[str, list[float]] = {"none": [], "noop_hook": [], "record_no_sites": [], "record_sites": [],
+                                     "record_stacks": []}
+    finalize_s: dict[str, list[float]] = {"record_no_sites": [], "record_sites": [], "record_stacks": []}
+    stacks: dict[str, int] = {}
     events: dict[str, int] = {}
     for rep in range(args.repeats):
         for variant in times:
@@ -77,14 +86,17 @@ def main() -> int:
                     times[variant].append(timed(mlp, args.steps, variant))
             else:
                 out = tmp / f"{variant}-{rep}.parquet"
-                rec = CupyRecording(out, command=["bench"], sites=variant == "record_sites", force=True)
+                rec = CupyRecording(out, command=["bench"], sites=variant != "record_no_sites", force=True,
+                                    stack_depth=DEPTHS[variant])
                 rec.start()
                 mlp(args.warmup)
                 times[variant].append(timed(mlp, args.steps, variant))
                 t0 = time.perf_counter()
                 rec.stop({"code": 0}, restore=True)
                 finalize_s[variant].append(time.perf_counter() - t0)
-                events[variant] = len(read_trace(out, extras=False).events)
+                ev = read_trace(out, extras=False).events
+                events[variant] = len(ev)
+                stacks[variant] = int(len(np.unique(ev.stack[ev.stack >= 0])))
                 out.unlink()
     base, mid = min(times["none"]), statistics.median(times["none"])
     result = {
@@ -97,18 +109,25 @@ def main() -> int:
         "seconds_median": {k: statistics.median(v) for k, v in times.items()},
         "ratio": {k: min(v) / base for k, v in times.items()},
         "ratio_median": {k: statistics.median(v) / mid for k, v in times.items()},
+        "ratio_to_noop": {k: min(v) / min(times["noop_hook"]) for k, v in times.items()},
+        "ratio_stacks_to_sites": min(times["record_stacks"]) / min(times["record_sites"]),
+        "ratio_stacks_to_sites_median": statistics.median(times["record_stacks"])
+        / statistics.median(times["record_sites"]),
+        "distinct_stacks": stacks,
         "events_per_run": events,
         "events_per_s": {k: n / min(times[k]) * args.steps / (args.steps + args.warmup)
                          for k, n in events.items()},
         "cpu_seconds_min": {k: min(v) for k, v in CPU.items()},
         "cpu_ratio": {k: min(v) / min(CPU["none"]) for k, v in CPU.items()},
         "finalize_s_min": {k: min(v) for k, v in finalize_s.items()},
-        "targets": {"record_sites": 1.15, "record_no_sites": 1.10},
+        "targets": {"record_sites": 1.15, "record_no_sites": 1.10, "stacks_to_sites": 1.05},
     }
     text = json.dumps(result, indent=2)
     for k in times:
         print(f"{k:16} min {result['seconds_min'][k]:.4f} s  x{result['ratio'][k]:.3f}   "
               f"median {result['seconds_median'][k]:.4f} s  x{result['ratio_median'][k]:.3f}")
+    print(f"whole stacks / one call-site: x{result['ratio_stacks_to_sites']:.3f} (min), "
+          f"x{result['ratio_stacks_to_sites_median']:.3f} (median); target x1.05")
     print(text)
     if args.json:
         args.json.write_text(text)
