@@ -21,7 +21,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracekit.export import torch_snapshot
-from tracekit.export.pickle_writer import Kind, Memo, Writer, entry_names, int_bytes, write_entries
+from tracekit.export.pickle_writer import (
+    Kind,
+    Memo,
+    Ref,
+    Writer,
+    entry_names,
+    int_bytes,
+    plain_blob,
+    write_entries,
+)
 from tracekit.export.run import Format, export_file
 from tracekit.importers.torch_snapshot import import_snapshot
 from tracekit.trace import Events, Op, Source, Trace, TraceMeta, read_trace, write_trace
@@ -268,3 +277,39 @@ def test_whole_stacks_are_the_entries_frames(tmp_path: Path) -> None:
     back = read_trace(tmp_path / "back.parquet")
     for col in ("op", "addr", "rounded", "stream", "device"):
         assert np.array_equal(getattr(ev, col), getattr(back.events, col)), col
+
+
+@pytest.mark.parametrize("first", ["python", "kernel"])
+def test_chains_deeper_than_a_batch_read_back_whoever_writes_them_first(first: str) -> None:
+    """A frame list is a chain of memo items; 2,500 frames span three APPENDS batches, and a list the
+    Python writer defined is referred to by the kernel (and the other way round)."""
+    memo = Memo()
+    names = entry_names(memo)
+    frames = [memo.item(("frame", f), plain_blob({"filename": f"f{f % 7}.py", "line": f, "name": "g"}))
+              for f in range(2500)]
+    inner = -1
+    for k, f in enumerate(frames[::-1]):  # the outermost frame first: each chain extends the last
+        inner = memo.chain(("stack", k), f, inner)
+    half = memo.chain(("stack", "half"), frames[0], memo.keys[("stack", 1498)])
+    f = io.BytesIO()
+    w = Writer(f, memo)
+    w.raw(b"](")  # a list of: [the chain as Python writes it?], the entries
+    cols = {"kind": np.zeros(2, np.int64), "addr": np.ones(2, np.uint64), "size": np.ones(2, np.uint64),
+            "stream": np.zeros(2, np.uint64), "time_us": np.zeros(2, np.int64),
+            "device_free": np.zeros(2, np.int64), "frames": np.array([inner, half], np.int64)}
+    if first == "python":
+        w.obj(Ref(inner))
+    w.raw(b"]")
+    write_entries(w, cols, names)
+    if first == "kernel":
+        w.obj(Ref(inner))
+    w.raw(b"e")
+    w.end()
+    data = f.getvalue()
+    assert {op.name for op, _, _ in pickletools.genops(data)} <= MEMORY_VIZ_OPCODES
+    got = pickle.loads(data)
+    chain, entries = (got[0], got[1]) if first == "python" else (got[1], got[0])
+    want = [{"filename": f"f{f % 7}.py", "line": f, "name": "g"} for f in range(2500)]
+    assert chain == want and entries[0]["frames"] is chain
+    assert entries[1]["frames"] == [want[0], *want[1001:]]  # frame 0, then the chain of stack 1498
+    assert entries[1]["frames"][1] is chain[1001]  # frame dicts are shared, not copied

@@ -84,45 +84,84 @@ def get_bytes(index: int) -> bytes:
 
 
 class Memo:
-    """Objects written once and referred to afterwards: item ``i`` is pushed by ``blob[i]``.
+    """Objects written once and referred to afterwards, as a table of items.
 
-    ``slot[i]`` is its memo slot once written (-1 before); ``count`` is the next slot. The compiled
-    writer gets the same table as arrays (``arrays``) and hands back the slots it used
-    (``absorb``), so Python and the kernel never define an object twice.
+    Item ``i`` is either pushed by its bytes ``blob[i]``, or is a *chain* list: its first element is
+    item ``head[i]`` (a blob item) and the rest are the elements of chain ``tail[i]`` (-1: none), so
+    call stacks sharing their outer frames share their table rows, and each frame dict is written
+    once however many stacks hold it, as PyTorch's pickles share frames. ``slot[i]`` is the item's
+    memo slot once written (-1 before); ``count`` is the next slot. The compiled writer gets the
+    same table as arrays (``arrays``) and hands back the slots it used (``absorb``), so Python and
+    the kernel never define an object twice.
     """
 
     def __init__(self) -> None:
         self.keys: dict[Hashable, int] = {}
         self.blobs: list[bytes] = []
+        self.head: list[int] = []
+        self.tail: list[int] = []
+        self.depth: list[int] = []  # elements of a chain (0 for a blob item)
         self.slot: list[int] = []
         self.count = 0
 
-    def item(self, key: Hashable, blob: bytes) -> int:
-        """The table index of ``key``, added with ``blob`` if new."""
+    def _add(self, key: Hashable, blob: bytes, head: int, tail: int) -> int:
         i = self.keys.get(key)
         if i is None:
             i = self.keys[key] = len(self.blobs)
             self.blobs.append(blob)
+            self.head.append(head)
+            self.tail.append(tail)
+            self.depth.append(0 if head < 0 else 1 + (self.depth[tail] if tail >= 0 else 0))
             self.slot.append(-1)
         return i
+
+    def item(self, key: Hashable, blob: bytes) -> int:
+        """The table index of ``key``, added with ``blob`` if new."""
+        return self._add(key, blob, -1, -1)
+
+    def chain(self, key: Hashable, head: int, tail: int) -> int:
+        """The table index of ``key``, added if new as the list [item ``head``, *chain ``tail``]."""
+        assert self.head[head] < 0 and (tail < 0 or self.head[tail] >= 0)
+        return self._add(key, b"", head, tail)
 
     def string(self, s: str) -> int:
         return self.item(("str", s), str_bytes(s))
 
     def use(self, i: int) -> bytes:
-        """The bytes that push item ``i``: its blob and MEMOIZE the first time, a reference after."""
+        """The bytes that push item ``i``: its definition and MEMOIZE the first time, a reference after."""
         if self.slot[i] >= 0:
             return get_bytes(self.slot[i])
+        if self.head[i] < 0:
+            data = self.blobs[i]
+        else:
+            parts, j, k = [bytes((Opcode.EMPTY_LIST,))], i, 0
+            while j >= 0:  # elements in batches of BATCH, as the kernel writes them
+                if k % BATCH == 0:
+                    parts.append(bytes((Opcode.MARK,)))
+                parts.append(self.use(self.head[j]))
+                k += 1
+                if k % BATCH == 0:
+                    parts.append(bytes((Opcode.APPENDS,)))
+                j = self.tail[j]
+            if k % BATCH:
+                parts.append(bytes((Opcode.APPENDS,)))
+            data = b"".join(parts)
         self.slot[i] = self.count
         self.count += 1
-        return self.blobs[i] + bytes((Opcode.MEMOIZE,))
+        return data + bytes((Opcode.MEMOIZE,))
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(blob bytes, blob starts (len + 1), slots, [count]) for the compiled writer."""
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(blob bytes, blob starts (len + 1), head, tail, slots, [count]) for the compiled writer."""
         starts = np.zeros(len(self.blobs) + 1, np.int64)
         np.cumsum([len(b) for b in self.blobs], out=starts[1:])
         flat = np.frombuffer(b"".join(self.blobs), np.uint8) if self.blobs else np.zeros(0, np.uint8)
-        return flat, starts, np.array(self.slot, np.int64), np.array([self.count], np.int64)
+        return (flat, starts, np.array(self.head, np.int64), np.array(self.tail, np.int64),
+                np.array(self.slot, np.int64), np.array([self.count], np.int64))
+
+    def definitions_bound(self) -> int:
+        """Bytes the first definitions of every item take at most (blobs, chains of references)."""
+        chains = sum(1 for h in self.head if h >= 0)
+        return sum(len(b) for b in self.blobs) + 5 * sum(self.depth) + 8 * chains + 2 * len(self.blobs)
 
     def absorb(self, slot: np.ndarray, count: np.ndarray) -> None:
         self.slot = [int(s) for s in slot.tolist()]
@@ -259,20 +298,54 @@ ENTRY_BOUND = 130  # bytes an entry takes at most, besides first definitions of 
 
 
 @njit(cache=True)
-def _put_ref(out, pos, i, blob, start, slot, count):  # pragma: no cover - compiled
-    s = slot[i]
-    if s >= 0:
-        if s < 256:
-            out[pos] = Opcode.BINGET
-            out[pos + 1] = s
-            return pos + 2
-        out[pos] = Opcode.LONG_BINGET
-        for b in range(4):
-            out[pos + 1 + b] = (s >> (8 * b)) & 0xFF
-        return pos + 5
+def _put_get(out, pos, s):  # pragma: no cover - compiled
+    """A reference to memo slot ``s``."""
+    if s < 256:
+        out[pos] = Opcode.BINGET
+        out[pos + 1] = s
+        return pos + 2
+    out[pos] = Opcode.LONG_BINGET
+    for b in range(4):
+        out[pos + 1 + b] = (s >> (8 * b)) & 0xFF
+    return pos + 5
+
+
+@njit(cache=True)
+def _put_blob(out, pos, i, blob, start, slot, count):  # pragma: no cover - compiled
+    """Push blob item ``i``: a reference once written, else its bytes and MEMOIZE."""
+    if slot[i] >= 0:
+        return _put_get(out, pos, slot[i])
     a, e = start[i], start[i + 1]
     out[pos: pos + e - a] = blob[a:e]
     pos += e - a
+    out[pos] = Opcode.MEMOIZE
+    slot[i] = count[0]
+    count[0] += 1
+    return pos + 1
+
+
+@njit(cache=True)
+def _put_ref(out, pos, i, blob, start, head, tail, slot, count):  # pragma: no cover - compiled
+    """Push item ``i`` (see ``Memo``): a reference once written, else its definition and MEMOIZE."""
+    if slot[i] >= 0 or head[i] < 0:
+        return _put_blob(out, pos, i, blob, start, slot, count)
+    out[pos] = Opcode.EMPTY_LIST
+    pos += 1
+    j = i
+    k = 0
+    while j >= 0:
+        if k % BATCH == 0:
+            out[pos] = Opcode.MARK
+            pos += 1
+        pos = _put_blob(out, pos, head[j], blob, start, slot, count)
+        k += 1
+        if k % BATCH == 0:
+            out[pos] = Opcode.APPENDS
+            pos += 1
+        j = tail[j]
+    if k % BATCH:
+        out[pos] = Opcode.APPENDS
+        pos += 1
     out[pos] = Opcode.MEMOIZE
     slot[i] = count[0]
     count[0] += 1
@@ -334,8 +407,8 @@ def _put_i64(out, pos, v):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def entries(out, kind, addr, size, stream, time_us, frames, device_free, names, blob, start, slot,
-            count):  # pragma: no cover - compiled
+def entries(out, kind, addr, size, stream, time_us, frames, device_free, names, blob, start, head, tail,
+            slot, count):  # pragma: no cover - compiled
     """Write one dict per entry into ``out`` (APPENDS batches of BATCH); returns the bytes written.
 
     Entry i, with the keys PyTorch 2.11 writes: ``{'action': KIND0 + kind[i], 'addr', 'size',
@@ -350,26 +423,26 @@ def entries(out, kind, addr, size, stream, time_us, frames, device_free, names, 
         out[pos] = Opcode.EMPTY_DICT
         out[pos + 1] = Opcode.MARK
         pos += 2
-        pos = _put_ref(out, pos, names[Name.ACTION], blob, start, slot, count)
-        pos = _put_ref(out, pos, names[Name.KIND0 + kind[i]], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.ACTION], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.KIND0 + kind[i]], blob, start, slot, count)
         if kind[i] == Kind.OOM:
-            pos = _put_ref(out, pos, names[Name.DEVICE_FREE], blob, start, slot, count)
+            pos = _put_blob(out, pos, names[Name.DEVICE_FREE], blob, start, slot, count)
             pos = _put_i64(out, pos, device_free[i])
         else:
-            pos = _put_ref(out, pos, names[Name.ADDR], blob, start, slot, count)
+            pos = _put_blob(out, pos, names[Name.ADDR], blob, start, slot, count)
             pos = _put_u64(out, pos, addr[i])
-        pos = _put_ref(out, pos, names[Name.SIZE], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.SIZE], blob, start, slot, count)
         pos = _put_u64(out, pos, size[i])
-        pos = _put_ref(out, pos, names[Name.STREAM], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.STREAM], blob, start, slot, count)
         pos = _put_u64(out, pos, stream[i])
-        pos = _put_ref(out, pos, names[Name.TIME_US], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.TIME_US], blob, start, slot, count)
         pos = _put_i64(out, pos, time_us[i])
-        pos = _put_ref(out, pos, names[Name.COMPILE_CONTEXT], blob, start, slot, count)
-        pos = _put_ref(out, pos, names[Name.NOT_COMPILED], blob, start, slot, count)
-        pos = _put_ref(out, pos, names[Name.USER_METADATA], blob, start, slot, count)
-        pos = _put_ref(out, pos, names[Name.EMPTY], blob, start, slot, count)
-        pos = _put_ref(out, pos, names[Name.FRAMES], blob, start, slot, count)
-        pos = _put_ref(out, pos, frames[i], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.COMPILE_CONTEXT], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.NOT_COMPILED], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.USER_METADATA], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.EMPTY], blob, start, slot, count)
+        pos = _put_blob(out, pos, names[Name.FRAMES], blob, start, slot, count)
+        pos = _put_ref(out, pos, frames[i], blob, start, head, tail, slot, count)
         out[pos] = Opcode.SETITEMS
         pos += 1
         if i % BATCH == BATCH - 1 or i == n - 1:
@@ -400,11 +473,12 @@ def write_entries(w: Writer, cols: dict[str, np.ndarray], names: np.ndarray) -> 
     n = len(cols["kind"])
     if not n:
         return
-    flat, starts, slot, count = w.memo.arrays()
-    out = np.empty(n * ENTRY_BOUND + len(flat) + len(starts) + 16, np.uint8)
+    flat, starts, head, tail, slot, count = w.memo.arrays()
+    out = np.empty(n * ENTRY_BOUND + w.memo.definitions_bound() + 16, np.uint8)
     end = entries(out, cols["kind"].astype(np.int64), cols["addr"].astype(np.uint64),
                   cols["size"].astype(np.uint64), cols["stream"].astype(np.uint64),
                   cols["time_us"].astype(np.int64), cols["frames"].astype(np.int64),
-                  cols["device_free"].astype(np.int64), names.astype(np.int64), flat, starts, slot, count)
+                  cols["device_free"].astype(np.int64), names.astype(np.int64), flat, starts, head, tail,
+                  slot, count)
     w.memo.absorb(slot, count)
     w.raw(out[:end].data)

@@ -48,18 +48,24 @@ _KIND = np.array([Kind.ALLOC, Kind.FREE_COMPLETED, Kind.SEGMENT_ALLOC, Kind.SEGM
                  np.int64)  # by Op code; a free's first copy becomes FREE_REQUESTED
 
 
-def frames_of(table: StackTable, stack: int) -> list[dict[str, Any]]:
-    """PyTorch's frames of ``stack``, innermost first (``line`` 0 where unknown)."""
-    return [{"filename": f.file, "line": max(f.line, 0), "name": f.function} for f in table.frames(stack)]
+def frame_dict(table: StackTable, f: int) -> dict[str, Any]:
+    """PyTorch's dict of frame ``f`` (``line`` 0 where unknown)."""
+    fr = table.frame_at(f)
+    return {"filename": fr.file, "line": max(fr.line, 0), "name": fr.function}
 
 
 class _Stacks:
-    """Memo items of the frame lists: one per stack id (index ``n_stacks`` = no stack: [])."""
+    """Memo items of the frame lists: stack ``s`` is the chain [frame dict of ``frame[s]``, *the list of
+    ``parent[s]``] (innermost first), so each frame dict is written once; index ``n_stacks`` (the
+    one -1 picks) is the empty list of an event without a stack."""
 
     def __init__(self, memo: Memo, table: StackTable) -> None:
-        self.items = np.array([memo.item(("frames", s), plain_blob(frames_of(table, s)))
-                               for s in range(table.n_stacks)] + [memo.item(("frames", -1), b"]")],
-                              np.int64)
+        frame = [memo.item(("frame", f), plain_blob(frame_dict(table, f))) for f in range(table.n_frames)]
+        items: list[int] = []
+        for f, p in zip(table.frame.tolist(), table.parent.tolist(), strict=True):
+            items.append(memo.chain(("stack", len(items)), frame[f], items[p] if p >= 0 else -1))
+        items.append(memo.item(("stack", -1), b"]"))
+        self.items = np.array(items, np.int64)
 
     def of(self, stack: np.ndarray) -> np.ndarray:
         """The memo item of each stack id (-1 picks the last: the empty list)."""
