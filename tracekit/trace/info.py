@@ -1,4 +1,4 @@
-"""What ``tracekit info`` reports: metadata, counts per op, time span, devices, streams."""
+"""What ``tracekit info`` reports: metadata, counts per op, time span, devices, streams, stacks."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ class TraceInfo:
     skipped: tuple[str, ...]
     extra_columns: tuple[str, ...]
     warnings: tuple[str, ...] = ()  # inconsistent events that were kept
+    stacks_used: int = 0  # distinct stack ids the events name
+    stacks: int = 0  # stacks in the table (a used stack's callers included)
+    frames: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,6 +38,7 @@ class TraceInfo:
             "streams": list(self.streams), "sites": self.sites,
             "skipped_events": list(self.skipped), "warning_events": list(self.warnings),
             "extra_columns": list(self.extra_columns),
+            "stacks": {"used": self.stacks_used, "table": self.stacks, "frames": self.frames},
         }
 
     def to_text(self) -> str:
@@ -63,6 +67,8 @@ class TraceInfo:
         more = f" (+{len(self.streams) - 8} more)" if len(self.streams) > 8 else ""
         lines.append(f"streams      {streams or 'none'}{more}")
         lines.append(f"call-sites   {self.sites:,}")
+        lines.append(f"call stacks  {self.stacks_used:,} in use ({self.stacks:,} in the table, "
+                     f"{self.frames:,} frames)")
         if self.extra_columns:
             lines.append(f"extra cols   {', '.join(self.extra_columns)}")
         for s in self.skipped:
@@ -88,4 +94,7 @@ def trace_info(trace: Trace) -> TraceInfo:
         skipped=tuple(i.describe() for i in trace.issues),
         warnings=tuple(i.describe() for i in trace.warnings),
         extra_columns=tuple(trace.extras.column_names) if trace.extras is not None else (),
+        stacks_used=int(len(np.unique(ev.stack[ev.stack >= 0]))),
+        stacks=ev.stacks.n_stacks,
+        frames=ev.stacks.n_frames,
     )
