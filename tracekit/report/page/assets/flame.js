@@ -47,7 +47,8 @@
       for (let i = 0; i < n; i++) start[i + 1] += start[i];
       const kids = new Int32Array(Math.max(n - 1, 0)), fill = start.slice(0, n);
       for (let i = 1; i < n; i++) kids[fill[parent[i]]++] = i;
-      return { n, nodeOf, parent: Int32Array.from(parent), frame: Int32Array.from(frame), start, kids, depth };
+      return { n, nodeOf, parent: Int32Array.from(parent), frame: Int32Array.from(frame), start, kids, depth,
+        labels: new Array(n), width: new Float32Array(n).fill(-1) }; // label and its drawn width, once each
     }
 
     /* Bytes (rounded, as the analyzer's live bytes) and blocks per node: each block to its stack's node,
@@ -70,7 +71,12 @@
       if (f === NATIVE_RUN) return "run";
       return F.kinds[F.kind[f]] || "library";
     }
-    function label(v) {
+    function label(v) { // memoised per node: labels are asked for at every redraw
+      let t = tree.labels[v];
+      if (t === undefined) t = tree.labels[v] = labelOf(v);
+      return t;
+    }
+    function labelOf(v) {
       const f = tree.frame[v];
       if (f === ROOT) return "all live blocks";
       if (f === NOSTACK) return "(no call stack)";
@@ -79,14 +85,21 @@
       return F.function[f] ? F.function[f] + " (" + at + ")" : at;
     }
     function where(f) { return F.file[f] + (F.line[f] >= 0 ? ":" + F.line[f] : ""); }
+    const frameColour = new Array(F.file.length); // per frame, as #rrggbb (the quickest colour to parse)
     function colour(v) {
       const f = tree.frame[v];
       if (f < 0) return null;
+      if (frameColour[f] !== undefined) return frameColour[f];
       const [h, s] = F.user[f] ? HUE.user : HUE[F.kinds[F.kind[f]]] || HUE.library;
       let x = 0; // lightness by a hash of the name, so neighbours differ
       const name = F.function[f] + F.file[f];
       for (let i = 0; i < name.length; i++) x = (x * 31 + name.charCodeAt(i)) >>> 0;
-      return "hsl(" + h + "," + s + "%," + (64 + (x % 12)) + "%)";
+      return (frameColour[f] = hslHex(h, s / 100, (64 + (x % 12)) / 100));
+    }
+    function hslHex(h, s, l) {
+      const a = s * Math.min(l, 1 - l);
+      const c = (n) => { const k = (n + h / 30) % 12; return Math.round(255 * (l - a * Math.max(-1, Math.min(k - 3, 9 - k, 1)))); };
+      return "#" + [c(0), c(8), c(4)].map((x) => x.toString(16).padStart(2, "0")).join("");
     }
     /* Path of a stack's node, root first (the failing request's, at an OOM). */
     function pathOf(stack) {
@@ -123,12 +136,14 @@
 
     /* One canvas, drawn in one pass: a page of thousands of nodes redraws in a few ms and adds no
        element to lay out. Hover and click find the node under the pointer from the layout (rows). */
-    let cssWidth = 0, rows = [];
+    let cssWidth = 0, rows = [], shown = null;
     const FONT = "11px system-ui, sans-serif", BOLD = "600 11px system-ui, sans-serif";
     const FIXED = { root: "#4d4d4d", none: "#9e9e9e", run: "#b8a2dc" };
-    function fit(g, text, room) { // the text cut to fit ``room`` px, with an ellipsis
+    function fit(g, v, room) { // node v's label cut to fit ``room`` px, with an ellipsis
       if (room <= 0) return "";
-      let w = g.measureText(text).width;
+      const text = label(v);
+      let w = tree.width[v];
+      if (w < 0) w = tree.width[v] = g.measureText(text).width;
       if (w <= room) return text;
       let n = Math.floor(text.length * room / w);
       while (n > 0 && g.measureText(text.slice(0, n) + "…").width > room) n--;
@@ -144,35 +159,37 @@
       let depth = 0;
       for (const p of nodes) depth = Math.max(depth, p.d);
       const h = (depth + 1) * ROW, dpr = window.devicePixelRatio || 1;
-      box.width = Math.round(w * dpr); box.height = Math.round(h * dpr);
-      box.style.height = (h + 2) + "px"; // border-box: the 1 px border each side
+      const bw = Math.round(w * dpr), bh = Math.round(h * dpr);
+      if (box.width !== bw || box.height !== bh) { // a new size reallocates the canvas: only when it changes
+        box.width = bw; box.height = bh;
+        box.style.height = (h + 2) + "px"; // border-box: the 1 px border each side
+      }
       const g = box.getContext("2d");
       g.setTransform(dpr, 0, 0, dpr, 0, 0);
       g.clearRect(0, 0, w, h);
       g.textBaseline = "middle";
+      let font = "";
       rows = Array.from({ length: depth + 1 }, () => []);
       nodes.forEach((p, i) => {
         const f = tree.frame[p.v], kind = kindOf(p.v), mine = f >= 0 && F.user[f], y = p.d * ROW;
         p.mine = mine; p.req = req.has(p.v);
         rows[p.d].push(i);
-        g.globalAlpha = p.anc ? 0.8 : 1;
+        if (p.anc) g.globalAlpha = 0.8;
         g.fillStyle = FIXED[kind] || colour(p.v);
         g.fillRect(p.x, y, Math.max(p.w - 1, 0.5), ROW - 1);
         if (mine) { g.fillStyle = "#b35900"; g.fillRect(p.x, y, Math.min(3, p.w), ROW - 1); }
         if (p.v === focus) { g.fillStyle = "#000"; g.fillRect(p.x, y + ROW - 3, p.w - 1, 2); }
-        g.globalAlpha = 1;
+        if (p.anc) g.globalAlpha = 1;
         if (p.req) { g.strokeStyle = "#d00"; g.lineWidth = 2; g.strokeRect(p.x + 1, y + 1, Math.max(p.w - 3, 0.5), ROW - 3); }
         p.text = "";
         if (p.w >= 28) {
-          g.font = mine ? BOLD : FONT;
+          if (font !== (mine ? BOLD : FONT)) g.font = font = mine ? BOLD : FONT; // a font change is parsed
           g.fillStyle = kind === "root" ? "#fff" : "#111";
-          p.text = fit(g, label(p.v), p.w - (mine ? 9 : 6));
+          p.text = fit(g, p.v, p.w - (mine ? 9 : 6));
           if (p.text) g.fillText(p.text, p.x + (mine ? 6 : 3), y + ROW / 2);
         }
       });
-      api.view = { focus, total: wt.total[0], width: w, nodes: nodes.map((p) => ({ node: p.v, parent: tree.parent[p.v],
-        frame: tree.frame[p.v], label: label(p.v), text: p.text, bytes: wt.total[p.v], self: wt.self[p.v], x: p.x, w: p.w,
-        depth: p.d, req: p.req, mine: p.mine, kind: kindOf(p.v) })) };
+      shown = { focus, total: wt.total[0], width: w, nodes, wt };
       api.weights = wt;
       api.drawn = nodes;
       head(st, ctx, wt);
@@ -320,7 +337,14 @@
         return { x: r.left + (p.x + p.w / 2) * k, y: r.top + p.d * ROW + ROW / 2, width: p.w * k };
       },
       nodeOfStack: (s) => (s >= 0 ? tree.nodeOf[s] : 1),
-      view: null,
+      /* what is drawn, for the tests and the benchmark: made when asked, not at every redraw */
+      get view() {
+        if (!shown) return null;
+        const { wt } = shown;
+        return { focus: shown.focus, total: shown.total, width: shown.width, nodes: shown.nodes.map((p) => ({ node: p.v,
+          parent: tree.parent[p.v], frame: tree.frame[p.v], label: label(p.v), text: p.text, bytes: wt.total[p.v],
+          self: wt.self[p.v], x: p.x, w: p.w, depth: p.d, req: p.req, mine: p.mine, kind: kindOf(p.v) })) };
+      },
       weights: null,
     };
     return api;
