@@ -177,7 +177,7 @@
         if (p.anc) g.globalAlpha = 0.8;
         g.fillStyle = FIXED[kind] || colour(p.v);
         g.fillRect(p.x, y, Math.max(p.w - 1, 0.5), ROW - 1);
-        if (mine) { g.fillStyle = "#b35900"; g.fillRect(p.x, y, Math.min(3, p.w), ROW - 1); }
+        if (mine && p.w >= 8) { g.fillStyle = "#b35900"; g.fillRect(p.x, y, 3, ROW - 1); } // narrower: the colour says it
         if (p.v === focus) { g.fillStyle = "#000"; g.fillRect(p.x, y + ROW - 3, p.w - 1, 2); }
         if (p.anc) g.globalAlpha = 1;
         if (p.req) { g.strokeStyle = "#d00"; g.lineWidth = 2; g.strokeRect(p.x + 1, y + 1, Math.max(p.w - 3, 0.5), ROW - 3); }
