@@ -210,6 +210,7 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path: Path) -> None:
     killed_at = time.monotonic()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()  # else its pipe is closed by the collector, with a ResourceWarning in a later test
     assert proc.returncode == -signal.SIGKILL
     # events the child had made more than a second before the kill
     issued = max((n for t, n in seen if t <= killed_at - 1.0), default=0)
