@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 TRACES = ROOT / "traces"
+LAYOUT = ("unit", "cli", "gpu", "fidelity", "browser")  # tests by what they are; see pyproject's markers
+
+# Hand-built traces are shared between test modules (``from test_analysis_ooms import trace_of``)
+# across these folders: every folder is importable, whichever module runs alone or first.
+for _folder in LAYOUT:
+    _path = str(Path(__file__).resolve().parent / _folder)
+    if _path not in sys.path:
+        sys.path.append(_path)
 
 
 @functools.cache
