@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from tracekit.cli.app import app
 from tracekit.errors import InputError
 from tracekit.importers.torch_snapshot import import_snapshot
 from tracekit.trace import Op, read_trace
@@ -221,11 +223,28 @@ def test_tracekit_key_gives_device_and_limit(tmp_path: Path) -> None:
     assert tr.meta.extra["torch_memory_fraction"] == 0.1
 
 
-def test_stacks_extra_column(tmp_path: Path) -> None:
-    hist = [entry("segment_alloc", A, 2 * MiB, 0), entry("alloc", A, 512, 1, [TORCH, USER])]
-    _, ex = load(tmp_path, {"segments": [], "device_traces": [hist]}, stacks=True)
-    assert ex["stack"][0] is None
-    assert ex["stack"][1].splitlines() == [f"{TORCH['filename']}:125:forward", "/home/u/train.py:12:step"]
+def test_every_row_keeps_its_interned_stack(tmp_path: Path) -> None:
+    hist = [entry("segment_alloc", A, 2 * MiB, 0), entry("alloc", A, 512, 1, [TORCH, USER]),
+            entry("alloc", A + 512, 512, 2, [USER])]
+    tr, ex = load(tmp_path, {"segments": [], "device_traces": [hist]})
+    ev = tr.events
+    assert "stack" not in ex  # the stacks are the trace's own column now, not an extra one
+    assert ev.stack[0] == -1
+    assert [f.label() for f in ev.stacks.frames(int(ev.stack[1]))] == [
+        f"{TORCH['filename']}:125:forward", "/home/u/train.py:12:step"]
+    assert [f.label() for f in ev.stacks.frames(int(ev.stack[2]))] == ["/home/u/train.py:12:step"]
+    assert ev.stacks.n_frames == 2  # train.py:12 once, as the outer frame of both stacks
+
+
+def test_import_torch_stacks_flag_keeps_cpp_frames(tmp_path: Path) -> None:
+    cpp = {"filename": "/pytorch/c10/cuda/CUDACachingAllocator.cpp", "line": 1200, "name": "malloc"}
+    snap = write(tmp_path, {"segments": [], "device_traces": [[entry("alloc", A, 512, 1, [cpp, USER])]]})
+    for flags, files in (([], ["/home/u/train.py"]), (["--stacks"], [cpp["filename"], "/home/u/train.py"])):
+        out = tmp_path / f"o{len(flags)}.parquet"
+        r = CliRunner().invoke(app, ["import", "torch", str(snap), "-o", str(out), *flags])
+        assert r.exit_code == 0, r.output
+        ev = read_trace(out).events
+        assert [f.file for f in ev.stacks.frames(int(ev.stack[0]))] == files
 
 
 def test_not_a_snapshot(tmp_path: Path) -> None:

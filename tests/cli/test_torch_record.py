@@ -265,9 +265,13 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
     assert tr.meta.extra["pools"] == [{"id": 0, "device": 0, "kind": "pool", "label": "caching allocator",
                                        "limit_bytes": 256 << 20}]
     assert tr.extras is not None and set(tr.extras.column("pool").to_pylist()) == {0}
-    assert tr.meta.extra["launch"]["rank"] == 1 and tr.meta.schema_version == 2
-    # call-sites relative to the program's folder
+    assert tr.meta.extra["launch"]["rank"] == 1 and tr.meta.schema_version == 3  # v3: whole stacks
+    # call-sites relative to the program's folder, and the stacks' files too
     assert tr.events.site_name(oom) == "prog.py:6:make"
+    frames = tr.events.stacks.frames(int(tr.events.stack[oom]))
+    inner = next(f for f in frames if "site-packages/torch/" not in f.file)
+    assert (inner.file, inner.line, inner.function) == ("prog.py", 6, "make")
+    assert not any(f.file.startswith(program.rsplit("/", 1)[0]) for f in frames)
 
 
 def _oom_site_after_write(tmp_path: Path, strip_frames: bool, site: str | None) -> str | None:

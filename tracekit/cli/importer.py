@@ -29,7 +29,9 @@ def torch_cmd(
     ),
     device: int = typer.Option(None, "--device", help="Import only this device ordinal (default: all)."),
     stacks: bool = typer.Option(
-        False, "--stacks", help="Also store each event's whole Python stack (extra column 'stack')."
+        False, "--stacks",
+        help="Keep C++ frames in the rows' stacks too (snapshots taken with stacks='all'); every row "
+             "keeps its whole Python stack either way.",
     ),
     progress: bool = typer.Option(
         None, "--progress/--no-progress", help="Progress bar on stderr (default: files of 64 MiB or more)."

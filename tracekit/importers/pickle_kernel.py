@@ -11,13 +11,14 @@ one short function below:
 - the memo (``_memo_put``, ``_memo_get``);
 - new containers (``_new_node``) and tuples (``_tuple``);
 - list items (``_append``): a frame goes into its stack (first frame, innermost
-  frame outside PyTorch, count), a history entry into its device's list, any
-  other value becomes an edge;
+  frame outside PyTorch, count, and the stack's node in a trie of frames,
+  ``Tr``, interned as the scan goes: one node per distinct stack prefix), a
+  history entry into its device's list, any other value becomes an edge;
 - dict items (``_setitems``): the first keys decide what a dict is
   (``_classify``: an ``action`` key makes a history entry, one row of ``en``
   with the columns ``En``; a ``filename`` key a frame, one row of ``fr`` with
   the columns ``Fr``, classified as PyTorch's own or not as
-  ``torch_columns.is_torch_file`` does); any other dict's items are edges.
+  ``torch_stacks.is_torch_file`` does); any other dict's items are edges.
 
 Every read is bounds-checked against the buffer and every array has a fixed
 capacity (``Cap``), so no input can make it read or write out of range. The
@@ -76,6 +77,17 @@ class Cap(IntEnum):
     EDGES = 4
     ENTRIES = 5
     FRAMES = 6
+    TRIE = 7
+
+
+class Tr(IntEnum):
+    """The columns of ``tr``: the frames of every stack as a trie grown from the innermost frame.
+    Node ``t`` is frame row ``FRAME`` called from outside node ``INNER``'s frames (-1: ``FRAME`` is
+    the innermost), so a stack's node, walked through ``INNER``, gives its frames outermost first."""
+
+    FRAME = 0
+    INNER = 1
+    N = 2
 
 
 class Sv(IntEnum):
@@ -97,7 +109,8 @@ class Nd(IntEnum):
     N_FRAMES = 4  # a stack: how many frames it holds
     N_ENTRIES = 5  # a device's history: how many entries it holds
     N_EDGES = 6  # how many items it holds as edges
-    N = 7
+    STACK = 7  # a stack: the trie node of its frames so far (see ``Tr``), -1 none
+    N = 8
 
 
 class Ed(IntEnum):
@@ -253,6 +266,7 @@ for _fam, _ops in (
     for _op in _ops:
         FAMILY[_op] = _fam
 SLASH, BACKSLASH = 0x2F, 0x5C
+MAX_DEPTH = 4096  # frames kept per stack, the innermost ones (torch_stacks keeps the same)
 
 
 # ---- bytes ----------------------------------------------------------------------------------
@@ -299,7 +313,7 @@ def _ends_with(buf, end, ln, suffix):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _is_torch(buf, off, ln):  # pragma: no cover - compiled
-    """``torch_columns.is_torch_file`` on the UTF-8 bytes of a file name: empty or ``??``, not a
+    """``torch_stacks.is_torch_file`` on the UTF-8 bytes of a file name: empty or ``??``, not a
     ``.py``/``.pyw`` file or ``<pseudo-file>`` (native), ``torch/...``, or a PyTorch pattern inside."""
     if ln == 0 or (ln == 2 and buf[off] == ord("?") and buf[off + 1] == ord("?")):
         return True
@@ -420,6 +434,7 @@ def _init_node(nd, i, kind, n_edges):  # pragma: no cover - compiled
     nd[i, Nd.N_FRAMES] = 0
     nd[i, Nd.N_ENTRIES] = 0
     nd[i, Nd.N_EDGES] = n_edges
+    nd[i, Nd.STACK] = -1
 
 
 @njit(cache=True)
@@ -476,42 +491,71 @@ def _tuple(op, st, sp, marks, mp, nd, nn, ed, ne):  # pragma: no cover - compile
 
 
 @njit(cache=True)
-def _frame_into_stack(nd, fr, lst, f):  # pragma: no cover - compiled
+def _intern(tr, th, nt, frame, inner):  # pragma: no cover - compiled
+    """The trie node of frame row ``frame`` outside node ``inner`` (-1: none), made if new: (node,
+    nt); node -1 when the trie is full. ``th`` is an open-addressing table of node + 1 (0 empty),
+    a power of two at least twice the trie's capacity, so a probe always ends."""
+    mask = th.shape[0] - 1
+    h = ((np.int64(frame) * 0x9E3779B1) ^ ((np.int64(inner) + 1) * 0x85EBCA6B)) & mask
+    while th[h] != 0:
+        t = th[h] - 1
+        if tr[t, Tr.FRAME] == frame and tr[t, Tr.INNER] == inner:
+            return t, nt
+        h = (h + 1) & mask
+    if nt >= tr.shape[0]:
+        return -1, nt
+    tr[nt, Tr.FRAME], tr[nt, Tr.INNER] = frame, inner
+    th[h] = nt + 1
+    return nt, nt + 1
+
+
+@njit(cache=True)
+def _frame_into_stack(nd, fr, tr, th, nt, lst, f):  # pragma: no cover - compiled
     """Frame row ``f`` appended to the stack ``lst``: its first frame and its innermost frame outside
-    PyTorch are kept (all the call-site needs), and the count."""
+    PyTorch (the call-site), the count, and its trie node (the first MAX_DEPTH frames). Returns
+    (ok, nt); not ok when the trie is full."""
     if nd[lst, Nd.FIRST] < 0:
         nd[lst, Nd.FIRST] = f
     if nd[lst, Nd.SITE] < 0 and fr[f, Fr.TORCH] == 0:
         nd[lst, Nd.SITE] = f
+    if nd[lst, Nd.N_FRAMES] < MAX_DEPTH:
+        t, nt = _intern(tr, th, nt, f, nd[lst, Nd.STACK])
+        if t < 0:
+            return False, nt
+        nd[lst, Nd.STACK] = t
     nd[lst, Nd.N_FRAMES] += 1
+    return True, nt
 
 
 @njit(cache=True, inline="always")
-def _append(op, st, sp, marks, mp, nd, ed, ne, en, fr):  # pragma: no cover - compiled
+def _append(op, st, sp, marks, mp, nd, ed, ne, en, fr, tr, th, nt):  # pragma: no cover - compiled
     """APPEND, APPENDS: items into the list below them. A frame goes into the list's stack, a history
-    entry into the list's history (once only), anything else becomes an edge. Returns (step, sp, mp, ne)."""
+    entry into the list's history (once only), anything else becomes an edge. Returns (step, sp, mp,
+    ne, nt)."""
     lo, mp = _items_from(op, Op.APPENDS, marks, mp, sp, 1)
     if lo < 1 or st[lo - 1, Sv.TAG] != Tag.OBJ or nd[st[lo - 1, Sv.A], Nd.KIND] != Kind.LIST:
-        return Status.BROKEN, sp, mp, ne
+        return Status.BROKEN, sp, mp, ne, nt
     lst = st[lo - 1, Sv.A]
     if ne + (sp - lo) >= ed.shape[0]:
-        return Status.FULL, sp, mp, ne
+        return Status.FULL, sp, mp, ne, nt
     for j in range(lo, sp):
         ct = st[j, Sv.TAG]
         ck = nd[st[j, Sv.A], Nd.KIND] if ct == Tag.OBJ else 0
         if ck == Kind.FRAME:
-            _frame_into_stack(nd, fr, lst, nd[st[j, Sv.A], Nd.AUX])
+            ok, nt = _frame_into_stack(nd, fr, tr, th, nt, lst, nd[st[j, Sv.A], Nd.AUX])
+            if not ok:
+                return Status.FULL, sp, mp, ne, nt
         elif ck == Kind.ENTRY:
             e = nd[st[j, Sv.A], Nd.AUX]
             if en[e, En.LIST] >= 0:  # one entry listed twice
-                return Status.BROKEN, sp, mp, ne
+                return Status.BROKEN, sp, mp, ne, nt
             en[e, En.LIST] = lst
             nd[lst, Nd.N_ENTRIES] += 1
         else:
             _edge(ed, ne, lst, st, -1, j)
             ne += 1
             nd[lst, Nd.N_EDGES] += 1
-    return Status.RUNNING, lo, mp, ne
+    return Status.RUNNING, lo, mp, ne, nt
 
 
 # ---- dict items: history entries, frames, plain dicts -----------------------------------------
@@ -687,7 +731,7 @@ def _setitems(buf, op, st, sp, marks, mp, nd, ed, ne, en, nen, fr,
 
 @njit(cache=True, nogil=True)
 def _scan(buf, progress, caps):  # pragma: no cover - compiled
-    """The whole pass: (status, position, stack, nodes, edges, entries, frames) as arrays cut to their
+    """The whole pass: (status, position, stack, nodes, edges, entries, frames, trie) as arrays cut to their
     counts. ``progress[0]`` is set to the bytes scanned now and then; ``progress[1]`` != 0 stops it."""
     # No array is ever reassigned inside the loop (a reassigned array costs reference counting on
     # every iteration); running out of any capacity returns FULL and the caller retries bigger.
@@ -703,10 +747,16 @@ def _scan(buf, progress, caps):  # pragma: no cover - compiled
     ed = np.empty((caps[Cap.EDGES], Ed.N), np.int64)
     en = np.empty((caps[Cap.ENTRIES], En.N), np.int64)
     fr = np.empty((caps[Cap.FRAMES], Fr.N), np.int64)
-    sp = mp = memo_n = nn = ne = nen = nfr = 0
+    tr = np.empty((caps[Cap.TRIE], Tr.N), np.int32)
+    slots = 1
+    while slots < 2 * caps[Cap.TRIE]:
+        slots *= 2
+    th = np.zeros(slots, np.int32)
+    sp = mp = memo_n = nn = ne = nen = nfr = nt = 0
     pos = 0
     if n < 2 or buf[0] != 0x80 or buf[1] < 2:  # PROTO 2 or later
-        return Status.BROKEN, pos, st[:, Sv.TAG], st[:, Sv.A], st[:, Sv.B], nd[:0], ed[:0], en[:0], fr[:0]
+        return Status.BROKEN, pos, st[:, Sv.TAG], st[:, Sv.A], st[:, Sv.B], nd[:0], ed[:0], en[:0], fr[:0], \
+            tr[:0]
     pos = 2
     status = Status.BROKEN
     while pos < n:
@@ -735,7 +785,7 @@ def _scan(buf, progress, caps):  # pragma: no cover - compiled
             step, sp, mp, ne, nen, nfr = _setitems(buf, op, st, sp,
                                                    marks, mp, nd, ed, ne, en, nen, fr, nfr)
         elif fam == Family.APPEND:
-            step, sp, mp, ne = _append(op, st, sp, marks, mp, nd, ed, ne, en, fr)
+            step, sp, mp, ne, nt = _append(op, st, sp, marks, mp, nd, ed, ne, en, fr, tr, th, nt)
         elif fam == Family.EMPTY:
             step, nn = _new_node(nd, nn, op)
             t, a = Tag.OBJ, nn - 1
@@ -762,4 +812,5 @@ def _scan(buf, progress, caps):  # pragma: no cover - compiled
             st[sp, Sv.TAG], st[sp, Sv.A], st[sp, Sv.B] = t, a, b
             sp += 1
     progress[0] = n
-    return status, pos, st[:sp, Sv.TAG], st[:sp, Sv.A], st[:sp, Sv.B], nd[:nn], ed[:ne], en[:nen], fr[:nfr]
+    return status, pos, st[:sp, Sv.TAG], st[:sp, Sv.A], st[:sp, Sv.B], nd[:nn], ed[:ne], en[:nen], fr[:nfr], \
+        tr[:nt]

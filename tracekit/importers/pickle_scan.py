@@ -7,7 +7,8 @@ uses (containers, ints, floats, strings, bytes, the memo) without calling
 anything: a dict that receives an ``action`` key is a history entry and its
 fields go to columns; a dict with a ``filename`` key is a stack frame, kept
 once; a list of frames keeps only its first frame and its innermost frame
-outside PyTorch (all the call-site needs). This module turns the rest back
+outside PyTorch (all the call-site needs) and its node in a trie of frames,
+interned as the scan goes (the whole stack, ``torch_stacks``). This module turns the rest back
 into builtin objects (``Scan``) and hands each device's history on as an
 ``EntryList``. Any opcode or shape outside that subset makes ``scan`` return
 None, and the caller falls back to the restricted unpickler, which then also
@@ -29,6 +30,7 @@ from tracekit.importers.pickle_kernel import (
     Kind,
     Nd,
     Tag,
+    Tr,
     _scan,
 )
 
@@ -43,14 +45,23 @@ class EntryList:
         return int(self.scan.node_entries[self.node])
 
 
+class ScannedFrames(list[dict[str, Any]]):
+    """A stack as ``scan`` gives it outside the history (segments, blocks): the call-site frame
+    alone, and where its whole stack is (``node``, whose ``Nd.STACK`` is its trie node)."""
+
+    def __init__(self, scan: Scan, node: int, frames: list[dict[str, Any]]) -> None:
+        super().__init__(frames)
+        self.scan, self.node = scan, node
+
+
 class Scan:
     """The arrays ``_scan`` returns, and their translation back into builtin objects."""
 
     def __init__(self, buf: np.ndarray, out: tuple[Any, ...]) -> None:
-        _, _, self.st_t, self.st_a, self.st_b, nd, ed, self.entries, self.frames = out
+        _, _, self.st_t, self.st_a, self.st_b, nd, ed, self.entries, self.frames, self.trie = out
         self.kind, self.aux = nd[:, Nd.KIND], nd[:, Nd.AUX]
         self.first, self.site = nd[:, Nd.FIRST], nd[:, Nd.SITE]
-        self.nfr, self.node_entries = nd[:, Nd.N_FRAMES], nd[:, Nd.N_ENTRIES]
+        self.nfr, self.node_entries, self.stack = nd[:, Nd.N_FRAMES], nd[:, Nd.N_ENTRIES], nd[:, Nd.STACK]
         ep = ed[:, Ed.PARENT]
         self.ekt, self.eka, self.ekb = ed[:, Ed.KEY_TAG], ed[:, Ed.KEY_A], ed[:, Ed.KEY_B]
         self.evt, self.eva, self.evb = ed[:, Ed.VALUE_TAG], ed[:, Ed.VALUE_A], ed[:, Ed.VALUE_B]
@@ -80,6 +91,17 @@ class Scan:
                    "name": self.text(row[Fr.NAME_OFF], row[Fr.NAME_LEN])}
             self._frame_objs[f] = obj
         return obj
+
+    def trie_frames(self, t: int) -> list[int]:
+        """The frame rows of trie node ``t``, innermost first (nothing for -1)."""
+        rows: list[int] = []
+        inner = self.trie[:, Tr.INNER]
+        frame = self.trie[:, Tr.FRAME]
+        while t >= 0:
+            rows.append(int(frame[t]))
+            t = int(inner[t])
+        rows.reverse()  # the walk goes from the outermost frame inwards
+        return rows
 
     def root(self) -> Any:
         return self.value(int(self.st_t[0]), int(self.st_a[0]), int(self.st_b[0]))
@@ -122,7 +144,7 @@ class Scan:
             if items or self.node_entries[nd]:
                 raise _Unsupported("a list mixing frames and other values")
             f = int(self.site[nd]) if self.site[nd] >= 0 else int(self.first[nd])
-            return [self.frame(f)]
+            return ScannedFrames(self, nd, [self.frame(f)])
         if self.node_entries[nd]:
             if items:
                 raise _Unsupported("a list mixing history entries and other values")
@@ -141,7 +163,7 @@ def scan(buf: np.ndarray, progress: Any = None) -> Any | None:
     # What each array may need per byte of the file (a value takes at least 2 bytes, an entry dozens).
     caps[[Cap.STACK, Cap.MARKS]] = 1 << 14, 1 << 12
     caps[[Cap.MEMO, Cap.NODES, Cap.EDGES]] = n // 8, n // 16, n // 32
-    caps[[Cap.ENTRIES, Cap.FRAMES]] = n // 48, n // 64
+    caps[[Cap.ENTRIES, Cap.FRAMES, Cap.TRIE]] = n // 48, n // 64, n // 128
     caps += 1024
     for _ in range(5):  # capacities too small (an unusual file): retry with twice as much
         out = _run(buf, caps, progress)

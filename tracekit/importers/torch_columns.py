@@ -7,12 +7,12 @@ object) and then empties the entry list, so the object tree can be dropped
 device by device. Frames become a call-site index:
 the innermost frame whose file is not part of PyTorch itself (the first frame
 when every frame is PyTorch's). Frame dicts are shared between entries in a
-snapshot, so sites are cached by the frame object's identity.
+snapshot, so sites are cached by the frame object's identity. Whole stacks
+go to a ``torch_stacks.StackBuilder`` as raw keys (one int per entry).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,7 @@ import numpy as np
 from tracekit.errors import InputError
 from tracekit.importers import snapshot_policy as policy
 from tracekit.importers.pickle_kernel import En
+from tracekit.importers.torch_stacks import StackBuilder, is_torch_file
 from tracekit.progress import Progress
 
 # Codes for history actions (not v1 ops: several map to none or to several rows).
@@ -33,29 +34,9 @@ ACTIONS = {
     "segment_unmap": SEGMENT_UNMAP, "oom": OOM,
     "free": FREE_COMPLETED,  # PyTorch 1.13 had one free action, before the requested/completed split
 }
-# A file of PyTorch itself: an installed package or a source checkout's python tree.
-_TORCH_FILE = re.compile(
-    r"[/\\](?:site|dist)-packages[/\\]torch[/\\]|^torch[/\\]|[/\\]pytorch[/\\]torch[/\\]"
-)
-
-
-def is_torch_file(filename: str) -> bool:
-    """True for frames that are not the user's: PyTorch's own Python files, and native frames.
-
-    ``stacks="all"`` adds C++ frames (``.cpp``/``.h`` sources, shared libraries, ``??``);
-    they are never the call-site. A user frame is a ``.py`` file outside PyTorch or
-    code without a file (``<stdin>``, ``<string>``, notebook cells).
-    """
-    if not filename or filename == "??":
-        return True
-    if not (filename.endswith((".py", ".pyw")) or filename.startswith("<")):
-        return True
-    return bool(_TORCH_FILE.search(filename))
-
-
 @dataclass
 class SiteTable:
-    """Interns ``path:line:function`` strings; also full stacks when asked to.
+    """Interns ``path:line:function`` strings.
 
     ``_code`` maps a frame dict's id to its site index, stored as ``-(index + 2)``
     for PyTorch's own frames so one lookup answers both questions. ``_keep``
@@ -64,10 +45,8 @@ class SiteTable:
 
     sites: dict[str, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
-    stacks: dict[str, int] = field(default_factory=dict)
     _code: dict[int, int] = field(default_factory=dict)
     _keep: list[Any] = field(default_factory=list)
-    _stack: dict[tuple[int, ...], int] = field(default_factory=dict)
 
     def _add(self, f: Any) -> int:
         if isinstance(f, dict):
@@ -100,20 +79,6 @@ class SiteTable:
                 first = c
         return -first - 2
 
-    def stack_of(self, frames: Any) -> int:
-        if not frames or not isinstance(frames, list | tuple):
-            return -1
-        key = tuple(id(f) for f in frames)
-        hit = self._stack.get(key)
-        if hit is None:
-            for f in frames:
-                self.site_of([f])
-            codes = [self._code[id(f)] for f in frames]
-            text = "\n".join(self.names[c if c >= 0 else -c - 2] for c in codes)
-            hit = self.stacks.setdefault(text, len(self.stacks))
-            self._stack[key] = hit
-        return hit
-
     def site_tuple(self) -> tuple[str, ...]:
         return tuple(self.names)
 
@@ -128,7 +93,7 @@ class History:
     stream: np.ndarray  # uint64
     time_us: np.ndarray  # int64, or all -1 when the snapshot has no time_us
     site: np.ndarray  # int32, -1 none
-    stack: np.ndarray  # int32, -1 none (only filled when stacks were asked for)
+    stack: np.ndarray  # int32 raw stack key (StackBuilder), -1 none
     device_free: np.ndarray  # int64, -1 except oom
     skipped: Counter[str]
     has_time: bool
@@ -137,7 +102,7 @@ class History:
         return len(self.action)
 
 
-def read_history(entries: list[Any], device: int, table: SiteTable, *, stacks: bool = False,
+def read_history(entries: list[Any], device: int, table: SiteTable, stacks: StackBuilder, *,
                  progress: Progress | None = None, where: str = "") -> History:
     """Columns of ``entries`` (one list comprehension per field); the list is emptied afterwards."""
     policy.check_entries(entries, device, where)
@@ -154,7 +119,7 @@ def read_history(entries: list[Any], device: int, table: SiteTable, *, stacks: b
     return cols
 
 
-def _columns(entries: list[Any], table: SiteTable, stacks: bool) -> History:
+def _columns(entries: list[Any], table: SiteTable, stacks: StackBuilder) -> History:
     code = ACTIONS.get
     # Only strings are looked up or counted: hashing or printing a hostile value (a tuple
     # nested a million deep) would exhaust the C stack.
@@ -181,13 +146,12 @@ def _columns(entries: list[Any], table: SiteTable, stacks: bool) -> History:
     site_of = table.site_of
     frames = [e.get("frames") for e in entries]
     site = np.array([site_of(f) if f else -1 for f in frames], dtype=np.int32)
-    stack = (np.array([table.stack_of(f) for f in frames], dtype=np.int32) if stacks
-             else np.full(len(entries), -1, np.int32))
+    stack = np.array([stacks.of_frames(f) for f in frames], dtype=np.int32)
     return History(action=action, addr=addr, size=size, stream=stream, time_us=time_us, site=site,
                    stack=stack, device_free=device_free, skipped=skipped, has_time=has_time)
 
 
-def read_scanned(entries: Any, table: SiteTable, where: str = "") -> History:
+def read_scanned(entries: Any, table: SiteTable, stacks: StackBuilder, where: str = "") -> History:
     """A History from a compiled scan's entry columns (``pickle_scan.EntryList``), no per-entry object."""
     sc = entries.scan
     col = sc.entries
@@ -221,7 +185,9 @@ def read_scanned(entries: Any, table: SiteTable, where: str = "") -> History:
     s = np.full(len(nd), -1, np.int32)
     s[with_frames] = lut[inv] if len(uniq) else s[with_frames]
     site[has] = s
+    stack = np.full(len(action), -1, np.int32)
+    stack[has] = stacks.of_nodes(sc, nd)
     return History(action=action, addr=ints[0].astype(np.uint64), size=ints[1].astype(np.uint64),
                    stream=ints[2].astype(np.uint64), time_us=time_us, site=site,
-                   stack=np.full(len(action), -1, np.int32), device_free=device_free, skipped=skipped,
+                   stack=stack, device_free=device_free, skipped=skipped,
                    has_time=has_time)

@@ -9,7 +9,8 @@ to the extra column ``free_requested_ns``); ``segment_alloc`` /
 segment row per cell of the device's expandable grid (``torch_state``);
 ``oom`` -> ``oom`` (``size`` = ``rounded`` = PyTorch's rounded request, extra
 ``device_free``); ``time_us`` -> ``t_ns`` = 1000 (time_us - first time_us);
-frames -> ``site``. ``free_requested`` makes no row; other actions are skipped
+frames -> ``site`` (the call-site) and ``stack`` (the whole stack,
+``torch_stacks``). ``free_requested`` makes no row; other actions are skipped
 and counted. The state before the first entry is emitted first, at t_ns 0,
 with ``initial`` = true. Metadata: source torch, device and pool limit when
 the snapshot carries a ``tracekit`` key (written by ``record --torch`` and
@@ -36,6 +37,7 @@ from tracekit.importers import snapshot_policy as policy
 from tracekit.importers import torch_columns as tc
 from tracekit.importers.pickle_scan import EntryList, scan
 from tracekit.importers.safe_pickle import GZIP_MAGIC, UNPICKLE_PER_BYTE, load_pickle
+from tracekit.importers.torch_stacks import StackBuilder
 from tracekit.importers.torch_state import FinalState, Grid, Rows, final_state, initial_rows
 from tracekit.inputs import check_regular, optional_int
 from tracekit.outputs import check_output
@@ -65,7 +67,6 @@ class _DeviceRows:
     initial: np.ndarray
     req_us: np.ndarray  # int64, free_requested time or -1
     device_free: np.ndarray
-    stack: np.ndarray
 
 
 def default_output(snapshot: Path) -> Path:
@@ -84,8 +85,9 @@ def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str]
     Snapshots of ``LARGE_BYTES`` or more (or any, with ``fast=True``) go through the
     compiled scanner (``pickle_scan``), which keeps no Python object per history
     entry; anything it does not handle, and every smaller file, is read with the
-    restricted unpickler. Both give the same trace. An existing ``output`` is
-    refused (OutputError) unless ``force``; the snapshot itself never is.
+    restricted unpickler. Both give the same trace. Every row keeps its whole Python stack;
+    ``stacks`` keeps C++ frames too. An existing ``output`` is refused (OutputError) unless
+    ``force``; the snapshot itself never is.
     """
     src = Path(path)
     check_regular(src, "snapshot")  # before anything opens it: a named pipe would block forever
@@ -94,7 +96,7 @@ def import_snapshot(path: str | os.PathLike[str], output: str | os.PathLike[str]
     large = src.is_file() and src.stat().st_size >= LARGE_BYTES
     big = progress if progress is not None else large
     snap = None
-    if (fast if fast is not None else large) and not stacks:
+    if fast if fast is not None else large:
         snap = scan_file(src, progress=big)
     if snap is None:
         snap = load_pickle(src, progress=big)
@@ -155,7 +157,8 @@ class Converted:
 
 def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool = False,
             progress: bool = False) -> Converted:
-    """The v1 events, extra columns and metadata of an unpickled snapshot (consumes its history)."""
+    """The v1 events, extra columns and metadata of an unpickled snapshot (consumes its history);
+    ``stacks`` keeps C++ frames in the rows' stacks."""
     segs, traces, top = _shape(snap, where)
     policy.check_top(segs, traces, top, where)
     present = {i for i, t in enumerate(traces) if t} | {
@@ -168,6 +171,7 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
     settings: dict[str, Any] = raw_settings if isinstance(raw_settings, dict) else {}
     rnd = partial(round_size, divisions=divisions_from_settings(settings))
     table, skipped = tc.SiteTable(), Counter[str]()
+    builder = StackBuilder(keep_native=stacks)
     usable = {d: traces[d] for d in devices if d < len(traces) and isinstance(traces[d], list | EntryList)}
     bar = Progress("converting", sum(len(t) for t in usable.values()), enabled=progress)
     parts, hists = [], []
@@ -176,21 +180,21 @@ def convert(snap: Any, where: Path, *, device: int | None = None, stacks: bool =
         if d < len(traces):
             traces[d] = None  # nothing but ``entries`` holds the history now
         if isinstance(entries, EntryList):
-            h = tc.read_scanned(entries, table, where=str(where))
+            h = tc.read_scanned(entries, table, builder, where=str(where))
             bar.advance(len(h))
         else:
-            h = tc.read_history(entries, d, table, stacks=stacks, progress=bar, where=str(where))
+            h = tc.read_history(entries, d, table, builder, progress=bar, where=str(where))
         del entries  # the scanned arrays or entry dicts can go before the rows are built
         policy.check_history(h.action, h.addr, h.size, (h.action == tc.ALLOC) | (h.action == tc.OOM), d,
                              where)
         skipped.update(h.skipped)
         try:
-            parts.append(_device_rows(h, final_state(segs, d, table), rnd))
+            parts.append(_device_rows(h, final_state(segs, d, table, builder), rnd))
         except InputError as e:  # the row budget: name the file and the device
             raise InputError(f"{where}: device {d}: {e}") from None
         hists.append(h)
     bar.close()
-    events, extras = _merge(parts, devices, hists, table, stacks)
+    events, extras = _merge(parts, devices, hists, table, builder)
     events = _pair_free_sizes(events)
     ninit = int(np.count_nonzero(extras["initial"]))
     meta = _meta(top, where, settings, skipped, hists, devices, ninit)
@@ -215,7 +219,7 @@ def _device_rows(h: tc.History, fs: FinalState, rnd: Any) -> _DeviceRows:
     is_m = op == Op.MALLOC
     rounded[is_m] = rnd(size[is_m])
     rounded[op == Op.OOM] = size[op == Op.OOM]
-    hist = Rows(op, addr, size, rounded, h.stream[src], h.site[src], from_map)
+    hist = Rows(op, addr, size, rounded, h.stream[src], h.site[src], h.stack[src], from_map)
     req = _free_requested_us(h)[src]
     ni = len(init.op)
     cat = np.concatenate
@@ -225,7 +229,6 @@ def _device_rows(h: tc.History, fs: FinalState, rnd: Any) -> _DeviceRows:
         initial=cat([np.ones(ni, bool), np.zeros(len(src), bool)]),
         req_us=cat([np.full(ni, -1, np.int64), req]),
         device_free=cat([np.full(ni, -1, np.int64), h.device_free[src]]),
-        stack=cat([np.full(ni, -1, np.int32), h.stack[src]]),
     )
 
 
@@ -244,7 +247,7 @@ def _free_requested_us(h: tc.History) -> np.ndarray:
 
 
 def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History], table: tc.SiteTable,
-           stacks: bool) -> tuple[Events, dict[str, pa.Array]]:
+           builder: StackBuilder) -> tuple[Events, dict[str, pa.Array]]:
     """All devices in one trace: initial rows first, then history rows by time (stable)."""
     has_time = all(h.has_time for h in hists)
     firsts = [int(h.time_us[0]) for h in hists if len(h)]  # the first entry, rows or not
@@ -270,9 +273,11 @@ def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History]
     def col(name: str) -> np.ndarray:
         return cat([getattr(p.rows, name) for p in parts])[order]
 
+    stack, stacks = builder.table(col("stack"))
     ev = Events.build(
         op=col("op"), size=col("size"), addr=col("addr"), rounded=col("rounded"), t_ns=t_all[order],
         stream=col("stream"), device=dev_all[order], site=col("site"), sites=table.site_tuple(),
+        stack=stack, stacks=stacks,
     )
     req = cat([p.req_us for p in parts])[order]
     req_ns = np.where(req >= 0, np.maximum(req - t0, 0) * 1000, 0)
@@ -283,10 +288,6 @@ def _merge(parts: list[_DeviceRows], devices: list[int], hists: list[tc.History]
         "device_free": pa.array(dfree, pa.int64(), mask=dfree < 0),
         "expandable": pa.array(col("expandable"), pa.bool_()),
     }
-    if stacks:
-        idx = cat([p.stack for p in parts])[order]
-        extras["stack"] = pa.DictionaryArray.from_arrays(
-            pa.array(idx, pa.int32(), mask=idx < 0), pa.array(list(table.stacks), pa.string()))
     return ev, extras
 
 

@@ -20,7 +20,7 @@ mapped and unmapped whole, so each cell becomes one segment whose rows pair.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from tracekit.importers.torch_columns import (
     SiteTable,
 )
 
+if TYPE_CHECKING:
+    from tracekit.importers.torch_stacks import StackBuilder
+
 
 @dataclass(frozen=True, eq=False)
 class FinalState:
@@ -46,11 +49,13 @@ class FinalState:
     seg_stream: np.ndarray
     seg_expandable: np.ndarray  # bool
     seg_site: np.ndarray
+    seg_stack: np.ndarray  # raw stack keys (StackBuilder)
     blk_addr: np.ndarray
     blk_size: np.ndarray  # the block's bytes (rounded, exact)
     blk_req: np.ndarray  # the request that made it
     blk_stream: np.ndarray
     blk_site: np.ndarray
+    blk_stack: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,16 +68,17 @@ class Rows:
     rounded: np.ndarray
     stream: np.ndarray
     site: np.ndarray
+    stack: np.ndarray  # raw stack keys (StackBuilder), -1 none
     expandable: np.ndarray
 
 
 LIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
 
 
-def final_state(segments: list[Any], device: int, table: SiteTable) -> FinalState:
+def final_state(segments: list[Any], device: int, table: SiteTable, stacks: StackBuilder) -> FinalState:
     """Columns of ``segments`` (all devices) restricted to ``device``."""
-    sa, ss, st, sx, sf = [], [], [], [], []
-    ba, bs, br, bt, bf = [], [], [], [], []
+    sa, ss, st, sx, sf, sk = [], [], [], [], [], []
+    ba, bs, br, bt, bf, bk = [], [], [], [], [], []
     for seg in segments:
         if not isinstance(seg, dict) or int(seg.get("device", 0) or 0) != device:
             continue
@@ -86,6 +92,7 @@ def final_state(segments: list[Any], device: int, table: SiteTable) -> FinalStat
         st.append(stream)
         sx.append(bool(seg.get("is_expandable", False)))
         sf.append(table.site_of(seg.get("frames")))
+        sk.append(stacks.of_frames(seg.get("frames")))
         for b in blocks:
             if str(b.get("state", "")) not in LIVE_STATES:
                 continue
@@ -100,10 +107,12 @@ def final_state(segments: list[Any], device: int, table: SiteTable) -> FinalStat
             br.append(int(req if req is not None else size))
             bt.append(stream)
             bf.append(table.site_of(frames))
-    u64 = np.uint64
+            bk.append(stacks.of_frames(frames))
+    u64, i32 = np.uint64, np.int32
     return FinalState(
-        np.array(sa, u64), np.array(ss, u64), np.array(st, u64), np.array(sx, bool), np.array(sf, np.int32),
-        np.array(ba, u64), np.array(bs, u64), np.array(br, u64), np.array(bt, u64), np.array(bf, np.int32),
+        np.array(sa, u64), np.array(ss, u64), np.array(st, u64), np.array(sx, bool), np.array(sf, i32),
+        np.array(sk, i32), np.array(ba, u64), np.array(bs, u64), np.array(br, u64), np.array(bt, u64),
+        np.array(bf, i32), np.array(bk, i32),
     )
 
 
@@ -156,6 +165,7 @@ def initial_rows(h: History, fs: FinalState, grid: Grid, divisions_round: Any) -
     blk_round = np.concatenate([divisions_round(req_free), fs.blk_size[keep_final]])
     blk_stream = np.concatenate([h.stream[from_free], fs.blk_stream[keep_final]])
     blk_site = np.concatenate([np.full(len(from_free), -1, np.int32), fs.blk_site[keep_final]])
+    blk_stack = np.concatenate([np.full(len(from_free), -1, np.int32), fs.blk_stack[keep_final]])
     # Plain segments, same rule.
     sm = (h.action == SEGMENT_ALLOC) | (h.action == SEGMENT_FREE)
     s_ev = ev[sm]
@@ -166,11 +176,13 @@ def initial_rows(h: History, fs: FinalState, grid: Grid, divisions_round: Any) -
     seg_size = [h.size[s_from_free], fs.seg_size[plain]]
     seg_stream = [h.stream[s_from_free], fs.seg_stream[plain]]
     seg_site = [np.full(len(s_from_free), -1, np.int32), fs.seg_site[plain]]
+    seg_stack = [np.full(len(s_from_free), -1, np.int32), fs.seg_stack[plain]]
     ex_addr, ex_size, ex_stream = _initial_cells(h, fs, grid)
     seg_addr.append(ex_addr)
     seg_size.append(ex_size)
     seg_stream.append(ex_stream)
     seg_site.append(np.full(len(ex_addr), -1, np.int32))
+    seg_stack.append(np.full(len(ex_addr), -1, np.int32))
     sa, ss = np.concatenate(seg_addr), np.concatenate(seg_size)
     expandable = np.concatenate([np.zeros(len(sa) - len(ex_addr), bool), np.ones(len(ex_addr), bool)])
     so, bo = np.argsort(sa, kind="stable"), np.argsort(blk_addr, kind="stable")
@@ -182,6 +194,7 @@ def initial_rows(h: History, fs: FinalState, grid: Grid, divisions_round: Any) -
         rounded=np.concatenate([np.zeros(ns, np.uint64), blk_round[bo]]),
         stream=np.concatenate([np.concatenate(seg_stream)[so], blk_stream[bo]]),
         site=np.concatenate([np.concatenate(seg_site)[so], blk_site[bo]]),
+        stack=np.concatenate([np.concatenate(seg_stack)[so], blk_stack[bo]]),
         expandable=np.concatenate([expandable[so], np.zeros(nb, bool)]),
     )
 

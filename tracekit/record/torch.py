@@ -17,8 +17,10 @@ trace, which gets the version-2 keys: ``oom_states`` (the k-th measured OOM
 is the k-th ``oom`` row, counted from the end when the history wrapped),
 ``exit`` (``oom_seq`` is the last OOM when the program died of an
 out-of-memory error), ``pools`` (PyTorch's caching allocator on each device),
-``launch`` and the ``pool`` column. Call-sites are made relative to the
-working directory or the program's folder. PyTorch is imported only here.
+``launch`` and the ``pool`` column. Every row keeps its whole Python stack
+(``importers.torch_stacks``). Call-sites and the stacks' files are made
+relative to the working directory or the program's folder. PyTorch is
+imported only here.
 """
 
 from __future__ import annotations
@@ -102,11 +104,14 @@ def _exception_site(torch: Any, exc: BaseException | None, roots: tuple[str, ...
 def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str, Any],
            launch: dict[str, Any], roots: tuple[str, ...]) -> None:
     from tracekit.importers.torch_snapshot import convert
-    from tracekit.record.sites import relative_site
+    from tracekit.record.sites import relative_path, relative_site
     from tracekit.trace import Op, write_trace
 
     c = convert(snap, rec.path)
-    events = dataclasses.replace(c.events, sites=tuple(relative_site(s, roots) for s in c.events.sites))
+    table = c.events.stacks
+    stacks = dataclasses.replace(table, file=tuple(relative_path(f, roots) for f in table.file))
+    events = dataclasses.replace(c.events, sites=tuple(relative_site(s, roots) for s in c.events.sites),
+                                 stacks=stacks)
     oom_rows = np.flatnonzero(events.op == Op.OOM)
     states = rec.states[-len(oom_rows):] if len(oom_rows) else []
     rows = oom_rows[len(oom_rows) - len(states):]
