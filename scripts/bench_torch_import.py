@@ -3,9 +3,10 @@
 The snapshot is built from a real one (default ``traces/torch-train.pickle.gz``):
 its history is repeated, each copy shifted to its own address range and later
 in time, until the pickle reaches ``--size-mb``; frame dicts stay shared, as
-PyTorch shares them. Each reader (the compiled scanner, the
-restricted unpickler) then imports it in a fresh process that reports its own
-peak resident memory (VmHWM) and CPU time.
+PyTorch shares them (every row's whole stack is kept, as the importer always
+does). Each reader (the compiled scanner, the restricted unpickler) then
+imports it in a fresh process that reports its own peak resident memory
+(VmHWM) and CPU time, and the trace's size.
 
 Usage: python scripts/bench_torch_import.py [--size-mb 1024] [--keep DIR]
 """
@@ -104,7 +105,8 @@ def main() -> int:
         peak, cpu = (float(x) for x in r.stdout.split())
         print(f"import ({mode}): {wall:.1f} s wall, {cpu:.1f} s CPU "
               f"({entries / cpu / 1e6:.2f} M entries per CPU second), "
-              f"peak RSS {peak / 2**30:.2f} GiB = {peak / size:.1f} x the file")
+              f"peak RSS {peak / 2**30:.2f} GiB = {peak / size:.1f} x the file, "
+              f"trace {out.stat().st_size / 2**20:.1f} MiB")
     if a.keep is None:
         for p in (snap, out, count):
             p.unlink(missing_ok=True)

@@ -297,6 +297,9 @@ def _oom_site_after_write(tmp_path: Path, strip_frames: bool, site: str | None) 
     tr = read_trace(out, strict=True)
     oom = int(np.flatnonzero(tr.events.op == Op.OOM)[-1])
     assert tr.meta.extra["exit"]["oom_seq"] == oom and tr.meta.extra["exit"]["site"] == site
+    if strip_frames:  # the stack is the exception's frame too, or none
+        frames = tr.events.stacks.frames(int(tr.events.stack[oom]))
+        assert [f.label() for f in frames] == ([site] if site else [])
     return tr.events.site_name(oom) if tr.events.site[oom] >= 0 else None
 
 

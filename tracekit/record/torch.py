@@ -134,14 +134,24 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
 
 def with_site(events: Any, row: int, text: str | None) -> Any:
     """``events`` with event ``row`` at call-site ``text`` where it has none (PyTorch's history
-    recorded no frames for it); unchanged otherwise."""
+    recorded no frames for it), and that frame as its one-frame stack; unchanged otherwise."""
+    from tracekit.trace.stacks import MAX_LINE, StackInterner, guess_kind, parse_site
+
     if text is None or events.site[row] >= 0:
         return events
     sites = tuple(events.sites)
     sid = sites.index(text) if text in sites else len(sites)
     site = np.array(events.site, copy=True)
     site[row] = sid
-    return dataclasses.replace(events, site=site, sites=sites if sid < len(sites) else (*sites, text))
+    interner = StackInterner()
+    lut = interner.add(events.stacks)  # ids kept where the table has no two equal stacks
+    file, line, function = parse_site(text)
+    frame = interner.frame_id(file, line if line <= MAX_LINE else -1, function, int(guess_kind(file)))
+    stack = lut[events.stack]
+    if events.stack[row] < 0:
+        stack[row] = interner.stack_id(frame, -1)
+    return dataclasses.replace(events, site=site, sites=sites if sid < len(sites) else (*sites, text),
+                               stack=stack, stacks=interner.table())
 
 
 def _is_oom(torch: Any, e: BaseException | None) -> bool:
