@@ -10,8 +10,9 @@ global): ``tracekit.export.pickle_writer``. Shape (what ``docs/pytorch.md`` says
   innermost first, one list shared by the entries of one stack; line 0 where the trace has none):
   ``malloc`` → ``alloc`` (``size`` = the request); ``free`` → ``free_requested`` then
   ``free_completed`` (``size`` = its malloc's request, as PyTorch records it); ``segment_alloc`` /
-  ``segment_free`` → the same (``segment_map`` / ``segment_unmap`` for the rows a trace marks
-  ``expandable``: PyTorch's expandable segments, imported one grid cell per row); ``oom`` →
+  ``segment_free`` → the same, a ``segment_free`` with its segment's size (``segment_map`` /
+  ``segment_unmap`` for the rows a trace marks ``expandable``: PyTorch's expandable segments,
+  imported one grid cell per row); ``oom`` →
   ``oom`` (``size`` = the rounded request; ``device_free`` = the free bytes measured at the OOM,
   -1 where the trace has none, in place of ``addr``).
   ``time_us`` = ⌊t_ns / 1000⌋.
@@ -128,8 +129,8 @@ def entry_columns(trace: Trace, rows: np.ndarray, stack: np.ndarray, stacks: _St
         kind[(o == Op.SEGMENT_FREE) & expandable[idx]] = Kind.SEGMENT_UNMAP
     m = mate[idx]
     size = ev.size[idx].copy()
-    paired = (o == Op.FREE) & (m >= 0)
-    size[paired] = ev.size[m[paired]]  # PyTorch records a free with its block's request
+    paired = ((o == Op.FREE) | (o == Op.SEGMENT_FREE)) & (m >= 0)
+    size[paired] = ev.size[m[paired]]  # as PyTorch: a free with its block's request, a segment's its size
     oom = o == Op.OOM
     size[oom] = ev.rounded[idx[oom]]
     addr = np.where(oom, np.uint64(0), ev.addr[idx])
