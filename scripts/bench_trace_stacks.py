@@ -34,7 +34,7 @@ def measure(pattern: str, events: int, stacks: int, repeats: int, tmp: Path) -> 
     size = out.stat().st_size
     out.unlink()
     return {"bytes": size, "synth_s": round(synth_s, 2), "analyze_s": round(wall, 2),
-            "analyze_cpu_s": round(cpu, 2), "analyze_rss_mib": round(rss)}
+            "analyze_cpu_s": round(cpu, 2), "analyze_rss_gib": round(rss, 2)}
 
 
 def main() -> int:
