@@ -8,11 +8,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracekit.importers.pickle_kernel import MAX_DEPTH
 from tracekit.importers.torch_columns import is_torch_file
 from tracekit.importers.torch_snapshot import import_snapshot, scan_file
-from tracekit.importers.torch_stacks import StackBuilder, frame_kind
+from tracekit.importers.torch_stacks import StackBuilder, first_use, frame_kind
 from tracekit.trace import read_trace
 from tracekit.trace.stacks import MAX_LINE, FrameKind
 
@@ -166,3 +168,10 @@ def test_real_snapshots_stacks_hold_the_sites(path: Path, tmp_path: Path) -> Non
         file, line, fn = ev.sites[site].rsplit(":", 2)
         assert (inner.file, inner.function) == (file, fn)
         assert inner.line == (int(line) if int(line) <= MAX_LINE else -1)
+
+
+@given(st.lists(st.integers(-1, 9), max_size=200), st.integers(1, 17))
+@settings(max_examples=200, deadline=None)
+def test_first_use_is_the_order_keys_first_occur(keys: list[int], chunk: int) -> None:
+    want = list(dict.fromkeys(k for k in keys if k >= 0))
+    assert first_use(np.array(keys, np.int32), 10, chunk).tolist() == want

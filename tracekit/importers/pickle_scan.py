@@ -47,11 +47,12 @@ class EntryList:
 
 class ScannedFrames(list[dict[str, Any]]):
     """A stack as ``scan`` gives it outside the history (segments, blocks): the call-site frame
-    alone, and where its whole stack is (``node``, whose ``Nd.STACK`` is its trie node)."""
+    alone, and ``whole``, all its frames kept (innermost first). It holds no reference to the
+    scan, whose arrays can go once the history is read."""
 
-    def __init__(self, scan: Scan, node: int, frames: list[dict[str, Any]]) -> None:
+    def __init__(self, frames: list[dict[str, Any]], whole: list[dict[str, Any]]) -> None:
         super().__init__(frames)
-        self.scan, self.node = scan, node
+        self.whole = whole
 
 
 class Scan:
@@ -144,7 +145,8 @@ class Scan:
             if items or self.node_entries[nd]:
                 raise _Unsupported("a list mixing frames and other values")
             f = int(self.site[nd]) if self.site[nd] >= 0 else int(self.first[nd])
-            return ScannedFrames(self, nd, [self.frame(f)])
+            whole = [self.frame(r) for r in self.trie_frames(int(self.stack[nd]))]
+            return ScannedFrames([self.frame(f)], whole)
         if self.node_entries[nd]:
             if items:
                 raise _Unsupported("a list mixing history entries and other values")

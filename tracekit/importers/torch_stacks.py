@@ -128,7 +128,7 @@ class StackBuilder:
     def of_frames(self, frames: Any) -> int:
         """The raw key of an unpickled ``frames`` list (or a scanner's ``ScannedFrames``), -1 none."""
         if isinstance(frames, ScannedFrames):
-            return int(self.of_nodes(frames.scan, np.array([frames.node]))[0])
+            frames = frames.whole
         if not frames or not isinstance(frames, list | tuple):
             return NONE
         ids = tuple(map(id, frames))
@@ -138,30 +138,40 @@ class StackBuilder:
         return k
 
     def of_nodes(self, scan: Any, nodes: np.ndarray) -> np.ndarray:
-        """int32 raw key per list node of a compiled scan (-1 for a node without frames)."""
-        out = np.full(len(nodes), NONE, np.int32)
+        """int32 raw key per list node of a compiled scan (-1 for a node without frames); the work
+        and the memory go by the trie's size, not the number of rows."""
         tnode = scan.stack[nodes] if len(nodes) else np.zeros(0, np.int32)
-        has = tnode >= 0
-        uniq, inv = np.unique(tnode[has], return_inverse=True)
-        lut = np.empty(len(uniq), np.int32)
-        for i, t in enumerate(uniq.tolist()):
+        lut = np.full(len(scan.trie) + 1, NONE, np.int32)  # the last slot answers -1
+        used = np.zeros(len(scan.trie), bool)
+        used[tnode[tnode >= 0]] = True
+        for t in np.flatnonzero(used).tolist():
             k = self._of_node.get((id(scan), t))
             if k is None:
                 k = self._of_node[(id(scan), t)] = self._key([scan.frame(r) for r in scan.trie_frames(t)])
-            lut[i] = k
-        out[has] = lut[inv] if len(uniq) else out[has]
-        return out
+            lut[t] = k
+        return lut[tnode]
 
     def table(self, raw: np.ndarray) -> tuple[np.ndarray, StackTable]:
         """The stack id of each row (``raw`` its raw keys, -1 none) and the table they index, the
         stacks interned in the order the rows first use them (outermost frame first)."""
-        used = raw[raw >= 0]
-        keys, first = np.unique(used, return_index=True)
         interner = StackInterner()
         lut = np.full(len(self.seqs) + 1, NONE, np.int32)  # the last slot answers -1
-        for k in keys[np.argsort(first, kind="stable")].tolist():
+        for k in first_use(raw, len(self.seqs)).tolist():
             s = NONE
             for c in reversed(self.seqs[k]):
                 s = interner.stack_id(interner.frame_id(*self.frames[c]), s)
             lut[k] = s
         return lut[raw], interner.table()
+
+
+def first_use(keys: np.ndarray, n_keys: int, chunk: int = 1 << 20) -> np.ndarray:
+    """The keys 0 .. n_keys - 1 that occur in ``keys`` (-1 none), in the order they first occur; in
+    chunks, so the memory goes by the chunk, not by the rows."""
+    first = np.full(n_keys, len(keys), np.int64)
+    for lo in range(0, len(keys), chunk):
+        part = keys[lo:lo + chunk]
+        u, i = np.unique(part[part >= 0], return_index=True)
+        at = np.flatnonzero(part >= 0)[i] + lo
+        first[u] = np.minimum(first[u], at)
+    seen = np.flatnonzero(first < len(keys))
+    return seen[np.argsort(first[seen], kind="stable")]
