@@ -38,7 +38,16 @@ import pyarrow as pa
 
 from tracekit.analysis.recording import extra_column
 from tracekit.export.moments import event_stacks
-from tracekit.export.pickle_writer import Kind, Memo, Ref, Writer, entry_names, plain_blob, write_entries
+from tracekit.export.pickle_writer import (
+    Kind,
+    Memo,
+    Opcode,
+    Ref,
+    Writer,
+    entry_names,
+    plain_blob,
+    write_entries,
+)
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import StackTable
@@ -81,11 +90,9 @@ def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> None:
     stacks = _Stacks(memo, table)
     names = entry_names(memo)
     w = Writer(f, memo)
-    top: dict[str, Any] = {"segments": final_segments(trace, stack, stacks)}
-    w.raw(b"}(")  # the top-level dict and the mark of its items (EMPTY_DICT, MARK)
-    for key, value in top.items():
-        w.obj(key)
-        w.obj(value)
+    w.op(Opcode.EMPTY_DICT, Opcode.MARK)  # the top-level dict, its items follow
+    w.obj("segments")
+    w.obj(final_segments(trace, stack, stacks))
     w.obj("device_traces")
     _device_traces(w, trace, stack, stacks, names)
     settings = trace.meta.extra.get("torch_allocator_settings")
@@ -94,7 +101,7 @@ def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> None:
         w.obj(settings)
     w.obj("tracekit")
     w.obj(tracekit_record(trace, exporter))
-    w.raw(b"u")  # SETITEMS
+    w.op(Opcode.SETITEMS)
     w.end()
 
 
@@ -104,14 +111,14 @@ def _device_traces(w: Writer, trace: Trace, stack: np.ndarray, stacks: _Stacks, 
     n_dev = int(ev.device.max()) + 1 if len(ev) else 1
     free_col = extra_column(trace, "device_free")
     expandable = expandable_rows(trace)
-    w.raw(b"](")  # EMPTY_LIST, MARK
+    w.op(Opcode.EMPTY_LIST, Opcode.MARK)  # the list of devices, each device's list follows
     for d in range(n_dev):
-        w.raw(b"]")
+        w.op(Opcode.EMPTY_LIST)  # its entries are appended in batches
         rows = np.flatnonzero(ev.device == d)
         for lo in range(0, len(rows), CHUNK):
             cols = entry_columns(trace, rows[lo: lo + CHUNK], stack, stacks, free_col, expandable)
             write_entries(w, cols, names)
-    w.raw(b"e")  # APPENDS
+    w.op(Opcode.APPENDS)
 
 
 def entry_columns(trace: Trace, rows: np.ndarray, stack: np.ndarray, stacks: _Stacks,
