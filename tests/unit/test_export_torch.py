@@ -43,15 +43,17 @@ MEMORY_VIZ_OPCODES = {
     "EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "BINFLOAT",
 }
 EDGES = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**40 + 7, 2**55, 2**63 - 1, 2**63, 2**64 - 1]
-NEGATIVE = [-1, -255, -(2**31), -(2**31) - 1, -(2**40), -(2**63)]
+NEGATIVE = [-1, -255, -(2**31), -(2**31) - 1, -(2**39), -(2**39) - 1, -(2**40), -(2**63), -(2**63) - 1]
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
 SITES = ("train.py:10:step", "model.py:20:forward")
 
 
 @pytest.mark.parametrize("v", EDGES + NEGATIVE)
-def test_every_integer_form_reads_back(v: int) -> None:
+def test_every_integer_form_reads_back_as_python_writes_it(v: int) -> None:
     assert pickle.loads(b"\x80\x04" + int_bytes(v) + b".") == v
+    python = pickle.dumps(v, 4)[2:-1]
+    assert int_bytes(v) == (python[9:] if python[:1] == b"\x95" else python)  # less Python's FRAME header
 
 
 def entries_bytes(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:

@@ -3,9 +3,10 @@
 A PyTorch memory snapshot is one pickled dict whose ``device_traces`` hold one dict per history entry.
 Building those dicts in Python would make an object per event; instead ``entries`` writes the
 opcodes of each entry from NumPy columns in one compiled pass, and ``Writer`` writes the rest (the
-final segments and their blocks, settings) from small builtin objects. Both share one memo: a
-string or a frame list is written once, followed by ``MEMOIZE``, and referred to after that by
-``BINGET`` / ``LONG_BINGET``, as Python's pickler does for the frame lists PyTorch shares.
+final segments and their blocks, settings) from small builtin objects. Both share one memo
+(``Memo``): a string, a frame dict or a frame list is written once, followed by ``MEMOIZE``, and
+referred to after that by ``BINGET`` / ``LONG_BINGET``, as Python's pickler does for the frames
+PyTorch shares between entries.
 
 Only opcodes every reader of snapshots knows are written (Python's unpickler, tracekit's restricted
 unpickler and compiled scanner, PyTorch MemoryViz's JavaScript unpickler): ``PROTO``, ``}``, ``]``,
@@ -65,6 +66,8 @@ def int_bytes(v: int) -> bytes:
     if -(1 << 31) <= v < 1 << 31:
         return bytes((Opcode.BININT,)) + v.to_bytes(4, "little", signed=True)
     n = (v.bit_length() + 8) // 8  # bytes for the value and its sign bit
+    if v < 0 and v >= -(1 << (8 * n - 9)):  # -2^(8k-1) needs no byte beyond its k
+        n -= 1
     return bytes((Opcode.LONG1, n)) + v.to_bytes(n, "little", signed=True)
 
 
