@@ -38,6 +38,7 @@ def both(tmp: Path, snap: Any, **kw: Any) -> Any:
     """The trace each reader gives (the compiled scanner, the unpickler), checked to be the same."""
     p = tmp / "s.pickle"
     p.write_bytes(pickle.dumps(snap, protocol=4))
+    assert scan_file(p) is not None  # the compiled scanner reads it (no fallback), stacks and all
     got = []
     for fast in (True, False):
         r = import_snapshot(p, tmp / f"o{fast}.parquet", fast=fast, force=True, **kw)

@@ -2,8 +2,10 @@
 
 ``torch_snapshot.import_snapshot`` reads a PyTorch CUDA memory snapshot (the
 pickle ``torch.cuda.memory._dump_snapshot`` writes) with a restricted unpickler
-(``safe_pickle``), maps its history to v1 rows (``torch_columns``), rebuilds the
-state before a wrapped history (``torch_state``) and writes the trace.
+(``safe_pickle``) or a compiled scanner (``pickle_scan``, ``pickle_kernel``),
+maps its history to v1 rows (``torch_columns``) and its frames to whole stacks
+(``torch_stacks``), rebuilds the state before a wrapped history
+(``torch_state``) and writes the trace.
 Recording a PyTorch program is ``tracekit.record.torch``'s; nothing here imports PyTorch.
 """
 
