@@ -11,6 +11,7 @@ import textwrap
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -258,7 +259,7 @@ def _spool_batch(rows: list[tuple[int | None, int, int, int | None, str | None]]
     t, op, size, site, text = zip(*rows, strict=True)
     n = len(rows)
     cols = [list(t), list(op), [0x1000] * n, list(size), list(size), [0] * n, [0] * n, list(site), list(text),
-            [-1] * n, [-1] * n, [-1] * n]
+            [-1] * n, [-1] * n]
     return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SPOOL_SCHEMA,
                                                                                    strict=True)],
                                       schema=SPOOL_SCHEMA)
@@ -297,3 +298,59 @@ def test_recover_reports_its_batches_forward_to_the_end(tmp_path: Path) -> None:
     with progress.reporting(lambda d, t: seen.append(d / t)):
         recover(w.path)
     assert seen == sorted(seen) and seen[0] > 1 / 3 and seen[-1] == 1.0
+
+
+def _stack_spool(tmp_path: Path, rows: list[tuple[int, int, int, int, str | None]],
+                 stack: pa.DataType = pa.int32()) -> Path:
+    """A spool of frame/stack rows (op, id, addr, size, text) then one malloc row naming stack 1."""
+    from tracekit.record.spool import STACK_FIELD, WRITE_SCHEMA
+    from tracekit.trace.schema import META_KEY
+
+    schema = WRITE_SCHEMA.set(WRITE_SCHEMA.get_field_index(STACK_FIELD.name), pa.field("stack", stack))
+    rows = [*rows, (Op.MALLOC, 0, 0x1000, 512, None)]
+    op, ids, addr, size, text = zip(*rows, strict=True)
+    n = len(rows)
+    cols = [[0] * n, list(op), list(addr), list(size), list(size), [0] * n, [0] * n, list(ids), list(text),
+            [-1] * n, [-1] * n, [-1] * (n - 1) + [1]]
+    batch = pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)],
+                                       schema=schema)
+    spool = tmp_path / "s.parquet.spool"
+    meta = schema.with_metadata({META_KEY: TraceMeta.new(Source.CUPY).to_json().encode(), SPOOL_KEY: b"1"})
+    with pa.ipc.new_stream(str(spool), meta) as w:
+        w.write_batch(batch)
+    return spool
+
+
+FRAMES = [(-3, 0, 8, 0, '["app.py", "main"]'), (-3, 1, 4, 1, '["cupy/x.py", "empty"]')]
+
+
+def test_a_spool_s_frames_and_stacks_become_the_trace_s(tmp_path: Path) -> None:
+    spool = _stack_spool(tmp_path, [*FRAMES, (-4, 0, 0, 0, None), (-4, 1, 1, 1, None)])
+    ev = read_trace(finalize(spool, tmp_path / "t.parquet", {"complete": False}), strict=True).events
+    assert ev.stack.tolist() == [1]
+    assert [f.label() for f in ev.stacks.frames(1)] == ["cupy/x.py:3:empty", "app.py:7:main"]
+    assert [f.kind.name for f in ev.stacks.frames(1)] == ["LIBRARY", "USER"]
+
+
+@pytest.mark.parametrize("rows,cause", [
+    ([(-3, 1, 8, 0, '["a.py", "f"]')], "frame id 1 out of order (next expected 0)"),
+    ([(-3, 0, 8, 0, '["a.py"]')], "a frame in the spool is not a [file, function] pair of strings"),
+    ([(-3, 0, 8, 0, "{")], "a frame in the spool is not valid JSON"),
+    ([(-3, 0, 8, 9, '["a.py", "f"]')], "a frame in the spool has line 7 or kind 9, out of range"),
+    ([*FRAMES, (-4, 0, 5, 0, None)], "stack 0 names frame 5 and parent -1"),
+    ([*FRAMES, (-4, 0, 0, 1, None)], "stack 0 names frame 0 and parent 0; a stack's frame must be defined"),
+    ([*FRAMES, (-4, 2, 0, 0, None)], "stack id 2 out of order (next expected 0)"),
+])
+def test_a_hostile_frame_or_stack_row_is_refused_in_one_sentence(tmp_path: Path, rows: list[Any],
+                                                                  cause: str) -> None:
+    spool = _stack_spool(tmp_path, rows)
+    with pytest.raises(InputError) as err:
+        finalize(spool, tmp_path / "t.parquet", {})
+    assert str(err.value).startswith(f"{spool}: ") and cause in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_spool_stack_column_of_another_type_is_refused(tmp_path: Path) -> None:
+    spool = _stack_spool(tmp_path, FRAMES, stack=pa.int64())
+    with pytest.raises(InputError, match=r"not a tracekit recording spool \(column 'stack' is int64, "
+                                         r"expected int32\)$"):
+        finalize(spool, tmp_path / "t.parquet", {})

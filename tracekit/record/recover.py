@@ -48,7 +48,15 @@ from tracekit.record.finish import (
     segment_rows,
     v2_meta,
 )
-from tracekit.record.spool import FRAME_ROW, NOTE_ROW, SITE_ROW, SPOOL_KEY, SPOOL_SCHEMA, STACK_ROW
+from tracekit.record.spool import (
+    FRAME_ROW,
+    NOTE_ROW,
+    SITE_ROW,
+    SPOOL_KEY,
+    SPOOL_SCHEMA,
+    STACK_FIELD,
+    STACK_ROW,
+)
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, Op, TraceMeta
 from tracekit.trace.stacks import MAX_FRAME_TEXT_BYTES, MAX_LINE, FrameKind, StackTable
@@ -96,12 +104,17 @@ def _open(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
             if have != f.type and (have is not None or f.name not in OPTIONAL):
                 raise InputError(f"{path}: not a tracekit recording spool (column '{f.name}' is {have}, "
                                  f"expected {f.type})")
+        names = reader.schema.names
+        stack = reader.schema.field(STACK_FIELD.name).type if STACK_FIELD.name in names else None
+        if stack is not None and stack != STACK_FIELD.type:
+            raise InputError(f"{path}: not a tracekit recording spool (column 'stack' is {stack}, expected "
+                             f"{STACK_FIELD.type})")
         if len(set(reader.schema.names)) != len(reader.schema.names):
             raise InputError(f"{path}: not a tracekit recording spool (a column appears twice)")
         yield reader
 
 
-OPTIONAL = ("pool", "device_free", "stack")  # spools of version 1 recordings have none, of 2 no stack
+OPTIONAL = ("pool", "device_free")  # spools of version 1 recordings have neither
 MAX_SIZE, MAX_REQUEST, MAX_DEVICE = 1 << 62, 1 << 60, 32767
 
 

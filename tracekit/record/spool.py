@@ -58,8 +58,12 @@ SITE_ROW, NOTE_ROW, FRAME_ROW, STACK_ROW = -1, -2, -3, -4
 SPOOL_SCHEMA = pa.schema([
     ("t_ns", pa.int64()), ("op", pa.int8()), ("addr", pa.uint64()), ("size", pa.uint64()),
     ("rounded", pa.uint64()), ("stream", pa.uint64()), ("device", pa.int16()), ("site", pa.int32()),
-    ("text", pa.string()), ("pool", pa.int32()), ("device_free", pa.int64()), ("stack", pa.int32()),
+    ("text", pa.string()), ("pool", pa.int32()), ("device_free", pa.int64()),
 ])
+# The columns every spool since version 2 holds (SPOOL_SCHEMA) and what this recorder writes: those
+# and the request's stack id (-1 none; absent from spools written before whole stacks).
+STACK_FIELD = pa.field("stack", pa.int32())
+WRITE_SCHEMA = SPOOL_SCHEMA.append(STACK_FIELD)
 # pool: -1 = resolve from the segments when the trace is written; device_free: -1 = not measured.
 
 
@@ -84,7 +88,7 @@ class SpoolWriter:
         stacks: LiveStacks | None = None,
     ) -> None:
         self.path, self.pid = path, os.getpid()
-        schema = SPOOL_SCHEMA.with_metadata({META_KEY: meta.to_json().encode(), SPOOL_KEY: b"1"})
+        schema = WRITE_SCHEMA.with_metadata({META_KEY: meta.to_json().encode(), SPOOL_KEY: b"1"})
         try:
             self._append(schema.serialize().to_pybytes(), os.O_CREAT | os.O_EXCL)
         except FileExistsError:
@@ -176,7 +180,7 @@ class SpoolWriter:
         arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int64), c["device_free"]]),
                                type=pa.int64()))
         arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int32), c["stack"]]), type=pa.int32()))
-        return pa.RecordBatch.from_arrays(arrays, schema=SPOOL_SCHEMA), int(len(raw) - is_note.sum())
+        return pa.RecordBatch.from_arrays(arrays, schema=WRITE_SCHEMA), int(len(raw) - is_note.sum())
 
     def _append(self, data: bytes, flags: int = 0) -> None:
         """Append ``data`` to the spool and fsync, through a descriptor held only for this call."""
