@@ -99,11 +99,9 @@ def select(trace: Trace, *, max_ooms: int = MAX_OOMS) -> Selection:
     many = len(devices) > 1
     weigh = _Weigher(stack, ev.rounded)
     out = []
-    for d in devices:
-        k, rows = _peak(ev, mate, d)
-        if k >= 0:
-            seq = int(ev.seq[k])
-            out.append(weigh(MomentKind.PEAK, f"live at the peak, seq {seq}{_on(d, many)}", rows, seq, d))
+    for d, k, rows in _peaks(ev, mate):
+        seq = int(ev.seq[k])
+        out.append(weigh(MomentKind.PEAK, f"live at the peak, seq {seq}{_on(d, many)}", rows, seq, d))
     ooms, omitted = _ooms(ev, trace.meta.extra, max_ooms)
     for k, fatal in ooms:
         d = int(ev.device[k])
@@ -135,17 +133,37 @@ def _on(device: int, many: bool) -> str:
     return f", device {device}" if many else ""
 
 
-def _peak(ev: Events, mate: np.ndarray, device: int) -> tuple[int, np.ndarray]:
-    """The first event of ``device``'s highest live bytes and the malloc rows live just after it;
-    (-1, none) when the device never holds a byte."""
-    mine = ev.device == device
-    counted = (ev.op == Op.MALLOC) & mine
-    live = live_bytes(ev.rounded, counted, paired_frees(ev.op, mate) & mine, mate)
-    if not len(live) or int(live.max()) <= 0:
-        return -1, np.zeros(0, np.int64)
-    k = int(np.argmax(live))
-    head = slice(0, k + 1)
-    return k, np.flatnonzero(counted[head] & ((mate[head] < 0) | (mate[head] > k)))
+def _peaks(ev: Events, mate: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+    """(device, k, malloc rows live just after k) for each device that ever holds a byte, k the first
+    event of its highest live bytes. All devices in one pass: the rows sorted by device (stable),
+    live = the running sum of each device's deltas (``tracekit.trace.live``), its first maximum per
+    device, and a malloc i of device d is live at d's peak k iff i ≤ k and its free comes after k."""
+    n = len(ev)
+    if not n:
+        return []
+    malloc = ev.op == Op.MALLOC
+    delta = live_bytes(ev.rounded, malloc, paired_frees(ev.op, mate), mate)
+    delta = np.diff(delta, prepend=0)  # the per-row change, across devices
+    order = np.argsort(ev.device, kind="stable")
+    dev = ev.device[order]
+    starts = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1]])
+    lengths = np.diff(np.r_[starts, n])
+    running = np.cumsum(delta[order])
+    before = np.r_[0, running[starts[1:] - 1]]  # the sum of the devices sorted ahead of each
+    live = running - np.repeat(before, lengths)
+    top = np.maximum.reduceat(live, starts)
+    first = np.minimum.reduceat(np.where(live == np.repeat(top, lengths), np.arange(n), n), starts)
+    peak = np.full(int(dev.max()) - int(dev.min()) + 1, -1, np.int64)
+    lo = int(dev.min())
+    peak[dev[starts].astype(np.int64) - lo] = np.where(top > 0, order[first], -1)
+    k = peak[ev.device.astype(np.int64) - lo]  # each row's device's peak event
+    live_rows = np.flatnonzero(malloc & (k >= 0) & (np.arange(n) <= k) & ((mate < 0) | (mate > k)))
+    by_dev = live_rows[np.argsort(ev.device[live_rows], kind="stable")]
+    cuts = np.searchsorted(ev.device[by_dev], dev[starts])
+    ends = np.r_[cuts[1:], len(by_dev)]
+    return [(int(d), int(peak[int(d) - lo]), by_dev[a:b])
+            for d, a, b in zip(dev[starts].tolist(), cuts.tolist(), ends.tolist(), strict=True)
+            if peak[int(d) - lo] >= 0]
 
 
 def _ooms(ev: Events, extra: Mapping[str, Any], max_ooms: int) -> tuple[list[tuple[int, bool]], int]:

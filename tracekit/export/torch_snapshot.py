@@ -54,6 +54,7 @@ from tracekit.trace.stacks import StackTable
 
 CHUNK = 1 << 18  # trace rows per pass of the compiled writer (its buffer stays ~60 MB)
 SMALL_SEGMENT = 2 << 20  # PyTorch's small-pool segments are 2 MiB
+TOP = (1 << 64) - 1  # the last address
 _KIND = np.array([Kind.ALLOC, Kind.FREE_COMPLETED, Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.OOM],
                  np.int64)  # by Op code; a free's first copy becomes FREE_REQUESTED
 
@@ -194,7 +195,8 @@ def final_segments(trace: Trace, stack: np.ndarray, stacks: _Stacks) -> list[dic
         lo = np.searchsorted(b_dev, d, "left")
         hi = np.searchsorted(b_dev, d, "right")
         a = lo + int(np.searchsorted(b_addr[lo:hi], np.uint64(base), "left"))
-        z = lo + int(np.searchsorted(b_addr[lo:hi], np.uint64(base + total), "left"))
+        end = base + total  # 2^64 at most (the reader refuses ranges past it)
+        z = hi if end > TOP else lo + int(np.searchsorted(b_addr[lo:hi], np.uint64(end), "left"))
         tiles, cursor, active, requested = [], base, 0, 0
         for b in blocks[a:z].tolist():
             start, size = int(ev.addr[b]), int(ev.rounded[b])
