@@ -73,6 +73,7 @@ class Scan:
         self.span = dict(zip(nodes.tolist(), zip(start.tolist(), (start + count).tolist(), strict=True),
                              strict=True))  # node -> its edges in ``order``; only nodes that have some
         self._frame_objs: dict[int, dict[str, Any]] = {}
+        self._whole: dict[int, list[dict[str, Any]]] = {}
 
     def text(self, off: int, ln: int) -> str:
         raw = bytes(self.buf[off:off + ln])
@@ -92,6 +93,13 @@ class Scan:
                    "name": self.text(row[Fr.NAME_OFF], row[Fr.NAME_LEN])}
             self._frame_objs[f] = obj
         return obj
+
+    def whole(self, t: int) -> list[dict[str, Any]]:
+        """The frames of trie node ``t``, innermost first; one list per distinct stack, shared."""
+        got = self._whole.get(t)
+        if got is None:
+            got = self._whole[t] = [self.frame(r) for r in self.trie_frames(t)]
+        return got
 
     def trie_frames(self, t: int) -> list[int]:
         """The frame rows of trie node ``t``, innermost first (nothing for -1)."""
@@ -145,8 +153,7 @@ class Scan:
             if items or self.node_entries[nd]:
                 raise _Unsupported("a list mixing frames and other values")
             f = int(self.site[nd]) if self.site[nd] >= 0 else int(self.first[nd])
-            whole = [self.frame(r) for r in self.trie_frames(int(self.stack[nd]))]
-            return ScannedFrames([self.frame(f)], whole)
+            return ScannedFrames([self.frame(f)], self.whole(int(self.stack[nd])))
         if self.node_entries[nd]:
             if items:
                 raise _Unsupported("a list mixing history entries and other values")
