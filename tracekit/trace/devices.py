@@ -61,7 +61,7 @@ def require_single_device_file(path: str | os.PathLike[str], what: str) -> None:
     """
     import pyarrow.compute as pc
 
-    from tracekit.trace.reader import open_parquet  # the input policy: regular file, sane layout
+    from tracekit.trace.reader import close_parquet, open_parquet  # the input policy
 
     _, pf = open_parquet(path)
     try:
@@ -69,6 +69,8 @@ def require_single_device_file(path: str | os.PathLike[str], what: str) -> None:
         devs = sorted(int(d) for d in pc.unique(col).to_pylist() if d is not None)
     except (OSError, ValueError, KeyError, IndexError, pa.ArrowException):
         return
+    finally:
+        close_parquet(pf)
     if len(devs) > 1:
         raise InputError(_mixed(path, devs, what))
 

@@ -14,6 +14,7 @@ NumPy so peak memory stays near the size of the result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -195,7 +196,17 @@ _EXTRA_TYPES = (
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
     """Only the metadata (cheap: reads the footer)."""
     p, pf = open_parquet(path)
-    return _meta_of(p, pf)
+    try:
+        return _meta_of(p, pf)
+    finally:
+        close_parquet(pf)
+
+
+def close_parquet(pf: pq.ParquetFile) -> None:
+    """Close ``pf`` and its source, also the Python file ``open_parquet`` opens for a name that is
+    not UTF-8 (Arrow leaves a file object it was given open, and the collector would close it)."""
+    with contextlib.suppress(OSError, pa.ArrowException):
+        pf.close(force=True)
 
 
 def _meta_of(p: Path, pf: pq.ParquetFile) -> TraceMeta:
@@ -224,6 +235,13 @@ def read_trace(
 ) -> Trace:
     """Read and validate a v1 trace. See the module docstring for what is checked."""
     p, pf = open_parquet(path)
+    try:
+        return _read_open(p, pf, strict, extras)
+    finally:
+        close_parquet(pf)
+
+
+def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace:
     meta = _meta_of(p, pf)
     schema = pf.schema_arrow
     names = set(schema.names)
