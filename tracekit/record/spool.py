@@ -20,12 +20,14 @@ earlier one). The stream's schema metadata holds the trace metadata known at
 start. ``tracekit.record.recover`` turns a spool into a trace; a batch cut
 short by a kill is skipped.
 
-The spool holds no descriptor between writes: each flush opens the file
-(``O_APPEND | O_CLOEXEC``), writes the batch's encapsulated IPC message (the
-bytes ``pyarrow.ipc.new_stream`` would write), ``fsync``s and closes it, so a
-program that closes descriptors it did not open (``os.closerange(3, 1024)``,
-as daemons do) or ``dup2``s over them cannot lose or misdirect the
-recording, and no child it ``exec``s inherits the file. Only the process that
+The spool is written through one descriptor opened before the program starts and held to the
+end (``record.held_file``: ``O_APPEND | O_CLOEXEC``, moved high): each flush writes the batch's
+encapsulated IPC message (the bytes ``pyarrow.ipc.new_stream`` would write) and ``fsync``s. It is
+not opened per flush, because a descriptor opened and closed beside cuFFT's plan creation with
+JIT callbacks makes that plan fail (measured; see ``held_file``). Before each write the
+descriptor is checked to still be the spool, so a program that closes descriptors it did not
+open (``os.closerange(3, 1024)``, as daemons do) or ``dup2``s over them cannot lose or misdirect
+the recording (the spool is opened again), and no child it ``exec``s inherits the file. Only the process that
 made the spool writes to it (a forked child finds another pid and writes
 nothing). A write that fails (a full disk, a file system gone read-only)
 stops the spooling: ``error`` says why, the program runs on, and the events
@@ -47,6 +49,7 @@ import pyarrow as pa
 
 from tracekit.errors import OutputError
 from tracekit.record.callstacks import LiveStacks
+from tracekit.record.held_file import HeldFile
 from tracekit.record.hook import NOTE, ROW, EventBuffer, unpack
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import META_KEY, TraceMeta
@@ -88,13 +91,16 @@ class SpoolWriter:
         stacks: LiveStacks | None = None,
     ) -> None:
         self.path, self.pid = path, os.getpid()
+        self._file = HeldFile(path)
         schema = WRITE_SCHEMA.with_metadata({META_KEY: meta.to_json().encode(), SPOOL_KEY: b"1"})
         try:
-            self._append(schema.serialize().to_pybytes(), os.O_CREAT | os.O_EXCL)
+            self._file.open(os.O_CREAT | os.O_EXCL)
+            self._append(schema.serialize().to_pybytes())
         except FileExistsError:
             raise OutputError(f"{path}: a spool already exists (another recording, or recover it first)"
                               ) from None
         except OSError as e:
+            self._file.close()
             with contextlib.suppress(OSError):
                 path.unlink()
             raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
@@ -182,21 +188,15 @@ class SpoolWriter:
         arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int32), c["stack"]]), type=pa.int32()))
         return pa.RecordBatch.from_arrays(arrays, schema=WRITE_SCHEMA), int(len(raw) - is_note.sum())
 
-    def _append(self, data: bytes, flags: int = 0) -> None:
-        """Append ``data`` to the spool and fsync, through a descriptor held only for this call."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | flags, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def _append(self, data: bytes) -> None:
+        """Append ``data`` to the spool and fsync, through the held descriptor."""
+        self._file.write(data)
 
     def detach(self) -> None:
         """In a forked child: never write (the flusher thread did not survive the fork)."""
         self.pid = -1
         self._thread = None
+        self._file.forget()
 
     def close(self) -> None:
         """Stop the flusher, write what is left and the end-of-stream marker; a failure is kept in
@@ -210,6 +210,9 @@ class SpoolWriter:
                 self._append(END_OF_STREAM)
         except Exception as e:  # a full disk at the very end: what was written stays recoverable
             self.error = self.error or f"{type(e).__name__}: {e}"
+        finally:
+            if os.getpid() == self.pid:
+                self._file.close()
 
 
 def _head_rows(names: list[str], site0: int, frames: list[tuple[str, int, str, int]], frame0: int,
