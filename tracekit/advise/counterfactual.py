@@ -274,7 +274,7 @@ def _insert(trace: Trace, rows: np.ndarray, op: np.ndarray, addr: np.ndarray, si
         addr=spread(ev.addr, addr.astype(np.uint64)), size=spread(ev.size, size.astype(np.uint64)),
         rounded=spread(ev.rounded, z), stream=spread(ev.stream, ev.stream[src]),
         device=spread(ev.device, ev.device[src]), site=spread(ev.site, np.full(len(rows), -1, np.int32)),
-        sites=ev.sites,
+        sites=ev.sites, stack=spread(ev.stack, np.full(len(rows), -1, np.int32)), stacks=ev.stacks,
     )
     mate = np.where(trace.mate >= 0, old_at[np.maximum(trace.mate, 0)], -1)
     extras = None
@@ -295,7 +295,7 @@ def _keep(trace: Trace, keep: np.ndarray) -> Trace:
     events = Events(
         seq=ev.seq[keep], t_ns=ev.t_ns[keep], op=ev.op[keep], addr=ev.addr[keep], size=ev.size[keep],
         rounded=ev.rounded[keep], stream=ev.stream[keep], device=ev.device[keep], site=ev.site[keep],
-        sites=ev.sites,
+        sites=ev.sites, stack=ev.stack[keep], stacks=ev.stacks,
     )
     extras = trace.extras.filter(pa.array(keep)) if trace.extras is not None else None
     return replace(trace, events=events, mate=remap_mate(trace.mate, keep), extras=extras)

@@ -84,9 +84,12 @@ def replay_events(run: PolicyRun, trace: Trace) -> tuple[Events, np.ndarray]:
             col[row_pos] = arr[at]
     stream[row_pos] = run.rows_stream
     site[in_pos] = ev.site[kept]
+    stack = np.full(total, -1, np.int32)  # the requests keep their whole stacks; allocator rows have none
+    stack[in_pos] = ev.stack[kept]
     out = Events(
         seq=np.arange(total, dtype=np.uint64), t_ns=t_ns, op=op, addr=addr, size=size,
         rounded=rounded, stream=stream, device=device, site=site, sites=ev.sites,
+        stack=stack, stacks=ev.stacks,
     )
     return out, src
 
