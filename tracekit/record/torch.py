@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import os
 import pickle
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -106,12 +107,14 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     from tracekit.importers.torch_snapshot import convert
     from tracekit.record.sites import relative_path, relative_site
     from tracekit.trace import Op, write_trace
+    from tracekit.trace.stacks import trim_outer
 
     c = convert(snap, rec.path)
     table = c.events.stacks
-    stacks = dataclasses.replace(table, file=tuple(relative_path(f, roots) for f in table.file))
+    relative = dataclasses.replace(table, file=tuple(relative_path(f, roots) for f in table.file))
+    stacks, lut = trim_outer(relative, launcher_frames(relative))
     events = dataclasses.replace(c.events, sites=tuple(relative_site(s, roots) for s in c.events.sites),
-                                 stacks=stacks)
+                                 stack=lut[c.events.stack], stacks=stacks)
     oom_rows = np.flatnonzero(events.op == Op.OOM)
     states = rec.states[-len(oom_rows):] if len(oom_rows) else []
     rows = oom_rows[len(oom_rows) - len(states):]
@@ -130,6 +133,17 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     meta = c.meta.with_extra(oom_states=oom_states, exit=exit_info, pools=pools, launch=launch,
                              sites_relative_to=list(roots))
     write_trace(out, meta, events, extras)
+
+
+# The frames that run the program rather than belong to it: runpy and tracekit's command line
+# (typer, click, tracekit itself), as paths relative to the library folders.
+LAUNCHER = re.compile(r"^(?:<frozen runpy>|runpy\.py|typer/|click/|tracekit/)")
+
+
+def launcher_frames(table: Any) -> np.ndarray:
+    """bool per frame of ``table``: a frame of the launcher, cut from the outer end of every stack
+    (PyTorch's history records the whole interpreter stack, ``python -m tracekit record`` included)."""
+    return np.array([bool(LAUNCHER.match(f)) for f in table.file], dtype=bool)
 
 
 def with_site(events: Any, row: int, text: str | None) -> Any:

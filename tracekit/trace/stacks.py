@@ -294,6 +294,24 @@ def merge(tables: Sequence[StackTable]) -> tuple[StackTable, list[np.ndarray]]:
     return interner.table(), luts
 
 
+def trim_outer(table: StackTable, drop: np.ndarray) -> tuple[StackTable, np.ndarray]:
+    """``table`` without the outermost frames marked in ``drop`` (bool per frame): each stack loses
+    the run of dropped frames it starts with (the launcher's frames above a recorded program:
+    ``runpy``, the command line's), so equal programs' stacks join at the program's first frame.
+    A stack made of dropped frames only becomes none. Returns the new table and the int32 ``lut``
+    of ``StackInterner.add`` (``lut[ids]`` remaps an id column; ``lut[-1] == -1``)."""
+    interner = StackInterner()
+    lut = [NONE] * (table.n_stacks + 1)
+    outer_only = [False] * table.n_stacks  # the stack and all its parents are dropped frames
+    for s, (f, par) in enumerate(zip(table.frame.tolist(), table.parent.tolist(), strict=True)):
+        outer = bool(drop[f]) and (par < 0 or outer_only[par])
+        outer_only[s] = outer
+        if not outer:
+            g = interner.frame_id(table.file[f], int(table.line[f]), table.function[f], int(table.kind[f]))
+            lut[s] = interner.stack_id(g, lut[par] if par >= 0 else NONE)
+    return interner.table(), np.asarray(lut, dtype=np.int32)
+
+
 # Bounds on a table read from a file (``from_json``): the JSON itself is at most MAX_JSON_BYTES
 # (tracekit.inputs) and lives in the file's footer, so its size is bounded by the file's; these bound
 # what it may unfold into (a frame's strings as a call-site's, all of them as all call-sites').
