@@ -58,15 +58,16 @@ WORK = {
     "open-close-thread": lambda: os.close(os.open(PATH, os.O_RDONLY | os.O_CREAT, 0o644)),
     "held-fd-thread": lambda: (os.write(HELD, b"x" * 8000), os.fsync(HELD)),
     "cpu-thread": lambda: sum(range(20000)),
+    "arrow-held-thread": lambda: os.write(HELD, batch()),
 }
 HELD = os.open(PATH + "held", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 def loop(work):
     while True:
         work()
         time.sleep(0.05)
-if mode == "arrow-warm-thread":
-    put(batch())  # every first use of Arrow's batch path done before the program starts
-    mode = "arrow-thread"
+if mode in ("arrow-warm-thread", "arrow-held-warm-thread"):
+    batch()  # every first use of Arrow's batch path done before the program starts
+    mode = {"arrow-warm-thread": "arrow-thread", "arrow-held-warm-thread": "arrow-held-thread"}[mode]
 if mode != "runpy":
     threading.Thread(target=loop, args=(WORK[mode],), daemon=True).start()
 sys.argv = [example]

@@ -16,8 +16,8 @@ import pickletools
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +28,8 @@ from tracekit.importers.torch_snapshot import import_snapshot
 from tracekit.sim.torch_rules import round_size
 from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
 from tracekit.trace.live import live_bytes, paired_frees
+
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is the dev extra's")
 
 SITES = ("train.py:1:step", "\x1b[2Jevil.py:2:f\u202e", "x:99999999999999999999:f", "", "<stdin>:1:<module>",
          "caf\u00e9.py:3:g", "bad\udcff.py:4:h", "a" * 300 + ".py:5:long")

@@ -25,7 +25,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import numpy as np
 import pytest
 
@@ -35,6 +34,8 @@ from tracekit.export.moments import Moment, MomentKind, Selection, select
 from tracekit.export.run import Format, export_file
 from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
 from tracekit.trace.stacks import FrameKind, StackTable
+
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is the dev extra's")
 
 SITES = ("model/a.py:10:weights", "model/b.py:20:activations", "model/c.py:30:temporary")
 MiB = 1 << 20

@@ -113,6 +113,7 @@ class SpoolWriter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
+        self._warm_up()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="tracekit-spool", daemon=True)
@@ -187,6 +188,15 @@ class SpoolWriter:
                                type=pa.int64()))
         arrays.append(pa.array(np.concatenate([np.full(k, -1, np.int32), c["stack"]]), type=pa.int32()))
         return pa.RecordBatch.from_arrays(arrays, schema=WRITE_SCHEMA), int(len(raw) - is_note.sum())
+
+    def _warm_up(self) -> None:
+        """Build and serialize one batch of every column, here, before the program starts: what Arrow
+        and its allocator do once per process (reading /proc and /sys files, starting threads) then
+        happens now, not in the flusher beside the program's own calls (see ``held_file``)."""
+        raw = np.zeros((1, ROW), np.int64)
+        batch, _ = self._batch(raw, ["warm-up"], [("warm-up", 1, "warm-up", 0)], [(0, -1)])
+        batch.serialize().to_pybytes()
+        self._last_t = 0
 
     def _append(self, data: bytes) -> None:
         """Append ``data`` to the spool and fsync, through the held descriptor."""
