@@ -10,7 +10,7 @@ from tracekit.cli.quick_exit import skip_teardown
 
 
 def info(
-    trace: Path = typer.Argument(..., help="A trace (.parquet), format version 1 or 2."),
+    trace: Path = typer.Argument(..., help="A trace (.parquet), format version 1, 2 or 3."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
 ) -> None:

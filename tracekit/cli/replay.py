@@ -3,7 +3,7 @@
 With ``--sim`` the trace runs through a simulated allocator (see
 ``tracekit.sim``); with ``--device`` it runs on a real GPU (see
 ``tracekit.device``). Either way the result is a summary (text or ``--json``)
-and, with ``-o``, the replay as a trace (format version 2).
+and, with ``-o``, the replay as a trace (format version 3).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ PROGRESS_MIN_EVENTS = 1_000_000
 
 
 def replay(
-    trace: Path = typer.Argument(..., help="A trace (.parquet), format version 1 or 2."),
+    trace: Path = typer.Argument(..., help="A trace (.parquet), format version 1, 2 or 3."),
     sim: str | None = typer.Option(
         None, "--sim", metavar="POLICY",
         help="Simulated allocator (the policies are listed by `replay --help`).",
@@ -60,7 +60,7 @@ def replay(
         help='PyTorch allocator settings, e.g. "expandable_segments:True,max_split_size_mb:256".',
     ),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Write the replay as a trace (format version 2)."
+        None, "-o", "--output", help="Write the replay as a trace (format version 3)."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     continue_on_oom: bool = typer.Option(
