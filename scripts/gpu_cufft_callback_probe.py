@@ -59,6 +59,8 @@ WORK = {
     "held-fd-thread": lambda: (os.write(HELD, b"x" * 8000), os.fsync(HELD)),
     "cpu-thread": lambda: sum(range(20000)),
     "arrow-held-thread": lambda: os.write(HELD, batch()),
+    "numpy-held-thread": lambda: os.write(HELD, np.array(list(range(8000)), np.int64).tobytes()),
+    "mmap-thread": lambda: len(bytearray(8 << 20)),  # glibc maps and unmaps a block this large
 }
 HELD = os.open(PATH + "held", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 def loop(work):
