@@ -24,6 +24,7 @@ from test_page_model import (
     CALL,
     CONV,
     COPY,
+    CUPY_FRAMES,
     FLAME_AT_OOM,
     FLAME_AT_PEAK,
     FRAMES,
@@ -69,6 +70,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "stacks": write_page(stacks_trace(tmp / "s.parquet"), tmp / "s.html"),
         "hostile": write_page(stacks_trace(tmp / "h.parquet", HOSTILE_FRAMES), tmp / "h.html"),
+        "cupy": write_page(stacks_trace(tmp / "c.parquet", CUPY_FRAMES), tmp / "c.html"),
     }
 
 
@@ -185,6 +187,25 @@ def test_hover_names_the_frame(browser: Any, pages: dict[str, Path]) -> None:
     assert "8.00 MiB allocated here" in tip and "on the failing request's stack" in tip
     mine = p.evaluate("tracekit.flame.view.nodes.filter((n) => n.mine).map((n) => n.text)")
     assert mine == ["main (train.py:100)", "step (train.py:88)", "forward (model.py:30)"]  # marked, labelled
+    assert o.errors == []
+    p.close()
+
+
+def test_a_stand_in_cupy_frame_is_not_marked_as_the_users(browser: Any, pages: dict[str, Path]) -> None:
+    """CuPy's stand-in (tests/fakecupy) and a CuPy checkout, frames of kind user outside site-packages: drawn,
+    labelled and hovered as library code, not the user's; the user's own frames stay marked."""
+    o = Opened(browser, pages["cupy"])
+    p = o.page
+    mine = p.evaluate("tracekit.flame.view.nodes.filter((n) => n.mine).map((n) => n.text)")
+    assert mine == ["main (train.py:100)", "step (train.py:88)", "forward (model.py:30)"]
+    nodes = drawn(o)
+    p.locator("#flame").scroll_into_view_if_needed()
+    xy = p.evaluate(f"tracekit.flame.locate({nodes[(ALL, MAIN, STEP, 'solve')][3]})")
+    p.mouse.move(xy["x"], xy["y"])
+    tip = p.text_content("#tip") or ""
+    assert "fakecupy/cupy/linalg.py:40" in tip and "your code" not in tip
+    marked = p.evaluate("[...document.querySelectorAll('.fl-note .mine-text')].map((e) => e.textContent)")
+    assert marked == ["main (train.py:100)", "step (train.py:88)", "forward (model.py:30)"]
     assert o.errors == []
     p.close()
 

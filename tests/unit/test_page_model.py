@@ -59,6 +59,16 @@ FRAMES = (  # file, line, function, kind
     ("c10/cuda/CUDACachingAllocator.cpp", 12, "c10::cuda::malloc", FrameKind.NATIVE),
     ("/usr/lib/python3.12/copy.py", 10, "deepcopy", FrameKind.STDLIB),
 )
+# The stacks trace over CuPy's stand-in and a CuPy source checkout, neither under site-packages: the
+# recorder calls such frames "user", but an array library's frames are never the user's code.
+FAKECUPY = Path(__file__).resolve().parents[1] / "fakecupy"
+CUPY_FRAMES = (
+    *FRAMES[:2],
+    (str(FAKECUPY / "cupy" / "linalg.py"), 40, "solve", FrameKind.USER),
+    FRAMES[3],
+    ("/src/cupy/cupy/cuda/memory.py", 700, "malloc", FrameKind.USER),
+    *FRAMES[5:],
+)
 PARENT = (-1, 0, 1, 2, 3, 4, 1)  # stack s = frame s called from stack PARENT[s]
 SIZES_MIB = (8, 4, 8, 12, 8, 8, 4, 12)
 BLOCK_STACK = (5, 4, 6, 5, 3, 1, 5, 6)
@@ -313,6 +323,18 @@ def test_user_code_paths_decide_whose_frames(tmp_path: Path) -> None:
     m = build_model(trace, analyze_trace(trace), "s", user_code=uc)
     assert m["frames"]["user"] == [False, False, True, False, True, False, False]
     assert m["user_code"] == list(uc.prefixes)
+
+
+def test_array_library_frames_outside_site_packages_are_not_the_users(tmp_path: Path) -> None:
+    """CuPy's stand-in (``tests/fakecupy``) and a CuPy source checkout: frames of kind user, yet not the
+    user's code (as in every call-site label), unless ``--user-code`` names them."""
+    trace = read_trace(stacks_trace(tmp_path / "c.parquet", CUPY_FRAMES))
+    m = build_model(trace, analyze_trace(trace), "c")
+    assert m["frames"]["kind"][2] == m["frames"]["kind"][4] == FrameKind.USER
+    assert m["frames"]["user"] == [True, True, False, True, False, False, False]
+    uc = UserCode.of([str(FAKECUPY)])
+    m = build_model(trace, analyze_trace(trace, user_code=uc), "c", user_code=uc)
+    assert m["frames"]["user"] == [False, False, True, False, False, False, False]
 
 
 def test_hostile_call_sites_stay_data(tmp_path: Path) -> None:

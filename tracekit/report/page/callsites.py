@@ -5,9 +5,11 @@ The one model of whole call stacks is ``tracekit.trace.stacks.StackTable``: fram
 ``parent[s]`` (-1: outermost; ``parent[s] < s``). Every event names one stack id (-1 none).
 A trace of format 1 or 2 carries one frame per event; its sites read as one-frame stacks whose
 ids are the site ids (``StackTable.from_sites``), so the page has one model for every trace.
-Each frame also says whether it is the user's code (``UserCode``: by default the frames of
-kind USER; with ``--user-code PATH`` exactly those under PATH). Colours go to stacks by
-bytes x lifetime (``report.blocks.rank_sites``).
+Each frame also says whether it is the user's code, as every call-site label of the analyzer
+decides it (``tracekit.trace.callsite.FrameRoles``): by default the frames of kind USER that are
+neither an array library's (CuPy, PyTorch: also from a source checkout or a stand-in outside
+site-packages) nor tracekit's, never C/C++; with ``--user-code PATH`` the frames under PATH.
+Colours go to stacks by bytes x lifetime (``report.blocks.rank_sites``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from tracekit.report.page.model import Frames, Stacks
 from tracekit.trace import Events
+from tracekit.trace.callsite import FrameRoles
 from tracekit.trace.stacks import FrameKind, StackTable, UserCode
 
 # Colour-blind-safe qualitative palette (Okabe-Ito, then Tableau's extras); grey means "other".
@@ -50,7 +53,7 @@ def page_stacks(table: StackTable, user: UserCode) -> tuple[Frames, Stacks]:
         line=table.line.tolist(),
         function=list(table.function),
         kind=table.kind.tolist(),
-        user=user.mask(table).tolist(),
+        user=FrameRoles.of(table, user).user.tolist(),
         kinds=KIND_NAMES,
     )
     return frames, Stacks(frame=table.frame.tolist(), parent=table.parent.tolist())

@@ -121,7 +121,9 @@ class Peak(TypedDict):
 class Frames(TypedDict):
     """The FRAME table, column-wise: frame ``i`` is (file[i], line[i], function[i]) of kind ``kind[i]``
     (``kinds[kind[i]]``: user, library, stdlib, native; ``tracekit.trace.stacks.FrameKind``);
-    ``user[i]``: the frame is the user's code (``UserCode``, ``--user-code PATH``); line -1 when unknown."""
+    ``user[i]``: the frame is the user's code (``tracekit.trace.callsite.FrameRoles``: ``UserCode``,
+    ``--user-code PATH``, never an array library's or tracekit's unless PATH says so);
+    line -1 when unknown."""
 
     file: list[str]
     line: list[int]
