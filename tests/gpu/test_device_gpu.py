@@ -206,10 +206,10 @@ def test_compare_sim_cupy_agrees_with_the_real_pool_on_synthetic(synthetic, name
     from tracekit.device.compare import compare_with_sim
 
     trace, run, _ = _replay(synthetic[name], Allocator.CUPY, capacity=capacity)
-    c = compare_with_sim(trace, "cupy", capacity, False, summary(trace, run).to_dict())
-    if not c["agree"] and (why := _not_reproducible(trace, capacity)):
+    c = compare_with_sim(trace, "cupy", capacity, False, summary(trace, run))
+    if not c.agree and (why := _not_reproducible(trace, capacity)):
         pytest.skip(f"real CuPy pool not reproducible on this trace: {why}")
-    assert c["agree"], c["rows"]
+    assert c.agree, c.rows
 
 
 @pytest.mark.parametrize("path", COMMITTED_CUPY, ids=[p.name for p in COMMITTED_CUPY])
@@ -218,12 +218,12 @@ def test_compare_sim_cupy_agrees_on_committed_cupy_traces(path: Path) -> None:
 
     meta = read_meta(path)
     trace, run, _ = _replay(path, Allocator.CUPY, capacity=meta.pool_limit_bytes)
-    c = compare_with_sim(trace, "cupy", meta.pool_limit_bytes, False, summary(trace, run).to_dict())
-    if not c["agree"] and path.name in SIM_DEPARTS:  # the release was still checked above
+    c = compare_with_sim(trace, "cupy", meta.pool_limit_bytes, False, summary(trace, run))
+    if not c.agree and path.name in SIM_DEPARTS:  # the release was still checked above
         pytest.xfail(SIM_DEPARTS[path.name])
-    if not c["agree"] and (why := _not_reproducible(trace, meta.pool_limit_bytes)):
+    if not c.agree and (why := _not_reproducible(trace, meta.pool_limit_bytes)):
         pytest.skip(f"real CuPy pool not reproducible on this trace: {why}")
-    assert c["agree"], c["rows"]
+    assert c.agree, c.rows
 
 
 def test_cli_fail_on_oom_writes_the_trace_and_exits_3(synthetic, tmp_path: Path) -> None:
