@@ -86,7 +86,7 @@ def test_committed_trace_agrees_with_the_model_request_by_request(path: Path, tm
     fatal = np.flatnonzero((trace.events.op == Op.OOM) & ~handled)
     assert run.first_oom == (int(fatal[0]) if len(fatal) else -1)
     assert run.handled_ooms <= int(handled.sum())
-    if recorded_order.first_index is not None and path.stem in ADDRESS_ORDER:  # everything else was checked above
+    if recorded_order.first_index is not None and path.stem in ADDRESS_ORDER:  # the rest was checked above
         pytest.xfail(ADDRESS_ORDER[path.stem])
     assert recorded_order.first_index is None, recorded_order.to_dict()
     # the real allocator also reproduces the recording itself
