@@ -204,3 +204,42 @@ def test_a_table_without_a_stack_column_leaves_every_event_without_a_stack(tmp_p
 def test_an_all_null_stack_column_is_no_stack(tmp_path: Path) -> None:
     ev = read_trace(_with(tmp_path, json.dumps(GOOD).encode(), pa.nulls(5, pa.int32()))).events
     assert ev.stack.tolist() == [-1] * 5
+
+
+@pytest.mark.parametrize("typ", [pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()], ids=str)
+def test_unsigned_stack_ids_read_as_the_same_stacks(tmp_path: Path, typ: pa.DataType) -> None:
+    ids = pa.array([2, 3, None, 2, None], typ)  # polars may write valid ids unsigned
+    ev = read_trace(_with(tmp_path, json.dumps(GOOD).encode(), ids), strict=True).events
+    assert ev.stack.dtype == np.int32 and ev.stack.tolist() == [2, 3, -1, 2, -1]
+    assert [f.function for f in ev.stacks.frames(int(ev.stack[0]))] == ["empty", "forward", "step"]
+
+
+@pytest.mark.parametrize("value", [4, 1 << 31, (1 << 32) - 1, (1 << 64) - 1])
+def test_an_unsigned_stack_id_beyond_the_table_is_refused(tmp_path: Path, value: int) -> None:
+    typ = pa.uint64() if value >= 1 << 32 else pa.uint32()
+    bad = _with(tmp_path, json.dumps(GOOD).encode(), pa.array([2, value, None, 2, None], typ))
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(bad)
+    assert str(err.value) == (f"{bad}: column 'stack' names stack {value} at seq 1, but the "
+                              "'tracekit.stacks' table holds 4")
+
+
+def test_info_and_analyze_read_a_synthetic_trace_whose_stack_column_is_uint32(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tracekit.cli.app import app
+
+    synth = ["synth", "-p", "training", "-n", "2000", "-o", str(tmp_path / "T.parquet")]
+    made = CliRunner().invoke(app, synth)
+    assert made.exit_code == 0, made.output
+    table = pq.read_table(tmp_path / "T.parquet")
+    meta = pq.read_metadata(tmp_path / "T.parquet").metadata
+    ids = table.column("stack").cast(pa.uint32())
+    cast = table.set_column(table.schema.get_field_index("stack"), "stack", ids)
+    kept = {k: meta[k] for k in (b"tracekit", KEY)}  # the stack table's key kept
+    pq.write_table(cast.replace_schema_metadata(kept), tmp_path / "U.parquet")
+    for verb in ("info", "analyze"):
+        res = CliRunner().invoke(app, [verb, str(tmp_path / "U.parquet")])
+        assert res.exit_code == 0 and res.exception is None, res.output
+    a, b = read_trace(tmp_path / "T.parquet").events, read_trace(tmp_path / "U.parquet").events
+    np.testing.assert_array_equal(a.stack, b.stack)

@@ -341,16 +341,27 @@ def _read_stack(p: Path, pf: pq.ParquetFile, table: StackTable | None, seq: np.n
     if not there or pa.types.is_null(schema.field(STACK_FIELD.name).type):
         return None if table is None else np.full(n, -1, np.int32)
     col = _column(p, pf, STACK_FIELD.name)
-    ids = col.fill_null(-1).to_numpy() if col.null_count else col.to_numpy()
+    # Nulls are filled with 0 and marked -1 after the check: an unsigned column (polars may write
+    # valid ids as uint32/uint64) holds no -1, and its values are compared in its own type, so none
+    # wraps before it is checked.
+    null = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
+    ids = col.fill_null(0).to_numpy() if null is not None else col.to_numpy()
     n_stacks = table.n_stacks if table is not None else 0
-    bad = np.flatnonzero((ids < -1) | (ids >= n_stacks)) if len(ids) else ids[:0]
+    below = ids < -1 if ids.dtype.kind == "i" else np.zeros(len(ids), np.bool_)
+    bad = np.flatnonzero(below | (ids >= n_stacks))
+    if null is not None:
+        bad = bad[~null[bad]]
     if len(bad):
         i = int(bad[0])
         held = (f"the 'tracekit.stacks' table holds {n_stacks:,}" if table is not None
                 else "the file has no 'tracekit.stacks' metadata")
         raise TraceFormatError(f"{p}: column 'stack' names stack {int(ids[i])} at seq {int(seq[i])}, "
                                f"but {held}")
-    return ids.astype(np.int32, copy=False)
+    if null is None:
+        return ids.astype(np.int32, copy=False)  # every id checked in range: none wraps
+    out = ids.astype(np.int32)  # a copy, written: -1 marks the nulls
+    out[null] = -1
+    return out
 
 
 def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema, stacks: StackTable | None) -> Events:
