@@ -233,6 +233,22 @@ def test_hostile_frame_names_render_as_text(browser: Any, pages: dict[str, Path]
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 
 
+OUTLINED = """(s) => {
+  const fl = tracekit.flame, t = fl.tree(), drawn = fl.view.nodes, path = new Set();
+  for (let v = s >= 0 ? fl.nodeOfStack(s) : 0; v > 0; v = t.parent[v]) path.add(v);
+  const ids = (keep) => drawn.filter(keep).map((n) => n.node).sort();
+  return [ids((n) => n.req), ids((n) => path.has(n.node))];
+}"""
+
+
+def outlined(p: Any, stack: int) -> int:
+    """How many drawn nodes are outlined as the failing request's; asserts they are exactly the drawn nodes
+    on the path of its stack (the root excluded), through the page's own tree of paths."""
+    req, path = p.evaluate(OUTLINED, stack)
+    assert req == path
+    return len(req)
+
+
 def test_each_oom_handled_or_fatal_holds_the_analyzers_live_bytes(browser: Any, tmp_path: Path) -> None:
     """On a real recording with handled OOMs and a fatal one: the list names each OOM handled or FATAL,
     choosing one selects it, ``]`` steps to the next; at each the flame graph's root holds exactly the
@@ -254,7 +270,7 @@ def test_each_oom_handled_or_fatal_holds_the_analyzers_live_bytes(browser: Any, 
         assert p.evaluate("tracekit.flame.view.total") == x["live_bytes"]
         title = p.text_content(".fl-title") or ""
         assert ("handled OOM" if x["handled"] else "fatal OOM") in title
-        assert sum(p.evaluate("tracekit.flame.view.nodes.map((n) => n.req)")) == (1 if x["stack"] >= 0 else 0)
+        assert outlined(p, x["stack"]) if x["stack"] >= 0 else not outlined(p, -1)
     p.select_option("select.fl-ooms", "0")
     p.keyboard.press("]")
     assert p.get_attribute("#at", "data-seq") == str(m[1]["seq"])
