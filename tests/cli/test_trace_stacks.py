@@ -196,14 +196,30 @@ def test_a_stack_column_of_another_type_is_refused_on_open(tmp_path: Path) -> No
         read_trace(bad)
 
 
-def test_a_table_without_a_stack_column_leaves_every_event_without_a_stack(tmp_path: Path) -> None:
-    ev = read_trace(_with(tmp_path, json.dumps(GOOD).encode(), drop_stack=True)).events
-    assert ev.stack.tolist() == [-1] * 5 and ev.stacks.n_stacks == 4
+SITES_AS_STACKS = [["model.py:5:forward"], ["train.py:10:step"], [], ["model.py:5:forward"], []]
 
 
-def test_an_all_null_stack_column_is_no_stack(tmp_path: Path) -> None:
-    ev = read_trace(_with(tmp_path, json.dumps(GOOD).encode(), pa.nulls(5, pa.int32()))).events
-    assert ev.stack.tolist() == [-1] * 5
+def _labels(ev: Events) -> list[list[str]]:
+    return [[f.label() for f in ev.stacks.frames(int(s))] for s in ev.stack]
+
+
+@pytest.mark.parametrize("stack", [None, pa.nulls(5), pa.nulls(5, pa.int32()),
+                                   pa.array([None, -1, None, -1, None], pa.int64())],
+                         ids=["dropped", "null type", "all null", "null and -1"])
+def test_a_table_whose_stack_column_names_no_stack_keeps_the_sites_as_one_frame_stacks(
+        tmp_path: Path, stack: pa.Array | None) -> None:
+    """The key kept, the column dropped or emptied (a tool that rewrote the file): the call-sites the
+    ``site`` column holds stand as one-frame stacks, as for formats 1 and 2, not no stack at all."""
+    path = _with(tmp_path, json.dumps(GOOD).encode(), stack, drop_stack=stack is None)
+    ev = read_trace(path, strict=True).events
+    np.testing.assert_array_equal(ev.stack, ev.site)
+    assert _labels(ev) == SITES_AS_STACKS
+
+
+def test_a_stack_column_naming_one_stack_keeps_the_table(tmp_path: Path) -> None:
+    ev = read_trace(_with(tmp_path, json.dumps(GOOD).encode(),
+                          pa.array([None, 3, None, None, None], pa.int32()))).events
+    assert ev.stack.tolist() == [-1, 3, -1, -1, -1] and ev.stacks.n_stacks == 4
 
 
 @pytest.mark.parametrize("typ", [pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()], ids=str)

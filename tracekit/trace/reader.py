@@ -334,12 +334,14 @@ def _read_stack_table(p: Path, pf: pq.ParquetFile) -> StackTable | None:
 
 
 def _read_stack(p: Path, pf: pq.ParquetFile, table: StackTable | None, seq: np.ndarray) -> np.ndarray | None:
-    """The ``stack`` column as int32 ids (null: -1), each checked against ``table``; None where the
-    file has neither column nor table (formats 1 and 2: the call-sites stand as one-frame stacks)."""
-    schema, n = pf.schema_arrow, len(seq)
+    """The ``stack`` column as int32 ids (null: -1), each checked against ``table``; None where no
+    event has a stack: formats 1 and 2, and a file of format 3 whose column was dropped or nulled
+    with its ``tracekit.stacks`` key kept (a tool that rewrote the file); the call-sites, which the
+    ``site`` column still holds, then stand as one-frame stacks."""
+    schema = pf.schema_arrow
     there = STACK_FIELD.name in schema.names and _is_stack_ids(schema, STACK_FIELD.name)
     if not there or pa.types.is_null(schema.field(STACK_FIELD.name).type):
-        return None if table is None else np.full(n, -1, np.int32)
+        return None
     col = _column(p, pf, STACK_FIELD.name)
     # Nulls are filled with 0 and marked -1 after the check: an unsigned column (polars may write
     # valid ids as uint32/uint64) holds no -1, and its values are compared in its own type, so none
@@ -358,10 +360,11 @@ def _read_stack(p: Path, pf: pq.ParquetFile, table: StackTable | None, seq: np.n
         raise TraceFormatError(f"{p}: column 'stack' names stack {int(ids[i])} at seq {int(seq[i])}, "
                                f"but {held}")
     if null is None:
-        return ids.astype(np.int32, copy=False)  # every id checked in range: none wraps
-    out = ids.astype(np.int32)  # a copy, written: -1 marks the nulls
-    out[null] = -1
-    return out
+        out = ids.astype(np.int32, copy=False)  # every id checked in range: none wraps
+    else:
+        out = ids.astype(np.int32)  # a copy, written: -1 marks the nulls
+        out[null] = -1
+    return out if bool((out >= 0).any()) else None
 
 
 def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema, stacks: StackTable | None) -> Events:
@@ -404,7 +407,7 @@ def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema, stacks: StackTa
     site, sites = _read_site(p, pf, schema, n)
     stack = _read_stack(p, pf, stacks, seq)
     c = cols
-    if stack is None or stacks is None:  # formats 1 and 2: the call-sites as one-frame stacks
+    if stack is None or stacks is None:  # no event has a stack: the call-sites as one-frame stacks
         return Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
                       site, sites)
     return Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
