@@ -27,8 +27,9 @@ from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
 
 TOP = 3
-_CUPY = {Kind.CUPY_POOL: "CUPY", Kind.CUPY_LIMIT: "CUPY", Kind.CUPY_ASYNC: "CUPY_ASYNC",
-         Kind.CUDA_MALLOC: "CUDA"}
+# The settings the device loop runs as they are, on the real allocator their policy models (asked of
+# the registry); free_all_blocks() at a call-site, say, has no device loop.
+AS_THEY_ARE = frozenset({Kind.CUPY_POOL, Kind.CUPY_LIMIT, Kind.CUPY_ASYNC, Kind.CUDA_MALLOC})
 
 
 class DeviceCheckDict(TypedDict):
@@ -97,13 +98,13 @@ def _replay(trace: Trace, o: Outcome, device: int) -> Any:
         from tracekit.device.torch_replay import replay_torch_on_device
 
         return replay_torch_on_device(_input(trace, o), dict(o.candidate.options), o.capacity, device)
-    name = "CUPY" if o.candidate.cures and models == Allocator.CUPY else _CUPY.get(o.candidate.kind)
-    if name is None:
+    if models is None or not (o.candidate.cures or o.candidate.kind in AS_THEY_ARE):
         return None
-    from tracekit.device.capacity import Allocator as OnDevice
+    if o.candidate.cures and models != Allocator.CUPY:
+        return None
     from tracekit.device.replay import DeviceConfig, replay_on_device
 
-    cfg = DeviceConfig(device=device, allocator=OnDevice[name], capacity=o.capacity)
+    cfg = DeviceConfig(device=device, allocator=models, capacity=o.capacity)
     return replay_on_device(_input(trace, o), cfg)
 
 
