@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
+from numba import njit
 
 from tracekit.analysis.leaks import never_freed, pool_state_at
 from tracekit.inputs import safe_text
@@ -146,10 +147,7 @@ def _roll_up(table: StackTable, stack: np.ndarray, nbytes: np.ndarray, limits: T
     is_node = np.zeros(n_nodes, bool)
     is_node[:ns] = shown & (canon == np.arange(ns))
     is_node[ns:] = True
-    for d in range(int(depth.max(initial=0)), 1, -1):  # innermost level first
-        at = np.flatnonzero(is_node & (depth == d))
-        np.add.at(inc, parent[at], inc[at])
-        np.add.at(incb, parent[at], incb[at])
+    _roll_into_parents(parent, is_node, inc, incb)
     inc[~is_node] = 0
     incb[~is_node] = 0
     return _Rolled(parent, inc, incb, own, depth)
@@ -157,17 +155,54 @@ def _roll_up(table: StackTable, stack: np.ndarray, nbytes: np.ndarray, limits: T
 
 def _canonical(table: StackTable, shown: np.ndarray, outer: np.ndarray) -> np.ndarray:
     """Per stack, the first shown stack with the same shown frame under the same canonical
-    node (level by level, outermost first); hidden stacks keep their own id (unused)."""
+    node; hidden stacks keep their own id (unused). One forward pass (``_first_of_key``):
+    ``outer[s] < s``, so the node above is canonical before ``s`` is reached."""
     ns = table.n_stacks
-    canon = np.arange(ns, dtype=np.int64)
-    level = _depths(np.where(shown, outer, NONE).astype(np.int64))
-    for d in range(1, int(level.max(initial=0)) + 1):
-        at = np.flatnonzero(shown & (level == d))
-        up = np.where(outer[at] >= 0, canon[np.maximum(outer[at], 0)], NONE)
-        keys = (up + 1) * (table.n_frames + 1) + table.frame[at]  # one int64 per (node above, frame)
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        canon[at] = at[first][inverse.reshape(-1)]
+    if ns == 0:
+        return np.zeros(0, np.int64)
+    return _first_of_key(shown, outer.astype(np.int64), table.frame.astype(np.int64), table.n_frames)
+
+
+@njit(cache=True)
+def _first_of_key(shown: np.ndarray, outer: np.ndarray, frame: np.ndarray, n_frames: int
+                  ) -> np.ndarray:  # pragma: no cover - numba
+    """canon[s] = the smallest shown s' with key(s') = key(s), key = (canon[outer] + 1) ×
+    (n_frames + 1) + frame, in ascending stack order; an open-addressing table of 2^k ≥ 2·n slots
+    (linear probing) maps keys to their first stack: O(n_stacks) expected, whatever the depth."""
+    ns = len(frame)
+    canon = np.arange(ns)
+    size = 2
+    while size < 2 * ns:
+        size *= 2
+    mask = size - 1
+    keys = np.full(size, -1, np.int64)
+    first = np.zeros(size, np.int64)
+    for s in range(ns):
+        if not shown[s]:
+            continue
+        up = canon[outer[s]] if outer[s] >= 0 else -1
+        key = (up + 1) * (n_frames + 1) + frame[s]
+        h = ((key * 0x9E3779B1) ^ (key >> 29)) & mask  # Fibonacci-style mix: ids are near-sequential
+        while keys[h] != -1 and keys[h] != key:
+            h = (h + 1) & mask
+        if keys[h] == -1:
+            keys[h] = key
+            first[h] = s
+        canon[s] = first[h]
     return canon
+
+
+@njit(cache=True)
+def _roll_into_parents(parent: np.ndarray, is_node: np.ndarray, inc: np.ndarray,
+                       incb: np.ndarray) -> None:  # pragma: no cover - numba
+    """inc[parent[i]] += inc[i] (and blocks) for every node, children before parents: one
+    reverse pass, since a node's parent id is smaller than its own (canonical ids are the
+    first of their key, ``parent < child`` in the stack table; the buckets hang off the root)."""
+    for i in range(len(parent) - 1, -1, -1):
+        p = parent[i]
+        if is_node[i] and p >= 0:
+            inc[p] += inc[i]
+            incb[p] += incb[i]
 
 
 def _depths(parent: np.ndarray) -> np.ndarray:
