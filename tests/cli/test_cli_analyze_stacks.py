@@ -59,6 +59,7 @@ def test_the_oom_names_the_users_line_and_the_request(v3_trace: Path) -> None:
     assert o["site"] == f"train.py:88 in step → {RESNET}:151"
     assert o["user_site"] == "train.py:88:step" and o["request_site"] == f"{RESNET}:151:forward"
     assert o["stack"] == [f"{RESNET}:151:forward", "train.py:88:step", "train.py:120:main"]
+    assert o["stack_left_out"] == 0
     # Live at the OOM: 2 MiB at cache, 3 MiB at step → resnet, 1 MiB at EVIL (the first block was freed).
     assert [(s["site"], s["bytes"]) for s in o["top_live_sites"]] == [
         (f"train.py:88 in step → {RESNET}:151", 3 * MiB), ("train.py:9:cache", 2 * MiB),

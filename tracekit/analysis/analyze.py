@@ -36,7 +36,7 @@ from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
 from tracekit.analysis.tree import TreeInputs, TreeLimits, trees_of
 from tracekit.sim.torch_rules import segment_sizes
-from tracekit.trace.callsite import CallSites, frame_text, stack_ids, stack_table
+from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
@@ -292,7 +292,7 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
                      takers=budget.takers if budget is not None else "")
     diagnosis, explanation = diagnose(facts, ctx)
     cs, label, stack = sites.cs, int(sites.label[k]), int(sites.stack[k])
-    frames = tuple(frame_text(f) for f in cs.frames(stack)) if detail and stack >= 0 else ()
+    ends = cs.ends(stack) if detail else StackEnds((), (), 0)
     return OOMReport(
         seq=seq, t_ns=int(ev.t_ns[k]), size=int(ev.size[k]), rounded=request,
         site=cs.name(label), stream=int(ev.stream[k]), live_bytes=live, reserved_bytes=reserved,
@@ -300,7 +300,8 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         diagnosis=diagnosis, explanation=explanation, top_live_sites=top, device=device,
         handled=fatal is None or seq != fatal, device_free_source=source, budget=budget,
         handler=handler(sites.request_text(stack), detail and retried_smaller(ev, k, sites.label)),
-        user_site=cs.user_site(label), request_site=cs.request_site(label), stack=frames,
+        user_site=cs.user_site(label), request_site=cs.request_site(label),
+        stack=tuple(frame_text(f) for f in ends.inner + ends.outer), stack_left_out=ends.left_out,
     )
 
 

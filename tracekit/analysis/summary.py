@@ -60,12 +60,15 @@ class OOMBriefJSON(TypedDict):
 
 class OOMJSON(OOMBriefJSON):
     """The reported ``oom``: an entry and the state at that moment; ``stack``: its frames,
-    innermost first, as ``path:line:function`` (tracekit's own left out; empty: none recorded)."""
+    innermost first, as ``path:line:function`` (tracekit's own left out; empty: none recorded),
+    at most the innermost 64 and the outermost 4: ``stack_left_out`` frames between them are
+    not listed (0: ``stack`` is the whole stack)."""
 
     explanation: str
     top_live_sites: list[SiteBytesJSON]
     budget: dict[str, Any] | None
     stack: list[str]
+    stack_left_out: int
 
 
 class HandledJSON(TypedDict):
@@ -111,13 +114,15 @@ class OOMReport:
     handler: str | None = None  # who handled it, where the call-site or a retry shows it
     user_site: str | None = None  # the user's frame of the call-site (path:line:function)
     request_site: str | None = None  # the frame that made the request
-    stack: tuple[str, ...] = ()  # every frame, innermost first (the detailed OOMs only)
+    stack: tuple[str, ...] = ()  # the frames, innermost first, capped (the detailed OOMs only)
+    stack_left_out: int = 0  # frames of a deep stack not in ``stack``: between its two ends
 
     def to_dict(self) -> OOMJSON:
         return OOMJSON(
             **self.brief(), explanation=self.explanation,
             top_live_sites=[s.as_json() for s in self.top_live_sites],
-            budget=self.budget.to_dict() if self.budget is not None else None, stack=list(self.stack))
+            budget=self.budget.to_dict() if self.budget is not None else None, stack=list(self.stack),
+            stack_left_out=self.stack_left_out)
 
     def brief(self) -> OOMBriefJSON:
         """The ``ooms`` list entry: what failed, where, why, and whether it was survived."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from numba import njit
 
 from tracekit.trace.events import Events
 from tracekit.trace.stacks import NONE, Frame, FrameKind, StackTable, UserCode
@@ -48,6 +49,8 @@ FRAMEWORKS = frozenset({"torch", "cupy", "cupyx", "cupy_backends", "fastrlock"})
 _INSTALLED = ("site-packages", "dist-packages")
 _TRACEKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../tracekit
 _PACKAGES = FRAMEWORKS | {"tracekit"}
+STACK_INNER = 64  # frames a shown stack keeps from its inner end (where the request was made)
+STACK_OUTER = 4  # and from its outer end (the program's entry)
 
 
 def stack_ids(ev: Events) -> np.ndarray:
@@ -177,6 +180,19 @@ class CallSites:
         """The stack's frames, innermost first, tracekit's left out."""
         return [self.table.frame_at(f) for f in self.table.walk(stack) if not self.roles.tracekit[f]]
 
+    def ends(self, stack: int, inner: int = STACK_INNER, outer: int = STACK_OUTER) -> StackEnds:
+        """The stack's frames as ``frames`` does, capped: the innermost ``inner`` and the outermost
+        ``outer``, and how many lie between them; O(depth) compiled steps, ``inner + outer``
+        Frame objects, whatever the depth."""
+        ids = self.table.frame[_chain(self.table.parent, stack)] if stack >= 0 else np.zeros(0, np.int32)
+        ids = ids[~self.roles.tracekit[ids]]
+        n = len(ids)
+        left_out = max(n - inner - outer, 0)
+        head = ids[:inner] if left_out else ids
+        tail = ids[n - outer:] if left_out and outer > 0 else ids[:0]
+        return StackEnds(tuple(self.table.frame_at(int(f)) for f in head),
+                         tuple(self.table.frame_at(int(f)) for f in tail), left_out)
+
     def request_side(self, stack: int) -> list[Frame]:
         """The request frame and every frame inside it (what handled the request), innermost first."""
         if stack < 0:
@@ -192,6 +208,33 @@ class CallSites:
                 break
             s = int(self.table.parent[s])
         return out
+
+
+@dataclass(frozen=True)
+class StackEnds:
+    """A stack cut to its ends (``CallSites.ends``): ``inner`` innermost first, then ``left_out``
+    frames not kept, then ``outer`` (still innermost first, the outermost frame last)."""
+
+    inner: tuple[Frame, ...]
+    outer: tuple[Frame, ...]
+    left_out: int
+
+
+@njit(cache=True)
+def _chain(parent: np.ndarray, stack: int) -> np.ndarray:  # pragma: no cover - numba
+    """The stack ids from ``stack`` out to the outermost (``parent`` until -1), innermost first:
+    one pass to count, one to fill."""
+    n = 0
+    s = stack
+    while s >= 0:
+        n += 1
+        s = parent[s]
+    out = np.empty(n, np.int64)
+    s = stack
+    for i in range(n):
+        out[i] = s
+        s = parent[s]
+    return out
 
 
 def _labels(table: StackTable, u: np.ndarray, r: np.ndarray
