@@ -30,13 +30,14 @@ import numpy as np
 import pytest
 
 from tracekit.analysis import analyze_trace
-from tracekit.analysis.leaks import pool_state_at
+from tracekit.analysis.leaks import by_label, pool_state_at
 from tracekit.report.page import lod, state, write_page
 from tracekit.report.page.callsites import stacks_of
 from tracekit.report.page.columns import column, decode
 from tracekit.report.page.data import build_model
 from tracekit.report.page.html import csp, model_json, page
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, read_trace, write_trace
+from tracekit.trace.callsite import CallSites
 from tracekit.trace.stacks import FrameKind, StackTable, UserCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))  # shared hand-built traces
@@ -146,6 +147,17 @@ def read_model(html_path: Path) -> dict[str, Any]:
     return dict(json.loads(m.group(1)))
 
 
+def links(model: dict[str, Any]) -> dict[str, list[int]]:
+    """The STACK table's links alone (frame, parent)."""
+    return {k: model["stacks"][k] for k in ("frame", "parent")}
+
+
+def site_names(model: dict[str, Any]) -> list[str | None]:
+    """Each stack's call-site label as the model carries it (None: nothing to name)."""
+    st = model["stacks"]
+    return [st["labels"][k] if k >= 0 else None for k in st["label"]]
+
+
 def ooms(model: dict[str, Any]) -> list[dict[str, Any]]:
     """The model's OOM columns as one dict per OOM (numbers as Python ints; ``diagnosis`` by name)."""
     o = model["ooms"]
@@ -217,7 +229,8 @@ def test_hand_trace_model(tmp_path: Path) -> None:
     assert (o["index"], o["rounded"], o["handled"], o["largest_free_block"]) == (13, 16 * MiB, False, 8 * MiB)
     assert o["diagnosis"] == "fragmentation"
     assert m["frames"]["file"][o["stack"]] == "model/c.py" and m["frames"]["line"][o["stack"]] == 30
-    assert m["stacks"] == {"frame": [0, 1, 2], "parent": [-1, -1, -1]}
+    assert links(m) == {"frame": [0, 1, 2], "parent": [-1, -1, -1]}
+    assert site_names(m) == list(SITES)  # a one-frame stack keeps its call-site's wording
     blocks, segs = replay(m, 12)
     assert blocks.tolist() == [2, 4, 6, 8] and segs.tolist() == [0]
     b = m["state"]["blocks"]
@@ -290,7 +303,8 @@ def test_one_frame_sites_are_one_frame_stacks(tmp_path: Path) -> None:
     assert m["frames"]["line"] == [10, 151, -1] and m["frames"]["function"] == ["weights", "forward", ""]
     assert m["frames"]["kind"] == [FrameKind.USER, FrameKind.LIBRARY, FrameKind.USER]
     assert m["frames"]["user"] == [True, False, True] and m["frames"]["kinds"][FrameKind.NATIVE] == "native"
-    assert m["stacks"] == {"frame": [0, 1, 2], "parent": [-1, -1, -1]} and m["user_code"] == []
+    assert links(m) == {"frame": [0, 1, 2], "parent": [-1, -1, -1]} and m["user_code"] == []
+    assert site_names(m) == list(sites)
     assert decode(m["state"]["blocks"]["stack"]).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
     assert [o["stack"] for o in ooms(m)] == [2]
 
@@ -306,7 +320,13 @@ def test_whole_stacks_reach_the_model(tmp_path: Path) -> None:
     assert F["function"] == [f[2] for f in FRAMES] and F["line"] == [f[1] for f in FRAMES]
     assert F["kind"] == [int(f[3]) for f in FRAMES]
     assert F["user"] == [True, True, False, True, False, False, False]
-    assert m["stacks"] == {"frame": list(range(7)), "parent": list(PARENT)}
+    assert links(m) == {"frame": list(range(7)), "parent": list(PARENT)}
+    # U: the innermost user frame; R: the innermost frame neither torch's nor C++ (deepcopy: Python's own).
+    assert m["stacks"]["user_frame"] == [0, 1, 1, 3, 3, 3, 1]
+    assert m["stacks"]["request_frame"] == [0, 1, 1, 3, 3, 3, 6]
+    assert site_names(m) == ["train.py:100:main", "train.py:88:step", "train.py:88:step",
+                             "model.py:30:forward", "model.py:30:forward", "model.py:30:forward",
+                             "train.py:88 in step → /usr/lib/python3.12/copy.py:10"]
     assert decode(m["state"]["blocks"]["stack"]).tolist() == list(BLOCK_STACK)
     (o,) = ooms(m)
     assert (o["stack"], o["index"], o["handled"]) == (5, 13, False)
@@ -323,6 +343,33 @@ def test_user_code_paths_decide_whose_frames(tmp_path: Path) -> None:
     m = build_model(trace, analyze_trace(trace), "s", user_code=uc)
     assert m["frames"]["user"] == [False, False, True, False, True, False, False]
     assert m["user_code"] == list(uc.prefixes)
+
+
+FATAL_SITE = "scripts/torch_workload_resnet.py:43 in main → torchvision/models/resnet.py:147"
+
+
+def test_call_sites_are_the_analyzers_labels(traces_dir: Path, tmp_path: Path) -> None:
+    """torch-handled-oom (whole stacks): every OOM, the peak table and the never-freed table name the
+    call-sites exactly as ``tracekit analyze`` does; one label, one colour, one legend entry."""
+    trace = read_trace(traces_dir / "torch-handled-oom.parquet")
+    analysis = analyze_trace(trace)
+    m = json.loads(model_json(build_model(trace, analysis, "t")))
+    names = site_names(m)
+    assert [names[o["stack"]] for o in ooms(m)] == [o.site for o in analysis.summary.ooms]
+    fatal = next(o for o in ooms(m) if not o["handled"])
+    assert names[fatal["stack"]] == analysis.summary.oom.site == FATAL_SITE
+    rank = m["label_rank"]
+    assert len(set(rank)) == len(rank) and len(set(m["stacks"]["labels"])) == len(m["stacks"]["labels"])
+    assert all(" → torch/" not in x and "_conv_forward" not in x for x in m["stacks"]["labels"])
+    peak, leaks = (t for t in m["tables"] if t["title"].startswith(("Call-sites at peak", "Blocks never")))
+    assert [r[0] for r in leaks["rows"]] == [x.site or "(no call-site)" for x in analysis.summary.leaks]
+    ev = trace.events
+    st = pool_state_at(ev, trace.mate, m["peak"]["live_index"] + 1)
+    cs = CallSites.of(ev.stacks)
+    ref = by_label(ev.stack[st.block_index], st.block_size, cs)
+    assert [r[0] for r in peak["rows"]] == [x.site or "(no call-site)" for x in ref]
+    named = [r[0] for r in peak["rows"] if r[0] != "(no call-site)"]
+    assert set(named) <= set(m["stacks"]["labels"]) and " → " in named[0]  # the user's line, the request's
 
 
 def test_array_library_frames_outside_site_packages_are_not_the_users(tmp_path: Path) -> None:

@@ -57,15 +57,16 @@ def write_page(
         read_meta(baseline)
     wd = _whatif_dict(whatif) if whatif is not None and whatif is not True else None
     trace = read_trace(trace_path)
+    users = UserCode.of(user_code)
     parts = 2 if png_dir is None else 3
     with progress.part(0, parts):
         if analysis is None or getattr(analysis, "timeline", None) is None:
-            analysis = analyze_trace(trace, timeline=True)
+            analysis = analyze_trace(trace, timeline=True, user_code=users)
     with progress.part(1, parts):
         base = None
         if baseline is not None:
             bt = read_trace(Path(baseline))
-            base = (safe_text(Path(baseline).name), bt, analyze_trace(bt, timeline=True))
+            base = (safe_text(Path(baseline).name), bt, analyze_trace(bt, timeline=True, user_code=users))
         if whatif is True:
             from tracekit.advise.capacity import whatif as run_whatif
 
@@ -77,7 +78,7 @@ def write_page(
             baseline=base,
             whatif=wd,
             advise=_advise(trace) if advise else None,
-            user_code=UserCode.of(user_code),
+            user_code=users,
         )
         doc = page(model)
     if png_dir is not None:

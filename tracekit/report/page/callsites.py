@@ -9,7 +9,9 @@ Each frame also says whether it is the user's code, as every call-site label of 
 decides it (``tracekit.trace.callsite.FrameRoles``): by default the frames of kind USER that are
 neither an array library's (CuPy, PyTorch: also from a source checkout or a stand-in outside
 site-packages) nor tracekit's, never C/C++; with ``--user-code PATH`` the frames under PATH.
-Colours go to stacks by bytes x lifetime (``report.blocks.rank_sites``).
+Each stack also carries its call-site as every verb names it (``tracekit.trace.callsite.CallSites``:
+the user's innermost frame U, the request frame R and the label "U in f → R"); stacks of one label
+are one call-site, ranked and coloured together by bytes x lifetime (``report.blocks.rank_sites``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import numpy as np
 
 from tracekit.report.page.model import Frames, Stacks
 from tracekit.trace import Events
-from tracekit.trace.callsite import FrameRoles
-from tracekit.trace.stacks import FrameKind, StackTable, UserCode
+from tracekit.trace.callsite import CallSites
+from tracekit.trace.stacks import FrameKind, StackTable
 
 # Colour-blind-safe qualitative palette (Okabe-Ito, then Tableau's extras); grey means "other".
 PALETTE: tuple[str, ...] = (
@@ -46,14 +48,24 @@ def stacks_of(events: Events) -> tuple[StackTable, np.ndarray]:
     return events.stacks, events.stack
 
 
-def page_stacks(table: StackTable, user: UserCode) -> tuple[Frames, Stacks]:
-    """The FRAME and STACK tables of the page's model."""
+def page_stacks(cs: CallSites) -> tuple[Frames, Stacks]:
+    """The FRAME and STACK tables of the page's model, with each stack's call-site as the analyzer
+    names it (``CallSites``: its user frame, its request frame, its label id into ``labels``)."""
+    table = cs.table
     frames = Frames(
         file=list(table.file),
         line=table.line.tolist(),
         function=list(table.function),
         kind=table.kind.tolist(),
-        user=FrameRoles.of(table, user).user.tolist(),
+        user=cs.roles.user.tolist(),
         kinds=KIND_NAMES,
     )
-    return frames, Stacks(frame=table.frame.tolist(), parent=table.parent.tolist())
+    stacks = Stacks(
+        frame=table.frame.tolist(),
+        parent=table.parent.tolist(),
+        user_frame=cs.user.tolist(),
+        request_frame=cs.request.tolist(),
+        label=cs.label.tolist(),
+        labels=list(cs.labels),
+    )
+    return frames, stacks

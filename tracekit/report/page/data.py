@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.analysis.leaks import SiteBytes, by_site, pool_state_at
+from tracekit.analysis.leaks import SiteBytes, by_label, pool_state_at
 from tracekit.analysis.summary import OOMReport, Summary
 from tracekit.report import blocks as blk
 from tracekit.report.page import lod
@@ -34,6 +34,7 @@ from tracekit.report.page.model import (
 )
 from tracekit.report.page.state import build_state
 from tracekit.trace import Op, Trace
+from tracekit.trace.callsite import CallSites
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.stacks import UserCode
 from tracekit.units import format_size
@@ -194,7 +195,8 @@ def build_model(
     details = oom_details(s)
     rows = device_rows(analysis.timeline, dev, several)
     ctx = s.context
-    frames, stacks = page_stacks(table, user)
+    cs = CallSites.of(table, user)  # the analyzer's labels (the same table and user code)
+    frames, stacks = page_stacks(cs)
     peak = Peak(
         live_bytes=s.peak_live_bytes,
         live_seq=s.peak_live_seq,
@@ -204,7 +206,7 @@ def build_model(
         reserved_index=index_of(seq_col, s.peak_reserved_seq),
     )
     ooms = oom_columns(s.ooms, seq_col, dev, t0, oom_stacks(trace, all_stacks))
-    tables = _site_tables(sub, s, peak)
+    tables = _site_tables(sub, stack, cs, s, peak)
     tables += _extra_tables(whatif, advise)
     first_budget = next((d["budget"] for d in details if d["budget"] is not None), None)
     return PageModel(
@@ -230,7 +232,7 @@ def build_model(
         frames=frames,
         stacks=stacks,
         user_code=list(user.prefixes),
-        site_rank=stack_rank(sub, stack, table.n_stacks),
+        label_rank=label_rank(sub, cs.of_events(stack), len(cs.labels)),
         palette=list(PALETTE),
         state=build_state(
             sub,
@@ -244,13 +246,16 @@ def build_model(
     )
 
 
-def stack_rank(sub: Trace, stack: np.ndarray, n_stacks: int) -> list[int]:
-    """Stack ids by bytes x lifetime of their blocks, largest first (``blocks.rank_sites`` by stack)."""
+def label_rank(sub: Trace, label: np.ndarray, n_labels: int) -> list[int]:
+    """Label ids by bytes x lifetime of their blocks, largest first (``blocks.rank_sites`` by label;
+    ``label``: each event's label id, -1 none)."""
     b = blk.blocks(sub)
-    return [int(x) for x in blk.rank_sites(dataclasses.replace(b, site=stack[b.start]), n_stacks)]
+    return [int(x) for x in blk.rank_sites(dataclasses.replace(b, site=label[b.start]), n_labels)]
 
 
-def _site_tables(sub: Trace, s: Summary, peak: Peak) -> list[TableView]:
+def _site_tables(sub: Trace, stack: np.ndarray, cs: CallSites, s: Summary, peak: Peak) -> list[TableView]:
+    """The live bytes by call-site right after the peak and the analyzer's never-freed blocks, both by
+    label (``by_label``, as ``tracekit analyze`` lists them)."""
     ev = sub.events
     k = peak["live_index"]
     out = []
@@ -259,7 +264,7 @@ def _site_tables(sub: Trace, s: Summary, peak: Peak) -> list[TableView]:
         out.append(
             _site_table(
                 f"Call-sites at peak live (seq {peak['live_seq']})",
-                by_site(st.block_site, st.block_size, ev.sites),
+                by_label(stack[st.block_index], st.block_size, cs),
                 None,
             )
         )

@@ -135,10 +135,17 @@ class Frames(TypedDict):
 
 class Stacks(TypedDict):
     """The STACK table: stack ``i`` = frame ``frame[i]`` called from stack ``parent[i]`` (-1: outermost);
-    ``parent[i] < i``, so a walk outwards ends and a pass from the last id down rolls bytes up."""
+    ``parent[i] < i``, so a walk outwards ends and a pass from the last id down rolls bytes up.
+    Each stack's call-site as ``tracekit analyze`` names it (``tracekit.trace.callsite.CallSites``):
+    ``user_frame[i]`` the user's innermost frame, ``request_frame[i]`` the frame that made the request
+    (frame ids, -1 none), ``label[i]`` the id of its label in ``labels`` (-1: nothing to name)."""
 
     frame: list[int]
     parent: list[int]
+    user_frame: list[int]
+    request_frame: list[int]
+    label: list[int]
+    labels: list[str]  # "U.file:U.line in U.function → R.file:R.line", or one frame as path:line:function
 
 
 class Blocks(TypedDict):
@@ -261,7 +268,7 @@ class PageModel(TypedDict):
     frames: Frames
     stacks: Stacks
     user_code: list[str]  # the --user-code paths ([]: the frames of kind user are the user's code)
-    site_rank: list[int]  # stack ids by bytes x lifetime, largest first (the first ones get the palette)
+    label_rank: list[int]  # label ids (stacks.labels) by bytes x lifetime, largest first (first: palette)
     palette: list[str]
     state: State
     budget_start: Budget | None

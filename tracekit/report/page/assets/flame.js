@@ -12,7 +12,7 @@
   const HUE = { user: [28, 85], library: [208, 55], stdlib: [0, 0], native: [268, 45] };
 
   window.tracekitFlame = function (M, lib) {
-    const { el, fmtBytes, showTip, hideTip } = lib;
+    const { el, fmtBytes, showTip, hideTip, siteText } = lib;
     const F = M.frames, S = M.stacks, B = M.state.blocks;
     const NATIVE = F.kinds.indexOf("native");
     const ns = S.frame.length, K = F.file.length + 8;
@@ -214,7 +214,8 @@
       if (o.stack < 0) { p.append(el("span", null, "the failing request (" + fmtBytes(o.rounded) + ") has no call stack in the trace.")); note.append(p); return; }
       const names = [];
       for (let s = o.stack, i = 0; s >= 0 && i < 256; i++, s = S.parent[s]) names.unshift(S.frame[s]);
-      p.append(el("span", null, "the failing request (" + fmtBytes(o.rounded) + ") came from, outermost first: "));
+      p.append(el("span", null, "the failing request (" + fmtBytes(o.rounded) + ") at " + siteText(o.stack) +
+        " came from, outermost first: "));
       names.forEach((f, i) => {
         if (i) p.append(el("span", null, " → "));
         p.append(el("span", F.user[f] ? "mine-text" : null, (F.function[f] || "?") + " (" + where(f) + ")"));

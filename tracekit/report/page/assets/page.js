@@ -80,27 +80,24 @@
     for (let i = 0; s >= 0 && i < 256; i++) { out.push(frameText(M.stacks.frame[s])); s = M.stacks.parent[s]; }
     return out;
   }
-  /* The innermost frame of stack s that is the user's code (-1 none). */
-  function userFrame(s) {
-    for (let i = 0; s >= 0 && i < 256; i++) { const f = M.stacks.frame[s]; if (M.frames.user[f]) return f; s = M.stacks.parent[s]; }
-    return -1;
-  }
-  /* A stack named by its innermost frame, after the innermost frame of the user's code where that is
-     another one: "train.py:88 in step → torch/nn/functional.py:2000 in conv2d". */
+  /* The innermost frame of stack s that is the user's code (-1 none), as the analyzer found it. */
+  const userFrame = (s) => (s >= 0 ? M.stacks.user_frame[s] : -1);
+  /* A stack's call-site, the analyzer's label (tracekit.trace.callsite): computed in Python, shown here. */
+  const labelOf = (s) => (s >= 0 ? M.stacks.label[s] : -1);
   function siteText(s) {
-    if (s < 0) return "(no call-site)";
-    const leaf = M.stacks.frame[s], mine = userFrame(s);
-    return (mine >= 0 && mine !== leaf ? frameText(mine) + " → " : "") + frameText(leaf);
+    const l = labelOf(s);
+    return l >= 0 ? M.stacks.labels[l] : "(no call-site)";
   }
+  /* Colours go to labels (one call-site, whatever stacks reach it), by bytes x lifetime. */
   const rankOf = new Map();
   let colourOf = null;
   function colours() {
-    M.site_rank.forEach((s, i) => rankOf.set(s, i));
+    M.label_rank.forEach((l, i) => rankOf.set(l, i));
     const rgb = M.palette.map((h) => [parseInt(h.slice(1, 3), 16), parseInt(h.slice(3, 5), 16), parseInt(h.slice(5, 7), 16)]);
     colourOf = (s) => {
-      const r = rankOf.get(s);
+      const l = labelOf(s), r = l >= 0 ? rankOf.get(l) : undefined;
       if (r !== undefined && r < rgb.length) return rgb[r];
-      return s < 0 ? [110, 110, 110] : [158, 158, 158];
+      return l < 0 ? [110, 110, 110] : [158, 158, 158];
     };
   }
 
@@ -310,7 +307,8 @@
     p.append(el("b", null, (oom.handled ? "Handled" : "Fatal") + " OOM: "),
       el("span", null, "request " + fmtBytes(oom.rounded) + " (" + oom.rounded.toLocaleString() + " B; asked " +
         fmtBytes(oom.size) + ") against the largest free block " + fmtBytes(L.largest.len) +
-        " at this event (analyzer: " + fmtBytes(oom.largest_free_block) + "); diagnosis: " + oom.diagnosis));
+        " at this event (analyzer: " + fmtBytes(oom.largest_free_block) + "); diagnosis: " + oom.diagnosis +
+        "; call-site: " + siteText(oom.stack)));
     box.append(p);
     if (oom.explanation) box.append(el("p", "help", oom.explanation));
     // The request at the map's scale: bytes per pixel as above, wrapped the same way.
@@ -353,7 +351,8 @@
     const B = M.state.blocks;
     const lines = ["block " + hex(B.addr[b]) + ": " + fmtBytes(B.size[b]) + " requested, " + fmtBytes(B.rounded[b]) + " rounded"];
     const st = stackLines(B.stack[b]);
-    lines.push("call-site: " + (st[0] || "(no call-site)"));
+    lines.push("call-site: " + siteText(B.stack[b]));
+    if (st.length) lines.push("  at " + st[0]);
     for (const s of st.slice(1)) lines.push("  from " + s);
     const mine = userFrame(B.stack[b]);
     if (mine >= 0 && st.length > 1) lines.push("your code: " + frameText(mine));
@@ -757,10 +756,10 @@
   }
   function legend() {
     const box = $("legend");
-    M.site_rank.slice(0, M.palette.length).forEach((s, i) => {
+    M.label_rank.slice(0, M.palette.length).forEach((l, i) => {
       const item = el("span", "litem"), sw = el("span", "sw");
       sw.style.background = M.palette[i];
-      item.append(sw, el("span", null, siteText(s)));
+      item.append(sw, el("span", null, M.stacks.labels[l]));
       box.append(item);
     });
     const item = el("span", "litem"), sw = el("span", "sw"); sw.style.background = "#9e9e9e";
@@ -805,7 +804,7 @@
     facts();
     legend();
     oomStrip();
-    FL = window.tracekitFlame(M, { el, fmtBytes, showTip, hideTip });
+    FL = window.tracekitFlame(M, { el, fmtBytes, showTip, hideTip, siteText });
     FL.mount($("s-flame"), { select, selectOOM: T.selectOOM, oomIds: () => onDevId, stepOOM });
     T.flame = FL;
     mark("state");
