@@ -106,3 +106,23 @@ def test_the_verb_is_listed_after_report() -> None:
     rows = [line for line in res.stdout.splitlines() if line.startswith("│ ") and line[2:3].strip()]
     verbs = [line.split()[1] for line in rows]  # a verb's first line, not its wrapped ones
     assert verbs.index("export") == verbs.index("report") + 1
+
+
+def test_a_deep_stack_is_cut_and_the_note_says_how_much(tmp_path: Path) -> None:
+    from tracekit.export.depth import MAX_FRAMES
+    from tracekit.trace.stacks import StackTable
+
+    n = 3 * MAX_FRAMES  # one chain: stack s = frame s % 2 called from s - 1
+    table = StackTable.build(["a.py", "b.py"], [1, 2], ["f", "g"], [0, 0], np.arange(n) % 2, np.arange(n) - 1)
+    ev = Events.build(np.array([Op.MALLOC]), np.array([512]), addr=np.array([0x1000]),
+                      stack=np.array([n - 1], np.int32), stacks=table)
+    path = write_trace(tmp_path / "deep.parquet", TraceMeta.new(Source.SYNTHETIC), ev)
+    for fmt, out in (("torch-snapshot", tmp_path / "deep.pickle"), ("speedscope", tmp_path / "deep.json")):
+        res = tracekit("export", path, "-f", fmt, "-o", out)
+        assert res.returncode == 0, res.stderr
+        assert res.stderr == (f"tracekit: note: {path}: 1 stack deeper than {MAX_FRAMES} frames written as "
+                              f"their innermost {MAX_FRAMES} ({n - MAX_FRAMES} outer frames left out)\n"
+                              f"Wrote {out}\n")
+    frames = pickle.loads((tmp_path / "deep.pickle").read_bytes())["device_traces"][0][0]["frames"]
+    assert len(frames) == MAX_FRAMES and frames[0]["filename"] == "b.py"
+

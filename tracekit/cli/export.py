@@ -44,6 +44,11 @@ def export(
     if result.omitted_ooms:
         say(f"tracekit: note: {trace}: {result.omitted_ooms} more handled OOMs are not exported "
             "(the fatal one and the first handled ones are)", err=True)
+    if result.cut.stacks:
+        c = result.cut
+        say(f"tracekit: note: {trace}: {c.stacks} stack{'s' if c.stacks != 1 else ''} deeper than "
+            f"{c.limit} frames written as their innermost {c.limit} ({c.frames} outer frames left out)",
+            err=True)
     if result.entries:
         say(f"{result.entries} history entries")
     wrote(result.path)

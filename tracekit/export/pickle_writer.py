@@ -95,10 +95,13 @@ class Memo:
     once however many stacks hold it, as PyTorch's pickles share frames. ``slot[i]`` is the item's
     memo slot once written (-1 before); ``count`` is the next slot. The compiled writer gets the
     same table as arrays (``arrays``) and hands back the slots it used (``absorb``), so Python and
-    the kernel never define an object twice.
+    the kernel never define an object twice. A chain is written with at most ``limit`` elements
+    (its first ones: a stack's innermost frames, ``tracekit.export.depth``), so what a list costs is
+    bounded whatever the chain's length.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 1 << 62) -> None:
+        self.limit = limit
         self.keys: dict[Hashable, int] = {}
         self.blobs: list[bytes] = []
         self.head: list[int] = []
@@ -114,7 +117,8 @@ class Memo:
             self.blobs.append(blob)
             self.head.append(head)
             self.tail.append(tail)
-            self.depth.append(0 if head < 0 else 1 + (self.depth[tail] if tail >= 0 else 0))
+            below = self.depth[tail] if tail >= 0 else 0
+            self.depth.append(0 if head < 0 else min(1 + below, self.limit))
             self.slot.append(-1)
         return i
 
@@ -138,7 +142,7 @@ class Memo:
             data = self.blobs[i]
         else:
             parts, j, k = [bytes((Opcode.EMPTY_LIST,))], i, 0
-            while j >= 0:  # elements in batches of BATCH, as the kernel writes them
+            while j >= 0 and k < self.limit:  # elements in batches of BATCH, as the kernel writes them
                 if k % BATCH == 0:
                     parts.append(bytes((Opcode.MARK,)))
                 parts.append(self.use(self.head[j]))
@@ -161,10 +165,18 @@ class Memo:
         return (flat, starts, np.array(self.head, np.int64), np.array(self.tail, np.int64),
                 np.array(self.slot, np.int64), np.array([self.count], np.int64))
 
-    def definitions_bound(self) -> int:
-        """Bytes the first definitions of every item take at most (blobs, chains of references)."""
-        chains = sum(1 for h in self.head if h >= 0)
-        return sum(len(b) for b in self.blobs) + 5 * sum(self.depth) + 8 * chains + 2 * len(self.blobs)
+    def blobs_bound(self) -> int:
+        """Bytes the first definitions of the blob items not yet written take at most."""
+        items = zip(self.blobs, self.head, self.slot, strict=True)
+        return sum(len(b) + 2 for b, h, s in items if h < 0 and s < 0)
+
+    def chain_costs(self, items: np.ndarray) -> np.ndarray:
+        """Bytes the first definition of each chain item takes at most, besides its elements' blobs:
+        5 per reference (LONG_BINGET), the list, its MARK/APPENDS per BATCH and MEMOIZE; 0 for a blob item
+        or one already written."""
+        depth = np.asarray(self.depth, np.int64)[items]
+        new = (np.asarray(self.head, np.int64)[items] >= 0) & (np.asarray(self.slot, np.int64)[items] < 0)
+        return np.where(new, 5 * depth + 2 * (depth // BATCH) + 8, 0)
 
     def absorb(self, slot: np.ndarray, count: np.ndarray) -> None:
         self.slot = [int(s) for s in slot.tolist()]
@@ -328,15 +340,16 @@ def _put_blob(out, pos, i, blob, start, slot, count):  # pragma: no cover - comp
 
 
 @njit(cache=True)
-def _put_ref(out, pos, i, blob, start, head, tail, slot, count):  # pragma: no cover - compiled
-    """Push item ``i`` (see ``Memo``): a reference once written, else its definition and MEMOIZE."""
+def _put_ref(out, pos, i, blob, start, head, tail, slot, count, limit):  # pragma: no cover - compiled
+    """Push item ``i`` (see ``Memo``): a reference once written, else its definition (at most ``limit``
+    elements) and MEMOIZE."""
     if slot[i] >= 0 or head[i] < 0:
         return _put_blob(out, pos, i, blob, start, slot, count)
     out[pos] = Opcode.EMPTY_LIST
     pos += 1
     j = i
     k = 0
-    while j >= 0:
+    while j >= 0 and k < limit:
         if k % BATCH == 0:
             out[pos] = Opcode.MARK
             pos += 1
@@ -411,7 +424,7 @@ def _put_i64(out, pos, v):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def entries(out, kind, addr, size, stream, time_us, frames, device_free, names, blob, start, head, tail,
-            slot, count):  # pragma: no cover - compiled
+            slot, count, limit):  # pragma: no cover - compiled
     """Write one dict per entry into ``out`` (APPENDS batches of BATCH); returns the bytes written.
 
     Entry i, with the keys PyTorch 2.11 writes: ``{'action': KIND0 + kind[i], 'addr', 'size',
@@ -445,7 +458,7 @@ def entries(out, kind, addr, size, stream, time_us, frames, device_free, names, 
         pos = _put_blob(out, pos, names[Name.USER_METADATA], blob, start, slot, count)
         pos = _put_blob(out, pos, names[Name.EMPTY], blob, start, slot, count)
         pos = _put_blob(out, pos, names[Name.FRAMES], blob, start, slot, count)
-        pos = _put_ref(out, pos, frames[i], blob, start, head, tail, slot, count)
+        pos = _put_ref(out, pos, frames[i], blob, start, head, tail, slot, count, limit)
         out[pos] = Opcode.SETITEMS
         pos += 1
         if i % BATCH == BATCH - 1 or i == n - 1:
@@ -474,14 +487,33 @@ def write_entries(w: Writer, cols: dict[str, np.ndarray], names: np.ndarray) -> 
     """Append the entries given as columns (``kind``, ``addr``, ``size``, ``stream``, ``time_us``,
     ``frames``, ``device_free``) to the list on top of ``w``'s stack."""
     n = len(cols["kind"])
-    if not n:
-        return
+    frames = cols["frames"].astype(np.int64)
+    # What entry i may write: ENTRY_BOUND, plus its frame list's first definition if it is the first
+    # entry here naming a list not yet written; pieces of at most PIECE_BYTES of that (one entry at
+    # least), so the buffer stays bounded however many deep stacks the entries name.
+    first = np.zeros(n, bool)
+    first[np.unique(frames, return_index=True)[1]] = True
+    cost = np.cumsum(ENTRY_BOUND + np.where(first, w.memo.chain_costs(frames), 0))
+    lo = 0
+    while lo < n:
+        base = cost[lo - 1] if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(cost, base + PIECE_BYTES, "right")))
+        piece = {k: v[lo:hi] for k, v in cols.items()}
+        _write_piece(w, piece, names, int(cost[hi - 1] - base))
+        lo = hi
+
+
+PIECE_BYTES = 64 << 20  # entry bytes written per compiled pass at most (besides first blob definitions)
+
+
+def _write_piece(w: Writer, cols: dict[str, np.ndarray], names: np.ndarray, bound: int) -> None:
+    """One compiled pass over ``cols`` into a buffer of ``bound`` bytes plus the unwritten blobs'."""
     flat, starts, head, tail, slot, count = w.memo.arrays()
-    out = np.empty(n * ENTRY_BOUND + w.memo.definitions_bound() + 16, np.uint8)
+    out = np.empty(bound + w.memo.blobs_bound() + 16, np.uint8)
     end = entries(out, cols["kind"].astype(np.int64), cols["addr"].astype(np.uint64),
                   cols["size"].astype(np.uint64), cols["stream"].astype(np.uint64),
                   cols["time_us"].astype(np.int64), cols["frames"].astype(np.int64),
                   cols["device_free"].astype(np.int64), names.astype(np.int64), flat, starts, head, tail,
-                  slot, count)
+                  slot, count, np.int64(w.memo.limit))
     w.memo.absorb(slot, count)
     w.raw(out[:end].data)

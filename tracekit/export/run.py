@@ -14,6 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from tracekit import __version__
+from tracekit.export.depth import Cut
 from tracekit.outputs import atomic_output, check_output, write_bytes
 from tracekit.trace.reader import read_trace
 from tracekit.trace.schema import Op
@@ -40,6 +41,9 @@ class Shown:
     stacks: int
 
 
+CUT_NONE = Cut()  # nothing cut
+
+
 @dataclass(frozen=True)
 class ExportResult:
     """What an export wrote."""
@@ -50,6 +54,7 @@ class ExportResult:
     omitted_ooms: int = 0  # speedscope: handled OOMs beyond the bound
     entries: int = 0  # torch-snapshot: history entries written (a free is two)
     skipped: tuple[str, ...] = ()  # the reader's dropped inconsistent events, described
+    cut: Cut = CUT_NONE  # the stacks written cut to their innermost MAX_FRAMES frames
 
 
 EXPORTER = f"tracekit {__version__}"
@@ -74,10 +79,11 @@ def export_file(trace_path: str | os.PathLike[str], fmt: Format, output: str | o
         sel = select(trace)
         write_bytes(out, speedscope.encode(sel, src, EXPORTER))
         shown = tuple(Shown(m.title, m.total, len(m.stack)) for m in sel.moments)
-        return ExportResult(out, fmt, shown=shown, omitted_ooms=sel.omitted_ooms, skipped=skipped)
+        return ExportResult(out, fmt, shown=shown, omitted_ooms=sel.omitted_ooms, skipped=skipped,
+                            cut=speedscope.cut(sel))
     from tracekit.export.torch_snapshot import write_snapshot
 
     with atomic_output(out) as f:
-        write_snapshot(trace, f, EXPORTER)
+        cut = write_snapshot(trace, f, EXPORTER)
     entries = len(trace.events) + trace.events.count(Op.FREE)
-    return ExportResult(out, fmt, entries=entries, skipped=skipped)
+    return ExportResult(out, fmt, entries=entries, skipped=skipped, cut=cut)

@@ -2,20 +2,25 @@
 
 One file: ``shared.frames`` holds each frame of the trace's stack table that a moment uses, once
 (``name`` = the function, else the file; ``file``; ``line`` where known), plus one ``<no call-site>``
-frame for blocks recorded without one. Each moment (``tracekit.export.moments``) is one profile of
-type ``sampled``, unit ``bytes``: one sample per distinct stack, its frames outermost (root) first,
-weighing that stack's bytes; ``startValue`` 0, ``endValue`` = Σ weights, so speedscope's flame graph
-(left heavy, sandwich) shows where the moment's bytes were allocated. ``activeProfileIndex`` opens the
-fatal OOM when there is one, else the first peak. Handled OOMs beyond the bound are counted in the
-file's ``name``.
+frame for blocks recorded without one. A stack is written with its innermost
+``tracekit.export.depth.MAX_FRAMES`` frames at most (the root of a cut stack is its last frame kept).
+Each moment (``tracekit.export.moments``) is one profile of type ``sampled``, unit ``bytes``: one
+sample per distinct stack, its frames outermost (root) first, weighing that stack's bytes;
+``startValue`` 0, ``endValue`` = Σ weights, so speedscope's flame graph (left heavy, sandwich) shows
+where the moment's bytes were allocated. ``activeProfileIndex`` opens the fatal OOM when there is
+one, else the first peak. Handled OOMs beyond the bound are counted in the file's ``name``.
 """
 
 from __future__ import annotations
 
 import json
+from itertools import islice
 from pathlib import Path
 from typing import Literal, NotRequired, TypedDict
 
+import numpy as np
+
+from tracekit.export.depth import MAX_FRAMES, Cut, cut_of
 from tracekit.export.moments import Moment, MomentKind, Selection
 from tracekit.trace.stacks import StackTable
 
@@ -64,12 +69,13 @@ class _Frames:
         self.none = -1
 
     def of_stack(self, stack: int) -> list[int]:
-        """The speedscope frame indices of ``stack``, root first (``<no call-site>`` for -1)."""
+        """The speedscope frame indices of ``stack``, root first (``<no call-site>`` for -1): its
+        innermost ``MAX_FRAMES`` frames at most, so the root of a cut stack is its last frame kept."""
         if stack < 0:
             if self.none < 0:
                 self.none = self._add(FrameJSON(name=NO_STACK))
             return [self.none]
-        ids = [self._frame(f) for f in self.table.walk(stack)]
+        ids = [self._frame(f) for f in islice(self.table.walk(stack), MAX_FRAMES)]
         ids.reverse()  # walk goes innermost first; a speedscope sample starts at the root
         return ids
 
@@ -107,6 +113,13 @@ def document(sel: Selection, name: str, exporter: str) -> dict[str, object]:
     body = FileJSON(exporter=exporter, name=name, activeProfileIndex=active,
                     shared=SharedJSON(frames=frames.frames), profiles=profiles)
     return {"$schema": SCHEMA_URL, **body}
+
+
+def cut(sel: Selection) -> Cut:
+    """What ``MAX_FRAMES`` leaves out of the stacks the moments name."""
+    named = [m.stack[m.stack >= 0] for m in sel.moments]
+    used = np.unique(np.concatenate(named)).astype(np.int64) if named else np.zeros(0, np.int64)
+    return cut_of(sel.stacks, used, MAX_FRAMES)
 
 
 def encode(sel: Selection, source: Path, exporter: str) -> bytes:

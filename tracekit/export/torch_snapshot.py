@@ -7,7 +7,8 @@ global): ``tracekit.export.pickle_writer``. Shape (what ``docs/pytorch.md`` says
 - ``device_traces[d]``: device ``d``'s history in seq order, one dict per entry with the keys
   PyTorch 2.11 writes: ``action``, ``addr``, ``size``, ``stream``, ``time_us``,
   ``compile_context`` ("N/A"), ``user_metadata`` ("") and ``frames`` ([{filename, line, name}],
-  innermost first, one list shared by the entries of one stack; line 0 where the trace has none):
+  innermost first, one list shared by the entries of one stack; line 0 where the trace has none;
+  at most ``tracekit.export.depth.MAX_FRAMES`` frames, the outer rest left out):
   ``malloc`` → ``alloc`` (``size`` = the request); ``free`` → ``free_requested`` then
   ``free_completed`` (``size`` = its malloc's request, as PyTorch records it); ``segment_alloc`` /
   ``segment_free`` → the same, a ``segment_free`` with its segment's size (``segment_map`` /
@@ -37,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.analysis.recording import extra_column
+from tracekit.export.depth import MAX_FRAMES, Cut, cut_of, needed, used_stacks
 from tracekit.export.moments import event_stacks
 from tracekit.export.pickle_writer import (
     Kind,
@@ -67,28 +69,36 @@ def frame_dict(table: StackTable, f: int) -> dict[str, Any]:
 
 class _Stacks:
     """Memo items of the frame lists: stack ``s`` is the chain [frame dict of ``frame[s]``, *the list of
-    ``parent[s]``] (innermost first), so each frame dict is written once; index ``n_stacks`` (the
-    one -1 picks) is the empty list of an event without a stack."""
+    ``parent[s]``] (innermost first), written with at most ``memo.limit`` frames, so each frame dict is
+    written once; index ``n_stacks`` (the one -1 picks) is the empty list of an event without a stack.
+    Only the stacks within the limit of one the events name get an item (``depth.needed``): a chain
+    of millions of frames costs the limit, not its length."""
 
-    def __init__(self, memo: Memo, table: StackTable) -> None:
-        frame = [memo.item(("frame", f), plain_blob(frame_dict(table, f))) for f in range(table.n_frames)]
-        items: list[int] = []
-        for f, p in zip(table.frame.tolist(), table.parent.tolist(), strict=True):
-            items.append(memo.chain(("stack", len(items)), frame[f], items[p] if p >= 0 else -1))
-        items.append(memo.item(("stack", -1), b"]"))
-        self.items = np.array(items, np.int64)
+    def __init__(self, memo: Memo, table: StackTable, used: np.ndarray) -> None:
+        need = needed(table, used, memo.limit)
+        frame: dict[int, int] = {}
+        items = np.full(table.n_stacks + 1, -1, np.int64)
+        for s, f, p in zip(need.tolist(), table.frame[need].tolist(), table.parent[need].tolist(),
+                           strict=True):
+            if f not in frame:
+                frame[f] = memo.item(("frame", f), plain_blob(frame_dict(table, f)))
+            items[s] = memo.chain(("stack", s), frame[f], int(items[p]) if p >= 0 else -1)
+        items[-1] = memo.item(("stack", -1), b"]")
+        self.items = items
 
     def of(self, stack: np.ndarray) -> np.ndarray:
         """The memo item of each stack id (-1 picks the last: the empty list)."""
         return self.items[stack]
 
 
-def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> None:
-    """Pickle ``trace`` as a snapshot into the binary file ``f`` (see the module docstring)."""
+def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> Cut:
+    """Pickle ``trace`` as a snapshot into the binary file ``f`` (see the module docstring); each
+    frame list holds a stack's innermost ``MAX_FRAMES`` frames at most. Returns what that left out."""
     ev = trace.events
     stack, table = event_stacks(ev)
-    memo = Memo()
-    stacks = _Stacks(memo, table)
+    memo = Memo(MAX_FRAMES)
+    used = used_stacks(stack)
+    stacks = _Stacks(memo, table, used)
     names = entry_names(memo)
     w = Writer(f, memo)
     w.op(Opcode.EMPTY_DICT, Opcode.MARK)  # the top-level dict, its items follow
@@ -104,6 +114,7 @@ def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> None:
     w.obj(tracekit_record(trace, exporter))
     w.op(Opcode.SETITEMS)
     w.end()
+    return cut_of(table, used, MAX_FRAMES)
 
 
 def _device_traces(w: Writer, trace: Trace, stack: np.ndarray, stacks: _Stacks, names: np.ndarray) -> None:
