@@ -126,3 +126,10 @@ def test_a_deep_stack_is_cut_and_the_note_says_how_much(tmp_path: Path) -> None:
     frames = pickle.loads((tmp_path / "deep.pickle").read_bytes())["device_traces"][0][0]["frames"]
     assert len(frames) == MAX_FRAMES and frames[0]["filename"] == "b.py"
 
+
+def test_help_names_the_default_output() -> None:
+    res = tracekit("export", "--help")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "File to write ." not in text
+    assert "default: TRACE with .speedscope.json or .pickle in place of .parquet" in text.replace("│ ", "")

@@ -25,7 +25,7 @@ def export(
     ),
     output: Path | None = typer.Option(
         None, "-o", "--output",
-        help="File to write [default: TRACE with .speedscope.json or .pickle in place of .parquet].",
+        help="File to write (default: TRACE with .speedscope.json or .pickle in place of .parquet).",
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
 ) -> None:
