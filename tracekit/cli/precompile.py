@@ -7,7 +7,8 @@ verb needs compiled is to run the verbs themselves: ``synth`` each pattern,
 then ``info``, ``analyze`` (with a timeline), ``replay --sim`` under every
 registered policy, ``whatif``, ``report``, ``advise`` (a raw, a CuPy and a PyTorch
 trace: each searches through its own inputs), ``fleet`` (its members are read
-and analyzed their own way) and ``import torch`` on the
+and analyzed their own way), ``export`` in both formats (a synthetic trace and a
+PyTorch one with whole stacks) and ``import torch`` on the
 committed snapshots, on the synthetic traces and on the small committed
 traces when the source tree has them (``--traces DIR``: another folder holding
 them, as when a wheel is built from a copy of the package). The package build
@@ -33,6 +34,7 @@ TRACES = ("cupy-oom-frag", "torch-wrap", "torch-expandable", "torch-record-oom",
 SNAPSHOTS = ("torch-wrap", "torch-record-oom")
 ADVISED = ("cupy-oom-frag", "torch-record-oom")  # a CuPy and a PyTorch search, both small
 PATTERNS = ("training", "random", "fragmenting")
+EXPORTED = ("torch-wrap",)  # a PyTorch trace with whole stacks (format 3), besides a synthetic one
 
 
 def _verb(args: list[str]) -> str | None:
@@ -73,6 +75,10 @@ def _runs(tmp: Path, folder: Path) -> Iterator[list[str]]:
     for path in (p for p in (folder / f"{n}.parquet" for n in ADVISED) if p.is_file()):
         yield ["advise", str(path), "--jobs", "1"]
     yield ["fleet", *map(str, traces), "--jobs", "1", "-o", str(tmp / "fleet.json")]
+    exported = traces[:1] + [p for p in (folder / f"{n}.parquet" for n in EXPORTED) if p.is_file()]
+    for k, path in enumerate(exported):
+        for fmt in ("torch-snapshot", "speedscope"):
+            yield ["export", str(path), "-f", fmt, "-o", str(tmp / f"export{k}.{fmt}"), "--force"]
     for name in SNAPSHOTS:
         snap = folder / f"{name}.pickle.gz"
         if snap.is_file():
