@@ -116,6 +116,18 @@ def test_advise_and_fleet_name_the_users_line(v3_trace: Path) -> None:
     assert row["oom_user_site"] == "train.py:88:step" and row["oom_request_site"] == f"{RESNET}:151:forward"
 
 
+@pytest.mark.parametrize("verb", [["analyze"], ["advise", "--jobs", "1"], ["fleet", "--jobs", "1"]])
+def test_a_user_code_path_under_no_frame_is_said(v3_trace: Path, tmp_path: Path, verb: list[str]) -> None:
+    if verb[0] == "fleet":
+        pytest.importorskip("polars")
+    nowhere = str(tmp_path / "nowhere")
+    r = runner.invoke(app, [verb[0], str(v3_trace), *verb[1:], "--user-code", nowhere, "--user-code", "train.py"])
+    assert r.exit_code == 0, r.output
+    note = f"tracekit: note: no frame of {v3_trace} lies under {nowhere}"
+    assert [x for x in r.stderr.splitlines() if "note:" in x] == [note]  # train.py holds frames: no note
+    assert note not in r.stdout
+
+
 @pytest.mark.parametrize("name", ["torch-handled-oom.parquet", "cupy-oom-frag.parquet",
                                   "torch-gpt2-lengths.parquet"])
 def test_real_traces_keep_their_sites_and_draw_trees(traces_dir: Path, name: str) -> None:

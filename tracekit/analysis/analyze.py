@@ -36,7 +36,7 @@ from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
 from tracekit.analysis.tree import TreeInputs, TreeLimits, trees_of
 from tracekit.sim.torch_rules import segment_sizes
-from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table
+from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table, unmatched
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
@@ -82,9 +82,16 @@ def analyze_trace(trace: Trace, *, timeline: bool = True, user_code: UserCode = 
     ``user_code``: what counts as the user's code in call-site labels; ``trees``: also the
     live bytes by stack at the peak, the OOMs and the end, under those limits.
     """
+    table = stack_table(trace.events)
+    result = _analyze_devices(trace, timeline, _Asked(CallSites.of(table, user_code), trees))
+    misses = unmatched(table, user_code)
+    return replace(result, summary=replace(result.summary, user_code_unmatched=misses)) if misses else result
+
+
+def _analyze_devices(trace: Trace, timeline: bool, asked: _Asked) -> AnalysisResult:
+    """Each device on its own (``asked`` once: the devices share it), combined."""
     devs = device_ids(trace)
     fatal = fatal_seq(trace.events, trace.meta.extra)
-    asked = _Asked(CallSites.of(stack_table(trace.events), user_code), trees)  # once: devices share it
     if len(devs) <= 1:
         return _analyze_device(trace, timeline, devs[0] if devs else 0, True, fatal, asked)
     home = home_device(trace.meta.extra, devs)

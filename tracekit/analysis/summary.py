@@ -163,6 +163,7 @@ class Summary:
     leaked_blocks: int
     context: DeviceContext
     skipped: tuple[str, ...] = ()
+    user_code_unmatched: tuple[str, ...] = ()  # --user-code paths no frame of the trace lies under
     warnings: tuple[str, ...] = ()  # inconsistent events kept (blocks against segments)
     ooms: tuple[OOMReport, ...] = ()  # every OOM in seq order (every device's, at the top level)
     device: int | None = None  # the device these figures describe

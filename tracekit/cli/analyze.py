@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -44,6 +45,7 @@ def analyze(
     with terminal_progress("analyzing"):
         result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs, force=force,
                               user_code=UserCode.of(user_code), trees=limits)
+    note_unmatched(trace, user_code, result.summary.user_code_unmatched)
     if json_out:
         echo_json(result.summary.to_dict())
     else:
@@ -58,6 +60,18 @@ def analyze(
         with terminal_progress("report"):
             path = write_report(trace, report, result, force=force)
         wrote(path)
+
+
+def note_unmatched(trace: object, paths: Sequence[str], misses: Sequence[str]) -> None:
+    """One line on stderr per ``--user-code`` PATH that no frame of TRACE lies under: ``misses``
+    are the prefixes that hold no frame (``tracekit.trace.callsite.unmatched``); such a PATH
+    changes nothing, which would otherwise go unseen."""
+    from tracekit.cli.common import say
+    from tracekit.trace.stacks import UserCode
+
+    for p in paths:
+        if misses and set(UserCode.of([p]).prefixes) <= set(misses):
+            say(f"tracekit: note: no frame of {trace} lies under {p}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -48,6 +49,8 @@ def fleet(
                            output=output, report=report, force=force, user_code=UserCode.of(user_code))
     with terminal_progress("fleet"):  # traces done of all, on a terminal, like every verb
         result = run_fleet(paths, options)
+    if user_code:
+        _note_unmatched(result.table, user_code)
     if json_out:
         from tracekit.fleet.table import json_rows
 
@@ -66,6 +69,22 @@ def fleet(
 
         raise InputError(f"{len(errors)} of {result.summary.traces} traces could not be analyzed, "
                          f"their rows say why; the first: {errors[0][1]}")
+
+
+def _note_unmatched(table: Any, user_code: list[str]) -> None:
+    """``analyze``'s note per trace of the fleet ``table`` read without error and PATH no frame
+    of it lies under (each trace's frames read again here: the members return rows, not frame
+    tables)."""
+    from tracekit.cli.analyze import note_unmatched
+    from tracekit.trace import read_trace
+    from tracekit.trace.callsite import stack_table, unmatched
+    from tracekit.trace.stacks import UserCode
+
+    code = UserCode.of(user_code)
+    for row in table.select("path", "error").iter_rows(named=True):
+        if row["error"] is None:
+            path = row["path"]
+            note_unmatched(path, user_code, unmatched(stack_table(read_trace(path).events), code))
 
 
 def register(app: typer.Typer) -> None:

@@ -264,6 +264,13 @@ def _labels(table: StackTable, u: np.ndarray, r: np.ndarray
     return lut[inverse.reshape(-1)], tuple(index), tuple(users), tuple(requests)
 
 
+def unmatched(table: StackTable, user_code: UserCode) -> tuple[str, ...]:
+    """The prefixes of ``user_code`` (``--user-code``) under which no frame of ``table`` lies:
+    once per distinct file name, not per frame or stack."""
+    files = set(table.file)
+    return tuple(p for p in user_code.prefixes if not any(UserCode((p,)).holds(f) for f in files))
+
+
 def frame_text(f: Frame) -> str:
     """``path:line:function`` (``Frame.label``); a call-site that did not parse as its own text."""
     return f.file if f.line < 0 and not f.function else f.label()
