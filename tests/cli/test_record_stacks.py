@@ -72,13 +72,35 @@ def test_a_malloc_three_calls_deep_names_those_frames_and_ends_at_the_program(tm
     assert {t.events.site_name(int(i)) for i in mallocs} == {"app.py:7:inner"}
 
 
-def test_stack_depth_keeps_the_innermost_frames(tmp_path: Path) -> None:
-    r = _record(tmp_path, PROGRAM, "-o", "t.parquet", "--stack-depth", "6")
+def _from_site(stack: list[tuple[str, int, str, FrameKind]]) -> list[tuple[str, int, str, FrameKind]]:
+    """The frames of ``stack`` from the call-site outwards, after checking that only CuPy's lie inside."""
+    first = next(i for i, f in enumerate(stack) if f[0] == "app.py")
+    assert first > 0 and all("cupy" in f[0] for f in stack[:first]), stack
+    return stack[first:]
+
+
+def test_stack_depth_counts_frames_from_the_call_site(tmp_path: Path) -> None:
+    r = _record(tmp_path, PROGRAM, "-o", "t.parquet", "--stack-depth", "4")
+    assert r.returncode == 0, r.stderr
+    main, thread = (_from_site(s) for s in _mallocs(tmp_path / "t.parquet"))
+    assert [(f[1], f[2]) for f in main] == [(7, "inner"), (11, "middle"), (15, "outer"), (18, "<module>")]
+    assert [(f[1], f[2]) for f in thread[:3]] == [(7, "inner"), (11, "middle"), (15, "outer")]
+    assert len(thread) == 4 and thread[3][0] == "threading.py"  # 4 frames, CuPy's not among them
+    assert read_trace(tmp_path / "t.parquet").meta.extra["recorder"]["stack_depth"] == 4
+
+
+def test_stack_depth_1_keeps_the_users_line_that_analyze_names(tmp_path: Path) -> None:
+    """CuPy's frames never use up the depth: one frame is the user's line, not CuPy's pool."""
+    kept = PROGRAM.replace("del a\n", "")  # the main thread's array still live at the end: analyze names it
+    assert kept != PROGRAM
+    r = _record(tmp_path, kept, "-o", "t.parquet", "--stack-depth", "1")
     assert r.returncode == 0, r.stderr
     for stack in _mallocs(tmp_path / "t.parquet"):
-        assert len(stack) <= 6 and stack[-2:] == [("app.py", 7, "inner", FrameKind.USER),
-                                                  ("app.py", 11, "middle", FrameKind.USER)]
-    assert read_trace(tmp_path / "t.parquet").meta.extra["recorder"]["stack_depth"] == 6
+        assert _from_site(stack) == [("app.py", 7, "inner", FrameKind.USER)]
+    out = subprocess.run([sys.executable, "-m", "tracekit", "analyze", "t.parquet"], capture_output=True,
+                         text=True, cwd=tmp_path, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "app.py:7:inner" in out.stdout and "memory.py" not in out.stdout, out.stdout
 
 
 def test_no_sites_records_no_stacks_and_depth_0_the_site_alone(tmp_path: Path) -> None:

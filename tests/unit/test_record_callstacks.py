@@ -40,7 +40,9 @@ def fakelib(tmp_path_factory: pytest.TempPathFactory) -> types.ModuleType:
     (root / "fakelib_stacks").mkdir()
     (root / "fakelib_stacks" / "__init__.py").write_text(
         "def zeros(hook, n, ptr):\n"
-        "    hook.malloc_postprocess(device_id=0, size=n, mem_size=n, mem_ptr=ptr, pmem_id=7)\n")
+        "    hook.malloc_postprocess(device_id=0, size=n, mem_size=n, mem_ptr=ptr, pmem_id=7)\n"
+        "def empty(hook, n, ptr):\n"
+        "    zeros(hook, n, ptr)\n")
     sys.path.insert(0, str(root))
     try:
         import fakelib_stacks  # type: ignore[import-not-found]
@@ -119,15 +121,42 @@ def test_kind_of_takes_the_most_specific_root() -> None:
 
 
 @pytest.mark.parametrize("depth", [1, 2, 4])
-def test_the_depth_bound_is_honoured_innermost_frames_kept(fakelib: types.ModuleType, depth: int) -> None:
+def test_the_depth_counts_from_the_call_site_frame(fakelib: types.ModuleType, depth: int) -> None:
+    """The library's frame inside the call-site never uses up the depth: ``depth`` frames from c()."""
     buf, stacks, hook = _hook(fakelib, depth)
     a(hook, fakelib, BASE)
     row = unpack(buf.take())
     labels = _labels(stacks, int(row["stack"][0]))
-    assert len(labels) == depth and labels[0].endswith(":zeros")
-    assert [x.rsplit(":", 1)[1] for x in labels] == ["zeros", "c", "b", "a"][:depth]
-    # with only the library frame in the window the site still comes from beyond it
+    assert len(labels) == depth + 1 and labels[0].endswith(":zeros")
+    here = sys._getframe().f_code.co_name
+    assert [x.rsplit(":", 1)[1] for x in labels] == ["zeros", "c", "b", "a", here][:depth + 1]
     assert stacks.sites.names[int(row["site"][0])].endswith(f":{LINE_C}:c")
+
+
+def d(hook: TraceHook, lib: types.ModuleType, ptr: int) -> None:
+    lib.empty(hook, 512, ptr)  # two library frames deep: empty, then zeros
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_library_frames_deeper_than_the_depth_still_reach_the_users_line(fakelib: types.ModuleType,
+                                                                         depth: int) -> None:
+    buf, stacks, hook = _hook(fakelib, depth)
+    for k in range(3):
+        d(hook, fakelib, BASE + 4096 * k)
+    rows = unpack(buf.take())
+    assert len(set(rows["stack"].tolist())) == 1
+    labels = _labels(stacks, int(rows["stack"][0]))
+    names = [x.rsplit(":", 1)[1] for x in labels]
+    assert names[:2] == ["zeros", "empty"] and names[2] == "d" and len(names) == 2 + depth
+    assert len(stacks.long) == 1  # the longer window read once, then served from its cache
+    # LiveStacks.capture, the hook's path not inlined, answers the same
+    got: list[tuple[int, int]] = []
+    probe = types.SimpleNamespace(
+        malloc_postprocess=lambda **kw: got.append(stacks.capture(sys._getframe(1))))
+    d(probe, fakelib, BASE)  # type: ignore[arg-type]  # only malloc_postprocess is called
+    (site, stack), = got
+    assert site == int(rows["site"][0]) and len(_labels(stacks, stack)) == len(labels)
+    assert _labels(stacks, stack)[:3] == labels[:3]  # beyond d(): this test's other line
 
 
 def test_a_seen_window_is_served_from_the_cache(fakelib: types.ModuleType) -> None:

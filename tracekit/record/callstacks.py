@@ -1,7 +1,11 @@
 """Whole call stacks of the recorded program, interned as it runs (trace format v3).
 
 At every malloc and out-of-memory request the hook reads the Python frames of the call, from the
-innermost outwards, at most ``depth`` of them: the *window*. Its key is the ``id`` of each frame's
+innermost outwards, at most ``depth`` of them: the *window*. The depth counts from the call-site
+frame (the innermost frame outside CuPy and tracekit, the ``site`` column's): where the window's
+innermost frames are CuPy's and the depth cut it short, ``k`` more frames are read beyond it,
+``k`` the number of those frames (``LiveStacks.longer``), so CuPy's frames never use up the depth
+and a small ``--stack-depth`` still keeps the user's line. Its key is the ``id`` of each frame's
 code object and its instruction offset (``f_lasti``): a tuple of ints, hashed once, looked up in
 one dict (``LiveStacks.hot``) that answers the pair (the one-frame site's row bits, the stack
 id). Only a window never seen before takes the slow path (``LiveStacks.miss``): each frame is
@@ -43,6 +47,10 @@ from tracekit.trace.stacks import FrameKind, StackInterner
 
 DEFAULT_DEPTH = 64  # frames per stack unless --stack-depth says otherwise
 SITE_SHIFT = 32  # where a row's code keeps site + 1 (tracekit.record.hook)
+# The stack id ``LiveStacks.hot`` answers for a window that the depth cut short inside CuPy's (or
+# tracekit's) frames, with their count in the site slot: the caller reads that many frames more
+# (``LiveStacks.longer``) for the real answer.
+LONGER = -2
 
 frame_code, frame_lasti = attrgetter("f_code"), attrgetter("f_lasti")
 
@@ -81,7 +89,9 @@ class LiveStacks:
 
     ``site bits`` is ``(site + 1) << 32`` (the row code's site field), or None where the window
     holds no frame outside the site's skipped libraries (the site is then looked up each time,
-    beyond the window: only with a small ``depth``).
+    beyond the window). The answer is ``(k, LONGER)`` for a window of ``depth`` frames whose ``k``
+    innermost ones are the skipped libraries': ``longer`` answers for it from the window and ``k``
+    frames beyond (its own cache ``long``), so the depth counts from the call-site frame.
     """
 
     def __init__(self, sites: SiteTable, depth: int, own_dirs: tuple[str, ...],
@@ -91,6 +101,7 @@ class LiveStacks:
         self._own = tuple(os.path.join(os.path.abspath(d), "") for d in own_dirs)
         self._kinds = kinds
         self.hot: dict[tuple[int, ...], tuple[int | None, int]] = {}
+        self.long: dict[tuple[int, ...], tuple[int | None, int]] = {}  # longer windows (``longer``)
         self._frame_of: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> frame id
         self._named: dict[int, tuple[str, str, int] | None] = {}  # id(code) -> (path, name, kind); None: own
         self._codes: list[CodeType] = []  # keeps every code seen alive, so its id stays unique
@@ -104,16 +115,51 @@ class LiveStacks:
         if v is None:
             v = self.miss(frames)
         bits, stack = v
+        if stack == LONGER and bits is not None:  # bits: the count of the libraries' frames
+            bits, stack = self.longer(frames, bits)
         return ((bits >> SITE_SHIFT) - 1 if bits is not None else self.sites.site_of(frame)), stack
 
     def miss(self, frames: list[FrameType]) -> tuple[int | None, int]:
-        """Slow path: name and intern the window's frames, remember the window's answer."""
+        """Slow path: name and intern the window's frames, remember the window's answer (``(k, LONGER)``
+        for a full window whose ``k`` innermost frames are the skipped libraries': the depth cut it)."""
         key = window_key(frames)
         with self._lock:
             v = self.hot.get(key)  # another thread may have just added it
             if v is None:
-                v = self.hot[key] = (self._site_bits(frames), self._stack(frames))
+                outside = (i for i, f in enumerate(frames) if not self.sites.is_internal(f.f_code))
+                k = next(outside, len(frames))  # the skipped libraries' frames inside the call-site
+                cut = len(frames) == self.depth and k > 0
+                v = self.hot[key] = (k, LONGER) if cut else (self._site_bits(frames), self._stack(frames))
         return v
+
+    def longer(self, frames: list[FrameType], k: int) -> tuple[int | None, int]:
+        """(site bits, stack id) of a window answered ``(k, LONGER)``: ``k`` frames more are read beyond
+        it (and where every frame of it is the skipped libraries', those beyond up to the call-site
+        frame), so the stack holds ``depth`` frames from the call-site outwards (fewer where the stack
+        ends) and the libraries' inside it. One more window read and lookup per request: only with a
+        ``depth`` below the program's own (measured in ``docs/record.md``)."""
+        beyond = frames[-1].f_back
+        if k == len(frames):
+            k += self._inside_site(beyond)
+        full = frames + window(beyond, backs(k), self.stop)
+        key = window_key(full)
+        v = self.long.get(key)
+        if v is None:
+            with self._lock:
+                v = self.long.get(key)
+                if v is None:
+                    v = self.long[key] = (self._site_bits(full), self._stack(full))
+        return v
+
+    def _inside_site(self, frame: FrameType | None) -> int:
+        """How many frames from ``frame`` outwards are the skipped libraries' (CuPy's, tracekit's)
+        before the call-site frame (all of them up to the launcher where there is none)."""
+        k = 0
+        while frame is not None and (self.stop is None or self.stop(frame)) \
+                and self.sites.is_internal(frame.f_code):
+            k += 1
+            frame = frame.f_back
+        return k
 
     def _site_bits(self, frames: list[FrameType]) -> int | None:
         for f in frames:

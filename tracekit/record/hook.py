@@ -256,6 +256,7 @@ def _stack_callbacks(ext, clock, stream, failed, stacks, device):  # type: ignor
     getframe = sys._getframe
     hot = stacks.hot
     miss = stacks.miss
+    longer = stacks.longer
     site_of = stacks.sites.site_of
     steps = stacks.steps
     stop = stacks.stop if stacks.stop is not None else bool  # bool: the stack's end alone
@@ -269,7 +270,9 @@ def _stack_callbacks(ext, clock, stream, failed, stacks, device):  # type: ignor
         if v is None:
             v = miss(frames)
         bits, st = v
-        if bits is None:  # no frame outside CuPy and tracekit in the window: the site lies beyond it
+        if st < -1:  # LONGER: the depth was cut short inside CuPy's frames; it counts from the site
+            bits, st = longer(frames, bits)
+        if bits is None:  # no frame outside CuPy and tracekit in the stack: the site lies beyond it
             bits = (site_of(frames[0]) + 1) << _site
         if device is not None:
             device_id = device(device_id)
