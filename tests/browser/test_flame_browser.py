@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import test_page_browser as shared
 from test_page_model import (
     ALL,
+    BIDI,
+    BIDI_FRAMES,
     C10,
     CALL,
     CONV,
@@ -71,6 +73,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "stacks": write_page(stacks_trace(tmp / "s.parquet"), tmp / "s.html"),
         "hostile": write_page(stacks_trace(tmp / "h.parquet", HOSTILE_FRAMES), tmp / "h.html"),
         "cupy": write_page(stacks_trace(tmp / "c.parquet", CUPY_FRAMES), tmp / "c.html"),
+        "bidi": write_page(stacks_trace(tmp / "b.parquet", BIDI_FRAMES), tmp / "b.html"),
     }
 
 
@@ -206,6 +209,30 @@ def test_a_stand_in_cupy_frame_is_not_marked_as_the_users(browser: Any, pages: d
     assert "fakecupy/cupy/linalg.py:40" in tip and "your code" not in tip
     marked = p.evaluate("[...document.querySelectorAll('.fl-note .mine-text')].map((e) => e.textContent)")
     assert marked == ["main (train.py:100)", "step (train.py:88)", "forward (model.py:30)"]
+    assert o.errors == []
+    p.close()
+
+
+def test_a_bidi_override_in_a_frame_name_shows_escaped(browser: Any, pages: dict[str, Path]) -> None:
+    """A frame named with U+202E (and a file with U+2066): the failing request's sentence, the flame
+    graph's labels and its hover, the legend and the tables show ``\\u202e`` as text; no format character
+    reaches the page, so nothing displays reversed."""
+    o = Opened(browser, pages["bidi"])
+    p = o.page
+    shown = "evil\\u202eyp.niam"
+    assert shown != BIDI and "\u202e" in BIDI
+    note = p.text_content(".fl-note") or ""
+    assert f"{shown} (train.py:88)" in note and "(mod\\u2066el.py:30)" in note
+    assert f"{shown} (train.py:88)" in p.evaluate("tracekit.flame.view.nodes.map((n) => n.text)")
+    nodes = drawn(o)
+    p.locator("#flame").scroll_into_view_if_needed()
+    xy = p.evaluate(f"tracekit.flame.locate({nodes[(ALL, MAIN, shown)][3]})")
+    p.mouse.move(xy["x"], xy["y"])
+    assert shown in (p.text_content("#tip") or "")
+    assert "train.py:88:" + shown in (p.text_content("#legend") or "")
+    everything = p.evaluate("document.body.innerText + "
+                            "tracekit.flame.view.nodes.map((n) => n.text + n.label).join()")
+    assert shown in everything and not any(c in everything for c in "\u202e\u2066\u202a\u200f")
     assert o.errors == []
     p.close()
 

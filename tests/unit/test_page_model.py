@@ -31,11 +31,13 @@ import pytest
 
 from tracekit.analysis import analyze_trace
 from tracekit.analysis.leaks import by_label, pool_state_at
+from tracekit.inputs import safe_text
 from tracekit.report.page import lod, state, write_page
 from tracekit.report.page.callsites import stacks_of
 from tracekit.report.page.columns import column, decode
 from tracekit.report.page.data import build_model
 from tracekit.report.page.html import csp, model_json, page
+from tracekit.report.page.text import safe_strings
 from tracekit.trace import DeviceInfo, Events, Op, Source, TraceMeta, read_trace, write_trace
 from tracekit.trace.callsite import CallSites
 from tracekit.trace.stacks import FrameKind, StackTable, UserCode
@@ -398,6 +400,31 @@ def test_hostile_call_sites_stay_data(tmp_path: Path) -> None:
     assert policy is not None
     assert policy.group(1).startswith("default-src 'none'; script-src 'sha256-")
     assert "unsafe" not in policy.group(1) and "http" not in policy.group(1)
+
+
+BIDI = "evil\u202eyp.niam"  # U+202E RIGHT-TO-LEFT OVERRIDE: shown raw, the rest reads reversed
+BIDI_FRAMES = (
+    FRAMES[0],
+    ("train.py", 88, BIDI, FrameKind.USER),
+    *FRAMES[2:3],
+    ("mod\u2066el.py", 30, "forward", FrameKind.USER),  # U+2066 LEFT-TO-RIGHT ISOLATE in a file name
+    *FRAMES[4:],
+)
+
+
+def test_bidi_and_format_characters_are_escaped_in_the_model(tmp_path: Path) -> None:
+    """Frame names, labels and every other text from the trace reach the page escaped as ``safe_text``
+    escapes them (``\\u202e`` as six characters); no format character is left anywhere in the page."""
+    out = write_page(stacks_trace(tmp_path / "b.parquet", BIDI_FRAMES), tmp_path / "b.html")
+    text = out.read_text(encoding="utf-8")
+    m = read_model(out)
+    assert m["frames"]["function"][1] == "evil\\u202eyp.niam" == safe_text(BIDI)
+    assert m["frames"]["file"][3] == "mod\\u2066el.py"
+    assert "train.py:88:evil\\u202eyp.niam" in m["stacks"]["labels"]
+    assert "mod\\u2066el.py:30:forward" in m["stacks"]["labels"]
+    dumped = json.dumps(m, ensure_ascii=False)
+    assert "\u202e" not in dumped and "\u2066" not in dumped and "\u202e" not in text
+    assert safe_strings(m) == m  # escaped once: escaping again changes nothing
 
 
 def test_csp_hashes_are_of_the_inlined_blocks() -> None:

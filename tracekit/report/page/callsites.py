@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.report.page.model import Frames, Stacks
+from tracekit.report.page.text import safe_texts
 from tracekit.trace import Events
 from tracekit.trace.callsite import CallSites
 from tracekit.trace.stacks import FrameKind, StackTable
@@ -53,9 +54,9 @@ def page_stacks(cs: CallSites) -> tuple[Frames, Stacks]:
     names it (``CallSites``: its user frame, its request frame, its label id into ``labels``)."""
     table = cs.table
     frames = Frames(
-        file=list(table.file),
+        file=safe_texts(table.file),  # escaped once here: the page shows them as they are
         line=table.line.tolist(),
-        function=list(table.function),
+        function=safe_texts(table.function),
         kind=table.kind.tolist(),
         user=cs.roles.user.tolist(),
         kinds=KIND_NAMES,
@@ -66,6 +67,6 @@ def page_stacks(cs: CallSites) -> tuple[Frames, Stacks]:
         user_frame=cs.user.tolist(),
         request_frame=cs.request.tolist(),
         label=cs.label.tolist(),
-        labels=list(cs.labels),
+        labels=safe_texts(cs.labels),
     )
     return frames, stacks

@@ -33,6 +33,7 @@ from tracekit.report.page.model import (
     Verdict,
 )
 from tracekit.report.page.state import build_state
+from tracekit.report.page.text import safe_strings
 from tracekit.trace import Op, Trace
 from tracekit.trace.callsite import CallSites
 from tracekit.trace.devices import device_ids, select_device
@@ -209,7 +210,7 @@ def build_model(
     tables = _site_tables(sub, stack, cs, s, peak)
     tables += _extra_tables(whatif, advise)
     first_budget = next((d["budget"] for d in details if d["budget"] is not None), None)
-    return PageModel(
+    return safe_strings(PageModel(
         version=1,
         title=f"tracekit report: {name}",
         trace=TraceInfo(
@@ -243,7 +244,7 @@ def build_model(
         budget_start=first_budget,
         tables=tables,
         baseline=None if baseline is None else baseline_view(s, rows, *baseline),
-    )
+    ))  # every text from the trace escaped as the terminal verbs print it (page.text)
 
 
 def label_rank(sub: Trace, label: np.ndarray, n_labels: int) -> list[int]:

@@ -5,7 +5,9 @@ delta-encoded (``x[i] = x[i-1] + d[i]``, for ascending columns), deflated (zlib)
 and base64-encoded, so a column of a million event indices costs a few kB and the
 page decodes it with the browser's own ``DecompressionStream``. Strings from the
 trace (call-site files and functions, process names, explanations) are plain JSON
-strings: the page inserts them with ``textContent`` only.
+strings, escaped as ``tracekit.inputs.safe_text`` escapes them (``page.text``: no bidi
+override or other character that is not printable reaches the page): the page inserts them
+with ``textContent`` only.
 
 Event indices (``index``, ``malloc``, ``free``, ``alloc`` …) count rows of the
 reported device's events from 0; ``seq`` is the trace's own sequence number.
