@@ -67,6 +67,7 @@ class _Frames:
         self.index: dict[int, int] = {}  # stack-table frame id -> speedscope frame index
         self.frames: list[FrameJSON] = []
         self.none = -1
+        self.samples: dict[int, list[int]] = {}  # stack id -> its sample, walked once for every moment
 
     def of_stack(self, stack: int) -> list[int]:
         """The speedscope frame indices of ``stack``, root first (``<no call-site>`` for -1): its
@@ -75,8 +76,11 @@ class _Frames:
             if self.none < 0:
                 self.none = self._add(FrameJSON(name=NO_STACK))
             return [self.none]
-        ids = [self._frame(f) for f in islice(self.table.walk(stack), MAX_FRAMES)]
-        ids.reverse()  # walk goes innermost first; a speedscope sample starts at the root
+        ids = self.samples.get(stack)
+        if ids is None:
+            ids = [self._frame(f) for f in islice(self.table.walk(stack), MAX_FRAMES)]
+            ids.reverse()  # walk goes innermost first; a speedscope sample starts at the root
+            self.samples[stack] = ids
         return ids
 
     def _frame(self, f: int) -> int:
