@@ -121,7 +121,8 @@ def test_a_user_code_path_under_no_frame_is_said(v3_trace: Path, tmp_path: Path,
     if verb[0] == "fleet":
         pytest.importorskip("polars")
     nowhere = str(tmp_path / "nowhere")
-    r = runner.invoke(app, [verb[0], str(v3_trace), *verb[1:], "--user-code", nowhere, "--user-code", "train.py"])
+    args = [verb[0], str(v3_trace), *verb[1:], "--user-code", nowhere, "--user-code", "train.py"]
+    r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     note = f"tracekit: note: no frame of {v3_trace} lies under {nowhere}"
     assert [x for x in r.stderr.splitlines() if "note:" in x] == [note]  # train.py holds frames: no note
