@@ -26,6 +26,7 @@ from tracekit.device.torch_loop import attach, closing_requests, history_of
 from tracekit.device.torch_settings import fraction_for, plan_settings
 from tracekit.errors import DeviceError, UsageError
 from tracekit.importers import torch_columns as tc
+from tracekit.importers.torch_stacks import StackBuilder
 from tracekit.sim.base import Status
 from tracekit.trace import Op, read_meta
 
@@ -81,7 +82,8 @@ def _history(entries: list[tuple[str, int, int]]) -> tc.History:
     dicts = [{"action": a, "size": s, "stream": 0, "time_us": i, **({"addr": p} if a != "oom" else {})}
              for i, (a, p, s) in enumerate(entries)]
     h = history_of(dicts)
-    assert (h.action == tc.read_history(dicts, 0, tc.SiteTable()).action).all()  # the importer's codes
+    read = tc.read_history(list(dicts), 0, tc.SiteTable(), StackBuilder())
+    assert (h.action == read.action).all()  # the importer's codes
     return h
 
 

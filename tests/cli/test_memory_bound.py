@@ -59,7 +59,8 @@ def _columns(n: int, first_seq: int, site: pa.Array) -> list[pa.Array]:
             pa.DictionaryArray.from_arrays(pa.array(op), pa.array(OP_NAMES)), pa.array(addr),
             pa.array(np.full(n, 1024, np.uint64)),
             pa.array(np.full(n, 1024, np.uint64), mask=op != Op.MALLOC),
-            pa.array(np.zeros(n, np.uint64)), pa.array(np.zeros(n, np.int16)), site]
+            pa.array(np.zeros(n, np.uint64)), pa.array(np.zeros(n, np.int16)), site,
+            pa.nulls(n, pa.int32())]  # format 3's stack column: no stacks
 
 
 def _write(path: Path, batches: list[tuple[int, pa.Array]], meta: TraceMeta) -> Path:
