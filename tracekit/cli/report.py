@@ -12,7 +12,7 @@ from tracekit.cli.quick_exit import skip_teardown
 def report(
     trace: Path = typer.Argument(..., help="A trace (.parquet, format 1 or 2); each device on its own."),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="HTML file to write [default: TRACE with the suffix .html]."
+        None, "--output", "-o", help="HTML file to write (default: TRACE with the suffix .html)."
     ),
     png: Path | None = typer.Option(
         None, "--png", help="Also write each figure as PNG (matplotlib) into this folder."
@@ -32,8 +32,8 @@ def report(
     ),
     user_code: list[str] = typer.Option(
         [], "--user-code", metavar="PATH",
-        help="Frames under PATH are your code (repeatable) [default: frames outside installed "
-        "packages and Python's own library].",
+        help="Frames under PATH are your code (repeatable; default: frames outside installed "
+        "packages and Python's own library).",
     ),
 ) -> None:
     """One HTML page the browser draws: timeline, allocator state and flame graph at any event, budget,
