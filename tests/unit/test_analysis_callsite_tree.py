@@ -131,12 +131,16 @@ def test_a_cut_is_counted_in_more() -> None:
     root = stack_tree(TREE, stack, nbytes, TreeLimits(min_share=0.05))
     assert (root.more, root.more_bytes) == (2, 17)  # the two buckets are under 5 %
     narrow = stack_tree(TREE, stack, nbytes, TreeLimits(max_children=1, min_share=0))
+    assert [c.text for c in narrow.children] == ["train.py:120 in main"]
+    assert (narrow.more, narrow.more_bytes) == (2, 17)  # the two buckets
     main = narrow.children[0]
-    assert children(main) == [("train.py:90 in other", 600, 1)] and (main.more, main.more_bytes) == (1, 390)
+    # One child past max_children is shown, not "… 1 more": its line costs no more.
+    assert children(main) == [("train.py:90 in other", 600, 1), ("train.py:88 in step", 390, 4)]
+    assert main.more == 0
     lines = tree_lines(narrow, "live")
     assert lines[0].split() == ["1007", "bytes", "100.0%", "live"]
     assert lines[1].split() == ["990", "bytes", "98.3%", "*", "train.py:120", "in", "main"]
-    assert "… 1 more (390 bytes)" in lines[3]
+    assert "… 2 more (17 bytes)" in lines[-1] and not any("… 1 more" in x for x in lines)
 
 
 def test_identical_paths_of_two_stack_ids_are_one_node() -> None:

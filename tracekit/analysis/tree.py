@@ -54,7 +54,8 @@ class TreeLimits:
 
 class TreeNodeJSON(TypedDict):
     """One node: ``frame`` as text, the frame's parts (null for the root and the buckets),
-    ``bytes``/``blocks`` at or under it, largest child first, and what was cut."""
+    ``bytes``/``blocks`` at or under it, largest child first, what was cut, and ``repeat``: the
+    frame's nested calls of itself folded into this node (1: none)."""
 
     frame: str
     file: str | None
@@ -67,6 +68,7 @@ class TreeNodeJSON(TypedDict):
     children: list[TreeNodeJSON]
     more: int
     more_bytes: int
+    repeat: int
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class TreeNode:
     children: tuple[TreeNode, ...] = ()
     more: int = 0  # children cut (each with its subtree)
     more_bytes: int = 0
+    repeat: int = 1  # a run of the frame calling itself, folded into one node: its length
 
     def to_dict(self) -> TreeNodeJSON:
         f = self.frame
@@ -88,7 +91,7 @@ class TreeNode:
             frame=self.text, file=f.file if f else None, line=f.line if f and f.line >= 0 else None,
             function=f.function if f else None, kind=f.kind.name.lower() if f else None, user=self.user,
             bytes=self.bytes, blocks=self.blocks, children=[c.to_dict() for c in self.children],
-            more=self.more, more_bytes=self.more_bytes)
+            more=self.more, more_bytes=self.more_bytes, repeat=self.repeat)
 
     def count(self) -> int:
         """Nodes in the tree, this one included."""
@@ -219,12 +222,14 @@ def _depths(parent: np.ndarray) -> np.ndarray:
 
 
 def _build(table: StackTable, r: _Rolled, limits: TreeLimits, roles: FrameRoles) -> TreeNode:
-    """Open nodes largest first under the limits, then freeze them bottom-up."""
+    """Open nodes largest first under the limits, then freeze them bottom-up. A node opens at
+    the end of its run (``_runs``): the children shown are those of the run's innermost node."""
     total = int(r.bytes[r.parent < 0].sum()) if len(r.bytes) else 0
     live = np.flatnonzero(r.bytes > 0)
     order = live[np.lexsort((-r.bytes[live], r.parent[live]))]  # by parent, largest first
     par = r.parent[order]
     floor = limits.min_share * total
+    end, run = _runs(table, r, live)
 
     def kids(p: int) -> np.ndarray:
         lo, hi = np.searchsorted(par, p, "left"), np.searchsorted(par, p, "right")
@@ -233,20 +238,21 @@ def _build(table: StackTable, r: _Rolled, limits: TreeLimits, roles: FrameRoles)
     kept: dict[int, list[int]] = {}
     cut: dict[int, tuple[int, int]] = {}
     budget = limits.max_nodes
-    heap: list[tuple[int, int]] = [(-total, NONE)]
+    heap: list[tuple[int, int, int]] = [(-total, NONE, 0)]  # (-bytes, node, depth shown)
     while heap:
-        _, p = heapq.heappop(heap)
-        ch = kids(p)
-        depth = int(r.depth[p]) if p >= 0 else 0
+        _, p, depth = heapq.heappop(heap)
+        ch = kids(int(end[p]) if p >= 0 else NONE)
         take = [] if depth >= limits.max_depth else \
             [int(c) for c in ch[:limits.max_children] if r.bytes[c] >= floor and r.bytes[c] > 0]
         take = take[:max(budget, 0)]
+        if depth < limits.max_depth and len(ch) - len(take) == 1:
+            take.append(int(ch[-1]))  # its own line costs no more than "… 1 more"
         budget -= len(take)
         kept[p] = take
         rest = ch[len(take):]
         cut[p] = (len(rest), int(r.bytes[rest].sum()))
         for c in take:
-            heapq.heappush(heap, (-int(r.bytes[c]), c))
+            heapq.heappush(heap, (-int(r.bytes[c]), c, depth + 1))
 
     def freeze(p: int) -> TreeNode:
         children = tuple(freeze(c) for c in kept.get(p, []))
@@ -260,9 +266,36 @@ def _build(table: StackTable, r: _Rolled, limits: TreeLimits, roles: FrameRoles)
         f = int(table.frame[p])
         frame = table.frame_at(f)
         return TreeNode(node_text(frame), frame, bool(roles.user[f]), int(r.bytes[p]), int(r.blocks[p]),
-                        children, more, more_bytes)
+                        children, more, more_bytes, int(run[p]))
 
     return freeze(NONE)
+
+
+def _runs(table: StackTable, r: _Rolled, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the innermost node of its run and the run's length: a node continues its
+    parent's run when it is the parent's only live child and shows the same frame (a recursion:
+    the same file:line:function calling itself). Pointer jumping on ``next`` (the child that
+    continues a node's run, else the node itself): ``end = end[end]``, ``run += run[end]``,
+    ⌈log2 run⌉ + 1 vector steps."""
+    n = len(r.parent)
+    ns = table.n_stacks
+    lp = r.parent[live]
+    n_live = np.bincount(lp[lp >= 0], minlength=n)
+    frame = np.full(n, NONE, np.int64)
+    frame[:ns] = table.frame
+    c = live[(lp >= 0) & (live < ns)]
+    c = c[(frame[c] == frame[r.parent[c]]) & (n_live[r.parent[c]] == 1)]
+    end = np.arange(n, dtype=np.int64)
+    end[r.parent[c]] = c
+    run = np.ones(n, np.int64)
+    steps = (end != np.arange(n)).astype(np.int64)  # nodes of the run past this one, so far
+    while True:
+        nxt = end[end]
+        if np.array_equal(nxt, end):
+            break
+        steps = steps + steps[end]
+        end = nxt
+    return end, run + steps
 
 
 def tree_lines(root: TreeNode, title: str) -> list[str]:
@@ -278,7 +311,9 @@ def tree_lines(root: TreeNode, title: str) -> list[str]:
         pad = "  " * depth
         for c in n.children:
             mark = "*" if c.user else " "
-            lines.append(f"{format_size(c.bytes):>11}  {share(c.bytes):>6} {mark}{pad}{safe_text(c.text)}")
+            fold = f" … ×{c.repeat:,}" if c.repeat > 1 else ""
+            text = f"{safe_text(c.text)}{fold}"
+            lines.append(f"{format_size(c.bytes):>11}  {share(c.bytes):>6} {mark}{pad}{text}")
             walk(c, depth + 1)
         if n.more:
             lines.append(f"{'':>11}  {'':>6}  {pad}  … {n.more:,} more ({format_size(n.more_bytes)})")
