@@ -136,14 +136,15 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
 
 
 # The frames that run the program rather than belong to it: runpy and tracekit's command line
-# (typer, click, tracekit itself), as paths relative to the library folders.
-LAUNCHER = re.compile(r"^(?:<frozen runpy>|runpy\.py|typer/|click/|tracekit/)")
+# (typer, click, tracekit itself), as paths relative to the library folders, and the console
+# script a `tracekit record` (not `python -m tracekit record`) starts from (.../bin/tracekit).
+LAUNCHER = re.compile(r"^(?:<frozen runpy>|runpy\.py|typer/|click/|tracekit/)|(?:^|/)tracekit$")
 
 
 def launcher_frames(table: Any) -> np.ndarray:
     """bool per frame of ``table``: a frame of the launcher, cut from the outer end of every stack
     (PyTorch's history records the whole interpreter stack, ``python -m tracekit record`` included)."""
-    return np.array([bool(LAUNCHER.match(f)) for f in table.file], dtype=bool)
+    return np.array([bool(LAUNCHER.search(f)) for f in table.file], dtype=bool)
 
 
 def with_site(events: Any, row: int, text: str | None) -> Any:
