@@ -58,7 +58,7 @@ def test_memory_viz_reads_the_snapshot(name: str, exported: dict[str, Path]) -> 
     history = viz.trace(data)
     assert f"{len(data['device_traces'][0])} entries" in history and "TOTAL MEM" in history
     if any(e["action"] == "oom" for e in data["device_traces"][0]):
-        assert "raise OutOfMemoryError()" in history
+        assert "raise OutOfMemoryError" in history  # "()" in newer PyTorch, none in 2.11
     for page in (viz.trace_plot(data), viz.trace_plot(data, plot_segments=True), viz.segment_plot(data)):
         assert "MemoryViz.js" in page and embedded(page) == data
 
