@@ -38,6 +38,14 @@ def _record(tmp: Path, program: str, *opts: str, **env: str) -> subprocess.Compl
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_env(**env), timeout=120)
 
 
+def _start(tmp: Path, program: str) -> subprocess.Popen[str]:
+    """``tracekit record -o t.parquet app.py`` of ``program``, running (for tests that signal or kill it)."""
+    (tmp / "app.py").write_text(textwrap.dedent(program))
+    cmd = [sys.executable, "-m", "tracekit", "record", "-o", "t.parquet", "app.py"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                            env=_env())
+
+
 PROGRAM = """
     import cupy
     a = cupy.empty(1000)
@@ -109,10 +117,7 @@ def test_sigterm_finishes_the_trace_and_exits_143(tmp_path: Path) -> None:
         print("ready", flush=True)
         time.sleep(60)
     """
-    (tmp_path / "app.py").write_text(textwrap.dedent(program))
-    cmd = [sys.executable, "-m", "tracekit", "record", "-o", "t.parquet", "app.py"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=_env())
+    proc = _start(tmp_path, program)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
@@ -141,10 +146,7 @@ def test_a_killed_recording_recovers_with_its_pools_and_oom_states(tmp_path: Pat
         print("ready", flush=True)
         time.sleep(60)
     """.replace("MiB", str(MiB))
-    (tmp_path / "app.py").write_text(textwrap.dedent(program))
-    cmd = [sys.executable, "-m", "tracekit", "record", "-o", "t.parquet", "app.py"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=_env())
+    proc = _start(tmp_path, program)
     assert proc.stdout is not None
     assert [proc.stdout.readline().strip() for _ in range(2)] == ["handled", "ready"]
     proc.kill()

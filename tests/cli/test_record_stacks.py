@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
-from test_record_fake_cupy import _env, _record  # the stand-in recording helpers (tests/cli on the path)
+from test_record_fake_cupy import (  # the stand-in recording helpers (tests/cli on the path)
+    _env,
+    _record,
+    _start,
+)
 
 from tracekit.cli.record import STACK_DEPTH
 from tracekit.record.callstacks import DEFAULT_DEPTH
@@ -137,10 +140,7 @@ def test_recover_after_a_kill_keeps_the_stacks(tmp_path: Path) -> None:
         print("ready", flush=True)
         time.sleep(60)
     """
-    (tmp_path / "app.py").write_text(textwrap.dedent(program))
-    cmd = [sys.executable, "-m", "tracekit", "record", "-o", "t.parquet", "app.py"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=_env())
+    proc = _start(tmp_path, program)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.kill()
