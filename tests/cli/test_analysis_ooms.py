@@ -199,7 +199,7 @@ def test_the_limit_is_the_raising_pools_own():
        st.sampled_from([0, 8]))
 def test_went_on_matches_a_direct_search(rows: list[tuple[int, int, int]], masked: int):
     # went_on[i]: some malloc after OOM i on its device and stream; both search paths agree.
-    from tracekit.analysis import fatal
+    from tracekit.trace import outcome
 
     ops = np.array([r[0] for r in rows], np.int8)
     if not (ops == Op.OOM).any():
@@ -209,12 +209,12 @@ def test_went_on_matches_a_direct_search(rows: list[tuple[int, int, int]], maske
     ooms = np.flatnonzero(ops == Op.OOM)
     want = [any(o == Op.MALLOC and d == rows[i][1] and s == rows[i][2] for o, d, s in rows[i + 1:])
             for i in ooms]
-    old = fatal.MASKED_KEYS
-    fatal.MASKED_KEYS = masked
+    old = outcome.MASKED_KEYS
+    outcome.MASKED_KEYS = masked
     try:
-        assert fatal._went_on(ev, ooms).tolist() == want
+        assert outcome._went_on(ev, ooms).tolist() == want
     finally:
-        fatal.MASKED_KEYS = old
+        outcome.MASKED_KEYS = old
 
 
 def test_a_retry_at_the_same_call_site_names_the_caller():

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.analysis.fatal import handled_rows
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator, PolicyRun, SimConfig, Stat, Status
 from tracekit.sim.engine import ReplayResult
@@ -32,6 +31,7 @@ from tracekit.sim.pool_run import retry_releases
 from tracekit.sim.prepare import prepare
 from tracekit.sim.torch_rules import options_from_snapshot
 from tracekit.trace import Op, Source, Trace, read_trace
+from tracekit.trace.outcome import handled_rows
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 FILES = sorted(p.name for p in TRACES.glob("*.parquet")) if TRACES.is_dir() else []

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.analysis.fatal import handled_rows
 from tracekit.device.torch_compare import compare_with_model, device_reserved, replayed_requests
 from tracekit.device.torch_replay import replay_torch_on_device
 from tracekit.errors import UsageError
 from tracekit.trace import Op, read_trace
+from tracekit.trace.outcome import handled_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_TRACES = sorted((ROOT / "traces").glob("torch-*.parquet"))

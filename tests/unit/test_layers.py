@@ -47,9 +47,6 @@ FORBIDDEN = {("device", "importers"), ("budget", "device"), ("budget", "record")
 
 # Arrows that break a rule today, each with why it is not mended here; (importer, imported).
 KNOWN: dict[tuple[str, str], str] = {
-    # The simulator's result summary reaches up for the analyzer's fatal-OOM rule and
-    # advise's counterfactual settings; both belong below sim/ (PyTorch's rules move there).
-    ("tracekit.sim.prepare", "tracekit.analysis.fatal"): "sim reaches up to analysis",
     # The device's PyTorch replay reads PyTorch's history through the importer's action
     # codes; they belong below both (with PyTorch's rules).
     ("tracekit.device.torch_backend", "tracekit.importers.torch_columns"): "PyTorch action codes",

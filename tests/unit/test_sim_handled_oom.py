@@ -15,11 +15,11 @@ import pytest
 
 from tracekit.advise.capacity import live_curve, lower_bound, search
 from tracekit.advise.run import top_sites_at_peak
-from tracekit.analysis.fatal import handled_rows
 from tracekit.sim.base import SimConfig, Status
 from tracekit.sim.engine import replay
 from tracekit.sim.prepare import prepare
 from tracekit.trace import Events, Op, Source, TraceMeta, read_trace, write_trace
+from tracekit.trace.outcome import handled_rows
 
 MiB = 1 << 20
 M, OOM, F = Op.MALLOC, Op.OOM, Op.FREE

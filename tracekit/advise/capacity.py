@@ -171,8 +171,8 @@ def lower_bound(trace: Trace) -> int:
 def needed_requests(trace: Trace) -> np.ndarray:
     """Bool per event: a request the program needed served: a ``malloc``, or the fatal ``oom`` row
     (which stays live: the program needed it to go on). An ``oom`` row the program survived
-    (``analysis.fatal.handled_rows``) is not one: what it did instead is in the trace."""
-    from tracekit.analysis.fatal import handled_rows
+    (``trace.outcome.handled_rows``) is not one: what it did instead is in the trace."""
+    from tracekit.trace.outcome import handled_rows
 
     ev = trace.events
     return (ev.op == Op.MALLOC) | ((ev.op == Op.OOM) & ~handled_rows(ev, trace.meta.extra))

@@ -116,7 +116,7 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
         return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code, detached=False)
     results = [_advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code, detached=True)
                for d, sub in parts]
-    from tracekit.analysis.fatal import fatal_seq
+    from tracekit.trace.outcome import fatal_seq
 
     fatal = fatal_seq(trace.events, trace.meta.extra)
     main = next((r for r in results if fatal is not None and r.failing_seq == fatal),

@@ -20,7 +20,7 @@ from tracekit import progress
 from tracekit.analysis import largest_free as lf
 from tracekit.analysis.context import DeviceContext, device_context_for
 from tracekit.analysis.diagnosis import OOMFacts, diagnose
-from tracekit.analysis.fatal import fatal_seq, handler, retried_smaller
+from tracekit.analysis.fatal import handler, retried_smaller
 from tracekit.analysis.leaks import PoolState, SiteBytes, by_label, leaks, pool_state_at
 from tracekit.analysis.oom_budget import FreeSource, Moment, oom_budget
 from tracekit.analysis.recording import (
@@ -39,6 +39,7 @@ from tracekit.sim.torch_rules import segment_sizes
 from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table, unmatched
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
+from tracekit.trace.outcome import fatal_seq
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 from tracekit.trace.stacks import UserCode

@@ -18,30 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.trace.outcome import MAX_STATES, as_int, as_text
 from tracekit.trace.reader import Trace
-
-MAX_STATES = 100_000  # a longer oom_states list is not a recording; the rest is ignored
-
-
-def as_int(v: Any) -> int | None:
-    """An exact integer from JSON, or None (bools, fractions, strings and NaN are not)."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v if -(2**63) <= v < 2**63 else None
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
-        return int(v)
-    return None
 
 
 def as_bytes(v: Any) -> int | None:
     """A byte count: an exact integer ≥ 0, else None."""
     n = as_int(v)
     return n if n is not None and n >= 0 else None
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
 
 
 @dataclass(frozen=True)
@@ -106,7 +90,7 @@ def _processes(raw: Any) -> tuple[ProcessUse, ...] | None:
             continue
         pid, used = as_int(p.get("pid")), as_bytes(p.get("used_bytes"))
         if pid is not None and used is not None:
-            out.append(ProcessUse(pid, _str(p.get("name")), used, p.get("self") is True))
+            out.append(ProcessUse(pid, as_text(p.get("name")), used, p.get("self") is True))
     return tuple(out)
 
 
@@ -131,50 +115,6 @@ def oom_states(extra: Mapping[str, Any]) -> dict[int, OOMState]:
         return {}
     states = (_state(d) for d in raw[:MAX_STATES])
     return {s.seq: s for s in states if s is not None}
-
-
-@dataclass(frozen=True)
-class ExitInfo:
-    """How the recorded program ended. ``oom_seq``: the OOM whose error ended it (v2)."""
-
-    status: str | None = None
-    exception: str | None = None
-    code: int | None = None
-    oom_seq: int | None = None
-    message: str | None = None
-
-    @property
-    def survived(self) -> bool:
-        """The program ended normally, by a signal, or by an exception that is not an OOM."""
-        if self.status in ("ok", "signal"):
-            return True
-        if self.exception is None:
-            return self.code == 0 or self.status is not None
-        return not self.oom_exception
-
-    @property
-    def oom_exception(self) -> bool:
-        text = f"{self.exception or ''} {self.message or ''}".lower()
-        return "outofmemory" in text.replace(" ", "") or "out of memory" in text
-
-
-def exit_info(extra: Mapping[str, Any]) -> ExitInfo | None:
-    d = extra.get("exit")
-    if not isinstance(d, Mapping):
-        return None
-    return ExitInfo(_str(d.get("status")), _str(d.get("exception")), as_int(d.get("code")),
-                    as_int(d.get("oom_seq")), _str(d.get("message")))
-
-
-def v1_oom_seq(extra: Mapping[str, Any], ex: ExitInfo) -> int | None:
-    """Version 1: the last ``ooms`` entry whose message is the exit exception's message."""
-    raw = extra.get("ooms")
-    if ex.message is None or not isinstance(raw, list):
-        return None
-    hits = [as_int(o.get("seq")) for o in raw[:MAX_STATES]
-            if isinstance(o, Mapping) and o.get("message") == ex.message]
-    hits = [h for h in hits if h is not None]
-    return hits[-1] if hits else None
 
 
 def pool_limits(extra: Mapping[str, Any]) -> dict[tuple[int, int], int | None]:
@@ -272,7 +212,7 @@ def start_state(extra: Mapping[str, Any], total: int | None, free: int | None) -
     others = None
     if isinstance(raw, list):
         others = tuple(
-            ProcessUse(as_int(p.get("pid")) or 0, _str(p.get("name")),
+            ProcessUse(as_int(p.get("pid")) or 0, as_text(p.get("name")),
                        as_bytes(p.get("bytes", p.get("used_bytes"))) or 0, False)
             for p in raw[:4096] if isinstance(p, Mapping) and as_int(p.get("pid")) is not None)
     limits = DeviceLimits.from_dict(b)

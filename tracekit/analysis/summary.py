@@ -90,7 +90,7 @@ class OOMReport:
     ``device_free`` is the device's free memory at that moment and ``device_free_source``
     says how it was had: ``measured`` (cudaMemGetInfo at the OOM), ``derived`` (free at
     start − the pool's growth; it assumes nothing else took memory) or ``unknown``.
-    ``handled``: the program survived it (see ``tracekit.analysis.fatal``).
+    ``handled``: the program survived it (see ``tracekit.trace.outcome``).
     """
 
     seq: int

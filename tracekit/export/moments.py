@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.analysis.fatal import fatal_seq
 from tracekit.analysis.leaks import pool_state_at
 from tracekit.trace.events import Events
 from tracekit.trace.live import live_bytes, paired_frees
+from tracekit.trace.outcome import fatal_seq
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import StackTable

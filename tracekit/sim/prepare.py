@@ -2,7 +2,7 @@
 
 Policies need, per input event: whether it is an allocation attempt
 (``malloc`` or the fatal ``oom`` row), a handled attempt (an ``oom`` row the program
-survived, ``analysis.fatal.handled_rows``: tried, and released at once when it can be
+survived, ``trace.outcome.handled_rows``: tried, and released at once when it can be
 served), a ``free`` or neither (``Kind``); the
 requested bytes; for a free the index of its malloc; the index of its stream
 among the trace's distinct streams; and the extra columns some traces carry,
@@ -142,7 +142,7 @@ def prepare(trace: Trace) -> ReplayInput:
         return hit
     ev = trace.events
     # Kernels read mate only at frees (a free without a malloc, mate -1, frees nothing).
-    from tracekit.analysis.fatal import handled_rows  # here: the analysis package imports the simulator
+    from tracekit.trace.outcome import handled_rows
 
     mate = trace.mate
     handled = handled_rows(ev, trace.meta.extra)

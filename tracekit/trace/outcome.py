@@ -1,0 +1,143 @@
+"""How the recorded program ended: which OOM it died of, and which ones it survived.
+
+A fact about the trace, read from its events and its ``exit`` metadata, that every stage
+below analysis needs too (the simulator replays a survived OOM as what the program did
+instead; advise and export name the fatal one). The fatal OOM, in order of evidence:
+
+1. ``exit.oom_seq`` (trace format v2): the ``oom`` row whose error ended the program;
+2. a version 1 ``exit`` whose message is the message of an ``ooms`` entry: that entry's seq;
+3. an ``exit`` saying the program ended normally, by a signal, or by an exception that is
+   not an out-of-memory error: none, every OOM was survived;
+4. otherwise: the last OOM after which the program made no successful allocation on the
+   same device and stream (a program that went on allocating there survived the error).
+
+Every other OOM is *handled* (``handled_rows``). ``tracekit.analysis.fatal`` says who
+handled them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracekit.trace.events import Events
+from tracekit.trace.schema import Op
+
+MAX_STATES = 100_000  # a longer list of per-OOM entries is not a recording; the rest is ignored
+MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
+
+
+def as_int(v: Any) -> int | None:
+    """An exact integer from JSON, or None (bools, fractions, strings and NaN are not)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if -(2**63) <= v < 2**63 else None
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+        return int(v)
+    return None
+
+
+def as_text(v: Any) -> str | None:
+    """A JSON string, else None."""
+    return v if isinstance(v, str) else None
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How the recorded program ended. ``oom_seq``: the OOM whose error ended it (v2)."""
+
+    status: str | None = None
+    exception: str | None = None
+    code: int | None = None
+    oom_seq: int | None = None
+    message: str | None = None
+
+    @property
+    def survived(self) -> bool:
+        """The program ended normally, by a signal, or by an exception that is not an OOM."""
+        if self.status in ("ok", "signal"):
+            return True
+        if self.exception is None:
+            return self.code == 0 or self.status is not None
+        return not self.oom_exception
+
+    @property
+    def oom_exception(self) -> bool:
+        text = f"{self.exception or ''} {self.message or ''}".lower()
+        return "outofmemory" in text.replace(" ", "") or "out of memory" in text
+
+
+def exit_info(extra: Mapping[str, Any]) -> ExitInfo | None:
+    d = extra.get("exit")
+    if not isinstance(d, Mapping):
+        return None
+    return ExitInfo(as_text(d.get("status")), as_text(d.get("exception")), as_int(d.get("code")),
+                    as_int(d.get("oom_seq")), as_text(d.get("message")))
+
+
+def v1_oom_seq(extra: Mapping[str, Any], ex: ExitInfo) -> int | None:
+    """Version 1: the last ``ooms`` entry whose message is the exit exception's message."""
+    raw = extra.get("ooms")
+    if ex.message is None or not isinstance(raw, list):
+        return None
+    hits = [as_int(o.get("seq")) for o in raw[:MAX_STATES]
+            if isinstance(o, Mapping) and o.get("message") == ex.message]
+    hits = [h for h in hits if h is not None]
+    return hits[-1] if hits else None
+
+
+def fatal_seq(ev: Events, extra: Mapping[str, Any]) -> int | None:
+    """The seq of the OOM the program died of, or None when it survived every OOM."""
+    ooms = np.flatnonzero(ev.op == Op.OOM)
+    if len(ooms) == 0:
+        return None
+    seqs = ev.seq[ooms]
+    ex = exit_info(extra)
+    if ex is not None:
+        for s in (ex.oom_seq, v1_oom_seq(extra, ex)):
+            if s is not None and s >= 0 and np.any(seqs == np.uint64(s)):
+                return s
+        if ex.survived:
+            return None
+    stuck = ooms[~_went_on(ev, ooms)]
+    return int(ev.seq[stuck[-1]]) if len(stuck) else None
+
+
+def _went_on(ev: Events, ooms: np.ndarray) -> np.ndarray:
+    """For each OOM index: a successful malloc on its device and stream came later.
+
+    Only mallocs after the first OOM matter; the last one per (device, stream) is found
+    with one mask per distinct key of the OOMs (a few), else by sorting the keys.
+    """
+    mallocs = np.flatnonzero(ev.op == Op.MALLOC)
+    mallocs = mallocs[mallocs > ooms[0]]
+    odev, ostream = ev.device[ooms].astype(np.int64), ev.stream[ooms].view(np.int64)
+    mdev, mstream = ev.device[mallocs].astype(np.int64), ev.stream[mallocs].view(np.int64)
+    okeys, inverse = np.unique(np.stack([odev, ostream], axis=1), axis=0, return_inverse=True)
+    if len(okeys) <= MASKED_KEYS:
+        last = np.array([mallocs[(mdev == d) & (mstream == s)].max(initial=-1) for d, s in okeys], np.int64)
+        return last[inverse.reshape(-1)] > ooms
+    keys = np.stack([np.r_[mdev, odev], np.r_[mstream, ostream]], axis=1)
+    _, group = np.unique(keys, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    per_group = np.full(int(group.max()) + 1, -1, np.int64)
+    np.maximum.at(per_group, group[: len(mallocs)], mallocs)
+    return per_group[group[len(mallocs):]] > ooms
+
+
+def handled_rows(ev: Events, extra: Mapping[str, Any]) -> np.ndarray:
+    """Bool per event: the ``oom`` rows the program survived (every one but the fatal OOM).
+
+    What the program did instead of such a request is in the trace after it (a smaller
+    retry, another algorithm, nothing at all), so the request is not part of what the
+    program needed: it lives no longer than the retry that replaced it, or not at all.
+    """
+    oom = ev.op == Op.OOM
+    if not oom.any():
+        return oom
+    fatal = fatal_seq(ev, extra)
+    return oom if fatal is None else oom & (ev.seq != np.uint64(fatal))
