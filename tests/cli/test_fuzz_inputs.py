@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tracekit.cli.app import app
-from tracekit.record.spool import SPOOL_KEY, SPOOL_SCHEMA
+from tracekit.record.spool_format import SPOOL_KEY, SPOOL_SCHEMA
 from tracekit.trace import Events, Op, Source, TraceMeta, write_trace
 from tracekit.trace.schema import META_KEY
 

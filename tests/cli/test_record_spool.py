@@ -23,7 +23,8 @@ from tracekit.errors import InputError, OutputError
 from tracekit.record.hook import EventBuffer, TraceHook
 from tracekit.record.recover import finalize, recover
 from tracekit.record.sites import SiteTable
-from tracekit.record.spool import NOTE_ROW, SITE_ROW, SPOOL_KEY, SPOOL_SCHEMA, SpoolWriter
+from tracekit.record.spool import SpoolWriter
+from tracekit.record.spool_format import NOTE_ROW, SITE_ROW, SPOOL_KEY, SPOOL_SCHEMA
 from tracekit.trace import Op, Source, TraceMeta, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,8 +153,23 @@ def test_recover_on_a_finished_trace_says_there_is_no_spool(tmp_path: Path) -> N
                                 "nothing to recover")
 
 
-def test_spool_memory_maps_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pyarrow as pa
+def _open_on(path: Path) -> int:
+    """How many of this process's descriptors name ``path``."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd (Linux)")
+def test_finalize_closes_every_spool_it_opens_of_either_layout(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    w, hook = _writer(tmp_path)
+    _pair(hook, 0)
+    w.close()
+    assert w.path.read_bytes().startswith(b"TKSPOOL\x04")
+    finalize(w.path, tmp_path / "t.parquet", {"complete": True})
+    assert _open_on(w.path) == 0
+    # an Arrow spool (recorders before version 4) is read through memory maps: each one closed
+    from tracekit.trace.schema import META_KEY
 
     opened = []
     real = pa.memory_map
@@ -162,12 +178,15 @@ def test_spool_memory_maps_are_closed(tmp_path: Path, monkeypatch: pytest.Monkey
         opened.append(real(*a, **kw))
         return opened[-1]
 
-    w, hook = _writer(tmp_path)
-    _pair(hook, 0)
-    w.close()
+    old = tmp_path / "old.parquet.spool"
+    schema = SPOOL_SCHEMA.with_metadata({META_KEY: TraceMeta.new(Source.CUPY).to_json().encode(),
+                                         SPOOL_KEY: b"1"})
+    with pa.OSFile(str(old), "wb") as sink, pa.ipc.new_stream(sink, schema) as s:
+        s.write_batch(_spool_batch([(100, Op.MALLOC, 512, None, None)]))
     monkeypatch.setattr(pa, "memory_map", tracked)
-    finalize(w.path, tmp_path / "t.parquet", {"complete": True})
-    assert len(opened) >= 2 and all(m.closed for m in opened)
+    t = read_trace(finalize(old, tmp_path / "old.parquet", {"complete": True}))
+    assert len(t.events) == 1 and len(opened) >= 2 and all(m.closed for m in opened)
+    assert _open_on(old) == 0
 
 
 CHILD = textwrap.dedent("""
@@ -303,7 +322,7 @@ def test_recover_reports_its_batches_forward_to_the_end(tmp_path: Path) -> None:
 def _stack_spool(tmp_path: Path, rows: list[tuple[int, int, int, int, str | None]],
                  stack: pa.DataType = pa.int32()) -> Path:
     """A spool of frame/stack rows (op, id, addr, size, text) then one malloc row naming stack 1."""
-    from tracekit.record.spool import STACK_FIELD, WRITE_SCHEMA
+    from tracekit.record.spool_format import STACK_FIELD, WRITE_SCHEMA
     from tracekit.trace.schema import META_KEY
 
     schema = WRITE_SCHEMA.set(WRITE_SCHEMA.get_field_index(STACK_FIELD.name), pa.field("stack", stack))

@@ -38,7 +38,7 @@ def high_floor() -> int:
 
 
 class HeldFile:
-    """An append-only file written through one held descriptor (``write`` appends and fsyncs)."""
+    """An append-only file written through one held descriptor (``write`` appends, ``sync`` fsyncs)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -57,17 +57,26 @@ class HeldFile:
         st = os.fstat(high)
         self.fd, self._ident = high, (st.st_dev, st.st_ino)
 
-    def write(self, data: bytes) -> None:
-        """Append ``data`` and fsync; a descriptor the program closed is opened again first."""
+    def write(self, data: bytes | memoryview, *, sync: bool = True) -> None:
+        """Append ``data`` (and fsync); a descriptor the program closed is opened again first."""
+        fd = self._held()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if sync:
+            os.fsync(fd)
+
+    def sync(self) -> None:
+        """fsync what was written (through the held descriptor, opened again if the program closed it)."""
+        os.fsync(self._held())
+
+    def _held(self) -> int:
         fd = self._ours()
         if fd is None:
             self.open()
             fd = self.fd
         assert fd is not None
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        return fd
 
     def _ours(self) -> int | None:
         """The held descriptor if it still is the spool, else None (then forgotten, never closed)."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
+import threading
 import time
 from collections.abc import Callable
 from itertools import accumulate, takewhile
@@ -65,7 +66,13 @@ def code_of(op: int, device: int, pool: int | None = None, site: int = -1) -> in
 
 
 class EventBuffer:
-    """The flat list all threads append rows to, and the notes rows point at."""
+    """The flat list all threads append rows to, and the notes rows point at.
+
+    The spool's flusher writes rows without deleting them (``written``: how many ints of
+    ``rows`` are written); the hook calls ``trim`` in the program's thread once ``cap`` ints are
+    held, which writes the rest (``drain``) and deletes the written ones, so the program's threads
+    free what they made (``record.spool`` says why). ``lock`` orders the writer and ``trim``.
+    """
 
     def __init__(self) -> None:
         self.rows: list[int] = []
@@ -73,6 +80,48 @@ class EventBuffer:
         self.notes: dict[int, dict[str, Any]] = {}  # note index -> note (indices from any thread)
         self._next_note = itertools.count().__next__  # atomic under the GIL
         self.taken = 0  # rows handed to the writer so far
+        self.written = 0  # ints of ``rows`` written to the spool, deleted at the next trim
+        self.cap = sys.maxsize  # ints held before the hook trims (``attach``)
+        self.lock = threading.RLock()
+        self.busy = False  # the writer is writing (set under ``lock``): trim waits or, in its thread, skips
+        self._drain: Callable[[], None] | None = None
+
+    def attach(self, cap: int, drain: Callable[[], None]) -> None:
+        """Trim at ``cap`` ints held; ``drain()`` (called under ``lock``) writes what waits."""
+        self.cap, self._drain = cap, drain
+
+    def waiting(self) -> int:
+        """Ints appended and not yet written."""
+        return len(self.rows) - self.written
+
+    def check(self) -> None:
+        """``trim`` if ``cap`` ints are held (for the rows appended outside the hook)."""
+        if len(self.rows) >= self.cap:
+            self.trim()
+
+    def trim(self) -> None:
+        """In a program's thread: write what waits, then delete every row written.
+
+        Skipped where the writer itself is running in this thread (a garbage collection during a
+        flush ran a finalizer that freed a block): the next row trims."""
+        with self.lock:
+            if self.busy:
+                return
+            if self._drain is None:  # no writer (a forked child): nothing is kept
+                del self.rows[:]
+            else:
+                self._drain()
+                del self.rows[:self.written]
+            self.taken += self.written // ROW
+            self.written = 0
+
+    def detach(self) -> None:
+        """In a forked child: no writer, no rows, a fresh lock (another thread may have held it)."""
+        self.lock = threading.RLock()
+        self.busy = False
+        self._drain = None
+        del self.rows[:]
+        self.written = 0
 
     def take(self) -> np.ndarray:
         """Remove and return the rows so far as an (n, ROW) int64 array (safe against appenders)."""
@@ -81,6 +130,7 @@ class EventBuffer:
         chunk = rows[:n]
         del rows[:n]  # appends land past n, so this removes exactly the rows taken
         self.taken += n // ROW
+        self.written = 0
         return np.array(chunk, dtype=np.int64).reshape(-1, ROW)
 
     def note(self, row: tuple[int, ...], note: dict[str, Any], clock: Callable[[], int]) -> int:
@@ -153,11 +203,11 @@ class TraceHook:
         self.malloc_preprocess = self.free_preprocess = dict
         device = _device_check(current_device, self.mismatches.append)
         if sites is None:
-            callbacks = _callbacks(buffer.extend, clock, current_stream, self._failed, device)
+            callbacks = _callbacks(buffer, clock, current_stream, self._failed, device)
         elif stacks is None:
-            callbacks = _site_callbacks(buffer.extend, clock, current_stream, self._failed, sites, device)
+            callbacks = _site_callbacks(buffer, clock, current_stream, self._failed, sites, device)
         else:
-            callbacks = _stack_callbacks(buffer.extend, clock, current_stream, self._failed, stacks, device)
+            callbacks = _stack_callbacks(buffer, clock, current_stream, self._failed, stacks, device)
         self.malloc_postprocess, self.free_postprocess = callbacks
 
     def _failed(self, device_id: int, size: int, mem_size: int, site: int, stack: int = -1) -> None:
@@ -203,24 +253,32 @@ def _device_check(current: Callable[[], int] | None,
 
 
 # The row-code constants are bound as parameter defaults: locals cost no global lookup per event.
-def _callbacks(ext, clock, stream, failed, device):  # type: ignore[no-untyped-def]
+# After each row the hook trims the buffer once ``cap`` ints are held (EventBuffer.trim): one length
+# and one attribute read per event.
+def _callbacks(buf, clock, stream, failed, device):  # type: ignore[no-untyped-def]
+    ext, rows = buf.extend, buf.rows
+
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
-                           _dev=DEVICE_SHIFT, _na=UNMEASURED):
+                           _dev=DEVICE_SHIFT, _na=UNMEASURED, _len=len):
         if device is not None:
             device_id = device(device_id)
         if mem_ptr:
             ext((clock(), device_id << _dev, mem_ptr, size, mem_size, stream().ptr, _na, -1))
+            if _len(rows) >= buf.cap:
+                buf.trim()
         elif size:
             failed(device_id, size, mem_size, -1)
 
     def free_postprocess(device_id, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
-                         _dev=DEVICE_SHIFT, _free=FREE, _na=UNMEASURED):
+                         _dev=DEVICE_SHIFT, _free=FREE, _na=UNMEASURED, _len=len):
         ext((clock(), (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr, _na, -1))
+        if _len(rows) >= buf.cap:
+            buf.trim()
 
     return malloc_postprocess, free_postprocess
 
 
-def _site_callbacks(ext, clock, stream, failed, sites, device):  # type: ignore[no-untyped-def]
+def _site_callbacks(buf, clock, stream, failed, sites, device):  # type: ignore[no-untyped-def]
     # The fast paths of SiteTable.site_of are inlined: the caller's frame is usually user code
     # already seen at this instruction (one frame fetch, one dict lookup), or one CuPy Python
     # function (cupy.empty, cupy.arange, ...) called from such a line (one more of each).
@@ -228,9 +286,10 @@ def _site_callbacks(ext, clock, stream, failed, sites, device):  # type: ignore[
     by_offset = sites.by_offset
     internal = sites.internal
     site_of = sites.site_of
+    ext, rows = buf.extend, buf.rows
 
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
-                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED):
+                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED, _len=len):
         f = getframe(1)
         c = id(f.f_code)
         s = by_offset.get((c, f.f_lasti))  # only frames outside skipped dirs are keys
@@ -243,13 +302,15 @@ def _site_callbacks(ext, clock, stream, failed, sites, device):  # type: ignore[
         if mem_ptr:
             ext((clock(), ((s + 1) << _site) | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr,
                  _na, -1))
+            if _len(rows) >= buf.cap:
+                buf.trim()
         elif size:
             failed(device_id, size, mem_size, s)
 
-    return malloc_postprocess, _callbacks(ext, clock, stream, failed, device)[1]
+    return malloc_postprocess, _callbacks(buf, clock, stream, failed, device)[1]
 
 
-def _stack_callbacks(ext, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
+def _stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
     # The window read and its key (tracekit.record.callstacks.window, window_key) are inlined: C-level
     # iteration, one key, one dict lookup whose answer holds the site's row bits and the stack id,
     # so a window seen before runs no Python loop.
@@ -260,11 +321,12 @@ def _stack_callbacks(ext, clock, stream, failed, stacks, device):  # type: ignor
     site_of = stacks.sites.site_of
     steps = stacks.steps
     stop = stacks.stop if stacks.stop is not None else bool  # bool: the stack's end alone
+    ext, rows = buf.extend, buf.rows
 
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
                            _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED, _list=list,
                            _tw=takewhile, _acc=accumulate, _get=getattr, _map=map, _id=id,
-                           _code=frame_code, _lasti=frame_lasti):
+                           _code=frame_code, _lasti=frame_lasti, _len=len):
         frames = _list(_tw(bool, _tw(stop, _acc(steps, _get, initial=getframe(1)))))
         v = hot.get((*_map(_id, _map(_code, frames)), *_map(_lasti, frames)))
         if v is None:
@@ -278,10 +340,12 @@ def _stack_callbacks(ext, clock, stream, failed, stacks, device):  # type: ignor
             device_id = device(device_id)
         if mem_ptr:
             ext((clock(), bits | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr, _na, st))
+            if _len(rows) >= buf.cap:
+                buf.trim()
         elif size:
             failed(device_id, size, mem_size, (bits >> _site) - 1, st)
 
-    return malloc_postprocess, _callbacks(ext, clock, stream, failed, device)[1]
+    return malloc_postprocess, _callbacks(buf, clock, stream, failed, device)[1]
 
 
 def cupy_hook(cupy: Any, **kw: Any) -> TraceHook:

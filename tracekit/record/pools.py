@@ -276,6 +276,7 @@ class PoolRegistry:
         stream = cupy.cuda.get_current_stream().ptr
         self.buffer.extend((self.clock(), code_of(MALLOC, device, pid, site), ptr, size, rounded, stream,
                             self._measure(device), stack))
+        self.buffer.check()
         owner = _AsyncBlock(self, mp, device, pid, rounded)
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, mp.mem.size, owner, device), 0)
 
@@ -285,6 +286,7 @@ class PoolRegistry:
         stream = self.cupy.cuda.get_current_stream().ptr
         self.buffer.extend((self.clock(), code_of(FREE, device, pid), ptr, rounded, 0, stream,
                             self._measure(device), -1))
+        self.buffer.check()
 
     def _measure(self, device: int) -> int:
         try:

@@ -27,7 +27,7 @@ that stamped out of order) is clamped to the time before it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,14 +48,16 @@ from tracekit.record.finish import (
     segment_rows,
     v2_meta,
 )
-from tracekit.record.spool import (
+from tracekit.record.spool_format import (
     FRAME_ROW,
+    MAGIC,
     NOTE_ROW,
     SITE_ROW,
     SPOOL_KEY,
     SPOOL_SCHEMA,
     STACK_FIELD,
     STACK_ROW,
+    SpoolFrames,
 )
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, Op, TraceMeta
@@ -82,10 +84,61 @@ class SpoolScan:
     t_last: int = NO_TIME  # the last event row's time so far, as the trace will carry it
 
 
+class _Spool:
+    """An open spool of either layout: its metadata and its batches in the Arrow spool layout."""
+
+    def __init__(self, path: Path, meta_json: bytes, batches: Iterator[pa.RecordBatch],
+                 truncated: Callable[[], bool]) -> None:
+        self.path, self.meta_json, self._batches, self._truncated = path, meta_json, batches, truncated
+
+    def batches(self, scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
+        """Every whole batch, checked; ``scan.truncated`` is set where the spool was cut short."""
+        while True:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError):  # the last Arrow batch was cut short by a kill
+                if scan is not None:
+                    scan.truncated = True
+                return
+            yield _checked(self.path, batch)
+        if scan is not None and self._truncated():
+            scan.truncated = True
+
+
 @contextmanager
-def _open(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
-    """The spool's stream reader; the memory map is closed when the block ends."""
+def _open(path: Path) -> Iterator[_Spool]:
+    """The spool (a version-4 framed spool, or the Arrow stream of earlier recorders), closed when
+    the block ends."""
     check_regular(path, "spool")
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below, after the block)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the spool ({e.strerror or e})") from None
+    with f:
+        head = f.read(len(MAGIC))
+        f.seek(0)
+        if head == MAGIC:
+            frames = SpoolFrames(path, f)
+            yield _Spool(path, frames.meta_json, frames.batches(), lambda: frames.truncated)
+            return
+        with _arrow(path) as reader:
+            yield _Spool(path, reader.schema.metadata[META_KEY], _arrow_batches(reader), lambda: False)
+
+
+def _arrow_batches(reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
+    while True:
+        try:
+            yield reader.read_next_batch()
+        except StopIteration:
+            return
+
+
+@contextmanager
+def _arrow(path: Path) -> Iterator[pa.ipc.RecordBatchStreamReader]:
+    """The stream reader of an Arrow spool (recorders before version 4); the memory map is closed
+    when the block ends."""
     bad = f"{path}: not a tracekit recording spool, or the recording was killed before it began"
     try:
         source = pa.memory_map(str(path))
@@ -146,26 +199,11 @@ def _checked(path: Path, batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-def _batches(reader: pa.ipc.RecordBatchStreamReader, path: Path,
-             scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
-    while True:
-        try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            return
-        except (pa.ArrowInvalid, OSError):  # the last batch was cut short by a kill
-            if scan is not None:
-                scan.truncated = True
-            return
-        yield _checked(path, batch)
-
-
 def scan_spool(path: Path) -> SpoolScan:
     """Pass 1: metadata, call-site names, notes (with the seq of the event each describes), counts."""
-    with _open(path) as reader:
-        meta = _meta(path, reader.schema.metadata[META_KEY])
-        scan = SpoolScan(meta)
-        for batch in _batches(reader, path, scan):
+    with _open(path) as spool:
+        scan = SpoolScan(_meta(path, spool.meta_json))
+        for batch in spool.batches(scan):
             _scan_batch(path, scan, batch)
     return scan
 
@@ -289,10 +327,10 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     scan = scan_spool(spool)
     ooms = [{k: v for k, v in n.items() if k != "state"} for n in scan.notes if n.get("kind") == "oom"]
     index = segment_index(scan.segments)
-    with _open(spool) as reader:  # the device mismatches go into the metadata, written first
+    with _open(spool) as sp:  # the device mismatches go into the metadata, written first
         mismatches, seq = 0, 0
         # Progress in batches over the three passes; the first (the scan) is done here.
-        for i, batch in enumerate(_batches(reader, spool)):
+        for i, batch in enumerate(sp.batches()):
             ev, _, m = _events(batch, seq, (), index)
             seq, mismatches = seq + len(ev), mismatches + m
             progress.report(scan.batches + i + 1, 3 * scan.batches)
@@ -307,8 +345,8 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     stacks = stack_table(scan)  # one table object for every batch: the writer remaps nothing
     seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
-    with _open(spool) as reader, TraceWriter(output, meta, EXTRA_FIELDS) as w:
-        for i, batch in enumerate(_batches(reader, spool)):
+    with _open(spool) as sp, TraceWriter(output, meta, EXTRA_FIELDS) as w:
+        for i, batch in enumerate(sp.batches()):
             ev, extras, _ = _events(batch, seq, sites, index, t_floor, fill, stacks)
             seq += len(ev)
             t_floor = int(ev.t_ns[-1]) if len(ev) else t_floor
