@@ -70,6 +70,13 @@ class HeldFile:
         """fsync what was written (through the held descriptor, opened again if the program closed it)."""
         os.fsync(self._held())
 
+    def sync_if_held(self) -> None:
+        """fsync through the held descriptor if it still is the file; never opens, never raises."""
+        fd = self._ours()
+        if fd is not None:
+            with contextlib.suppress(OSError):  # closed at this moment by the writer: nothing to do
+                os.fsync(fd)
+
     def _held(self) -> int:
         fd = self._ours()
         if fd is None:

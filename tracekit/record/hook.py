@@ -68,10 +68,11 @@ def code_of(op: int, device: int, pool: int | None = None, site: int = -1) -> in
 class EventBuffer:
     """The flat list all threads append rows to, and the notes rows point at.
 
-    The spool's flusher writes rows without deleting them (``written``: how many ints of
-    ``rows`` are written); the hook calls ``trim`` in the program's thread once ``cap`` ints are
-    held, which writes the rest (``drain``) and deletes the written ones, so the program's threads
-    free what they made (``record.spool`` says why). ``lock`` orders the writer and ``trim``.
+    The rows are written in the program's own threads: after each row the hook calls ``trim``
+    once the clock passes ``due`` (``interval_ns`` after the last write) or ``cap`` ints are held;
+    it writes what waits (``drain``) and deletes the rows written (``record.spool`` says why no
+    other thread does). ``written`` counts the ints of ``rows`` already written by the spool's own
+    thread (after a silence), deleted at the next trim; ``lock`` orders the writer and ``trim``.
     """
 
     def __init__(self) -> None:
@@ -82,21 +83,25 @@ class EventBuffer:
         self.taken = 0  # rows handed to the writer so far
         self.written = 0  # ints of ``rows`` written to the spool, deleted at the next trim
         self.cap = sys.maxsize  # ints held before the hook trims (``attach``)
+        self.due = sys.maxsize  # perf_counter_ns after which the hook trims (``attach``)
+        self.interval_ns = 0
         self.lock = threading.RLock()
         self.busy = False  # the writer is writing (set under ``lock``): trim waits or, in its thread, skips
         self._drain: Callable[[], None] | None = None
 
-    def attach(self, cap: int, drain: Callable[[], None]) -> None:
-        """Trim at ``cap`` ints held; ``drain()`` (called under ``lock``) writes what waits."""
-        self.cap, self._drain = cap, drain
+    def attach(self, cap: int, interval_ns: int, drain: Callable[[], None]) -> None:
+        """Trim at ``cap`` ints held or ``interval_ns`` after the last trim; ``drain()`` (called
+        under ``lock``) writes what waits."""
+        self.cap, self.interval_ns, self._drain = cap, interval_ns, drain
+        self.due = time.perf_counter_ns() + interval_ns
 
     def waiting(self) -> int:
         """Ints appended and not yet written."""
         return len(self.rows) - self.written
 
     def check(self) -> None:
-        """``trim`` if ``cap`` ints are held (for the rows appended outside the hook)."""
-        if len(self.rows) >= self.cap:
+        """``trim`` if it is due (for the rows appended outside the hook)."""
+        if len(self.rows) >= self.cap or time.perf_counter_ns() >= self.due:
             self.trim()
 
     def trim(self) -> None:
@@ -112,6 +117,7 @@ class EventBuffer:
             else:
                 self._drain()
                 del self.rows[:self.written]
+                self.due = time.perf_counter_ns() + self.interval_ns
             self.taken += self.written // ROW
             self.written = 0
 
@@ -120,6 +126,7 @@ class EventBuffer:
         self.lock = threading.RLock()
         self.busy = False
         self._drain = None
+        self.due = self.cap = sys.maxsize
         del self.rows[:]
         self.written = 0
 
@@ -253,8 +260,8 @@ def _device_check(current: Callable[[], int] | None,
 
 
 # The row-code constants are bound as parameter defaults: locals cost no global lookup per event.
-# After each row the hook trims the buffer once ``cap`` ints are held (EventBuffer.trim): one length
-# and one attribute read per event.
+# After each row the hook trims the buffer when it is due (EventBuffer.trim): two attribute reads,
+# one length and two comparisons per event.
 def _callbacks(buf, clock, stream, failed, device):  # type: ignore[no-untyped-def]
     ext, rows = buf.extend, buf.rows
 
@@ -263,16 +270,18 @@ def _callbacks(buf, clock, stream, failed, device):  # type: ignore[no-untyped-d
         if device is not None:
             device_id = device(device_id)
         if mem_ptr:
-            ext((clock(), device_id << _dev, mem_ptr, size, mem_size, stream().ptr, _na, -1))
-            if _len(rows) >= buf.cap:
+            t = clock()
+            ext((t, device_id << _dev, mem_ptr, size, mem_size, stream().ptr, _na, -1))
+            if t >= buf.due or _len(rows) >= buf.cap:
                 buf.trim()
         elif size:
             failed(device_id, size, mem_size, -1)
 
     def free_postprocess(device_id, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
                          _dev=DEVICE_SHIFT, _free=FREE, _na=UNMEASURED, _len=len):
-        ext((clock(), (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr, _na, -1))
-        if _len(rows) >= buf.cap:
+        t = clock()
+        ext((t, (device_id << _dev) | _free, mem_ptr, mem_size, 0, stream().ptr, _na, -1))
+        if t >= buf.due or _len(rows) >= buf.cap:
             buf.trim()
 
     return malloc_postprocess, free_postprocess
@@ -300,9 +309,9 @@ def _site_callbacks(buf, clock, stream, failed, sites, device):  # type: ignore[
         if device is not None:
             device_id = device(device_id)
         if mem_ptr:
-            ext((clock(), ((s + 1) << _site) | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr,
-                 _na, -1))
-            if _len(rows) >= buf.cap:
+            t = clock()
+            ext((t, ((s + 1) << _site) | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr, _na, -1))
+            if t >= buf.due or _len(rows) >= buf.cap:
                 buf.trim()
         elif size:
             failed(device_id, size, mem_size, s)
@@ -339,8 +348,9 @@ def _stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignor
         if device is not None:
             device_id = device(device_id)
         if mem_ptr:
-            ext((clock(), bits | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr, _na, st))
-            if _len(rows) >= buf.cap:
+            t = clock()
+            ext((t, bits | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr, _na, st))
+            if t >= buf.due or _len(rows) >= buf.cap:
                 buf.trim()
         elif size:
             failed(device_id, size, mem_size, (bits >> _site) - 1, st)

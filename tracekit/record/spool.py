@@ -1,33 +1,35 @@
 """The crash-safe spool, written while the program runs (layout: ``record.spool_format``).
 
-A background thread (the flusher) writes the hook's rows waiting in the ``EventBuffer`` to the
-spool at least every ``interval`` seconds (0.5 by default) and as soon as ``max_events // 2``
-rows wait, then ``fsync``s, so a process killed with SIGKILL (or a machine that dies) loses at
-most the last interval of events. Before the rows, one TEXT frame names what they use first:
-call-sites, frames, stacks and notes.
+**The program's own threads write the rows.** After each row the hook checks whether a write is
+due (``EventBuffer.trim``): ``interval`` seconds (0.5 by default) after the last one, or
+``max_events`` rows held. Then it packs the rows waiting, with ``struct``, into a 1 MiB buffer
+made before the program started (no NumPy, no Arrow: those are for the end), writes them through
+the held descriptor (``record.held_file``) behind one TEXT frame naming the call-sites, frames,
+stacks and notes they use first, and deletes them. A write to the page cache survives the
+process: a program killed with SIGKILL loses at most the rows of its last ``interval``.
 
-**The flusher never changes the process's address space.** Another thread that maps or unmaps
-memory, or opens and closes a file, while cuFFT makes a plan with JIT (LTO) callbacks makes that
-plan fail with ``CUFFT_INTERNAL_ERROR`` (measured on an H200 with CuPy 14.2,
-``scripts/gpu_cufft_callback_probe.py``, CuPy's ``examples/cufft/callback/jit_r2c_c2r_string.py``,
-no tracekit in the process: a thread that every 50 ms allocated and freed 8 MiB failed 4 of 6
-runs, one that made a 64 KiB NumPy array 5 of 6, one that built an Arrow batch 3 of 8, one that
-opened and closed a file 6 of 8; one that only wrote and fsynced through a held descriptor, only
-computed or only slept, 0 of 8). So the flusher
+**The spool's own thread sleeps** (``time.sleep(interval)``, never waiting on an event), fsyncs
+what the program's threads wrote, and writes rows itself only when they waited ``silence``
+seconds (0 by default) past their due time because the program stopped allocating, so a kill
+loses at most about two intervals of rows. Why so little: another thread doing work beside
+cuFFT while it makes a plan with JIT (LTO) callbacks makes that plan fail with
+``CUFFT_INTERNAL_ERROR``. Measured on an H200 with CuPy 14.2 (CuPy's
+``examples/cufft/callback/jit_r2c_c2r_string.py``, warm callback cache, 8 runs each unless said,
+``scripts/gpu_cufft_callback_probe.py`` and ``scripts/gpu_cufft_bisect.py``): with no tracekit in
+the process, a thread that every 50 ms opened and closed a file failed 6, one that allocated and
+freed 8 MiB 4 of 6, one that made a 64 KiB NumPy array 5 of 6, one that built an Arrow batch 3;
+one that wrote and fsynced through a held descriptor, computed, or slept, 0. Recorded with a
+spool thread that woke every 50 ms (``Event.wait``) and packed and wrote every 0.5 s, without a
+single mapping or file opened (``tests/cli/test_record_flusher_syscalls.py``), it still failed 4
+of 8 and 5 of 8; with that thread switched off, 0 of 8 (the hook, the budget or the call-sites
+switched off instead: 3, 5 and 1 of 8). As here, 0 of 12 (plain 0 of 12), and 0 of 12 with
+``silence`` 0 and 5 s alike.
 
-- packs rows with ``struct`` into a 1 MiB buffer allocated before the program starts (chunks of
-  ``CHUNK_EVENTS`` rows: its only temporaries are a few KiB, reused by the C allocator), never
-  through NumPy or Arrow;
-- never frees what the program's threads made: it does not delete the rows it wrote, it marks
-  them written (``EventBuffer.written``); the program's own thread deletes them in
-  ``EventBuffer.trim``, called by the hook when ``max_events`` rows are held (freeing a million
-  Python ints can hand whole arenas back to the system);
-- writes through one descriptor opened before the program starts and held to the end
-  (``record.held_file``), checked before each write to still be the spool.
-
-Only the process that made the spool writes to it (a forked child writes nothing). A write
-that fails (a full disk, a file system gone read-only) stops the spooling: ``error`` says why,
-the program runs on, the events written before are kept, and later rows are dropped.
+The spool's thread never frees what the program's threads made (the rows it writes after a
+silence are deleted at the program's next trim: ``EventBuffer.written``). Only the process that
+made the spool writes to it (a forked child writes nothing). A write that fails (a full disk, a
+file system gone read-only) stops the spooling: ``error`` says why, the program runs on, the
+events written before are kept, and later rows are dropped.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class SpoolWriter:
         interval: float = 0.5,
         max_events: int = 65536,
         stacks: LiveStacks | None = None,
+        silence: float = 0.0,
     ) -> None:
         self.path, self.pid = path, os.getpid()
         self._file = HeldFile(path)
@@ -100,6 +103,7 @@ class SpoolWriter:
             raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
         self.buffer, self.sites, self.stacks = buffer, sites, stacks
         self.interval, self.max_events = interval, max(2, max_events)
+        self.poll, self.silence_ns = interval, int(silence * 1e9)
         self.events = 0  # event rows written (note rows excluded)
         self._sites_written = self._frames_written = self._stacks_written = 0
         self._notes_written: set[int] = set()
@@ -107,34 +111,43 @@ class SpoolWriter:
         self._view = memoryview(self._buf)
         self._fill = 0
         self._stop = threading.Event()
+        self._closed = False
         self._thread: threading.Thread | None = None
         self.error: str | None = None
-        buffer.attach(self.max_events * ROW, self._drain)
+        buffer.attach(self.max_events * ROW, int(interval * 1e9), self._drain)
 
     def start(self) -> None:
-        """Start the flusher; it runs one empty flush first, so its thread's allocator state
-        (the C allocator's arena of a new thread) exists before the program does."""
+        """Start the spool's own thread (``_watch``); it packs one chunk first, so its C allocator
+        arena exists before the program does."""
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="tracekit-spool", daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(ready,), name="tracekit-spool", daemon=True)
         self._thread.start()
         ready.wait(5)
 
-    def _run(self, ready: threading.Event) -> None:
-        self._warm_up()
-        ready.set()
-        last = time.monotonic()
-        poll = min(0.05, self.interval)
-        half = self.max_events // 2 * ROW
-        while not self._stop.wait(poll):
-            now = time.monotonic()
-            if now - last >= self.interval or self.buffer.waiting() >= half:
-                self.flush()
-                last = now
-
     def _warm_up(self) -> None:
         rows = list(range(CHUNK_EVENTS * ROW))
-        CHUNK[CHUNK_EVENTS].pack_into(self._buf, 0, *rows[:])
+        CHUNK[CHUNK_EVENTS].pack_into(bytearray(len(rows) * 8), 0, *rows[:])
         text_record(TextKind.NOTE, 0, {"warm": "up"})
+
+    def _watch(self, ready: threading.Event) -> None:
+        """Sleep; fsync what the program's threads wrote; write the rows they left waiting.
+
+        While the program allocates, its own threads write the rows (``EventBuffer.trim``); this
+        thread fsyncs them every ``interval`` and writes rows itself only when they have waited
+        ``silence`` seconds past their due time (the program stopped allocating), so a kill
+        in a silence loses nothing."""
+        self._warm_up()
+        ready.set()
+        synced = 0
+        while not self._stop.is_set():
+            time.sleep(self.poll)
+            buf = self.buffer
+            if buf.waiting() and time.perf_counter_ns() >= buf.due + self.silence_ns:
+                self.flush()
+                synced = self.events
+            elif self.events != synced:
+                synced = self.events
+                self._file.sync_if_held()
 
     def flush(self, *, sync: bool = True) -> int:
         """Write the rows waiting now (and what they name); returns the number of rows written.
@@ -142,8 +155,8 @@ class SpoolWriter:
         Never raises: a failed write is kept in ``error`` and stops the spooling."""
         buf = self.buffer
         with buf.lock:
-            if os.getpid() != self.pid or buf.busy:
-                return 0  # a forked child's copy, or re-entered from a finalizer: write nothing
+            if os.getpid() != self.pid or buf.busy or self._closed:
+                return 0  # a forked child's copy, re-entered from a finalizer, or closed: write nothing
             lo, hi = buf.written, len(buf.rows)  # rows first: every id they use is named by now
             if self.error is not None:
                 buf.written = hi  # dropped: the program's thread frees them (EventBuffer.trim)
@@ -167,7 +180,7 @@ class SpoolWriter:
             return n
 
     def _drain(self) -> None:
-        """``EventBuffer.trim``'s writer, in the program's thread: what the flusher has not written."""
+        """``EventBuffer.trim``'s writer, in the program's thread (fsynced by the spool's thread)."""
         self.flush(sync=False)
 
     def _text(self) -> None:
@@ -232,7 +245,7 @@ class SpoolWriter:
             self._fill = 0
 
     def detach(self) -> None:
-        """In a forked child: never write (the flusher thread did not survive the fork)."""
+        """In a forked child: never write (the spool's thread did not survive the fork)."""
         self.pid = -1
         self._thread = None
         self._file.forget()
@@ -241,9 +254,7 @@ class SpoolWriter:
     def close(self) -> None:
         """Stop the flusher, write what is left and the end frame; a failure is kept in ``error``
         (the spool then ends at its last whole frame), never raised."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._stop.set()  # the thread ends at its next wake-up; flush and close are under the lock
         self.flush()
         try:
             if self.error is None and os.getpid() == self.pid:
@@ -251,6 +262,8 @@ class SpoolWriter:
         except Exception as e:  # a full disk at the very end: what was written stays recoverable
             self.error = self.error or f"{type(e).__name__}: {e}"
         finally:
-            if os.getpid() == self.pid:
-                self._file.close()
-                self.buffer.trim()
+            with self.buffer.lock:
+                self._closed = True
+                if os.getpid() == self.pid:
+                    self._file.close()
+            self.buffer.trim()
