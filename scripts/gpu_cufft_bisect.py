@@ -2,7 +2,8 @@
 ``examples/cufft/callback/jit_r2c_c2r_string.py`` fail with ``CUFFT_INTERNAL_ERROR``?
 
 Each condition runs the example ``--repeats`` times, one fresh process after another, with a warm
-callback cache: the recorder whole, and the recorder with one part switched off in its own
+callback cache (``--cold``: a fresh one per run, as the transparency suite runs it): the
+recorder whole, and the recorder with one part switched off in its own
 process (monkeypatched by a wrapper, never in tracekit itself): the flusher thread, the memory
 hook, the start-of-recording budget (NVML and the device limits), the site capture; the spool's
 thread writing every interval instead of only after a silence; and the example after importing
@@ -75,6 +76,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--only", nargs="*", default=list(CONDITIONS))
+    ap.add_argument("--cold", action="store_true", help="a fresh callback cache (CUPY_CACHE_DIR) per run")
     a = ap.parse_args()
     example = os.path.abspath(a.example)
     res: dict[str, list[dict[str, object]]] = {}
@@ -83,7 +85,8 @@ def main() -> None:
         one(example, "plain", warm, work)
         for _ in range(a.repeats):  # interleaved: a drift of the machine touches every condition
             for mode in a.only:
-                res.setdefault(mode, []).append(one(example, mode, warm, work))
+                cache = tempfile.mkdtemp(dir=work) if a.cold else warm
+                res.setdefault(mode, []).append(one(example, mode, cache, work))
             summary = {k: f"{sum(x['code'] != 0 for x in v)}/{len(v)} failed" for k, v in res.items()}
             Path(a.out).write_text(json.dumps({"summary": summary, "runs": res}, indent=1))
     print(json.dumps(summary, indent=1))

@@ -474,11 +474,11 @@ def own_lines(stderr: str) -> str:
                    if not line.startswith(("Wrote ", "tracekit: ")))
 
 
-NUMBER = re.compile(r"\d*\.\d+(?:[eE][-+]?\d+)?|pid=\d+")
+NUMBER = re.compile(r"-?\d*\.\d+(?:[eE][-+]?\d+)?|pid=\d+")  # a sign too: unseeded draws flip it
 
 
 def masked(text: str) -> str:
-    """``text`` with decimal numbers (timings) and process ids masked."""
+    """``text`` with signed decimal numbers (timings, unseeded random draws) and process ids masked."""
     return NUMBER.sub("#", text)
 
 
