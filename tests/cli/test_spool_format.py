@@ -133,3 +133,28 @@ def test_a_frame_cut_short_ends_the_spool_there(tmp_path: Path) -> None:
     p2 = _spool(tmp_path, whole, FRAME.pack(ROWS, 1, 64)[:5])
     t2 = read_trace(recover(p2, force=True), strict=True)
     assert len(t2.events) == 1 and t2.meta.extra["spool_truncated"] is True
+
+
+def test_a_stop_signal_raised_into_a_write_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    w, hook, buf = _writer(tmp_path, interval=3600.0)
+    for i in range(300):
+        _malloc(hook, i)
+    real = w._file.write
+    calls = []
+
+    def interrupted(data, *, sync=True):  # type: ignore[no-untyped-def]
+        calls.append(len(data))
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # as the stop signal's exception, raised between two bytecodes
+        real(data, sync=sync)
+
+    w._file.write = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        w.flush()
+    assert buf.written == 0 and not buf.busy and w.events == 0  # nothing counted as written
+    for i in range(300, 310):
+        _malloc(hook, i)
+    w.close()
+    t = read_trace(recover(w.path), strict=True)
+    assert (t.events.addr - BASE).tolist() == [i * 512 for i in range(310)]
+    assert len(t.events.sites) == 1 and t.events.sites[0].endswith(":_malloc")

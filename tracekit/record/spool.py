@@ -107,6 +107,10 @@ class SpoolWriter:
         self.events = 0  # event rows written (note rows excluded)
         self._sites_written = self._frames_written = self._stacks_written = 0
         self._notes_written: set[int] = set()
+        self._notes_order: list[int] = []  # the notes written, in order (rolled back with the rest)
+        self._notes_placed = 0  # notes in the buffer, not yet in the file
+        self._done = (0, 0, 0, 0)  # sites, frames, stacks and notes in the file
+        self._row_at = self._row_done = 0  # ints of the rows placed in the buffer, and in the file
         self._buf = bytearray(BUFFER_BYTES)
         self._view = memoryview(self._buf)
         self._fill = 0
@@ -152,7 +156,9 @@ class SpoolWriter:
     def flush(self, *, sync: bool = True) -> int:
         """Write the rows waiting now (and what they name); returns the number of rows written.
 
-        Never raises: a failed write is kept in ``error`` and stops the spooling."""
+        Never raises an ``Exception``: a failed write is kept in ``error`` and stops the spooling.
+        An exception raised into it (the stop signal's, in the main thread) leaves the spool at
+        its last whole frame and every row not yet in the file waiting, then goes on."""
         buf = self.buffer
         with buf.lock:
             if os.getpid() != self.pid or buf.busy or self._closed:
@@ -162,6 +168,8 @@ class SpoolWriter:
                 buf.written = hi  # dropped: the program's thread frees them (EventBuffer.trim)
                 return 0
             buf.busy = True
+            before = self.events
+            self._row_at = self._row_done = lo
             try:
                 self._text()
                 self._rows(buf.rows, lo, hi)
@@ -170,14 +178,30 @@ class SpoolWriter:
                     self._file.sync()
             except Exception as e:  # a full disk must not break the program being recorded
                 self.error = f"{type(e).__name__}: {e}"
-                self._fill = 0
-                return 0
+                self._row_done = hi
+            except BaseException:
+                self._roll_back()
+                raise
             finally:
-                buf.written = hi
+                self._fill = 0
+                buf.written = self._row_done
                 buf.busy = False
-            n = (hi - lo) // ROW
-            self.events += n
-            return n
+            return self.events - before
+
+    def _commit(self) -> None:
+        """What the buffer held is in the file now: its names, notes and rows count as written."""
+        self._done = (self._sites_written, self._frames_written, self._stacks_written, len(self._notes_order))
+        self.events += (self._row_at - self._row_done) // ROW - self._notes_placed
+        self._notes_placed = 0
+        self._row_done = self._row_at
+
+    def _roll_back(self) -> None:
+        """Forget what was placed in the buffer since the last commit (it never reached the file)."""
+        self._sites_written, self._frames_written, self._stacks_written, n_notes = self._done
+        for index in self._notes_order[n_notes:]:
+            self._notes_written.discard(index)
+        del self._notes_order[n_notes:]
+        self._notes_placed = 0
 
     def _drain(self) -> None:
         """``EventBuffer.trim``'s writer, in the program's thread (fsynced by the spool's thread)."""
@@ -202,7 +226,8 @@ class SpoolWriter:
         for index in [i for i in list(notes) if i not in self._notes_written]:
             recs.append(text_record(TextKind.NOTE, index, notes[index]))
             self._notes_written.add(index)
-            self.events -= 1  # its row is counted with the rows
+            self._notes_order.append(index)
+            self._notes_placed += 1  # its row is counted with the rows
         if recs:
             self._frame(TEXT, len(recs), recs)
 
@@ -212,6 +237,7 @@ class SpoolWriter:
             self._out()
         if HEADER + length > BUFFER_BYTES:  # larger than the buffer (names by the thousand): as is
             self._file.write(b"".join([frame_header(tag, count, length), *parts]), sync=False)
+            self._commit()
             return
         self._put(frame_header(tag, count, length))
         for p in parts:
@@ -238,11 +264,13 @@ class SpoolWriter:
                 CHUNK[(j - i) // ROW].pack_into(self._buf, at, *rows[i:j])
                 at += (j - i) * 8
             self._fill, lo = at, end
+            self._row_at = end
 
     def _out(self) -> None:
         if self._fill:
             self._file.write(self._view[:self._fill], sync=False)
             self._fill = 0
+        self._commit()
 
     def detach(self) -> None:
         """In a forked child: never write (the spool's thread did not survive the fork)."""
