@@ -359,3 +359,41 @@ def test_deep_random_stacks_roll_up_as_the_analyzer_s_blocks(browser: Any, tmp_p
             assert b == want[path], (k, path)
     assert o.errors == []
     o.page.close()
+
+
+def test_the_keyboard_walks_the_frames_and_zooms(browser: Any, pages: dict[str, Path]) -> None:
+    """Tab reaches the graph; the cursor starts at the root, Down goes to the widest callee, Right to
+    its neighbour, Up to the caller; each move says the frame in words (a live region); Enter zooms
+    as a click does, and zooms out on the focus again."""
+    o = Opened(browser, pages["stacks"])
+    p = o.page
+    nodes = drawn(o)
+    p.focus("#flame")
+    assert p.evaluate("document.activeElement.id") == "flame" and p.get_attribute("#flame", "tabindex") == "0"
+    assert p.evaluate("tracekit.flame.cursor()") == 0
+    assert "all live blocks" in (p.text_content(".fl-said") or "")
+    p.keyboard.press("ArrowDown")
+    assert p.evaluate("tracekit.flame.cursor()") == nodes[(ALL, MAIN)][3]
+    for _ in range(2):
+        p.keyboard.press("ArrowDown")
+    step_ = nodes[(ALL, MAIN, STEP)][3]
+    widest = nodes[(ALL, MAIN, STEP, CALL)][3]  # 16 MiB against copy's 12
+    assert p.evaluate("tracekit.flame.cursor()") == widest
+    p.keyboard.press("ArrowRight")
+    assert p.evaluate("tracekit.flame.cursor()") == nodes[(ALL, MAIN, STEP, COPY)][3]
+    said = p.text_content(".fl-said") or ""
+    assert "deepcopy" in said and "12.00 MiB" in said and p.get_attribute(".fl-said", "aria-live") == "polite"
+    p.keyboard.press("ArrowRight")  # the end of the row: stays
+    assert p.evaluate("tracekit.flame.cursor()") == nodes[(ALL, MAIN, STEP, COPY)][3]
+    p.keyboard.press("ArrowLeft")
+    p.keyboard.press("Enter")
+    assert p.evaluate("tracekit.flame.view.focus") == widest
+    assert drawn(o)[(ALL, MAIN, STEP, CALL)][1] == pytest.approx(nodes[(ALL,)][1])
+    p.keyboard.press("Enter")  # on the focus: out to its caller
+    assert p.evaluate("tracekit.flame.view.focus") == step_
+    p.keyboard.press("ArrowUp")
+    assert p.evaluate("tracekit.flame.cursor()") == step_
+    p.keyboard.press("Tab")  # away: nothing said, the cursor no longer drawn
+    assert p.evaluate("document.activeElement.id") != "flame" and (p.text_content(".fl-said") or "") == ""
+    assert o.errors == []
+    p.close()

@@ -20,9 +20,11 @@
     const box = el("canvas", null);
     box.id = "flame";
     box.setAttribute("role", "img");
-    box.setAttribute("aria-label", "flame graph of the live bytes by call stack; hover a frame for its details");
+    box.setAttribute("aria-label", "flame graph of the live bytes by call stack; hover a frame for its details, " +
+      "or focus it and move between frames with the arrow keys (Enter zooms)");
+    box.tabIndex = 0; // reachable by Tab: the arrow keys walk the drawn frames (``cursor``)
     let collapse = hasNative; // C++ frames folded into one node per run by default
-    let tree = build(collapse), focus = 0, last = null;
+    let tree = build(collapse), focus = 0, last = null, cursor = -1;
 
     /* The tree of paths: node 0 the root (every live block), node 1 the blocks without a stack, then one
        node per distinct (parent node, frame), so stacks that repeat a path share its node. With
@@ -149,10 +151,12 @@
       while (n > 0 && g.measureText(text.slice(0, n) + "…").width > room) n--;
       return n > 0 ? text.slice(0, n) + "…" : "";
     }
+    function keyed() { return document.activeElement === box; }
     function draw(st, ctx) {
       last = { st, ctx };
       const wt = weigh(st.blocks);
       if (focus >= tree.n || wt.total[focus] <= 0) focus = 0;
+      if (cursor >= tree.n || cursor < 0 || wt.total[cursor] <= 0) cursor = focus;
       const req = new Set(ctx.oom && ctx.oom.stack >= 0 ? pathOf(ctx.oom.stack).slice(1) : []); // the root aside
       if (!cssWidth) cssWidth = Math.max(box.clientWidth || 1200, 200);
       const w = cssWidth, nodes = layout(w, wt);
@@ -181,6 +185,7 @@
         if (p.v === focus) { g.fillStyle = "#000"; g.fillRect(p.x, y + ROW - 3, p.w - 1, 2); }
         if (p.anc) g.globalAlpha = 1;
         if (p.req) { g.strokeStyle = "#d00"; g.lineWidth = 2; g.strokeRect(p.x + 1, y + 1, Math.max(p.w - 3, 0.5), ROW - 3); }
+        if (p.v === cursor && keyed()) { g.setLineDash([3, 2]); g.strokeStyle = "#0645ad"; g.lineWidth = 2; g.strokeRect(p.x + 1, y + 1, Math.max(p.w - 3, 0.5), ROW - 3); g.setLineDash([]); }
         p.text = "";
         if (p.w >= 28) {
           if (font !== (mine ? BOLD : FONT)) g.font = font = mine ? BOLD : FONT; // a font change is parsed
@@ -189,9 +194,11 @@
           if (p.text) g.fillText(p.text, p.x + (mine ? 6 : 3), y + ROW / 2);
         }
       });
+      if (!nodes.some((p) => p.v === cursor)) cursor = focus; // left out of the drawing: back to the focus
       shown = { focus, total: wt.total[0], width: w, nodes, wt };
       api.weights = wt;
       api.drawn = nodes;
+      if (keyed()) said.textContent = tip(cursor).join(" · ");
       head(st, ctx, wt);
       request(ctx, req, wt);
     }
@@ -201,6 +208,8 @@
     });
 
     const title = el("p", "fl-title"), note = el("div", "fl-note");
+    const said = el("p", "fl-said"); // the frame under the keyboard cursor, in words (read out: aria-live)
+    said.setAttribute("aria-live", "polite");
     function head(st, ctx, wt) {
       title.textContent = "Live " + ctx.when + ": " + fmtBytes(wt.total[0]) + " in " + wt.blocks[0].toLocaleString() +
         " blocks" + (focus !== 0 ? "; zoomed into " + label(focus) + " (" + fmtBytes(wt.total[focus]) + ")" : "") + ".";
@@ -264,6 +273,28 @@
     });
     box.addEventListener("mouseleave", hideTip);
 
+    /* The keyboard: arrows move the cursor over the drawn frames (up: the caller, down: the widest
+       callee, left and right: the neighbours in the row), Enter or space zooms as a click does. */
+    function step(key) {
+      const N = api.drawn || [], at = N.findIndex((p) => p.v === cursor);
+      if (at < 0) return cursor;
+      const p = N[at];
+      if (key === "ArrowUp") return p.d > 0 ? tree.parent[p.v] : p.v;
+      if (key === "ArrowDown") { const c = N.find((q) => q.d === p.d + 1 && tree.parent[q.v] === p.v); return c ? c.v : p.v; }
+      const row = rows[p.d], i = row.indexOf(at), j = key === "ArrowLeft" ? i - 1 : i + 1;
+      return j >= 0 && j < row.length ? N[row[j]].v : p.v;
+    }
+    box.addEventListener("keydown", (e) => {
+      if (e.ctrlKey || e.metaKey || e.altKey) return;
+      if (e.key === "ArrowUp" || e.key === "ArrowDown" || e.key === "ArrowLeft" || e.key === "ArrowRight") cursor = step(e.key);
+      else if (e.key === "Enter" || e.key === " ") { zoom(cursor); e.preventDefault(); return; }
+      else return;
+      e.preventDefault();
+      if (last) draw(last.st, last.ctx);
+    });
+    box.addEventListener("focus", () => { if (last) draw(last.st, last.ctx); });
+    box.addEventListener("blur", () => { said.textContent = ""; if (last) draw(last.st, last.ctx); });
+
     /* The controls: the peak, each OOM (fatal ones as buttons, every one in the list), never freed. */
     function controls(go) {
       const bar = el("div", "controls fl-controls");
@@ -323,10 +354,11 @@
       return lg;
     }
     const api = {
-      mount(section, go) { section.append(controls(go), title, box, note, legend()); },
+      mount(section, go) { section.append(controls(go), title, box, said, note, legend()); },
       draw,
       zoom,
       tree: () => tree,
+      cursor: () => cursor,
       /* css pixel (x, y) and width of a drawn node, scrolled into view, for the tests */
       locate(v) {
         const p = (api.drawn || []).find((q) => q.v === v);
