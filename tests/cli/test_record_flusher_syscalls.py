@@ -1,4 +1,4 @@
-"""The spool's flusher thread never maps, unmaps or protects memory, nor opens or closes a file,
+"""The spool's own thread never maps, unmaps or protects memory, nor opens or closes a file,
 while the program runs (``record.spool`` says why: cuFFT's JIT-callback plans fail beside a thread
 that does). Watched with strace: every system call of that thread between its first and its last
 periodic flush, while the main thread makes 300,000 events and garbage of its own."""
@@ -48,7 +48,7 @@ WATCHED = {"mmap", "munmap", "mremap", "mprotect", "madvise", "brk", "openat", "
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (Debian: apt-get install strace)")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux system calls")
-def test_the_flusher_changes_no_mapping_and_opens_nothing_while_the_program_runs(tmp_path: Path) -> None:
+def test_the_spool_thread_changes_no_mapping_and_opens_nothing_while_the_program_runs(tmp_path: Path) -> None:
     log = tmp_path / "trace.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run(

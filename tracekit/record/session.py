@@ -5,7 +5,7 @@ touches the device), puts the recording functions under CuPy's allocator
 names (``tracekit.record.pools``: no class is replaced) and makes a recorded
 default pool of CuPy's own class, keeps whole call stacks
 (``tracekit.record.callstacks``, ``stack_depth`` frames each) unless
-call-sites are off, writes the start metadata into the spool, starts the flusher and registers the hook in the
+call-sites are off, writes the start metadata into the spool, starts its thread and registers the hook in the
 calling thread and (through ``patch_threads``) in every ``threading.Thread``
 started afterwards, since CuPy keeps its hook registry per thread. At an
 out-of-memory error the hook measures the device (``tracekit.record.probe``).
@@ -123,7 +123,7 @@ class CupyRecording:
                               current_stream=cupy.cuda.get_current_stream, oom_state=self._oom_state,
                               current_device=rt.getDevice if several else None)
         self.pid = os.getpid()
-        self.spool.start()  # before patching: the flusher thread never allocates
+        self.spool.start()  # before the program: the spool thread's allocator arena is made now
         self.hook.__enter__()  # type: ignore[attr-defined]
         self._unpatch = patch_threads(self._install_here)
         _RECORDING.append(self)
