@@ -457,12 +457,19 @@ def run_one(case: Case, recorded: bool, work: Path, path: str, timeout: float) -
 
 def run_case(case: Case, work: Path, path: str, timeout: float) -> dict[str, Any]:
     """The program without and with recording, one after the other (never at once: CuPy's kernel
-    and callback caches are shared), and once more without where the two outputs differ."""
+    and callback caches are shared), and once more each way where the two differ (the second
+    recorded run tells a failure that comes every time from one that comes now and then)."""
     plain = run_one(case, False, work, path, timeout)
     rec = run_one(case, True, work, path, timeout)
-    differ = (plain.stdout, plain.stderr) != (rec.stdout, own_lines(rec.stderr))
+    differ = (plain.code, plain.stdout, plain.stderr) != (rec.code, rec.stdout, own_lines(rec.stderr))
     again = run_one(case, False, work, path, timeout) if differ else None
-    return judge(case, plain, rec, again)
+    r = judge(case, plain, rec, again)
+    if differ:
+        rec2 = run_one(case, True, work, path, timeout)
+        r["rec_again_exit"] = rec2.code
+        r["rec_again_same"] = rec2.code == plain.code and masked(rec2.stdout) == masked(plain.stdout) \
+            and masked(own_lines(rec2.stderr)) == masked(plain.stderr)
+    return r
 
 
 def _text(b: bytes | str | None) -> str:
@@ -608,6 +615,11 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{exact(r, 'stdout_same')} | {exact(r, 'stderr_same')} | {r.get('events', '—')} | "
                      f"{yes(r.get('mallocs_equal'))} | {yes(r.get('frees_in_witness', r.get('frees_le')))} | "
                      f"{yes(r.get('segments_equal'))} |")
+    again = [r for r in results if "rec_again_exit" in r]
+    if again:  # the cases that differed, recorded once more
+        lines.append("")
+        lines += [f"- {r['name']}: recorded again, exit {r['rec_again_exit']}, "
+                  f"{'the same as plain' if r['rec_again_same'] else 'different from plain'}" for r in again]
     return "\n".join(lines)
 
 
