@@ -280,18 +280,19 @@ class SpoolWriter:
         self.buffer.detach()
 
     def close(self) -> None:
-        """Stop the flusher, write what is left and the end frame; a failure is kept in ``error``
-        (the spool then ends at its last whole frame), never raised."""
-        self._stop.set()  # the thread ends at its next wake-up; flush and close are under the lock
-        self.flush()
-        try:
-            if self.error is None and os.getpid() == self.pid:
-                self._file.write(frame_header(END, 0, 0))
-        except Exception as e:  # a full disk at the very end: what was written stays recoverable
-            self.error = self.error or f"{type(e).__name__}: {e}"
-        finally:
-            with self.buffer.lock:
+        """Stop the spool's thread, write what is left and the end frame; a failure is kept in
+        ``error`` (the spool then ends at its last whole frame), never raised. Under the lock from
+        the last flush to the end frame, so no write of another thread comes after it."""
+        self._stop.set()  # the thread ends at its next wake-up; a flush after this writes nothing
+        with self.buffer.lock:
+            self.flush()
+            try:
+                if self.error is None and os.getpid() == self.pid:
+                    self._file.write(frame_header(END, 0, 0))
+            except Exception as e:  # a full disk at the very end: what was written stays recoverable
+                self.error = self.error or f"{type(e).__name__}: {e}"
+            finally:
                 self._closed = True
                 if os.getpid() == self.pid:
                     self._file.close()
-            self.buffer.trim()
+        self.buffer.trim()
