@@ -88,6 +88,9 @@ def _frame(tag: bytes, count: int, payload: bytes) -> bytes:
     return FRAME.pack(tag, count, len(payload)) + payload
 
 
+BIG = b"9" * 25  # an int no id column holds
+
+
 def _row(t: int, op: int = 0, addr: int = 0x1000, size: int = 512) -> bytes:
     return struct.pack("<8q", t, op, addr, size, size, 0, -1, -1)
 
@@ -111,6 +114,8 @@ def test_a_spool_of_rows_and_names_recovers(tmp_path: Path) -> None:
     ((_frame(TEXT, 1, b'["z", 0, "x"]\n'),), MAGIC, "has kind 'z'"),
     ((_frame(TEXT, 1, b'["f", 0, "a.py", "ten", "f", 0]\n'),), MAGIC, "fields of the wrong kind"),
     ((_frame(META, 0, b"{}"),), MAGIC, "a second metadata frame"),
+    ((_frame(TEXT, 1, b'["f", 0, "a.py", ' + BIG + b', "f", 0]\n'),), MAGIC, "fields of the wrong kind"),
+    ((_frame(TEXT, 1, b'["s", ' + BIG + b', "x"]\n'),), MAGIC, "is not [kind, id, ...]"),
     ((_frame(ROWS, 1, _row(1, op=9)),), MAGIC, "op code 9"),
     ((_frame(ROWS, 1, _row(1, size=1 << 61)),), MAGIC, "a size beyond any device"),
     ((_frame(ROWS, 1, _row(1, op=15)),), MAGIC, "a note in the spool"),

@@ -162,8 +162,7 @@ class _Named:
     def read(self, payload: bytes) -> None:
         for line in payload.splitlines():
             rec = load_json(line, str(self.path), "a text record in the spool")
-            if not (isinstance(rec, list) and len(rec) >= 3 and isinstance(rec[1], int)
-                    and not isinstance(rec[1], bool)):
+            if not (isinstance(rec, list) and len(rec) >= 3 and _ints(rec[1])):
                 raise InputError(f"{self.path}: a text record in the spool is not [kind, id, ...]")
             self._add(rec)
 
@@ -200,7 +199,8 @@ class _Named:
 
 
 def _ints(*xs: Any) -> bool:
-    return all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+    """Plain ints that fit the batches' int32 id columns (a line number, a kind, an id)."""
+    return all(isinstance(x, int) and not isinstance(x, bool) and -(1 << 31) <= x < (1 << 31) for x in xs)
 
 
 def _batch(raw: np.ndarray, t0: int, last_t: int, named: _Named) -> tuple[pa.RecordBatch, int]:
