@@ -77,8 +77,8 @@ def test_a_trim_inside_a_write_of_the_same_thread_is_skipped(tmp_path: Path) -> 
     w.close()
 
 
-def _spool(tmp: Path, *frames: bytes, magic: bytes = MAGIC) -> Path:
-    head = json.dumps({"meta": json.loads(TraceMeta.new(Source.CUPY).to_json()), "t0_ns": 0}).encode()
+def _spool(tmp: Path, *frames: bytes, magic: bytes = MAGIC, t0: object = 0) -> Path:
+    head = json.dumps({"meta": json.loads(TraceMeta.new(Source.CUPY).to_json()), "t0_ns": t0}).encode()
     p = tmp / "x.parquet.spool"
     p.write_bytes(magic + FRAME.pack(META, 0, len(head)) + head + b"".join(frames))
     return p
@@ -128,6 +128,13 @@ def test_a_hostile_spool_is_refused_in_one_sentence(tmp_path: Path, frames: tupl
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"tracekit: error: {p}: ") and says in lines[0], lines
     assert not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.parametrize("t0", [10 ** 30, -5, True, "0"])
+def test_a_start_time_out_of_range_is_refused(tmp_path: Path, t0: object) -> None:
+    p = _spool(tmp_path, _frame(ROWS, 1, _row(10)), t0=t0)
+    r = CliRunner().invoke(app, ["recover", str(p)])
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "t0_ns" in r.output, r.output
 
 
 def test_a_frame_cut_short_ends_the_spool_there(tmp_path: Path) -> None:

@@ -96,9 +96,11 @@ class SpoolFrames:
             raise InputError(f"{path}: not a tracekit recording spool, or the recording was killed before "
                              "it began")
         head = load_json(frame[2], str(path), "the spool's metadata")
-        if not (isinstance(head, dict) and isinstance(head.get("meta"), dict)
-                and isinstance(head.get("t0_ns"), int)):
-            raise InputError(f"{path}: the spool's metadata is not a JSON object with meta and t0_ns")
+        t0 = head.get("t0_ns") if isinstance(head, dict) else None
+        if not (isinstance(head, dict) and isinstance(head.get("meta"), dict) and isinstance(t0, int)
+                and not isinstance(t0, bool) and 0 <= t0 < (1 << 62)):
+            raise InputError(f"{path}: the spool's metadata is not a JSON object with meta and t0_ns "
+                             "(a clock reading in nanoseconds, 0 .. 2^62)")
         self.meta_json: bytes = json.dumps(head["meta"]).encode()
         self.t0: int = head["t0_ns"]
 
