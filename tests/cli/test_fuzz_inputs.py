@@ -17,6 +17,7 @@ import gzip
 import json
 import os
 import pickle
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -190,6 +191,44 @@ def hostile_spools(draw: Any) -> pa.Table:
     return pa.table(cols, schema=SPOOL_SCHEMA)
 
 
+INT64_EXTREMES = [x for x in EXTREMES if -(2**63) <= x < 2**63]
+text_records = st.one_of(
+    st.builds(lambda i, n: json.dumps(["s", i, n]), ints, st.text(max_size=8)),
+    st.builds(lambda i, f, ln, k: json.dumps(["f", i, f, ln, "fn", k]), ints, st.text(max_size=8), ints,
+              ints),
+    st.builds(lambda i, f, p: json.dumps(["k", i, f, p]), ints, ints, ints),
+    st.builds(lambda i, v: json.dumps(["n", i, {"kind": "oom", "seq": v}]), ints, json_scalars),
+    st.sampled_from(["[", "[1]", '["s"]', "{}", "[" * 3000 + "]" * 3000]), st.text(max_size=10))
+
+
+@st.composite
+def hostile_raw_spools(draw: Any) -> bytes:
+    """Spool format 4: frames of hostile rows (any int64 in every slot) and text records, then maybe
+    cut short or with a byte flipped."""
+    from tracekit.record.spool_format import FRAME, MAGIC, META, ROWS, TEXT
+
+    head = json.dumps({"meta": json.loads(TraceMeta.new(Source.CUPY).to_json()),
+                       "t0_ns": draw(st.sampled_from([0, 1, 2**61]))}).encode()
+    out = [MAGIC, FRAME.pack(META, 0, len(head)), head]
+    for _ in range(draw(st.integers(1, 4))):
+        if draw(st.booleans()):
+            lines = draw(st.lists(text_records, min_size=1, max_size=4))
+            body = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+            out += [FRAME.pack(TEXT, len(lines), len(body)), body]
+        else:
+            n = draw(st.integers(1, 4))
+            vals = draw(st.lists(st.one_of(st.sampled_from(INT64_EXTREMES),
+                                           st.integers(-(2**63), 2**63 - 1)), min_size=8 * n, max_size=8 * n))
+            body = struct.pack(f"<{8 * n}q", *vals)
+            out += [FRAME.pack(ROWS, n, len(body)), body]
+    data = b"".join(out)
+    if draw(st.booleans()):
+        i = draw(st.integers(0, len(data) - 1))
+        data = data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
+    cut = draw(st.one_of(st.none(), st.integers(0, len(data))))
+    return data if cut is None else data[:cut]
+
+
 def write_spool(tmp: Path, table: pa.Table) -> Path:
     out = tmp / "rec.parquet.spool"
     meta = TraceMeta.new(Source.CUPY).to_json().encode()
@@ -252,6 +291,15 @@ def test_hostile_snapshots_import_or_are_refused(tmp_path_factory: Any, data: by
 def test_hostile_spools_recover_or_are_refused(tmp_path_factory: Any, table: pa.Table) -> None:
     tmp = tmp_path_factory.mktemp("spool")
     run_verbs(tmp, write_spool(tmp, table), [["recover", "IN", "-o", "OUT"]])
+
+
+@FUZZ
+@given(data=hostile_raw_spools())
+def test_hostile_format_4_spools_recover_or_are_refused(tmp_path_factory: Any, data: bytes) -> None:
+    tmp = tmp_path_factory.mktemp("spool4")
+    spool = tmp / "rec.parquet.spool"
+    spool.write_bytes(data)
+    run_verbs(tmp, spool, [["recover", "IN", "-o", "OUT"]])
 
 
 option_values = st.one_of(st.sampled_from(["1e400", "-1", "0", "nan", "inf", str(2**63), str(2**64), "1e20",
