@@ -43,6 +43,7 @@ class HeldFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.fd: int | None = None
+        self.bytes = 0  # bytes written through ``write`` so far
         self._ident: tuple[int, int] | None = None
 
     def open(self, flags: int = 0) -> None:
@@ -62,7 +63,9 @@ class HeldFile:
         fd = self._held()
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            n = os.write(fd, view)
+            self.bytes += n  # at once: a writer interrupted after this knows the bytes are on disk
+            view = view[n:]
         if sync:
             os.fsync(fd)
 

@@ -116,9 +116,12 @@ class EventBuffer:
                 del self.rows[:]
             else:
                 self._drain()
+                self.taken += self.written // ROW
+                # The two next statements as close together as they can be: an exception raised
+                # between them (the stop signal's) would lose the rows written since.
                 del self.rows[:self.written]
+                self.written = 0
                 self.due = time.perf_counter_ns() + self.interval_ns
-            self.taken += self.written // ROW
             self.written = 0
 
     def detach(self) -> None:

@@ -345,15 +345,17 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     stacks = stack_table(scan)  # one table object for every batch: the writer remaps nothing
     seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
+    held = 0
     with _open(spool) as sp, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for i, batch in enumerate(sp.batches()):
             ev, extras, _ = _events(batch, seq, sites, index, t_floor, fill, stacks)
             seq += len(ev)
             t_floor = int(ev.t_ns[-1]) if len(ev) else t_floor
             pending.append((ev, extras))
-            if sum(len(e) for e, _ in pending) >= ROW_GROUP:
+            held += len(ev)  # a running count: a spool of many small frames stays linear
+            if held >= ROW_GROUP:
                 _write(w, pending)
-                pending = []
+                pending, held = [], 0
             progress.report(2 * scan.batches + i + 1, 3 * scan.batches)
         if pending:
             _write(w, pending)

@@ -111,6 +111,7 @@ class SpoolWriter:
         self._notes_placed = 0  # notes in the buffer, not yet in the file
         self._done = (0, 0, 0, 0)  # sites, frames, stacks and notes in the file
         self._row_at = self._row_done = 0  # ints of the rows placed in the buffer, and in the file
+        self._bytes_done = self._file.bytes  # HeldFile.bytes at the last commit (the header)
         self._buf = bytearray(BUFFER_BYTES)
         self._view = memoryview(self._buf)
         self._fill = 0
@@ -161,8 +162,11 @@ class SpoolWriter:
         its last whole frame and every row not yet in the file waiting, then goes on."""
         buf = self.buffer
         with buf.lock:
-            if os.getpid() != self.pid or buf.busy or self._closed:
-                return 0  # a forked child's copy, re-entered from a finalizer, or closed: write nothing
+            if self._closed:  # rows of threads still allocating after the end: dropped, freed by trim
+                buf.written = len(buf.rows)
+                return 0
+            if os.getpid() != self.pid or buf.busy:
+                return 0  # a forked child's copy, or re-entered from a finalizer: write nothing
             lo, hi = buf.written, len(buf.rows)  # rows first: every id they use is named by now
             if self.error is not None:
                 buf.written = hi  # dropped: the program's thread frees them (EventBuffer.trim)
@@ -180,7 +184,10 @@ class SpoolWriter:
                 self.error = f"{type(e).__name__}: {e}"
                 self._row_done = hi
             except BaseException:
-                self._roll_back()
+                if self._file.bytes != self._bytes_done:  # the write was done, its commit not yet
+                    self._commit()
+                else:
+                    self._roll_back()
                 raise
             finally:
                 self._fill = 0
@@ -191,6 +198,7 @@ class SpoolWriter:
     def _commit(self) -> None:
         """What the buffer held is in the file now: its names, notes and rows count as written."""
         self._done = (self._sites_written, self._frames_written, self._stacks_written, len(self._notes_order))
+        self._bytes_done = self._file.bytes
         self.events += (self._row_at - self._row_done) // ROW - self._notes_placed
         self._notes_placed = 0
         self._row_done = self._row_at
@@ -267,9 +275,20 @@ class SpoolWriter:
             self._row_at = end
 
     def _out(self) -> None:
-        if self._fill:
-            self._file.write(self._view[:self._fill], sync=False)
-            self._fill = 0
+        """Write the buffer and commit it. An exception raised into the write (the stop signal's)
+        rolls back only if no byte reached the file (``HeldFile.bytes``): committing what is on
+        disk keeps its names and rows from being written twice (an id defined twice breaks the
+        recovery)."""
+        fill, before = self._fill, self._file.bytes
+        if fill:
+            try:
+                self._file.write(self._view[:fill], sync=False)
+            except BaseException:
+                if self._file.bytes != before:
+                    self._fill = 0
+                    self._commit()
+                raise
+        self._fill = 0
         self._commit()
 
     def detach(self) -> None:
