@@ -262,6 +262,13 @@ def run_verbs(tmp: Path, path: Path, verbs: list[list[str]]) -> None:
     assert snapshot_files(tmp) == before
 
 
+def run_on_bytes(tmp: Path, name: str, data: bytes, verbs: list[list[str]]) -> None:
+    """``run_verbs`` on a file ``name`` in ``tmp`` holding ``data``."""
+    path = tmp / name
+    path.write_bytes(data)
+    run_verbs(tmp, path, verbs)
+
+
 TRACE_VERBS = [["info", "IN"], ["info", "--strict", "--json", "IN"], ["analyze", "IN", "--json"],
                ["replay", "IN", "--sim", "first-fit", "-o", "OUT"], ["replay", "IN", "--sim", "cupy"],
                ["replay", "IN", "--sim", "torch", "--fail-on-oom"]]
@@ -280,10 +287,7 @@ def test_hostile_traces_through_every_reading_verb(tmp_path_factory: Any, case: 
 @FUZZ
 @given(data=hostile_snapshots())
 def test_hostile_snapshots_import_or_are_refused(tmp_path_factory: Any, data: bytes) -> None:
-    tmp = tmp_path_factory.mktemp("snap")
-    snap = tmp / "s.pickle"
-    snap.write_bytes(data)
-    run_verbs(tmp, snap, [["import", "torch", "IN", "-o", "OUT"]])
+    run_on_bytes(tmp_path_factory.mktemp("snap"), "s.pickle", data, [["import", "torch", "IN", "-o", "OUT"]])
 
 
 @FUZZ
@@ -297,9 +301,7 @@ def test_hostile_spools_recover_or_are_refused(tmp_path_factory: Any, table: pa.
 @given(data=hostile_raw_spools())
 def test_hostile_format_4_spools_recover_or_are_refused(tmp_path_factory: Any, data: bytes) -> None:
     tmp = tmp_path_factory.mktemp("spool4")
-    spool = tmp / "rec.parquet.spool"
-    spool.write_bytes(data)
-    run_verbs(tmp, spool, [["recover", "IN", "-o", "OUT"]])
+    run_on_bytes(tmp, "rec.parquet.spool", data, [["recover", "IN", "-o", "OUT"]])
 
 
 option_values = st.one_of(st.sampled_from(["1e400", "-1", "0", "nan", "inf", str(2**63), str(2**64), "1e20",

@@ -114,6 +114,7 @@ class EventBuffer:
                 return
             if self._drain is None:  # no writer (a forked child): nothing is kept
                 del self.rows[:]
+                self.written = 0
             else:
                 self._drain()
                 self.taken += self.written // ROW
@@ -122,7 +123,6 @@ class EventBuffer:
                 del self.rows[:self.written]
                 self.written = 0
                 self.due = time.perf_counter_ns() + self.interval_ns
-            self.written = 0
 
     def detach(self) -> None:
         """In a forked child: no writer, no rows, a fresh lock (another thread may have held it)."""

@@ -73,7 +73,8 @@ def spool_path(output: Path) -> Path:
 
 
 class SpoolWriter:
-    """Writes the rows of ``buffer`` to ``path``; ``start()`` runs the flusher thread."""
+    """Writes the rows of ``buffer`` to ``path`` (from the program's threads, through
+    ``EventBuffer.trim``); ``start()`` runs the spool's own thread."""
 
     def __init__(
         self,
@@ -103,7 +104,7 @@ class SpoolWriter:
             raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
         self.buffer, self.sites, self.stacks = buffer, sites, stacks
         self.interval, self.max_events = interval, max(2, max_events)
-        self.poll, self.silence_ns = interval, int(silence * 1e9)
+        self.silence_ns = int(silence * 1e9)
         self.events = 0  # event rows written (note rows excluded)
         self._sites_written = self._frames_written = self._stacks_written = 0
         self._notes_written: set[int] = set()
@@ -145,7 +146,7 @@ class SpoolWriter:
         ready.set()
         synced = 0
         while not self._stop.is_set():
-            time.sleep(self.poll)
+            time.sleep(self.interval)
             buf = self.buffer
             if buf.waiting() and time.perf_counter_ns() >= buf.due + self.silence_ns:
                 self.flush()
