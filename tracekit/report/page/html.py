@@ -96,7 +96,8 @@ of events, so no spike is hidden.</p>
 <p class="help">The blocks live at the selected event by call stack: the root on top, each frame below the
 one that called it, as wide as the bytes it and what it calls hold. Click a frame to zoom into it, click it
 (or an ancestor) again to zoom out; hover for its file, line, bytes and share. Keys: p peak, f fatal OOM,
-[ / ] previous / next OOM, e the end (what was never freed), Escape the whole graph.</p>
+[ / ] previous / next OOM, e the end (what was never freed), Escape the whole graph; Tab to the graph,
+then the arrow keys move between frames and Enter zooms.</p>
 </section>
 <section id="s-budget"><h2>The device budget</h2><div id="budget"></div></section>
 <section id="s-facts"><h2>Summary</h2><table id="facts" class="t"></table></section>

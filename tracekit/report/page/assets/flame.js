@@ -249,7 +249,8 @@
       if (o && o.stack >= 0 && v !== 0 && pathOf(o.stack).includes(v)) lines.push("on the failing request's stack");
       const above = new Set(); // the focus's ancestors
       for (let u = tree.parent[focus]; u >= 0; u = tree.parent[u]) above.add(u);
-      lines.push(v === focus ? (v ? "click: zoom out" : "") : above.has(v) ? "click: zoom out to here" : "click: zoom in");
+      const act = keyed() ? "Enter" : "click"; // what the user is zooming with
+      lines.push(v === focus ? (v ? act + ": zoom out" : "") : above.has(v) ? act + ": zoom out to here" : act + ": zoom in");
       return lines.filter((l) => l);
     }
     function zoom(v) {
