@@ -47,6 +47,23 @@ def _workloads():  # type: ignore[no-untyped-def]
 
 
 CPU: dict[str, list[float]] = {}
+TRIM: dict[str, list[float]] = {}
+
+
+def time_trims(buffer, variant: str) -> None:  # type: ignore[no-untyped-def]
+    """Seconds the program's thread spends writing the spool (``EventBuffer.trim``) go to
+    TRIM[variant]; a recorder whose spool is written by its own thread has no ``trim``."""
+    trim = getattr(buffer, "trim", None)
+    if trim is None:
+        return
+    spent = TRIM.setdefault(variant, [])
+    spent.append(0.0)
+
+    def timed_trim() -> None:
+        t0 = time.perf_counter()
+        trim()
+        spent[-1] += time.perf_counter() - t0
+    buffer.trim = timed_trim
 
 
 def timed(fn, steps: int, variant: str) -> float:  # type: ignore[no-untyped-def]
@@ -89,6 +106,7 @@ def main() -> int:
                 rec = CupyRecording(out, command=["bench"], sites=variant != "record_no_sites", force=True,
                                     stack_depth=DEPTHS[variant])
                 rec.start()
+                time_trims(rec.buffer, variant)
                 mlp(args.warmup)
                 times[variant].append(timed(mlp, args.steps, variant))
                 t0 = time.perf_counter()
@@ -119,6 +137,7 @@ def main() -> int:
                          for k, n in events.items()},
         "cpu_seconds_min": {k: min(v) for k, v in CPU.items()},
         "cpu_ratio": {k: min(v) / min(CPU["none"]) for k, v in CPU.items()},
+        "trim_s_median": {k: statistics.median(v) for k, v in TRIM.items()},
         "finalize_s_min": {k: min(v) for k, v in finalize_s.items()},
         "targets": {"record_sites": 1.15, "record_no_sites": 1.10, "stacks_to_sites": 1.05},
     }
