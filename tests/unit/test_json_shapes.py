@@ -23,8 +23,18 @@ from test_budget_model import h200
 from tracekit.advise.capacity import PolicyFit, PolicyFitDict, WhatIfDict, WhatIfResult
 from tracekit.advise.fidelity import Comparison, ComparisonDict, ComparisonTable, ComparisonTableDict
 from tracekit.advise.on_device import DeviceCheck, DeviceCheckDict
+from tracekit.budget.measure import BUDGET_KEYS
 from tracekit.budget.model import CheckDict, TermDict, budget_terms, cross_checks
 from tracekit.budget.report import EquationDict, equation
+from tracekit.budget.shapes import (
+    Budget,
+    CheapBudget,
+    FinalFigures,
+    Granularity,
+    KernelLocal,
+    LargestAllocation,
+    Probe,
+)
 from tracekit.device.capacity import CapacityPlan, CapacityPlanDict
 from tracekit.device.command import DeviceReplayDict, DeviceReplayOutcome
 from tracekit.device.compare import (
@@ -187,3 +197,42 @@ def test_a_renamed_key_is_caught() -> None:
     del d["ballast_bytes"]
     with pytest.raises(AssertionError):
         _check(d, CapacityPlanDict)
+
+
+def test_the_budget_keys_documented_are_the_cheap_budgets_keys() -> None:
+    required, optional = _keys(CheapBudget)
+    assert (required, optional) == (set(BUDGET_KEYS), set())
+    assert _keys(Budget) == (set(BUDGET_KEYS), {"probe", "kernel_local", "final"})
+
+
+def test_every_recorded_budget_has_the_cheap_budgets_shape(traces_dir: Path) -> None:
+    # What `tracekit record` stored at the start of each committed CuPy trace, on the H200.
+    from tracekit.trace import read_trace
+
+    seen = 0
+    for path in sorted(traces_dir.glob("cupy-*.parquet")):
+        b = read_trace(path, extras=False).meta.extra.get("budget")
+        assert isinstance(b, dict), path.name
+        _check(b, CheapBudget)
+        seen += 1
+    assert seen >= 10
+
+
+def test_a_full_budget_has_the_budgets_shape() -> None:
+    # The figures of `budget --kernel-local-bytes 16384 --probe-largest` on the H200, rounded.
+    largest = LargestAllocation(free=149_557_477_376, largest=149_555_380_224, gap=2_097_152,
+                                fraction=0.99998, attempts=17, step=2 * MiB, free_after=149_557_477_376)
+    grain = [Granularity(request=512, count=4, cost=2 * MiB, per_allocation=MiB // 2, alignment=512)]
+    kl = KernelLocal(local_bytes=16384, local_size_bytes=16384, grid=2112, block=128, free_before=1 << 37,
+                     load_bytes=2 * MiB, launch_bytes=3960 * MiB, kept_bytes=3962 * MiB,
+                     stack_size_before=1024, stack_size_after=16384, model_bytes=4224 * MiB,
+                     launch_over_model=0.9375, free_after_restore=None, restore_gave_back=None)
+    final = FinalFigures(cuda_free=145_400_000_000, cupy_pool_total_bytes=0, cupy_pool_used_bytes=0)
+    b: Budget = {**h200(), "probe": Probe(largest=largest, granularity=grain),  # type: ignore[typeddict-item]
+                 "kernel_local": kl, "final": final}
+    _check(b, Budget)
+    terms = budget_terms(b)
+    assert next(t for t in terms if t.name == "kernel module + local memory").bytes == 3962 * MiB
+    assert next(t for t in terms if t.name == "free").bytes == 145_400_000_000
+    with pytest.raises(AssertionError):  # a probe short of a key is caught
+        _check({**b, "probe": {"largest": {"largest": 1, "free": 1}, "granularity": []}}, Budget)

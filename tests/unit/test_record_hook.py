@@ -266,8 +266,13 @@ def test_device_limits_come_from_the_budget_and_are_read_only_when_it_failed() -
                 raise RuntimeError("cudaErrorUnsupportedLimit")
             return 100 + code
 
+    from tracekit.budget.measure import unmeasured_budget
+
     rt = Runtime()
-    budget = {"stack_size": 1024, "printf_fifo_size": 1 << 20, "malloc_heap_size": 8 << 20}
-    assert device_limits(rt, budget) == budget and rt.calls == []
-    assert device_limits(rt, {"error": "NVMLError"}) == {
-        "stack_size": 100, "printf_fifo_size": None, "malloc_heap_size": 102}
+    limits = {"stack_size": 1024, "printf_fifo_size": 1 << 20, "malloc_heap_size": 8 << 20}
+    budget = unmeasured_budget(0) | limits  # type: ignore[operator]
+    assert device_limits(rt, budget) == limits and rt.calls == []
+    assert device_limits(rt, None) == {"stack_size": 100, "printf_fifo_size": None, "malloc_heap_size": 102}
+    # a budget that measured one limit and not the others: those are read now
+    one = unmeasured_budget(0) | {"stack_size": 2048}  # type: ignore[operator]
+    assert device_limits(rt, one) == {"stack_size": 2048, "printf_fifo_size": None, "malloc_heap_size": 102}

@@ -12,8 +12,7 @@ back). The seed's model predicts ``local_size_bytes x threads per SM x SMs``.
 
 from __future__ import annotations
 
-from typing import Any
-
+from tracekit.budget.shapes import KernelLocal
 from tracekit.errors import DeviceError, UsageError
 from tracekit.gpu.driver import LIMIT_CODES
 
@@ -32,7 +31,7 @@ _LIMIT_STACK = LIMIT_CODES["stack_size"]  # cudaLimitStackSize
 MAX_LOCAL = 512 * 1024  # CUDA's per-thread local memory limit
 
 
-def probe_kernel_local(device: int, local_bytes: int) -> dict[str, Any]:
+def probe_kernel_local(device: int, local_bytes: int) -> KernelLocal:
     """Measure the free-memory cost of one kernel with ``local_bytes`` of local memory per thread."""
     if not 4 <= local_bytes <= MAX_LOCAL:
         raise UsageError(f"--kernel-local-bytes must be between 4 and {MAX_LOCAL}, got {local_bytes}")
@@ -75,19 +74,19 @@ def probe_kernel_local(device: int, local_bytes: int) -> dict[str, Any]:
         except Exception:
             pass
     model = lsize * tpsm * sms
-    return {
-        "local_bytes": local_bytes,
-        "local_size_bytes": lsize,
-        "grid": grid,
-        "block": block,
-        "free_before": free0,
-        "load_bytes": free0 - free1,
-        "launch_bytes": free1 - free2,
-        "kept_bytes": free0 - free3,
-        "stack_size_before": stack_before,
-        "stack_size_after": stack_after,
-        "model_bytes": model,
-        "launch_over_model": (free1 - free2) / model if model else None,
-        "free_after_restore": restored,
-        "restore_gave_back": None if restored is None else restored - free3,
-    }
+    return KernelLocal(
+        local_bytes=local_bytes,
+        local_size_bytes=lsize,
+        grid=grid,
+        block=block,
+        free_before=free0,
+        load_bytes=free0 - free1,
+        launch_bytes=free1 - free2,
+        kept_bytes=free0 - free3,
+        stack_size_before=stack_before,
+        stack_size_after=stack_after,
+        model_bytes=model,
+        launch_over_model=(free1 - free2) / model if model else None,
+        free_after_restore=restored,
+        restore_gave_back=None if restored is None else restored - free3,
+    )

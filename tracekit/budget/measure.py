@@ -3,7 +3,7 @@
 ``cheap_budget(device)`` launches no kernel and allocates nothing: it reads
 NVML (which creates no CUDA context), creates (or finds) this process's
 context, reads ``cudaMemGetInfo``, the runtime limits and the device
-properties, and returns a JSON-able dict whose keys are listed in
+properties, and returns a JSON-able dict (``shapes.CheapBudget``) whose keys are listed in
 ``BUDGET_KEYS`` (bytes unless named otherwise). ``None`` marks a figure the
 driver would not give. The dict is what ``tracekit record`` stores in a
 trace's metadata under ``"budget"``.
@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tracekit.budget.model import local_memory_model
+from tracekit.budget.shapes import Budget, CheapBudget, FinalFigures, OtherProcess, PoolFigures, Probe
 from tracekit.gpu.cuda import check_device, import_cupy
 from tracekit.gpu.driver import LIMIT_CODES, primary_context_active
 from tracekit.gpu.nvml import Nvml
@@ -63,7 +64,22 @@ def _cupy() -> Any:
     return import_cupy("the budget needs a GPU")
 
 
-def cheap_budget(device_id: int) -> dict[str, Any]:
+def unmeasured_budget(device_id: int) -> CheapBudget:
+    """Every figure unknown (None) but the format tag and the device; cudaMemGetInfo's three
+    (0 here) are set before ``cheap_budget`` returns."""
+    return CheapBudget(
+        schema=SCHEMA, device=device_id, name=None, pci_bus_id=None, driver_version=None,
+        cuda_driver_version=None, cuda_runtime_version=None, nvml=None, context_existed=None,
+        nvml_total=None, nvml_reserved=None, nvml_used_before=None, nvml_free_before=None,
+        nvml_used_v1_before=None, other_processes=[], other_processes_bytes=None, cuda_total=0,
+        cuda_free=0, context_create_s=None, context_bytes=None, context_and_others_bytes=0,
+        nvml_used_after=None, stack_size=None, printf_fifo_size=None, malloc_heap_size=None,
+        sm_count=None, max_threads_per_sm=None, local_memory_model_bytes=None,
+        cupy_pool_total_bytes=None, cupy_pool_used_bytes=None, measured_at=None,
+    )
+
+
+def cheap_budget(device_id: int) -> CheapBudget:
     """The budget without kernel launches or bisection; see BUDGET_KEYS for every key."""
     cp = _cupy()
     rt = cp.cuda.runtime
@@ -74,8 +90,8 @@ def cheap_budget(device_id: int) -> dict[str, Any]:
         pci: str | None = rt.deviceGetPCIBusId(device_id)
     except Exception:
         pci = None
-    out: dict[str, Any] = {k: None for k in BUDGET_KEYS}
-    out.update(schema=SCHEMA, device=device_id, pci_bus_id=pci, other_processes=[])
+    out = unmeasured_budget(device_id)
+    out["pci_bus_id"] = pci
     with Nvml() as nv:
         key: int | str = pci if pci else device_id
         out["nvml"] = nv.available
@@ -86,14 +102,14 @@ def cheap_budget(device_id: int) -> dict[str, Any]:
         mine = os.getpid()
         if existed is None:  # no driver answer: fall back to our pid in NVML's list
             existed = any(pid == mine for pid, _ in procs) or None
-        others = [{"pid": pid, "bytes": b} for pid, b in procs if pid != mine]
-        out["other_processes"] = others
+        out["other_processes"] = [OtherProcess(pid=pid, bytes=b) for pid, b in procs if pid != mine]
         t0 = time.perf_counter()
         with cp.cuda.Device(device_id):
             free, total = rt.memGetInfo()
             out["context_create_s"] = 0.0 if existed else round(time.perf_counter() - t0, 6)
-            for key, code in LIMIT_CODES.items():  # stack, printf FIFO, malloc heap: in that order
-                out[key] = int(rt.deviceGetLimit(code))
+            out["stack_size"] = stack = int(rt.deviceGetLimit(LIMIT_CODES["stack_size"]))
+            out["printf_fifo_size"] = int(rt.deviceGetLimit(LIMIT_CODES["printf_fifo_size"]))
+            out["malloc_heap_size"] = int(rt.deviceGetLimit(LIMIT_CODES["malloc_heap_size"]))
         after = nv.memory(key)
     out["context_existed"] = existed
     out["cuda_total"], out["cuda_free"] = int(total), int(free)
@@ -112,26 +128,26 @@ def cheap_budget(device_id: int) -> dict[str, Any]:
         out["nvml_used_after"] = after.used
     out["cuda_driver_version"] = int(rt.driverGetVersion())
     out["cuda_runtime_version"] = int(rt.runtimeGetVersion())
-    out["sm_count"] = int(props["multiProcessorCount"])
-    out["max_threads_per_sm"] = int(props["maxThreadsPerMultiProcessor"])
-    out["local_memory_model_bytes"] = local_memory_model(
-        out["stack_size"], out["max_threads_per_sm"], out["sm_count"]
-    )
-    out.update(_pool_figures(device_id))
+    sms, threads = int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
+    out["sm_count"], out["max_threads_per_sm"] = sms, threads
+    out["local_memory_model_bytes"] = local_memory_model(stack, threads, sms)
+    pool = _pool_figures(device_id)
+    out["cupy_pool_total_bytes"] = pool["cupy_pool_total_bytes"]
+    out["cupy_pool_used_bytes"] = pool["cupy_pool_used_bytes"]
     out["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     return out
 
 
-def _pool_figures(device_id: int) -> dict[str, int | None]:
+def _pool_figures(device_id: int) -> PoolFigures:
     """What CuPy's default pool holds, only if this process already uses CuPy's pool."""
     if "cupy" not in sys.modules:
-        return {"cupy_pool_total_bytes": None, "cupy_pool_used_bytes": None}
+        return PoolFigures(cupy_pool_total_bytes=None, cupy_pool_used_bytes=None)
     import cupy
 
     pool = cupy.get_default_memory_pool()
     with cupy.cuda.Device(device_id):
         total, used = int(pool.total_bytes()), int(pool.used_bytes())
-    return {"cupy_pool_total_bytes": total, "cupy_pool_used_bytes": used}
+    return PoolFigures(cupy_pool_total_bytes=total, cupy_pool_used_bytes=used)
 
 
 def _decode(v: Any) -> str | None:
@@ -149,7 +165,7 @@ def free_now(device_id: int) -> tuple[int, int]:
 
 
 def measure_budget(device_id: int, kernel_local_bytes: int | None = None,
-                   probe_largest: bool = False) -> dict[str, Any]:
+                   probe_largest: bool = False) -> Budget:
     """The full budget: ``cheap_budget`` plus the optional kernel and largest-block probes.
 
     Adds ``kernel_local`` (see ``tracekit.budget.kernel_probe``), ``probe``
@@ -160,14 +176,14 @@ def measure_budget(device_id: int, kernel_local_bytes: int | None = None,
     from tracekit.budget.kernel_probe import probe_kernel_local
     from tracekit.budget.probe import granularity, largest_allocation
 
-    b = cheap_budget(device_id)
+    b = Budget(**cheap_budget(device_id))
     if probe_largest:
-        b["probe"] = {"largest": largest_allocation(device_id), "granularity": granularity(device_id)}
+        b["probe"] = Probe(largest=largest_allocation(device_id), granularity=granularity(device_id))
     if kernel_local_bytes is not None:
         kl = probe_kernel_local(device_id, kernel_local_bytes)
         b["kernel_local"] = kl
         free_final = kl["free_before"] - kl["kept_bytes"]
     else:
         free_final = free_now(device_id)[0]
-    b["final"] = {"cuda_free": free_final, **_pool_figures(device_id)}
+    b["final"] = FinalFigures(cuda_free=free_final, **_pool_figures(device_id))
     return b

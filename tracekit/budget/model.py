@@ -20,7 +20,10 @@ are their fields, a check's with the derived ``difference`` and ``ok``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:  # the shapes only: shapes is below nothing here, model below measure
+    from tracekit.budget.shapes import Budget
 
 MiB = 1 << 20
 GRANULARITY = 2 * MiB  # cudaMalloc rounds requests above 1 MiB to 2 MiB on Hopper
@@ -76,7 +79,7 @@ def round_up(n: int, unit: int = GRANULARITY) -> int:
     return -(-int(n) // unit) * unit
 
 
-def budget_terms(b: dict[str, Any]) -> list[Term]:
+def budget_terms(b: Budget) -> list[Term]:
     """The equation's terms from a budget dict; sum of top-level rows == board total (+ unaccounted)."""
     total, reserved = b.get("nvml_total"), b.get("nvml_reserved")
     cuda_total = b["cuda_total"]
@@ -105,16 +108,16 @@ def budget_terms(b: dict[str, Any]) -> list[Term]:
                          "context already existed or NVML silent: cudaMemGetInfo total - free - pool"))
         ctx = None
     rows.extend(_context_parts(b, ctx))
-    kl = b.get("kernel_local") or {}
-    if kl:
+    kl = b.get("kernel_local")
+    if kl is not None:
         rows.append(Term("kernel module + local memory", int(kl["kept_bytes"]), How.MEASURED,
                          f"free drop kept after loading and launching a kernel with {kl['local_bytes']} "
                          "B local memory per thread"))
     pool = b.get("cupy_pool_total_bytes")
     rows.append(Term("user allocations (CuPy pool)", int(pool or 0), How.MEASURED if pool is not None
                      else How.UNAVAILABLE, "CuPy default pool total_bytes in this process"))
-    final = b.get("final") or {}
-    free = final.get("cuda_free", b["cuda_free"]) if final else b["cuda_free"]
+    final = b.get("final")
+    free = b["cuda_free"] if final is None else final["cuda_free"]
     rows.append(Term("free", int(free), How.MEASURED, "cudaMemGetInfo free at the end"))
     summed = sum(int(r.bytes or 0) for r in rows[1:] if r.part_of is None)
     rows.append(Term("unaccounted", int(total) - summed, How.DERIVED,
@@ -122,7 +125,7 @@ def budget_terms(b: dict[str, Any]) -> list[Term]:
     return rows
 
 
-def _context_parts(b: dict[str, Any], ctx: int | None) -> list[Term]:
+def _context_parts(b: Budget, ctx: int | None) -> list[Term]:
     """Estimated breakdown of the context cost; the rest is what the three models do not explain."""
     stack, heap, fifo = b.get("stack_size"), b.get("malloc_heap_size"), b.get("printf_fifo_size")
     if stack is None or heap is None or fifo is None:
@@ -184,7 +187,7 @@ class Check:
                          tolerance=self.tolerance, ok=self.ok)
 
 
-def cross_checks(b: dict[str, Any], terms: list[Term]) -> list[Check]:
+def cross_checks(b: Budget, terms: list[Term]) -> list[Check]:
     """Checks that compare figures obtained in different ways (NVML vs CUDA, before vs after)."""
     out = []
     total, reserved = b.get("nvml_total"), b.get("nvml_reserved")
@@ -198,8 +201,8 @@ def cross_checks(b: dict[str, Any], terms: list[Term]) -> list[Check]:
     un = next(t for t in terms if t.name == "unaccounted")
     summed = int(next(t for t in terms if t.name == "board total").bytes or 0)
     out.append(Check("terms add up to the board total", summed - int(un.bytes or 0), summed))
-    probe = (b.get("probe") or {}).get("largest")
-    if probe:
+    probe = b["probe"]["largest"] if "probe" in b else None
+    if probe is not None:
         out.append(Check("largest single allocation = free memory (device not fragmented)",
                          int(probe["largest"]), int(probe["free"]), tolerance=8 * MiB))
     return out

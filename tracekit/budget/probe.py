@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracekit.budget.shapes import Granularity, LargestAllocation
 from tracekit.errors import DeviceError
 
 MiB = 1 << 20
@@ -20,7 +21,7 @@ STEP = 2 * MiB
 GRANULARITY_SIZES = (512, 4096, 64 * 1024, MiB, MiB + 1, 2 * MiB + 1, 64 * MiB + 1)
 
 
-def largest_allocation(device: int) -> dict[str, Any]:
+def largest_allocation(device: int) -> LargestAllocation:
     """Bisection for the largest cudaMalloc that succeeds; everything is freed again."""
     import cupy
 
@@ -39,13 +40,13 @@ def largest_allocation(device: int) -> dict[str, Any]:
             rt.free(p)
             lo = mid
         after = int(rt.memGetInfo()[0])
-    return {"free": free, "largest": lo, "gap": free - lo, "fraction": lo / free if free else None,
-            "attempts": tries, "step": STEP, "free_after": after}
+    return LargestAllocation(free=free, largest=lo, gap=free - lo, fraction=lo / free if free else None,
+                             attempts=tries, step=STEP, free_after=after)
 
 
 def granularity(
     device: int, sizes: tuple[int, ...] = GRANULARITY_SIZES, count: int = 4
-) -> list[dict[str, int]]:
+) -> list[Granularity]:
     """Device bytes per allocation for each request size (free-memory drop over ``count`` allocations)."""
     import cupy
 
@@ -54,8 +55,8 @@ def granularity(
     with cupy.cuda.Device(device):
         for s in sizes:
             cost, ptrs = measure_cost(rt, s, count)
-            rows.append({"request": s, "count": count, "cost": cost, "per_allocation": cost // count,
-                         "alignment": _alignment(ptrs)})
+            rows.append(Granularity(request=s, count=count, cost=cost, per_allocation=cost // count,
+                                    alignment=_alignment(ptrs)))
     return rows
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from tracekit.budget.kernel_probe import MAX_LOCAL
 from tracekit.budget.measure import measure_budget
@@ -18,6 +18,7 @@ from tracekit.budget.model import (
     format_checks,
     format_table,
 )
+from tracekit.budget.shapes import Budget
 from tracekit.errors import UsageError
 
 
@@ -48,7 +49,7 @@ def budget_report(device: int, kernel_local_bytes: int | None, probe_largest: bo
     return render_text(b, terms, checks)
 
 
-def render_text(b: dict[str, Any], terms: list[Term], checks: list[Check]) -> str:
+def render_text(b: Budget, terms: list[Term], checks: list[Check]) -> str:
     """Header, the equation table, the checks, then one paragraph per probe."""
     head = (f"device {b['device']}: {b.get('name')}  driver {b.get('driver_version')}  "
             f"CUDA driver {b.get('cuda_driver_version')} runtime {b.get('cuda_runtime_version')}")

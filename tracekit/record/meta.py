@@ -18,31 +18,32 @@ import time
 from typing import Any
 
 from tracekit import __version__
+from tracekit.budget.shapes import CheapBudget
 from tracekit.gpu.driver import LIMIT_CODES
 from tracekit.trace.schema import DeviceInfo, Source, TraceMeta
 
 
-def measure_budget(device_id: int) -> dict[str, Any]:
+def measure_budget(device_id: int) -> CheapBudget | str:
+    """The cheap budget, or why it could not be measured (one line)."""
     try:
         from tracekit.budget import cheap_budget
 
-        return dict(cheap_budget(device_id))
+        return cheap_budget(device_id)
     except Exception as e:  # budget code missing or the driver refused: the recording goes on
-        return {"error": f"{type(e).__name__}: {e}"}
+        return f"{type(e).__name__}: {e}"
 
 
 def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, limit: int | None,
-               pool: Any, budget: dict[str, Any], stack_depth: int = 0) -> TraceMeta:
+               pool: Any, budget: CheapBudget | str, stack_depth: int = 0) -> TraceMeta:
     """The trace metadata at start (call with ``device_id`` current and the recorded pool installed)."""
     rt = cupy.cuda.runtime
     free, total = (int(x) for x in rt.memGetInfo())
     props = rt.getDeviceProperties(device_id)
     name = props.get("name")
     name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
-    limits = device_limits(rt, budget)
+    measured = None if isinstance(budget, str) else budget
+    limits = device_limits(rt, measured)
     pool_limit = int(pool.get_limit())
-    nvml = {k: budget.get(k) for k in ("nvml_total", "nvml_reserved", "nvml_used_before",
-                                        "nvml_used_after", "nvml_free_before")}
     versions = {
         "cupy": str(cupy.__version__),
         "cuda_runtime": _cuda_version(rt.runtimeGetVersion()),
@@ -50,8 +51,8 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
         "python": platform.python_version(),
         "tracekit": __version__,
     }
-    if budget.get("driver_version"):
-        versions["nvidia_driver"] = str(budget["driver_version"])
+    if measured is not None and measured["driver_version"]:
+        versions["nvidia_driver"] = str(measured["driver_version"])
     return TraceMeta.new(
         Source.CUPY,
         device=DeviceInfo(name=name, total_bytes=total, free_bytes=free),
@@ -62,10 +63,10 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
         argv=list(command),
         device_id=device_id,
         device_count=int(rt.getDeviceCount()),
-        nvml=nvml if budget.get("nvml") else None,
+        nvml=_nvml(measured) if measured is not None and measured["nvml"] else None,
         device_limits=limits,
         pool_limit_requested=limit,
-        budget=budget,
+        budget={"error": budget} if isinstance(budget, str) else budget,
         recorder={
             "call_sites": sites,
             "stack_depth": stack_depth if sites else 0,  # frames per stack; 0: no whole stacks
@@ -80,12 +81,22 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
     )
 
 
-def device_limits(rt: Any, budget: dict[str, Any]) -> dict[str, int | None]:
+def _nvml(b: CheapBudget) -> dict[str, int | None]:
+    """The NVML figures the analyzer reads at the top of the metadata."""
+    return {"nvml_total": b["nvml_total"], "nvml_reserved": b["nvml_reserved"],
+            "nvml_used_before": b["nvml_used_before"], "nvml_used_after": b["nvml_used_after"],
+            "nvml_free_before": b["nvml_free_before"]}
+
+
+def device_limits(rt: Any, budget: CheapBudget | None) -> dict[str, int | None]:
     """cudaLimit values: those the budget measured, else read now (the budget failed); None if refused."""
+    measured: dict[str, int | None] = {} if budget is None else {
+        "stack_size": budget["stack_size"], "printf_fifo_size": budget["printf_fifo_size"],
+        "malloc_heap_size": budget["malloc_heap_size"]}
     limits: dict[str, int | None] = {}
     for key, code in LIMIT_CODES.items():
-        if budget.get(key) is not None:
-            limits[key] = int(budget[key])
+        if measured.get(key) is not None:
+            limits[key] = measured[key]
             continue
         try:
             limits[key] = int(rt.deviceGetLimit(code))
