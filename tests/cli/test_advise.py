@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from tracekit.advise.candidates import Kind
 from tracekit.advise.run import advise
+from tracekit.advise.verdict import Verdict
 from tracekit.cli.app import app
 from tracekit.trace import Events, Op, Source, Trace, TraceMeta, read_trace, write_trace
 from tracekit.trace.validate import pair_events
@@ -63,19 +64,26 @@ def test_cupy_worked_example():
     r = advise(mk(CUPY_ROWS, limit=6 * MIB), jobs=1)
     assert r.kind == "cupy" and r.limit == 6 * MIB and r.lower_bound == 6 * MIB
     pool = by_kind(r, Kind.CUPY_POOL)
-    assert not pool.fits and pool.failed_at is not None
+    assert not pool.fits and pool.failed_at is not None and pool.verdict == Verdict.NO
     rel = by_kind(r, Kind.CUPY_RELEASE)
     assert rel.candidate.site == "w.py:3:step"
     assert (rel.fits, rel.peak_reserved, rel.headroom) == (True, 6 * MIB, 0)
     assert (rel.device_allocs, rel.device_frees, rel.verified_by_replay) == (5, 2, True)
+    # Exactly at the limit: the replay gets through with 0 headroom, which is never a fit.
+    assert rel.verdict == Verdict.BORDERLINE and rel in r.borderline
     for kind in (Kind.CUPY_ASYNC, Kind.CUDA_MALLOC):
         o = by_kind(r, kind)
         assert o.fits and o.peak_reserved == 6 * MIB and not o.verified_by_replay
+        assert o.verdict == Verdict.BORDERLINE
     raised = by_kind(r, Kind.CUPY_LIMIT)
-    assert (raised.capacity, raised.peak_reserved) == (8 * MIB, 7 * MIB)
-    # Within the limit and replayed beats modelled, which beats a raised limit.
+    assert (raised.capacity, raised.peak_reserved, raised.verdict) == (8 * MIB, 7 * MIB, Verdict.FITS)
+    assert [o.candidate.kind for o in r.fits] == [Kind.CUPY_LIMIT]
+    # One MiB more and every one of them fits: within the limit and replayed beats modelled, which
+    # beats a raised limit.
+    r = advise(mk(CUPY_ROWS, limit=6 * MIB), limit=7 * MIB, jobs=1)
     assert [o.candidate.kind for o in r.fits] == [Kind.CUPY_RELEASE, Kind.CUPY_ASYNC, Kind.CUDA_MALLOC,
                                                   Kind.CUPY_LIMIT]
+    assert all(o.verdict == Verdict.FITS and o.headroom == MIB for o in r.fits[:3])
     assert "free_all_blocks()" in r.recommendation() and "w.py:3:step" in r.recommendation()
     d = r.to_dict()
     assert {"fits", "recommendation", "min_capacity_bytes", "lower_bound_bytes"} <= set(d)
@@ -92,10 +100,11 @@ def test_cupy_recorded_release_at_the_oom_is_not_carried_over():
 
 
 def test_raw_trace_free_lists():
-    """Holes of 2 and 1 MiB, then 1 and 2 MiB requests in a 5 MiB heap: best fit keeps the 2 MiB hole."""
+    """Holes of 2 and 1 MiB, then 1 and 2 MiB requests in a 6 MiB heap: best fit keeps the 2 MiB hole
+    (extent 5 MiB, 1 MiB headroom); first fit splits it and needs 7 MiB."""
     rows = [(M, 2, 1, -1), (M, 1, 2, -1), (M, 1, 3, -1), (M, 1, 4, -1), (F, 2, 1, -1), (F, 1, 3, -1),
             (M, 1, 5, -1), (M, 2, 6, -1)]
-    r = advise(mk(rows, Source.SYNTHETIC), limit=5 * MIB, jobs=1)
+    r = advise(mk(rows, Source.SYNTHETIC), limit=6 * MIB, jobs=1)
     fit = {o.candidate.policy for o in r.fits}
     assert "best-fit" in fit and "first-fit" not in fit
     assert all(o.candidate.kind == Kind.FREE_LIST for o in r.tried)
@@ -140,7 +149,7 @@ def test_cli_json_and_text(tmp_path):
     path = tmp_path / "frag.parquet"
     t = mk(CUPY_ROWS, limit=6 * MIB)
     write_trace(path, t.meta, t.events, None)
-    res = CliRunner().invoke(app, ["advise", str(path), "--json", "--jobs", "1"])
+    res = CliRunner().invoke(app, ["advise", str(path), "--json", "--jobs", "1", "--limit", "7MiB"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert d["fits"][0]["line"].startswith("cupy.get_default_memory_pool().free_all_blocks()")

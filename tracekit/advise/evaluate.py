@@ -15,13 +15,14 @@ the device call), none for a simulated heap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.capacity import needed_requests
+from tracekit.advise.verdict import Margin, Verdict, decide
 from tracekit.sim import policies
 from tracekit.sim.base import Basis, SimConfig
 from tracekit.sim.engine import replay
@@ -44,6 +45,19 @@ class Outcome:
     verified_by_replay: bool
     heap: bool = False  # the policy is a single heap (it reports a peak extent)
     error: str | None = None
+    handled_served: int = 0  # handled OOMs of the recording this replay served (the fallback model)
+    verdict: Verdict | None = None  # set by ``judged``: the one decision every output shows
+    margin: int | None = None  # the headroom FITS needs at this capacity (bytes)
+
+    def judged(self, margin: Margin) -> Outcome:
+        """This outcome with its verdict (``tracekit.advise.verdict.decide``) and margin in bytes."""
+        v = decide(self.fits, self.error, self.headroom, self.capacity, margin)
+        return replace(self, verdict=v, margin=margin.bytes_at(self.capacity) if self.capacity else None)
+
+    @property
+    def ok(self) -> bool:
+        """The verdict is FITS (a judged outcome; an unjudged one falls back to the replay's answer)."""
+        return self.verdict == Verdict.FITS if self.verdict is not None else self.fits
 
     @property
     def price(self) -> int:
@@ -67,7 +81,9 @@ class Outcome:
         return {
             "setting": self.label(), "kind": self.candidate.kind.value,
             "policy": self.candidate.policy, "options": self.candidate.opts,
-            "capacity_bytes": self.capacity, "fits": self.fits,
+            "capacity_bytes": self.capacity, "fits": self.ok,
+            "verdict": (self.verdict or (Verdict.FITS if self.fits else Verdict.NO)).value,
+            "gets_through": self.fits, "margin_bytes": self.margin, "handled_served": self.handled_served,
             "peak_reserved_bytes": self.peak_reserved, "headroom_bytes": self.headroom,
             "device_allocs": self.device_allocs, "device_frees": self.device_frees, "price": self.price,
             "verified_by_replay": self.verified_by_replay,
@@ -110,8 +126,16 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
         failed = int(np.searchsorted(src.events.seq, s.oom.seq))
     replayed = policies.get(cand.policy).traits.basis == Basis.PLACEMENT
     allocs, frees = (s.segment_allocs, s.segment_frees) if replayed else device_calls(src, failed)
+    served = max(0, _handled_before(src, failed) - s.handled_ooms)
     return Outcome(cand, capacity, s.oom is None, s.peak_reserved_bytes, allocs, frees, failed, replayed,
-                   heap=s.peak_extent is not None)
+                   heap=s.peak_extent is not None, handled_served=served)
+
+
+def _handled_before(trace: Trace, failed: int | None) -> int:
+    """The handled OOMs of the recording before input row ``failed`` (all when None)."""
+    from tracekit.trace.outcome import handled_rows
+
+    return int(np.count_nonzero(handled_rows(trace.events, trace.meta.extra)[slice(None, failed)]))
 
 
 def device_calls(trace: Trace, failed: int | None) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.on_device import DeviceCheck, DeviceCheckDict
 from tracekit.advise.overhead import Room, RoomDict
+from tracekit.advise.verdict import ORDER, WORDS, Margin, Verdict
 from tracekit.analysis.leaks import SiteBytes
 from tracekit.units import format_size
 
@@ -79,10 +80,24 @@ class OutcomeDict(TypedDict, total=False):
     device_frees: int
     price: int
     verified_by_replay: bool
+    verdict: str
+    gets_through: bool
+    margin_bytes: int | None
+    handled_served: int
     line: str
     error: str | None
     cures: list[CureDict]
     returns_bytes: int
+
+
+class MarginDict(TypedDict):
+    """``margin`` in ``advise --json``: the headroom a setting needs to be called a fit."""
+
+    workload: str
+    fraction: float
+    floor_bytes: int
+    bytes_at_limit: int
+    why: str
 
 
 class AdviseDict(TypedDict):
@@ -95,6 +110,8 @@ class AdviseDict(TypedDict):
     limit_is: str
     failing_seq: int | None
     fits: list[OutcomeDict]
+    borderline: list[OutcomeDict]
+    margin: MarginDict | None
     recommendation: str
     min_capacity_bytes: int | None
     min_capacity_setting: str | None
@@ -117,7 +134,8 @@ def outcome_dict(o: Outcome) -> OutcomeDict:
         setting=d["setting"], kind=d["kind"], policy=d["policy"], options=d["options"],
         capacity_bytes=d["capacity_bytes"], fits=d["fits"], peak_reserved_bytes=d["peak_reserved_bytes"],
         headroom_bytes=d["headroom_bytes"], device_allocs=d["device_allocs"], device_frees=d["device_frees"],
-        price=d["price"], verified_by_replay=d["verified_by_replay"])
+        price=d["price"], verified_by_replay=d["verified_by_replay"], verdict=d["verdict"],
+        gets_through=d["gets_through"], margin_bytes=d["margin_bytes"], handled_served=d["handled_served"])
     if o.candidate.cures:
         out["cures"] = [c.to_dict() for c in o.candidate.cures]
         out["returns_bytes"] = o.candidate.returns
@@ -143,6 +161,8 @@ class AdviseResult:
     device_checks: tuple[DeviceCheck, ...] = ()  # with --verify-on-device
     device: int | None = None
     room: RoomAdvice | None = None  # the device ran out: the limit is the room the process had
+    margin: Margin | None = None  # the verdicts' margin (tracekit.advise.verdict)
+    borderline: tuple[Outcome, ...] = ()  # get through with headroom within the margin, best first
     devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer
 
     @property
@@ -164,11 +184,20 @@ class AdviseResult:
                 where = f"within the room the process had ({format_size(self.limit)})"
             model = "" if o.verified_by_replay else " (by the device-allocator model, not a replay)"
             return (f"{o.label()} fits {where}{model}, peak reserved "
-                    f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom; "
+                    f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom "
+                    f"(more than the {format_size(o.margin or 0)} margin){self._fallbacks(o)}; "
                     f"rerun with: {self.line(o.candidate, o.capacity)}")
         if self.room is not None:
             return self._room_sentence(self.room)
         text = f"Nothing tried fits under {format_size(self.limit)}"
+        if self.borderline:
+            b = self.borderline[0]
+            text += (f" with the margin; borderline: {b.label()} gets through the replay at a peak reserved "
+                     f"of "
+                     f"{format_size(b.peak_reserved)}, {format_size(b.headroom or 0)} headroom, within the "
+                     f"{format_size(b.margin or 0)} a real run of this workload can exceed the replay by"
+                     f"{self._fallbacks(b)}: try it for real before relying on it (tracekit advise "
+                     f"{self.trace or 'TRACE'} --rerun 1, or: {self.line(b.candidate, b.capacity)})")
         if self.min_capacity is not None and self.min_capacity_setting is not None:
             c = self.min_capacity_setting
             text += (f"; the smallest capacity is {format_size(self.min_capacity)} with {c.label()} "
@@ -179,6 +208,14 @@ class AdviseResult:
             who = s.site or "unknown call-sites"
             text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
         return text + "."
+
+    def _fallbacks(self, o: Outcome) -> str:
+        """Said when the verdict rests on the model of handled OOMs served (the original request in
+        its fallback's place)."""
+        if not o.handled_served:
+            return ""
+        return (f"; this rests on {o.handled_served} handled OOM(s) served under it, each modelled as the "
+                "original request held in place of the program's fallback")
 
     def _room_sentence(self, ra: RoomAdvice) -> str:
         """The device ran out: the room, what the run needs, and the cure (or what is missing)."""
@@ -197,7 +234,9 @@ class AdviseResult:
                     if x.fits and x is not o and len(x.candidate.cures) == 1]
             tail = f" Also enough alone: {'; '.join(f'{c.target} ({fs(c.returns)})' for c in also[:2])}." \
                 if also else ""
-            return (f"{head}. {'Cure' if len(cs) == 1 else 'Cures'}: {what}{together}; the run then fits, "
+            then = ("the run then fits" if o.ok else
+                    f"the run is then borderline (headroom within the {fs(o.margin or 0)} margin)")
+            return (f"{head}. {'Cure' if len(cs) == 1 else 'Cures'}: {what}{together}; {then}, "
                     f"peak reserved {fs(o.peak_reserved)} with {fs(o.headroom or 0)} headroom. {steps}{tail}")
         if not ra.cures:
             return (f"{head}; no term of the device budget that this program controls grew, so "
@@ -229,11 +268,20 @@ class AdviseResult:
             d = outcome_dict(o)
             d["error"] = o.error
             tried.append(d)
-        ra = self.room
+        borderline = []
+        for o in self.borderline:
+            d = outcome_dict(o)
+            d["line"] = self.line(o.candidate, o.capacity)
+            borderline.append(d)
+        ra, m = self.room, self.margin
+        margin = None if m is None else MarginDict(
+            workload=m.workload.value, fraction=m.fraction, floor_bytes=m.floor,
+            bytes_at_limit=m.bytes_at(self.limit), why=m.why)
         return {
             "trace": self.trace, "kind": self.kind, "device": self.device, "limit_bytes": self.limit,
             "limit_is": "room" if ra is not None else "limit",
-            "failing_seq": self.failing_seq, "fits": fits, "recommendation": self.recommendation(),
+            "failing_seq": self.failing_seq, "fits": fits, "borderline": borderline, "margin": margin,
+            "recommendation": self.recommendation(),
             "min_capacity_bytes": self.min_capacity,
             "min_capacity_setting": self.min_capacity_setting.label() if self.min_capacity_setting else None,
             "lower_bound_bytes": self.lower_bound,
@@ -268,14 +316,16 @@ class AdviseResult:
         else:
             head = [f"limit {fs(self.limit)} ({self.limit} bytes); {len(self.tried)} settings tried; "
                     f"{self.scope}"]
+        if self.margin is not None:
+            head.append(f"fits = headroom above the {self.margin.sentence(self.limit)}")
         rows: list[tuple[str, ...]] = [("setting", "fits", "peak reserved", "headroom", "device allocs/frees",
                                         "verified")]
         settings = (o for o in self.tried if not o.candidate.cures)
-        for o in sorted(settings, key=lambda o: (not o.fits, rank_key(o))):
+        for o in sorted(settings, key=lambda o: (ORDER[verdict_of(o)], rank_key(o))):
             rows.append((
-                o.label(), "error" if o.error else ("yes" if o.fits else "no"),
+                o.label() + (" *" if o.handled_served and o.fits else ""), WORDS[verdict_of(o)],
                 fs(o.peak_reserved),
-                fs(o.headroom) if o.fits and o.headroom is not None else "",
+                signed(o.headroom) if o.fits and o.headroom is not None else "",
                 f"{o.device_allocs}/{o.device_frees}", "replay" if o.verified_by_replay else "model",
             ))
         lines = head + _table(rows)
@@ -284,13 +334,16 @@ class AdviseResult:
             cure_rows: list[tuple[str, ...]] = [("gives back", "how", "fits", "cure")]
             for o in self.room.tried:
                 how = "/".join(sorted({c.how.value for c in o.candidate.cures}))
-                cure_rows.append((fs(o.candidate.returns), how, "yes" if o.fits else "no", o.label()))
+                cure_rows.append((fs(o.candidate.returns), how, WORDS[verdict_of(o)], o.label()))
             lines += ["  " + line for line in _table(cure_rows, right=(0,))]
             lines += [f"  instead: {c.alternative}" for c in self.room.cures if c.alternative]
         if not self.fits and self.top_sites:
             lines.append("held at the peak of live bytes:")
             lines += [f"  {fs(s.bytes):>12}  {s.blocks:>6} blocks  {s.site or '(no call-site)'}"
                       for s in self.top_sites]
+        if any(o.handled_served and o.fits for o in self.tried):
+            lines.append("* the replay served handled OOMs of the recording: the original request is held in "
+                         "place of the program's fallback (its smaller retry) for the fallback's lifetime")
         lines += [f"note: {n}" for n in self.notes]
         for c in self.device_checks:
             verdict = {True: "confirmed on the device", False: "model and device DISAGREE",
@@ -298,6 +351,17 @@ class AdviseResult:
             lines.append(f"device: {c.setting}: {verdict}")
         lines.append(f"recommendation: {self.recommendation()}")
         return lines
+
+
+def verdict_of(o: Outcome) -> Verdict:
+    """A judged outcome's verdict; an unjudged one (no margin known) by the replay alone."""
+    if o.verdict is not None:
+        return o.verdict
+    return Verdict.ERROR if o.error else (Verdict.FITS if o.fits else Verdict.NO)
+
+
+def signed(n: int) -> str:
+    return ("-" + format_size(-n)) if n < 0 else format_size(n)
 
 
 def _cap(text: str) -> str:

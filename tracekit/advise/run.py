@@ -35,6 +35,7 @@ from tracekit.advise.search import (
     single_candidates,
     stage_two,
 )
+from tracekit.advise.verdict import Margin, Verdict, margin_for
 from tracekit.analysis.leaks import SiteBytes, by_label
 from tracekit.analysis.summary import OOMReport
 from tracekit.errors import UsageError
@@ -94,13 +95,20 @@ def _site_of_failure(trace: Trace) -> str | None:
     return ev.sites[ev.site[ooms[0]]]
 
 
-def _raised_limit(fit: PolicyFit, runner: Runner, device_total: int | None) -> Outcome | None:
-    """The smallest ``set_limit`` as a candidate that fits (evaluated at that limit)."""
+def _raised_limit(fit: PolicyFit, runner: Runner, device_total: int | None, margin: Margin) -> Outcome | None:
+    """The smallest ``set_limit`` that fits with the margin, as a candidate evaluated at that limit:
+    the smallest that gets through, raised by the margin (in 2 MiB steps) when it is borderline."""
     if fit.min_capacity is None:
         return None
     cand = cupy_pool(Kind.CUPY_LIMIT)
-    (o,) = outcomes(runner.map([Task(cand, fit.min_capacity, device_total)]))
-    return o if o.fits else None
+    cap = fit.min_capacity
+    for _ in range(2):
+        (o,) = outcomes(runner.map([Task(cand, cap, device_total)]))
+        o = o.judged(margin)
+        if o.verdict != Verdict.BORDERLINE:
+            break
+        cap += -(-margin.bytes_at(cap) // (2 << 20)) * (2 << 20)
+    return o if o.ok else None
 
 
 def advise(trace: Trace, *, limit: int | None = None, device_total: int | None = None,
@@ -154,6 +162,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
     from tracekit.sim import policies as registry
 
+    margin = margin_for(kind, trace)
     names = registry.names() if kind == "raw" else []
     singles = single_candidates(kind, _site_of_failure(trace), names)
     # The singles, about as many combinations, and three bisections: the work that pays for workers.
@@ -163,26 +172,29 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
                     counterfactual=kind != "raw")
     room_advice = None
     try:
-        tried = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))
+        first = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))
+        tried = [o.judged(margin) for o in first]
         if kind == "raw":
             tried = [o for o in tried if o.heap]
         more = stage_two(kind, tried)
-        tried += outcomes(runner.map([Task(c, cap, device_total) for c in more]))
+        tried += [o.judged(margin) for o in outcomes(runner.map([Task(c, cap, device_total) for c in more]))]
         ranked = sorted(tried, key=lambda o: (not o.fits, rank_key(o) if o.fits else o.progress()))
         tasks = bisect_tasks(kind, ranked, lb, device_total)
         found = [(t.candidate, r) for t, r in zip(tasks, runner.map(tasks), strict=True)
                  if isinstance(r, PolicyFit) and r.min_capacity is not None]
         pool_fit = next((r for c, r in found if c.kind == Kind.CUPY_POOL), None)
         if room is not None and report is not None:  # the device ran out: its room cannot be raised
-            room_advice = _room_advice(runner, trace, kind, report, room, found, lb, device_total)
+            room_advice = _room_advice(runner, trace, kind, report, room, found, lb, device_total, margin)
             tried += room_advice.tried
-        elif pool_fit is not None and not any(o.fits and o.candidate.kind == Kind.CUPY_POOL for o in tried):
-            raised = _raised_limit(pool_fit, runner, device_total)
+        elif pool_fit is not None and not any(o.ok and o.candidate.kind == Kind.CUPY_POOL for o in tried):
+            raised = _raised_limit(pool_fit, runner, device_total, margin)
             if raised is not None:
                 tried.append(raised)
     finally:
         runner.close()
     fits = _ranked_fits(tried, room_advice)
+    borderline = tuple(sorted((o for o in tried if o.verdict == Verdict.BORDERLINE and not o.candidate.cures),
+                              key=lambda o: (-(o.headroom or 0), rank_key(o))))
     mine = [cr for cr in found if fits and cr[0] == fits[0].candidate]
     setting, best = min(mine or found, key=lambda cr: cr[1].min_capacity or 0, default=(None, None))
     notes = _notes(trace, kind, tried) + (room_advice.notes if room_advice is not None else ()) + tuple(asked)
@@ -192,14 +204,14 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
         top_sites=top_sites_at_peak(trace, user_code),
         command=trace.meta.command if kind == Allocator.TORCH else None,
-        notes=notes, device=device, room=room_advice,
+        notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )
 
 
 def _ranked_fits(tried: Sequence[Outcome], room: RoomAdvice | None) -> tuple[Outcome, ...]:
     """Settings that fit (ranked by ``rank_key``), then the cures that fit: the pick first, then by
     ``overhead.preference``. A setting that fits within the room needs no cure."""
-    ok = [o for o in tried if o.fits and o.error is None and (o.headroom is None or o.headroom >= 0)]
+    ok = [o for o in tried if o.ok]
     settings = sorted((o for o in ok if not o.candidate.cures), key=rank_key)
     cures = sorted((o for o in ok if o.candidate.cures),
                    key=lambda o: (room is None or o is not room.pick, overhead.preference(o.candidate.cures)))
@@ -207,8 +219,8 @@ def _ranked_fits(tried: Sequence[Outcome], room: RoomAdvice | None) -> tuple[Out
 
 
 def _room_advice(runner: Runner, trace: Trace, kind: str, report: OOMReport, room: overhead.Room,
-                 found: Sequence[tuple[Candidate, PolicyFit]], lb: int, device_total: int | None
-                 ) -> RoomAdvice:
+                 found: Sequence[tuple[Candidate, PolicyFit]], lb: int, device_total: int | None,
+                 margin: Margin) -> RoomAdvice:
     """The cures the budget at the OOM shows, each replayed alone with the room it gives back, and
     the smallest set with which the run fits (replayed too when it holds several)."""
     base = overhead.recorded(kind)
@@ -224,7 +236,7 @@ def _room_advice(runner: Runner, trace: Trace, kind: str, report: OOMReport, roo
         sets.append(chosen)
     tasks = [Task(overhead.as_candidate(base, s), room.capacity(sum(c.returns for c in s)), device_total)
              for s in sets]
-    tried = outcomes(runner.map(tasks))
+    tried = [o.judged(margin) for o in outcomes(runner.map(tasks))]
     pick = next((o for o in tried if chosen and o.candidate.cures == chosen), None)
     notes: tuple[str, ...] = ()
     if need is not None and need <= room.bytes:

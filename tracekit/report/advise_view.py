@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from tracekit.advise.verdict import verdict_rows
 from tracekit.report.figures import new_figure
 from tracekit.report.html import Rendered, esc, table
 from tracekit.report.style import PALETTE, byte_scale
@@ -34,7 +35,7 @@ MAX_BARS = 24
 
 def draw_advise(d: dict[str, Any]) -> Figure:
     """The chart for ``AdviseResult.to_dict()`` output ``d``."""
-    rows = sorted(d["tried"], key=lambda r: (not r["fits"], r["peak_reserved_bytes"]))[:MAX_BARS]
+    rows = [r for r, _ in verdict_rows(d)][:MAX_BARS]
     fig = new_figure(12, 1.6 + 0.38 * len(rows))
     ax = fig.add_subplot()
     limit, bound = d["limit_bytes"], d["lower_bound_bytes"]
@@ -42,10 +43,13 @@ def draw_advise(d: dict[str, Any]) -> Figure:
     sc = byte_scale(max(float(peaks.max(initial=0.0)), float(limit)))
     y = np.arange(len(rows))[::-1]
     for yi, r, p in zip(y, rows, peaks, strict=True):
-        ax.barh(yi, p / sc.div, color=PALETTE[2] if r["fits"] else (0.7, 0.7, 0.7),
+        colour = (PALETTE[2] if r["fits"] else PALETTE[1] if r["verdict"] == "borderline"
+                  else (0.7, 0.7, 0.7))
+        ax.barh(yi, p / sc.div, color=colour,
                 hatch="//" if not r["verified_by_replay"] else None, edgecolor="white")
         text = (f" headroom {format_size(r['headroom_bytes'])}, {r['price']:,} calls" if r["fits"]
-                else " runs out")
+                else f" borderline: headroom {format_size(r['headroom_bytes'])} within the margin"
+                if r["verdict"] == "borderline" else " runs out")
         ax.text(p / sc.div, yi, text, va="center", fontsize=8)
     best = d["fits"][0]["setting"] if d["fits"] else None
     names = [_short(r["setting"]) + (" ★" if r["setting"] == best else "") for r in rows]
@@ -69,10 +73,10 @@ def _short(text: str, width: int = 64) -> str:
 
 def advise_table(d: dict[str, Any]) -> str:
     rows = [
-        [r["setting"], "yes" if r["fits"] else "no", format_size(r["peak_reserved_bytes"]),
-         format_size(r["headroom_bytes"]) if r["fits"] and r["headroom_bytes"] is not None else "",
+        [r["setting"], word, format_size(r["peak_reserved_bytes"]),
+         format_size(r["headroom_bytes"]) if r["gets_through"] and r["headroom_bytes"] is not None else "",
          f"{r['device_allocs']:,} / {r['device_frees']:,}", "replay" if r["verified_by_replay"] else "model"]
-        for r in sorted(d["tried"], key=lambda r: (not r["fits"], r["peak_reserved_bytes"]))
+        for r, word in verdict_rows(d)
     ]
     head = ["setting", "fits", "peak reserved", "headroom", "device allocs / frees", "checked by"]
     parts = [

@@ -302,7 +302,8 @@ def _extra_tables(whatif: dict[str, Any] | None, advise: dict[str, Any] | str | 
             TableView(title="Advise", columns=[], kinds=[], rows=[], note=f"Not run: {advise}.", link=None)
         )
     elif advise is not None:
-        tried = sorted(advise["tried"], key=lambda r: (not r["fits"], r["peak_reserved_bytes"]))
+        from tracekit.advise.verdict import verdict_rows
+
         out.append(
             TableView(
                 title="Advise: settings that fit under the limit",
@@ -311,22 +312,24 @@ def _extra_tables(whatif: dict[str, Any] | None, advise: dict[str, Any] | str | 
                     "fits",
                     "peak reserved",
                     "headroom",
+                    "margin",
                     "device allocs",
                     "device frees",
                     "checked by",
                 ],
-                kinds=["text", "bool", "bytes", "bytes", "int", "int", "text"],
+                kinds=["text", "text", "bytes", "bytes", "bytes", "int", "int", "text"],
                 rows=[
                     [
                         r["setting"],
-                        bool(r["fits"]),
+                        word,
                         r["peak_reserved_bytes"],
-                        r["headroom_bytes"] if r["fits"] else None,
+                        r["headroom_bytes"] if r.get("gets_through", r["fits"]) else None,
+                        r.get("margin_bytes"),
                         r["device_allocs"],
                         r["device_frees"],
                         "replay" if r["verified_by_replay"] else "model",
                     ]
-                    for r in tried
+                    for r, word in verdict_rows(advise)
                 ],
                 note=" ".join(
                     [
