@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.on_device import DeviceCheck, DeviceCheckDict
 from tracekit.advise.overhead import Room, RoomDict
+from tracekit.advise.rerun import Rerun, RerunDict
 from tracekit.advise.verdict import ORDER, WORDS, Margin, Verdict
 from tracekit.analysis.leaks import SiteBytes
 from tracekit.units import format_size
@@ -124,6 +126,7 @@ class AdviseDict(TypedDict):
     scope: str
     notes: list[str]
     device_checks: list[DeviceCheckDict]
+    reruns: list[RerunDict]
     devices: list[AdviseDict]
 
 
@@ -163,6 +166,7 @@ class AdviseResult:
     room: RoomAdvice | None = None  # the device ran out: the limit is the room the process had
     margin: Margin | None = None  # the verdicts' margin (tracekit.advise.verdict)
     borderline: tuple[Outcome, ...] = ()  # get through with headroom within the margin, best first
+    reruns: tuple[Rerun, ...] = ()  # with --rerun: the real program under the best settings
     devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer
 
     @property
@@ -185,7 +189,7 @@ class AdviseResult:
             model = "" if o.verified_by_replay else " (by the device-allocator model, not a replay)"
             return (f"{o.label()} fits {where}{model}, peak reserved "
                     f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom "
-                    f"(more than the {format_size(o.margin or 0)} margin){self._fallbacks(o)}; "
+                    f"{_margin_said(o)}{self._fallbacks(o)}; "
                     f"rerun with: {self.line(o.candidate, o.capacity)}")
         if self.room is not None:
             return self._room_sentence(self.room)
@@ -292,6 +296,7 @@ class AdviseResult:
             "missing_bytes": (ra.missing_after_all if ra.pick is None else 0) if ra is not None else None,
             "scope": self.scope, "notes": list(self.notes),
             "device_checks": [c.to_dict() for c in self.device_checks],
+            "reruns": [r.to_dict() for r in self.reruns],
             "devices": [r.as_json() for r in self.devices],
         }
 
@@ -349,8 +354,38 @@ class AdviseResult:
             verdict = {True: "confirmed on the device", False: "model and device DISAGREE",
                        None: f"not checked ({c.note})"}[c.agrees]
             lines.append(f"device: {c.setting}: {verdict}")
+        if self.reruns:
+            lines += rerun_lines(self.reruns)
         lines.append(f"recommendation: {self.recommendation()}")
         return lines
+
+
+def _margin_said(o: Outcome) -> str:
+    return f" (more than the {format_size(o.margin)} margin)" if o.margin and o.margin > 1 else ""
+
+
+def rerun_lines(reruns: Sequence[Rerun]) -> list[str]:
+    """The table of ``--rerun``: each setting's prediction beside what the real program did."""
+    def yn(b: bool | None) -> str:
+        return "" if b is None else ("yes" if b else "no")
+
+    rows: list[tuple[str, ...]] = [("setting", "predicted", "past the failing request", "finished",
+                                    "peak reserved predicted / real", "agrees")]
+    for r in reruns:
+        if not r.ran:
+            rows.append((r.setting, WORDS[r.predicted], r.note, "", "", ""))
+            continue
+        real = format_size(r.real_peak) if r.real_peak is not None else "?"
+        done = yn(r.finished) + (" (timed out)" if r.timed_out else "") + f" (exit {r.exit_code})"
+        rows.append((r.setting, WORDS[r.predicted], yn(r.got_past), done,
+                     f"{format_size(r.predicted_peak)} / {real}",
+                     {True: "yes", False: "NO", None: "(borderline: no claim)"}[r.agrees]))
+    out = ["rerun: the recorded program run for real under each setting (tracekit record):"]
+    out += ["  " + line for line in _table(rows, right=())]
+    out += [f"  {r.setting}: {r.note}" for r in reruns if r.ran and r.note]
+    traces = {str(Path(r.trace).parent) for r in reruns if r.trace}
+    out += [f"  the reruns' traces: {t}" for t in sorted(traces)]
+    return out
 
 
 def verdict_of(o: Outcome) -> Verdict:

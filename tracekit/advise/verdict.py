@@ -73,7 +73,8 @@ MODEL_ERRORS: tuple[ModelError, ...] = (
     # CuPy's pool: every counterfactual run exact to the byte (docs/fidelity.md): any headroom above 0.
     ModelError(Allocator.CUPY, Workload.STEADY, 0.0, 1, "the CuPy oom workload at three set_limit values"),
     # No CuPy program with handled OOMs was run under other settings: PyTorch's reactive figure.
-    ModelError(Allocator.CUPY, Workload.REACTIVE, 0.02, PAGE, "not measured for CuPy: PyTorch's reactive figure"),
+    ModelError(Allocator.CUPY, Workload.REACTIVE, 0.02, PAGE,
+               "not measured for CuPy: PyTorch's reactive figure"),
 )
 
 
@@ -91,6 +92,8 @@ class Margin:
         return max(self.floor, int(self.fraction * capacity))
 
     def sentence(self, capacity: int) -> str:
+        if self.fraction == 0 and self.floor <= 1:
+            return f"margin 0 (any headroom above 0): {self.why}"
         return (f"margin {format_size(self.bytes_at(capacity))} ({self.fraction:.1%} of the limit, at least "
                 f"{format_size(self.floor)}): {self.why}")
 

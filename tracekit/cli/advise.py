@@ -23,12 +23,20 @@ def advise(
     verify_on_device: int | None = typer.Option(
         None, "--verify-on-device", min=0, help="Re-check the top settings through a real allocator on GPU N."
     ),
+    rerun: int | None = typer.Option(
+        None, "--rerun", min=1, metavar="N",
+        help="Run the recorded program again for real under the N best settings (needs its GPU; "
+             "each run recorded into a new folder beside the trace) and say what each did."),
+    rerun_timeout: float = typer.Option(
+        900.0, "--rerun-timeout", min=1.0, metavar="SECONDS", help="The most one rerun may take (900)."),
+    rerun_dir: Path | None = typer.Option(
+        None, "--rerun-dir", metavar="DIR", help="A new folder for the reruns' traces and logs."),
     user_code: list[str] = typer.Option(
         [], "--user-code", metavar="PATH",
         help="Your code, where call-sites are named: frames under PATH (repeatable; docs/analysis.md)."),
 ) -> None:
     """Find settings under which TRACE fits its limit, by replay, and print a paste-ready line."""
-    if verify_on_device is None:  # no GPU held: tracekit's own code only (quick_exit)
+    if verify_on_device is None and rerun is None:  # no GPU held: tracekit's own code only (quick_exit)
         skip_teardown()
     from tracekit.advise.run import advise as run_advise
     from tracekit.cli.analyze import note_unmatched
@@ -57,6 +65,15 @@ def advise(
 
         own = select_device(t, result.device) if result.device is not None else t  # its device's events
         result = replace(result, device_checks=verify(own, result.fits, verify_on_device))
+    if rerun is not None:
+        from dataclasses import replace
+
+        from tracekit.advise.rerun import rerun as run_again
+
+        with terminal_progress("running the program again"):
+            runs = run_again(t, result.kind, [o for o in result.tried if o.verdict is not None], rerun,
+                             folder=rerun_dir, timeout=rerun_timeout, limit=lim)
+        result = replace(result, reruns=runs)
     if json_out:
         echo_json(result.to_dict())
     else:

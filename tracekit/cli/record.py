@@ -21,7 +21,8 @@ def record(
         None, "-o", "--output", help="Trace to write (default tracekit-<script>-<pid>.parquet)."
     ),
     limit: str | None = typer.Option(
-        None, "--limit", help="Set the CuPy pool's limit first, e.g. 256MiB (pool.set_limit)."
+        None, "--limit", help="Cap the pool first, e.g. 256MiB: CuPy's pool.set_limit, or with --torch "
+        "torch.cuda.set_per_process_memory_fraction(SIZE / the device's total)."
     ),
     no_sites: bool = typer.Option(False, "--no-sites", help="Record no call-sites nor stacks (cheaper)."),
     stack_depth: int | None = typer.Option(
@@ -44,11 +45,13 @@ def record(
     target = list(target or [])
     start = os.getcwd()  # the trace is named as the user's shell sees it, wherever the program went
     if torch:
-        if limit is not None or no_sites or stack_depth is not None:
-            raise UsageError("--limit, --no-sites and --stack-depth apply to CuPy recordings, not --torch")
+        if no_sites or stack_depth is not None:
+            raise UsageError("--no-sites and --stack-depth apply to CuPy recordings, not --torch")
         from tracekit.record.torch import record_torch  # imports torch only when it runs
+        from tracekit.units import parse_size
 
-        done = record_torch(target, module=module, output=output, force=force)
+        cap = parse_size(limit, "--limit") if limit is not None else None
+        done = record_torch(target, module=module, output=output, force=force, limit=cap)
     else:
         from tracekit.record import record_cupy
         from tracekit.units import parse_size

@@ -33,6 +33,14 @@ def measure_budget(device_id: int) -> CheapBudget | str:
         return f"{type(e).__name__}: {e}"
 
 
+def rerun_meta(command: list[str], limit: int | None) -> dict[str, Any]:
+    """How ``advise --rerun`` runs the program again: its arguments as ``record`` got them, whether
+    they name a module, the folder it started in, and the ``--limit`` it was recorded under."""
+    module = len(command) > 1 and command[1] == "-m"
+    return {"argv": command[2:] if module else command[1:], "module": module, "cwd": os.getcwd(),
+            "limit_bytes": limit}
+
+
 def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, limit: int | None,
                pool: Any, budget: CheapBudget | str, stack_depth: int = 0) -> TraceMeta:
     """The trace metadata at start (call with ``device_id`` current and the recorded pool installed)."""
@@ -61,6 +69,7 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
         versions=versions,
     ).with_extra(
         argv=list(command),
+        rerun=rerun_meta(command, limit),
         device_id=device_id,
         device_count=int(rt.getDeviceCount()),
         nvml=_nvml(measured) if measured is not None and measured["nvml"] else None,

@@ -50,8 +50,11 @@ def snapshot_path(trace: Path) -> Path:
 
 
 def record_torch(target: list[str], *, module: bool, output: Path | None,
-                 force: bool = False) -> Recorded:
+                 force: bool = False, limit: int | None = None) -> Recorded:
     """Run ``target`` like ``python [-m] target...``; returns the trace and the program's exit code.
+
+    ``limit`` (bytes) caps the caching allocator on the current device before the program starts
+    (``set_per_process_memory_fraction(limit / total)``), as ``record --limit`` caps CuPy's pool.
 
     The trace and snapshot paths are made absolute before the program runs (it may ``chdir``).
     """
@@ -71,6 +74,12 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     torch = _torch()
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = _Recording(torch, snapshot_path(out), command, entries)
+    if limit is not None:
+        total = int(rec.info["total_bytes"])
+        if limit > total:
+            raise UsageError(f"--limit {limit}: more than the device's {total} bytes")
+        torch.cuda.set_per_process_memory_fraction(limit / total, rec.device)
+    rec.rerun = {"argv": list(target), "module": module, "cwd": os.getcwd(), "limit_bytes": limit}
     roots = _roots(script)
     with stop_signals():
         rec.start()
@@ -131,7 +140,7 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     pool_of[devices] = np.arange(len(devices))
     extras = {**c.extras, "pool": pa.array(pool_of[events.device], pa.uint16())}
     meta = c.meta.with_extra(oom_states=oom_states, exit=exit_info, pools=pools, launch=launch,
-                             sites_relative_to=list(roots))
+                             sites_relative_to=list(roots), rerun=rec.rerun)
     write_trace(out, meta, events, extras)
 
 
@@ -220,6 +229,7 @@ class _Recording:
             "alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         }
         self.states: list[dict[str, Any]] = []  # the device measured at each OOM, in order
+        self.rerun: dict[str, Any] = {}  # how to run the program again (``advise --rerun``)
         self._last_dump = 0.0
         self.pid = os.getpid()  # only this process writes the snapshot and the trace
 

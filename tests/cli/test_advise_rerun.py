@@ -1,0 +1,76 @@
+"""``advise --rerun``: the recorded program run again for real, over the CuPy stand-in on the CPU.
+
+The program keeps 5 MiB live under ``record --limit 4MiB`` and dies of the OOM. advise says
+nothing fits under 4 MiB and that a raised ``set_limit`` does; ``--rerun 2`` runs the program
+again under that limit (it finishes) and under the recorded one (it fails at the same request),
+each recorded into a new folder beside the trace, and says both agree with the prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tracekit.trace import read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = Path(__file__).resolve().parents[1] / "fakecupy"
+
+PROGRAM = """
+    import cupy
+    keep = [cupy.empty(1 << 20) for _ in range(5)]
+    print("done", len(keep))
+"""
+
+
+def _tk(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "tracekit", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_rerun_runs_the_program_under_the_best_settings(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(textwrap.dedent(PROGRAM))
+    rec = _tk(tmp_path, "record", "--limit", "4MiB", "-o", "t.parquet", "app.py")
+    assert rec.returncode == 1 and "OutOfMemoryError" in rec.stderr, rec.stderr
+    meta = read_trace(tmp_path / "t.parquet").meta.extra["rerun"]
+    assert meta == {"argv": ["app.py"], "module": False, "cwd": str(tmp_path), "limit_bytes": 4 << 20}
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()  # the reruns run in the recorded folder, wherever advise is asked from
+    res = _tk(elsewhere, "advise", str(tmp_path / "t.parquet"), "--json", "--jobs", "1", "--rerun", "2")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    runs = {r["setting"]: r for r in d["reruns"]}
+    raised = next(r for s, r in runs.items() if s.startswith("CuPy pool, set_limit"))
+    assert raised["ran"] and raised["predicted"] == "fits"
+    assert raised["finished"] and raised["exit_code"] == 0 and raised["got_past_failing_request"]
+    assert raised["agrees"] is True and raised["real_ooms"] == 0
+    assert raised["real_peak_reserved_bytes"] == 5 << 20  # five 1 MiB device allocations
+    pool = runs["CuPy default pool"]
+    assert pool["ran"] and not pool["finished"] and pool["got_past_failing_request"] is False
+    assert pool["agrees"] is True and pool["exit_code"] == 1
+    # Nothing that needs a program change fits here, so none is listed.
+    assert all(r["ran"] for r in d["reruns"])
+    folder = tmp_path / "t.rerun"
+    assert sorted(p.name for p in folder.iterdir()) == ["rerun-1.log", "rerun-1.parquet", "rerun-2.log",
+                                                        "rerun-2.parquet"]
+    assert "done 5" in (folder / "rerun-1.log").read_text()
+
+    # A second --rerun never touches the first one's files: it makes a folder of its own.
+    text = _tk(elsewhere, "advise", str(tmp_path / "t.parquet"), "--jobs", "1", "--rerun", "1")
+    assert text.returncode == 0 and "rerun: the recorded program run for real" in text.stdout
+    assert (tmp_path / "t.rerun-1" / "rerun-1.parquet").exists()
+    assert len(list(folder.iterdir())) == 4
+
+
+def test_rerun_dir_that_exists_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(textwrap.dedent(PROGRAM))
+    assert _tk(tmp_path, "record", "--limit", "4MiB", "-o", "t.parquet", "app.py").returncode == 1
+    (tmp_path / "mine").mkdir()
+    res = _tk(tmp_path, "advise", "t.parquet", "--rerun", "1", "--rerun-dir", "mine")
+    assert res.returncode == 2 and "already exists" in res.stderr and "Traceback" not in res.stderr

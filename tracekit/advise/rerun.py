@@ -1,0 +1,258 @@
+"""``advise --rerun N``: the recorded program run again for real under the N best settings.
+
+What "verified" means for the real program: each setting's run is itself recorded
+(``tracekit record``, the same arguments in the same folder, from the trace's ``rerun``
+metadata; older traces: parsed from ``command``, in the current folder), with the
+setting applied the way a user would apply it:
+
+- a PyTorch setting through ``PYTORCH_CUDA_ALLOC_CONF`` (the recorded program sets its own
+  memory fraction again, or ``record --torch --limit`` does as it did when recorded);
+- CuPy's pool at the recorded limit, or a raised ``set_limit``, through ``record --limit``;
+- every other candidate (``free_all_blocks()`` at a call-site, ``MemoryAsyncPool``, plain
+  ``cudaMalloc``, an overhead cure) needs a change to the program: listed, not run.
+
+Each run gets a fresh folder's file (``DIR/rerun-K.parquet``; ``DIR`` defaults to a new folder
+beside the trace, never an existing one), its output in ``rerun-K.log``, and at most
+``timeout`` seconds (then SIGTERM, which still writes its trace, and SIGKILL 30 s later). The
+real outcome: whether it got past the recorded failing request (more ``malloc`` rows before its
+own fatal OOM, or none, than the recording had before its fatal OOM), whether it finished (exit
+0), and its peak reserved (the trace's device allocations), beside the prediction.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict
+
+import numpy as np
+
+from tracekit.advise.candidates import Kind, conf_text
+from tracekit.advise.evaluate import Outcome
+from tracekit.advise.verdict import ORDER, Verdict
+from tracekit.errors import UsageError
+from tracekit.trace.outcome import fatal_seq
+from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.schema import Op
+
+RUNNABLE = frozenset({Kind.TORCH_CONF, Kind.CUPY_POOL, Kind.CUPY_LIMIT})
+KILL_AFTER_S = 30.0
+
+
+@dataclass(frozen=True)
+class Command:
+    """How the recorded program is run again: ``record``'s target, module or script, and folder."""
+
+    argv: tuple[str, ...]
+    module: bool
+    cwd: str
+    torch: bool
+    limit: int | None  # ``record --limit`` it was recorded under
+    guessed: bool  # from ``command`` text and the current folder (a trace without ``rerun``)
+
+    @classmethod
+    def of(cls, trace: Trace, kind: str) -> Command:
+        extra = trace.meta.extra.get("rerun")
+        torch = kind == "torch"
+        if isinstance(extra, dict) and isinstance(extra.get("argv"), list) and extra["argv"]:
+            lim = extra.get("limit_bytes")
+            return cls(tuple(str(a) for a in extra["argv"]), bool(extra.get("module")),
+                       str(extra.get("cwd") or os.getcwd()), torch, int(lim) if lim else None, False)
+        words = shlex.split(trace.meta.command or "")
+        if len(words) < 2 or not words[0].startswith("python"):
+            where = f"{trace.path}: " if trace.path else ""
+            raise UsageError(f"{where}the trace does not say how the program was run (no command recorded), "
+                             "so --rerun cannot run it again")
+        module = words[1] == "-m"
+        return cls(tuple(words[2:] if module else words[1:]), module, os.getcwd(), torch, None, True)
+
+
+class RerunDict(TypedDict):
+    """One entry of ``reruns`` in ``advise --json``."""
+
+    setting: str
+    predicted: str
+    predicted_peak_reserved_bytes: int
+    ran: bool
+    note: str
+    exit_code: int | None
+    timed_out: bool
+    got_past_failing_request: bool | None
+    finished: bool | None
+    real_peak_reserved_bytes: int | None
+    real_ooms: int | None
+    agrees: bool | None
+    trace: str | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """One setting run for real (``ran``) or why not (``note``); bytes unless named otherwise."""
+
+    setting: str
+    predicted: Verdict
+    predicted_peak: int
+    ran: bool
+    note: str = ""
+    exit_code: int | None = None
+    timed_out: bool = False
+    got_past: bool | None = None  # None: the recording did not fail, nothing to get past
+    finished: bool | None = None
+    real_peak: int | None = None
+    real_ooms: int | None = None
+    trace: str | None = None
+    seconds: float | None = None
+
+    @property
+    def agrees(self) -> bool | None:
+        """A fit must get past the failing request (or finish), a no must not; borderline claims neither."""
+        if not self.ran or self.predicted in (Verdict.BORDERLINE, Verdict.ERROR):
+            return None
+        real = self.got_past if self.got_past is not None else self.finished
+        return None if real is None else real == (self.predicted == Verdict.FITS)
+
+    def to_dict(self) -> RerunDict:
+        return RerunDict(
+            setting=self.setting, predicted=self.predicted.value,
+            predicted_peak_reserved_bytes=self.predicted_peak,
+            ran=self.ran, note=self.note, exit_code=self.exit_code, timed_out=self.timed_out,
+            got_past_failing_request=self.got_past, finished=self.finished,
+            real_peak_reserved_bytes=self.real_peak, real_ooms=self.real_ooms, agrees=self.agrees,
+            trace=self.trace, seconds=self.seconds)
+
+
+def choose(tried: Sequence[Outcome], n: int) -> tuple[list[Outcome], list[Outcome]]:
+    """The ``n`` best re-runnable settings (fits, then borderline, then the rest by how far they
+    got) and the better-rated ones that need a program change (listed, not run)."""
+    rated = sorted(tried, key=lambda o: (ORDER[o.verdict or Verdict.NO], o.progress()))
+    runnable = [o for o in rated
+                if o.candidate.kind in RUNNABLE and not o.candidate.cures and o.error is None]
+    chosen = runnable[:n]
+    changes = [o for o in rated if o not in runnable and o.verdict in (Verdict.FITS, Verdict.BORDERLINE)]
+    return chosen, changes
+
+
+def new_folder(trace: Trace, given: Path | None) -> Path:
+    """A folder made now for the reruns' files: ``given`` (must not exist) or ``TRACE.rerun[-K]``."""
+    if given is not None:
+        if given.exists():
+            raise UsageError(f"--rerun-dir {given}: already exists; name a new folder "
+                             "(nothing is overwritten)")
+        given.mkdir(parents=True)
+        return given
+    base = Path(trace.path) if trace.path else Path("trace.parquet")
+    stem = base.name.removesuffix(".parquet")
+    for k in range(1000):
+        d = base.with_name(f"{stem}.rerun" + (f"-{k}" if k else ""))
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise UsageError(f"{base}: no free name for the reruns' folder beside it")
+
+
+def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: Path | None = None,
+          timeout: float = 900.0, limit: int | None = None) -> tuple[Rerun, ...]:
+    """Run the program under the ``n`` best settings (module docstring); ``limit``: advise's own
+    ``--limit``, applied to PyTorch reruns with ``record --torch --limit``."""
+    cmd = Command.of(trace, kind)
+    chosen, changes = choose(tried, n)
+    out = [Rerun(o.label(), o.verdict or Verdict.NO, o.peak_reserved, False,
+                 "needs a change to the program, not a setting: not re-runnable") for o in changes]
+    if not chosen:
+        return tuple(out)
+    where = new_folder(trace, folder)
+    need = _requests_before_fatal(trace)
+    for k, o in enumerate(chosen, 1):
+        out.append(_run_one(cmd, o, where / f"rerun-{k}.parquet", need, timeout, limit))
+    return tuple(out)
+
+
+def _run_one(cmd: Command, o: Outcome, path: Path, need: int | None, timeout: float,
+             limit: int | None) -> Rerun:
+    env = dict(os.environ)
+    args = [sys.executable, "-m", "tracekit", "record", "-o", str(path)]
+    if cmd.torch:
+        args.append("--torch")
+        env.pop("PYTORCH_ALLOC_CONF", None)  # PyTorch's newer name would win over the setting
+        conf = conf_text(o.candidate.opts)
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        else:
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        cap = limit if limit is not None else cmd.limit
+    else:
+        cap = o.capacity if o.candidate.kind == Kind.CUPY_LIMIT else (cmd.limit or o.capacity)
+    if cap is not None:
+        args += ["--limit", str(cap)]
+    args += (["-m"] if cmd.module else []) + list(cmd.argv)
+    log = path.with_suffix(".log")
+    t0 = time.perf_counter()
+    timed_out = False
+    with log.open("wb") as fh:
+        p = subprocess.Popen(args, cwd=cmd.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            code = _stop(p)
+    secs = round(time.perf_counter() - t0, 1)
+    base = Rerun(o.label(), o.verdict or Verdict.NO, o.peak_reserved, True, exit_code=code,
+                 timed_out=timed_out, finished=code == 0, seconds=secs)
+    if not path.exists():
+        return _with(base, note=f"the rerun left no trace (see {log})")
+    try:
+        t = read_trace(path)
+    except Exception as e:  # a rerun's trace that cannot be read is said, not raised
+        return _with(base, note=f"the rerun's trace could not be read: {e}")
+    mallocs = _requests_before_fatal(t)
+    got_past = None if need is None else (mallocs is None or mallocs > need)
+    return _with(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
+                 real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)))
+
+
+def _with(r: Rerun, **kw: object) -> Rerun:
+    from dataclasses import replace
+
+    return replace(r, **kw)  # type: ignore[arg-type]
+
+
+def _stop(p: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to the run's process group (``record`` still writes its trace), SIGKILL if it lingers."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        return p.wait(timeout=KILL_AFTER_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return p.wait()
+    except ProcessLookupError:
+        return p.wait()
+
+
+def _requests_before_fatal(t: Trace) -> int | None:
+    """``malloc`` rows before the fatal OOM, None when the program did not die of one."""
+    ev = t.events
+    fatal = fatal_seq(ev, t.meta.extra)
+    if fatal is None:
+        return None
+    at = np.flatnonzero(ev.seq == np.uint64(fatal))
+    end = int(at[0]) if len(at) else len(ev)
+    return int(np.count_nonzero(ev.op[:end] == Op.MALLOC))
+
+
+def _peak_reserved(t: Trace) -> int:
+    """The most bytes the trace's pools held from the device (segment rows), 0 without any."""
+    ev = t.events
+    sign = np.where(ev.op == Op.SEGMENT_ALLOC, 1, np.where(ev.op == Op.SEGMENT_FREE, -1, 0))
+    held = np.cumsum(sign * ev.size.astype(np.int64))
+    return int(held.max(initial=0))
