@@ -250,7 +250,7 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
     states = [{"device": 0, "mem_free": 100, "limits": {"stack_size": 1024}, "pool": {}},
               {"device": 0, "mem_free": 200, "limits": {"stack_size": 1024},
                "pool": {"limit_bytes": 256 << 20}}]
-    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=states, device=0,
+    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=states, device=0, rerun={},
                                 info={"allowed_bytes": 256 << 20})
     out = tmp_path / "t.parquet"
     exit_info = {"status": "exception", "exception": "torch.OutOfMemoryError", "signal": None, "code": 1,
@@ -289,7 +289,7 @@ def _oom_site_after_write(tmp_path: Path, strip_frames: bool, site: str | None) 
         for entry in trace:
             if entry.get("action") == "oom" and strip_frames:
                 entry["frames"] = []
-    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=[], device=0, info={})
+    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=[], device=0, rerun={}, info={})
     exit_info = {"status": "exception", "exception": "torch.OutOfMemoryError", "signal": None, "code": 1,
                  "message": "CUDA out of memory", "oom_seq": None, "died_of_oom": True, "site": site}
     out = tmp_path / f"t{int(strip_frames)}{int(site is None)}.parquet"
