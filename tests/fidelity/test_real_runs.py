@@ -1,0 +1,87 @@
+"""advise's verdicts against the real program run under each setting on the H200.
+
+Fixtures: ``traces/torch-fidelity-runs.json`` (every setting advise rated on ResNet-50 at a 3 %
+cap and on GPT-2, run for real by ``scripts/torch_fidelity_check.py``) and ``traces/fidelity/*.json``
+(``scripts/gpu_real_advice.py``: ``advise --rerun`` on pytorch/examples programs and ResNet-50 at a
+second cap). advise is run again here on the committed traces; no GPU is needed.
+
+- No setting advise calls a fit failed for real.
+- Every figure of ``MODEL_ERRORS`` covers the largest measured excess of a real peak reserved over
+  the prediction for its allocator and workload, so the margin is the measured error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracekit.advise.run import advise
+from tracekit.advise.verdict import MODEL_ERRORS, Verdict, workload_of
+from tracekit.trace import read_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+RUNS = json.loads((TRACES / "torch-fidelity-runs.json").read_text())
+FIXTURES = sorted((TRACES / "fidelity").glob("*.json"))
+
+
+def _real_rows() -> list[tuple[str, str, bool, int, int]]:
+    """(trace, setting, real run got through, real peak reserved, capacity) of every real run."""
+    out = []
+    names = {k: v["trace"] for k, v in RUNS["programs"].items()}
+    for r in RUNS["runs"]:
+        out.append((names[r["program"]], r["setting"], bool(r["real_fits"]), int(r["real_peak_reserved"]),
+                    int(r["capacity"])))
+    for f in FIXTURES:
+        d = json.loads(f.read_text())
+        for r in d["advise"]["reruns"]:
+            if r["ran"] and r["real_peak_reserved_bytes"] is not None:
+                real = r["got_past_failing_request"] if r["got_past_failing_request"] is not None else r["finished"]
+                out.append((d["trace"], r["setting"], bool(real), int(r["real_peak_reserved_bytes"]),
+                            int(d["advise"]["limit_bytes"])))
+    return out
+
+
+ROWS = _real_rows()
+TRACE_NAMES = sorted({r[0] for r in ROWS})
+
+
+@pytest.fixture(scope="module")
+def advised() -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for name in TRACE_NAMES:
+        t = read_trace(TRACES / name)
+        res = advise(t, jobs=1)
+        out[name] = {"workload": workload_of(t)[0], "tried": {o.label(): o for o in res.tried}}
+    return out
+
+
+def test_there_are_real_runs_of_several_programs() -> None:
+    assert len(ROWS) >= 35 and len(TRACE_NAMES) >= 2
+
+
+def test_no_setting_called_a_fit_failed_for_real(advised: dict[str, dict[str, object]]) -> None:
+    wrong = []
+    for name, setting, real_ok, _, _ in ROWS:
+        tried = advised[name]["tried"]
+        assert isinstance(tried, dict)
+        o = tried.get(setting)
+        if o is not None and o.verdict == Verdict.FITS and not real_ok:
+            wrong.append((name, setting))
+    assert wrong == []
+
+
+def test_the_margins_cover_the_measured_error(advised: dict[str, dict[str, object]]) -> None:
+    worst: dict[object, float] = {}
+    for name, setting, _, real_peak, cap in ROWS:
+        tried = advised[name]["tried"]
+        assert isinstance(tried, dict)
+        o = tried.get(setting)
+        if o is None:
+            continue
+        key = advised[name]["workload"]
+        worst[key] = max(worst.get(key, 0.0), (real_peak - o.peak_reserved) / cap)
+    for key, excess in worst.items():
+        err = next(e for e in MODEL_ERRORS if e.allocator == "torch" and e.workload == key)
+        assert excess <= err.fraction, (key, excess)
