@@ -105,6 +105,9 @@ def main() -> int:
             rc, secs = run([py, "-m", "tracekit", "record", "--torch", *limit_args, "-o", str(trace), *argv],
                            cwd, witness, log, a.timeout)
             result["record"] = {"rc": rc, "seconds": secs, "witness": lines(witness)[-1:]}
+            snapshot = trace.with_suffix(".pickle")
+            if snapshot.exists():  # the trace holds every event; the raw snapshot stays behind
+                snapshot.rename(logs / snapshot.name)
         n0 = len(lines(witness))
         adv = subprocess.run([py, "-m", "tracekit", "advise", str(trace), "--json", "--rerun", str(a.rerun),
                               "--rerun-timeout", str(a.timeout), "--rerun-dir", str(logs / f"{case}-reruns")],
@@ -121,7 +124,8 @@ def main() -> int:
         for f in (logs / f"{case}-reruns").glob("*.pickle"):
             f.unlink()
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tf:
-        tf.add(logs, arcname="logs", filter=lambda ti: None if ti.name.endswith((".pt", ".png")) else ti)
+        tf.add(logs, arcname="logs",
+               filter=lambda ti: None if ti.name.endswith((".pt", ".png", ".pickle")) else ti)
     import shutil
 
     shutil.rmtree(logs)
