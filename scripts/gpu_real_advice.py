@@ -9,8 +9,8 @@ Cases:
   wikitext-2, which the repository carries);
 - ``resnet35``: ``scripts/torch_workload_resnet.py --fraction 0.035`` (torchvision's ResNet-50, AMP,
   ``cudnn.benchmark``, growing shapes: handled cuDNN OOMs, then a fatal one) at a second cap;
-- ``resnet30``: the committed ``traces/torch-resnet-fraction.parquet`` (the same program at 3 %),
-  re-run only.
+- ``resnet30``, ``handled``: the committed ``traces/torch-resnet-fraction.parquet`` and
+  ``traces/torch-handled-oom.parquet`` (the same program at 3 %), re-run only.
 
 A program nobody here wrote has no cap of its own: it runs once uncapped, and is recorded with
 ``tracekit record --torch --limit CAP``, CAP = its peak allocated + a quarter of the way to its
@@ -87,8 +87,9 @@ def main() -> int:
         witness = logs / f"{case}-witness.jsonl"
         log = logs / f"{case}.log"
         result: dict = {"case": case, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        if case == "resnet30":
-            trace = ROOT / "traces" / "torch-resnet-fraction.parquet"
+        if case in ("resnet30", "handled"):  # committed recordings: re-run only
+            name = "torch-resnet-fraction" if case == "resnet30" else "torch-handled-oom"
+            trace = ROOT / "traces" / f"{name}.parquet"
             cwd = ROOT
         else:
             cwd, argv = programs[case]
