@@ -37,7 +37,8 @@ def _real_rows() -> list[tuple[str, str, bool, int, int]]:
         d = json.loads(f.read_text())
         for r in d["advise"]["reruns"]:
             if r["ran"] and r["real_peak_reserved_bytes"] is not None:
-                real = r["got_past_failing_request"] if r["got_past_failing_request"] is not None else r["finished"]
+                past = r["got_past_failing_request"]
+                real = past if past is not None else r["finished"]
                 out.append((d["trace"], r["setting"], bool(real), int(r["real_peak_reserved_bytes"]),
                             int(d["advise"]["limit_bytes"])))
     return out
@@ -85,3 +86,15 @@ def test_the_margins_cover_the_measured_error(advised: dict[str, dict[str, objec
     for key, excess in worst.items():
         err = next(e for e in MODEL_ERRORS if e.allocator == "torch" and e.workload == key)
         assert excess <= err.fraction, (key, excess)
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_advise_here_says_what_it_said_on_the_device(fixture: Path,
+                                                     advised: dict[str, dict[str, object]]) -> None:
+    d = json.loads(fixture.read_text())
+    tried = advised[d["trace"]]["tried"]
+    assert isinstance(tried, dict)
+    for r in d["advise"]["tried"]:
+        o = tried[r["setting"]]
+        here = (o.verdict.value if o.verdict else None, o.peak_reserved)
+        assert here == (r["verdict"], r["peak_reserved_bytes"]), r["setting"]
