@@ -74,3 +74,29 @@ def test_rerun_dir_that_exists_is_refused(tmp_path: Path) -> None:
     (tmp_path / "mine").mkdir()
     res = _tk(tmp_path, "advise", "t.parquet", "--rerun", "1", "--rerun-dir", "mine")
     assert res.returncode == 2 and "already exists" in res.stderr and "Traceback" not in res.stderr
+
+
+SIZED = """
+    import sys
+    import cupy
+    keep = [cupy.empty(1 << 20) for _ in range(int(sys.argv[1]))]
+"""
+
+
+def test_past_the_failing_request_is_named_by_stack_size_and_ordinal(tmp_path: Path) -> None:
+    from tracekit.advise.rerun import FailingRequest, past
+
+    (tmp_path / "app.py").write_text(textwrap.dedent(SIZED))
+
+    def recorded(name: str, n: int, limit: str) -> object:
+        _tk(tmp_path, "record", "--limit", limit, "-o", name, "app.py", str(n))
+        return read_trace(tmp_path / name)
+
+    failing = FailingRequest.of(recorded("a.parquet", 5, "4MiB"))  # the 5th 1 MiB request fails
+    assert failing is not None and failing.ordinal == 5 and failing.size == 1 << 20
+    assert any(f.startswith("app.py:4:") for f in failing.frames)
+    assert past(failing, recorded("same.parquet", 5, "4MiB")) is False
+    assert past(failing, recorded("later.parquet", 7, "6MiB")) is True  # its 5th was served; the 7th failed
+    assert past(failing, recorded("sooner.parquet", 3, "2MiB")) is False  # died before making it
+    assert past(failing, recorded("fits.parquet", 5, "8MiB")) is True
+    assert past(None, read_trace(tmp_path / "fits.parquet")) is None  # nothing failed: nothing to get past

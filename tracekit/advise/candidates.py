@@ -157,8 +157,9 @@ class Candidate:
         cap = str(capacity) if capacity else "SIZE"
         if self.cures:
             return "; ".join(c.action for c in self.cures)
-        if self.kind == Kind.TORCH_CONF:
-            return f"PYTORCH_CUDA_ALLOC_CONF={conf_text(self.opts)}"
+        if self.kind == Kind.TORCH_CONF:  # PyTorch's defaults: the variable unset, not set empty
+            conf = conf_text(self.opts)
+            return f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "env -u PYTORCH_CUDA_ALLOC_CONF"
         if self.kind == Kind.CUPY_LIMIT:
             return f"cupy.get_default_memory_pool().set_limit(size={cap})"
         if self.kind == Kind.CUPY_POOL:

@@ -13,10 +13,16 @@ setting applied the way a user would apply it:
 
 Each run gets a fresh folder's file (``DIR/rerun-K.parquet``; ``DIR`` defaults to a new folder
 beside the trace, never an existing one), its output in ``rerun-K.log``, and at most
-``timeout`` seconds (then SIGTERM, which still writes its trace, and SIGKILL 30 s later). The
-real outcome: whether it got past the recorded failing request (more ``malloc`` rows before its
-own fatal OOM, or none, than the recording had before its fatal OOM), whether it finished (exit
-0), and its peak reserved (the trace's device allocations), beside the prediction.
+``timeout`` seconds (then SIGTERM, which still writes its trace, and SIGKILL 30 s later).
+
+The real outcome, beside the prediction: whether it finished (exit 0), its peak reserved (the
+trace's device allocations), and whether it **got past the recorded failing request**. That request
+is named by its whole stack, its size and how many requests of that stack and size came before it
+(a program that reacts to memory makes a different number of other requests: cuDNN's workspace
+attempts): the rerun got past it when it died of no OOM, or when its request of that ordinal was
+served or survived; not when that request failed fatally. A rerun that never made that request (a
+trace without stacks, a workspace of another size) got past it when it made more ``malloc``
+requests before its fatal OOM than the recording made before its own.
 """
 
 from __future__ import annotations
@@ -171,13 +177,13 @@ def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: 
     if not chosen:
         return tuple(out)
     where = new_folder(trace, folder)
-    need = _requests_before_fatal(trace)
+    need = FailingRequest.of(trace)
     for k, o in enumerate(chosen, 1):
         out.append(_run_one(cmd, o, where / f"rerun-{k}.parquet", need, timeout, limit))
     return tuple(out)
 
 
-def _run_one(cmd: Command, o: Outcome, path: Path, need: int | None, timeout: float,
+def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, timeout: float,
              limit: int | None) -> Rerun:
     env = dict(os.environ)
     args = [sys.executable, "-m", "tracekit", "record", "-o", str(path)]
@@ -215,8 +221,7 @@ def _run_one(cmd: Command, o: Outcome, path: Path, need: int | None, timeout: fl
         t = read_trace(path)
     except Exception as e:  # a rerun's trace that cannot be read is said, not raised
         return _with(base, note=f"the rerun's trace could not be read: {e}")
-    mallocs = _requests_before_fatal(t)
-    got_past = None if need is None else (mallocs is None or mallocs > need)
+    got_past = past(need, t)
     return _with(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
                  real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)))
 
@@ -239,15 +244,68 @@ def _stop(p: subprocess.Popen[bytes]) -> int:
         return p.wait()
 
 
-def _requests_before_fatal(t: Trace) -> int | None:
-    """``malloc`` rows before the fatal OOM, None when the program did not die of one."""
+@dataclass(frozen=True)
+class FailingRequest:
+    """The request a recording died of: its stack (frame labels, innermost first), size (bytes), its
+    ordinal among the requests of that stack and size (1-based), and the ``malloc`` rows before it."""
+
+    frames: tuple[str, ...]
+    size: int
+    ordinal: int
+    mallocs_before: int
+
+    @classmethod
+    def of(cls, t: Trace) -> FailingRequest | None:
+        row = _fatal_row(t)
+        if row is None:
+            return None
+        ev = t.events
+        frames = _frames(t, int(ev.stack[row]))
+        same = _same_requests(t, frames, int(ev.size[row]))
+        return cls(frames, int(ev.size[row]), int(np.count_nonzero(same <= row)),
+                   int(np.count_nonzero(ev.op[:row] == Op.MALLOC)))
+
+
+def past(failing: FailingRequest | None, t: Trace) -> bool | None:
+    """Did the run recorded in ``t`` get past ``failing`` (None: the recording did not fail)?"""
+    if failing is None:
+        return None
+    fatal = _fatal_row(t)
+    if fatal is None:
+        return True
+    same = _same_requests(t, failing.frames, failing.size)
+    if len(same) >= failing.ordinal:
+        return int(same[failing.ordinal - 1]) != fatal  # served, or survived
+    # The rerun never made that request (no stacks, or a workspace of another size): count requests.
+    return int(np.count_nonzero(t.events.op[:fatal] == Op.MALLOC)) > failing.mallocs_before
+
+
+def _fatal_row(t: Trace) -> int | None:
     ev = t.events
     fatal = fatal_seq(ev, t.meta.extra)
     if fatal is None:
         return None
     at = np.flatnonzero(ev.seq == np.uint64(fatal))
-    end = int(at[0]) if len(at) else len(ev)
-    return int(np.count_nonzero(ev.op[:end] == Op.MALLOC))
+    return int(at[0]) if len(at) else None
+
+
+def _frames(t: Trace, stack: int) -> tuple[str, ...]:
+    if stack < 0:
+        return ()
+    from tracekit.trace.callsite import CallSites, stack_table
+
+    return tuple(f.label() for f in CallSites.of(stack_table(t.events)).frames(stack))
+
+
+def _same_requests(t: Trace, frames: tuple[str, ...], size: int) -> np.ndarray:
+    """Rows of the requests (``malloc``, ``oom``) of ``size`` bytes whose stack has ``frames``."""
+    ev = t.events
+    rows = np.flatnonzero(((ev.op == Op.MALLOC) | (ev.op == Op.OOM)) & (ev.size == np.uint64(size)))
+    if not len(rows) or not frames:
+        return rows[:0]
+    stacks = np.unique(ev.stack[rows])
+    mine = [s for s in stacks.tolist() if _frames(t, int(s)) == frames]
+    return rows[np.isin(ev.stack[rows], np.asarray(mine, ev.stack.dtype))]
 
 
 def _peak_reserved(t: Trace) -> int:
