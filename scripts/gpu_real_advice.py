@@ -9,8 +9,9 @@ Cases:
   wikitext-2, which the repository carries);
 - ``resnet35``: ``scripts/torch_workload_resnet.py --fraction 0.035`` (torchvision's ResNet-50, AMP,
   ``cudnn.benchmark``, growing shapes: handled cuDNN OOMs, then a fatal one) at a second cap;
-- ``resnet30``, ``handled``: the committed ``traces/torch-resnet-fraction.parquet`` and
-  ``traces/torch-handled-oom.parquet`` (the same program at 3 %), re-run only.
+- ``resnet30``, ``handled``, ``resnet35r``: the committed ``traces/torch-resnet-fraction.parquet``,
+  ``traces/torch-handled-oom.parquet`` (the same program at 3 %) and ``traces/torch-resnet35.parquet``,
+  re-run only.
 
 A program nobody here wrote has no cap of its own: it runs once uncapped, and is recorded with
 ``tracekit record --torch --limit CAP``, CAP = its peak allocated + a quarter of the way to its
@@ -34,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WITNESS_DIR = ROOT / "scripts" / "witness"
+COMMITTED = {"resnet30": "torch-resnet-fraction", "handled": "torch-handled-oom", "resnet35r": "torch-resnet35"}
 
 
 def env(witness: Path) -> dict[str, str]:
@@ -69,6 +71,7 @@ def main() -> int:
     ap.add_argument("--examples", type=Path, default=ROOT / ".gpu_work" / "examples")
     ap.add_argument("--rerun", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--keep-reruns", action="store_true", help="OUT/CASE-reruns.tar.gz: the reruns' traces")
     a = ap.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -87,9 +90,8 @@ def main() -> int:
         witness = logs / f"{case}-witness.jsonl"
         log = logs / f"{case}.log"
         result: dict = {"case": case, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        if case in ("resnet30", "handled"):  # committed recordings: re-run only
-            name = "torch-resnet-fraction" if case == "resnet30" else "torch-handled-oom"
-            trace = ROOT / "traces" / f"{name}.parquet"
+        if case in COMMITTED:  # committed recordings: re-run only
+            trace = ROOT / "traces" / f"{COMMITTED[case]}.parquet"
             cwd = ROOT
         else:
             cwd, argv = programs[case]
@@ -120,6 +122,10 @@ def main() -> int:
         result["seconds"] = round(time.time() - t0, 1)
         (out / f"{case}.json").write_text(json.dumps(result, indent=1))
         print(case, "done in", result["seconds"], "s; advise rc", adv.returncode, flush=True)
+        if a.keep_reruns:
+            with tarfile.open(out / f"{case}-reruns.tar.gz", "w:gz") as tf:
+                for f in sorted((logs / f"{case}-reruns").glob("*.parquet")):
+                    tf.add(f, arcname=f.name)
         for f in (logs / f"{case}-reruns").glob("*.parquet"):
             f.unlink()  # the reruns' traces stay on the device: their figures are in CASE.json
         for f in (logs / f"{case}-reruns").glob("*.pickle"):
