@@ -35,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WITNESS_DIR = ROOT / "scripts" / "witness"
-COMMITTED = {"resnet30": "torch-resnet-fraction", "handled": "torch-handled-oom", "resnet35r": "torch-resnet35"}
+COMMITTED = {"resnet30": "torch-resnet-fraction", "handled": "torch-handled-oom",
+             "resnet35r": "torch-resnet35"}
 
 
 def env(witness: Path) -> dict[str, str]:
