@@ -153,8 +153,8 @@ def new_folder(trace: Trace, given: Path | None) -> Path:
             raise UsageError(f"--rerun-dir {given}: already exists; name a new folder "
                              "(nothing is overwritten)")
         given.mkdir(parents=True)
-        return given
-    base = Path(trace.path) if trace.path else Path("trace.parquet")
+        return Path(os.path.abspath(given))
+    base = Path(os.path.abspath(trace.path if trace.path else "trace.parquet"))  # said whole in the output
     stem = base.name.removesuffix(".parquet")
     for k in range(1000):
         d = base.with_name(f"{stem}.rerun" + (f"-{k}" if k else ""))
