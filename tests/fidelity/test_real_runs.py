@@ -98,3 +98,17 @@ def test_advise_here_says_what_it_said_on_the_device(fixture: Path,
         o = tried[r["setting"]]
         here = (o.verdict.value if o.verdict else None, o.peak_reserved)
         assert here == (r["verdict"], r["peak_reserved_bytes"]), r["setting"]
+
+
+def test_past_the_failing_request_on_real_reruns() -> None:
+    # The three reruns of the 3.5 % ResNet-50 recording on the H200 (traces/fidelity/resnet35r-reruns):
+    # each died of an OOM; whether it got past the recorded failing request is what the device said.
+    from tracekit.advise.rerun import FailingRequest, past
+
+    d = json.loads((TRACES / "fidelity" / "resnet35r.json").read_text())
+    failing = FailingRequest.of(read_trace(TRACES / "torch-resnet35.parquet"))
+    runs = [r for r in d["advise"]["reruns"] if r["ran"]]
+    assert len(runs) == 3
+    for k, r in enumerate(runs, 1):
+        t = read_trace(TRACES / "fidelity" / "resnet35r-reruns" / f"rerun-{k}.parquet")
+        assert past(failing, t) == r["got_past_failing_request"]
