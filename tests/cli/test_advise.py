@@ -167,3 +167,18 @@ def test_cli_exit_codes(tmp_path):
     assert missing.returncode == 1 and "no such file" in missing.stderr and "Traceback" not in missing.stderr
     bad = run(str(TRACES / "cupy-oom-frag.parquet"), "--limit", "lots")
     assert bad.returncode == 2 and "--limit" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_failure_the_trace_does_not_explain_gets_no_fit():
+    # A CuPy run that died of an OOM with nothing allocated, under a 6 MiB limit: its own setting,
+    # replayed exactly as recorded, serves every request, so the memory went elsewhere.
+    rows = [(OO, 1, 0, WORK), (OO, 1, 0, WORK), (OO, 2, 0, WORK)]
+    r = advise(mk(rows, limit=6 * MIB), jobs=1)
+    assert r.fits == ()
+    assert r.margin is not None and not r.margin.explains
+    rec = r.recommendation()
+    assert rec.startswith("No setting is recommended") and "does not explain the failure" in rec
+    assert "tracekit budget" in rec
+    assert all(o.verdict != Verdict.FITS for o in r.tried)
+    d = r.to_dict()
+    assert d["fits"] == [] and all(not t["fits"] for t in d["tried"])

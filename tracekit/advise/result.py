@@ -193,6 +193,8 @@ class AdviseResult:
                     f"rerun with: {self.line(o.candidate, o.capacity)}")
         if self.room is not None:
             return self._room_sentence(self.room)
+        if self.margin is not None and not self.margin.explains:
+            return f"No setting is recommended: {self.margin.why}."
         text = f"Nothing tried fits under {format_size(self.limit)}"
         if self.borderline:
             b = self.borderline[0]

@@ -192,6 +192,11 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
                 tried.append(raised)
     finally:
         runner.close()
+    if room is None and limit is None and len(ooms):
+        unexplained = _unexplained(trace, kind, tried, cap)
+        if unexplained is not None:
+            margin = dataclasses.replace(margin, explains=False, why=unexplained)
+            tried = [o.judged(margin) for o in tried]
     fits = _ranked_fits(tried, room_advice)
     borderline = tuple(sorted((o for o in tried if o.verdict == Verdict.BORDERLINE and not o.candidate.cures),
                               key=lambda o: (-(o.headroom or 0), rank_key(o))))
@@ -206,6 +211,54 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         command=trace.meta.command if kind == Allocator.TORCH else None,
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )
+
+
+def recorded_setting(trace: Trace, kind: str) -> Candidate | None:
+    """The candidate the run was recorded under: PyTorch's recorded ``PYTORCH_CUDA_ALLOC_CONF`` (its
+    defaults when none), CuPy's pool; None for raw traces."""
+    from tracekit.advise.candidates import torch as torch_setting
+    from tracekit.advise.counterfactual import SETTINGS_KEY
+    from tracekit.sim.options import parse_alloc_conf
+
+    if kind == Allocator.TORCH:
+        recorded = trace.meta.extra.get(SETTINGS_KEY) or {}
+        text = recorded.get("PYTORCH_CUDA_ALLOC_CONF") if isinstance(recorded, dict) else None
+        try:
+            opts = parse_alloc_conf(text) if isinstance(text, str) and text.strip() else {}
+        except UsageError:
+            return None
+        return torch_setting(opts)
+    return cupy_pool() if kind == Allocator.CUPY else None
+
+
+def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int) -> str | None:
+    """Why no headroom of this trace is evidence, or None. The recorded setting's prediction at the
+    recorded limit gets through the failing request or serves OOMs the program met: when the
+    recording replayed exactly as recorded does so too, the trace does not explain the failure;
+    else the prediction departs from the recording for its own setting."""
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.engine import replay
+    from tracekit.trace.outcome import fatal_seq, handled_rows
+
+    base = recorded_setting(trace, kind)
+    rec = next((o for o in tried if base is not None and o.candidate == base and not o.candidate.cures), None)
+    died = fatal_seq(trace.events, trace.meta.extra) is not None
+    if rec is None or rec.error is not None or not ((died and rec.fits) or rec.handled_served):
+        return None
+    assert rec.candidate.policy is not None
+    what = ("gets through the request that failed" if died and rec.fits
+            else f"serves {rec.handled_served} of the OOMs the program met")
+    exact = replay(trace, rec.candidate.policy, SimConfig(capacity=cap)).summary
+    handled = int(handled_rows(trace.events, trace.meta.extra).sum())
+    if (died and exact.oom is None) or exact.handled_ooms < handled:
+        return (f"the setting the run was recorded under ({rec.label()}), replayed exactly as recorded at "
+                f"the recorded limit, {what}: the trace does not explain the failure, so no setting is "
+                "called a fit. The memory went to something the trace does not hold (another process, "
+                "the CUDA context, another allocator): run tracekit budget on that GPU, see the device "
+                "measured at the OOM (tracekit analyze), or record the other allocator")
+    return (f"the prediction for the setting the run was recorded under ({rec.label()}) {what}, where the "
+            "recording replayed exactly as recorded fails as the run did: the model departs from this run "
+            "under its own setting, so no setting is called a fit (advise --rerun tries them for real)")
 
 
 def _ranked_fits(tried: Sequence[Outcome], room: RoomAdvice | None) -> tuple[Outcome, ...]:

@@ -13,7 +13,9 @@ per allocator and ``Workload``. A setting's ``Verdict``:
 
 - ``FITS``: the replay gets through and its headroom (limit − peak reserved) exceeds the margin;
 - ``BORDERLINE``: it gets through, but with a headroom of at most the margin (0 included): a
-  real run may not; ``advise --rerun`` settles it;
+  real run may not; ``advise --rerun`` settles it. Also every setting that gets through when the
+  recorded setting itself replays through the recorded failure (``Margin.explains`` False): the trace
+  then does not explain that failure, and no headroom in it is evidence;
 - ``NO``: the replay fails, or its peak reserved is above the limit;
 - ``ERROR``: the setting could not be replayed.
 """
@@ -87,6 +89,7 @@ class Margin:
     fraction: float
     floor: int
     why: str
+    explains: bool = True  # False: the recorded setting's replay gets through where the run failed
 
     def bytes_at(self, capacity: int) -> int:
         return max(self.floor, int(self.fraction * capacity))
@@ -133,6 +136,8 @@ def decide(fits: bool, error: str | None, headroom: int | None, capacity: int | 
         return Verdict.FITS
     if headroom < 0:
         return Verdict.NO
+    if not margin.explains:  # the model does not reproduce the recorded failure: no headroom is evidence
+        return Verdict.BORDERLINE
     return Verdict.FITS if headroom > margin.bytes_at(capacity) else Verdict.BORDERLINE
 
 
