@@ -43,7 +43,7 @@ from operator import attrgetter
 from types import CodeType, FrameType
 
 from tracekit.record.sites import SiteTable, relative_path
-from tracekit.trace.stacks import FrameKind, StackInterner
+from tracekit.trace.stacks import FrameKind, StackInterner, cut_text
 
 DEFAULT_DEPTH = 64  # frames per stack unless --stack-depth says otherwise
 SITE_SHIFT = 32  # where a row's code keeps site + 1 (tracekit.record.hook)
@@ -203,7 +203,7 @@ class LiveStacks:
                 self._named[id(code)] = None
             else:
                 name = getattr(code, "co_qualname", code.co_name)
-                self._named[id(code)] = (relative_path(path, self.sites.roots), name,
+                self._named[id(code)] = (cut_text(relative_path(path, self.sites.roots)), cut_text(name),
                                          int(kind_of(path, self._kinds)))
         return self._named[id(code)]
 

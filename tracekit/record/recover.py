@@ -61,7 +61,7 @@ from tracekit.record.spool_format import (
 )
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, Op, TraceMeta
-from tracekit.trace.stacks import MAX_FRAME_TEXT_BYTES, MAX_LINE, FrameKind, StackTable
+from tracekit.trace.stacks import CUT_MARK, MAX_FRAME_TEXT_BYTES, MAX_LINE, FrameKind, StackTable
 from tracekit.trace.writer import TraceWriter
 
 ROW_GROUP = 1 << 20
@@ -341,6 +341,10 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2)
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
+    cut = (sum(CUT_MARK in x for x in scan.sites)
+           + sum(CUT_MARK in f[0] or CUT_MARK in f[2] for f in scan.frames))
+    if cut:  # names the recorder shortened to the reader's bound (trace.stacks.cut_text)
+        meta = meta.with_extra(names_cut=cut)
     sites, fill = _exception_site(tuple(scan.sites), v2.get("exit"))
     stacks = stack_table(scan)  # one table object for every batch: the writer remaps nothing
     seq, t_floor = 0, NO_TIME

@@ -24,6 +24,9 @@ import os
 import threading
 from types import CodeType, FrameType
 
+from tracekit.trace.stacks import MAX_FRAME_TEXT_BYTES as MAX_SITE_TEXT  # the reader's bound on a site
+from tracekit.trace.stacks import cut_text
+
 
 class SiteTable:
     """Maps frames to site ids; ``names`` holds the ``path:line:function`` string of each id."""
@@ -67,7 +70,8 @@ class SiteTable:
         """Slow path: name the frame's line and give it an id (shared by equal names)."""
         code = frame.f_code
         path = relative_path(code.co_filename, self.roots)
-        name = f"{path}:{frame.f_lineno}:{getattr(code, 'co_qualname', code.co_name)}"
+        function = getattr(code, "co_qualname", code.co_name)
+        name = cut_text(f"{path}:{frame.f_lineno}:{function}", MAX_SITE_TEXT)
         with self._lock:  # two threads may miss on the same line at once
             site = self._by_name.get(name)
             if site is None:
@@ -150,6 +154,6 @@ def exception_site(exc: BaseException | None, skip_dirs: tuple[str, ...],
         name = code.co_filename
         if not name.startswith("<frozen") and not (prefixes and os.path.abspath(name).startswith(prefixes)):
             function = getattr(code, "co_qualname", code.co_name)
-            found = f"{relative_path(name, roots)}:{tb.tb_lineno}:{function}"
+            found = cut_text(f"{relative_path(name, roots)}:{tb.tb_lineno}:{function}", MAX_SITE_TEXT)
         tb = tb.tb_next
     return found

@@ -316,6 +316,20 @@ def trim_outer(table: StackTable, drop: np.ndarray) -> tuple[StackTable, np.ndar
 # (tracekit.inputs) and lives in the file's footer, so its size is bounded by the file's; these bound
 # what it may unfold into (a frame's strings as a call-site's, all of them as all call-sites').
 MAX_FRAME_TEXT_BYTES = 16 << 10
+CUT_MARK = "…[cut "  # a name the recorder shortened to the bound ends "…[cut N bytes]"
+
+
+def cut_text(text: str, limit: int = MAX_FRAME_TEXT_BYTES) -> str:
+    """``text`` if its UTF-8 (surrogates passed) is at most ``limit`` bytes, else its head with
+    ``…[cut N bytes]`` appended, N the bytes left out, all within ``limit`` bytes: what the recorder
+    writes of a file or function name (generated code can have a 100 kB one) so every reader takes it."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return text
+    keep = limit - 40  # room for the mark
+    head = raw[:keep].decode("utf-8", "ignore")  # a character cut in two is dropped whole
+    gone = len(raw) - len(head.encode("utf-8", "surrogatepass"))
+    return f"{head}{CUT_MARK}{gone} bytes]"
 MAX_TABLE_TEXT_BYTES = 32 << 20
 MAX_ENTRIES = 1 << 22  # frames, and stacks, each: 4 million
 
