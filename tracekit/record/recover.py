@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from tracekit import progress
 from tracekit.errors import InputError
-from tracekit.inputs import check_regular, load_json
+from tracekit.inputs import check_regular, load_json, safe_text, stat_or_none
 from tracekit.outputs import check_output
 from tracekit.record.finish import (
     EXTRA_FIELDS,
@@ -392,8 +392,8 @@ def default_output(spool: Path) -> Path:
 def recover(path: Path, output: Path | None = None, *, force: bool = False) -> Path:
     """Make a trace from the spool of an unfinished recording (``path`` or ``path``.spool)."""
     spool = path if path.name.endswith(".spool") else path.with_name(path.name + ".spool")
-    if not spool.exists():
-        raise InputError(f"{path}: no spool beside it ({spool}); nothing to recover")
+    if stat_or_none(spool, "spool") is None:
+        raise InputError(f"{safe_text(path)}: no spool beside it ({safe_text(spool)}); nothing to recover")
     out = output or default_output(spool)
     check_output(out, (path, spool), force=force)
     return finalize(spool, out, {"complete": False, "recovered_from": str(spool)})

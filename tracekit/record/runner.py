@@ -23,6 +23,7 @@ import io
 import itertools
 import os
 import runpy
+import stat
 import sys
 import threading
 import types
@@ -91,10 +92,14 @@ def check_target(target: list[str], module: bool) -> None:
             sys.path.pop(0)
         if spec is None:
             raise InputError(f"{name}: no module of that name (as python -m would look for it)")
-    elif not Path(name).exists():
-        raise InputError(f"{name}: no such script")
-    elif Path(name).is_dir() and not (Path(name) / "__main__.py").exists():
-        raise InputError(f"{name}: is a folder without __main__.py")
+    else:
+        from tracekit.inputs import safe_text, stat_or_none
+
+        st = stat_or_none(name, "script")
+        if st is None:
+            raise InputError(f"{safe_text(name)}: no such script")
+        if stat.S_ISDIR(st.st_mode) and stat_or_none(os.path.join(name, "__main__.py"), "script") is None:
+            raise InputError(f"{safe_text(name)}: is a folder without __main__.py")
 
 
 def run_target(target: list[str], module: bool) -> Outcome:

@@ -34,6 +34,7 @@ events written before are kept, and later rows are dropped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -100,7 +101,8 @@ class SpoolWriter:
                               ) from None
         except OSError as e:
             self._file.close()
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only folder: nothing was made to remove
+                path.unlink(missing_ok=True)
             raise OutputError(f"{path}: cannot write the recording spool ({e.strerror})") from None
         self.buffer, self.sites, self.stacks = buffer, sites, stacks
         self.interval, self.max_events = interval, max(2, max_events)
