@@ -23,6 +23,7 @@ from tracekit.report.page.budget import budget_view
 from tracekit.report.page.callsites import PALETTE, page_stacks, stacks_of
 from tracekit.report.page.columns import column
 from tracekit.report.page.model import (
+    Answer,
     Baseline,
     OOMColumns,
     OOMDetail,
@@ -160,6 +161,33 @@ def _verdict(s: Summary) -> Verdict:
     )
 
 
+def answer_of(advise: dict[str, Any] | str | None) -> Answer | None:
+    """The page's answer block from ``advise --json`` output (None without advise): the recommended
+    setting when one fits, else the best borderline one, else none (the sentence says why)."""
+    if not isinstance(advise, dict):
+        return None
+    best = (advise["fits"] or advise.get("borderline") or [None])[0]
+    margin = advise.get("margin") or {}
+    reruns = advise.get("reruns") or []
+    ran = next((r for r in reruns if best is not None and r["setting"] == best["setting"] and r["ran"]), None)
+    verified = None
+    if best is not None:
+        verified = "replay" if best["verified_by_replay"] else "model"
+        if ran is not None:
+            verified += ", real run: " + ("finished" if ran["finished"] else "failed")
+    return Answer(
+        recommendation=advise["recommendation"],
+        setting=best["setting"] if best else None,
+        line=best.get("line") if best else None,
+        verdict=best["verdict"] if best else "none",
+        headroom_bytes=best["headroom_bytes"] if best else None,
+        margin_bytes=best.get("margin_bytes") if best else margin.get("bytes_at_limit"),
+        margin_why=margin.get("why"),
+        verified=verified,
+        scope=advise["scope"],
+    )
+
+
 def _site_table(title: str, rows: tuple[SiteBytes, ...], note: str | None) -> TableView:
     return TableView(
         title=title,
@@ -225,6 +253,7 @@ def build_model(
             raw_device=s.raw_device,
         ),
         verdict=_verdict(s),
+        answer=answer_of(advise),
         facts=facts(s),
         timeline=lod.timeline(rows, s.raw_device, ctx.limit),
         ooms=ooms,

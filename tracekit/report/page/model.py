@@ -257,11 +257,28 @@ class Verdict(TypedDict):
     text: str  # one-line verdict
 
 
+class Answer(TypedDict):
+    """What to change, at the top of the page: advise's recommendation (``AdviseDict``), the line to
+    paste, the verdict of the recommended setting (fits / borderline / none) with its headroom and
+    the margin it had to exceed, and what verified it."""
+
+    recommendation: str
+    setting: str | None
+    line: str | None
+    verdict: str  # "fits", "borderline" or "none"
+    headroom_bytes: int | None
+    margin_bytes: int | None
+    margin_why: str | None
+    verified: str | None  # "replay", "model" (the device-allocator model); reruns add "real run"
+    scope: str
+
+
 class PageModel(TypedDict):
     version: int
     title: str
     trace: TraceInfo
     verdict: Verdict
+    answer: Answer | None
     facts: list[list[str]]  # summary metric, value
     timeline: Timeline
     ooms: OOMColumns

@@ -788,12 +788,41 @@
     sec.append(table({ title: "Both summaries", columns: ["metric", M.trace.name, B.name], kinds: ["text", "text", "text"], rows: B.summary, note: null, link: null }));
   }
 
+  /* ---------- the answer: what to change, above everything else ---------- */
+  function answer() {
+    const A = M.answer;
+    if (!A) return;
+    $("answer").hidden = false;
+    $("answer-text").textContent = A.recommendation;
+    const box = $("answer-line").parentElement;
+    if (A.line) {
+      $("answer-line").textContent = A.line;
+      $("copy-line").addEventListener("click", async () => {
+        let ok = false;
+        try { await navigator.clipboard.writeText(A.line); ok = true; } catch (e) { ok = false; }
+        if (!ok) {  // file:// pages may not reach the clipboard API: select the line for Ctrl+C
+          const r = document.createRange(); r.selectNodeContents($("answer-line"));
+          const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
+        }
+        $("copied").textContent = ok ? "copied" : "selected: press Ctrl+C";
+      });
+    } else box.hidden = true;
+    const parts = [];
+    if (A.setting) parts.push(A.setting + ": " + (A.verdict === "fits" ? "fits" : A.verdict));
+    if (A.headroom_bytes !== null && A.headroom_bytes !== undefined) parts.push("headroom " + fmtBytes(A.headroom_bytes));
+    if (A.margin_bytes !== null && A.margin_bytes !== undefined) parts.push("margin " + fmtBytes(A.margin_bytes));
+    if (A.verified) parts.push("verified by " + A.verified);
+    parts.push(A.scope);
+    $("answer-margin").textContent = parts.join("; ") + (A.margin_why ? ". Margin: " + A.margin_why + "." : ".");
+  }
+
   /* ---------- start ---------- */
   async function main() {
     const t0 = performance.now();
     $("title").textContent = M.title;
     $("verdict").textContent = M.verdict.text;
     $("explanation").textContent = M.verdict.explanation || "";
+    answer();
     const phases = {}, mark = (name) => { phases[name] = Math.round(performance.now()); };
     mark("parsed");
     await decodeAll();
