@@ -635,3 +635,21 @@ def test_bad_whatif_json_is_refused_before_any_figure(
     monkeypatch.undo()
     r = CliRunner().invoke(app, ["report", str(p), "-o", str(out), "--whatif-json", str(wi)])
     assert r.exit_code == 1 and cause in r.stderr and "Traceback" not in r.output and not out.exists()
+
+
+def test_report_advise_limit_and_the_note_when_advise_cannot_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from tracekit.cli.app import app
+
+    raw = tmp_path / "raw.parquet"
+    made = CliRunner().invoke(app, ["synth", "--pattern", "random", "--events", "2000", "-o", str(raw)])
+    assert made.exit_code == 0
+    r = CliRunner().invoke(app, ["report", str(raw), "-o", str(tmp_path / "a.html"), "--advise"])
+    assert r.exit_code == 0 and "advise did not run" in r.output and "--limit SIZE" in r.output
+    r = CliRunner().invoke(app, ["report", str(raw), "-o", str(tmp_path / "b.html"), "--advise",
+                                 "--limit", "64MiB"])
+    assert r.exit_code == 0 and "advise did not run" not in r.output
+    assert "What to change" in (tmp_path / "b.html").read_text()
+    r = CliRunner().invoke(app, ["report", str(raw), "-o", str(tmp_path / "c.html"), "--limit", "64MiB"])
+    assert r.exit_code == 2 and "--advise" in r.output

@@ -30,6 +30,8 @@ def report(
     advise: bool = typer.Option(
         False, "--advise", help="Also add `tracekit advise`: the settings that fit (slower)."
     ),
+    limit: str | None = typer.Option(
+        None, "--limit", help="With --advise: the limit to fit under (default: the recorded pool limit)."),
     user_code: list[str] = typer.Option(
         [], "--user-code", metavar="PATH",
         help="Frames under PATH are your code (repeatable; default: frames outside installed "
@@ -39,11 +41,15 @@ def report(
     """One HTML page the browser draws: timeline, allocator state and flame graph at any event, budget,
     tables."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
-    from tracekit.cli.common import terminal_progress, wrote
+    from tracekit.cli.common import say, terminal_progress, wrote
     from tracekit.errors import UsageError
     from tracekit.inputs import check_regular
     from tracekit.report.page import write_page
+    from tracekit.units import parse_size
 
+    if limit is not None and not advise:
+        raise UsageError("--limit is advise's limit: give it with --advise")
+    cap = parse_size(limit, "--limit") if limit is not None else None
     if whatif and whatif_json is not None:
         raise UsageError("--whatif and --whatif-json are exclusive: give one")
     out = output if output is not None else trace.with_suffix(".html")
@@ -52,7 +58,8 @@ def report(
     what = whatif_json if whatif_json is not None else (True if whatif else None)
     with terminal_progress("report"):
         path = write_page(trace, out, png_dir=png, baseline=baseline, whatif=what, force=force,
-                          advise=advise, user_code=user_code)
+                          advise=advise, user_code=user_code, limit=cap,
+                          on_note=lambda text: say(f"tracekit: note: {text}", err=True))
     wrote(path)
     if png is not None:
         wrote(png)

@@ -9,7 +9,7 @@ file with the model as JSON and the page's scripts inlined (``tracekit.report.pa
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ def write_page(
     force: bool = False,
     advise: bool = False,
     user_code: Sequence[str] = (),
+    limit: int | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the page for ``trace_path`` to ``output``; ``whatif``: True (run it), a result, or its JSON path.
 
@@ -39,6 +41,8 @@ def write_page(
     ``force``; an input never is an output. A bad baseline or what-if file fails before the
     trace is analysed. ``user_code``: the paths whose frames are the user's code (``--user-code``;
     none: the frames the recorder saw outside installed packages and Python's own library).
+    ``limit``: the limit advise fits under (bytes; default the recorded one); ``on_note`` is told, in
+    one sentence, why advise could not run when it could not (the page says it too).
     """
     from tracekit.analysis import analyze_trace
     from tracekit.report.page.data import build_model
@@ -77,7 +81,7 @@ def write_page(
             safe_text(trace_path.name),  # a name that is not UTF-8 holds surrogates no page can encode
             baseline=base,
             whatif=wd,
-            advise=_advise(trace) if advise else None,
+            advise=_advise(trace, limit, on_note) if advise else None,
             user_code=users,
         )
         doc = page(model)
@@ -105,14 +109,17 @@ def _whatif_dict(whatif: Any) -> dict[str, Any]:
     return load_whatif(whatif)
 
 
-def _advise(trace: Any) -> dict[str, Any] | str:
-    """``tracekit advise`` on the trace as a dict, or the one-sentence reason it could not run."""
+def _advise(trace: Any, limit: int | None, on_note: Callable[[str], None] | None) -> dict[str, Any] | str:
+    """``tracekit advise`` on the trace as a dict, or the one-sentence reason it could not run (also
+    told to ``on_note``)."""
     from tracekit.advise.run import advise
     from tracekit.errors import UsageError
 
     try:
-        return dict(advise(trace).to_dict())
+        return dict(advise(trace, limit=limit).to_dict())
     except UsageError as e:
+        if on_note is not None:
+            on_note(f"advise did not run: {e}")
         return str(e)
 
 
