@@ -151,12 +151,15 @@ def test_a_killed_recording_recovers_with_its_pools_and_oom_states(tmp_path: Pat
     assert [proc.stdout.readline().strip() for _ in range(2)] == ["handled", "ready"]
     proc.kill()
     proc.communicate(timeout=60)
+    # The recorder's watcher turns the spool into the trace (no `tracekit recover` by hand); the
+    # reader waits for it.
+    t = read_trace(tmp_path / "t.parquet", strict=True)
+    assert not (tmp_path / "t.parquet.spool").exists()
     r = subprocess.run([sys.executable, "-m", "tracekit", "recover", "t.parquet.spool"],
                        capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=60)
-    assert r.returncode == 0, r.stderr
-    t = read_trace(tmp_path / "t.parquet", strict=True)
+    assert r.returncode == 1 and "nothing to recover" in r.stderr, r.stderr
     m = t.meta.extra
-    assert m["complete"] is False and "exit" not in m
+    assert m["complete"] is False and "exit" not in m and m["finished_by"] == "watcher"
     assert [(e["id"], e["label"]) for e in m["pools"]] == [(0, "default"), (1, "user 1")]
     # the user pool: 3 segments, 3 mallocs and the oom
     assert t.extras is not None and t.extras.column("pool").to_pylist().count(1) == 7

@@ -242,6 +242,8 @@ def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
     if os.getpid() != pid:
         outcome.keepalive = None
         return Recorded(None, outcome.code)
+    limit = sys.getrecursionlimit()  # the program's own, restored after: finishing needs its depth
+    sys.setrecursionlimit(max(limit, 1000))
     with quiet_signals():
         try:
             return Recorded(write(), outcome.code)
@@ -251,3 +253,4 @@ def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
             return Recorded(None, outcome.code, f"could not write the trace ({type(e).__name__}: {e})")
         finally:
             outcome.keepalive = None
+            sys.setrecursionlimit(limit)

@@ -45,6 +45,7 @@ from tracekit.record.runner import Outcome, Recorded, check_target, default_outp
 from tracekit.record.signals import restore_in_child, stop_signals
 from tracekit.record.sites import SiteTable, default_skip_dirs, exception_site, site_roots
 from tracekit.record.spool import SpoolWriter, spool_path
+from tracekit.record.watch import Watcher
 
 
 def patch_threads(install: Callable[[], None]) -> Callable[[], None]:
@@ -91,6 +92,7 @@ class CupyRecording:
         self.interval, self.max_events = interval, max_events
         self.launch = launch or Launch.from_env()
         self.roots = site_roots(program)
+        self.watcher: Watcher | None = None  # started with the recording (tracekit.record.watch)
 
     def start(self) -> None:
         cupy = self.cupy = import_cupy()
@@ -123,6 +125,7 @@ class CupyRecording:
                               current_stream=cupy.cuda.get_current_stream, oom_state=self._oom_state,
                               current_device=rt.getDevice if several else None)
         self.pid = os.getpid()
+        self.watcher = Watcher.start(self.spool_path, self.output)  # finishes it however we end
         self.spool.start()  # before the program: the spool thread's allocator arena is made now
         self.hook.__enter__()  # type: ignore[attr-defined]
         self._unpatch = patch_threads(self._install_here)
@@ -135,6 +138,8 @@ class CupyRecording:
             self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
         self.pools.detach()
         self.spool.detach()
+        if self.watcher is not None:
+            self.watcher.forget()
         del self.buffer.rows[:]
         with contextlib.suppress(Exception):
             self._unpatch()
@@ -227,14 +232,20 @@ class CupyRecording:
         if restore:
             self.cupy._default_memory_pool = self._previous
             self.cupy.cuda.set_allocator(self._previous.malloc)
-        from tracekit.record.recover import finalize  # numba and the reader: after the program only
-
         try:
+            from tracekit.record.recover import finalize  # numba and the reader: after the program only
+
             finalize(self.spool_path, self.output, extra)
         except Exception as e:
+            # This process may be what broke (a program that replaced json.dumps, a recursion limit
+            # of 40): the watcher writes the trace from the spool in a clean process.
+            if self.watcher is not None and self.watcher.finish():
+                return self.output
             raise OutputError(f"{self.output}: could not write the trace ({e}); the events are kept in "
                               f"{self.spool_path}: run `tracekit recover {self.spool_path}`") from None
         self.spool_path.unlink()
+        if self.watcher is not None:
+            self.watcher.done()
         return self.output
 
 

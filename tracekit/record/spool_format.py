@@ -63,6 +63,10 @@ STACK_FIELD = pa.field("stack", pa.int32())
 WRITE_SCHEMA = SPOOL_SCHEMA.append(STACK_FIELD)
 # pool: -1 = resolve from the segments when the trace is written; device_free: -1 = not measured.
 
+# Captured when the recorder is imported, before the program runs: a program that replaces json.dumps
+# (or breaks the json module) cannot stop the spool from being written.
+_DUMPS = json.dumps
+
 
 class TextKind(enum.StrEnum):
     """The first element of a TEXT record."""
@@ -79,7 +83,7 @@ def frame_header(tag: bytes, count: int, length: int) -> bytes:
 
 def text_record(kind: TextKind, ident: int, *fields: Any) -> bytes:
     """One TEXT line (``default=str`` so a note's odd values are kept as text, never lost)."""
-    return (json.dumps([str(kind), ident, *fields], default=str) + "\n").encode("utf-8", "surrogatepass")
+    return (_DUMPS([str(kind), ident, *fields], default=str) + "\n").encode("utf-8", "surrogatepass")
 
 
 class SpoolFrames:

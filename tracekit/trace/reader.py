@@ -28,6 +28,7 @@ from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
+from tracekit.trace.finishing import wait_for
 from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, STACK_FIELD, Op, TraceMeta
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
@@ -64,6 +65,8 @@ def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
     """Open ``path`` as Parquet, or raise InputError with a one-sentence cause."""
     p = Path(path)
     spool = p if p.suffix == ".spool" else p.with_name(p.name + ".spool")
+    if p != spool and stat_or_none(p, "trace") is None:
+        wait_for(p)  # a recording's watcher may be writing it this moment (tracekit.trace.finishing)
     if _spool_there(spool) and (p == spool or stat_or_none(p, "trace") is None):
         raise InputError(f"{safe_text(p)}: this recording did not finish; run "
                          f"'tracekit recover {safe_text(spool)}' to turn it into a trace")

@@ -1,0 +1,106 @@
+"""Every recording ends as a trace, however the program ends (the CuPy stand-in, whole processes).
+
+A program that ends by ``os._exit``, ``exec``, SIGKILL, or breaks what the finishing code needs
+(``json.dumps = None``, ``sys.setrecursionlimit(40)``) leaves a readable trace at its output and no
+spool: the recorder's watcher (``tracekit.record.watch``) finishes it, and the next command reads it
+(it waits for the watcher). The program's exit status stays its own (SIGKILL stays -9), a program
+that closes every descriptor or forks is recorded whole, ``os.wait()`` sees no child of tracekit's,
+and no watcher outlives the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tracekit.trace import Op, read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = Path(__file__).resolve().parents[1] / "fakecupy"
+
+HEAD = """
+    import json, os, signal, sys, time
+    import cupy
+    keep = [cupy.empty(1 << 20) for _ in range(20)]
+    time.sleep(0.8)  # past the flush interval: these rows are in the spool
+    more = [cupy.empty(1 << 20) for _ in range(3)]
+    print("allocated", flush=True)
+"""
+ENDS = {
+    "os._exit": ("os._exit(3)", 3),
+    "exec": ("os.execv('/bin/sh', ['/bin/sh', '-c', 'exit 0'])", 0),
+    "SIGKILL": ("os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),
+    "json broken": ("json.dumps = None; json.loads = None", 0),
+    "recursion limit": ("sys.setrecursionlimit(40)", 0),
+}
+
+
+def _record(tmp: Path, program: str) -> subprocess.CompletedProcess[str]:
+    (tmp / "app.py").write_text(textwrap.dedent(program))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}"}
+    return subprocess.run([sys.executable, "-m", "tracekit", "record", "-o", "t.parquet", "app.py"],
+                          capture_output=True, text=True, cwd=tmp, env=env, timeout=120)
+
+
+def _watchers() -> int:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum("tracekit.record.watch" in line for line in out.splitlines())
+
+
+@pytest.mark.parametrize("end", list(ENDS))
+def test_every_end_leaves_a_trace(tmp_path: Path, end: str) -> None:
+    code, status = ENDS[end]
+    p = _record(tmp_path, HEAD + f"    {code}\n")
+    assert p.returncode == status, p.stderr
+    assert "allocated" in p.stdout and "Traceback" not in p.stderr
+    t = read_trace(tmp_path / "t.parquet", strict=True)  # waits for the watcher, if it is still writing
+    mallocs = int((t.events.op == Op.MALLOC).sum())
+    # Every malloc flushed before the end is there; the last 0.5 s may be lost with a killed process.
+    assert mallocs >= 20 if end in ("os._exit", "exec", "SIGKILL") else mallocs == 23
+    assert not (tmp_path / "t.parquet.spool").exists() and not (tmp_path / "t.parquet.finishing").exists()
+    if end in ("os._exit", "exec", "SIGKILL"):
+        ended = t.meta.extra["ended"]
+        assert t.meta.extra["complete"] is False and ("without finishing" in ended or "exec" in ended)
+    time.sleep(0.2)
+    assert _watchers() == 0
+
+
+def test_the_next_command_sees_the_trace(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(textwrap.dedent(HEAD + "    os._exit(0)\n"))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}"}
+    py = sys.executable
+    shell = f"{py} -m tracekit record -o t.parquet app.py && {py} -m tracekit info t.parquet"
+    p = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "malloc" in p.stdout and "no such file" not in p.stderr
+
+
+def test_a_program_that_closes_descriptors_forks_and_waits_is_recorded_whole(tmp_path: Path) -> None:
+    p = _record(tmp_path, """
+        import os, time
+        import cupy
+        a = [cupy.empty(1 << 20) for _ in range(5)]
+        os.closerange(3, 4096)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        try:
+            os.wait()
+            print("a child of tracekit's")
+        except ChildProcessError:
+            print("no other children")
+        time.sleep(0.3)
+        b = [cupy.empty(1 << 20) for _ in range(5)]
+    """)
+    assert p.returncode == 0 and "no other children" in p.stdout, p.stderr
+    t = read_trace(tmp_path / "t.parquet", strict=True)
+    assert int((t.events.op == Op.MALLOC).sum()) == 10 and t.meta.extra["complete"] is True

@@ -1,0 +1,183 @@
+"""The watcher: a small process that finishes a recording however the recorded process ends.
+
+``Watcher.start(spool, output)`` (before the program runs) starts ``python -m
+tracekit.record.watch`` detached (its own session, reparented away from the program, so the
+program never sees it as a child: ``os.wait()`` and Ctrl-C are the program's own). It holds:
+
+- the read end of a pipe whose write end only the recorded process holds (close-on-exec, closed
+  in forked children): end of file means that process has ended (``os._exit``, a signal,
+  SIGKILL) or replaced itself (``exec``);
+- ``pidfd_open`` of the recorded process, and its command line at the start, to tell a program
+  that merely closed every descriptor (it is still running, with the same command line: the
+  watcher then waits for it to end) from one that exec'd or died;
+- an exclusive ``flock`` on ``TRACE.finishing`` (``tracekit.trace.finishing``) until it is done.
+
+The recorded process says one byte before it closes its end: ``D``, the trace is written (the
+watcher just leaves), or ``F``, its own finishing failed (a program that broke the standard
+library, the recursion limit): the watcher then writes the trace from the spool in its clean
+process and answers on a second pipe. On end of file without a byte, it writes the trace from
+the spool (``complete: false``, ``ended`` saying how), removes the spool and leaves. The rows
+still in the dead process's memory (at most its last flush interval, 0.5 s) are lost with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+DONE, FINISH = b"D", b"F"
+FINISH_WAIT_S = 600.0
+
+
+class Watcher:
+    """The recorded process's end of the watcher (pid of the process it watches: this one)."""
+
+    def __init__(self, fd: int, answer: int, pid: int) -> None:
+        self.fd, self.answer, self.pid = fd, answer, pid
+
+    @classmethod
+    def start(cls, spool: Path, output: Path) -> Watcher | None:
+        """Start the watcher for ``spool`` → ``output``; None where it cannot be (no pidfd, no
+        process): the recording goes on without it, as before."""
+        if not hasattr(os, "pidfd_open"):
+            return None
+        r, w = os.pipe()  # both close-on-exec: only this process image holds ``w``
+        ar, aw = os.pipe()
+        try:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "tracekit.record.watch", str(os.getpid()), str(r), str(aw),
+                 os.fspath(spool), os.fspath(output)],
+                pass_fds=(r, aw), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            ready = p.wait(timeout=30)  # the launcher forks the watcher off and leaves at once
+        except Exception:
+            ready = -1
+        finally:
+            os.close(r)
+            os.close(aw)
+        if ready != 0:
+            os.close(w)
+            os.close(ar)
+            return None
+        return cls(w, ar, os.getpid())
+
+    def done(self) -> None:
+        """The trace is written: the watcher leaves."""
+        self._say(DONE)
+
+    def finish(self) -> bool:
+        """This process could not write the trace: the watcher writes it; True when it did."""
+        if not self._say(FINISH, close=False):
+            return False
+        try:
+            ok, _, _ = select.select([self.answer], [], [], FINISH_WAIT_S)
+            return bool(ok) and os.read(self.answer, 1) == DONE
+        except OSError:
+            return False
+        finally:
+            self.close()
+
+    def _say(self, what: bytes, close: bool = True) -> bool:
+        if os.getpid() != self.pid:
+            return False
+        try:
+            os.write(self.fd, what)
+            return True
+        except OSError:
+            return False
+        finally:
+            if close:
+                self.close()
+
+    def close(self) -> None:
+        for fd in (self.fd, self.answer):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fd = self.answer = -1
+
+    def forget(self) -> None:
+        """In a forked child: its copy of the write end must not keep the watcher waiting."""
+        self.close()
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _finish(spool: Path, output: Path, ended: str) -> bool:
+    """Write ``output`` from ``spool`` and remove the spool; False when there was nothing to do or
+    it failed (the spool then stays for ``tracekit recover``)."""
+    if not spool.exists() or output.exists():
+        return False
+    from tracekit.record.recover import finalize
+
+    try:
+        finalize(spool, output, {"complete": False, "ended": ended, "finished_by": "watcher"})
+    except Exception:
+        return False
+    spool.unlink(missing_ok=True)
+    return True
+
+
+def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int) -> None:
+    """The watcher's whole life (module docstring); ``ready`` is told once the mark is held."""
+    from tracekit.trace.finishing import mark_path
+
+    mark = os.open(mark_path(output), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fcntl.flock(mark, fcntl.LOCK_EX)
+    os.write(mark, f"{pid}\n".encode())
+    os.write(ready, b"R")
+    os.close(ready)
+    try:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return
+        start = _cmdline(pid)
+        said = b""
+        with contextlib.suppress(OSError):
+            select.select([fd], [], [])
+            said = os.read(fd, 1)
+        if said == DONE:
+            return
+        if said == FINISH:
+            os.write(answer, DONE if _finish(spool, output, "the recorder could not finish it") else b"X")
+            return
+        # End of file: it ended, exec'd, or only closed its descriptors (then it is the same program).
+        ended = "the process ended (os._exit, a signal, or exec) without finishing the recording"
+        now = _cmdline(pid)
+        gone = bool(select.select([pidfd], [], [], 0)[0]) or not now  # a zombie's command line is empty
+        if not gone and now == start:
+            select.select([pidfd], [], [])  # still running: wait for its end
+            ended = "the process ended (os._exit or a signal) without finishing the recording"
+        elif not gone:
+            ended = "the process replaced itself (exec) before finishing the recording"
+        _finish(spool, output, ended)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(mark_path(output))
+        os.close(mark)
+
+
+def main(argv: list[str]) -> int:
+    pid, fd, answer, spool, output = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), Path(argv[4])
+    r, w = os.pipe()
+    if os.fork():  # the launcher leaves once the watcher holds its mark: no child of the program
+        os.close(w)
+        return 0 if os.read(r, 1) == b"R" else 1
+    os.close(r)
+    with contextlib.suppress(Exception):
+        watch(pid, fd, answer, spool, output, w)
+    return 0
+
+
+if __name__ == "__main__":
+    os._exit(main(sys.argv[1:]))
