@@ -49,9 +49,16 @@ def _record(tmp: Path, program: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, cwd=tmp, env=env, timeout=120)
 
 
-def _watchers() -> int:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return sum("tracekit.record.watch" in line for line in out.splitlines())
+def _watchers(folder: Path) -> int:
+    """Watcher processes still running for a trace in ``folder`` (read from /proc: no ps needed)."""
+    n = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        n += b"tracekit.record.watch" in args and any(str(folder).encode() in a for a in args)
+    return n
 
 
 @pytest.mark.parametrize("end", list(ENDS))
@@ -69,7 +76,7 @@ def test_every_end_leaves_a_trace(tmp_path: Path, end: str) -> None:
         ended = t.meta.extra["ended"]
         assert t.meta.extra["complete"] is False and ("without finishing" in ended or "exec" in ended)
     time.sleep(0.2)
-    assert _watchers() == 0
+    assert _watchers(tmp_path) == 0
 
 
 def test_the_next_command_sees_the_trace(tmp_path: Path) -> None:
