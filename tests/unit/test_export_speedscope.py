@@ -74,11 +74,11 @@ def exported(trace: Path, out: Path) -> dict[str, Any]:
 
 
 def by_leaf(doc: dict[str, Any], profile: dict[str, Any]) -> dict[str, int]:
-    """A profile's bytes by its samples' innermost frame name."""
+    """A profile's bytes by its samples' innermost frame's function (a name is ``function (file:line)``)."""
     frames = doc["shared"]["frames"]
     out: dict[str, int] = {}
     for sample, weight in zip(profile["samples"], profile["weights"], strict=True):
-        name = frames[sample[-1]]["name"]
+        name = frames[sample[-1]]["name"].split(" (", 1)[0]
         out[name] = out.get(name, 0) + weight
     return out
 
@@ -101,7 +101,7 @@ def test_the_worked_totals_of_the_hand_built_trace(tmp_path: Path,
     for p, total in zip(doc["profiles"], (9216, 6656, 9216, 6656, 13824), strict=True):
         assert (p["type"], p["unit"], p["startValue"], p["endValue"]) == ("sampled", "bytes", 0, total)
         assert sum(p["weights"]) == total
-    assert {"name": "weights", "file": "model/a.py", "line": 10} in doc["shared"]["frames"]
+    assert {"name": "weights (model/a.py:10)", "file": "model/a.py", "line": 10} in doc["shared"]["frames"]
     assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
 
 
@@ -116,8 +116,9 @@ def test_samples_run_from_the_root_to_the_leaf_and_share_frames() -> None:
     doc = speedscope.document(Selection((m,), table, 0), "t", "tracekit")
     names = [f["name"] for f in doc["shared"]["frames"]]  # type: ignore[index]
     samples = doc["profiles"][0]["samples"]  # type: ignore[index]
-    assert [[names[i] for i in s] for s in samples] == [["main", "forward", "alloc"], ["main", "alloc"]]
-    assert samples[0][-1] == samples[1][-1] and sorted(names) == ["alloc", "forward", "main"]
+    main, forward, alloc = "main (train.py:5)", "forward (model.py:10)", "alloc (lib.py:99)"
+    assert [[names[i] for i in s] for s in samples] == [[main, forward, alloc], [main, alloc]]
+    assert samples[0][-1] == samples[1][-1] and sorted(names) == sorted([alloc, forward, main])
 
 
 def test_ooms_beyond_the_bound_are_counted_the_fatal_one_kept(tmp_path: Path,
@@ -198,8 +199,8 @@ def test_whole_stacks_become_samples_from_the_root(tmp_path: Path,
     sel = select(trace)
     for m, prof in zip(sel.moments, doc["profiles"], strict=True):
         for s, sample, weight in zip(m.stack.tolist(), prof["samples"], prof["weights"], strict=True):
-            want = [(f.function or f.file, f.file) for f in reversed(ev.stacks.frames(s))] if s >= 0 else \
-                [("<no call-site>", None)]
+            want = [(f"{f.function} ({f.file}:{f.line})" if f.line >= 0 else f"{f.function} ({f.file})",
+                     f.file) for f in reversed(ev.stacks.frames(s))] if s >= 0 else [("<no call-site>", None)]
             assert [(frames[i]["name"], frames[i].get("file")) for i in sample] == want
             assert weight == int(m.bytes[m.stack.tolist().index(s)])
     assert max(len(s) for p in doc["profiles"] for s in p["samples"]) > 1

@@ -87,7 +87,11 @@ class _Frames:
         hit = self.index.get(f)
         if hit is None:
             fr = self.table.frame_at(f)
-            js = FrameJSON(name=fr.function or fr.file, file=fr.file)
+            # The name says where, too: speedscope's Sandwich and left-heavy views list frames by name,
+            # and two ``forward``s of different modules must not read alike.
+            where = f"{fr.file}:{fr.line}" if fr.line >= 0 else fr.file
+            name = f"{fr.function} ({where})" if fr.function and fr.file else (fr.function or fr.file)
+            js = FrameJSON(name=name, file=fr.file)
             if fr.line >= 0:
                 js["line"] = fr.line
             hit = self.index[f] = self._add(js)
