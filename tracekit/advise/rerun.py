@@ -289,12 +289,14 @@ def _fatal_row(t: Trace) -> int | None:
     return int(at[0]) if len(at) else None
 
 
-def _frames(t: Trace, stack: int) -> tuple[str, ...]:
+def _frames(t: Trace, stack: int, sites: object | None = None) -> tuple[str, ...]:
+    """The frame labels of ``stack``, innermost first (``sites``: the trace's ``CallSites``, made once)."""
     if stack < 0:
         return ()
     from tracekit.trace.callsite import CallSites, stack_table
 
-    return tuple(f.label() for f in CallSites.of(stack_table(t.events)).frames(stack))
+    cs = sites if isinstance(sites, CallSites) else CallSites.of(stack_table(t.events))
+    return tuple(f.label() for f in cs.frames(stack))
 
 
 def _same_requests(t: Trace, frames: tuple[str, ...], size: int) -> np.ndarray:
@@ -303,8 +305,11 @@ def _same_requests(t: Trace, frames: tuple[str, ...], size: int) -> np.ndarray:
     rows = np.flatnonzero(((ev.op == Op.MALLOC) | (ev.op == Op.OOM)) & (ev.size == np.uint64(size)))
     if not len(rows) or not frames:
         return rows[:0]
+    from tracekit.trace.callsite import CallSites, stack_table
+
+    cs = CallSites.of(stack_table(ev))  # once: its frame roles cover the whole table
     stacks = np.unique(ev.stack[rows])
-    mine = [s for s in stacks.tolist() if _frames(t, int(s)) == frames]
+    mine = [s for s in stacks.tolist() if _frames(t, int(s), cs) == frames]
     return rows[np.isin(ev.stack[rows], np.asarray(mine, ev.stack.dtype))]
 
 
