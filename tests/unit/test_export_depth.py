@@ -83,8 +83,8 @@ def test_a_deep_speedscope_cuts_the_same_stacks_root_last_kept(deep: Path, tmp_p
     allocated = doc["profiles"][-1]
     names = [f["name"] for f in doc["shared"]["frames"]]
     table = chain(DEPTH)
-    want = {tuple(reversed([fn for _, _, fn in innermost(table, s, MAX_FRAMES)]))
-            for s in (DEPTH - 1, DEPTH // 2, 10)}
+    want = {tuple(reversed([f"{fn} ({file}:{line})" for file, line, fn in innermost(table, s, MAX_FRAMES)]))
+            for s in (DEPTH - 1, DEPTH // 2, 10)}  # a frame is named function (file:line)
     assert {tuple(names[i] for i in s) for s in allocated["samples"]} == want
 
 
