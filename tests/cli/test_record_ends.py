@@ -25,6 +25,17 @@ from tracekit.trace import Op, read_trace
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).resolve().parents[1] / "fakecupy"
 
+
+def _no_pidfd() -> str | None:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as e:
+        return f"the watcher needs pidfd_open (Linux 5.3+, Python 3.9+): {type(e).__name__}"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_no_pidfd() is not None, reason=str(_no_pidfd()))
+
 HEAD = """
     import json, os, signal, sys, time
     import cupy
@@ -111,3 +122,14 @@ def test_a_program_that_closes_descriptors_forks_and_waits_is_recorded_whole(tmp
     assert p.returncode == 0 and "no other children" in p.stdout, p.stderr
     t = read_trace(tmp_path / "t.parquet", strict=True)
     assert int((t.events.op == Op.MALLOC).sum()) == 10 and t.meta.extra["complete"] is True
+
+
+def test_no_mark_is_left_once_record_returns(tmp_path: Path) -> None:
+    for k in range(5):  # record returns only after the watcher has removed its mark
+        p = _record(tmp_path, f"""
+            import cupy
+            a = cupy.empty({k + 1} << 20)
+        """)
+        assert p.returncode == 0, p.stderr
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["app.py", "t.parquet"]
+        (tmp_path / "t.parquet").unlink()

@@ -32,6 +32,7 @@ from pathlib import Path
 
 DONE, FINISH = b"D", b"F"
 FINISH_WAIT_S = 600.0
+DONE_WAIT_S = 5.0
 
 
 class Watcher:
@@ -67,8 +68,12 @@ class Watcher:
         return cls(w, ar, os.getpid())
 
     def done(self) -> None:
-        """The trace is written: the watcher leaves."""
-        self._say(DONE)
+        """The trace is written: the watcher removes its mark and leaves; waited for (a few ms), so no
+        ``.finishing`` mark is left beside the trace once ``record`` returns."""
+        if self._say(DONE, close=False):
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self.answer], [], [], DONE_WAIT_S)
+        self.close()
 
     def finish(self) -> bool:
         """This process could not write the trace: the watcher writes it; True when it did."""
@@ -147,6 +152,11 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             select.select([fd], [], [])
             said = os.read(fd, 1)
         if said == DONE:
+            with contextlib.suppress(OSError):
+                os.unlink(mark_path(output))
+            os.close(mark)
+            mark = -1
+            os.write(answer, DONE)  # after the mark is gone: the recorded process waits for this
             return
         if said == FINISH:
             os.write(answer, DONE if _finish(spool, output, "the recorder could not finish it") else b"X")
@@ -162,9 +172,10 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             ended = "the process replaced itself (exec) before finishing the recording"
         _finish(spool, output, ended)
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(mark_path(output))
-        os.close(mark)
+        if mark >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(mark_path(output))
+            os.close(mark)
 
 
 def main(argv: list[str]) -> int:
