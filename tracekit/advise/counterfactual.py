@@ -47,7 +47,7 @@ import pyarrow as pa
 from tracekit.sim.base import Layout, SimConfig
 from tracekit.sim.pool_run import release_points
 from tracekit.sim.prepare import prepare as replay_input
-from tracekit.trace.events import Events
+from tracekit.trace.events import Events, segment_delta
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 from tracekit.trace.validate import remap_mate
@@ -73,8 +73,7 @@ def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
     starts = np.flatnonzero(release_points(ev.op, init))
     if len(starts) == 0:
         return out
-    sign = np.where(ev.op == Op.SEGMENT_ALLOC, 1, np.where(ev.op == Op.SEGMENT_FREE, -1, 0))
-    reserved = np.cumsum(sign * ev.size.astype(np.int64))  # after each row
+    reserved = np.cumsum(segment_delta(ev))  # after each row
     # The row after each run: the first row at or after the start that is not a segment_free.
     not_free = np.where(~free, np.arange(n), n)
     after = np.minimum.accumulate(not_free[::-1])[::-1][starts]

@@ -30,6 +30,7 @@ import numpy as np
 from tracekit.advise.counterfactual import SETTINGS_KEY, counterfactual_replay, initial_mask, prepare
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator, PolicyRun, SimConfig
+from tracekit.trace.events import segment_delta
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op, Source
 from tracekit.units import format_size
@@ -61,9 +62,8 @@ def recorded(trace: Trace) -> Requests:
     ev = trace.events
     init = initial_mask(trace)
     req = _requests(ev.op, init)
-    sign = np.where(ev.op == Op.SEGMENT_ALLOC, 1, np.where(ev.op == Op.SEGMENT_FREE, -1, 0))
     delta = np.zeros(len(ev) + 1, np.int64)
-    np.add.at(delta, _owner(req)[:-1], sign * ev.size.astype(np.int64))
+    np.add.at(delta, _owner(req)[:-1], segment_delta(ev))
     idx = np.flatnonzero(req)
     return Requests(idx, ev.op[idx], ev.size[idx].astype(np.int64), np.cumsum(delta)[idx])
 

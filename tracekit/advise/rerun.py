@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypedDict
 
@@ -44,6 +44,8 @@ from tracekit.advise.candidates import Kind, conf_text
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.verdict import ORDER, Verdict
 from tracekit.errors import UsageError
+from tracekit.sim.base import Allocator
+from tracekit.trace.events import segment_delta
 from tracekit.trace.outcome import fatal_seq
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
@@ -66,7 +68,7 @@ class Command:
     @classmethod
     def of(cls, trace: Trace, kind: str) -> Command:
         extra = trace.meta.extra.get("rerun")
-        torch = kind == "torch"
+        torch = kind == Allocator.TORCH
         if isinstance(extra, dict) and isinstance(extra.get("argv"), list) and extra["argv"]:
             lim = extra.get("limit_bytes")
             return cls(tuple(str(a) for a in extra["argv"]), bool(extra.get("module")),
@@ -213,23 +215,19 @@ def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, 
             timed_out = True
             code = _stop(p)
     secs = round(time.perf_counter() - t0, 1)
-    base = Rerun(o.label(), o.verdict or Verdict.NO, o.peak_reserved, True, exit_code=code,
+    guessed = ("the trace does not record how the program was started: run in the current folder, "
+               "arguments from its command line") if cmd.guessed else ""
+    base = Rerun(o.label(), o.verdict or Verdict.NO, o.peak_reserved, True, note=guessed, exit_code=code,
                  timed_out=timed_out, finished=code == 0, seconds=secs)
     if not path.exists():
-        return _with(base, note=f"the rerun left no trace (see {log})")
+        return replace(base, note=f"the rerun left no trace (see {log})")
     try:
         t = read_trace(path)
     except Exception as e:  # a rerun's trace that cannot be read is said, not raised
-        return _with(base, note=f"the rerun's trace could not be read: {e}")
+        return replace(base, note=f"the rerun's trace could not be read: {e}")
     got_past = past(need, t)
-    return _with(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
+    return replace(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
                  real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)))
-
-
-def _with(r: Rerun, **kw: object) -> Rerun:
-    from dataclasses import replace
-
-    return replace(r, **kw)  # type: ignore[arg-type]
 
 
 def _stop(p: subprocess.Popen[bytes]) -> int:
@@ -315,7 +313,4 @@ def _same_requests(t: Trace, frames: tuple[str, ...], size: int) -> np.ndarray:
 
 def _peak_reserved(t: Trace) -> int:
     """The most bytes the trace's pools held from the device (segment rows), 0 without any."""
-    ev = t.events
-    sign = np.where(ev.op == Op.SEGMENT_ALLOC, 1, np.where(ev.op == Op.SEGMENT_FREE, -1, 0))
-    held = np.cumsum(sign * ev.size.astype(np.int64))
-    return int(held.max(initial=0))
+    return int(np.cumsum(segment_delta(t.events)).max(initial=0))

@@ -139,7 +139,7 @@ class CupyRecording:
         self.pools.detach()
         self.spool.detach()
         if self.watcher is not None:
-            self.watcher.forget()
+            self.watcher.close()  # the child's copy of the pipe must not keep the watcher waiting
         del self.buffer.rows[:]
         with contextlib.suppress(Exception):
             self._unpatch()

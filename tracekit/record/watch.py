@@ -105,10 +105,6 @@ class Watcher:
                 os.close(fd)
         self.fd = self.answer = -1
 
-    def forget(self) -> None:
-        """In a forked child: its copy of the write end must not keep the watcher waiting."""
-        self.close()
-
 
 def _cmdline(pid: int) -> bytes | None:
     try:

@@ -178,3 +178,10 @@ class Events:
     def site_name(self, i: int) -> str | None:
         s = int(self.site[i])
         return self.sites[s] if s >= 0 else None
+
+
+def segment_delta(ev: Events) -> np.ndarray:
+    """Bytes each row adds to what the pools hold from the device (int64): + size for a
+    ``segment_alloc``, - size for a ``segment_free``, 0 for every other row."""
+    size = ev.size.astype(np.int64)
+    return np.where(ev.op == Op.SEGMENT_ALLOC, size, np.where(ev.op == Op.SEGMENT_FREE, -size, 0))
