@@ -110,7 +110,7 @@ def main() -> int:
                 mlp(args.warmup)
                 times[variant].append(timed(mlp, args.steps, variant))
                 t0 = time.perf_counter()
-                rec.stop({"code": 0}, restore=True)
+                rec.stop({"code": 0})
                 finalize_s[variant].append(time.perf_counter() - t0)
                 ev = read_trace(out, extras=False).events
                 events[variant] = len(ev)

@@ -66,7 +66,7 @@ PROGRAM = """
 
 
 def test_every_pool_kind_on_two_devices(tmp_path: Path) -> None:
-    p = _record(tmp_path, PROGRAM, "-o", "t.parquet", FAKECUPY_DEVICES="2")
+    p = _record(tmp_path, PROGRAM, "-o", "t.parquet", "--async-pools", FAKECUPY_DEVICES="2")
     assert p.returncode == 1 and "OutOfMemoryError" in p.stderr and "Wrote t.parquet" in p.stderr
     t = read_trace(tmp_path / "t.parquet", strict=True)
     assert t.meta.schema_version == 3 and t.extras is not None

@@ -264,7 +264,11 @@ def test_stop_keeps_the_events_when_reading_the_pool_fails(tmp_path: Path) -> No
     rec.spool, rec.t0 = w, 0
     rec.hook = types.SimpleNamespace(__exit__=lambda *a: None, mismatches=[])  # type: ignore[assignment]
     rec._unpatch = lambda: None
-    rec.pools = types.SimpleNamespace(unpatch=lambda: None, logs=[], metadata=lambda: ([], []))  # type: ignore[assignment]
+    rec.buffer = types.SimpleNamespace(before_write=None)  # type: ignore[assignment]
+    rec.device_id = 0
+    rec.pools = types.SimpleNamespace(  # type: ignore[assignment]
+        unpatch=lambda: None, logs=[], metadata=lambda: ([], []), sweep=lambda: None, unrecorded_async=False,
+        async_seen=lambda devices: False, segments=types.SimpleNamespace(devices=set()))
     rec.probe = types.SimpleNamespace(close=lambda: None)  # type: ignore[assignment]
     assert rec.stop({"code": 0}) == out
     t = read_trace(out, strict=True)

@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_record_fake_cupy import FAKE, _env
 
 from tracekit.trace import Op, read_trace
@@ -130,8 +131,9 @@ POOLS = """
 """.replace("KiB", str(KiB))
 
 
-def test_pools_of_the_programs_own_in_any_thread(tmp_path: Path) -> None:
-    plain, rec = both(tmp_path, POOLS)
+@pytest.mark.parametrize("async_pools", [False, True], ids=["hook-only", "async-pools"])
+def test_pools_of_the_programs_own_in_any_thread(tmp_path: Path, async_pools: bool) -> None:
+    plain, rec = both(tmp_path, POOLS, *(["--async-pools"] if async_pools else []))
     same(plain, rec)
     assert rec.stdout == "hooked 3 asked 3 raw Memory\n"
     t = read_trace(tmp_path / "rec" / "t.parquet", strict=True)
@@ -144,7 +146,11 @@ def test_pools_of_the_programs_own_in_any_thread(tmp_path: Path) -> None:
     # free_all_blocks() releases no segment whose block is still in use
     assert [r for r in rows if r[2] == user1] == [("segment_alloc", 3 * KiB, user1),
                                                   ("malloc", 3 * KiB, user1)] * 3
-    assert [r[:2] for r in rows if r[2] == async1] == [("malloc", 5 * KiB), ("free", 5 * KiB)]
+    if async_pools:  # only --async-pools sees an async pool's requests (they fire no memory hook)
+        assert [r[:2] for r in rows if r[2] == async1] == [("malloc", 5 * KiB), ("free", 5 * KiB)]
+        assert "async_pools_unrecorded" not in t.meta.extra
+    else:
+        assert async1 not in pools.values() and t.meta.extra["async_pools_unrecorded"] is True
     assert [r[:2] for r in rows if r[2] == user2] == [
         ("segment_alloc", 7 * KiB), ("malloc", 7 * KiB), ("segment_alloc", 7 * KiB), ("malloc", 7 * KiB),
         ("free", 7 * KiB), ("free", 7 * KiB), ("segment_free", 7 * KiB), ("segment_free", 7 * KiB)]

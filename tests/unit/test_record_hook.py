@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracekit.record.device_alloc import SegmentLog
+from tracekit.record.device_alloc import HookedSegments
 from tracekit.record.hook import EventBuffer, TraceHook, unpack
 from tracekit.record.session import patch_threads
 from tracekit.record.sites import SiteTable
@@ -164,32 +164,47 @@ def test_zero_size_and_non_memory_errors_are_not_ooms() -> None:
     assert len(buf.take()) == 0 and buf.notes == {}
 
 
-def test_segment_log_records_device_allocations_and_keeps_errors() -> None:
+def test_hooked_segments_log_allocations_and_find_the_ends_cupy_does_not_show() -> None:
     buf = EventBuffer()
-    mem: dict[int, int] = {}
+    live: set[int] = set()
+    total = {"pool": 0}  # what the pool's total_bytes() says (CuPy counts a request before making it)
+    pool = object()
+    made = iter(range(1, 100))
+    free_now = iter([900 << 20, 901 << 20, 902 << 20, 903 << 20])
+    log = HookedSegments(buf, pool_of=lambda d: (3, pool), alive=lambda p: p in live,
+                         total_of=lambda p, d: total["pool"], current_stream=_stream,
+                         free_bytes=lambda d: next(free_now))
 
-    def device_malloc(size: int) -> tuple[int, None]:
-        if size > 1 << 30:
-            raise RuntimeError("cudaErrorMemoryAllocation: out of memory")
-        ptr = BASE + (len(mem) << 24)
-        mem[ptr] = size
-        return ptr, None
+    def cupy_alloc(size: int, ok: bool = True) -> int:
+        total["pool"] += size
+        log.before_alloc(0, size)
+        ptr = BASE + (next(made) << 24) if ok else 0
+        if ok:
+            live.add(ptr)
+        else:
+            total["pool"] -= size
+        log.after_alloc(0, size, ptr)
+        return ptr
 
-    free_now = iter([900 << 20, 902 << 20])
-    log = SegmentLog(buf, device_malloc=device_malloc, device_free=lambda ptr, keep: mem.pop(ptr),
-                     current_stream=_stream, pool_id=lambda device: 3, free_bytes=lambda d: next(free_now))
-    p = log.malloc(2 << 20, 0)
-    try:
-        log.malloc(2 << 30, 0)
-    except RuntimeError as e:
-        assert "out of memory" in str(e)
-    log.free(p, 0)
-    c = unpack(buf.take())
-    assert c["op"].tolist() == [Op.SEGMENT_ALLOC, Op.SEGMENT_FREE]
-    assert c["size"].tolist() == [2 << 20, 2 << 20] and c["addr"].tolist() == [p, p]
-    assert log.failures == 1 and mem == {} and log.devices == {0}
+    a = cupy_alloc(2 << 20)
+    b = cupy_alloc(4 << 20)
+    cupy_alloc(1 << 30, ok=False)  # a failed device allocation: counted, no row
+    live.discard(a)  # free_all_blocks: no hook fires
+    total["pool"] -= 2 << 20
+    c = cupy_alloc(8 << 20)  # asks the pool first: the freed segment ends before the new one
+    col = unpack(buf.take())
+    assert col["op"].tolist() == [Op.SEGMENT_ALLOC, Op.SEGMENT_ALLOC, Op.SEGMENT_FREE, Op.SEGMENT_ALLOC]
+    assert col["addr"].tolist() == [a, b, a, c]
+    assert col["size"].tolist() == [2 << 20, 4 << 20, 2 << 20, 8 << 20]
+    assert log.failures == 1 and log.devices == {0} and log.probes == 2  # a and b, once
     # device-level rows carry their pool and the device's free bytes measured right after
-    assert c["pool"].tolist() == [3, 3] and c["device_free"].tolist() == [900 << 20, 902 << 20]
+    assert col["pool"].tolist() == [3] * 4 and col["device_free"].tolist() == [900 << 20, 901 << 20,
+                                                                               902 << 20, 903 << 20]
+    log.before_alloc(0, 0)  # the pool's total agrees now: nothing is probed
+    assert log.probes == 2
+    live.clear()  # the pool died
+    log.sweep({})  # a pool it cannot ask: every live segment is probed
+    assert unpack(buf.take())["op"].tolist() == [Op.SEGMENT_FREE] * 2 and log.live == {}
 
 
 def test_worker_threads_get_the_hook_and_rows_never_tear() -> None:

@@ -1,6 +1,6 @@
 """Version-2 recordings without a GPU: pools and devices resolved from segments, oom_states, exit.
 
-The rows are made the way the recorder makes them (``SegmentLog`` for each
+The rows are made the way the recorder makes them (``HookedSegments`` for each
 pool's device allocations, ``TraceHook`` for CuPy's malloc/free callbacks)
 and written through the spool and ``finalize``, so every step but CuPy
 itself runs. Two pools on two devices share nothing but the address space,
@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.record.device_alloc import SegmentLog
+from tracekit.record.device_alloc import HookedSegments
 from tracekit.record.hook import EventBuffer, TraceHook
 from tracekit.record.recover import finalize, recover
 from tracekit.record.resolve import SegmentIndex
@@ -43,16 +43,23 @@ def _setup(tmp: Path, device: list[int]):  # type: ignore[no-untyped-def]
                      oom_state=lambda d: (1, dict(state, device=d)))
     next_ptr = {0: DEV0, 1: DEV1}
 
-    def seg_log(pool_id: int) -> SegmentLog:
-        def malloc(size: int) -> tuple[int, None]:
-            d = device[0]
+    class Pool:
+        """A pool's device allocations as CuPy's hook shows them (``malloc``: alloc_postprocess)."""
+
+        def __init__(self, pool_id: int) -> None:
+            self.log = HookedSegments(buf, pool_of=lambda d: (pool_id + d, None), alive=lambda p: True,
+                                      total_of=lambda pool, d: 0, current_stream=lambda: STREAM,
+                                      free_bytes=lambda d: (1000 - d) * MiB)
+
+        def malloc(self, size: int, d: int) -> int:
             ptr = next_ptr[d]
             next_ptr[d] += size
-            return ptr, None
+            self.log.before_alloc(d, size)
+            self.log.after_alloc(d, size, ptr)
+            return ptr
 
-        return SegmentLog(buf, device_malloc=malloc, device_free=lambda p, k: None,
-                          current_stream=lambda: STREAM, pool_id=lambda d: pool_id + d,
-                          free_bytes=lambda d: (1000 - d) * MiB)
+    def seg_log(pool_id: int) -> Pool:
+        return Pool(pool_id)
 
     w = SpoolWriter(tmp / "t.parquet.spool", TraceMeta.new(Source.CUPY), buf, None, 0)
     return buf, hook, seg_log, w

@@ -1,4 +1,5 @@
-"""``tracekit record [-o TRACE] [--limit SIZE] [--no-sites] [--stack-depth N] [--torch] [-m] SCRIPT ...``."""
+"""``tracekit record [-o TRACE] [--limit SIZE] [--no-sites] [--stack-depth N] [--async-pools] [--torch]
+[-m] SCRIPT ...``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def record(
         help=f"Frames kept of each malloc's call stack, innermost first (default {STACK_DEPTH}; 0: the "
              "one call-site only).",
     ),
+    async_pools: bool = typer.Option(
+        False, "--async-pools", help="Also record CuPy MemoryAsyncPool requests, which fire no memory hook: "
+        "wraps cupy.cuda.set_allocator/get_allocator (otherwise nothing of CuPy's is replaced)."),
     torch: bool = typer.Option(False, "--torch", help="Record a PyTorch program (its memory history)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
@@ -45,8 +49,9 @@ def record(
     target = list(target or [])
     start = os.getcwd()  # the trace is named as the user's shell sees it, wherever the program went
     if torch:
-        if no_sites or stack_depth is not None:
-            raise UsageError("--no-sites and --stack-depth apply to CuPy recordings, not --torch")
+        if no_sites or stack_depth is not None or async_pools:
+            raise UsageError("--no-sites, --stack-depth and --async-pools apply to CuPy recordings, "
+                             "not --torch")
         from tracekit.record.torch import record_torch  # imports torch only when it runs
         from tracekit.units import parse_size
 
@@ -58,7 +63,8 @@ def record(
 
         size = parse_size(limit, "--limit") if limit is not None else None
         done = record_cupy(target, module=module, output=output, limit=size, sites=not no_sites, force=force,
-                           stack_depth=STACK_DEPTH if stack_depth is None else stack_depth)
+                           stack_depth=STACK_DEPTH if stack_depth is None else stack_depth,
+                           async_pools=async_pools)
     if done.problem is not None:
         tell(f"tracekit: error: {done.problem}")
     elif done.path is not None:

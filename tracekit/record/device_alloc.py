@@ -1,15 +1,28 @@
-"""Segment rows: each pool's own device allocations, seen through the allocator the pool is built on.
+"""Segment rows: each pool's own device allocations, seen through CuPy's memory hook.
 
-CuPy fires no hook when a pool gives memory back to the device
-(``free_all_blocks``, the retry sequence before an out-of-memory error), so
-every ``MemoryPool`` made while recording without an allocator of its own
-runs over a ``PythonFunctionAllocator`` whose functions get device memory
-exactly as CuPy's ``_malloc`` would (``cudaMalloc``/``cudaFree``) and log a
-``segment_alloc`` or ``segment_free`` row carrying the pool's id (taken when
-the segment is made) and ``cudaMemGetInfo``'s free bytes measured right after
-(device-level events are rare, so the measurement costs nothing per malloc).
-A failed allocation raises the same error it always does, so the pool's
-retry-and-release logic is unchanged; failures are only counted.
+Nothing of CuPy's is replaced while recording (``tracekit.record.pools``), so the recorder sees a
+pool's device allocations where CuPy shows them: the hook's ``alloc_preprocess`` and
+``alloc_postprocess``, around every ``cudaMalloc`` a ``SingleDeviceMemoryPool`` makes
+(cupy/cuda/memory.pyx, 14.2, ``_alloc``), each logged as a ``segment_alloc`` row with the pool's
+id (the pool behind the allocator installed in the thread) and ``cudaMemGetInfo``'s free bytes
+measured right after. CuPy fires no hook when a pool gives memory back (``free_all_blocks``, the
+retry before an out-of-memory error, a pool that dies), so a segment's end is found by asking:
+
+- before every device allocation (``alloc_preprocess``), the pool behind the installed allocator
+  is asked its ``total_bytes()`` (CuPy has already counted the new request in it): where it holds
+  less than the live segments the recorder knows of, those segments' pointers are probed
+  (``cudaPointerGetAttributes``: a freed pointer is no longer device memory) and the freed ones
+  get their ``segment_free`` rows, before the new segment's row;
+- before an out-of-memory row, at every spool write (``interval``, 0.5 s) and when the recording
+  ends, every live segment of a pool whose total differs (or that the recorder cannot reach) is
+  probed the same way.
+
+So the rows keep the order that matters: a pool's peak (a device allocation) and every
+out-of-memory error come after the frees CuPy made before them. A ``free_all_blocks()`` that the
+program calls itself is dated at the next device allocation, out-of-memory error or spool write,
+whichever comes first (at most the spool interval later): between the two only blocks inside the
+surviving segments are taken and given back. A failed device allocation raises the same error it
+always does; failures are only counted.
 """
 
 from __future__ import annotations
@@ -20,64 +33,114 @@ from typing import Any
 
 from tracekit.record.hook import SEGMENT_ALLOC, SEGMENT_FREE, UNMEASURED, EventBuffer, code_of
 
+# (pool id, the pool object or None) of the allocator installed in this thread, for ``device``
+PoolOf = Callable[[int], tuple[int, Any]]
 
-class SegmentLog:
-    """``malloc(size, device_id)`` / ``free(ptr, device_id)`` for PythonFunctionAllocator, logging rows.
 
-    ``device_malloc(size)`` returns ``(ptr, keep)``: ``keep`` is what must stay
-    alive until the free (a user allocator's MemoryPointer; None for raw
-    cudaMalloc); ``device_free(ptr, keep)`` releases it. ``pool_id(device)``
-    gives the trace's pool id; ``free_bytes(device)`` measures the device.
+class HookedSegments:
+    """The live segments of every pool (from the hook's alloc callbacks) and their ends (probed).
+
+    ``pool_of(device)`` names the pool a device allocation made now belongs to; ``alive(ptr)``
+    says whether a pointer is still device memory; ``free_bytes(device)`` measures the device;
+    ``total_of(pool, device)`` is the pool's own ``total_bytes()`` on that device.
     """
 
     def __init__(
         self,
         buffer: EventBuffer,
         *,
-        device_malloc: Callable[[int], tuple[int, Any]],
-        device_free: Callable[[int, Any], None],
+        pool_of: PoolOf,
+        alive: Callable[[int], bool],
+        total_of: Callable[[Any, int], int],
         current_stream: Callable[[], Any],
-        pool_id: Callable[[int], int] = lambda device: 0,
         free_bytes: Callable[[int], int] = lambda device: UNMEASURED,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self._ext = buffer.extend
-        self._malloc = device_malloc
-        self._free = device_free
+        self._pool_of, self._alive, self._total_of = pool_of, alive, total_of
         self._stream = current_stream
-        self._pool_id = pool_id
         self._free_bytes = free_bytes
         self._clock = clock
-        self.live: dict[tuple[int, int], tuple[int, Any, int]] = {}  # (device, ptr) -> (bytes, keep, pool)
-        self.failures = 0  # allocations that raised (the pool retries or raises OOM)
+        self.live: dict[tuple[int, int], tuple[int, int]] = {}  # (device, ptr) -> (bytes, pool id)
+        self.held: dict[tuple[int, int], int] = {}  # (pool id, device) -> live segment bytes
+        self.offset: dict[tuple[int, int], int] = {}  # (pool id, device) -> total - held once probed
+        self.failures = 0  # device allocations that raised (the pool retries or raises OOM)
+        self.probes = 0  # pointers probed (docs/record.md: the cost)
         self.devices: set[int] = set()
-        self.active = True  # False after the recording ends: frees then only release memory
+        self.active = True  # False after the recording ends
 
-    def malloc(self, size: int, device_id: int) -> int:
-        try:
-            ptr, keep = self._malloc(size)
-        except Exception:
-            self.failures += 1
-            raise
+    # -- the hook's callbacks ------------------------------------------------------------------
+    def before_alloc(self, device: int, size: int) -> None:
+        """``alloc_preprocess``: end the installed pool's segments that CuPy freed since."""
         if not self.active:
-            self.live[(device_id, ptr)] = (size, keep, -1)
-            return ptr
-        pool = self._pool_id(device_id)
-        self.live[(device_id, ptr)] = (size, keep, pool)
-        self.devices.add(device_id)
-        free = self._measure(device_id)
-        self._ext((self._clock(), code_of(SEGMENT_ALLOC, device_id, pool), ptr, size, 0,
-                   self._stream().ptr, free, -1))
-        return ptr
-
-    def free(self, ptr: int, device_id: int) -> None:
-        size, keep, pool = self.live.pop((device_id, ptr), (0, None, -1))
-        self._free(ptr, keep)
-        if not self.active or pool < 0:
             return
-        free = self._measure(device_id)
-        self._ext((self._clock(), code_of(SEGMENT_FREE, device_id, pool), ptr, size, 0,
-                   self._stream().ptr, free, -1))
+        pid, pool = self._pool_of(device)
+        if pool is not None:
+            self._reconcile(pid, pool, device, size)
+
+    def after_alloc(self, device: int, size: int, ptr: int) -> None:
+        """``alloc_postprocess``: a ``segment_alloc`` row (ptr 0: the allocation failed)."""
+        if not ptr:
+            self.failures += 1
+            return
+        if not self.active:
+            return
+        pid, _ = self._pool_of(device)
+        stale = self.live.get((device, ptr))
+        if stale is not None:  # the address is new again: the segment there ended unseen
+            self._end(device, ptr)
+        self.live[(device, ptr)] = (size, pid)
+        self.held[(pid, device)] = self.held.get((pid, device), 0) + size
+        self.devices.add(device)
+        self._ext((self._clock(), code_of(SEGMENT_ALLOC, device, pid), ptr, size, 0,
+                   self._stream().ptr, self._measure(device), -1))
+
+    # -- finding the ends ----------------------------------------------------------------------
+    def _reconcile(self, pid: int, pool: Any, device: int, extra: int = 0) -> None:
+        """Probe ``pid``'s segments on ``device`` where the pool holds less than the recorder knows."""
+        try:
+            total = int(self._total_of(pool, device))
+        except Exception:  # a pool or device that cannot answer now: the sweeps probe later
+            return
+        key = (pid, device)
+        if total - extra - self.held.get(key, 0) == self.offset.get(key, 0):
+            return
+        self._probe([k for k, (_, p) in self.live.items() if p == pid and k[0] == device])
+        # What the pool holds beyond what the hook showed (segments made before the recording, or
+        # another pool's counted here): remembered, so an unchanged pool is not probed again.
+        self.offset[key] = total - extra - self.held.get(key, 0)
+
+    def sweep(self, pools: dict[int, tuple[Any, int]] | None = None) -> None:
+        """Probe every live segment except those of the pools (pool id -> (pool, device)) whose
+        totals show nothing freed: before an OOM row, at each spool write, at the end."""
+        if not self.active or not self.live:
+            return
+        settled: set[tuple[int, int]] = set()
+        for pid, (pool, device) in (pools or {}).items():
+            key = (pid, device)
+            try:
+                total = int(self._total_of(pool, device))
+            except Exception:
+                continue
+            if total - self.held.get(key, 0) == self.offset.get(key, 0):
+                settled.add(key)
+        self._probe([k for k, (_, p) in self.live.items() if (p, k[0]) not in settled])
+
+    def _probe(self, keys: list[tuple[int, int]]) -> None:
+        for device, ptr in keys:
+            self.probes += 1
+            try:
+                gone = not self._alive(ptr)
+            except Exception:  # the device cannot answer (a sticky error): nothing is concluded
+                return
+            if gone:
+                self._end(device, ptr)
+
+    def _end(self, device: int, ptr: int) -> None:
+        size, pid = self.live.pop((device, ptr))
+        self.held[(pid, device)] -= size
+        self._ext((self._clock(), code_of(SEGMENT_FREE, device, pid), ptr, size, 0,
+                   self._stream().ptr, self._measure(device), -1))
 
     def _measure(self, device_id: int) -> int:
         try:
@@ -86,12 +149,21 @@ class SegmentLog:
             return UNMEASURED
 
     def live_bytes(self, device_id: int) -> int:
-        return sum(s for (d, _), (s, _k, _p) in self.live.items() if d == device_id)
+        return sum(s for (d, _), (s, _p) in self.live.items() if d == device_id)
 
 
-def raw_device_alloc(rt: Any) -> tuple[Callable[[int], tuple[int, Any]], Callable[[int, Any], None]]:
-    """cudaMalloc/cudaFree as CuPy's default allocator calls them (``_malloc`` -> ``Memory``)."""
-    return (lambda size: (int(rt.malloc(size)), None)), (lambda ptr, keep: rt.free(ptr))
+def device_pointer(rt: Any) -> Callable[[int], bool]:
+    """``alive(ptr)``: ``cudaPointerGetAttributes`` still calls ``ptr`` device memory (type 2);
+    a freed pointer is unregistered (type 0) or refused."""
+
+    def alive(ptr: int) -> bool:
+        try:
+            attrs = rt.pointerGetAttributes(ptr)
+        except rt.CUDARuntimeError:
+            return False
+        return int(attrs.type) == 2 and int(attrs.devicePointer) == ptr
+
+    return alive
 
 
 def pool_state(pool: Any) -> dict[str, int | None]:

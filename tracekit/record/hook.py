@@ -88,6 +88,7 @@ class EventBuffer:
         self.lock = threading.RLock()
         self.busy = False  # the writer is writing (set under ``lock``): trim waits or, in its thread, skips
         self._drain: Callable[[], None] | None = None
+        self.before_write: Callable[[], None] | None = None  # rows to add first (the segments' ends)
 
     def attach(self, cap: int, interval_ns: int, drain: Callable[[], None]) -> None:
         """Trim at ``cap`` ints held or ``interval_ns`` after the last trim; ``drain()`` (called
@@ -116,6 +117,9 @@ class EventBuffer:
                 del self.rows[:]
                 self.written = 0
             else:
+                if self.before_write is not None:
+                    with contextlib.suppress(Exception):  # never let recording break the program
+                        self.before_write()
                 self._drain()
                 self.taken += self.written // ROW
                 # The two next statements as close together as they can be: an exception raised
@@ -202,14 +206,21 @@ class TraceHook:
         oom_state: Callable[[int], tuple[int | None, dict[str, Any]]] = lambda device_id: (None, {}),
         current_device: Callable[[], int] | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
+        segments: Any = None,
+        sweep: Callable[[], None] | None = None,
     ) -> None:
         self.buffer = buffer
+        self.segments = segments  # tracekit.record.device_alloc.HookedSegments: the pools' device rows
+        self._sweep = sweep  # ends the segments CuPy freed (HookedSegments.sweep over the pools)
         self.sites = sites
         self._oom_state = oom_state
         self._clock = clock
         self._stream = current_stream
         self.mismatches: list[int] = []  # one entry per row whose reported device was wrong
-        self.alloc_preprocess = self.alloc_postprocess = dict
+        self.alloc_preprocess: Callable[..., Any] = dict
+        self.alloc_postprocess: Callable[..., Any] = dict
+        if segments is not None:
+            self.alloc_preprocess, self.alloc_postprocess = _alloc_callbacks(segments, current_device)
         self.malloc_preprocess = self.free_preprocess = dict
         device = _device_check(current_device, self.mismatches.append)
         if sites is None:
@@ -225,6 +236,9 @@ class TraceHook:
         exc = sys.exc_info()[1]
         if exc is not None and not isinstance(exc, MemoryError):
             return  # another error (a CUDA fault, an interrupt): not an out-of-memory request
+        if self._sweep is not None:  # the segments CuPy freed while retrying come first
+            with contextlib.suppress(Exception):
+                self._sweep()
         try:
             pool, state = self._oom_state(device_id)
         except Exception as e:  # the device could not answer; keep the row anyway
@@ -245,6 +259,22 @@ class TraceHook:
         if exc is not None:  # lets the recording tell which OOM ended the program
             with contextlib.suppress(AttributeError):  # an exception type without a __dict__
                 exc._tracekit_oom_note = index  # type: ignore[attr-defined]
+
+
+def _alloc_callbacks(segments: Any, current: Callable[[], int] | None) -> tuple[Callable[..., None],
+                                                                               Callable[..., None]]:
+    """``alloc_preprocess``/``alloc_postprocess``: a pool's device allocation (rare: no fast path).
+    On several devices the device is the current one (CuPy may report the pool's first)."""
+
+    def alloc_preprocess(device_id: int, mem_size: int) -> None:
+        with contextlib.suppress(Exception):  # never let recording break the program's allocation
+            segments.before_alloc(current() if current is not None else device_id, mem_size)
+
+    def alloc_postprocess(device_id: int, mem_size: int, mem_ptr: int) -> None:
+        with contextlib.suppress(Exception):
+            segments.after_alloc(current() if current is not None else device_id, mem_size, mem_ptr)
+
+    return alloc_preprocess, alloc_postprocess
 
 
 def _device_check(current: Callable[[], int] | None,

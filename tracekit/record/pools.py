@@ -1,48 +1,37 @@
 """Every CuPy pool a recorded program uses: ids, segment rows, and the async pool's own rows.
 
-CuPy's pool classes are Cython extension types, and every Cython module that
-``cimport``s ``cupy.cuda.memory`` checks, when it is first imported, that the
-object under the name ``MemoryPool`` (and the other cdef classes) is the type
-it was compiled against: its own ``__dict__`` holds ``__pyx_vtable__`` and its
-instance size is the same. So the recorder never replaces a class. It
-replaces five module-level *functions* (Cython's cimport reaches functions
-through ``__pyx_capi__``, filled at import, never through the module's
-namespace, so no compiled module can tell):
+Nothing of CuPy's is replaced: no class (every Cython module that ``cimport``s
+``cupy.cuda.memory`` checks at import that ``MemoryPool`` and the other cdef classes are the types
+it was compiled against), no function, not the default pool. The recorder registers a
+``MemoryHook`` (``tracekit.record.hook``) and reads CuPy's own state:
 
-- ``cupy.cuda.memory._malloc``: CuPy's ``MemoryPool.__init__`` and
-  ``SingleDeviceMemoryPool.__init__`` look this name up at run time when no
-  allocator is given (cupy/cuda/memory.pyx, 14.2), so every pool made while
-  recording gets device memory through ``recording_malloc`` (a
-  ``PythonFunctionAllocator`` over ``SegmentLog``): ``cudaMalloc``/``cudaFree``
-  exactly as ``_malloc`` does, logging ``segment_alloc``/``segment_free`` rows
-  (``free_all_blocks()`` and the retry before an out-of-memory error
-  included). ``set_allocator(None)`` and ``using_allocator(None)`` still mean
-  plain ``_malloc`` (no pool, no rows), as without tracekit.
-- ``set_allocator`` and ``get_allocator`` (in ``cupy.cuda`` and
-  ``cupy.cuda.memory``) and ``memory._set_thread_local_allocator`` /
-  ``_get_thread_local_allocator`` (what ``cupy.cuda.using_allocator`` calls):
-  installing ``pool.malloc`` names the pool (a ``MemoryPool`` gets the next
-  ``user N`` id; a ``MemoryAsyncPool``, which fires no memory hook, is
-  installed behind ``AsyncAllocator``, which logs its malloc rows and hands
-  the block out through an ``UnownedMemory`` whose owner logs the free).
-  ``get_allocator`` returns what the program installed.
+- block rows from the hook's malloc/free callbacks;
+- segment rows from its alloc callbacks, with the ends CuPy does not show found by asking the
+  pools and probing the pointers (``tracekit.record.device_alloc.HookedSegments``);
+- a pool's id from the allocator installed in the thread when CuPy asks for device memory
+  (``cupy.cuda.get_allocator().__self__``): CuPy's default pool is ``default``, every other
+  ``MemoryPool`` (or ``SingleDeviceMemoryPool``) gets the next ``user N`` id when first seen. A
+  pool whose ``malloc`` the program calls directly while another allocator is installed is counted
+  as that one, and a pool behind an allocator function of the program's own (not ``pool.malloc``)
+  as ``unattributed``.
 
-A segment belongs to the pool behind the allocator installed in the thread
-when CuPy asked for it (``cupy.cuda.get_allocator().__self__``): a pool whose
-``malloc`` the program calls directly while another allocator is installed
-is counted as that one, and a pool behind an allocator function of the
-program's own (not ``pool.malloc``) as ``unattributed``. CuPy's pools can
-hold no weak reference, so the registry keeps a pool alive only while CuPy
-itself does (the allocator installed globally, or in the main thread); pools
-are told apart by ``id()``, so a pool made after another one died, at the
-same address, shares its id in the trace. Pools built before recording
-began, on an allocator of the program's own (``MemoryPool(my_alloc)``) or
-used only through ``pool.malloc`` are recorded by the memory hook (malloc
-and free rows) without segment rows.
+A ``MemoryAsyncPool`` fires no memory hook at all. Only with ``record --async-pools`` are its
+requests recorded, and that is the one case where the recorder replaces CuPy functions:
+``set_allocator``/``get_allocator`` (in ``cupy.cuda`` and ``cupy.cuda.memory``) and
+``memory._set_thread_local_allocator``/``_get_thread_local_allocator`` (what
+``cupy.cuda.using_allocator`` calls), so that installing ``pool.malloc`` of an async pool installs
+``AsyncAllocator``, which logs its malloc rows and hands the block out through an
+``UnownedMemory`` whose owner logs the free (``get_allocator`` still returns what the program
+installed). Without the option, a trace whose program installed an async pool says so
+(``async_pools_unrecorded``).
+
+The registry never keeps a pool alive beyond CuPy (only the default pool, which CuPy holds
+anyway): pools are told apart by ``id()``, so a pool made after another one died, at the same
+address, shares its id in the trace.
 
 The trace's ``pool`` column counts (pool, device) pairs: id i is entry i of
 the ``pools`` metadata list (``id``, ``device``, ``kind``, ``label``,
-``limit_bytes``); id 0 is the recorder's default pool on the starting device.
+``limit_bytes``); id 0 is CuPy's default pool on the starting device.
 """
 
 from __future__ import annotations
@@ -57,11 +46,12 @@ from enum import StrEnum
 from typing import Any
 
 from tracekit.record.callstacks import LiveStacks, capture_of
-from tracekit.record.device_alloc import SegmentLog, async_pool_state, pool_state, raw_device_alloc
+from tracekit.record.device_alloc import HookedSegments, async_pool_state, device_pointer, pool_state
 from tracekit.record.hook import FREE, MALLOC, OOM, UNMEASURED, EventBuffer, code_of
 from tracekit.record.sites import SiteTable
 from tracekit.trace.live import round_up
 
+RESERVED_MEM_HIGH = 0x6  # cudaMemPoolAttrReservedMemHigh
 UNATTRIBUTED = "unattributed"  # label of the pool id for segments made under a non-pool allocator
 
 
@@ -105,18 +95,16 @@ class PoolRegistry:
         self._lock = threading.Lock()
         self._undo: list[tuple[Any, str, Any]] = []
         self.active = True
-        self.segments = SegmentLog(buffer, device_malloc=raw_device_alloc(self.rt)[0],
-                                   device_free=raw_device_alloc(self.rt)[1],
-                                   current_stream=cupy.cuda.get_current_stream, pool_id=self.segment_pool,
-                                   free_bytes=self.free_bytes, clock=clock)
+        self.patched = False  # the async pools' functions are installed (``patch``)
+        self.unrecorded_async = False  # an async pool was installed while not patched
+        self.segments = HookedSegments(buffer, pool_of=self.segment_pool, alive=device_pointer(self.rt),
+                                       total_of=self._total, current_stream=cupy.cuda.get_current_stream,
+                                       free_bytes=self.free_bytes, clock=clock)
         self.logs = [self.segments]
         memory = self.memory
         self._orig = {name: getattr(memory, name) for name in (
-            "_malloc", "set_allocator", "get_allocator", "_set_thread_local_allocator",
-            "_get_thread_local_allocator")}
-        self._pool_types = (memory.MemoryPool, memory.MemoryAsyncPool)
-        self.recording_malloc = cupy.cuda.PythonFunctionAllocator(self.segments.malloc,
-                                                                 self.segments.free).malloc
+            "set_allocator", "get_allocator", "_set_thread_local_allocator", "_get_thread_local_allocator")}
+        self._pool_types = ((memory.MemoryPool, memory.SingleDeviceMemoryPool), memory.MemoryAsyncPool)
 
     # -- ids -----------------------------------------------------------------------------------
     def add(self, pool: Any, kind: PoolKind, label: str | None = None, *, own: bool = False) -> int:
@@ -162,14 +150,46 @@ class PoolRegistry:
         pool = getattr(allocator, "__self__", None)
         if isinstance(pool, self._pool_types[0]):
             return self.add(pool, PoolKind.POOL), pool
+        if isinstance(pool, self._pool_types[1]):
+            self.unrecorded_async = True  # its requests fire no hook (``record --async-pools``)
         return None, None
 
-    def segment_pool(self, device: int) -> int:
-        """The pool id of a segment CuPy asks for now (see the module docstring)."""
-        key, _ = self.installed()
+    def segment_pool(self, device: int) -> tuple[int, Any]:
+        """(pool id, pool or None) of a segment CuPy asks for now (see the module docstring)."""
+        key, pool = self.installed()
         if key is None:
-            key = self._unattributed()
-        return self.pool_id(key, device)
+            key, pool = self._unattributed(), None
+        return self.pool_id(key, device), pool
+
+    def async_seen(self, devices: set[int]) -> bool:
+        """Whether stream-ordered memory was taken on any of ``devices`` in this process: the
+        device's current memory pool has a reserved high-water mark (what a ``MemoryAsyncPool``
+        allocates from; its requests fire no memory hook)."""
+        for device in sorted(devices):
+            try:
+                with self.cupy.cuda.Device(device):
+                    high = self.rt.memPoolGetAttribute(self.rt.deviceGetMemPool(device), RESERVED_MEM_HIGH)
+            except Exception:  # no stream-ordered allocator on this device or driver
+                continue
+            if int(high) > 0:
+                return True
+        return False
+
+    def _total(self, pool: Any, device: int) -> int:
+        """``pool.total_bytes()`` on ``device`` (a ``MemoryPool`` answers for the current device)."""
+        if int(self.rt.getDevice()) == device:
+            return int(pool.total_bytes())
+        with self.cupy.cuda.Device(device):
+            return int(pool.total_bytes())
+
+    def sweep(self) -> None:
+        """End the segments CuPy freed unseen: every live one probed, but those of the pools the
+        recorder can ask whose totals show nothing freed (``HookedSegments.sweep``)."""
+        reach: dict[int, tuple[Any, int]] = {}
+        for key, pool in self.reachable().items():
+            if self.kind(key) is PoolKind.POOL:
+                reach.update({pid: (pool, device) for (k, device), pid in self._ids.items() if k == key})
+        self.segments.sweep(reach)
 
     def _unattributed(self) -> int:
         for key, (_, label) in enumerate(self._pools):
@@ -190,17 +210,15 @@ class PoolRegistry:
         finally:
             rt.setDevice(prev)
 
-    def make_default(self) -> Any:
-        """CuPy's own ``MemoryPool`` class on the recording allocator: the recording's default pool."""
-        pool = self.memory.MemoryPool(self.recording_malloc)
+    def adopt_default(self, pool: Any) -> None:
+        """CuPy's own default pool: pool key 0, ``default``."""
         self.add(pool, PoolKind.POOL, "default", own=True)
-        return pool
 
     # -- the functions ----------------------------------------------------------------------------
     def _adopt(self, allocator: Any) -> tuple[Any, tuple[int, Any] | None]:
         """(what to install for the program's ``allocator``, (key, pool) behind it or None)."""
-        if allocator is None or allocator is self.recording_malloc:
-            return self._orig["_malloc"], None  # "no pool", as the program meant
+        if allocator is None:
+            return None, None  # "no pool", as the program meant
         if isinstance(allocator, AsyncAllocator):
             return allocator, (allocator.key, allocator.pool)
         pool = getattr(allocator, "__self__", None)
@@ -212,8 +230,10 @@ class PoolRegistry:
         return allocator, None
 
     def patch(self) -> None:
-        """Install the recording functions under CuPy's names (``unpatch`` puts CuPy's back)."""
+        """``record --async-pools``: the async pools' functions under CuPy's names (``unpatch`` puts
+        CuPy's back); the only time the recorder replaces anything of CuPy's."""
         o = self._orig
+        self.patched = True
 
         def set_allocator(allocator: Any = None) -> None:
             real, held = self._adopt(allocator)
@@ -232,7 +252,7 @@ class PoolRegistry:
             return _program_view(o["_get_thread_local_allocator"]())
 
         memory, cuda = self.memory, self.cupy.cuda
-        new = {"_malloc": self.recording_malloc}
+        new: dict[str, Any] = {}
         for fn in (set_allocator, get_allocator, _set_thread_local_allocator, _get_thread_local_allocator):
             new[fn.__name__] = functools.wraps(o[fn.__name__])(fn)
         for name, value in new.items():
@@ -313,6 +333,9 @@ class PoolRegistry:
     def reachable(self) -> dict[int, Any]:
         """The pools the recorder may read now (key -> pool): its own, and those CuPy holds here."""
         out = dict(self._owned)
+        key, pool = self.installed()
+        if key is not None:
+            out.setdefault(key, pool)
         for held in (self._global, getattr(self._local, "pool", None)):
             if held is not None:
                 out.setdefault(held[0], held[1])

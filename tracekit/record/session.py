@@ -1,9 +1,9 @@
 """A CuPy recording: install the recorded pools and hook, run, read the pools, write the trace.
 
 ``CupyRecording.start`` measures the cheap budget (before this process
-touches the device), puts the recording functions under CuPy's allocator
-names (``tracekit.record.pools``: no class is replaced) and makes a recorded
-default pool of CuPy's own class, keeps whole call stacks
+touches the device), replaces nothing of CuPy's (``tracekit.record.pools``; only
+``--async-pools`` wraps CuPy's allocator functions), names CuPy's own default pool
+``default``, keeps whole call stacks
 (``tracekit.record.callstacks``, ``stack_depth`` frames each) unless
 call-sites are off, writes the start metadata into the spool, starts its thread and registers the hook in the
 calling thread and (through ``patch_threads``) in every ``threading.Thread``
@@ -79,7 +79,8 @@ class CupyRecording:
     def __init__(self, output: Path, *, command: list[str], sites: bool = True, limit: int | None = None,
                  interval: float = 0.5, max_events: int = 65536, force: bool = False,
                  launch: Launch | None = None, program: str | None = None,
-                 stack_depth: int = DEFAULT_DEPTH, launcher: FrameType | None = None) -> None:
+                 stack_depth: int = DEFAULT_DEPTH, launcher: FrameType | None = None,
+                 async_pools: bool = False) -> None:
         output = Path(os.path.abspath(output))  # the program may change its working directory
         check_output(output, (program,), force=force)  # never the script being recorded
         self.output, self.spool_path = output, spool_path(output)
@@ -90,6 +91,7 @@ class CupyRecording:
         self.stack_depth = stack_depth if sites else 0  # --no-sites records no stacks either
         self.launcher = launcher  # the frame running the program: stacks stop there (callstacks.not_at)
         self.interval, self.max_events = interval, max_events
+        self.async_pools = async_pools  # record --async-pools (tracekit.record.pools)
         self.launch = launch or Launch.from_env()
         self.roots = site_roots(program)
         self.watcher: Watcher | None = None  # started with the recording (tracekit.record.watch)
@@ -106,12 +108,11 @@ class CupyRecording:
         self.probe = cupy_probe(cupy)
         self.pools = PoolRegistry(cupy, self.buffer, sites=self.sites, oom_state=self._async_oom_state,
                                   stacks=self.stacks)
-        self.pools.patch()
-        self.pool = self.pools.make_default()
+        if self.async_pools:
+            self.pools.patch()
+        self.pool = cupy.get_default_memory_pool()  # CuPy's own, untouched (tracekit.record.pools)
+        self.pools.adopt_default(self.pool)
         self.pools.pool_id(0, self.device_id)  # pool 0: the default pool on the starting device
-        self._previous = cupy.get_default_memory_pool()
-        cupy._default_memory_pool = self.pool  # what cupy.get_default_memory_pool() returns
-        cupy.cuda.memory.set_allocator(self.pool.malloc)
         if self.limit:
             self.pool.set_limit(size=self.limit)
         meta = start_meta(cupy, self.device_id, command=self.command, sites=self.sites_on,
@@ -123,7 +124,9 @@ class CupyRecording:
         several = cuda.device_count(rt) > 1
         self.hook = cupy_hook(cupy, buffer=self.buffer, sites=self.sites, stacks=self.stacks,
                               current_stream=cupy.cuda.get_current_stream, oom_state=self._oom_state,
-                              current_device=rt.getDevice if several else None)
+                              current_device=rt.getDevice if several else None,
+                              segments=self.pools.segments, sweep=self.pools.sweep)
+        self.buffer.before_write = self.pools.sweep  # a segment CuPy freed ends by the next write
         self.pid = os.getpid()
         self.watcher = Watcher.start(self.spool_path, self.output)  # finishes it however we end
         self.spool.start()  # before the program: the spool thread's allocator arena is made now
@@ -186,9 +189,9 @@ class CupyRecording:
             total["limit"] = total["limit_bytes"] or 0
         return out, pools, ends
 
-    def stop(self, exit_info: dict[str, Any] | None = None, *, restore: bool = False,
+    def stop(self, exit_info: dict[str, Any] | None = None, *,
              exception: BaseException | None = None) -> Path:
-        """Stop recording and write the trace; ``restore`` puts the previous default pool back.
+        """Stop recording and write the trace.
 
         ``exception`` is the one the program ended with: if it came from a
         recorded out-of-memory error, ``exit.oom_seq`` names that OOM. A CUDA
@@ -207,6 +210,9 @@ class CupyRecording:
             self._unpatch()
             with contextlib.suppress(KeyError):
                 self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
+            self.buffer.before_write = None
+            with contextlib.suppress(Exception):  # the segments CuPy freed since the last write
+                self.pools.sweep()
             try:
                 end, pools, pools_end = self.end_state()
             except Exception as e:  # e.g. a sticky CUDA error from the program: keep its events
@@ -225,13 +231,13 @@ class CupyRecording:
         }
         if pools is not None:
             extra["pools"], extra["pools_end"] = pools, pools_end
+        if not self.async_pools and (self.pools.unrecorded_async or self.pools.async_seen(
+                {self.device_id, *self.pools.segments.devices})):
+            extra["async_pools_unrecorded"] = True  # record --async-pools would hold their rows
         if end_error is not None:
             extra["pool_end_error"] = end_error
         if self.spool.error:
             extra["spool_error"] = self.spool.error
-        if restore:
-            self.cupy._default_memory_pool = self._previous
-            self.cupy.cuda.set_allocator(self._previous.malloc)
         try:
             from tracekit.record.recover import finalize  # numba and the reader: after the program only
 
@@ -275,7 +281,7 @@ def oom_note(exception: BaseException | None) -> int | str | None:
 
 def record_cupy(target: list[str], *, module: bool = False, output: Path | None = None,
                 limit: int | None = None, sites: bool = True, force: bool = False,
-                stack_depth: int = DEFAULT_DEPTH) -> Recorded:
+                stack_depth: int = DEFAULT_DEPTH, async_pools: bool = False) -> Recorded:
     """Run ``target`` like python would while recording CuPy's pools; returns what was recorded.
 
     ``output`` may hold ``{rank}``-style placeholders (``tracekit.record.launch``); it and the
@@ -287,7 +293,7 @@ def record_cupy(target: list[str], *, module: bool = False, output: Path | None 
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force, launch=launch,
                         program=None if module else target[0], stack_depth=stack_depth,
-                        launcher=sys._getframe())
+                        launcher=sys._getframe(), async_pools=async_pools)
     with stop_signals():
         rec.start()
         outcome = run_target(target, module)

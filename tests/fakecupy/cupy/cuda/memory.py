@@ -145,7 +145,7 @@ class PooledMemory:
 class SingleDeviceMemoryPool:
     """Whole segments only (no splitting): enough to drive the recorder's rows and counters."""
 
-    __slots__ = ("__weakref__", "_allocator", "_cache", "_device_id", "_limit", "_segs", "_used")
+    __slots__ = ("__weakref__", "_allocator", "_cache", "_device_id", "_limit", "_segs", "_total", "_used")
 
     def __init__(self, allocator=None):  # type: ignore[no-untyped-def]
         self._allocator = allocator if allocator is not None else _malloc
@@ -153,6 +153,7 @@ class SingleDeviceMemoryPool:
         self._cache = {}  # (stream, size) -> [MemoryPointer of a free segment]
         self._segs = {}  # ptr -> MemoryPointer of every segment
         self._used = 0
+        self._total = 0  # counted before the device allocation is made, as CuPy's _try_block_total_bytes
         self._limit = 0
 
     def malloc(self, size):  # type: ignore[no-untyped-def]
@@ -178,10 +179,11 @@ class SingleDeviceMemoryPool:
         return MemoryPointer(PooledMemory(seg, rounded, stream, self), 0)
 
     def _try_malloc(self, size):  # type: ignore[no-untyped-def]
-        if self._limit and self.total_bytes() + size > self._limit:
+        if self._limit and self._total + size > self._limit:
             self.free_all_blocks()
-            if self.total_bytes() + size > self._limit:
-                raise OutOfMemoryError(size, self.total_bytes(), self._limit)
+            if self._total + size > self._limit:
+                raise OutOfMemoryError(size, self._total, self._limit)
+        self._total += size
         for attempt in range(2):
             try:
                 seg = self._alloc(size)
@@ -189,7 +191,8 @@ class SingleDeviceMemoryPool:
                 return seg
             except runtime.CUDARuntimeError:
                 if attempt:
-                    raise OutOfMemoryError(size, self.total_bytes(), self._limit) from None
+                    self._total -= size
+                    raise OutOfMemoryError(size, self._total, self._limit) from None
                 self.free_all_blocks()
         raise AssertionError
 
@@ -215,13 +218,14 @@ class SingleDeviceMemoryPool:
             if stream is None or s == stream.ptr:
                 for seg in segs:
                     del self._segs[seg.ptr]
+                    self._total -= seg.mem.size
                 segs.clear()
 
     def used_bytes(self):  # type: ignore[no-untyped-def]
         return self._used
 
     def total_bytes(self):  # type: ignore[no-untyped-def]
-        return sum(s.mem.size for s in self._segs.values())
+        return self._total
 
     def free_bytes(self):  # type: ignore[no-untyped-def]
         return self.total_bytes() - self._used
@@ -293,6 +297,8 @@ class _AsyncMemory(Memory):
         super().__init__(size)
         self._pool = pool
         pool._used[self.device_id] += size
+        high = runtime._mempool_reserved_high
+        high[self.device_id] = max(high[self.device_id], pool._used[self.device_id])
 
     def __del__(self):  # type: ignore[no-untyped-def]
         self._pool._used[self.device_id] -= self.size

@@ -51,6 +51,31 @@ def free(ptr):  # type: ignore[no-untyped-def]
         _used[d] -= size
 
 
+_mempool_reserved_high = [0] * _N  # each device's current memory pool (what MemoryAsyncPool takes from)
+
+
+def deviceGetMemPool(d):  # type: ignore[no-untyped-def]
+    return 0x1000 + d
+
+
+def memPoolGetAttribute(pool, attr):  # type: ignore[no-untyped-def]
+    if attr != 0x6:  # only cudaMemPoolAttrReservedMemHigh is followed here
+        raise ValueError(attr)
+    return _mempool_reserved_high[pool - 0x1000]
+
+
+class PointerAttributes:
+    def __init__(self, device, devicePointer, hostPointer, type):  # type: ignore[no-untyped-def]
+        self.device, self.devicePointer, self.hostPointer, self.type = device, devicePointer, hostPointer, type
+
+
+def pointerGetAttributes(ptr):  # type: ignore[no-untyped-def]
+    """A freed (or never allocated) pointer is unregistered memory (type 0), as CUDA 11+ says."""
+    with _lock:
+        hit = _live.get(ptr)
+    return PointerAttributes(-2, 0, 0, 0) if hit is None else PointerAttributes(hit[0], ptr, 0, 2)
+
+
 def memGetInfo():  # type: ignore[no-untyped-def]
     d = getDevice()
     return _TOTAL - _used[d], _TOTAL
