@@ -402,6 +402,7 @@ class Case:
     folder: Path  # copied once per run
     program: str  # file name inside the folder
     args: list[str] = field(default_factory=list)
+    record_opts: list[str] = field(default_factory=list)  # options of `tracekit record` for this case
 
 
 @dataclass
@@ -427,7 +428,9 @@ def cases(examples: Path | None, work: Path) -> list[Case]:
             folder = work / "src" / name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "prog.py").write_text(textwrap.dedent(text).lstrip())
-            out.append(Case(name, kind, folder, "prog.py"))
+            # an async pool fires no memory hook: only --async-pools records its requests
+            opts = ["--async-pools"] if name.startswith("async") else []
+            out.append(Case(name, kind, folder, "prog.py", record_opts=opts))
     return out
 
 
@@ -442,7 +445,7 @@ def run_one(case: Case, recorded: bool, work: Path, path: str, timeout: float) -
     cmd = [sys.executable, case.program, *case.args]
     if recorded:
         cmd = [sys.executable, "-m", "tracekit", "record", *(["--torch"] if case.kind == "torch" else []),
-               "-o", str(trace), case.program, *case.args]
+               *case.record_opts, "-o", str(trace), case.program, *case.args]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=timeout)

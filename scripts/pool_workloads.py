@@ -78,7 +78,8 @@ def run_user_pool(steps: int = 8) -> None:
         z = sum(zs)
     cp.cuda.Device().synchronize()
     print("sum", float(z[0, 0]), "pool total bytes", pool.total_bytes())
-    SEEN["pools"].append({"label": "user 1", **counters(pool)})
+    # events_seen: where in the witness's events the counters were read (the trace's rows line up)
+    SEEN["pools"].append({"label": "user 1", **counters(pool), "events_seen": len(SEEN["events"])})
     for stream in streams[: steps // 2]:  # give some streams' blocks back, as map_reduce does
         pool.free_all_blocks(stream=stream)
     SEEN["pools"][-1].update(after_free=counters(pool))
