@@ -375,11 +375,11 @@ def test_call_sites_are_the_analyzers_labels(traces_dir: Path, tmp_path: Path) -
 
 
 def test_array_library_frames_outside_site_packages_are_not_the_users(tmp_path: Path) -> None:
-    """CuPy's stand-in (``tests/fakecupy``) and a CuPy source checkout: frames of kind user, yet not the
-    user's code (as in every call-site label), unless ``--user-code`` names them."""
+    """CuPy's stand-in (``tests/fakecupy``) and a CuPy source checkout: recorded as kind user, read as
+    the array library's (its package name), so not the user's code, unless ``--user-code`` names them."""
     trace = read_trace(stacks_trace(tmp_path / "c.parquet", CUPY_FRAMES))
     m = build_model(trace, analyze_trace(trace), "c")
-    assert m["frames"]["kind"][2] == m["frames"]["kind"][4] == FrameKind.USER
+    assert m["frames"]["kind"][2] == m["frames"]["kind"][4] == FrameKind.LIBRARY
     assert m["frames"]["user"] == [True, True, False, True, False, False, False]
     uc = UserCode.of([str(FAKECUPY)])
     m = build_model(trace, analyze_trace(trace, user_code=uc), "c", user_code=uc)

@@ -20,11 +20,14 @@ The window is read with C-level iteration (``itertools.accumulate`` of ``getattr
 stopped at ``None`` by ``takewhile(bool, ...)``, then ``map`` of the two attribute getters), so
 the cost per frame is a few C calls and no bytecode. ``docs/record.md`` has the measured cost.
 
-Kinds: a frame's file under the most specific root that holds it decides (``root_kinds``): the
-standard library -> ``STDLIB``, an installed-package folder (site-packages, dist-packages) ->
-``LIBRARY``, the working directory, the program's folder or no root at all -> ``USER``;
-``<frozen ...>`` modules are the standard library's. CuPy's Python frames stay in the stack (the
-innermost library frame that made the request is wanted); the one-frame site still skips them.
+Kinds: ``tracekit.trace.stacks.frame_kind`` of the frame's absolute path, with the folders the
+interpreter names (``environment_now``, the same the trace's ``environment`` metadata stores;
+``root_kinds``): the standard library -> ``STDLIB``; site-packages, the array library's package,
+a virtualenv inside the program's folder -> ``LIBRARY``, even inside the working directory or the
+program's folder; then the more specific of those user's folders and ``sys.prefix``; then names
+(a ``site-packages`` folder a program put on ``sys.path`` itself, an array library's package).
+CuPy's Python frames stay in the stack (the innermost library frame that made the request is
+wanted); the one-frame site still skips them.
 
 The tables grow only (ids are dense and never change), so the spool writes the frames and stacks
 new since its last batch, as it does call-site names, and ``tracekit recover`` rebuilds them.
@@ -36,14 +39,25 @@ import contextlib
 import functools
 import operator
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, takewhile
 from operator import attrgetter
 from types import CodeType, FrameType
 
 from tracekit.record.sites import SiteTable, relative_path
-from tracekit.trace.stacks import FrameKind, StackInterner, cut_text
+from tracekit.trace.schema import Environment
+from tracekit.trace.stacks import (
+    INSTALLED,
+    VENV_MARK,
+    VENV_NAMES,
+    Folders,
+    FrameKind,
+    StackInterner,
+    cut_text,
+    frame_kind,
+)
 
 DEFAULT_DEPTH = 64  # frames per stack unless --stack-depth says otherwise
 SITE_SHIFT = 32  # where a row's code keeps site + 1 (tracekit.record.hook)
@@ -234,35 +248,80 @@ def _line(frame: FrameType) -> int:
     return line if line is not None else -1
 
 
-def kind_of(path: str, kinds: tuple[tuple[str, FrameKind], ...]) -> FrameKind:
-    """The kind of the most specific root holding ``path`` (``root_kinds``); USER under none."""
-    if path.startswith("<frozen"):
-        return FrameKind.STDLIB
-    best, found = -1, FrameKind.USER
-    for root, kind in kinds:
-        prefix = os.path.join(root, "")
-        if len(prefix) > best and path.startswith(prefix):
-            best, found = len(prefix), kind
-    return found
+CUPY_PACKAGES = ("cupy", "cupyx", "cupy_backends", "fastrlock")  # CuPy's packages (sites.default_skip_dirs)
+TORCH_PACKAGES = ("torch", "torchvision", "torchaudio", "triton")  # PyTorch's, where installed
 
 
-def root_kinds(roots: tuple[str, ...]) -> tuple[tuple[str, FrameKind], ...]:
-    """Each root with the kind of the frames under it: the standard library's folders STDLIB, the
-    installed-package folders LIBRARY, the others (working directory, program folder) USER."""
+def kind_of(path: str, kinds: Folders) -> FrameKind:
+    """The kind of the code at ``path`` (a code object's file name, made absolute): ``frame_kind``
+    with the folders of ``root_kinds``."""
+    if not path.startswith("<"):
+        path = os.path.abspath(path)
+    return frame_kind(path, kinds)
+
+
+def root_kinds(roots: tuple[str, ...], packages: tuple[str, ...] = CUPY_PACKAGES) -> Folders:
+    """The folders ``kind_of`` asks, in order (``Environment.folders``): the interpreter's, and the
+    user's among ``roots`` (``site_roots``: the working directory, the program's folder)."""
+    return environment_now(roots, packages).folders()
+
+
+def environment_now(roots: Sequence[str], packages: Sequence[str]) -> Environment:
+    """What this interpreter says is not the user's code, and which of ``roots`` (``site_roots``) are
+    the user's: the one source of the recorder's kinds (``root_kinds``) and of the trace's
+    ``environment`` metadata (CuPy's ``start_meta``, ``record --torch``), so the two agree.
+
+    ``packages``: the array library's top-level packages, found without importing them. Every folder
+    absolute, and again with symbolic links resolved where that differs (a code object names a file
+    as it was imported). A folder the interpreter's helpers cannot name (an embedded interpreter
+    without ``site``'s) is left out. A virtualenv inside a user's folder (``.venv``, ``venv`` holding
+    ``pyvenv.cfg``) is listed even when another interpreter records: its code is never the user's."""
     import site
     import sysconfig
 
     paths = sysconfig.get_paths()
-    std = {os.path.abspath(p) for k in ("stdlib", "platstdlib") if (p := paths.get(k))}
-    libs = {os.path.abspath(p) for k in ("purelib", "platlib") if (p := paths.get(k))}
+    std = _both(paths.get(k) for k in ("stdlib", "platstdlib"))
+    libs = _both(paths.get(k) for k in ("purelib", "platlib"))
     with contextlib.suppress(AttributeError):  # site helpers are missing in some embedded interpreters
-        libs.update(os.path.abspath(p) for p in (*site.getsitepackages(), site.getusersitepackages()))
-    out = []
-    for r in roots:
-        a = os.path.abspath(r)
-        installed = a in libs or os.path.basename(a) in ("site-packages", "dist-packages")
-        out.append((a, FrameKind.LIBRARY if installed else FrameKind.STDLIB if a in std else FrameKind.USER))
-    return tuple(out)
+        libs += _both([*site.getsitepackages(), site.getusersitepackages()])
+    libs += _both(p for p in sys.path
+                  if isinstance(p, str) and os.path.basename(p.rstrip(os.sep)) in INSTALLED)
+    user = [a for a in _both(roots) if a not in libs and a not in std
+            and os.path.basename(a) not in INSTALLED]
+    venvs = _both(v for r in user for name in sorted(VENV_NAMES)
+                  if os.path.isfile(os.path.join(v := os.path.join(r, name), VENV_MARK)))
+    return Environment(prefix=os.path.abspath(sys.prefix), base_prefix=os.path.abspath(sys.base_prefix),
+                       stdlib=tuple(std), site_packages=tuple(_unique(libs)),
+                       libraries=tuple(_both(package_dirs(packages))), tracekit=tuple(_both(tracekit_dirs())),
+                       venvs=tuple(venvs), user=tuple(user))
+
+
+def package_dirs(packages: Sequence[str]) -> list[str]:
+    """The folders of the top-level ``packages`` that are installed (found, not imported)."""
+    import importlib.util
+
+    out: list[str] = []
+    for name in packages:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # a broken install, or a module whose __spec__ is None
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            out.extend(spec.submodule_search_locations)
+    return out
+
+
+def _both(folders: Iterable[str | None]) -> list[str]:
+    """Each folder absolute and, where it differs, with symbolic links resolved; in order, once."""
+    out: list[str] = []
+    for f in folders:
+        if f:
+            out += [os.path.abspath(f), os.path.realpath(f)]
+    return _unique(out)
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 def tracekit_dirs() -> tuple[str, ...]:

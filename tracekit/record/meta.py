@@ -6,7 +6,8 @@ this process touches the device, and stored whole under ``"budget"``; the
 top-level keys repeat the figures the analyzer reads most (``nvml``,
 ``device_limits``). Every figure the driver will not give is ``None``, and a
 budget that cannot be measured is stored as ``{"error": ...}`` rather than
-stopping the recording.
+stopping the recording. ``environment`` (``environment_meta``) holds the folders the
+interpreter says are not the user's code, as ``record --torch`` stores them too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from tracekit import __version__
 from tracekit.budget.shapes import CheapBudget
 from tracekit.gpu.driver import LIMIT_CODES
-from tracekit.trace.schema import DeviceInfo, Source, TraceMeta
+from tracekit.trace.schema import DeviceInfo, Environment, Source, TraceMeta
 
 
 def measure_budget(device_id: int) -> CheapBudget | str:
@@ -39,6 +40,17 @@ def rerun_meta(command: list[str], limit: int | None) -> dict[str, Any]:
     module = len(command) > 1 and command[1] == "-m"
     return {"argv": command[2:] if module else command[1:], "module": module, "cwd": os.getcwd(),
             "limit_bytes": limit}
+
+
+def environment_meta(roots: tuple[str, ...], packages: tuple[str, ...]) -> Environment:
+    """The trace's ``environment`` key: what this interpreter says is not the user's code
+    (``callstacks.environment_now``, which the recorder's kinds read too, so the two agree), with the
+    user's folders among ``roots`` (``sites.site_roots``: the working directory, the program's folder).
+    ``packages``: the array library's top-level packages. Shared by CuPy's recording (``start_meta``)
+    and ``record --torch``."""
+    from tracekit.record.callstacks import environment_now
+
+    return environment_now(roots, packages)
 
 
 def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, limit: int | None,
@@ -61,12 +73,19 @@ def start_meta(cupy: Any, device_id: int, *, command: list[str], sites: bool, li
     }
     if measured is not None and measured["driver_version"]:
         versions["nvidia_driver"] = str(measured["driver_version"])
+    from tracekit.record.callstacks import CUPY_PACKAGES
+    from tracekit.record.sites import site_roots
+
+    module = len(command) > 1 and command[1] == "-m"
+    program = command[1] if len(command) > 1 and not module else None  # as record_cupy's site roots
+
     return TraceMeta.new(
         Source.CUPY,
         device=DeviceInfo(name=name, total_bytes=total, free_bytes=free),
         pool_limit_bytes=pool_limit or None,
         command=" ".join(command),
         versions=versions,
+        environment=environment_meta(site_roots(program), CUPY_PACKAGES),
     ).with_extra(
         argv=list(command),
         rerun=rerun_meta(command, limit),

@@ -114,12 +114,15 @@ def _exception_site(torch: Any, exc: BaseException | None, roots: tuple[str, ...
 def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str, Any],
            launch: dict[str, Any], roots: tuple[str, ...]) -> None:
     from tracekit.importers.torch_snapshot import convert
+    from tracekit.record.callstacks import TORCH_PACKAGES
+    from tracekit.record.meta import environment_meta
     from tracekit.record.sites import relative_path, relative_site
     from tracekit.trace import Op, write_trace
-    from tracekit.trace.stacks import trim_outer
+    from tracekit.trace.stacks import trim_outer, with_kinds
 
     c = convert(snap, rec.path)
-    table = c.events.stacks
+    env = environment_meta(roots, TORCH_PACKAGES)  # at the end: sys.path as the program left it
+    table = with_kinds(c.events.stacks, env.folders())  # decided on the absolute paths, as CuPy's are
     relative = dataclasses.replace(table, file=tuple(relative_path(f, roots) for f in table.file))
     stacks, lut = trim_outer(relative, launcher_frames(relative))
     events = dataclasses.replace(c.events, sites=tuple(relative_site(s, roots) for s in c.events.sites),
@@ -139,8 +142,9 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     pool_of = np.zeros(max(devices) + 1, np.int64)
     pool_of[devices] = np.arange(len(devices))
     extras = {**c.extras, "pool": pa.array(pool_of[events.device], pa.uint16())}
-    meta = c.meta.with_extra(oom_states=oom_states, exit=exit_info, pools=pools, launch=launch,
-                             sites_relative_to=list(roots), rerun=rec.rerun)
+    meta = dataclasses.replace(c.meta, environment=env).with_extra(
+        oom_states=oom_states, exit=exit_info, pools=pools, launch=launch, sites_relative_to=list(roots),
+        rerun=rec.rerun)
     write_trace(out, meta, events, extras)
 
 

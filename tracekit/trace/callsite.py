@@ -4,9 +4,10 @@ For every stack of a ``StackTable`` (``tracekit.trace.stacks``), once per distin
 with NumPy over the stack table (never per event):
 
 - the **user frame** ``U``: the innermost frame that is the user's code (``UserCode``: by
-  default every ``USER`` frame that is not an array library's, below; with ``--user-code
-  PATH``, exactly the frames under PATH), never a C/C++ (``NATIVE``) frame and never
-  tracekit's own;
+  default every ``USER`` frame, as ``tracekit.trace.stacks.frame_kind`` decides it: never an
+  installed package, a virtualenv, the standard library nor an array library; with
+  ``--user-code PATH``, exactly the frames under PATH), never a C/C++ (``NATIVE``) frame and
+  never tracekit's own;
 - the **request frame** ``R``: the innermost frame that is neither tracekit's, nor C/C++, nor
   the array library's own (PyTorch's ``torch``, CuPy's ``cupy``, ``cupyx``,
   ``cupy_backends``, ``fastrlock``); where the stack has no such frame, its innermost frame
@@ -40,13 +41,13 @@ import numpy as np
 from numba import njit
 
 from tracekit.trace.events import Events
-from tracekit.trace.stacks import NONE, Frame, FrameKind, StackTable, UserCode
+from tracekit.trace.stacks import ALLOCATORS, INSTALLED, NONE, Frame, FrameKind, StackTable, UserCode
 
 ARROW = " → "
 # Top-level packages of the array libraries that allocate: their frames are the allocator's
-# machinery, not the request.
-FRAMEWORKS = frozenset({"torch", "cupy", "cupyx", "cupy_backends", "fastrlock"})
-_INSTALLED = ("site-packages", "dist-packages")
+# machinery, not the request (``stacks.ALLOCATORS``; ``stacks.LIBRARY_PACKAGES``, wider, are never the
+# user's code).
+FRAMEWORKS = ALLOCATORS
 _TRACEKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../tracekit
 _PACKAGES = FRAMEWORKS | {"tracekit"}
 STACK_INNER = 64  # frames a shown stack keeps from its inner end (where the request was made)
@@ -71,7 +72,7 @@ def top_package(path: str) -> str:
     relative path, its first folder; "" otherwise."""
     parts = path.replace("\\", "/").split("/")
     for i in range(len(parts) - 1, -1, -1):
-        if parts[i] in _INSTALLED:
+        if parts[i] in INSTALLED:
             return parts[i + 1] if i + 1 < len(parts) - 1 else ""
     if path == _TRACEKIT_DIR or path.startswith(_TRACEKIT_DIR + os.sep):
         return "tracekit"
@@ -116,8 +117,10 @@ class FrameRoles:
         tracekit = np.array([p == "tracekit" for p in pkg], dtype=bool)
         framework = np.array([p in FRAMEWORKS for p in pkg], dtype=bool)
         native = table.kind == FrameKind.NATIVE
+        # The kinds decide (stacks.frame_kind, applied by the reader); an array library's frame a table
+        # built in memory calls USER is still not the user's code, unless PATH says so.
         user = user_code.mask(table) & ~native & ~tracekit
-        if not user_code.prefixes:  # an array library is never the user's code unless PATH says so
+        if not user_code.prefixes:
             user &= ~framework
         return cls(user, tracekit, framework, native)
 

@@ -3,13 +3,15 @@
 Structural faults (not Parquet, truncated, empty, no ``tracekit`` metadata,
 a missing or mistyped column, a null size, an unknown op, seq not strictly
 increasing, t_ns decreasing, a malloc/free without addr, a stack table that is not one or a
-stack id it does not hold) raise
+stack id it does not hold, an ``environment`` key that is not a list of folders) raise
 ``TraceFormatError`` with one sentence naming the file and the column or seq.
 Event-level inconsistencies of the malloc/free pairing are dropped and
 reported (``Trace.issues``); those of blocks against segments in pooled traces
 are kept and reported (``Trace.warnings``, see ``tracekit.trace.containment``);
 ``strict=True`` turns both into errors. Columns are read one at a time into
-NumPy so peak memory stays near the size of the result.
+NumPy so peak memory stays near the size of the result. Each ``USER`` frame's
+kind is decided again on read (``tracekit.trace.stacks.frame_kind``, with the
+trace's ``environment`` folders), so every verb reads one answer to "library or yours".
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tracekit.trace.finishing import wait_for
 from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, STACK_FIELD, Op, TraceMeta
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
-from tracekit.trace.stacks import StackTable, from_json
+from tracekit.trace.stacks import StackTable, from_json, with_kinds
 from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals
 from tracekit.trace.validate import EventIssue, IssueKind, pair_events, remap_mate
 
@@ -253,7 +255,7 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace
             raise TraceFormatError(f"{p}: missing required column '{col}'")
     stacks = _read_stack_table(p, pf)
     try:
-        ev = _read_events(p, pf, schema, stacks)
+        ev = _with_kinds(_read_events(p, pf, schema, stacks), meta)
         extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
         extra_tbl = _read_extras(p, pf, extra_names) if (extras and extra_names) else None
     except MemoryError as e:
@@ -285,6 +287,15 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace
         if extra_tbl is not None:
             extra_tbl = extra_tbl.filter(pa.array(pairing.keep))
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
+
+
+def _with_kinds(ev: Events, meta: TraceMeta) -> Events:
+    """``ev`` with its frames' kinds decided as every verb reads them (``stacks.with_kinds``): with
+    the folders of the trace's ``environment`` where it has one, by the names alone where not (a trace
+    recorded before the key existed, an imported one). Once per read, once per distinct file."""
+    folders = meta.environment.folders() if meta.environment is not None else ()
+    table = with_kinds(ev.stacks, folders)
+    return ev if table is ev.stacks else replace(ev, stacks=table)
 
 
 def _rounded_at_least_size(ev: Events) -> Events:

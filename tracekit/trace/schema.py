@@ -5,7 +5,9 @@ One Parquet file, one row per event. In memory ops are small integer codes
 one JSON object under the Parquet key ``tracekit``; ``TraceMeta`` is its typed
 form and keeps unknown keys in ``extra`` so nothing a newer writer stored is
 lost on a round trip. Version 3 adds the ``stack`` column and the ``tracekit.stacks`` key
-(``tracekit.trace.stacks``). See ``docs/trace-format.md`` for the public contract.
+(``tracekit.trace.stacks``). The optional ``environment`` key (``Environment``) holds the folders the
+recording interpreter names as not the user's code. See ``docs/trace-format.md`` for the public
+contract.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
+from tracekit.trace.stacks import MAX_FRAME_TEXT_BYTES, Folders, FrameKind
 
 SCHEMA_VERSION = 3
 # A v1 trace is a v2 trace without the added columns and keys; a v2 trace a v3 trace without whole
@@ -103,6 +106,108 @@ class DeviceInfo:
         )
 
 
+class EnvironmentJSON(TypedDict):
+    """The ``environment`` metadata key: where the recording interpreter keeps code that is not the
+    user's, each folder absolute (and again with symbolic links resolved where that differs)."""
+
+    prefix: str  # sys.prefix
+    base_prefix: str  # sys.base_prefix
+    stdlib: list[str]  # sysconfig's stdlib and platstdlib
+    site_packages: list[str]  # site.getsitepackages(), getusersitepackages(), purelib/platlib, sys.path's
+    libraries: list[str]  # the array library's package folders (cupy's, torch's, ...)
+    tracekit: list[str]  # tracekit's own package folder
+    venvs: list[str]  # virtualenvs (a folder holding pyvenv.cfg) inside the user's folders
+    user: list[str]  # the working directory and the program's folder: the user's
+
+
+MAX_FOLDERS = 4096  # folders per list of ``environment`` a reader takes
+
+
+@dataclass(frozen=True)
+class Environment:
+    """``EnvironmentJSON`` read once: what ``tracekit.trace.stacks.frame_kind`` asks (``folders``).
+
+    Why the interpreter's word and not names alone: a library in a folder not named site-packages (a
+    ``.venv`` inside the project, a checkout on ``PYTHONPATH``, a vendor folder), the program's folder
+    inside ``sys.prefix`` (a container's ``/usr/local/app``), and paths the trace stores relative to
+    its roots all read wrong by name."""
+
+    prefix: str = ""
+    base_prefix: str = ""
+    stdlib: tuple[str, ...] = ()
+    site_packages: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    tracekit: tuple[str, ...] = ()
+    venvs: tuple[str, ...] = ()
+    user: tuple[str, ...] = ()
+
+    def folders(self) -> Folders:
+        """The folders in the order ``frame_kind`` asks them (the first holding a path decides).
+
+        First those that are never the user's, the most specific first: the standard library
+        (``STDLIB``), then site-packages, the array library, tracekit, a virtualenv inside the
+        project (``LIBRARY``), even where the program's folder or the working directory holds them.
+        Then the user's folders and ``sys.prefix``/``sys.base_prefix`` together, the most specific
+        first, a user's folder before a prefix of equal length: a program in ``/proj`` with its
+        ``.venv`` (the prefix) inside is the user's, its ``.venv/bin`` not; a program in
+        ``/usr/local/app`` under the prefix ``/usr/local`` is the user's too. The filesystem root and
+        relative folders are left out (they would hold everything, or nothing absolute)."""
+        strong = [(f, FrameKind.STDLIB) for f in self.stdlib]
+        strong += [(f, FrameKind.LIBRARY) for f in (*self.site_packages, *self.libraries, *self.tracekit,
+                                                     *self.venvs)]
+        weak = [(f, FrameKind.USER) for f in self.user]
+        weak += [(f, FrameKind.LIBRARY) for f in (self.prefix, self.base_prefix)]
+        out: list[tuple[str, FrameKind]] = []
+        seen: set[str] = set()
+        for group in (strong, weak):
+            group = [(_with_sep(f), k) for f, k in group if f.startswith("/") and f.strip("/")]
+            for folder, kind in sorted(group, key=lambda fk: (-len(fk[0]), fk[1] is not FrameKind.USER)):
+                if folder not in seen:
+                    seen.add(folder)
+                    out.append((folder, kind))
+        return tuple(out)
+
+    def to_json(self) -> EnvironmentJSON:
+        return EnvironmentJSON(prefix=self.prefix, base_prefix=self.base_prefix, stdlib=list(self.stdlib),
+                               site_packages=list(self.site_packages), libraries=list(self.libraries),
+                               tracekit=list(self.tracekit), venvs=list(self.venvs), user=list(self.user))
+
+    @classmethod
+    def from_json(cls, obj: object) -> Environment:
+        """Every field checked (ValueError naming it); keys a newer writer added are ignored, missing
+        ones read as empty."""
+        if not isinstance(obj, dict):
+            raise ValueError("environment must be an object")
+        return cls(_text(obj, "prefix"), _text(obj, "base_prefix"), _texts(obj, "stdlib"),
+                   _texts(obj, "site_packages"), _texts(obj, "libraries"), _texts(obj, "tracekit"),
+                   _texts(obj, "venvs"), _texts(obj, "user"))
+
+
+def _with_sep(folder: str) -> str:
+    return folder.rstrip("/") + "/"
+
+
+def _text(obj: Mapping[str, Any], key: str) -> str:
+    v = obj.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str) or len(v.encode("utf-8", "surrogatepass")) > MAX_FRAME_TEXT_BYTES:
+        raise ValueError(f"environment.{key} must be a folder name, got {type(v).__name__}")
+    return v
+
+
+def _texts(obj: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    v = obj.get(key)
+    if v is None:
+        return ()
+    if not isinstance(v, list) or len(v) > MAX_FOLDERS:
+        raise ValueError(f"environment.{key} must be a list of at most {MAX_FOLDERS} folders")
+    for x in v:
+        if not isinstance(x, str) or len(x.encode("utf-8", "surrogatepass")) > MAX_FRAME_TEXT_BYTES:
+            raise ValueError(f"environment.{key} must hold folder names")
+    return tuple(v)
+
+
 @dataclass(frozen=True)
 class TraceMeta:
     """The ``tracekit`` metadata object. Only ``source`` is required on read."""
@@ -114,6 +219,7 @@ class TraceMeta:
     pool_limit_bytes: int | None = None
     command: str | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
+    environment: Environment | None = None  # the ``environment`` key, where the recorder stored one
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -135,6 +241,8 @@ class TraceMeta:
             "command": self.command,
             "versions": dict(self.versions),
         }
+        if self.environment is not None:
+            d["environment"] = self.environment.to_json()
         d.update(self.extra)
         return d
 
@@ -177,7 +285,8 @@ class TraceMeta:
             ) from None
         dev = d.get("device")
         known = {"schema_version", "source", "created_utc", "device", "pool_limit_bytes",
-                 "command", "versions"}
+                 "command", "versions", "environment"}
+        env = d.get("environment")
         cmd = d.get("command")
         return cls(
             source=source,
@@ -187,6 +296,7 @@ class TraceMeta:
             pool_limit_bytes=_opt_int(d.get("pool_limit_bytes"), "pool_limit_bytes"),
             command=" ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
             versions=_versions(d.get("versions")),
+            environment=Environment.from_json(env) if env is not None else None,
             extra={k: v for k, v in d.items() if k not in known},
         )
 

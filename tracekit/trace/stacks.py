@@ -8,10 +8,14 @@ few thousand stacks, each one frame and one parent, whatever the depth. The inne
 frame of a stack is ``frame[s]``; walking ``parent`` goes outwards. ``parent[s] < s``
 always (a parent is interned before its children), which keeps every walk finite.
 
-``kind`` says where a frame's code lives, as the recorder or the importer saw it:
-``USER`` (the working directory, the program's folder or anywhere else), ``LIBRARY``
-(an installed package: site-packages, dist-packages), ``STDLIB`` (Python's own
-library) or ``NATIVE`` (a C/C++ frame of a PyTorch snapshot). The user's own line of an
+``kind`` says where a frame's code lives: ``USER`` (the working directory, the program's
+folder or anywhere else), ``LIBRARY`` (an installed package, a virtualenv, an array library),
+``STDLIB`` (Python's own library) or ``NATIVE`` (a C/C++ frame of a PyTorch snapshot). One
+function decides it, ``frame_kind``: the recorder calls it on each frame's absolute path with
+the folders the interpreter names as not the user's (``Folders``, the trace's ``environment``
+metadata: ``tracekit.trace.schema.Environment``), and the reader calls it again on every
+``USER`` frame of a trace it reads (``with_kinds``), with the folders the trace stored where
+it has them, so an older or imported trace gets the same answer. The user's own line of an
 event is its innermost ``USER`` frame; ``UserCode`` lets a user say otherwise
 (``--user-code PATH``: frames under PATH are theirs, every other frame is not).
 
@@ -25,6 +29,7 @@ the metadata key ``tracekit.stacks`` holding ``StacksJSON``.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -189,19 +194,128 @@ def parse_site(site: str) -> tuple[str, int, str]:
 MAX_LINE = (1 << 31) - 1  # the frame table's line column is int32
 
 
-_INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+# Top-level packages of the array libraries that allocate: their frames are the allocator's machinery
+# (``tracekit.trace.callsite.FRAMEWORKS``: never the request frame, nor the user's code).
+ALLOCATORS = frozenset({"torch", "cupy", "cupyx", "cupy_backends", "fastrlock"})
+# Top-level packages never the user's code (``frame_kind``): the array libraries, what is built on them
+# and what they are built on, and tracekit. Names a program's own folders rarely have: not "cuda",
+# "datasets" or "models", which a project may well hold.
+LIBRARY_PACKAGES = ALLOCATORS | frozenset({
+    "torchvision", "torchaudio", "torchtext", "functorch", "triton", "xformers", "flash_attn",
+    "deepspeed", "timm", "lightning", "pytorch_lightning", "transformers", "accelerate", "diffusers",
+    "jax", "jaxlib", "flax", "tensorflow", "numpy", "scipy", "numba", "cudf", "rmm", "tracekit",
+})
+INSTALLED = frozenset({"site-packages", "dist-packages"})  # folders of installed packages, by name
+VENV_NAMES = frozenset({".venv", "venv"})  # virtualenv folders, by name
+VENV_MARK = "pyvenv.cfg"  # the file every virtualenv's folder holds (PEP 405)
+# Folders directly inside a virtualenv that hold its code (a file elsewhere in it, beside pyvenv.cfg,
+# may be a project whose folder is also its virtualenv: ``python -m venv .``).
+VENV_CODE = frozenset({"lib", "lib64", "bin", "Lib", "Scripts"})
+VENV_CACHE = 4096  # folders whose answer _is_venv keeps
+
+# Folders in the order ``frame_kind`` asks them: (the folder with a trailing separator, the kind of the
+# code under it); the first holding a path decides. ``tracekit.trace.schema.Environment.folders``.
+Folders = tuple[tuple[str, FrameKind], ...]
+
+
+def frame_kind(path: str, folders: Folders = (), recorded: FrameKind = FrameKind.USER) -> FrameKind:
+    """The kind of a frame's code: the one decision of "library or yours" every verb reads.
+
+    ``recorded`` other than ``USER`` stands (the recorder or the importer knew more). Else: Python's
+    frozen modules are ``STDLIB``; an absolute path under one of ``folders`` takes the first one's kind
+    (the interpreter's word: its site-packages, standard library, the array library, a virtualenv
+    inside the program's folder; a ``USER`` folder, the program's or the working directory, answers
+    only for what no earlier folder holds); then, for what is left ``USER``, the path as the trace
+    names it (the part below that ``USER`` folder) is ``LIBRARY`` when a folder of it is named
+    ``site-packages``/``dist-packages``, when it lies in a virtualenv (a ``.venv``/``venv`` folder
+    that holds ``pyvenv.cfg`` where it exists on this machine, any such name where it does not, or
+    any folder holding ``pyvenv.cfg`` whose ``lib``/``bin`` holds the file), or when its top package
+    is one of ``LIBRARY_PACKAGES`` (the first folder of a relative path: ``torch/nn/modules/conv.py``
+    of a trace that stored paths relative to site-packages). Why names at all: traces recorded
+    before the folders were stored, imported ones and one-frame call-sites carry no folders, and a
+    program can put a package folder on ``sys.path`` after the recording started."""
+    if recorded is not FrameKind.USER:
+        return recorded
+    if path.startswith("<"):
+        return FrameKind.STDLIB if path.startswith("<frozen") else FrameKind.USER
+    rest = path
+    if folders and os.path.isabs(path):
+        for folder, kind in folders:
+            if path.startswith(folder):
+                if kind is not FrameKind.USER:
+                    return kind
+                rest = path[len(folder):]
+                break
+    return FrameKind.LIBRARY if _library_by_name(path, rest) else FrameKind.USER
+
+
+def _library_by_name(path: str, rest: str) -> bool:
+    """``frame_kind``'s rules on names: ``rest`` is the tail of ``path`` no user's folder explains."""
+    parts = rest.replace("\\", "/").split("/")
+    dirs = parts[:-1]
+    if INSTALLED.intersection(dirs):
+        return True
+    absolute = os.path.isabs(path)
+    top = next((p for p in dirs if p in LIBRARY_PACKAGES), None) if os.path.isabs(rest) else (
+        dirs[0] if dirs else None)
+    if top in LIBRARY_PACKAGES:
+        return True
+    if not absolute:
+        return bool(VENV_NAMES.intersection(dirs))
+    base = path[:len(path) - len(rest)]  # the user's folder (with its separator), or ""
+    for i, name in enumerate(dirs):
+        if not name:
+            continue
+        folder = base + "/".join(parts[:i + 1])
+        if name in VENV_NAMES:
+            if _is_venv(folder) is not False:  # a virtualenv, or a name from a machine not this one
+                return True
+        elif i + 1 < len(dirs) and dirs[i + 1] in VENV_CODE and _is_venv(folder):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=VENV_CACHE)
+def _is_venv(folder: str) -> bool | None:
+    """Whether ``folder`` holds ``pyvenv.cfg``; None where ``folder`` is not a folder on this machine
+    (a trace recorded elsewhere). Cached: a stack table names each folder many times, and the rules
+    ask only of folders named like a virtualenv or holding ``lib``/``bin``, never of every folder."""
+    if not os.path.isdir(folder):  # isdir and isfile answer False for names the system refuses
+        return None
+    return os.path.isfile(os.path.join(folder, VENV_MARK))
 
 
 def guess_kind(path: str) -> FrameKind:
-    """The kind of a frame known only by its path: installed packages are ``LIBRARY``, else ``USER``."""
-    p = f"{os.sep}{path}"
-    return FrameKind.LIBRARY if any(m in p for m in _INSTALLED) else FrameKind.USER
+    """The kind of a frame known only by its path (a one-frame call-site, an imported frame):
+    ``frame_kind`` without folders."""
+    return frame_kind(path)
+
+
+def with_kinds(table: StackTable, folders: Folders = ()) -> StackTable:
+    """``table`` with every ``USER`` frame's kind decided again by ``frame_kind`` (``folders``: the
+    trace's, where it stored them); the same object where no kind changes. Once per distinct file."""
+    kind = table.kind
+    users = np.flatnonzero(kind == FrameKind.USER)
+    if not len(users):
+        return table
+    memo: dict[str, int] = {}
+    out = kind.copy()
+    for f in users.tolist():
+        file = table.file[f]
+        k = memo.get(file)
+        if k is None:
+            k = memo[file] = int(frame_kind(file, folders))
+        out[f] = k
+    if np.array_equal(out, kind):
+        return table
+    return StackTable(table.file, table.line, table.function, out, table.frame, table.parent)
 
 
 @dataclass(frozen=True)
 class UserCode:
-    """What counts as the user's code: by default every ``USER`` frame; with ``prefixes`` (from
-    ``--user-code PATH``, as given and made absolute), exactly the frames whose file starts with one."""
+    """What counts as the user's code: by default every ``USER`` frame (``frame_kind``: the kinds a
+    trace's table holds once the reader has read it); with ``prefixes`` (from ``--user-code PATH``,
+    as given and made absolute), exactly the frames whose file starts with one, whatever their kind."""
 
     prefixes: tuple[str, ...] = ()
 

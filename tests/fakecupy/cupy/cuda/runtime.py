@@ -66,7 +66,8 @@ def memPoolGetAttribute(pool, attr):  # type: ignore[no-untyped-def]
 
 class PointerAttributes:
     def __init__(self, device, devicePointer, hostPointer, type):  # type: ignore[no-untyped-def]
-        self.device, self.devicePointer, self.hostPointer, self.type = device, devicePointer, hostPointer, type
+        self.device, self.devicePointer = device, devicePointer
+        self.hostPointer, self.type = hostPointer, type
 
 
 def pointerGetAttributes(ptr):  # type: ignore[no-untyped-def]
