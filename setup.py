@@ -9,13 +9,18 @@ scripts run), inside the build tree for a wheel (``pip install .``,
 files' contents and on the CPU, so a wheel's kernels load on any machine with
 the build machine's CPU model; elsewhere they compile on first use, or with
 ``python -m tracekit.cli.precompile``. ``TRACEKIT_NO_PRECOMPILE=1`` skips the step.
+
+The C extension ``tracekit.record._fastpath`` (the recorder's frame-window hash and shared-memory
+ring) is built where a C compiler is found and left out elsewhere (``optional=True``: the build
+warns and goes on), since ``tracekit.record.fastpath`` falls back to pure Python without it. An
+editable install builds it beside its source; ``python setup.py build_ext --inplace`` rebuilds it.
 """
 
 import os
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 
@@ -39,4 +44,7 @@ class BuildPy(build_py):
                   file=sys.stderr)
 
 
-setup(cmdclass={"build_py": BuildPy})
+setup(
+    cmdclass={"build_py": BuildPy},
+    ext_modules=[Extension("tracekit.record._fastpath", ["tracekit/record/_fastpath.c"], optional=True)],
+)

@@ -41,7 +41,7 @@ import operator
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import accumulate, takewhile
 from operator import attrgetter
 from types import CodeType, FrameType
@@ -112,9 +112,10 @@ class LiveStacks:
                  kinds: tuple[tuple[str, FrameKind], ...], launcher: FrameType | None = None) -> None:
         self.sites, self.depth, self.steps = sites, depth, backs(depth)
         self.stop = not_at(launcher) if launcher is not None else None
+        self.launcher = launcher  # where the compiled window walk stops (fastpath.window_hash)
         self._own = tuple(os.path.join(os.path.abspath(d), "") for d in own_dirs)
         self._kinds = kinds
-        self.hot: dict[tuple[int, ...], tuple[int | None, int]] = {}
+        self.hot: dict[Hashable, tuple[int | None, int]] = {}  # window key or hash -> answer
         self.long: dict[tuple[int, ...], tuple[int | None, int]] = {}  # longer windows (``longer``)
         self._frame_of: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> frame id
         self._named: dict[int, tuple[str, str, int] | None] = {}  # id(code) -> (path, name, kind); None: own
@@ -133,10 +134,12 @@ class LiveStacks:
             bits, stack = self.longer(frames, bits)
         return ((bits >> SITE_SHIFT) - 1 if bits is not None else self.sites.site_of(frame)), stack
 
-    def miss(self, frames: list[FrameType]) -> tuple[int | None, int]:
+    def miss(self, frames: list[FrameType], key: object = None) -> tuple[int | None, int]:
         """Slow path: name and intern the window's frames, remember the window's answer (``(k, LONGER)``
-        for a full window whose ``k`` innermost frames are the skipped libraries': the depth cut it)."""
-        key = window_key(frames)
+        for a full window whose ``k`` innermost frames are the skipped libraries': the depth cut it)
+        under ``key`` (the compiled walk's hash, ``fastpath.window_hash``) or the window's own key."""
+        if key is None:
+            key = window_key(frames)
         with self._lock:
             v = self.hot.get(key)  # another thread may have just added it
             if v is None:

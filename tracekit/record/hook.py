@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.record import fastpath
 from tracekit.record.callstacks import LiveStacks, frame_code, frame_lasti
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import Op
@@ -89,6 +90,12 @@ class EventBuffer:
         self.busy = False  # the writer is writing (set under ``lock``): trim waits or, in its thread, skips
         self._drain: Callable[[], None] | None = None
         self.before_write: Callable[[], None] | None = None  # rows to add first (the segments' ends)
+
+    def mirror(self, ring: Any) -> None:
+        """Append every row through ``ring.extend`` (``tracekit.record.tail``): the list and the
+        shared ring in one C call. Before anything takes ``extend`` (the hook, the pools)."""
+        ring.attach(self.rows)
+        self.extend = ring.extend
 
     def attach(self, cap: int, interval_ns: int, drain: Callable[[], None]) -> None:
         """Trim at ``cap`` ints held or ``interval_ns`` after the last trim; ``drain()`` (called
@@ -353,6 +360,50 @@ def _site_callbacks(buf, clock, stream, failed, sites, device):  # type: ignore[
 
 
 def _stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
+    if fastpath.COMPILED:
+        return _compiled_stack_callbacks(buf, clock, stream, failed, stacks, device)
+    return _py_stack_callbacks(buf, clock, stream, failed, stacks, device)
+
+
+def _compiled_stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
+    # One C call walks the window and hashes its (code, offset) pairs (``fastpath.window_hash``, a
+    # few hundred ns for a 30-frame stack); one dict lookup answers it. The frames themselves are
+    # fetched only for a window never seen before, or one whose answer needs them (LONGER, no site).
+    hot = stacks.hot
+    miss = stacks.miss
+    longer = stacks.longer
+    site_of = stacks.sites.site_of
+    depth, launcher = stacks.depth, stacks.launcher
+    ext, rows = buf.extend, buf.rows
+
+    def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
+                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED, _len=len,
+                           _hash=fastpath.window_hash, _frames=fastpath.window_frames):
+        k = _hash(1, depth, launcher)
+        v = hot.get(k)
+        if v is None:
+            v = miss(_frames(1, depth, launcher), k)
+        bits, st = v
+        if st < -1 or bits is None:
+            frames = _frames(1, depth, launcher)
+            if st < -1:  # LONGER: the depth was cut short inside CuPy's frames; it counts from the site
+                bits, st = longer(frames, bits)
+            if bits is None:  # no frame outside CuPy and tracekit in the stack: the site lies beyond it
+                bits = (site_of(frames[0]) + 1) << _site
+        if device is not None:
+            device_id = device(device_id)
+        if mem_ptr:
+            t = clock()
+            ext((t, bits | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr, _na, st))
+            if t >= buf.due or _len(rows) >= buf.cap:
+                buf.trim()
+        elif size:
+            failed(device_id, size, mem_size, (bits >> _site) - 1, st)
+
+    return malloc_postprocess, _callbacks(buf, clock, stream, failed, device)[1]
+
+
+def _py_stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
     # The window read and its key (tracekit.record.callstacks.window, window_key) are inlined: C-level
     # iteration, one key, one dict lookup whose answer holds the site's row bits and the stack id,
     # so a window seen before runs no Python loop.

@@ -27,6 +27,7 @@ that stamped out of order) is clamped to the time before it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ from tracekit.record.spool_format import (
     STACK_ROW,
     SpoolFrames,
 )
+from tracekit.record.tail import tail_path
 from tracekit.trace.events import Events
 from tracekit.trace.schema import META_KEY, Op, TraceMeta
 from tracekit.trace.stacks import CUT_MARK, MAX_FRAME_TEXT_BYTES, MAX_LINE, FrameKind, StackTable
@@ -82,14 +84,17 @@ class SpoolScan:
     truncated: bool = False
     segments: list[np.ndarray] = field(default_factory=list)  # segment rows, see finish.segment_rows
     t_last: int = NO_TIME  # the last event row's time so far, as the trace will carry it
+    tail_rows: int = 0  # rows taken from the spool's tail (``record.tail``): the process ended unfinished
+    tail_lost: int = 0  # rows between the spool's last and the tail's first that neither held
 
 
 class _Spool:
     """An open spool of either layout: its metadata and its batches in the Arrow spool layout."""
 
     def __init__(self, path: Path, meta_json: bytes, batches: Iterator[pa.RecordBatch],
-                 truncated: Callable[[], bool]) -> None:
+                 truncated: Callable[[], bool], tail: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> None:
         self.path, self.meta_json, self._batches, self._truncated = path, meta_json, batches, truncated
+        self.tail = tail  # (rows taken from the spool's tail, rows neither held) once read
 
     def batches(self, scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
         """Every whole batch, checked; ``scan.truncated`` is set where the spool was cut short."""
@@ -120,8 +125,9 @@ def _open(path: Path) -> Iterator[_Spool]:
         head = f.read(len(MAGIC))
         f.seek(0)
         if head == MAGIC:
-            frames = SpoolFrames(path, f)
-            yield _Spool(path, frames.meta_json, frames.batches(), lambda: frames.truncated)
+            frames = SpoolFrames(path, f, tail_path(path))
+            yield _Spool(path, frames.meta_json, frames.batches(), lambda: frames.truncated,
+                         lambda: (frames.tail_rows, frames.tail_lost))
             return
         with _arrow(path) as reader:
             yield _Spool(path, reader.schema.metadata[META_KEY], _arrow_batches(reader), lambda: False)
@@ -205,6 +211,7 @@ def scan_spool(path: Path) -> SpoolScan:
         scan = SpoolScan(_meta(path, spool.meta_json))
         for batch in spool.batches(scan):
             _scan_batch(path, scan, batch)
+        scan.tail_rows, scan.tail_lost = spool.tail()
     return scan
 
 
@@ -341,6 +348,8 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2)
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
+    if scan.tail_rows or scan.tail_lost:  # rows a dead process left only in its shared ring
+        meta = meta.with_extra(tail_rows=scan.tail_rows, tail_rows_lost=scan.tail_lost)
     cut = (sum(CUT_MARK in x for x in scan.sites)
            + sum(CUT_MARK in f[0] or CUT_MARK in f[2] for f in scan.frames))
     if cut:  # names the recorder shortened to the reader's bound (trace.stacks.cut_text)
@@ -396,4 +405,7 @@ def recover(path: Path, output: Path | None = None, *, force: bool = False) -> P
         raise InputError(f"{safe_text(path)}: no spool beside it ({safe_text(spool)}); nothing to recover")
     out = output or default_output(spool)
     check_output(out, (path, spool), force=force)
-    return finalize(spool, out, {"complete": False, "recovered_from": str(spool)})
+    done = finalize(spool, out, {"complete": False, "recovered_from": str(spool)})
+    with contextlib.suppress(OSError):  # its rows are in the trace now
+        tail_path(spool).unlink(missing_ok=True)
+    return done

@@ -45,6 +45,7 @@ from tracekit.record.runner import Outcome, Recorded, check_target, default_outp
 from tracekit.record.signals import restore_in_child, stop_signals
 from tracekit.record.sites import SiteTable, default_skip_dirs, exception_site, site_roots
 from tracekit.record.spool import SpoolWriter, spool_path
+from tracekit.record.tail import Tail, tail_path
 from tracekit.record.watch import Watcher
 
 
@@ -95,6 +96,7 @@ class CupyRecording:
         self.launch = launch or Launch.from_env()
         self.roots = site_roots(program)
         self.watcher: Watcher | None = None  # started with the recording (tracekit.record.watch)
+        self.tail: Tail | None = None  # the rows' shared ring (tracekit.record.tail)
 
     def start(self) -> None:
         cupy = self.cupy = import_cupy()
@@ -102,6 +104,10 @@ class CupyRecording:
         self.device_id = int(rt.getDevice())
         budget = measure_budget(self.device_id)  # first: it reads NVML before our context exists
         self.buffer = EventBuffer()
+        # every row also into the spool's tail (a shared mapping): a death cannot take the last ones
+        self.tail = Tail.open(tail_path(self.spool_path), 2 * self.max_events)
+        if self.tail is not None:
+            self.buffer.mirror(self.tail.ring)
         self.sites = SiteTable(default_skip_dirs(), self.roots) if self.sites_on else None
         self.stacks = (live_stacks(self.sites, self.stack_depth, self.launcher) if self.sites is not None
                        else None)
@@ -141,6 +147,8 @@ class CupyRecording:
             self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
         self.pools.detach()
         self.spool.detach()
+        if self.tail is not None:
+            self.tail.close()  # the parent's ring: this process's rows must not reach it
         if self.watcher is not None:
             self.watcher.close()  # the child's copy of the pipe must not keep the watcher waiting
         del self.buffer.rows[:]
@@ -219,6 +227,8 @@ class CupyRecording:
                 end_error = f"{type(e).__name__}: {e}"
         finally:
             self.spool.close()
+            if self.tail is not None:
+                self.tail.close()  # the spool holds every row now
             self.pools.unpatch()
             self.probe.close()
         exit_meta = _exit_meta(exit_info, exception)
@@ -250,6 +260,8 @@ class CupyRecording:
             raise OutputError(f"{self.output}: could not write the trace ({e}); the events are kept in "
                               f"{self.spool_path}: run `tracekit recover {self.spool_path}`") from None
         self.spool_path.unlink()
+        if self.tail is not None:
+            self.tail.remove()
         if self.watcher is not None:
             self.watcher.done()
         return self.output

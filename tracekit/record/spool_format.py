@@ -89,10 +89,13 @@ def text_record(kind: TextKind, ident: int, *fields: Any) -> bytes:
 class SpoolFrames:
     """Reads a version-4 spool: ``meta_json`` and ``t0`` at open, ``batches()`` after."""
 
-    def __init__(self, path: Path, f: IO[bytes]) -> None:
-        self.path, self._f = path, f
+    def __init__(self, path: Path, f: IO[bytes], tail: Path | None = None) -> None:
+        self.path, self._f, self._tail = path, f, tail
         self.truncated = False
         self.ended = False
+        self.rows_read = 0  # rows of the whole ROWS frames read so far
+        self.tail_rows = 0  # rows taken from the tail (``record.tail``) after them
+        self.tail_lost = 0  # rows between the spool's last and the tail's first that neither holds
         if f.read(len(MAGIC)) != MAGIC:
             raise InputError(f"{path}: not a tracekit recording spool")
         frame = self._next()
@@ -146,8 +149,21 @@ class SpoolFrames:
                 named.read(payload)
                 continue
             raw = np.frombuffer(payload, "<i8").reshape(-1, ROW).astype(np.int64)
+            self.rows_read += len(raw)
             batch, last_t = _batch(raw, self.t0, last_t, named)
             yield batch
+        if not self.ended and self._tail is not None:
+            # The rows the process made after its last spool write, kept in the shared ring. Their
+            # notes died with the process (the event rows stay; a call-site or stack first named
+            # in those rows reads as none).
+            from tracekit.record.tail import read_tail
+
+            raw, self.tail_lost = read_tail(self._tail, self.rows_read)
+            raw = raw[(raw[:, 1] & 15) != NOTE]
+            self.tail_rows = len(raw)
+            if len(raw):
+                batch, last_t = _batch(raw, self.t0, last_t, named)
+                yield batch
         if named.pending():
             yield _batch(np.zeros((0, ROW), np.int64), self.t0, last_t, named)[0]
 

@@ -16,8 +16,8 @@ The recorded process says one byte before it closes its end: ``D``, the trace is
 watcher just leaves), or ``F``, its own finishing failed (a program that broke the standard
 library, the recursion limit): the watcher then writes the trace from the spool in its clean
 process and answers on a second pipe. On end of file without a byte, it writes the trace from
-the spool (``complete: false``, ``ended`` saying how), removes the spool and leaves. The rows
-still in the dead process's memory (at most its last flush interval, 0.5 s) are lost with it.
+the spool (``complete: false``, ``ended`` saying how), with the rows made after the spool's last
+write taken from the shared ring beside it (``tracekit.record.tail``), removes both and leaves.
 """
 
 from __future__ import annotations
@@ -125,6 +125,10 @@ def _finish(spool: Path, output: Path, ended: str) -> bool:
     except Exception:
         return False
     spool.unlink(missing_ok=True)
+    from tracekit.record.tail import tail_path
+
+    with contextlib.suppress(OSError):  # the dead process's last rows: in the trace now
+        tail_path(spool).unlink(missing_ok=True)
     return True
 
 
