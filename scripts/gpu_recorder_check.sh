@@ -7,7 +7,9 @@
 #   - a slice of CuPy 14.2's own test suite (copied from CuPy's source repository into
 #     .gpu_work/cupy, not committed) with and without `tracekit record`, compared by
 #     scripts/junit_compare.py (test ids and outcomes);
-#   - the recorder's GPU tests.
+#   - the recorder's GPU tests;
+#   - with BASE=DIR (a tree of an earlier commit: git archive COMMIT tracekit scripts | tar -x -C DIR),
+#     the overhead of this tree against it, in interleaved fresh processes (bench_record_ab.py).
 #   OUT=/some/empty/dir BUDGET_S=560 bash scripts/gpu_recorder_check.sh
 NAME=recorder
 source "$(dirname "$0")/gpu_common.sh"
@@ -29,9 +31,9 @@ pack
 
 step "cupy test slice"
 T=tests/cupy_tests
-FILES="$T/cuda_tests/test_memory.py $T/cuda_tests/test_memory_hook.py $T/cuda_tests/memory_hooks_tests $T/fft_tests/test_cache.py $T/sorting_tests/test_sort.py"
-( cd .gpu_work/cupy && timeout "$(lim 130)" python3 -m pytest -q --rootdir=. -c pyproject.toml -p no:cacheprovider --junitxml="$R/plain.xml" $FILES > "$R/cupy-plain.log" 2>&1; echo "exit $?" >> "$R/cupy-plain.log" )
-( cd .gpu_work/cupy && PYTHONPATH=$REPO timeout "$(lim 160)" python3 -m tracekit record -o "$R/cupy-tests.parquet" --force -m pytest -q --rootdir=. -c pyproject.toml -p no:cacheprovider --junitxml="$R/rec.xml" $FILES > "$R/cupy-rec.log" 2>&1; echo "exit $?" >> "$R/cupy-rec.log" )
+FILES="$T/cuda_tests/test_memory.py $T/cuda_tests/test_memory_hook.py $T/cuda_tests/memory_hooks_tests $T/fft_tests/test_cache.py"
+( cd .gpu_work/cupy && timeout "$(lim 90)" python3 -m pytest -q --rootdir=. -c pyproject.toml -p no:cacheprovider --junitxml="$R/plain.xml" $FILES > "$R/cupy-plain.log" 2>&1; echo "exit $?" >> "$R/cupy-plain.log" )
+( cd .gpu_work/cupy && PYTHONPATH=$REPO timeout "$(lim 110)" python3 -m tracekit record -o "$R/cupy-tests.parquet" --force -m pytest -q --rootdir=. -c pyproject.toml -p no:cacheprovider --junitxml="$R/rec.xml" $FILES > "$R/cupy-rec.log" 2>&1; echo "exit $?" >> "$R/cupy-rec.log" )
 python3 scripts/junit_compare.py "$R/plain.xml" "$R/rec.xml" > "$R/cupy-compare.json" 2>&1
 python3 - "$R/cupy-tests.parquet" >> "$R/cupy-compare.json" 2>&1 <<'PY'
 import json, sys
@@ -48,4 +50,9 @@ step "recorder gpu tests"
 run pytest-gpu 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider \
   tests/gpu/test_record_gpu.py tests/gpu/test_record_gpu_v2.py tests/gpu/test_record_transparency_gpu.py \
   tests/gpu/test_record_stacks_gpu.py tests/gpu/test_record_depth_gpu.py
+if [ -n "${BASE:-}" ]; then
+  step "overhead A/B against $BASE"
+  run ab "$(lim 260)" python3 scripts/bench_record_ab.py --base "$BASE" --rounds "${ROUNDS:-3}" \
+    --steps "${STEPS:-1000}" --repeats 3 --json "$R/ab.json"
+fi
 step done
