@@ -33,8 +33,9 @@ HEAD = """
     w = Witness()
     w.__enter__()
     def said(n=None):
-        with open("witness.txt", "w") as f:
+        with open("witness.tmp", "w") as f:  # replaced whole: a kill never leaves it half written
             f.write(str(w.n if n is None else n))
+        os.replace("witness.tmp", "witness.txt")
     def peek():
         for line in open("/proc/self/maps"):
             if "libcudart" in line:
