@@ -170,3 +170,23 @@ def test_a_stop_signal_raised_into_a_write_loses_and_repeats_nothing(tmp_path: P
     t = read_trace(recover(w.path), strict=True)
     assert (t.events.addr - BASE).tolist() == [i * 512 for i in range(310)]
     assert len(t.events.sites) == 1 and t.events.sites[0].endswith(":_malloc")
+
+
+@pytest.mark.parametrize("junk, says", [
+    (_frame(b"JUNK", 0, b"xx"), "at byte 343: a frame of unknown kind b'JUNK'"),
+    (_frame(TEXT, 1, b"{not json\n") + _frame(ROWS, 1, _row(40)),
+     "a text record in the spool is not valid JSON"),
+    (_frame(ROWS, 1, _row(40, op=9)), "after 2 events: a spool row has op code 9"),
+], ids=["unknown-frame", "bad-text", "bad-row"])
+def test_a_spool_written_over_keeps_the_events_before_and_says_where_it_stopped(
+        tmp_path: Path, junk: bytes, says: str) -> None:
+    """Bytes another writer put over the spool's end (the program, a full disk's garbage): the whole
+    frames before them are the trace, the metadata and the command say where and why it stopped."""
+    good = _frame(ROWS, 2, _row(10) + _row(20, addr=0x2000))
+    p = _spool(tmp_path, good, junk, _frame(ROWS, 1, _row(50)), _frame(END, 0, b""))
+    r = CliRunner().invoke(app, ["recover", str(p)])
+    assert r.exit_code == 0, r.output
+    t = read_trace(tmp_path / "x.parquet", strict=True)
+    assert t.events.t_ns.tolist() == [10, 20]  # the prefix, nothing after the damage
+    assert says in t.meta.extra["spool_damaged"]
+    assert "the spool stops making sense" in r.output and says in r.output

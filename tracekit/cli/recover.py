@@ -18,12 +18,19 @@ def recover(
 ) -> None:
     """Turn the spool of an unfinished recording into a trace (marked incomplete)."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
-    from tracekit.cli.common import terminal_progress, wrote
+    from tracekit.cli.common import say, terminal_progress, wrote
     from tracekit.record.recover import recover as run
 
     with terminal_progress("recovering"):
         out = run(path, output, force=force)
     wrote(out)
+    from tracekit.inputs import safe_text
+    from tracekit.trace.reader import read_meta
+
+    damaged = read_meta(out).extra.get("spool_damaged")
+    if isinstance(damaged, str):  # the spool was written over: say what the trace holds
+        say(f"tracekit: the spool stops making sense {safe_text(damaged)}; the trace holds the events "
+            "before that point", err=True)
 
 
 def register(app: typer.Typer) -> None:

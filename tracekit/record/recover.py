@@ -86,15 +86,18 @@ class SpoolScan:
     t_last: int = NO_TIME  # the last event row's time so far, as the trace will carry it
     tail_rows: int = 0  # rows taken from the spool's tail (``record.tail``): the process ended unfinished
     tail_lost: int = 0  # rows between the spool's last and the tail's first that neither held
+    damaged: str | None = None  # where and why the spool stopped making sense (its prefix is kept)
 
 
 class _Spool:
     """An open spool of either layout: its metadata and its batches in the Arrow spool layout."""
 
     def __init__(self, path: Path, meta_json: bytes, batches: Iterator[pa.RecordBatch],
-                 truncated: Callable[[], bool], tail: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> None:
+                 truncated: Callable[[], bool], tail: Callable[[], tuple[int, int]] = lambda: (0, 0),
+                 damaged: Callable[[], str | None] = lambda: None) -> None:
         self.path, self.meta_json, self._batches, self._truncated = path, meta_json, batches, truncated
         self.tail = tail  # (rows taken from the spool's tail, rows neither held) once read
+        self._damaged = damaged  # where and why the spool's frames stopped making sense
 
     def batches(self, scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
         """Every whole batch, checked; ``scan.truncated`` is set where the spool was cut short."""
@@ -107,9 +110,17 @@ class _Spool:
                 if scan is not None:
                     scan.truncated = True
                 return
-            yield _checked(self.path, batch)
+            try:
+                checked = _checked(self.path, batch)
+            except InputError as e:  # values the recorder never writes: keep the batches before
+                if scan is not None:
+                    scan.damaged = f"after {scan.events:,} events: {str(e).removeprefix(f'{self.path}: ')}"
+                return
+            yield checked
         if scan is not None and self._truncated():
             scan.truncated = True
+        if scan is not None and self._damaged() is not None:
+            scan.damaged = self._damaged()
 
 
 @contextmanager
@@ -127,7 +138,7 @@ def _open(path: Path) -> Iterator[_Spool]:
         if head == MAGIC:
             frames = SpoolFrames(path, f, tail_path(path))
             yield _Spool(path, frames.meta_json, frames.batches(), lambda: frames.truncated,
-                         lambda: (frames.tail_rows, frames.tail_lost))
+                         lambda: (frames.tail_rows, frames.tail_lost), lambda: frames.damaged)
             return
         with _arrow(path) as reader:
             yield _Spool(path, reader.schema.metadata[META_KEY], _arrow_batches(reader), lambda: False)
@@ -210,7 +221,14 @@ def scan_spool(path: Path) -> SpoolScan:
     with _open(path) as spool:
         scan = SpoolScan(_meta(path, spool.meta_json))
         for batch in spool.batches(scan):
-            _scan_batch(path, scan, batch)
+            before = len(scan.sites), len(scan.frames), len(scan.stacks), len(scan.notes), len(scan.segments)
+            try:
+                _scan_batch(path, scan, batch)
+            except InputError as e:  # ids or notes the recorder never writes: keep the batches before
+                del scan.sites[before[0]:], scan.frames[before[1]:], scan.stacks[before[2]:]
+                del scan.notes[before[3]:], scan.segments[before[4]:]
+                scan.damaged = f"after {scan.events:,} events: {str(e).removeprefix(f'{path}: ')}"
+                break
         scan.tail_rows, scan.tail_lost = spool.tail()
     return scan
 
@@ -332,12 +350,16 @@ def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
 def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     """Write the trace ``output`` from ``spool``; ``extra`` goes into the metadata."""
     scan = scan_spool(spool)
+    if scan.damaged is not None and scan.events == 0 and not scan.tail_rows:
+        raise InputError(f"{spool}: the spool stops making sense {scan.damaged}, before any event")
     ooms = [{k: v for k, v in n.items() if k != "state"} for n in scan.notes if n.get("kind") == "oom"]
     index = segment_index(scan.segments)
     with _open(spool) as sp:  # the device mismatches go into the metadata, written first
         mismatches, seq = 0, 0
         # Progress in batches over the three passes; the first (the scan) is done here.
         for i, batch in enumerate(sp.batches()):
+            if i >= scan.batches:  # a damaged spool: only the batches the scan kept
+                break
             ev, _, m = _events(batch, seq, (), index)
             seq, mismatches = seq + len(ev), mismatches + m
             progress.report(scan.batches + i + 1, 3 * scan.batches)
@@ -348,6 +370,8 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2)
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
+    if scan.damaged is not None:  # the events before the damage are the trace's; the rest is lost
+        meta = meta.with_extra(spool_damaged=scan.damaged)
     if scan.tail_rows or scan.tail_lost:  # rows a dead process left only in its shared ring
         meta = meta.with_extra(tail_rows=scan.tail_rows, tail_rows_lost=scan.tail_lost)
     cut = (sum(CUT_MARK in x for x in scan.sites)
@@ -361,6 +385,8 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     held = 0
     with _open(spool) as sp, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for i, batch in enumerate(sp.batches()):
+            if i >= scan.batches:
+                break
             ev, extras, _ = _events(batch, seq, sites, index, t_floor, fill, stacks)
             seq += len(ev)
             t_floor = int(ev.t_ns[-1]) if len(ev) else t_floor

@@ -20,7 +20,9 @@ sees them only when the trace is written (or recovered), in this module. Layout:
       b"END\\0" count 0, length 0  the recording ended and everything was written
 
 A TEXT frame comes before the rows that use what it names. A frame cut short (a kill in the
-middle of a write) ends the spool there: ``SpoolFrames.truncated``. ``SpoolFrames.batches``
+middle of a write) ends the spool there: ``SpoolFrames.truncated``; a frame the recorder never
+writes (bytes the program wrote over the spool) ends it too, the whole frames before it kept:
+``SpoolFrames.damaged`` says at which byte and why. ``SpoolFrames.batches``
 yields the batches of the earlier Arrow spool layout (``WRITE_SCHEMA``, ``record.recover`` reads
 both): per ROWS frame, the names, frames and stacks first defined since the last batch, then the
 rows, times made relative to ``t0_ns`` and never decreasing, note rows carrying their note's JSON.
@@ -96,6 +98,8 @@ class SpoolFrames:
         self.rows_read = 0  # rows of the whole ROWS frames read so far
         self.tail_rows = 0  # rows taken from the tail (``record.tail``) after them
         self.tail_lost = 0  # rows between the spool's last and the tail's first that neither holds
+        self.damaged: str | None = None  # where and why the spool stopped making sense (a prefix is kept)
+        self._pos = 0  # the byte offset of the frame being read
         if f.read(len(MAGIC)) != MAGIC:
             raise InputError(f"{path}: not a tracekit recording spool")
         frame = self._next()
@@ -112,7 +116,9 @@ class SpoolFrames:
         self.t0: int = head["t0_ns"]
 
     def _next(self) -> tuple[bytes, int, bytes] | None:
-        """The next whole frame, or None at the end (``truncated`` where it was cut short)."""
+        """The next whole frame, or None at the end (``truncated`` where it was cut short, ``damaged``
+        where it is not one the recorder writes: the frames before it are kept)."""
+        self._pos = self._f.tell()
         head = self._f.read(FRAME.size)
         if not head:
             return None
@@ -121,18 +127,25 @@ class SpoolFrames:
             return None
         tag, count, length = FRAME.unpack(head)
         if tag not in (META, TEXT, ROWS, END):
-            raise InputError(f"{self.path}: the spool holds a frame of unknown kind {tag!r}")
+            self._damage(f"a frame of unknown kind {tag[:4]!r}")
+            return None
         if length > MAX_FRAME_BYTES:
-            raise InputError(f"{self.path}: a spool frame claims {length:,} bytes (at most "
-                             f"{MAX_FRAME_BYTES:,})")
+            self._damage(f"a frame claims {length:,} bytes (at most {MAX_FRAME_BYTES:,})")
+            return None
         payload = self._f.read(length)
         if len(payload) < length:
             self.truncated = True
             return None
         if tag == ROWS and length != count * ROW_BYTES:
-            raise InputError(f"{self.path}: a spool frame of {count} rows holds {length} bytes, "
-                             f"not {count * ROW_BYTES}")
+            self._damage(f"a frame of {count} rows holds {length} bytes, not {count * ROW_BYTES}")
+            return None
         return tag, count, payload
+
+    def _damage(self, why: str) -> None:
+        """Stop reading at the frame being read: ``damaged`` says where and why (the frames before it
+        are whole, and kept; the recorder never writes such a frame, so something else wrote there)."""
+        self.damaged = f"at byte {self._pos:,}: {why}"
+        return None
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The spool's batches in the Arrow spool layout (``WRITE_SCHEMA``), one per ROWS frame."""
@@ -144,9 +157,14 @@ class SpoolFrames:
                 self.ended = True
                 break
             if tag == META:
-                raise InputError(f"{self.path}: the spool holds a second metadata frame")
+                self._damage("a second metadata frame")
+                break
             if tag == TEXT:
-                named.read(payload)
+                try:
+                    named.read(payload)
+                except InputError as e:
+                    self._damage(str(e).removeprefix(f"{self.path}: "))
+                    break
                 continue
             raw = np.frombuffer(payload, "<i8").reshape(-1, ROW).astype(np.int64)
             self.rows_read += len(raw)
@@ -182,11 +200,20 @@ class _Named:
         return bool(self.sites or self.frames or self.stacks)
 
     def read(self, payload: bytes) -> None:
-        for line in payload.splitlines():
-            rec = load_json(line, str(self.path), "a text record in the spool")
-            if not (isinstance(rec, list) and len(rec) >= 3 and _ints(rec[1])):
-                raise InputError(f"{self.path}: a text record in the spool is not [kind, id, ...]")
-            self._add(rec)
+        """Add a TEXT frame's records: all of them, or (InputError) none."""
+        n = len(self.sites), len(self.frames), len(self.stacks)
+        notes = set(self.notes)
+        try:
+            for line in payload.splitlines():
+                rec = load_json(line, str(self.path), "a text record in the spool")
+                if not (isinstance(rec, list) and len(rec) >= 3 and _ints(rec[1])):
+                    raise InputError(f"{self.path}: a text record in the spool is not [kind, id, ...]")
+                self._add(rec)
+        except InputError:
+            del self.sites[n[0]:], self.frames[n[1]:], self.stacks[n[2]:]
+            for k in set(self.notes) - notes:
+                del self.notes[k]
+            raise
 
     def _add(self, rec: list[Any]) -> None:
         kind, ident, rest = rec[0], rec[1], rec[2:]
