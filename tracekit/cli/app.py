@@ -86,6 +86,11 @@ class TracekitGroup(TyperGroup):
              windows_expand_args: bool = True, **extra: Any) -> Any:
         """Click's main with usage errors in tracekit's one-line form and SIGTERM as an exception."""
         _SIGNAL.update(said=False, term=False)
+        argv = list(args) if args is not None else sys.argv[1:]
+        if argv[:1] != ["record"]:  # record settles it only after the program (runner.epilogue)
+            from tracekit.kernel_cache import settle
+
+            settle()
         with _sigterm_raises():
             try:
                 rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,

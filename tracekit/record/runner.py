@@ -244,6 +244,9 @@ def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
         return Recorded(None, outcome.code)
     limit = sys.getrecursionlimit()  # the program's own, restored after: finishing needs its depth
     sys.setrecursionlimit(max(limit, 1000))
+    from tracekit.kernel_cache import settle
+
+    settle()  # the program has ended: the kernels that write the trace need a cache they may use
     with quiet_signals():
         try:
             return Recorded(write(), outcome.code)

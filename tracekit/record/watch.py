@@ -118,6 +118,9 @@ def _finish(spool: Path, output: Path, ended: str) -> bool:
     it failed (the spool then stays for ``tracekit recover``)."""
     if not spool.exists() or output.exists():
         return False
+    from tracekit.kernel_cache import settle
+
+    settle()
     from tracekit.record.recover import finalize
 
     try:
