@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from tracekit import SIGTERM_AT_START as AT_START  # what the process started with (``as_at_start``)
 from tracekit.errors import Interrupted
 
 _pending: list[int] = []  # signals received inside the innermost deferred() block
@@ -141,3 +142,18 @@ def restore_in_child() -> None:
     if str(getattr(current, "__module__", "") or "").startswith("tracekit."):
         with contextlib.suppress(ValueError, OSError):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def as_at_start() -> Iterator[None]:
+    """Inside the block SIGTERM has the disposition the process started with (``AT_START``: the
+    default action, unless the process was started ignoring it): a recorded program dies of it as
+    without tracekit (main thread only)."""
+    if not _in_main() or AT_START is None:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, AT_START)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -110,25 +110,30 @@ def test_launcher_rank_goes_into_the_name_and_placeholders_are_filled(tmp_path: 
     assert p.returncode == 0 and (tmp_path / "mpi-2-of-8.parquet").exists(), p.stderr
 
 
-def test_sigterm_finishes_the_trace_and_exits_143(tmp_path: Path) -> None:
+def test_sigterm_kills_the_program_as_without_tracekit_and_the_watcher_writes_every_row(
+        tmp_path: Path) -> None:
+    """A launcher's SIGTERM: the program dies of it (as ``python app.py`` would, even a program that
+    catches every exception, as pytest does), and the watcher writes the trace, every malloc in it."""
     program = """
         import time, cupy
         keep = [cupy.empty(4096 * (i + 1)) for i in range(5)]
         print("ready", flush=True)
-        time.sleep(60)
+        try:
+            time.sleep(60)
+        except BaseException:  # swallows any exception: only the signal's own action ends it
+            time.sleep(60)
     """
     proc = _start(tmp_path, program)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "Traceback" not in err
+    t = read_trace(tmp_path / "t.parquet", strict=True)  # waits for the watcher
     assert not (tmp_path / "t.parquet.spool").exists()
-    t = read_trace(tmp_path / "t.parquet", strict=True)
-    assert t.meta.extra["complete"] is True and t.events.count(Op.MALLOC) == 5
-    ex = t.meta.extra["exit"]
-    assert (ex["status"], ex["signal"], ex["code"], ex["oom_seq"]) == ("signal", 15, 143, None)
+    assert t.meta.extra["complete"] is False and t.events.count(Op.MALLOC) == 5
+    assert "signal" in t.meta.extra["ended"]
 
 
 def test_a_killed_recording_recovers_with_its_pools_and_oom_states(tmp_path: Path) -> None:

@@ -189,8 +189,7 @@ def test_sigterm_on_a_cupy_program_still_writes_the_whole_trace(tmp_path: Path) 
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    t = read_trace(out, strict=True)
-    assert not Path(str(out) + ".spool").exists() and t.meta.extra["complete"] is True
-    assert t.events.count(Op.MALLOC) == 4 and t.meta.extra["exit"]["status"] == "signal"
-    assert t.meta.extra["pool_end"]["0"]["used_bytes"] == 10 * MiB
+    assert proc.returncode == -signal.SIGTERM, err  # it dies of it, as without tracekit
+    t = read_trace(out, strict=True)  # written by the watcher, from the spool and its tail
+    assert not Path(str(out) + ".spool").exists() and t.meta.extra["complete"] is False
+    assert t.events.count(Op.MALLOC) == 4 and "signal" in t.meta.extra["ended"]

@@ -33,6 +33,7 @@ from typing import Any
 
 from tracekit.errors import OutputError
 from tracekit.gpu import cuda
+from tracekit.interrupts import as_at_start
 from tracekit.outputs import check_output
 from tracekit.record.callstacks import DEFAULT_DEPTH, live_stacks
 from tracekit.record.device_alloc import pool_state
@@ -306,9 +307,18 @@ def record_cupy(target: list[str], *, module: bool = False, output: Path | None 
     rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force, launch=launch,
                         program=None if module else target[0], stack_depth=stack_depth,
                         launcher=sys._getframe(), async_pools=async_pools)
+    # SIGTERM: with the watcher running, the program keeps the signal's own disposition (a death by
+    # SIGTERM stays one, and a program that catches every exception, as pytest does, cannot swallow
+    # it); the watcher then writes the trace from the spool and its tail, every row included.
+    # Without a watcher (no pidfd_open) SIGTERM raises Terminated, so the trace is still written.
     with stop_signals():
         rec.start()
-        outcome = run_target(target, module)
+        guarded = rec.watcher is None
+        if guarded:
+            outcome = run_target(target, module)
+    if not guarded:
+        with as_at_start():
+            outcome = run_target(target, module)
     return epilogue(rec.pid, outcome, lambda: rec.stop(outcome.to_dict(), exception=_exception(outcome)))
 
 
