@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.record import fastpath
 from tracekit.record.callstacks import LiveStacks, frame_code, frame_lasti
+from tracekit.record.fastpath import COMPILED, window_frames, window_hash
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import Op
 
@@ -360,7 +360,7 @@ def _site_callbacks(buf, clock, stream, failed, sites, device):  # type: ignore[
 
 
 def _stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
-    if fastpath.COMPILED:
+    if COMPILED:
         return _compiled_stack_callbacks(buf, clock, stream, failed, stacks, device)
     return _py_stack_callbacks(buf, clock, stream, failed, stacks, device)
 
@@ -378,7 +378,7 @@ def _compiled_stack_callbacks(buf, clock, stream, failed, stacks, device):  # ty
 
     def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
                            _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED, _len=len,
-                           _hash=fastpath.window_hash, _frames=fastpath.window_frames):
+                           _hash=window_hash, _frames=window_frames):
         k = _hash(1, depth, launcher)
         v = hot.get(k)
         if v is None:

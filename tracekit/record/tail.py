@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracekit.record import fastpath
+from tracekit.record.fastpath import COMPILED, Ring, RingWriter, read_ring, ring_bytes
 from tracekit.record.hook import ROW
 
 SUFFIX = ".tail"
@@ -41,22 +41,22 @@ def tail_path(spool: Path) -> Path:
 class Tail:
     """The open ring of a recording (made by ``open``); ``ring.extend`` is the rows' appender."""
 
-    def __init__(self, path: Path, fd: int, mapping: mmap.mmap, ring: fastpath.RingWriter) -> None:
+    def __init__(self, path: Path, fd: int, mapping: mmap.mmap, ring: RingWriter) -> None:
         self.path, self._fd, self._map, self.ring = path, fd, mapping, ring
 
     @classmethod
     def open(cls, path: Path, rows: int) -> Tail | None:
         """A ring of ``rows`` slots at ``path`` (replacing a stale one); None where it cannot be
         made (no compiled helper, no room, a file system without shared mappings)."""
-        if not fastpath.COMPILED:
+        if not COMPILED:
             return None
-        size = fastpath.ring_bytes(rows, ROW)
+        size = ring_bytes(rows, ROW)
         fd = -1
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             os.posix_fallocate(fd, 0, size)
             mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            ring = fastpath.Ring(mapping, ROW)
+            ring = Ring(mapping, ROW)
         except (OSError, ValueError):
             if fd >= 0:
                 os.close(fd)
@@ -91,7 +91,7 @@ def read_tail(path: Path, since: int) -> tuple[np.ndarray, int]:
     except OSError:
         return np.zeros((0, ROW), np.int64), 0
     try:
-        rows, seqs = fastpath.read_ring(data, since)
+        rows, seqs = read_ring(data, since)
     except (ValueError, TypeError):  # not a ring (damaged, or another file under the name)
         return np.zeros((0, ROW), np.int64), 0
     if rows.ndim != 2 or rows.shape[1] != ROW or not len(seqs):
