@@ -1,9 +1,9 @@
-"""Benchmark ``tracekit report`` on a large synthetic trace: wall time per stage and peak memory.
+"""Benchmark the matplotlib figures (``report --png``) on a large synthetic trace: stage times, peak memory.
 
 Usage: ``python3 scripts/bench_report.py [--events 10000000] [--pattern fragmenting] [--keep DIR]
 [--trace PATH]`` (``--trace`` benchmarks an existing trace, e.g. a replay with segment rows).
 Writes the trace (unless it exists in ``--keep``), then times reading, the
-analyzer, figure building and the HTML write separately, and prints one
+analyzer, figure building and writing the PNGs separately, and prints one
 line per stage plus the total and the peak resident memory of the process.
 Target: under 30 s for 10 million events on a 2-core machine.
 """
@@ -40,8 +40,6 @@ def main() -> None:
     from tracekit.analysis import analyze_trace
     from tracekit.outputs import write_bytes
     from tracekit.report.build import build_figures
-    from tracekit.report.html import figure_html, page
-    from tracekit.report.sections import header, summary_section
     from tracekit.trace import read_trace
 
     # Warm numba caches so the figure is steady-state (compilation is cached on disk after a first run).
@@ -58,20 +56,20 @@ def main() -> None:
     t1 = time.perf_counter()
     an = analyze_trace(tr, timeline=True)
     t2 = time.perf_counter()
-    rendered, _, summary = build_figures(tr, an, trace.name)
+    rendered, _, _ = build_figures(tr, an, trace.name)
     t3 = time.perf_counter()
-    doc = page(
-        trace.name, header(tr, summary), [summary_section(summary)] + [figure_html(r) for r in rendered]
-    )
-    out = folder / "report.html"
-    write_bytes(out, doc.encode())
+    out = folder / "png"  # the figures as `report --png` writes them
+    out.mkdir(exist_ok=True)
+    for r in rendered:
+        write_bytes(out / f"{r.key}.png", r.png)
     t4 = time.perf_counter()
     cpu = time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     print(f"read      {t1 - t0:7.2f} s")
     print(f"analyze   {t2 - t1:7.2f} s")
     print(f"figures   {t3 - t2:7.2f} s")
-    print(f"html      {t4 - t3:7.2f} s  ({out.stat().st_size / 1024:.0f} KiB)")
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"png       {t4 - t3:7.2f} s  ({size / 1024:.0f} KiB in {len(rendered)} files)")
     print(f"total     {t4 - t0:7.2f} s  for {len(tr.events):,} events; peak RSS {peak:.2f} GiB")
     # CPU seconds of this process: the figure to compare when other work shares the machine.
     print(f"cpu       {cpu:7.2f} s  (user + system, all threads); load average {_load()}")

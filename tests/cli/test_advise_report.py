@@ -24,9 +24,34 @@ def test_report_advise_adds_the_chart_and_the_table(tmp_path):
     assert r.exit_code == 0, r.output
     page = out.read_text()
     assert '"title":"Advise: settings that fit under the limit"' in page  # the page's data model
-    assert "Recommendation." in page and "free_all_blocks()" in page
+    assert '"answer":{"recommendation":' in page and "free_all_blocks()" in page
     assert "verified through the failing request; the run past it was not recorded" in page
     assert (png / "advise.png").stat().st_size > 10_000
+
+
+def test_report_advise_png_reads_the_trace_once_and_advises_once(tmp_path, monkeypatch):
+    """The page and the figures are drawn from one reading, one analysis and one advise."""
+    import tracekit.advise.run as run
+    import tracekit.analysis
+    import tracekit.report.page as page
+
+    counts = {"read": 0, "analyze": 0, "advise": 0}
+
+    def counted(name, real):
+        def f(*a, **k):
+            counts[name] += 1
+            return real(*a, **k)
+        return f
+
+    monkeypatch.setattr(page, "read_trace", counted("read", page.read_trace))
+    analyze = tracekit.analysis.analyze_trace
+    monkeypatch.setattr(tracekit.analysis, "analyze_trace", counted("analyze", analyze))
+    monkeypatch.setattr(run, "advise", counted("advise", run.advise))
+    out, png = tmp_path / "r.html", tmp_path / "png"
+    r = CliRunner().invoke(app, ["report", str(FRAG), "-o", str(out), "--advise", "--png", str(png)])
+    assert r.exit_code == 0, r.output
+    assert counts == {"read": 1, "analyze": 1, "advise": 1}
+    assert (png / "advise.png").is_file() and (png / "timeline.png").is_file()
 
 
 def test_verify_on_device_reports_what_it_could_not_check():

@@ -363,21 +363,31 @@ def test_oom_moment_shows_the_gaps_and_the_request(hand: tuple[Path, Trace, Hand
     assert req[0].get_width() == pytest.approx(16.0) and gap[0].get_width() == pytest.approx(8.0)  # MiB
 
 
-# --- the whole report ---------------------------------------------------------------------------------
+# --- the whole report: the page, and the figures beside it -------------------------------------------
 
 
-def test_write_report_is_one_self_contained_page(
+def page_model(path: Path) -> dict[str, Any]:
+    """The JSON model embedded in a written page."""
+    import json
+    import re
+
+    m = re.search(r'<script type="application/json" id="model">(.*?)</script>', path.read_text(), re.S)
+    assert m is not None
+    return dict(json.loads(m.group(1)))
+
+
+def test_write_report_is_the_page_and_the_figures_beside_it(
     hand: tuple[Path, Trace, HandAnalysis], tmp_path: Path
 ) -> None:
+    """``tracekit.report.write_report`` is the page (one report); ``png_dir`` gets the matplotlib figures."""
     from tracekit.report import write_report
 
-    p, _, an = hand
-    out = write_report(p, tmp_path / "r.html", an, png_dir=tmp_path / "png")
+    p, _, _ = hand
+    out = write_report(p, tmp_path / "r.html", png_dir=tmp_path / "png")
     text = out.read_text()
-    assert text.count('src="data:image/png;base64,') == 5
-    assert "http://" not in text and "https://" not in text  # nothing to fetch
-    assert "hand-made explanation of the OOM at seq 13" in text  # the verdict, as text
-    assert "64.00 MiB" in text and "fragmentation" in text
+    assert text.startswith("<!DOCTYPE html>") and "default-src 'none'" in text  # nothing to fetch
+    m = page_model(out)
+    assert m["verdict"]["diagnosis"] == "fragmentation" and "16.00 MiB requested" in m["verdict"]["text"]
     assert sorted(f.name for f in (tmp_path / "png").iterdir()) == [
         "memory-map.png",
         "oom-moment.png",
@@ -392,21 +402,24 @@ def test_write_report_refuses_to_overwrite_its_input(hand: tuple[Path, Trace, Ha
     from tracekit.errors import OutputError
     from tracekit.report import write_report
 
-    p, _, an = hand
+    p, _, _ = hand
     before = p.read_bytes()
     with pytest.raises(OutputError, match="refusing to overwrite"):
-        write_report(p, p, an)
+        write_report(p, p)
     assert p.read_bytes() == before
 
 
-def test_whatif_section_from_a_dict(hand: tuple[Path, Trace, HandAnalysis], tmp_path: Path) -> None:
+def test_whatif_table_from_a_dict(hand: tuple[Path, Trace, HandAnalysis], tmp_path: Path) -> None:
+    """Saved what-if JSON (here with the older ``capacity_bytes`` name too) reads as a ``WhatIfResult``."""
+    from tracekit.advise.capacity import WhatIfResult
     from tracekit.report import write_report
 
-    p, _, an = hand
+    p, _, _ = hand
     wi = {
         "lower_bound_bytes": 64 * MiB,
         "policies": [
             {"policy": "best-fit", "min_capacity_bytes": 80 * MiB, "overhead_ratio": 0.25},
+            {"policy": "first-fit", "capacity_bytes": 72 * MiB},
             {
                 "policy": "torch",
                 "min_capacity_bytes": None,
@@ -416,26 +429,27 @@ def test_whatif_section_from_a_dict(hand: tuple[Path, Trace, HandAnalysis], tmp_
             },
         ],
     }
-    text = write_report(p, tmp_path / "w.html", an, whatif=wi).read_text()
-    assert text.count("data:image/png") == 6 and "best-fit" in text and "25.0%" in text
-    assert "no fit up to 1.00 TiB" in text
+    out = write_report(p, tmp_path / "w.html", whatif=WhatIfResult.from_dict(wi), png_dir=tmp_path / "png")
+    (table,) = [t for t in page_model(out)["tables"] if t["title"].startswith("What-if")]
+    assert table["rows"] == [["best-fit", 80 * MiB, 0.25, ""], ["first-fit", 72 * MiB, 0.125, ""],
+                             ["torch", None, None, "no fit up to 1.00 TiB"]]
+    assert (tmp_path / "png" / "whatif.png").is_file()
 
 
 def test_whatif_result_from_the_search(hand: tuple[Path, Trace, HandAnalysis], tmp_path: Path) -> None:
-    from tracekit.advise.capacity import whatif
+    from tracekit.advise.capacity import WhatIfResult, whatif
     from tracekit.report import write_report
     from tracekit.report.sections import whatif_rows
 
-    p, tr, an = hand
+    p, tr, _ = hand
     res = whatif(tr, ["best-fit", "first-fit"], jobs=1)
     rows = whatif_rows(res.to_dict())
     assert [r["policy"] for r in rows] == ["best-fit", "first-fit"]
     assert all(r["capacity_bytes"] == f.min_capacity for r, f in zip(rows, res.fits, strict=True))
-    text = write_report(p, tmp_path / "w.html", an, whatif=res).read_text()
-    assert "What-if capacities" in text and text.count("data:image/png") == 6
-
-
-# --- the command line ---------------------------------------------------------------------------------
+    assert WhatIfResult.from_dict(res.to_dict()) == res  # saved JSON reads back as the same result
+    out = write_report(p, tmp_path / "w.html", whatif=res)
+    (table,) = [t for t in page_model(out)["tables"] if t["title"].startswith("What-if")]
+    assert [r[:2] for r in table["rows"]] == [[f.policy, f.min_capacity] for f in res.fits]
 
 
 def test_cli_report_bad_input_is_one_sentence(tmp_path: Path) -> None:
@@ -588,13 +602,36 @@ def test_envelope_holds_the_last_value_across_empty_columns() -> None:
 
 
 def test_analyze_verb_writes_the_same_report(tmp_path: Path) -> None:
+    """``analyze --report`` writes the page ``tracekit report`` writes, byte for byte."""
     from tracekit.cli.app import app
 
     p = hand_trace(tmp_path / "hand.parquet")
-    out = tmp_path / "from-analyze.html"
+    out, page = tmp_path / "from-analyze.html", tmp_path / "from-report.html"
     r = CliRunner().invoke(app, ["analyze", str(p), "--report", str(out)])
     assert r.exit_code == 0, r.output
-    assert out.read_text().count("data:image/png") == 5
+    r = CliRunner().invoke(app, ["report", str(p), "-o", str(page)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes() == page.read_bytes() and "data:image/png" not in out.read_text()
+
+
+def test_analyze_report_reads_and_analyzes_the_trace_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tracekit.analysis
+    import tracekit.analysis.output as output
+    from tracekit.cli.app import app
+
+    p = hand_trace(tmp_path / "hand.parquet")
+    reads: list[object] = []
+    analyses: list[object] = []
+    real_read, real_analyze = output.read_trace, tracekit.analysis.analyze_trace
+    monkeypatch.setattr(output, "read_trace", lambda *a, **k: reads.append(a) or real_read(*a, **k))
+    monkeypatch.setattr(output, "analyze_trace", lambda *a, **k: analyses.append(a) or real_analyze(*a, **k))
+    monkeypatch.setattr("tracekit.report.page.read_trace", lambda *a, **k: pytest.fail("read again"))
+    monkeypatch.setattr(tracekit.analysis, "analyze_trace", lambda *a, **k: pytest.fail("analysed again"))
+    r = CliRunner().invoke(app, ["analyze", str(p), "--report", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    assert len(reads) == 1 and len(analyses) == 1
 
 
 def test_a_missing_baseline_fails_before_any_work(tmp_path: Path) -> None:
@@ -619,19 +656,19 @@ def test_a_missing_baseline_fails_before_any_work(tmp_path: Path) -> None:
 def test_bad_whatif_json_is_refused_before_any_figure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, cause: str
 ) -> None:
+    import tracekit.report.page as page
     from tracekit.cli.app import app
     from tracekit.errors import InputError
-    from tracekit.report import build
 
     p = hand_trace(tmp_path / "hand.parquet")
     wi = tmp_path / "whatif.json"
     wi.write_text(text)
     out = tmp_path / "w.html"
-    drawn: list[int] = []
-    monkeypatch.setattr(build, "build_figures", lambda *a, **k: drawn.append(1))
+    read: list[int] = []
+    monkeypatch.setattr(page, "read_trace", lambda *a, **k: read.append(1))
     with pytest.raises(InputError, match=cause) as e:
-        build.write_report(p, out, whatif=wi)
-    assert str(wi) in str(e.value) and not drawn and not out.exists()
+        page.write_page(p, out, whatif=wi)
+    assert str(wi) in str(e.value) and not read and not out.exists()
     monkeypatch.undo()
     r = CliRunner().invoke(app, ["report", str(p), "-o", str(out), "--whatif-json", str(wi)])
     assert r.exit_code == 1 and cause in r.stderr and "Traceback" not in r.output and not out.exists()

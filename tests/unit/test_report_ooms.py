@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import html
+import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))  # shared hand-built traces
 from test_analysis_budget import seed_trace
@@ -15,6 +16,8 @@ from tracekit.analysis import analyze_trace
 from tracekit.trace import Source, TraceMeta, write_trace
 from tracekit.trace.reader import Trace
 
+MiB = 1 << 20
+
 
 def _write(trace: Trace, path: Path) -> Path:
     extras = None
@@ -23,8 +26,10 @@ def _write(trace: Trace, path: Path) -> Path:
     return write_trace(path, trace.meta, trace.events, extras=extras)
 
 
-def _text(page: str) -> str:
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<img[^>]*>", "", page))))
+def _model(page: Path) -> dict[str, Any]:
+    m = re.search(r'<script type="application/json" id="model">(.*?)</script>', page.read_text(), re.S)
+    assert m is not None
+    return dict(json.loads(m.group(1)))
 
 
 def test_timeline_marks_the_handled_ooms_and_the_fatal_one():
@@ -40,25 +45,36 @@ def test_timeline_marks_the_handled_ooms_and_the_fatal_one():
     assert [a.get_xdata()[0] for a in lines if a.get_gid() == "oom-marker"] == [8.0]
 
 
-def test_report_lists_every_oom_and_who_handled_them(tmp_path: Path):
+def test_report_groups_the_handled_ooms_by_call_site_and_handler(tmp_path: Path):
+    """The fatal OOM's group first, then the three handled cuDNN attempts as one group with its count."""
     from tracekit.report import write_report
 
     p = _write(trace_of(cudnn_rows(), TraceMeta.new(Source.TORCH)), tmp_path / "c.parquet")
-    text = _text(write_report(p, tmp_path / "c.html").read_text())
-    assert "Out of memory on device 0: exhaustion (the program died of it)" in text
-    assert f"4 OOMs in all, 3 handled: 3 at {CONV} (convolution workspace attempts" in text
-    assert "Every OOM" in text and text.count(" handled ") >= 3 and " FATAL " in text
+    m = _model(write_report(p, tmp_path / "c.html"))
+    assert m["verdict"]["text"].startswith("fatal OOM at seq 8 on device 0: exhaustion")
+    fatal, handled = m["oom_groups"]
+    assert not fatal["handled"] and fatal["count"] == 1 and fatal["ids"] == [3]
+    assert handled["handled"] and handled["site"] == CONV
+    assert handled["count"] == 3 and handled["ids"] == [0, 1, 2]
+    assert "cuDNN" in handled["handler"] and handled["rounded_min"] == handled["rounded_max"] == 4 << 30
+    assert ["OOMs", "4 OOMs, 3 handled"] in m["facts"]
 
 
 def test_report_shows_the_budget_and_measured_free(tmp_path: Path):
     from tracekit.report import write_report
 
     p = _write(seed_trace(), tmp_path / "s.parquet")
-    text = _text(write_report(p, tmp_path / "s.html").read_text())
-    assert "device free (measured at the OOM) 117.28 MiB (122,978,304 bytes)" in text
-    assert "The device at start and at the OOM" in text
-    assert "local memory (model) 264.00 MiB (276,824,064 bytes) 4.12 GiB (4,429,185,024 bytes) " \
-           "+3.87 GiB (4,152,360,960 bytes) estimated" in text
+    m = _model(write_report(p, tmp_path / "s.html"))
+    (d,) = m["oom_details"]
+    assert d["device_free_source"] == "measured" and d["budget"]["changed"] == "local memory"
+    parts = {b["label"]: {x["name"]: (x["bytes"], x["how"]) for x in b["parts"]}
+             for b in (d["budget"]["start"], d["budget"]["oom"])}
+    assert parts["at start"]["local memory"] == (276_824_064, "estimated")
+    assert parts["at the OOM (seq 8)"]["local memory"] == (4_429_185_024, "estimated")
+    assert parts["at the OOM (seq 8)"]["free"] == (122_978_304, "measured")
+    assert m["timeline"]["measured_free"] is not None  # measured: points, not the derived curve
+    assert "device_free" not in [s["key"] for s in m["timeline"]["series"]]
+    assert d["budget"]["capped"] is None  # no pool cap: nothing to say about one
 
 
 def test_report_of_a_derived_free_does_not_call_it_device_free(tmp_path: Path):
@@ -66,9 +82,12 @@ def test_report_of_a_derived_free_does_not_call_it_device_free(tmp_path: Path):
 
     tr = seed_trace(free_column=False)
     tr = Trace(None, tr.meta.with_extra(oom_states=None), tr.events, tr.mate, None, ())
-    text = _text(write_report(_write(tr, tmp_path / "v1.parquet"), tmp_path / "v1.html").read_text())
-    assert "free at start - the pool's growth (derived; the device was not measured) 3.98 GiB" in text
-    assert "device free (measured" not in text
+    m = _model(write_report(_write(tr, tmp_path / "v1.parquet"), tmp_path / "v1.html"))
+    (d,) = m["oom_details"]
+    assert d["device_free_source"] == "derived" and d["budget"] is None
+    (free,) = [s for s in m["timeline"]["series"] if s["key"] == "device_free"]
+    assert free["label"] == "device free, derived (right axis)" and free["axis"] == "device"
+    assert "not measured" in free["help"] and m["timeline"]["measured_free"] is None
 
 
 def test_report_draws_each_device_on_its_own(tmp_path: Path):
@@ -79,18 +98,21 @@ def test_report_draws_each_device_on_its_own(tmp_path: Path):
     names = sorted(f.name for f in (tmp_path / "png").iterdir())
     kinds = ("memory-map", "oom-moment", "sites", "sizes", "timeline")
     assert names == sorted(f"{k}-device{d}.png" for k in kinds for d in (0, 1))
-    text = _text(out.read_text())
-    assert "Out of memory on device 1: limit" in text and "Each device on its own" in text
-    assert "Device 0: Timeline" in text and "Device 1: The moment of the OOM" in text
+    m = _model(out)
+    assert m["trace"]["devices"] == [0, 1] and m["trace"]["device"] == 1  # the fatal OOM's device is drawn
+    assert m["verdict"]["text"].startswith("fatal OOM at seq") and ": limit " in m["verdict"]["text"]
 
 
-def test_whatif_section_of_two_devices(tmp_path: Path):
+def test_whatif_of_two_devices(tmp_path: Path):
     from tracekit.advise.capacity import whatif
-    from tracekit.report.sections import whatif_rows, whatif_section
+    from tracekit.report.page.data import whatif_table
+    from tracekit.report.sections import whatif_rows
 
     res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit"], jobs=1)
     rows = whatif_rows(res.to_dict())
     assert [(r["policy"], r["capacity_bytes"]) for r in rows] == [
         ("device 0: best-fit", 8 << 20), ("device 1: best-fit", 300 << 20)]
-    text, fig = whatif_section(res)
-    assert "Device 1: lower bound (peak live bytes, 512 B rounded) 300.00 MiB" in text and fig is not None
+    t = whatif_table(res)
+    assert [r[:2] for r in t["rows"]] == [["device 0: best-fit", 8 << 20], ["device 1: best-fit", 300 << 20]]
+    assert t["note"] == ("lower bound (peak live bytes, 512 B rounded): device 0: 8.00 MiB; "
+                         "device 1: 300.00 MiB")

@@ -137,6 +137,32 @@ class WhatIfResult:
             d["devices"] = [p.to_dict() for p in self.devices]
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WhatIfResult:
+        """The result of ``whatif --json`` output ``d`` (checked first by ``report.sections.load_whatif``);
+        a policy's capacity may also be named ``capacity_bytes``, as older outputs named it."""
+
+        def num(x: object) -> int | None:
+            return None if x is None or isinstance(x, bool) or not isinstance(x, int | float) else int(x)
+
+        def fit(r: Mapping[str, Any], bound: int | None) -> PolicyFit:
+            cap = r.get("min_capacity_bytes", r.get("capacity_bytes"))
+            return PolicyFit(policy=str(r.get("policy")), min_capacity=num(cap), lower_bound=bound or 0,
+                             unbounded_peak_reserved=num(r.get("unbounded_peak_reserved_bytes")),
+                             replays=num(r.get("replays")) or 0,
+                             searched_up_to=num(r.get("searched_up_to_bytes")) or 0,
+                             error=str(r["error"]) if r.get("error") else None)
+
+        bound = num(d.get("lower_bound_bytes"))
+        parts = d.get("devices")
+        each = parts if isinstance(parts, list) else []
+        devices = tuple(cls.from_dict(p) for p in each if isinstance(p, Mapping))
+        trace = d.get("trace")
+        return cls(trace=trace if isinstance(trace, str) else None, lower_bound=bound,
+                   step=num(d.get("step_bytes")) or STEP, max_capacity=num(d.get("max_capacity_bytes")),
+                   fits=tuple(fit(r, bound) for r in d.get("policies") or () if isinstance(r, Mapping)),
+                   device=num(d.get("device")), devices=devices)
+
     def to_text(self) -> str:
         if self.devices:
             return "\n\n".join(f"device {p.device}:\n{p.to_text()}" for p in self.devices)

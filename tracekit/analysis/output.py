@@ -19,7 +19,7 @@ from tracekit.analysis.analyze import AnalysisResult, analyze_trace
 from tracekit.analysis.tree import TreeLimits
 from tracekit.errors import OutputError
 from tracekit.outputs import Staged, check_output
-from tracekit.trace.reader import read_trace
+from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.stacks import UserCode
 
 
@@ -32,6 +32,16 @@ def analyze_file(
 
     An existing output is refused unless ``force``; ``user_code`` and ``trees`` as ``analyze_trace``.
     """
+    return read_and_analyze(path, timeline=timeline, strict=strict, outputs=outputs, force=force,
+                            user_code=user_code, trees=trees)[1]
+
+
+def read_and_analyze(
+    path: str | os.PathLike[str], *, timeline: bool, strict: bool = False,
+    outputs: Iterable[tuple[Path | None, str]] = (), force: bool = False,
+    user_code: UserCode = UserCode(), trees: TreeLimits | None = None,
+) -> tuple[Trace, AnalysisResult]:
+    """``analyze_file``, and the trace it read (for a report built from the same reading)."""
     src = Path(path)
     named = [(Path(o), opt) for o, opt in outputs if o is not None]
     for out, opt in named:
@@ -39,8 +49,8 @@ def analyze_file(
     wanted = [o for o, _ in named]
     if len(wanted) != len({o.resolve() for o in wanted}):
         raise OutputError(f"{wanted[0]}: the same path is given for two outputs")
-    return analyze_trace(read_trace(src, strict=strict, extras=False), timeline=timeline, user_code=user_code,
-                         trees=trees)
+    trace = read_trace(src, strict=strict, extras=False)
+    return trace, analyze_trace(trace, timeline=timeline, user_code=user_code, trees=trees)
 
 
 def write_timeline(result: AnalysisResult, path: str | os.PathLike[str]) -> Path:

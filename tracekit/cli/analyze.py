@@ -19,7 +19,9 @@ def analyze(
     timeline: Path | None = typer.Option(
         None, "--timeline", help="Write the per-event timeline to this Parquet file."
     ),
-    report: Path | None = typer.Option(None, "--report", help="Also write an HTML report to this path."),
+    report: Path | None = typer.Option(
+        None, "--report", help="Also write the HTML report (the page `tracekit report` writes) to this path."
+    ),
     strict: bool = typer.Option(False, "--strict", help="Inconsistent events are errors."),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
     user_code: list[str] = typer.Option(
@@ -34,7 +36,7 @@ def analyze(
     """Explain a trace: live/reserved memory, fragmentation, every OOM, the fatal one and its cause
     with the device at that moment, leaks."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
-    from tracekit.analysis.output import analyze_file, write_timeline
+    from tracekit.analysis.output import read_and_analyze, write_timeline
     from tracekit.analysis.tree import TreeLimits
     from tracekit.cli.common import echo_json, say, terminal_progress, wrote
     from tracekit.trace.stacks import UserCode
@@ -43,7 +45,7 @@ def analyze(
     outputs = ((timeline, "--timeline"), (report, "--report"))
     limits = TreeLimits(native=tree_native) if tree or tree_native else None
     with terminal_progress("analyzing"):
-        result = analyze_file(trace, timeline=want, strict=strict, outputs=outputs, force=force,
+        read, result = read_and_analyze(trace, timeline=want, strict=strict, outputs=outputs, force=force,
                               user_code=UserCode.of(user_code), trees=limits)
     note_unmatched(trace, user_code, result.summary.user_code_unmatched)
     if json_out:
@@ -54,11 +56,11 @@ def analyze(
         say(f"tracekit: warning: {trace}: skipped {warning}", err=True)
     if timeline is not None:
         wrote(write_timeline(result, timeline))
-    if report is not None:
-        from tracekit.report import write_report
+    if report is not None:  # the page `tracekit report` writes, from this reading and this analysis
+        from tracekit.report.page import write_page
 
         with terminal_progress("report"):
-            path = write_report(trace, report, result, force=force)
+            path = write_page(trace, report, result, trace=read, force=force, user_code=user_code)
         wrote(path)
 
 

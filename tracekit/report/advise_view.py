@@ -1,12 +1,12 @@
-"""The ``report --advise`` section: every setting ``tracekit advise`` tried, as a chart and a table.
+"""The ``report --advise --png`` figure: every setting ``tracekit advise`` tried, as a chart.
 
 The chart has one bar per setting: its peak reserved bytes at the limit (green when it
 fits, grey when it ran out, hatched when the result is the device-allocator model rather
 than a replay), the limit as a solid line and the live-bytes lower bound as a dashed one;
 each bar is labelled with the headroom (limit − peak reserved) and the price (device
 allocations + frees); a star marks the recommendation. The axis starts just below the lower
-bound, since the settings differ by a few percent of the limit. The table gives the same
-numbers, after the recommendation.
+bound, since the settings differ by a few percent of the limit. The page's advise table gives the
+same numbers (``tracekit.report.page.data.advise_table``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from matplotlib.figure import Figure
 
 from tracekit.advise.verdict import verdict_rows
 from tracekit.report.figures import new_figure
-from tracekit.report.html import Rendered, esc, table
 from tracekit.report.style import PALETTE, byte_scale
-from tracekit.trace import Trace
 from tracekit.units import format_size
 
 TITLE = "Advise: settings that fit under the limit"
@@ -69,35 +67,3 @@ def draw_advise(d: dict[str, Any]) -> Figure:
 
 def _short(text: str, width: int = 64) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def advise_table(d: dict[str, Any]) -> str:
-    rows = [
-        [r["setting"], word, format_size(r["peak_reserved_bytes"]),
-         format_size(r["headroom_bytes"]) if r["gets_through"] and r["headroom_bytes"] is not None else "",
-         f"{r['device_allocs']:,} / {r['device_frees']:,}", "replay" if r["verified_by_replay"] else "model"]
-        for r, word in verdict_rows(d)
-    ]
-    head = ["setting", "fits", "peak reserved", "headroom", "device allocs / frees", "checked by"]
-    parts = [
-        f'<p class="ok"><b>Recommendation.</b> {esc(d["recommendation"])}</p>',
-        f"<p>{esc(d['scope'])}.</p>",
-        table(rows, head, (2, 3, 4)),
-    ]
-    parts += [f"<p>Note: {esc(n)}</p>" for n in d.get("notes", ())]
-    return "\n".join(parts)
-
-
-def advise_block(trace: Trace, png: Any) -> tuple[Rendered | None, str]:
-    """Run ``advise`` on ``trace``; the rendered chart (``png``: Figure -> bytes) and the section's HTML.
-
-    A trace with no limit to fit under (a raw trace without a device size) gets a note instead.
-    """
-    from tracekit.advise.run import advise
-    from tracekit.errors import UsageError
-
-    try:
-        d = advise(trace).to_dict()
-    except UsageError as e:
-        return None, f'<h2 id="advise">{esc(TITLE)}</h2>\n<p>Not run: {esc(e)}.</p>'
-    return Rendered("advise", TITLE, CAPTION, png(draw_advise(d))), advise_table(d)

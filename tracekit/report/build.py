@@ -1,51 +1,45 @@
-"""Assemble a report: read the trace, run the analyzer, draw every figure, write HTML (+ PNGs).
+"""The matplotlib figures, in one place: ``report --png`` (``write_figures``), ``fleet`` (``build_figures``).
 
-Order of work: the analyzer's summary and per-event timeline drive the
-timeline and the verdict; block placements come from the trace's own events
-(``tracekit.report.blocks``) for the memory map, the OOM moment and the
-call-sites at the peak. Call-sites are ranked once (bytes x lifetime) so each
-keeps one colour across figures. Every output (the HTML and each PNG) is
-checked against every input before anything is written, and written through
-``tracekit.outputs`` (a temporary name beside the target, renamed), so an
-interrupted run never leaves a half report and an input is never overwritten.
+The report itself is the page (``tracekit.report.page``); these are the same findings as pictures to
+paste into an issue, drawn from the results the page was built from. Order of work: the analyzer's
+summary and per-event timeline drive the timeline; block placements come from the trace's own events
+(``tracekit.report.blocks``) for the memory map, the OOM moment and the call-sites at the peak.
+Call-sites are ranked once (bytes x lifetime) so each keeps one colour across figures. Every PNG is
+checked against every input and output before anything is written, and written through
+``tracekit.outputs`` (a temporary name beside the target, renamed), so an interrupted run never
+leaves a half-written file and an input is never overwritten.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from matplotlib.figure import Figure
 
-from tracekit import progress
+from tracekit.analysis.analyze import AnalysisResult
 from tracekit.analysis.leaks import by_site, pool_state_at
 from tracekit.errors import OutputError
-from tracekit.inputs import safe_text
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.report import blocks as blk
 from tracekit.report import figures, html
 from tracekit.report.memory_map import draw_memory_map, map_data
 from tracekit.report.oom_view import draw_moment, moment
 from tracekit.report.render import Pending, png_bytes, render
-from tracekit.report.sections import (
-    baseline_section,
-    devices_section,
-    header,
-    load_whatif,
-    shown_devices,
-    summary_section,
-    whatif_section,
-)
+from tracekit.report.sections import shown_devices, whatif_rows
 from tracekit.report.style import PALETTE, RGB, Legend, short_site, site_colours, time_axis
 from tracekit.report.timeline import TimelineData, timeline_data
-from tracekit.trace import Op, Trace, read_meta, read_trace
+from tracekit.trace import Op, Trace
 from tracekit.trace.devices import select_device
+
+if TYPE_CHECKING:
+    from tracekit.advise.capacity import WhatIfResult
+    from tracekit.advise.result import AdviseResult
 
 
 def _index_of_seq(trace: Trace, seq: int) -> int:
@@ -53,8 +47,8 @@ def _index_of_seq(trace: Trace, seq: int) -> int:
     return min(k, len(trace.events) - 1)
 
 
-def _analyze(trace: Trace, analysis: Any) -> tuple[Any, dict[str, Any]]:
-    if analysis is None or getattr(analysis, "timeline", None) is None:  # the timeline figure needs it
+def _analyze(trace: Trace, analysis: AnalysisResult | None) -> tuple[AnalysisResult, dict[str, Any]]:
+    if analysis is None or analysis.timeline is None:  # the timeline figure needs it
         from tracekit.analysis import analyze_trace
 
         analysis = analyze_trace(trace, timeline=True)
@@ -62,7 +56,7 @@ def _analyze(trace: Trace, analysis: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def build_figures(
-    trace: Trace, analysis: Any, name: str
+    trace: Trace, analysis: AnalysisResult | None, name: str
 ) -> tuple[list[html.Rendered], TimelineData, dict[str, Any]]:
     """Every single-trace figure, rendered, plus the timeline data and the summary dict.
 
@@ -158,88 +152,60 @@ def _suffixed(pending: list[Pending], suffix: str) -> list[Pending]:
     return [replace(p, key=p.key + suffix) for p in pending] if suffix else pending
 
 
-def write_report(
-    trace_path: Path,
-    output: Path | None,
-    analysis: Any = None,
+def write_figures(
+    trace: Trace,
+    analysis: AnalysisResult,
+    png_dir: Path,
     *,
-    png_dir: Path | None = None,
-    baseline: Path | None = None,
-    whatif: Any = None,
+    name: str,
+    inputs: tuple[Path, ...] = (),
+    outputs: tuple[Path, ...] = (),
+    baseline: tuple[str, Trace, AnalysisResult] | None = None,
+    whatif: WhatIfResult | None = None,
+    advise: AdviseResult | None = None,
     force: bool = False,
-    advise: bool = False,
 ) -> Path:
-    """Write the HTML report for ``trace_path`` to ``output`` (and each figure as PNG under ``png_dir``).
+    """Write every figure of ``trace`` as a PNG into ``png_dir`` (``tracekit report --png``), drawn from
+    the results the page was built from: nothing is read or computed again.
 
-    ``output`` None writes the PNGs only (and returns ``png_dir``). Existing outputs are refused
-    unless ``force``; an input never is an output.
+    Every PNG is checked against ``inputs`` and ``outputs`` (the page) before any is written; existing
+    ones are refused unless ``force``. Returns ``png_dir``.
     """
-    trace_path, output = Path(trace_path), (Path(output) if output is not None else None)
-    inputs = (trace_path,) + ((Path(baseline),) if baseline else ()) \
-        + ((Path(whatif),) if isinstance(whatif, str | os.PathLike) else ())
-    if output is not None:
-        check_output(output, inputs, force=force)
-    if png_dir is not None:
-        check_folder(png_dir, "--png")
+    check_folder(png_dir, "--png")
+    rendered, tl, summary = build_figures(trace, analysis, name)
     if baseline is not None:
-        read_meta(baseline)  # a bad baseline fails now, before the main trace's figures are drawn
-    if whatif is not None and whatif is not True:
-        whatif = load_whatif(whatif)  # likewise a bad what-if JSON
-    trace = read_trace(trace_path)
-    with progress.part(0, 2):
-        analysis, _ = _analyze(trace, analysis)
-    with progress.part(1, 2):  # the figures take about as long as the analysis
-        rendered, tl, summary = build_figures(trace, analysis, safe_text(trace_path.name))
-    # Pictures of what happened first, then the numbers, then the supporting detail.
-    lead = ("timeline", "oom-moment", "memory-map")
-    first = [html.figure_html(r) for k in lead for r in rendered if r.key.split("-device")[0] == k]
-    rest = [html.figure_html(r) for r in rendered if r.key.split("-device")[0] not in lead]
-    sections = [*first, summary_section(summary), devices_section(summary), *rest]
-    if baseline is not None:
-        base = read_trace(Path(baseline))
-        base_analysis, base_summary = _analyze(base, None)
-        base_tl = timeline_data(base_analysis.timeline, base_summary)
+        base_name, _, base_analysis = baseline
+        base_summary = base_analysis.summary.to_dict()
+        base_tl = timeline_data(_timeline_of(base_analysis), base_summary)
         if base_tl.axis.label != tl.axis.label:  # seconds against event index cannot share an axis
-            tl = timeline_data(_main_rows(analysis.timeline, summary), summary, by_index=True)
-            base_tl = timeline_data(base_analysis.timeline, base_summary, by_index=True)
-        fig = figures.draw_baseline(tl, base_tl, (trace_path.name, Path(baseline).name))
-        r = html.Rendered("baseline", "Against the baseline", _BASELINE_CAPTION, png_bytes(fig))
-        rendered.append(r)
-        sections.append(
-            baseline_section(
-                html.figure_html(r), summary, base_summary, (trace_path.name, Path(baseline).name)
-            )
-        )
-    if whatif is True:
-        whatif = _run_whatif(trace)
+            tl = timeline_data(_main_rows(_timeline_of(analysis), summary), summary, by_index=True)
+            base_tl = timeline_data(_timeline_of(base_analysis), base_summary, by_index=True)
+        fig = figures.draw_baseline(tl, base_tl, (name, base_name))
+        rendered.append(html.Rendered("baseline", "Against the baseline", _BASELINE_CAPTION, png_bytes(fig)))
     if whatif is not None:
-        wsec, wfig = whatif_section(whatif)
-        if wfig is not None:
-            r = html.Rendered(
-                "whatif", "What-if: smallest capacity per allocator", _WHATIF_CAPTION, png_bytes(wfig)
-            )
-            rendered.append(r)
-            wsec = html.figure_html(r) + wsec
-        sections.append(wsec)
-    if advise:
-        from tracekit.report.advise_view import advise_block
+        rows = whatif_rows(dict(whatif.to_dict()))
+        if rows:
+            fig = figures.draw_whatif(rows, whatif.lower_bound)
+            title = "What-if: smallest capacity per allocator"
+            rendered.append(html.Rendered("whatif", title, _WHATIF_CAPTION, png_bytes(fig)))
+    if advise is not None:
+        from tracekit.report.advise_view import CAPTION, TITLE, draw_advise
 
-        ar, asec = advise_block(trace, png_bytes)
-        if ar is not None:
-            rendered.append(ar)
-            asec = html.figure_html(ar) + asec
-        sections.append(asec)
-    doc = html.page(f"tracekit report: {safe_text(trace_path.name)}", header(trace, summary), sections)
-    pngs = [] if png_dir is None else [(Path(png_dir) / f"{r.key}.png", r.png) for r in rendered]
-    if png_dir is not None:  # every output is checked and the folder made before anything is written
-        _make_folder(Path(png_dir))
-        for p, _ in pngs:
-            check_output(p, (*inputs, *([output] if output is not None else [])), option="--png", force=force)
-    if output is not None:
-        write_bytes(output, doc.encode("utf-8", "backslashreplace"))  # a non-UTF-8 name: \udcff
+        rendered.append(html.Rendered("advise", TITLE, CAPTION, png_bytes(draw_advise(advise.to_dict()))))
+    folder = Path(png_dir)
+    pngs = [(folder / f"{r.key}.png", r.png) for r in rendered]
+    _make_folder(folder)  # every output is checked and the folder made before anything is written
+    for p, _ in pngs:
+        check_output(p, (*inputs, *outputs), option="--png", force=force)
     for p, data in pngs:
         write_bytes(p, data)
-    return output if output is not None else Path(png_dir or ".")
+    return folder
+
+
+def _timeline_of(analysis: AnalysisResult) -> pa.Table:
+    if analysis.timeline is None:
+        raise ValueError("the figures draw the analyzer's timeline: analyze with timeline=True")
+    return analysis.timeline
 
 
 def _main_rows(table: pa.Table, summary: dict[str, Any]) -> pa.Table:
@@ -247,13 +213,6 @@ def _main_rows(table: pa.Table, summary: dict[str, Any]) -> pa.Table:
     if not summary.get("devices"):
         return table
     return table.filter(pc.equal(table.column("device"), pa.scalar(int(summary["device"]), pa.int16())))
-
-
-def _run_whatif(trace: Trace) -> Any:
-    """The what-if search with its default policies (as ``tracekit whatif`` runs it)."""
-    from tracekit.advise.capacity import whatif
-
-    return whatif(trace)
 
 
 def _make_folder(folder: Path) -> None:

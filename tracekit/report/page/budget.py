@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tracekit.analysis.oom_budget import OOMBudget, Term
 from tracekit.report.page.model import Budget, BudgetBar, BudgetPart
+from tracekit.units import format_size
 
 _HEAPS = ("device malloc heap", "printf FIFO")
 
@@ -22,7 +23,9 @@ def _sum(values: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def _bar(terms: dict[str, Term], at_oom: bool, label: str) -> BudgetBar:
+def _bar(terms: dict[str, Term], at_oom: bool, label: str) -> tuple[BudgetBar, dict[str, int | None]]:
+    """One bar, and its parts' bytes by name (what the caller compares, without reading the bar back)."""
+
     def val(name: str) -> int | None:
         t = terms.get(name)
         return None if t is None else (t.oom if at_oom else t.start)
@@ -35,36 +38,45 @@ def _bar(terms: dict[str, Term], at_oom: bool, label: str) -> BudgetBar:
     context = val("code, constants, driver (rest)")
     if context is None and val("this process outside the pool") is not None:
         context = _sum([val("this process outside the pool"), -(local or 0), -(heaps or 0)])
-    parts = [
-        BudgetPart(name="other processes", bytes=val("other processes"), how=how("other processes")),
-        BudgetPart(
-            name="context",
-            bytes=context,
-            how=how("code, constants, driver (rest)")
-            if val("code, constants, driver (rest)") is not None
-            else how("this process outside the pool"),
-        ),
-        BudgetPart(name="local memory", bytes=local, how=how("local memory (model)")),
-        BudgetPart(name="heaps", bytes=heaps, how=how("device malloc heap")),
-        BudgetPart(name="pool reserved", bytes=val("pool reserved"), how=how("pool reserved")),
-        BudgetPart(name="free", bytes=val("free"), how=how("free")),
-        BudgetPart(name="unaccounted", bytes=val("unaccounted"), how=how("unaccounted")),
-    ]
-    return BudgetBar(label=label, parts=parts, total=val("device total"))
+    context_how = (how("code, constants, driver (rest)") if val("code, constants, driver (rest)") is not None
+                   else how("this process outside the pool"))
+    values: dict[str, tuple[int | None, str]] = {
+        "other processes": (val("other processes"), how("other processes")),
+        "context": (context, context_how),
+        "local memory": (local, how("local memory (model)")),
+        "heaps": (heaps, how("device malloc heap")),
+        "pool reserved": (val("pool reserved"), how("pool reserved")),
+        "free": (val("free"), how("free")),
+        "unaccounted": (val("unaccounted"), how("unaccounted")),
+    }
+    parts = [BudgetPart(name=name, bytes=n, how=h) for name, (n, h) in values.items()]
+    bar = BudgetBar(label=label, parts=parts, total=val("device total"))
+    return bar, {k: v[0] for k, v in values.items()}
 
 
-def budget_view(b: OOMBudget, oom_seq: int) -> Budget:
-    """The start and OOM bars of ``b`` and the part that changed most."""
+def capped_sentence(limit: int | None, free: int | None, what: str = "pool limit") -> str | None:
+    """Said under the bars where the pool had a cap and the device had more free than the whole cap at
+    the OOM: the cap ran out, not the device."""
+    if limit is None or free is None or free <= limit:
+        return None
+    return (f"pool capped at {format_size(limit)} ({what}): the device had {format_size(free)} free at the "
+            f"OOM, so the cap ran out, not the device")
+
+
+def budget_view(b: OOMBudget, oom_seq: int, limit: int | None = None,
+                limit_what: str = "pool limit") -> Budget:
+    """The start and OOM bars of ``b`` and the part that changed most; ``limit``: the pool's cap."""
     terms = {
         t.name: t
         for t in b.terms
         if t.level == 0 or t.name in ("local memory (model)", "code, constants, driver (rest)", *_HEAPS)
     }
-    start, oom = _bar(terms, False, "at start"), _bar(terms, True, f"at the OOM (seq {oom_seq})")
+    start, was = _bar(terms, False, "at start")
+    oom, now = _bar(terms, True, f"at the OOM (seq {oom_seq})")
     moves = [
-        (abs(o["bytes"] - s["bytes"]), o["name"], o["bytes"] - s["bytes"])
-        for s, o in zip(start["parts"], oom["parts"], strict=True)
-        if o["name"] not in ("free", "unaccounted") and s["bytes"] is not None and o["bytes"] is not None
+        (abs(n - w), name, n - w)
+        for name, w in was.items()
+        if name not in ("free", "unaccounted") and w is not None and (n := now.get(name)) is not None
     ]
     best = max(moves, default=None)
     changed = best[1] if best is not None and best[0] > 0 else None
@@ -74,4 +86,6 @@ def budget_view(b: OOMBudget, oom_seq: int) -> Budget:
         changed=changed,
         change_bytes=best[2] if changed and best else None,
         takers=b.takers,
+        pool_limit=limit,
+        capped=capped_sentence(limit, now.get("free"), limit_what),
     )

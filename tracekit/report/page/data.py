@@ -1,20 +1,28 @@
-"""Build the page's data model (``model.PageModel``) from a trace and the analyzer's result.
+"""Build the page's data model (``model.PageModel``) from a trace and typed results.
 
-Everything measured comes from the analysis the report already runs: the per-event
-timeline (levels of detail), the summary (peaks, every OOM with its diagnosis and
-device budget, leaks), ``leaks.pool_state_at`` / ``by_site`` for the call-sites at the
-peak, and ``report.blocks.rank_sites`` for colours. A trace of several devices is drawn
-for the reported device (the fatal OOM's); every device's OOMs are listed.
+The builders take the analyzer's ``AnalysisResult``, advise's ``AdviseResult`` and the what-if
+search's ``WhatIfResult`` and read their fields (never a ``to_dict()`` by string key). Everything
+measured comes from the analysis the report already runs: the per-event timeline (levels of
+detail), the summary (peaks, every OOM with its diagnosis and device budget, leaks),
+``leaks.pool_state_at`` / ``by_site`` for the call-sites at the peak, and ``report.blocks.rank_sites``
+for colours. The OOMs are also grouped by outcome, call-site and handler (``oom_groups``), and the
+fatal one's request is shown as the program's error named it (``request``). A trace of several
+devices is drawn for the reported device (the fatal OOM's); every device's OOMs are listed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from tracekit.advise.capacity import WhatIfResult
+from tracekit.advise.evaluate import Outcome
+from tracekit.advise.result import AdviseResult
+from tracekit.advise.verdict import ORDER, WORDS
+from tracekit.advise.verdict import Verdict as Judged
+from tracekit.analysis.analyze import AnalysisResult
 from tracekit.analysis.leaks import SiteBytes, by_label, pool_state_at
 from tracekit.analysis.summary import OOMReport, Summary
 from tracekit.report import blocks as blk
@@ -27,12 +35,14 @@ from tracekit.report.page.model import (
     Baseline,
     OOMColumns,
     OOMDetail,
+    OOMGroup,
     PageModel,
     Peak,
     TableView,
     TraceInfo,
     Verdict,
 )
+from tracekit.report.page.request import reported_request
 from tracekit.report.page.state import build_state
 from tracekit.report.page.text import safe_strings
 from tracekit.trace import Op, Trace
@@ -66,8 +76,30 @@ def oom_stacks(trace: Trace, stack: np.ndarray) -> dict[int, int]:
     return dict(zip(trace.events.seq[oi].tolist(), stack[oi].tolist(), strict=True))
 
 
+GROUP_IDS = 200  # OOM ids a group lists (its count says how many in all; the table lists every one)
+
+
+def oom_groups(ooms: tuple[OOMReport, ...]) -> tuple[list[OOMGroup], np.ndarray]:
+    """The OOMs grouped by outcome, call-site and handler, fatal groups first, then handled groups by
+    count (largest first), and each OOM's group index."""
+    keys: dict[tuple[bool, str | None, str | None], list[int]] = {}
+    for i, o in enumerate(ooms):
+        keys.setdefault((o.handled, o.site, o.handler), []).append(i)
+    order = sorted(keys, key=lambda k: (k[0], -len(keys[k]), keys[k][0]))
+    group = np.zeros(len(ooms), np.int32)
+    out: list[OOMGroup] = []
+    for g, k in enumerate(order):
+        ids = keys[k]
+        group[ids] = g
+        sizes = [ooms[i].rounded for i in ids]
+        out.append(OOMGroup(handled=k[0], site=k[1], handler=k[2], count=len(ids), ids=ids[:GROUP_IDS],
+                            rounded_min=min(sizes), rounded_max=max(sizes)))
+    return out, group
+
+
 def oom_columns(
-    ooms: tuple[OOMReport, ...], seq_col: np.ndarray, device: int, t0: int, stack_of: dict[int, int]
+    ooms: tuple[OOMReport, ...], seq_col: np.ndarray, device: int, t0: int, stack_of: dict[int, int],
+    group: np.ndarray | None = None,
 ) -> OOMColumns:
     """Every OOM as columns: one pass over the analyzer's reports into a float64 table (exact: bytes,
     seq and ns are below 2^53), then one column per field; ``stack_of``: the stack id by the OOM's seq."""
@@ -106,6 +138,7 @@ def oom_columns(
         diagnosis=column(a[:, 6], "u8"),
         diagnoses=names,
         stack=column(a[:, 7], "i32"),
+        group=column(np.zeros(len(ooms)) if group is None else group, "i32"),
         live_bytes=column(a[:, 8], "f64"),
         reserved_bytes=column(a[:, 9], "f64"),
         largest_free_block=column(a[:, 10], "f64"),
@@ -113,19 +146,34 @@ def oom_columns(
     )
 
 
-def oom_details(s: Summary) -> list[OOMDetail]:
-    """The explanation and budget of the reported OOM and of the first ``DETAILS`` OOMs."""
-    return [
-        OOMDetail(
+def oom_details(trace: Trace, s: Summary) -> list[OOMDetail]:
+    """The explanation and budget of the reported OOM and of the first ``DETAILS`` OOMs, and the request
+    as the program's own error named it (the fatal one, where the trace holds the message)."""
+    out = []
+    for i, o in enumerate(s.ooms):
+        if i >= DETAILS and o is not s.oom:
+            continue
+        said, why = reported_request(trace.meta.extra, o, s.context.expandable_segments)
+        out.append(OOMDetail(
             id=i,
             explanation=o.explanation or None,
             handler=o.handler,
             device_free_source=o.device_free_source.value,
-            budget=budget_view(o.budget, o.seq) if o.budget is not None else None,
-        )
-        for i, o in enumerate(s.ooms)
-        if i < DETAILS or o is s.oom
-    ]
+            budget=budget_view(o.budget, o.seq, s.context.limit, s.context.limit_what)
+            if o.budget is not None else None,
+            reported=said,
+            reported_why=why,
+        ))
+    return out
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 OOM``, ``3 OOMs``: the count and the word in its number."""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
+JW = ("Johnstone & Wilson's fragmentation, reserved ÷ requested − 1: JW1 time-averaged / JW2 at peak "
+      "requested / JW3 at peak reserved / JW4 peak reserved ÷ peak requested")
 
 
 def facts(s: Summary) -> list[list[str]]:
@@ -141,50 +189,62 @@ def facts(s: Summary) -> list[list[str]]:
         ["peak live", format_size(s.peak_live_bytes)],
         ["peak requested", format_size(s.peak_requested_bytes)],
         ["peak reserved", format_size(s.peak_reserved_bytes)],
-        ["max external fragmentation", pct(s.max_external_fragmentation)],
-        ["JW1 / JW2 / JW3 / JW4", " / ".join(pct(x) for x in (s.jw1, s.jw2, s.jw3, s.jw4))],
-        ["OOMs (handled)", f"{len(s.ooms)} ({handled})"],
-        ["never freed", f"{format_size(s.leaked_bytes)} in {s.leaked_blocks:,} blocks"],
+        ["max external fragmentation (1 − largest free block ÷ free in the pool)",
+         pct(s.max_external_fragmentation)],
+        [JW, " / ".join(pct(x) for x in (s.jw1, s.jw2, s.jw3, s.jw4))],
+        ["OOMs", f"{plural(len(s.ooms), 'OOM')}, {handled:,} handled" if s.ooms else "none"],
+        ["never freed", f"{format_size(s.leaked_bytes)} in {plural(s.leaked_blocks, 'block')}"],
     ]
 
 
-def _verdict(s: Summary) -> Verdict:
+def _verdict(trace: Trace, s: Summary) -> Verdict:
     o = s.oom
     if o is None:
         return Verdict(diagnosis=None, explanation=None, text="No OOM in this trace.")
     kind = "handled" if o.handled else "fatal"
+    said = reported_request(trace.meta.extra, o, s.context.expandable_segments)[0]
     return Verdict(
         diagnosis=o.diagnosis.value,
         explanation=o.explanation or None,
         text=f"{kind} OOM at seq {o.seq} on device {o.device}: {o.diagnosis.value} "
-        f"({format_size(o.rounded)} requested)",
+        f"({format_size(o.rounded)} requested" + (f"; the error said \u201c{said}\u201d)" if said else ")"),
     )
 
 
-def answer_of(advise: dict[str, Any] | str | None) -> Answer | None:
-    """The page's answer block from ``advise --json`` output (None without advise): the recommended
-    setting when one fits, else the best borderline one, else none (the sentence says why)."""
-    if not isinstance(advise, dict):
+def _verdict_of(o: Outcome) -> Judged:
+    return o.verdict or (Judged.FITS if o.fits else Judged.NO)
+
+
+def _verified(r: AdviseResult, best: Outcome) -> str:
+    """How ``best``'s verdict was had: the replay or the model, and the real run where ``--rerun`` ran it."""
+    said = "replay" if best.verified_by_replay else "model"
+    ran = next((x for x in r.reruns if x.setting == best.label() and x.ran), None)
+    if ran is not None:
+        said += ", real run: " + ("finished" if ran.finished else "failed")
+    return said
+
+
+def answer_of(advise: AdviseResult | str | None) -> Answer | None:
+    """The page's answer block from advise's result (None without advise): the recommended setting when
+    one fits, else the best borderline one, else none (the sentence says why)."""
+    if not isinstance(advise, AdviseResult):
         return None
-    best = (advise["fits"] or advise.get("borderline") or [None])[0]
-    margin = advise.get("margin") or {}
-    reruns = advise.get("reruns") or []
-    ran = next((r for r in reruns if best is not None and r["setting"] == best["setting"] and r["ran"]), None)
-    verified = None
-    if best is not None:
-        verified = "replay" if best["verified_by_replay"] else "model"
-        if ran is not None:
-            verified += ", real run: " + ("finished" if ran["finished"] else "failed")
+    r = advise
+    best = (r.fits or r.borderline or (None,))[0]
+    if best is None:
+        return Answer(recommendation=r.recommendation(), setting=None, line=None, verdict="none",
+                      headroom_bytes=None, margin_bytes=r.margin.bytes_at(r.limit) if r.margin else None,
+                      margin_why=r.margin.why if r.margin else None, verified=None, scope=r.scope)
     return Answer(
-        recommendation=advise["recommendation"],
-        setting=best["setting"] if best else None,
-        line=best.get("line") if best else None,
-        verdict=best["verdict"] if best else "none",
-        headroom_bytes=best["headroom_bytes"] if best else None,
-        margin_bytes=best.get("margin_bytes") if best else margin.get("bytes_at_limit"),
-        margin_why=margin.get("why"),
-        verified=verified,
-        scope=advise["scope"],
+        recommendation=r.recommendation(),
+        setting=best.label(),
+        line=r.line(best.candidate, best.capacity),
+        verdict=_verdict_of(best).value,
+        headroom_bytes=best.headroom,
+        margin_bytes=best.margin,
+        margin_why=r.margin.why if r.margin else None,
+        verified=_verified(r, best),
+        scope=r.scope,
     )
 
 
@@ -201,17 +261,20 @@ def _site_table(title: str, rows: tuple[SiteBytes, ...], note: str | None) -> Ta
 
 def build_model(
     trace: Trace,
-    analysis: Any,
+    analysis: AnalysisResult,
     name: str,
     *,
-    baseline: tuple[str, Trace, Any] | None = None,
-    whatif: dict[str, Any] | None = None,
-    advise: dict[str, Any] | str | None = None,
+    baseline: tuple[str, Trace, AnalysisResult] | None = None,
+    whatif: WhatIfResult | None = None,
+    advise: AdviseResult | str | None = None,
     user_code: UserCode | None = None,
 ) -> PageModel:
-    """The whole data model of the page for ``trace`` and its ``analysis`` (``AnalysisResult``);
-    ``user_code``: what counts as the user's code (default: the frames of kind USER)."""
-    s: Summary = analysis.summary
+    """The whole data model of the page for ``trace`` and its ``analysis`` (with its timeline);
+    ``advise``: advise's result, or the one sentence saying why it could not run; ``user_code``: what
+    counts as the user's code (default: the frames of kind USER)."""
+    s = analysis.summary
+    if analysis.timeline is None:
+        raise ValueError("the page draws the analyzer's timeline: analyze with timeline=True")
     several = len(device_ids(trace)) > 1
     dev = s.device if s.device is not None else (device_ids(trace) or [0])[0]
     sub = select_device(trace, dev) if several else trace
@@ -221,23 +284,28 @@ def build_model(
     table, all_stacks = stacks_of(trace.events)
     stack = stacks_of(ev)[1] if several else all_stacks
     t0 = int(ev.t_ns[0]) if len(ev) else 0
-    details = oom_details(s)
+    details = oom_details(trace, s)
     rows = device_rows(analysis.timeline, dev, several)
     ctx = s.context
     cs = CallSites.of(table, user)  # the analyzer's labels (the same table and user code)
     frames, stacks = page_stacks(cs)
+    live_index, reserved_index = index_of(seq_col, s.peak_live_seq), index_of(seq_col, s.peak_reserved_seq)
     peak = Peak(
         live_bytes=s.peak_live_bytes,
         live_seq=s.peak_live_seq,
-        live_index=index_of(seq_col, s.peak_live_seq),
+        live_index=live_index,
         reserved_bytes=s.peak_reserved_bytes,
         reserved_seq=s.peak_reserved_seq,
-        reserved_index=index_of(seq_col, s.peak_reserved_seq),
+        reserved_index=reserved_index,
     )
-    ooms = oom_columns(s.ooms, seq_col, dev, t0, oom_stacks(trace, all_stacks))
-    tables = _site_tables(sub, stack, cs, s, peak)
+    groups, group = oom_groups(s.ooms)
+    ooms = oom_columns(s.ooms, seq_col, dev, t0, oom_stacks(trace, all_stacks), group)
+    tables = _site_tables(sub, stack, cs, s, live_index)
     tables += _extra_tables(whatif, advise)
-    first_budget = next((d["budget"] for d in details if d["budget"] is not None), None)
+    first = next((o for o in s.ooms[:DETAILS] if o.budget is not None), None)
+    first_budget = None
+    if first is not None and first.budget is not None:
+        first_budget = budget_view(first.budget, first.seq, ctx.limit, ctx.limit_what)
     return safe_strings(PageModel(
         version=1,
         title=f"tracekit report: {name}",
@@ -252,11 +320,12 @@ def build_model(
             duration_s=s.duration_s,
             raw_device=s.raw_device,
         ),
-        verdict=_verdict(s),
+        verdict=_verdict(trace, s),
         answer=answer_of(advise),
         facts=facts(s),
-        timeline=lod.timeline(rows, s.raw_device, ctx.limit),
+        timeline=lod.timeline(rows, s.raw_device, ctx.limit, ctx.limit_what),
         ooms=ooms,
+        oom_groups=groups,
         oom_details=details,
         peak=peak,
         frames=frames,
@@ -267,7 +336,7 @@ def build_model(
         state=build_state(
             sub,
             stack,
-            [peak["live_index"], peak["reserved_index"]],
+            [live_index, reserved_index],
             np.fromiter((o.seq for o in s.ooms), np.uint64, len(s.ooms)),
         ),
         budget_start=first_budget,
@@ -283,17 +352,16 @@ def label_rank(sub: Trace, label: np.ndarray, n_labels: int) -> list[int]:
     return [int(x) for x in blk.rank_sites(dataclasses.replace(b, site=label[b.start]), n_labels)]
 
 
-def _site_tables(sub: Trace, stack: np.ndarray, cs: CallSites, s: Summary, peak: Peak) -> list[TableView]:
-    """The live bytes by call-site right after the peak and the analyzer's never-freed blocks, both by
-    label (``by_label``, as ``tracekit analyze`` lists them)."""
+def _site_tables(sub: Trace, stack: np.ndarray, cs: CallSites, s: Summary, k: int | None) -> list[TableView]:
+    """The live bytes by call-site right after the peak (event ``k``) and the analyzer's never-freed
+    blocks, both by label (``by_label``, as ``tracekit analyze`` lists them)."""
     ev = sub.events
-    k = peak["live_index"]
     out = []
     if k is not None:
         st = pool_state_at(ev, sub.mate, k + 1)  # right after the peak event
         out.append(
             _site_table(
-                f"Call-sites at peak live (seq {peak['live_seq']})",
+                f"Call-sites at peak live (seq {s.peak_live_seq})",
                 by_label(stack[st.block_index], st.block_size, cs),
                 None,
             )
@@ -302,80 +370,92 @@ def _site_tables(sub: Trace, stack: np.ndarray, cs: CallSites, s: Summary, peak:
         _site_table(
             "Blocks never freed, by call-site",
             s.leaks,
-            f"{format_size(s.leaked_bytes)} in {s.leaked_blocks:,} blocks in all",
+            f"{format_size(s.leaked_bytes)} in {plural(s.leaked_blocks, 'block')} in all",
         )
     )
     return out
 
 
-def _extra_tables(whatif: dict[str, Any] | None, advise: dict[str, Any] | str | None) -> list[TableView]:
+def whatif_table(w: WhatIfResult) -> TableView:
+    """The smallest capacity of each policy (each device's, for a trace of several devices)."""
+    parts = w.devices or (w,)
+    rows: list[list[str | int | float | bool | None]] = []
+    for p in parts:
+        prefix = f"device {p.device}: " if w.devices else ""
+        for f in p.fits:
+            note = f.error or (f"no fit up to {format_size(f.searched_up_to)}"
+                               if f.min_capacity is None and f.searched_up_to else "")
+            rows.append([prefix + f.policy, f.min_capacity, f.overhead_ratio, note])
+    bounds = "; ".join(f"device {p.device}: {format_size(p.lower_bound)}" for p in w.devices) if w.devices \
+        else format_size(w.lower_bound)
+    return TableView(
+        title="What-if: smallest capacity per allocator",
+        columns=["policy", "smallest capacity without OOM", "over the lower bound", "note"],
+        kinds=["text", "bytes", "percent", "text"],
+        rows=rows,
+        note="lower bound (peak live bytes, 512 B rounded): " + bounds,
+        link=None,
+    )
+
+
+def _why_not(o: Outcome, v: Judged) -> str:
+    """Why a tried setting got its verdict, in a few words (the table's last column)."""
+    if v == Judged.ERROR:
+        return o.error or "could not be replayed"
+    if v == Judged.NO:
+        return "ran out in the replay" if not o.fits else "peak reserved above the limit"
+    if v == Judged.BORDERLINE:
+        return "gets through, headroom within the margin"
+    return "gets through, headroom above the margin"
+
+
+def advise_table(r: AdviseResult) -> TableView:
+    """Every setting advise tried, best verdict first (advise's verdicts, never recomputed here)."""
+    tried = sorted(r.tried, key=lambda o: (ORDER[_verdict_of(o)], o.peak_reserved))
+    rows: list[list[str | int | float | bool | None]] = [
+        [
+            o.label(),
+            WORDS[_verdict_of(o)],
+            o.peak_reserved,
+            o.headroom if o.fits else None,
+            o.margin,
+            o.device_allocs,
+            o.device_frees,
+            "replay" if o.verified_by_replay else "model",
+            _why_not(o, _verdict_of(o)),
+        ]
+        for o in tried
+    ]
+    return TableView(
+        title="Advise: settings that fit under the limit",
+        columns=["setting", "fits", "peak reserved", "headroom", "margin", "device allocs", "device frees",
+                 "checked by", "why"],
+        kinds=["text", "text", "bytes", "bytes", "bytes", "int", "int", "text", "text"],
+        rows=rows,
+        note=" ".join([f"{r.scope}.", *(f"Note: {n}" for n in r.notes)]),
+        link=None,
+    )
+
+
+def _extra_tables(whatif: WhatIfResult | None, advise: AdviseResult | str | None) -> list[TableView]:
     out = []
     if whatif is not None:
-        from tracekit.report.sections import whatif_rows
-
-        out.append(
-            TableView(
-                title="What-if: smallest capacity per allocator",
-                columns=["policy", "smallest capacity without OOM", "over the lower bound", "note"],
-                kinds=["text", "bytes", "percent", "text"],
-                rows=[
-                    [r["policy"], r["capacity_bytes"], r["overhead"], r["note"]] for r in whatif_rows(whatif)
-                ],
-                note="lower bound (peak live bytes, 512 B rounded): "
-                + format_size(whatif.get("lower_bound_bytes")),
-                link=None,
-            )
-        )
+        out.append(whatif_table(whatif))
     if isinstance(advise, str):
         out.append(
             TableView(title="Advise", columns=[], kinds=[], rows=[], note=f"Not run: {advise}.", link=None)
         )
     elif advise is not None:
-        from tracekit.advise.verdict import verdict_rows
-
-        out.append(
-            TableView(
-                title="Advise: settings that fit under the limit",
-                columns=[
-                    "setting",
-                    "fits",
-                    "peak reserved",
-                    "headroom",
-                    "margin",
-                    "device allocs",
-                    "device frees",
-                    "checked by",
-                ],
-                kinds=["text", "text", "bytes", "bytes", "bytes", "int", "int", "text"],
-                rows=[
-                    [
-                        r["setting"],
-                        word,
-                        r["peak_reserved_bytes"],
-                        r["headroom_bytes"] if r.get("gets_through", r["fits"]) else None,
-                        r.get("margin_bytes"),
-                        r["device_allocs"],
-                        r["device_frees"],
-                        "replay" if r["verified_by_replay"] else "model",
-                    ]
-                    for r, word in verdict_rows(advise)
-                ],
-                note=" ".join(
-                    [
-                        f"Recommendation. {advise['recommendation']}",
-                        f"{advise['scope']}.",
-                        *(f"Note: {n}" for n in advise.get("notes", ())),
-                    ]
-                ),
-                link=None,
-            )
-        )
+        out.append(advise_table(advise))
     return out
 
 
-def baseline_view(s: Summary, rows: pa.Table, name: str, base: Trace, base_analysis: Any) -> Baseline:
+def baseline_view(s: Summary, rows: pa.Table, name: str, base: Trace,
+                  base_analysis: AnalysisResult) -> Baseline:
     """Live and reserved of the baseline at its coarsest level of detail, and both summaries' figures."""
-    bs: Summary = base_analysis.summary
+    bs = base_analysis.summary
+    if base_analysis.timeline is None:
+        raise ValueError("the baseline's analysis has no timeline")
     several = len(device_ids(base)) > 1
     brows = device_rows(base_analysis.timeline, bs.device, several)
     n = len(brows)

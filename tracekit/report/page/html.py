@@ -80,11 +80,13 @@ _BODY = """<header><h1 id="title"></h1><p id="verdict"></p><p id="explanation"><
 <main>
 <section id="s-timeline"><h2>Timeline</h2>
 <p class="help">Drag to zoom, wheel to zoom at the pointer, double-click to reset; keys: + / - zoom,
-Shift+←/→ pan, 0 reset. Click a point to show the allocator state at that event. Red: the fatal OOM;
-grey dashed: handled OOMs; triangle: the peak. Each curve is the minimum..maximum within a bucket
-of events, so no spike is hidden.</p>
+Shift+←/→ pan, 0 reset. Click a point to show the allocator state at that event. Every line and mark is in
+the legend under the chart (hover an entry for what it means); each curve is the minimum..maximum within a
+bucket of events, so no spike is hidden.</p>
 <div id="oom-strip" class="strip"></div>
 <div id="timeline"></div>
+<div id="frag-strip" hidden></div>
+<div id="tl-legend" class="legend tl-legend"></div>
 </section>
 <section id="s-state"><h2>Allocator state</h2>
 <div class="controls"><label>event <input id="scrub" type="range" min="0" max="0" value="0"></label>

@@ -23,17 +23,20 @@ from tracekit.report.page.model import Level, Points, SeriesInfo, Timeline
 FINEST = 1 << 16  # buckets of the finest level, at most
 COARSEST = 1 << 11  # the coarsest level has about this many buckets (or fewer, for a short trace)
 
-# (analyzer column, page key, label, unit); the order is the drawing order.
-SERIES: tuple[tuple[str, str, str], ...] = (
-    ("requested_bytes", "requested", "requested"),
-    ("live_bytes", "live", "live (allocated)"),
-    ("reserved_bytes", "reserved", "reserved (segments)"),
-    ("largest_free_block", "largest_free", "largest free block"),
-    ("device_free", "device_free", "free at start - reserved (derived)"),
-    ("external_fragmentation", "frag", "external fragmentation"),
+# (analyzer column, page key, label, axis, what it is); the order is the drawing order.
+SERIES: tuple[tuple[str, str, str, Literal["pool", "device", "frag"], str], ...] = (
+    ("requested_bytes", "requested", "requested", "pool", "the bytes the program asked for, live blocks"),
+    ("live_bytes", "live", "live (allocated)", "pool", "the live blocks after the allocator's rounding"),
+    ("reserved_bytes", "reserved", "reserved (segments)", "pool",
+     "the segments the pool holds from the device"),
+    ("largest_free_block", "largest_free", "largest free block", "pool",
+     "the largest free piece inside the segments: the largest request the pool could place without growing"),
+    ("device_free", "device_free", "device free, derived (right axis)", "device",
+     "free at start − reserved: the device's free memory if nothing else took any (not measured)"),
+    ("external_fragmentation", "frag", "external fragmentation (strip below)", "frag",
+     "1 − largest free block ÷ free in the pool, in %: how split up the pool's free space is; high is common "
+     "and harmless until a request needs one large piece"),
 )
-
-
 def _col(table: pa.Table, name: str) -> np.ndarray | None:
     if name not in table.column_names or table.column(name).null_count == len(table):
         return None
@@ -62,20 +65,24 @@ def pick_series(table: pa.Table, raw_device: bool) -> dict[str, tuple[SeriesInfo
     or fragmentation for a raw-device trace, reserved only where it differs from live."""
     measured = _col(table, "device_free_measured")
     out: dict[str, tuple[SeriesInfo, np.ndarray]] = {}
-    for name, key, label in SERIES:
+    live: np.ndarray | None = None  # reserved is drawn only where it differs from live
+    for name, key, label, axis, help_ in SERIES:
         y = _col(table, name)
         if y is None or (key == "device_free" and measured is not None):
             continue
         if raw_device and key in ("largest_free", "frag"):
             continue
-        if key == "reserved" and "live" in out and np.array_equal(y, out["live"][1]):
+        if key == "reserved" and live is not None and np.array_equal(y, live):
             continue
         unit: Literal["bytes", "percent"] = "percent" if key == "frag" else "bytes"
-        out[key] = (SeriesInfo(key=key, label=label, unit=unit), y * 100.0 if key == "frag" else y)
+        info = SeriesInfo(key=key, label=label, unit=unit, axis=axis, help=help_)
+        live = y if key == "live" else live
+        out[key] = (info, y * 100.0 if key == "frag" else y)
     return out
 
 
-def timeline(table: pa.Table, raw_device: bool, limit: int | None) -> Timeline:
+def timeline(table: pa.Table, raw_device: bool, limit: int | None,
+             limit_what: str = "pool limit") -> Timeline:
     """Every level of detail of the reported device's timeline rows ``table`` (one row per event)."""
     n = len(table)
     series = pick_series(table, raw_device)
@@ -111,4 +118,5 @@ def timeline(table: pa.Table, raw_device: bool, limit: int | None) -> Timeline:
         levels=levels[::-1],
         measured_free=points,
         limit_bytes=limit,
+        limit_what=limit_what,
     )

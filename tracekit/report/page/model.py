@@ -30,9 +30,14 @@ class Column(TypedDict):
 
 
 class SeriesInfo(TypedDict):
+    """One curve of the timeline: ``axis`` "pool" (the left axis, MiB), "device" (device free, its own
+    right axis) or "frag" (the fragmentation strip below, %); ``help``: what it is (the legend's hover)."""
+
     key: str  # live | requested | reserved | largest_free | frag | device_free
     label: str
     unit: Literal["bytes", "percent"]
+    axis: Literal["pool", "device", "frag"]
+    help: str
 
 
 class Level(TypedDict):
@@ -57,6 +62,7 @@ class Timeline(TypedDict):
     levels: list[Level]  # coarsest first
     measured_free: Points | None
     limit_bytes: int | None
+    limit_what: str  # what the limit is ("pool limit")
 
 
 class BudgetPart(TypedDict):
@@ -79,6 +85,8 @@ class Budget(TypedDict):
     changed: str | None
     change_bytes: int | None
     takers: str
+    pool_limit: int | None  # the pool's cap (bytes), where the trace records one
+    capped: str | None  # "pool capped at 4.19 GiB: …" where the device had more free than the cap
 
 
 class OOMColumns(TypedDict):
@@ -95,6 +103,7 @@ class OOMColumns(TypedDict):
     diagnosis: Column  # u8 index into ``diagnoses``
     diagnoses: list[str]
     stack: Column  # i32 stack id, -1 none
+    group: Column  # i32 index into ``PageModel.oom_groups``
     live_bytes: Column  # f64 at the OOM
     reserved_bytes: Column  # f64
     largest_free_block: Column  # f64
@@ -109,6 +118,21 @@ class OOMDetail(TypedDict):
     handler: str | None
     device_free_source: str
     budget: Budget | None
+    reported: str | None  # the request as the program's own error names it ("Tried to allocate 122.00 MiB")
+    reported_why: str | None  # why that differs from the recorded size (None: it does not)
+
+
+class OOMGroup(TypedDict):
+    """OOMs of one outcome, call-site and handler: the fatal ones first, then the handled ones by count.
+    ``ids``: the first ``GROUP_IDS`` OOM ids of the group, in seq order (``count`` in all)."""
+
+    handled: bool
+    site: str | None
+    handler: str | None
+    count: int
+    ids: list[int]
+    rounded_min: int
+    rounded_max: int
 
 
 class Peak(TypedDict):
@@ -282,6 +306,7 @@ class PageModel(TypedDict):
     facts: list[list[str]]  # summary metric, value
     timeline: Timeline
     ooms: OOMColumns
+    oom_groups: list[OOMGroup]
     oom_details: list[OOMDetail]
     peak: Peak
     frames: Frames

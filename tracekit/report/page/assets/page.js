@@ -115,7 +115,7 @@
       rounded: O.rounded[id], handled: O.handled[id] === 1, diagnosis: O.diagnoses[O.diagnosis[id]], stack: O.stack[id],
       live_bytes: O.live_bytes[id], reserved_bytes: O.reserved_bytes[id], largest_free_block: O.largest_free_block[id],
       device_free: O.device_free[id] >= 0 ? O.device_free[id] : null, explanation: d.explanation || null,
-      handler: d.handler || null, budget: d.budget || null };
+      handler: d.handler || null, budget: d.budget || null, reported: d.reported || null, reported_why: d.reported_why || null };
   }
   T.oom = oom;
 
@@ -310,10 +310,22 @@
         " at this event (analyzer: " + fmtBytes(oom.largest_free_block) + "); diagnosis: " + oom.diagnosis +
         "; call-site: " + siteText(oom.stack)));
     box.append(p);
-    if (oom.explanation) box.append(el("p", "help", oom.explanation));
+    if (oom.reported) {  // the program's own error, beside the recorded size, and why they differ
+      const r = el("p", "reported");
+      r.append(el("span", null, "The program's error: "), el("q", null, oom.reported),
+        el("span", null, oom.reported_why ? " (" + oom.reported_why + ")." : " (the recorded request)."));
+      box.append(r);
+    }
+    // The reported OOM's explanation is the page's second line already; another OOM's is said here.
+    if (oom.explanation && oom.explanation !== M.verdict.explanation) box.append(el("p", "help", oom.explanation));
     // The request at the map's scale: bytes per pixel as above, wrapped the same way.
     const cells = Math.max(1, Math.ceil(oom.rounded / L.bpp));
     const rows = Math.min(MAP.rows, Math.ceil(cells / MAP.width));
+    const cap = el("p", "help request-caption");
+    cap.append(el("span", "sw sw-request"), el("span", null, " Below, in black: the failing request, " + fmtBytes(oom.rounded) +
+      ", at the map's scale (one cell = " + fmtBytes(L.bpp) + "). It needs one free piece at least this long; the " +
+      "largest free block, outlined on the map, is " + fmtBytes(L.largest.len) + "."));
+    box.append(cap);
     if (cells > MAP.rows * MAP.width) box.append(el("p", "help", "The request is larger than every segment together; drawn cut."));
     if (cv.height !== rows * MAP.rowH) cv.height = rows * MAP.rowH;
     const ctx = cv.getContext("2d");
@@ -361,6 +373,7 @@
     if (B.segment[b] >= 0) lines.push("in segment " + hex(M.state.segments.addr[B.segment[b]]));
     return lines;
   }
+  T.blockTip = (b) => blockTip(b);
   function segTip(s) {
     const G = M.state.segments;
     if (s.id < 0) return ["(no segment)"];
@@ -371,11 +384,27 @@
       "free space here is pale green"];
   }
   const tip = $("tip");
+  const TIP_LINES = 40; // a deeper stack is cut in the middle: its innermost and outermost frames stay
+  /* The tooltip beside the pointer, kept inside the window: to the right and below, flipped to the left or
+     above where it would cross the edge, clamped to the window (and cut to its height) where neither fits. */
   function showTip(lines, x, y) {
+    if (lines.length > TIP_LINES) {
+      const cut = lines.length - TIP_LINES + 1, keep = TIP_LINES - 4;
+      lines = lines.slice(0, keep).concat(["  … " + cut.toLocaleString() + " more frames …"], lines.slice(lines.length - 3));
+    }
     tip.replaceChildren(...lines.map((l) => el("div", null, l)));
     tip.hidden = false;
-    tip.style.left = Math.min(x + 14, window.innerWidth - 380) + "px";
-    tip.style.top = (y + 14) + "px";
+    const W = document.documentElement.clientWidth, H = document.documentElement.clientHeight, gap = 14, edge = 4;
+    tip.style.maxHeight = (H - 2 * edge) + "px";
+    tip.style.left = "0px"; tip.style.top = "0px";
+    const w = tip.offsetWidth, h = tip.offsetHeight;
+    let left = x + gap, top = y + gap;
+    if (left + w > W - edge) left = x - gap - w;
+    if (top + h > H - edge) top = y - gap - h;
+    left = Math.max(edge, Math.min(left, W - edge - w));
+    top = Math.max(edge, Math.min(top, H - edge - h));
+    tip.style.left = left + "px";
+    tip.style.top = top + "px";
   }
   const hideTip = () => { tip.hidden = true; };
 
@@ -435,26 +464,40 @@
   T.selectOOM = function (id) { if (id >= 0 && id < M.ooms.count && M.ooms.index[id] >= 0) select(M.ooms.index[id]); };
 
   /* ---------- timeline ---------- */
+  /* Every mark has a legend entry (timelineLegend): the pool's curves on the left axis (MiB), device free on
+     its own right axis (scaled to its own range, so a drop of a few GiB in 140 shows), fragmentation in a
+     strip below in a muted colour (high is common and no alarm by itself), the pool limit a dashed line with
+     its figure, each OOM a line with a head above the plot (fatal: red triangle; handled: grey circle), the
+     failing request a black bar on the reserved bytes, the peak a triangle, the selected event a purple line. */
   const COL = { requested: "#17becf", live: "#1f77b4", reserved: "#ff7f0e", largest_free: "#2ca02c",
-    device_free: "#7f7f7f", frag: "#d62728" };
+    device_free: "#6d6d6d", frag: "#6b7b8c", measured: "#444444", limit: "#000000", fatal: "#d00000",
+    handled: "#808080", request: "#111111", peak: "#1f77b4", selected: "#6a3d9a" };
+  const MiB = 1048576, GiB = 1073741824, HEAD = 26;
+  let DEV = MiB; // the device-free axis's unit: GiB past 10 GiB // css px above the plot where the OOM markers' heads are drawn
   const TL = M.timeline;
-  let level = -1;
+  const MAIN = TL.series.filter((s) => s.axis !== "frag"), FRAG = TL.series.filter((s) => s.axis === "frag");
+  let level = -1, strip = null, stripLine = null;
+  const plural = (n, w, ws) => n.toLocaleString() + " " + (n === 1 ? w : ws || w + "s");
+  const limitText = () => (TL.limit_what || "pool limit") + " " + fmtBytes(TL.limit_bytes);
   /* Per series two uPlot series, the bucket maximum (the line) and minimum, filled between as a band:
      a filled band draws in a few ms where a zigzag through both would stroke thousands of tall segments. */
   function levelData(li) {
     const lv = TL.levels[li], b = lv.bucket;
     const x = new Float64Array(lv.count);
     for (let i = 0; i < lv.count; i++) x[i] = i * b;
-    const ys = [];
-    for (const s of TL.series) {
-      const scale = s.unit === "percent" ? 1 : 1 / 1048576;
-      for (const col of [lv.hi[s.key], lv.lo[s.key]]) {
-        const y = new Array(lv.count);
-        for (let i = 0; i < lv.count; i++) y[i] = Number.isNaN(col[i]) ? null : col[i] * scale;
-        ys.push(y);
+    const ys = (list) => {
+      const out = [];
+      for (const s of list) {
+        const scale = s.unit === "percent" ? 1 : s.axis === "device" ? 1 / DEV : 1 / MiB;
+        for (const col of [lv.hi[s.key], lv.lo[s.key]]) {
+          const y = new Array(lv.count);
+          for (let i = 0; i < lv.count; i++) y[i] = Number.isNaN(col[i]) ? null : col[i] * scale;
+          out.push(y);
+        }
       }
-    }
-    return [x, ...ys];
+      return out;
+    };
+    return { main: [x, ...ys(MAIN)], frag: FRAG.length ? [x, ...ys(FRAG)] : null };
   }
   function pickLevel(a, b) {
     const w = Math.max(plot ? plot.bbox.width / devicePixelRatio : 1000, 200);
@@ -474,58 +517,116 @@
     if (li !== level) {
       if (!cache.has(li)) cache.set(li, levelData(li));
       level = li;
-      plot.setData(cache.get(li), false);
+      plot.setData(cache.get(li).main, false);
+      if (strip) strip.setData(cache.get(li).frag, false);
     }
     plot.setScale("x", { min: a, max: b });
+    if (strip) strip.setScale("x", { min: a, max: b });
   }
   T.zoom = zoomTo;
+  /* The device-free axis (bytes): the measured points and the derived curve, padded; from 0 where the
+     range is wide, else around the values, so a drop of a few GiB in 140 GiB shows. */
+  function deviceRange() {
+    let lo = Infinity, hi = -Infinity;
+    const see = (v) => { if (!Number.isNaN(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } };
+    if (TL.measured_free) for (const v of TL.measured_free.bytes) see(v);
+    const lv = TL.levels[0];
+    for (const s of MAIN) if (s.axis === "device") { for (const v of lv.lo[s.key]) see(v); for (const v of lv.hi[s.key]) see(v); }
+    if (!(hi >= lo)) return [0, MiB];
+    const pad = Math.max((hi - lo) * 0.12, hi * 0.005, MiB);
+    return [lo - pad < (hi - lo) ? 0 : lo - pad, hi + pad];
+  }
+  /* The pool axis: up to the highest curve, the limit, and the failing requests' tops. */
+  let poolTop = 0;
+  function poolExtras() {
+    let top = TL.limit_bytes ? TL.limit_bytes / MiB : 0;
+    for (const id of onDevId) if (M.ooms.handled[id] === 0) top = Math.max(top, (M.ooms.reserved_bytes[id] + M.ooms.rounded[id]) / MiB);
+    return top;
+  }
+  const fatalAt = [], handledAt = []; // canvas pixels of the OOM heads drawn last (T.fatalMarks: client pixels)
   function markers(u) {
-    const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
+    const ctx = u.ctx, dpr = devicePixelRatio, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, w = u.bbox.width;
     const X = (v) => u.valToPos(v, "x", true);
     ctx.save();
-    const a = lowerBound(onDevIdx, u.scales.x.min), b = lowerBound(onDevIdx, u.scales.x.max + 1);
-    const stride = Math.max(1, Math.ceil((b - a) / 4000)); // at most 4,000 marks a frame; the fatal one always
-    for (let j = a; j < b; j++) {
-      const id = onDevId[j];
-      if ((j - a) % stride !== 0 && M.ooms.handled[id] === 1) continue;
-      const o = oom(id), x = X(o.index);
-      ctx.strokeStyle = o.handled ? "rgba(90,90,90,0.7)" : "#d00";
-      ctx.lineWidth = o.handled ? 1 : 2 * devicePixelRatio;
-      ctx.setLineDash(o.handled ? [4, 4] : []);
-      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
-      if (!o.handled) { // the failing request stacked on the reserved bytes at that moment
-        const y0 = u.valToPos(o.reserved_bytes / 1048576, "y", true), y1 = u.valToPos((o.reserved_bytes + o.rounded) / 1048576, "y", true);
-        ctx.fillStyle = "#000"; ctx.fillRect(x - 3 * devicePixelRatio, Math.min(y0, y1), 6 * devicePixelRatio, Math.abs(y0 - y1));
-      }
-    }
-    ctx.setLineDash([]);
-    const pk = M.peak;
-    if (pk.live_index !== null) {
-      const x = X(pk.live_index), y = u.valToPos(pk.live_bytes / 1048576, "y", true);
-      ctx.fillStyle = "#1f77b4"; ctx.beginPath(); ctx.moveTo(x, y - 10); ctx.lineTo(x - 6, y - 20); ctx.lineTo(x + 6, y - 20); ctx.fill();
-    }
+    ctx.beginPath(); ctx.rect(left - 8 * dpr, 0, w + 16 * dpr, top + h); ctx.clip();
+    ctx.font = Math.round(11 * dpr) + "px system-ui, sans-serif";
+    const halo = (text, x, y) => { ctx.lineWidth = 3 * dpr; ctx.strokeStyle = "rgba(255,255,255,0.9)"; ctx.strokeText(text, x, y); ctx.fillText(text, x, y); };
     if (TL.limit_bytes) {
-      const y = u.valToPos(TL.limit_bytes / 1048576, "y", true);
-      ctx.strokeStyle = "#000"; ctx.lineWidth = 1; ctx.beginPath(); ctx.moveTo(u.bbox.left, y); ctx.lineTo(u.bbox.left + u.bbox.width, y); ctx.stroke();
+      const y = u.valToPos(TL.limit_bytes / MiB, "y", true);
+      ctx.strokeStyle = COL.limit; ctx.lineWidth = 1.2 * dpr; ctx.setLineDash([7 * dpr, 4 * dpr]);
+      ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + w, y); ctx.stroke(); ctx.setLineDash([]);
+      ctx.fillStyle = COL.limit; ctx.textAlign = "left"; ctx.textBaseline = "bottom";
+      halo(limitText(), left + 6 * dpr, y - 2 * dpr);
     }
     if (TL.measured_free) {
-      ctx.fillStyle = "#444";
+      ctx.fillStyle = COL.measured;
       const I = TL.measured_free.index, V = TL.measured_free.bytes;
       const a = lowerBound(I, u.scales.x.min), b = lowerBound(I, u.scales.x.max + 1);
       for (let i = a; i < b && i < a + 20000; i++) {
-        ctx.beginPath(); ctx.arc(X(I[i]), u.valToPos(V[i] / 1048576, "y", true), 2.5 * devicePixelRatio, 0, 7); ctx.fill();
+        ctx.beginPath(); ctx.arc(X(I[i]), u.valToPos(V[i] / DEV, "dev", true), 3 * dpr, 0, 7); ctx.fill();
       }
+    }
+    const pk = M.peak;
+    if (pk.live_index !== null) {
+      const x = X(pk.live_index), y = u.valToPos(pk.live_bytes / MiB, "y", true);
+      ctx.fillStyle = COL.peak; ctx.beginPath(); ctx.moveTo(x, y - 4 * dpr); ctx.lineTo(x - 6 * dpr, y - 14 * dpr); ctx.lineTo(x + 6 * dpr, y - 14 * dpr); ctx.fill();
+    }
+    const a = lowerBound(onDevIdx, u.scales.x.min), b = lowerBound(onDevIdx, u.scales.x.max + 1);
+    const stride = Math.max(1, Math.ceil((b - a) / 4000)); // at most 4,000 marks a frame; the fatal ones always
+    const headY = top - HEAD * dpr / 2, fatal = [];
+    ctx.strokeStyle = COL.handled; ctx.lineWidth = dpr; ctx.setLineDash([4 * dpr, 4 * dpr]);
+    ctx.beginPath();
+    const handled = [];
+    for (let j = a; j < b; j++) {
+      const id = onDevId[j];
+      if (M.ooms.handled[id] === 0) { fatal.push(id); continue; }
+      if ((j - a) % stride !== 0) continue;
+      const x = X(M.ooms.index[id]);
+      handled.push(x);
+      ctx.moveTo(x, headY + 5 * dpr); ctx.lineTo(x, top + h);
+    }
+    ctx.stroke(); ctx.setLineDash([]);
+    ctx.fillStyle = "#fff"; ctx.lineWidth = 1.5 * dpr;
+    handledAt.length = 0;
+    for (const x of handled) { ctx.beginPath(); ctx.arc(x, headY, 4.5 * dpr, 0, 7); ctx.fill(); ctx.stroke(); handledAt.push([x, headY]); }
+    fatalAt.length = 0;
+    for (const id of fatal) {
+      const x = X(M.ooms.index[id]);
+      ctx.strokeStyle = COL.fatal; ctx.lineWidth = 2 * dpr;
+      ctx.beginPath(); ctx.moveTo(x, headY); ctx.lineTo(x, top + h); ctx.stroke();
+      ctx.fillStyle = COL.fatal; ctx.beginPath();  // the head: a red triangle above the plot, never under the selection
+      ctx.moveTo(x - 8 * dpr, headY - 8 * dpr); ctx.lineTo(x + 8 * dpr, headY - 8 * dpr); ctx.lineTo(x, headY + 7 * dpr); ctx.fill();
+      ctx.textBaseline = "middle";
+      const right = x + 12 * dpr + ctx.measureText("fatal OOM").width < left + w;
+      ctx.textAlign = right ? "left" : "right";
+      ctx.fillStyle = COL.fatal; ctx.fillText("fatal OOM", right ? x + 11 * dpr : x - 11 * dpr, headY - 1 * dpr);
+      // the failing request stacked on the reserved bytes at that moment
+      const y0 = u.valToPos(M.ooms.reserved_bytes[id] / MiB, "y", true), y1 = u.valToPos((M.ooms.reserved_bytes[id] + M.ooms.rounded[id]) / MiB, "y", true);
+      ctx.fillStyle = COL.request; ctx.fillRect(x - 3 * dpr, Math.min(y0, y1), 6 * dpr, Math.max(Math.abs(y0 - y1), 2 * dpr));
+      ctx.textAlign = "right"; ctx.textBaseline = "middle"; ctx.fillStyle = COL.request;
+      halo("request " + fmtBytes(M.ooms.rounded[id]), x - 7 * dpr, (y0 + y1) / 2);
+      fatalAt.push([x, headY]);
     }
     ctx.restore();
   }
-  /* The selected event: a line element over the plot, so selecting an event moves one element
+  /* Where the fatal OOMs' heads are, in client pixels (the tests look there). */
+  function marksAt(at) {
+    if (!plot) return [];
+    const r = plot.ctx.canvas.getBoundingClientRect(), dpr = devicePixelRatio;
+    return at.map(([x, y]) => ({ x: r.left + x / dpr, y: r.top + y / dpr }));
+  }
+  T.fatalMarks = () => marksAt(fatalAt);
+  T.handledMarks = () => marksAt(handledAt);
+  /* The selected event: a line element over each plot, so selecting an event moves one element
      instead of redrawing (and rasterizing) every curve. */
   let currentLine = null;
   function placeCurrent() {
-    if (!plot || !currentLine) return;
-    const x = current >= 0 ? plot.valToPos(current, "x") : -1;
-    currentLine.hidden = !(x >= 0 && x <= plot.over.clientWidth);
-    currentLine.style.left = Math.round(x - 1) + "px";
+    for (const [u, line] of [[plot, currentLine], [strip, stripLine]]) {
+      if (!u || !line) continue;
+      const x = current >= 0 ? u.valToPos(current, "x") : -1;
+      line.hidden = !(x >= 0 && x <= u.over.clientWidth);
+      line.style.left = Math.round(x - 1) + "px";
+    }
   }
   function curveTip(u) {
     const i = u.cursor.idx;
@@ -542,69 +643,135 @@
       const f = s.unit === "percent" ? (v) => v.toFixed(1) + "%" : fmtBytes;
       lines.push(s.label + ": " + (lo === hi ? f(hi) : f(lo) + " .. " + f(hi)));
     });
+    if (TL.measured_free) {
+      const I = TL.measured_free.index, p = lowerBound(I, k1 + 1) - 1;
+      if (p >= 0) lines.push("device free, measured at event " + I[p].toLocaleString() + ": " + fmtBytes(TL.measured_free.bytes[p]));
+    }
     const r = u.over.getBoundingClientRect();
     showTip(lines, r.left + u.cursor.left, r.top + u.cursor.top);
   }
-  function buildTimeline() {
-    const box = $("timeline");
-    const width = Math.max(600, Math.min(1400, box.clientWidth || 1200));
-    const series = [{ label: "event" }], bands = [];
-    for (const s of TL.series) {
-      const common = { stroke: COL[s.key] || "#000", scale: s.unit === "percent" ? "%" : "y",
-        dash: s.key === "device_free" ? [3, 3] : undefined, points: { show: false } };
-      series.push({ ...common, label: s.label, width: s.key === "live" ? 1.6 : 1.1 });
-      series.push({ ...common, label: s.label + " (bucket minimum)", width: 0.6 });
-      bands.push({ series: [series.length - 2, series.length - 1], fill: (COL[s.key] || "#000000") + "38" });
-    }
-    const opts = {
-      width, height: 380, series, bands,
-      scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] }, "%": { range: [0, 100] } },
-      axes: [{ label: "event index", values: (u, vals) => vals.map(compact) }, { label: "MiB", size: 70 }]
-        .concat(TL.series.some((s) => s.unit === "percent") ? [{ side: 1, scale: "%", label: "fragmentation %", grid: { show: false } }] : []),
-      cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
-      legend: { show: false },
-      hooks: {
-        draw: [markers, placeCurrent],
-        setCursor: [curveTip],
-        setSelect: [(u) => {
-          if (u.select.width > 4) zoomTo(u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
-          u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
-        }],
-      },
-    };
-    level = 0;
-    cache.set(0, levelData(0));
-    plot = new uPlot(opts, cache.get(0), box);
-    T.plot = plot;
-    currentLine = el("div", "current-line");
-    currentLine.hidden = true;
-    plot.over.append(currentLine);
-    const key = el("div", "legend");
-    for (const s of TL.series) {
-      const item = el("span", "litem"), sw = el("span", "sw");
-      sw.style.background = COL[s.key] || "#000";
-      item.append(sw, el("span", null, s.label + (s.unit === "percent" ? " (right axis)" : "")));
-      key.append(item);
-    }
-    box.after(key);
-    const over = plot.over;
+  /* Drag to zoom, click to select, wheel to zoom at the pointer, double-click to reset: on both plots. */
+  function interact(u) {
+    const over = u.over;
     let down = null;
     over.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; });
     over.addEventListener("click", (e) => {
       if (down && Math.abs(e.clientX - down[0]) + Math.abs(e.clientY - down[1]) > 4) return; // a drag, not a click
       const r = over.getBoundingClientRect();
-      select(plot.posToVal(e.clientX - r.left, "x"));
+      select(u.posToVal(e.clientX - r.left, "x"));
     });
     over.addEventListener("mouseleave", hideTip);
     over.addEventListener("dblclick", () => zoomTo(0, TL.n));
     over.addEventListener("wheel", (e) => {
       e.preventDefault();
       const r = over.getBoundingClientRect();
-      const at = plot.posToVal(e.clientX - r.left, "x");
-      const { min, max } = plot.scales.x, f = e.deltaY < 0 ? 0.8 : 1.25;
+      const at = u.posToVal(e.clientX - r.left, "x");
+      const { min, max } = u.scales.x, f = e.deltaY < 0 ? 0.8 : 1.25;
       zoomTo(at - (at - min) * f, at + (max - at) * f);
     }, { passive: false });
+  }
+  const dragZoom = (u) => {
+    if (u.select.width > 4) zoomTo(u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
+    u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+  };
+  const hasDev = () => !!TL.measured_free || MAIN.some((s) => s.axis === "device");
+  function buildTimeline() {
+    const box = $("timeline");
+    const width = Math.max(600, Math.min(1400, box.clientWidth || 1200));
+    const dev = hasDev();
+    const series = [{ label: "event" }], bands = [];
+    for (const s of MAIN) {
+      const common = { stroke: COL[s.key] || "#000", scale: s.axis === "device" ? "dev" : "y",
+        dash: s.key === "device_free" ? [4, 3] : undefined, points: { show: false } };
+      series.push({ ...common, label: s.label, width: s.key === "live" ? 1.6 : 1.1 });
+      series.push({ ...common, label: s.label + " (bucket minimum)", width: 0.6 });
+      bands.push({ series: [series.length - 2, series.length - 1], fill: (COL[s.key] || "#000000") + "38" });
+    }
+    poolTop = poolExtras();
+    const bytes = deviceRange();
+    DEV = bytes[1] > 10 * GiB ? GiB : MiB;
+    T.devUnit = DEV;
+    const range = [bytes[0] / DEV, bytes[1] / DEV];
+    const right = dev ? [{ side: 1, scale: "dev", label: "device free (" + (DEV === GiB ? "GiB" : "MiB") + ")", size: 78,
+      grid: { show: false }, stroke: COL.device_free }] : [];
+    const opts = {
+      width, height: 360, series, bands, padding: [onDevId.length ? HEAD + 6 : 12, 12, 0, 0],
+      scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, Math.max(hi, poolTop) * 1.08 || 1] },
+        dev: { range } },
+      axes: [{ label: FRAG.length ? null : "event index", values: (u, vals) => vals.map(compact) },
+        { label: "memory (MiB)", size: 78, scale: "y" }, ...right],
+      cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
+      legend: { show: false },
+      hooks: { draw: [markers, placeCurrent], setCursor: [curveTip], setSelect: [dragZoom] },
+    };
+    if (!dev) delete opts.scales.dev;
+    level = 0;
+    cache.set(0, levelData(0));
+    plot = new uPlot(opts, cache.get(0).main, box);
+    T.plot = plot;
+    currentLine = el("div", "current-line");
+    currentLine.hidden = true;
+    plot.over.append(currentLine);
+    interact(plot);
+    if (FRAG.length) {
+      const sbox = $("frag-strip");
+      sbox.hidden = false;
+      const s = FRAG[0];
+      const sopts = {
+        width, height: 130, padding: [8, 12, 0, 0],
+        series: [{ label: "event" }, { label: s.label, stroke: COL.frag, width: 1, scale: "%", points: { show: false } },
+          { label: s.label + " (bucket minimum)", stroke: COL.frag, width: 0.5, scale: "%", points: { show: false } }],
+        bands: [{ series: [1, 2], fill: COL.frag + "26" }],
+        scales: { x: { time: false }, "%": { range: [0, 100] } },
+        axes: [{ label: "event index", values: (u, vals) => vals.map(compact) },
+          { label: "fragm. %", size: 78, scale: "%", values: (u, vals) => vals.map((v) => v + "%"), splits: () => [0, 50, 100] },
+          ...(dev ? [{ side: 1, scale: "%", size: 78, label: " ", values: (u, vals) => vals.map(() => ""), grid: { show: false }, ticks: { show: false } }] : [])],
+        cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
+        legend: { show: false },
+        hooks: { draw: [placeCurrent], setCursor: [curveTip], setSelect: [dragZoom] },
+      };
+      strip = new uPlot(sopts, cache.get(0).frag, sbox);
+      T.strip = strip;
+      stripLine = el("div", "current-line");
+      stripLine.hidden = true;
+      strip.over.append(stripLine);
+      interact(strip);
+    }
+    $("tl-legend").replaceChildren(...timelineLegend());
     zoomTo(0, TL.n);
+  }
+  /* One legend entry per series and per mark the timeline draws (data-key: the series key or the mark). */
+  function timelineLegend() {
+    const out = [];
+    const add = (key, sw, text, help) => {
+      const item = el("span", "litem");
+      item.dataset.key = key;
+      if (help) item.title = help;
+      item.append(sw, el("span", null, text));
+      out.push(item);
+    };
+    const line = (colour, style, width) => { const s = el("span", "sw-line"); s.style.borderTopColor = colour; s.style.borderTopStyle = style || "solid"; s.style.borderTopWidth = (width || 2) + "px"; return s; };
+    const glyph = (text, colour, cls) => { const s = el("span", "sw-glyph" + (cls ? " " + cls : ""), text); s.style.color = colour; return s; };
+    const band = (colour) => { const s = el("span", "sw-band"); s.style.background = colour + "40"; s.style.borderTopColor = colour; return s; };
+    for (const s of TL.series) {
+      const sw = s.axis === "frag" ? band(COL.frag) : line(COL[s.key] || "#000", s.key === "device_free" ? "dashed" : "solid");
+      add(s.key, sw, s.label, s.help + ". The shaded band is the minimum..maximum within a bucket of events.");
+    }
+    if (TL.measured_free) add("measured_free", glyph("●", COL.measured), "device free, measured (right axis)",
+      "cudaMemGetInfo where the recorder measured it: at the pool's device allocations and at OOMs");
+    if (TL.limit_bytes) add("limit", line(COL.limit, "dashed", 2), limitText(),
+      "the cap the pool may not grow past (" + TL.limit_bytes.toLocaleString() + " bytes)");
+    let fatal = 0, handled = 0;
+    for (const id of onDevId) { if (M.ooms.handled[id]) handled++; else fatal++; }
+    if (fatal) {
+      add("fatal", glyph("▼", COL.fatal, "g-fatal"), "fatal OOM (the program died of it)", "a red line with a red triangle above the plot");
+      add("request", el("span", "sw sw-request"), "the failing request, stacked on the reserved bytes",
+        "a black bar as tall as the request, from the reserved bytes at that moment: above the limit line, it could not fit");
+    }
+    if (handled) add("handled", glyph("○", COL.handled, "g-handled"), "handled OOM (the program went on)", "a grey dashed line with a grey circle above the plot");
+    if (M.peak.live_index !== null) add("peak", glyph("▼", COL.peak), "peak of live bytes", "seq " + M.peak.live_seq);
+    add("selected", line(COL.selected, "solid", 2), "selected event (the allocator state below)", "click the timeline to move it");
+    return out;
   }
   function keys(e) {
     if (e.target && (e.target.tagName === "INPUT" && e.target.type === "number")) return;
@@ -627,25 +794,68 @@
   }
   T.step = step;
 
-  const STRIP = 400; // OOM buttons at most; past that the fatal ones, the first ones, and the table
-  function oomButton(id) {
+  /* ---------- the OOMs, summarised: the fatal one first, then the handled ones by call-site and handler ---------- */
+  const GROUPS_SHOWN = 4; // handled groups in the strip; the table below lists every OOM
+  function oomButton(id, text) {
     const o = oom(id);
-    const b = el("button", o.handled ? "oom handled" : "oom fatal", (o.handled ? "handled" : "FATAL") + " seq " + o.seq);
+    const b = el("button", o.handled ? "oom handled" : "oom fatal", text);
     b.type = "button";
     b.dataset.oom = String(id);
-    b.title = fmtBytes(o.rounded) + " at " + siteText(o.stack) + (o.index < 0 ? " (device " + o.device + ", not drawn)" : "");
+    b.title = "seq " + o.seq + ": " + fmtBytes(o.rounded) + " at " + siteText(o.stack) + (o.index < 0 ? " (device " + o.device + ", not drawn)" : "");
     if (o.index < 0) b.disabled = true;
     b.addEventListener("click", () => T.selectOOM(id));
     return b;
   }
+  function pick(G, label) {
+    const sel = el("select", "oom-pick");
+    sel.setAttribute("aria-label", label);
+    sel.append(el("option", null, "each of " + G.count.toLocaleString() + "…"));
+    for (const id of G.ids) {
+      const o = oom(id), opt = el("option", null, "seq " + o.seq + " · " + fmtBytes(o.rounded));
+      opt.value = String(id);
+      if (o.index < 0) opt.disabled = true;
+      sel.append(opt);
+    }
+    if (G.count > G.ids.length) { const more = el("option", null, "… " + (G.count - G.ids.length).toLocaleString() + " more: the table of every OOM"); more.disabled = true; sel.append(more); }
+    sel.addEventListener("change", () => { if (sel.value !== "") T.selectOOM(Number(sel.value)); sel.selectedIndex = 0; });
+    return sel;
+  }
+  function sizes(G) { return G.rounded_min === G.rounded_max ? fmtBytes(G.rounded_min) : fmtBytes(G.rounded_min) + "–" + fmtBytes(G.rounded_max); }
   function oomStrip() {
     const box = $("oom-strip"), n = M.ooms.count;
     if (!n) { box.append(el("span", "help", "No OOM in this trace.")); return; }
-    box.append(el("span", null, n.toLocaleString() + " OOMs: "));
-    const ids = [];
-    for (let i = 0; i < n; i++) if (n <= STRIP || M.ooms.handled[i] === 0 || ids.length < STRIP / 2) ids.push(i);
-    for (const i of ids.slice(0, STRIP)) box.append(oomButton(i));
-    if (ids.length < n) box.append(el("span", "help", "… and " + (n - ids.length).toLocaleString() + " more: see the table of every OOM below."));
+    let handled = 0;
+    for (let i = 0; i < n; i++) handled += M.ooms.handled[i];
+    box.append(el("span", "oom-count", plural(n, "OOM") + (handled && handled < n ? " (" + (n - handled).toLocaleString() + " fatal, " +
+      handled.toLocaleString() + " handled):" : handled ? " (all handled):" : ":")));
+    const groups = M.oom_groups;
+    let shown = 0, rest = 0, restGroups = 0;
+    groups.forEach((G, g) => {
+      if (G.handled && shown >= GROUPS_SHOWN) { rest += G.count; restGroups++; return; }
+      if (G.handled) shown++;
+      const grp = el("span", "oom-group " + (G.handled ? "handled" : "fatal"));
+      grp.dataset.group = String(g);
+      const site = (G.site || "(no call-site)");
+      if (!G.handled) {
+        for (const id of G.ids.slice(0, 2)) { const o = oom(id); grp.append(oomButton(id, "FATAL OOM seq " + o.seq + " · " + fmtBytes(o.rounded) + " · " + o.diagnosis)); }
+        if (G.count > 2) grp.append(pick(G, "fatal OOMs at " + site));
+      } else {
+        grp.append(oomButton(G.ids[0], "handled ×" + G.count.toLocaleString()));
+        if (G.count > 1) grp.append(pick(G, "handled OOMs at " + site));
+      }
+      const where = el("span", "gsite", "at " + site + " · " + sizes(G));
+      where.title = site + (G.handler ? "\nhandled by: " + G.handler : "");
+      grp.append(where);
+      box.append(grp);
+    });
+    if (rest) box.append(el("span", "help", "… and " + plural(rest, "handled OOM") + " at " + plural(restGroups, "other call-site") + ": the table of every OOM below."));
+    const by = new Map();  // the handlers, named once each
+    for (const G of groups) if (G.handled) { const k = G.handler || "not named (the program went on)"; const v = by.get(k) || [0, 0]; v[0] += G.count; v[1]++; by.set(k, v); }
+    if (by.size) {
+      const p = el("p", "help handlers");
+      p.textContent = "Handled: " + [...by].map(([h, [c, s]]) => h + ", " + plural(c, "OOM") + " at " + plural(s, "call-site")).join("; ") + ".";
+      box.after(p);
+    }
   }
   function oomTable() {
     const O = M.ooms, rows = new Array(O.count);
@@ -678,9 +888,11 @@
         if (p.bytes / total > 0.08) seg.textContent = p.name;
         strip.append(seg);
       }
+      if (bar === b.oom && b.pool_limit && total > 1) cap(strip, bar, b.pool_limit, total);
       row.append(strip);
       box.append(row);
     }
+    if (b.capped) box.append(el("p", "capped", b.capped + "."));
     const legend = el("div", "legend");
     for (const p of b.oom.parts) {
       const s0 = b.start.parts.find((q) => q.name === p.name);
@@ -692,6 +904,20 @@
     box.append(legend);
     if (b.changed) box.append(el("p", "changed-term", "Changed most: " + b.changed + " (" + (b.change_bytes >= 0 ? "+" : "") + fmtBytes(b.change_bytes) + ")"));
     if (b.takers) box.append(el("p", "help", b.takers));
+  }
+
+  /* The pool's cap on the OOM bar: a dashed mark where the pool would have to stop (its parts before the pool,
+     then the cap), labelled with its figure. */
+  function cap(strip, bar, limit, total) {
+    let before = 0;
+    for (const p of bar.parts) { if (p.name === "pool reserved") break; before += Math.max(p.bytes || 0, 0); }
+    const at = 100 * (before + limit) / total;
+    if (!(at > 0 && at < 100)) return;
+    const m = el("div", "bcap");
+    m.style.left = at.toFixed(3) + "%";
+    m.title = "the pool's cap: " + fmtBytes(limit);
+    m.append(el("span", null, "cap " + fmtBytes(limit)));
+    strip.append(m);
   }
 
   /* ---------- tables ---------- */
