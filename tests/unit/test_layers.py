@@ -36,7 +36,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("budget", "device", "record"),
     ("analysis",),
     ("advise",),
-    ("report", "fleet", "export"),
+    ("report", "fleet", "export", "pytest"),  # pytest: the plugin, which asks advise at a failure
     ("cli",),
 )
 FOUNDATION = "tracekit"  # the top-level modules (errors.py, units.py, ...): below every room

@@ -247,7 +247,7 @@ Ring: _RingFactory
 COMPILED = False
 if os.environ.get("TRACEKIT_PURE_PYTHON", "") in ("", "0"):
     try:
-        from tracekit.record import _fastpath
+        import tracekit.record._fastpath as _fastpath  # the module itself: not the record package's names
     except ImportError:  # not built here (no compiler at install): the fallback below
         pass
     else:
