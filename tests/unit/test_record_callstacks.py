@@ -141,14 +141,17 @@ def d(hook: TraceHook, lib: types.ModuleType, ptr: int) -> None:
 def test_library_frames_deeper_than_the_depth_still_reach_the_users_line(fakelib: types.ModuleType,
                                                                          depth: int) -> None:
     buf, stacks, hook = _hook(fakelib, depth)
-    for k in range(3):
+    for k in range(20):
         d(hook, fakelib, BASE + 4096 * k)
     rows = unpack(buf.take())
     assert len(set(rows["stack"].tolist())) == 1
     labels = _labels(stacks, int(rows["stack"][0]))
     names = [x.rsplit(":", 1)[1] for x in labels]
     assert names[:2] == ["zeros", "empty"] and names[2] == "d" and len(names) == 2 + depth
-    assert len(stacks.long) == 1  # the longer window read once, then served from its cache
+    # The longer window read once, then served from its cache: twice at most, since CPython 3.11 moves
+    # the f_lasti of a frame calling a C function (the compiled hook) once it specialises that call
+    # (tracekit.record.fastpath's docstring); 20 calls, so a cache that did not serve would hold 20.
+    assert len(stacks.long) <= 2
     # LiveStacks.capture, the hook's path not inlined, answers the same
     got: list[tuple[int, int]] = []
     probe = types.SimpleNamespace(
@@ -177,7 +180,12 @@ def test_frees_carry_no_stack_and_cost_what_they_did(fakelib: types.ModuleType) 
     rows = unpack(buf.take())
     assert rows["op"].tolist() == [Op.MALLOC, Op.FREE] and rows["stack"][1] == -1 and rows["stack"][0] >= 0
     plain = TraceHook(EventBuffer(), sites=None, current_stream=lambda: STREAM)
-    assert hook.free_postprocess.__code__ is plain.free_postprocess.__code__  # type: ignore[attr-defined]
+    mine, theirs = hook.free_postprocess, plain.free_postprocess
+    if hasattr(mine, "__code__"):  # the Python callbacks: one free function for every mode
+        assert mine.__code__ is theirs.__code__
+    else:  # the compiled ones (fastpath.Hook): the same C method, which reads no frame
+        assert type(mine) is type(theirs) and mine.__name__ == theirs.__name__ == "free_postprocess"
+        assert type(mine.__self__) is type(theirs.__self__)
 
 
 def test_an_oom_row_carries_the_stack_of_its_request(fakelib: types.ModuleType) -> None:

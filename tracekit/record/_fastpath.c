@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #if PY_VERSION_HEX < 0x030B0000
 #error "tracekit.record._fastpath needs CPython 3.11 or later"
@@ -437,6 +438,514 @@ static PyTypeObject RingType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ---- the hook's callbacks -------------------------------------------------------------------- */
+
+/* Row layout and code packing of tracekit.record.hook (ROW, DEVICE_SHIFT, SITE_SHIFT, FREE). */
+#define HOOK_ROW 8
+#define HOOK_DEVICE_SHIFT 4
+#define HOOK_SITE_SHIFT 32
+#define HOOK_OP_FREE 1
+#define HOOK_UNMEASURED (-1)
+#ifdef __linux__
+#define NATIVE_CLOCK 1 /* Hook(clock=None) reads CLOCK_MONOTONIC, time.perf_counter_ns's clock here */
+#else
+#define NATIVE_CLOCK 0
+#endif
+
+enum { K_DEVICE_ID, K_SIZE, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID, K_COUNT };
+static const char *const hook_kw_text[K_COUNT] = {"device_id", "size", "mem_size", "mem_ptr", "pmem_id"};
+static PyObject *hook_kw[K_COUNT];            /* the names above, interned (as Cython's literals are) */
+static PyObject *str_due, *str_cap, *str_trim, *str_ptr;
+/* CuPy's keyword order of each callback: malloc_postprocess(device_id, size, mem_size, mem_ptr,
+ * pmem_id), free_postprocess(device_id, mem_size, mem_ptr, pmem_id). */
+static const int malloc_params[] = {K_DEVICE_ID, K_SIZE, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
+static const int free_params[] = {K_DEVICE_ID, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *buffer;   /* record.hook.EventBuffer: due, cap, trim() */
+    PyObject *extend;   /* buffer.extend, taken once: one call appends a row (the list, and the ring) */
+    PyObject *rows;     /* buffer.rows: its length is checked against buffer.cap */
+    PyObject *clock;    /* () -> ns; NULL: CLOCK_MONOTONIC, which is time.perf_counter_ns on Linux */
+    PyObject *stream;   /* () -> the current stream (an object with .ptr) */
+    PyObject *failed;   /* (device_id, size, mem_size, site, stack): a malloc that returned no memory */
+    PyObject *device;   /* NULL or (reported device id) -> the current device (several devices) */
+    PyObject *hot;      /* NULL (no call-sites) or dict: window hash -> (site bits, stack id) */
+    PyObject *resolve;  /* (hash, hot's answer or None) -> (site bits, stack id): the slow path */
+    PyObject *launcher; /* NULL or the frame every window stops before */
+    PyObject *minus_one;
+    Py_ssize_t depth;   /* frames per window */
+} HookObject;
+
+static int hook_traverse(HookObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->buffer);
+    Py_VISIT(self->extend);
+    Py_VISIT(self->rows);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->stream);
+    Py_VISIT(self->failed);
+    Py_VISIT(self->device);
+    Py_VISIT(self->hot);
+    Py_VISIT(self->resolve);
+    Py_VISIT(self->launcher);
+    return 0;
+}
+
+static int hook_clear(HookObject *self)
+{
+    Py_CLEAR(self->buffer);
+    Py_CLEAR(self->extend);
+    Py_CLEAR(self->rows);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->failed);
+    Py_CLEAR(self->device);
+    Py_CLEAR(self->hot);
+    Py_CLEAR(self->resolve);
+    Py_CLEAR(self->launcher);
+    Py_CLEAR(self->minus_one);
+    return 0;
+}
+
+static void hook_dealloc(HookObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    hook_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *none_to_null(PyObject *o)
+{
+    if (o == NULL || o == Py_None)
+        return NULL;
+    Py_INCREF(o);
+    return o;
+}
+
+static int hook_init(HookObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buffer", "stream", "failed", "clock", "device", "hot", "resolve", "depth",
+                             "launcher", NULL};
+    PyObject *buffer, *stream, *failed, *clock = Py_None, *device = Py_None, *hot = Py_None;
+    PyObject *resolve = Py_None, *launcher = Py_None;
+    Py_ssize_t depth = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$OOOOnO:Hook", kwlist, &buffer, &stream, &failed,
+                                     &clock, &device, &hot, &resolve, &depth, &launcher))
+        return -1;
+    if (hot != Py_None && (!PyDict_Check(hot) || resolve == Py_None || depth < 1)) {
+        PyErr_SetString(PyExc_TypeError, "hot must be a dict, with a resolve function and depth >= 1");
+        return -1;
+    }
+#ifndef __linux__
+    if (clock == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "clock=None (CLOCK_MONOTONIC) is Linux's perf_counter_ns only");
+        return -1;
+    }
+#endif
+    PyObject *extend = PyObject_GetAttrString(buffer, "extend");
+    if (extend == NULL)
+        return -1;
+    PyObject *rows = PyObject_GetAttrString(buffer, "rows");
+    if (rows == NULL) {
+        Py_DECREF(extend);
+        return -1;
+    }
+    if (!PyList_Check(rows)) {
+        Py_DECREF(extend);
+        Py_DECREF(rows);
+        PyErr_SetString(PyExc_TypeError, "buffer.rows must be a list");
+        return -1;
+    }
+    hook_clear(self);
+    Py_INCREF(buffer);
+    self->buffer = buffer;
+    self->extend = extend;
+    self->rows = rows;
+    Py_INCREF(stream);
+    self->stream = stream;
+    Py_INCREF(failed);
+    self->failed = failed;
+    self->clock = none_to_null(clock);
+    self->device = none_to_null(device);
+    self->hot = none_to_null(hot);
+    self->resolve = none_to_null(resolve);
+    self->launcher = none_to_null(launcher);
+    self->minus_one = PyLong_FromLong(-1);
+    self->depth = depth;
+    return self->minus_one == NULL ? -1 : 0;
+}
+
+/* The values of a callback's parameters `params` (positional first, then by keyword name), borrowed,
+ * into out (indexed by K_*). Names not among them are ignored (a newer CuPy may pass more). */
+static int hook_args(const char *fname, const int *params, int nparams, PyObject *const *args,
+                     size_t nargsf, PyObject *kwnames, PyObject **out)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    for (int i = 0; i < K_COUNT; i++)
+        out[i] = NULL;
+    if (nargs > nparams) {
+        PyErr_Format(PyExc_TypeError, "%s takes at most %d arguments (%zd given)", fname, nparams, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[params[i]] = args[i];
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, j);
+        int found = -1;
+        for (int i = 0; i < nparams && found < 0; i++)
+            if (name == hook_kw[params[i]])
+                found = params[i];
+        for (int i = 0; i < nparams && found < 0; i++) /* a name that is not interned */
+            if (PyUnicode_Check(name) && PyUnicode_Compare(name, hook_kw[params[i]]) == 0)
+                found = params[i];
+        if (found >= 0)
+            out[found] = args[nargs + j];
+    }
+    for (int i = 0; i < nparams; i++) {
+        if (out[params[i]] == NULL && params[i] != K_PMEM_ID) {
+            PyErr_Format(PyExc_TypeError, "%s missing argument '%s'", fname, hook_kw_text[params[i]]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int as_i64(PyObject *o, int64_t *v)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "a hook value does not fit in an int64");
+        return -1;
+    }
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *v = (int64_t)x;
+    return 0;
+}
+
+/* Nanoseconds on the hook's clock, as a new int. */
+static PyObject *hook_now(HookObject *self, int64_t *t)
+{
+    if (self->clock != NULL) {
+        PyObject *o = PyObject_CallNoArgs(self->clock);
+        if (o == NULL || as_i64(o, t) < 0) {
+            Py_XDECREF(o);
+            return NULL;
+        }
+        return o;
+    }
+#ifdef __linux__
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *t = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+#endif
+    return PyLong_FromLongLong((long long)*t);
+}
+
+/* Append one row through buffer.extend, then trim when due: the same two comparisons as the Python
+ * hook (the clock past buffer.due, or len(rows) past buffer.cap). Steals every item of row. */
+static int hook_append(HookObject *self, PyObject **row, int64_t t)
+{
+    PyObject *tuple = PyTuple_New(HOOK_ROW);
+    if (tuple == NULL) {
+        for (int i = 0; i < HOOK_ROW; i++)
+            Py_XDECREF(row[i]);
+        return -1;
+    }
+    int bad = 0;
+    for (int i = 0; i < HOOK_ROW; i++) {
+        if (row[i] == NULL)
+            bad = 1;
+        PyTuple_SET_ITEM(tuple, i, row[i]);
+    }
+    if (bad) { /* an int could not be made (no memory): the error is set */
+        Py_DECREF(tuple);
+        return -1;
+    }
+    PyObject *r = PyObject_CallOneArg(self->extend, tuple);
+    Py_DECREF(tuple);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    int due = 0;
+    PyObject *limit = PyObject_GetAttr(self->buffer, str_due);
+    if (limit == NULL)
+        return -1;
+    int64_t v;
+    if (as_i64(limit, &v) < 0) {
+        Py_DECREF(limit);
+        return -1;
+    }
+    Py_DECREF(limit);
+    due = t >= v;
+    if (!due) {
+        limit = PyObject_GetAttr(self->buffer, str_cap);
+        if (limit == NULL)
+            return -1;
+        if (as_i64(limit, &v) < 0) {
+            Py_DECREF(limit);
+            return -1;
+        }
+        Py_DECREF(limit);
+        due = PyList_GET_SIZE(self->rows) >= v;
+    }
+    if (due) {
+        r = PyObject_CallMethodNoArgs(self->buffer, str_trim);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* The current stream's handle, as a new int. */
+static PyObject *hook_stream(HookObject *self)
+{
+    PyObject *s = PyObject_CallNoArgs(self->stream);
+    if (s == NULL)
+        return NULL;
+    PyObject *ptr = PyObject_GetAttr(s, str_ptr);
+    Py_DECREF(s);
+    return ptr;
+}
+
+/* The window's answer (site bits, stack id) as C ints: hot's where it is final, else resolve's. */
+static int hook_answer(HookObject *self, int64_t *bits, PyObject **stack)
+{
+    *bits = 0;
+    *stack = NULL;
+    if (self->hot == NULL) {
+        Py_INCREF(self->minus_one);
+        *stack = self->minus_one;
+        return 0;
+    }
+    uint64_t h = P5;
+    Py_ssize_t n = 0;
+    PyFrameObject *f = start_frame(0);
+    while (f != NULL && (PyObject *)f != self->launcher) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int lasti = PyFrame_GetLasti(f);
+        h = mix_step(h, (uint64_t)(uintptr_t)code);
+        h = mix_step(h, (uint64_t)(int64_t)lasti);
+        Py_DECREF(code);
+        if (++n >= self->depth)
+            break;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    h = avalanche(mix_step(h, (uint64_t)n));
+    PyObject *key = PyLong_FromLongLong((long long)(int64_t)h);
+    if (key == NULL)
+        return -1;
+    PyObject *v = PyDict_GetItemWithError(self->hot, key); /* borrowed */
+    if (v == NULL && PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    int fresh = 0;
+    /* Final answers only: (int bits, stack >= -1); LONGER (-2) and bits None go to resolve. */
+    if (v == NULL || !PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2 ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(v, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(v, 1)) ||
+        PyLong_AsLong(PyTuple_GET_ITEM(v, 1)) < -1) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+        v = PyObject_CallFunctionObjArgs(self->resolve, key, v == NULL ? Py_None : v, NULL);
+        Py_DECREF(key);
+        if (v == NULL)
+            return -1;
+        fresh = 1;
+        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2) {
+            Py_DECREF(v);
+            PyErr_SetString(PyExc_TypeError, "resolve must return (site bits, stack id)");
+            return -1;
+        }
+    } else {
+        Py_DECREF(key);
+    }
+    int rc = as_i64(PyTuple_GET_ITEM(v, 0), bits);
+    if (rc == 0) {
+        *stack = PyTuple_GET_ITEM(v, 1);
+        Py_INCREF(*stack);
+    }
+    if (fresh)
+        Py_DECREF(v);
+    return rc;
+}
+
+PyDoc_STRVAR(hook_malloc_doc,
+"malloc_postprocess(*, device_id, size, mem_size, mem_ptr, pmem_id) -> None\n"
+"--\n\n"
+"CuPy's MemoryHook callback after a malloc, in C: the window's answer (a hash of the caller's\n"
+"frames looked up in ``hot``; ``resolve`` where it has none), then one row\n"
+"``(t, site bits | device << 4, mem_ptr, size, mem_size, stream, -1, stack)`` through\n"
+"``buffer.extend`` and a trim when due; a malloc that returned no memory calls ``failed``.");
+
+static PyObject *hook_malloc(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *a[K_COUNT];
+    if (hook_args("malloc_postprocess", malloc_params, 5, args, nargsf, kwnames, a) < 0)
+        return NULL;
+    int64_t bits;
+    PyObject *stack;
+    if (hook_answer(self, &bits, &stack) < 0)
+        return NULL;
+    PyObject *device_obj = a[K_DEVICE_ID];
+    Py_INCREF(device_obj);
+    if (self->device != NULL) {
+        Py_SETREF(device_obj, PyObject_CallOneArg(self->device, device_obj));
+        if (device_obj == NULL) {
+            Py_DECREF(stack);
+            return NULL;
+        }
+    }
+    int64_t device, ptr, size;
+    if (as_i64(device_obj, &device) < 0 || as_i64(a[K_MEM_PTR], &ptr) < 0 || as_i64(a[K_SIZE], &size) < 0) {
+        Py_DECREF(device_obj);
+        Py_DECREF(stack);
+        return NULL;
+    }
+    if (ptr != 0) {
+        Py_DECREF(device_obj);
+        int64_t t;
+        PyObject *row[HOOK_ROW];
+        row[0] = hook_now(self, &t);
+        if (row[0] == NULL) {
+            Py_DECREF(stack);
+            return NULL;
+        }
+        row[1] = PyLong_FromLongLong((long long)(bits | (device << HOOK_DEVICE_SHIFT)));
+        row[2] = Py_NewRef(a[K_MEM_PTR]);
+        row[3] = Py_NewRef(a[K_SIZE]);
+        row[4] = Py_NewRef(a[K_MEM_SIZE]);
+        row[5] = hook_stream(self);
+        row[6] = Py_NewRef(self->minus_one);
+        row[7] = stack;
+        if (hook_append(self, row, t) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *r = NULL;
+    if (size != 0) {
+        PyObject *site = PyLong_FromLongLong((long long)((bits >> HOOK_SITE_SHIFT) - 1));
+        if (site != NULL) {
+            r = PyObject_CallFunctionObjArgs(self->failed, device_obj, a[K_SIZE], a[K_MEM_SIZE], site, stack,
+                                             NULL);
+            Py_DECREF(site);
+        }
+    } else {
+        r = Py_NewRef(Py_None);
+    }
+    Py_DECREF(device_obj);
+    Py_DECREF(stack);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(hook_free_doc,
+"free_postprocess(*, device_id, mem_size, mem_ptr, pmem_id) -> None\n"
+"--\n\n"
+"CuPy's MemoryHook callback after a free, in C: one row\n"
+"``(t, device << 4 | FREE, mem_ptr, mem_size, 0, stream, -1, -1)`` and a trim when due. The\n"
+"device is CuPy's (a block's own), never remapped.");
+
+static PyObject *hook_free(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *a[K_COUNT];
+    if (hook_args("free_postprocess", free_params, 4, args, nargsf, kwnames, a) < 0)
+        return NULL;
+    int64_t device;
+    if (as_i64(a[K_DEVICE_ID], &device) < 0)
+        return NULL;
+    int64_t t;
+    PyObject *row[HOOK_ROW];
+    row[0] = hook_now(self, &t);
+    if (row[0] == NULL)
+        return NULL;
+    row[1] = PyLong_FromLongLong((long long)((device << HOOK_DEVICE_SHIFT) | HOOK_OP_FREE));
+    row[2] = Py_NewRef(a[K_MEM_PTR]);
+    row[3] = Py_NewRef(a[K_MEM_SIZE]);
+    row[4] = PyLong_FromLong(0);
+    row[5] = hook_stream(self);
+    row[6] = Py_NewRef(self->minus_one);
+    row[7] = Py_NewRef(self->minus_one);
+    if (hook_append(self, row, t) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(hook_ignore_doc,
+"ignore(*args, **kwargs) -> None\n"
+"--\n\n"
+"A callback that does nothing (the four MemoryHook callbacks the recorder does not need): one C\n"
+"call with no argument parsed.");
+
+static PyObject *hook_ignore(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    (void)self;
+    (void)args;
+    (void)nargsf;
+    (void)kwnames;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef hook_methods[] = {
+    {"malloc_postprocess", (PyCFunction)(void (*)(void))hook_malloc, METH_FASTCALL | METH_KEYWORDS,
+     hook_malloc_doc},
+    {"free_postprocess", (PyCFunction)(void (*)(void))hook_free, METH_FASTCALL | METH_KEYWORDS, hook_free_doc},
+    {"ignore", (PyCFunction)(void (*)(void))hook_ignore, METH_FASTCALL | METH_KEYWORDS, hook_ignore_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(hook_doc,
+"Hook(buffer, stream, failed, *, clock=None, device=None, hot=None, resolve=None, depth=0, launcher=None)\n"
+"--\n\n"
+"The recorder's malloc and free callbacks in C (tracekit.record.hook.TraceHook uses its bound\n"
+"methods as the MemoryHook's): the work of the Python callbacks in tracekit.record.hook, row for\n"
+"row, without a Python frame per event. ``buffer``: the EventBuffer (``extend``, ``rows``, ``due``,\n"
+"``cap``, ``trim``). ``clock`` None: CLOCK_MONOTONIC, the clock of time.perf_counter_ns on Linux.\n"
+"``hot`` None: no call-sites (site bits 0, stack -1); else the window of ``depth`` frames from the\n"
+"caller outwards (stopping before ``launcher``) is hashed as window_hash does and looked up in\n"
+"``hot``; an answer that is missing or not final (stack < -1, bits None) comes from\n"
+"``resolve(hash, answer or None)``, a Python function that reads the same window with\n"
+"``window_frames(1, depth, launcher)``.");
+
+static PyTypeObject HookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tracekit.record._fastpath.Hook",
+    .tp_basicsize = sizeof(HookObject),
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = hook_doc,
+    .tp_traverse = (traverseproc)hook_traverse,
+    .tp_clear = (inquiry)hook_clear,
+    .tp_methods = hook_methods,
+    .tp_init = (initproc)hook_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static int hook_strings(void)
+{
+    for (int i = 0; i < K_COUNT; i++) {
+        hook_kw[i] = PyUnicode_InternFromString(hook_kw_text[i]);
+        if (hook_kw[i] == NULL)
+            return -1;
+    }
+    str_due = PyUnicode_InternFromString("due");
+    str_cap = PyUnicode_InternFromString("cap");
+    str_trim = PyUnicode_InternFromString("trim");
+    str_ptr = PyUnicode_InternFromString("ptr");
+    return (str_due && str_cap && str_trim && str_ptr) ? 0 : -1;
+}
+
 /* ---- the module ------------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(FASTPATH_DOC,
@@ -492,7 +1001,7 @@ static int add_int(PyObject *m, const char *name, long long value)
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    if (PyType_Ready(&RingType) < 0)
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&HookType) < 0 || hook_strings() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&fastpath_module);
     if (m == NULL)
@@ -503,8 +1012,15 @@ PyMODINIT_FUNC PyInit__fastpath(void)
         Py_DECREF(m);
         return NULL;
     }
+    Py_INCREF(&HookType);
+    if (PyModule_AddObject(m, "Hook", (PyObject *)&HookType) < 0) {
+        Py_DECREF(&HookType);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (add_int(m, "MAGIC", RING_MAGIC) < 0 || add_int(m, "VERSION", RING_VERSION) < 0 ||
-        add_int(m, "HEADER_INTS", RING_HEADER_INTS) < 0 || add_int(m, "MAX_ROW", RING_MAX_ROW) < 0) {
+        add_int(m, "HEADER_INTS", RING_HEADER_INTS) < 0 || add_int(m, "MAX_ROW", RING_MAX_ROW) < 0 ||
+        add_int(m, "NATIVE_CLOCK", NATIVE_CLOCK) < 0) {
         Py_DECREF(m);
         return NULL;
     }

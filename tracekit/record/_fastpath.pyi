@@ -1,7 +1,9 @@
 """Types of the C extension ``tracekit.record._fastpath`` (its docstrings: ``tracekit/record/_fastpath.c``;
 the semantics: ``tracekit.record.fastpath``)."""
 
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from tracekit.record.fastpath import WritableBuffer
 
@@ -27,3 +29,14 @@ class Ring:
     def attach(self, rows: list[int], /) -> None: ...
     def extend(self, ints: tuple[int, ...] | list[int], /) -> None: ...
     def close(self) -> None: ...
+
+NATIVE_CLOCK: int
+
+class Hook:
+    def __init__(self, buffer: object, stream: Callable[[], Any], failed: Callable[..., None], *,
+                 clock: Callable[[], int] | None = None, device: Callable[[int], int] | None = None,
+                 hot: dict[Any, Any] | None = None, resolve: Callable[..., tuple[int, int]] | None = None,
+                 depth: int = 0, launcher: FrameType | None = None) -> None: ...
+    def malloc_postprocess(self, *args: Any, **kwargs: Any) -> None: ...
+    def free_postprocess(self, *args: Any, **kwargs: Any) -> None: ...
+    def ignore(self, *args: Any, **kwargs: Any) -> None: ...

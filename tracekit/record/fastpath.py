@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator
 from itertools import accumulate, takewhile
 from operator import attrgetter
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -243,6 +243,10 @@ _FramesFn = Callable[[int, int, object], list[FrameType]]
 window_hash: _WindowFn
 window_frames: _FramesFn
 Ring: _RingFactory
+# The C hook callbacks (``tracekit.record.hook`` uses them where compiled; the Python callbacks there
+# are the fallback); ``NATIVE_CLOCK``: ``Hook(clock=None)`` reads ``time.perf_counter_ns``'s clock.
+Hook: Callable[..., Any] | None = None
+NATIVE_CLOCK = False
 
 COMPILED = False
 if os.environ.get("TRACEKIT_PURE_PYTHON", "") in ("", "0"):
@@ -253,6 +257,7 @@ if os.environ.get("TRACEKIT_PURE_PYTHON", "") in ("", "0"):
     else:
         COMPILED = True
         window_hash, window_frames, Ring = _fastpath.window_hash, _fastpath.window_frames, _fastpath.Ring
+        Hook, NATIVE_CLOCK = _fastpath.Hook, bool(_fastpath.NATIVE_CLOCK)
 if not COMPILED:
     window_hash, window_frames, Ring = py_window_hash, py_window_frames, PyRing
 

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.record.callstacks import LiveStacks, frame_code, frame_lasti
-from tracekit.record.fastpath import COMPILED, window_frames, window_hash
+from tracekit.record.fastpath import NATIVE_CLOCK, Hook, window_frames
 from tracekit.record.sites import SiteTable
 from tracekit.trace.schema import Op
 
@@ -228,8 +228,16 @@ class TraceHook:
         self.alloc_postprocess: Callable[..., Any] = dict
         if segments is not None:
             self.alloc_preprocess, self.alloc_postprocess = _alloc_callbacks(segments, current_device)
-        self.malloc_preprocess = self.free_preprocess = dict
+        self.malloc_preprocess: Callable[..., Any] = dict
+        self.free_preprocess: Callable[..., Any] = dict
         device = _device_check(current_device, self.mismatches.append)
+        if Hook is not None:  # the compiled callbacks: no Python frame per event (fastpath.Hook)
+            compiled = _compiled_callbacks(buffer, clock, current_stream, self._failed, device, sites, stacks)
+            self.malloc_postprocess, self.free_postprocess, ignore = compiled
+            self.malloc_preprocess = self.free_preprocess = ignore
+            if segments is None:
+                self.alloc_preprocess = self.alloc_postprocess = ignore
+            return
         if sites is None:
             callbacks = _callbacks(buffer, clock, current_stream, self._failed, device)
         elif stacks is None:
@@ -359,51 +367,69 @@ def _site_callbacks(buf, clock, stream, failed, sites, device):  # type: ignore[
     return malloc_postprocess, _callbacks(buf, clock, stream, failed, device)[1]
 
 
-def _stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
-    if COMPILED:
-        return _compiled_stack_callbacks(buf, clock, stream, failed, stacks, device)
-    return _py_stack_callbacks(buf, clock, stream, failed, stacks, device)
+def _compiled_callbacks(buf: EventBuffer, clock: Callable[[], int], stream: Callable[[], Any],
+                        failed: Callable[..., None], device: Callable[[int], int] | None,
+                        sites: SiteTable | None,
+                        stacks: LiveStacks | None) -> tuple[Callable[..., None], ...]:
+    """(malloc_postprocess, free_postprocess, a no-op) of a C ``fastpath.Hook``: the rows the Python
+    callbacks below write, without a Python frame per event. Whole stacks: the hook hashes the
+    stack's window and looks it up in ``stacks.hot`` itself; the one-frame site: a window of two
+    frames (the caller and its caller), which answers for a site found in either; neither: no window.
+    A window the hot table cannot answer goes to a Python ``resolve`` (a miss, LONGER, no site)."""
+    assert Hook is not None
+    kw: dict[str, Any] = {"clock": None if clock is time.perf_counter_ns and NATIVE_CLOCK else clock,
+                          "device": device}
+    if stacks is not None:
+        kw.update(hot=stacks.hot, resolve=_stack_resolver(stacks), depth=stacks.depth,
+                  launcher=stacks.launcher)
+    elif sites is not None:
+        hot: dict[int, tuple[int, int]] = {}
+        kw.update(hot=hot, resolve=_site_resolver(sites, hot), depth=SITE_WINDOW)
+    hook = Hook(buf, stream, failed, **kw)
+    return hook.malloc_postprocess, hook.free_postprocess, hook.ignore
 
 
-def _compiled_stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
-    # One C call walks the window and hashes its (code, offset) pairs (``fastpath.window_hash``, a
-    # few hundred ns for a 30-frame stack); one dict lookup answers it. The frames themselves are
-    # fetched only for a window never seen before, or one whose answer needs them (LONGER, no site).
-    hot = stacks.hot
-    miss = stacks.miss
-    longer = stacks.longer
-    site_of = stacks.sites.site_of
+SITE_WINDOW = 2  # frames the compiled one-frame site hashes: the caller and its caller
+
+
+def _stack_resolver(stacks: LiveStacks) -> Callable[[int, tuple[int | None, int] | None], tuple[int, int]]:
+    """The compiled hook's slow path for whole stacks: the window's frames (``window_frames(1, ...)``
+    from here reads the window the hook hashed: the hook has no frame of its own), named and interned
+    where new (``miss``), read further where the depth was cut inside CuPy's (``longer``), the site
+    looked up beyond the window where none is in it."""
     depth, launcher = stacks.depth, stacks.launcher
-    ext, rows = buf.extend, buf.rows
+    miss, longer, site_of = stacks.miss, stacks.longer, stacks.sites.site_of
 
-    def malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id,  # type: ignore[no-untyped-def]
-                           _site=SITE_SHIFT, _dev=DEVICE_SHIFT, _na=UNMEASURED, _len=len,
-                           _hash=window_hash, _frames=window_frames):
-        k = _hash(1, depth, launcher)
-        v = hot.get(k)
-        if v is None:
-            v = miss(_frames(1, depth, launcher), k)
-        bits, st = v
-        if st < -1 or bits is None:
-            frames = _frames(1, depth, launcher)
-            if st < -1:  # LONGER: the depth was cut short inside CuPy's frames; it counts from the site
-                bits, st = longer(frames, bits)
-            if bits is None:  # no frame outside CuPy and tracekit in the stack: the site lies beyond it
-                bits = (site_of(frames[0]) + 1) << _site
-        if device is not None:
-            device_id = device(device_id)
-        if mem_ptr:
-            t = clock()
-            ext((t, bits | (device_id << _dev), mem_ptr, size, mem_size, stream().ptr, _na, st))
-            if t >= buf.due or _len(rows) >= buf.cap:
-                buf.trim()
-        elif size:
-            failed(device_id, size, mem_size, (bits >> _site) - 1, st)
+    def resolve(key: int, answer: tuple[int | None, int] | None) -> tuple[int, int]:
+        frames = window_frames(1, depth, launcher)
+        bits, st = miss(frames, key) if answer is None else answer
+        # LONGER: the depth was cut short inside CuPy's frames (bits: their count); it counts from the site
+        if st < -1 and bits is not None:
+            bits, st = longer(frames, bits)
+        if bits is None:  # no frame outside CuPy and tracekit in the window: the site lies beyond it
+            bits = (site_of(frames[0] if frames else None) + 1) << SITE_SHIFT
+        return bits, st
 
-    return malloc_postprocess, _callbacks(buf, clock, stream, failed, device)[1]
+    return resolve
 
 
-def _py_stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
+def _site_resolver(sites: SiteTable, hot: dict[int, tuple[int, int]]
+                   ) -> Callable[[int, tuple[int, int] | None], tuple[int, int]]:
+    """The compiled hook's slow path for the one-frame site: the site of the caller's frame (CuPy's
+    frames skipped), remembered under the two-frame window's hash where the site is one of them."""
+    site_of, internal = sites.site_of, sites.is_internal
+
+    def resolve(key: int, answer: tuple[int, int] | None) -> tuple[int, int]:
+        frames = window_frames(1, SITE_WINDOW, None)
+        bits = (site_of(frames[0] if frames else None) + 1) << SITE_SHIFT
+        if any(not internal(f.f_code) for f in frames):  # the window holds the site: it answers for it
+            hot[key] = (bits, -1)
+        return bits, -1
+
+    return resolve
+
+
+def _stack_callbacks(buf, clock, stream, failed, stacks, device):  # type: ignore[no-untyped-def]
     # The window read and its key (tracekit.record.callstacks.window, window_key) are inlined: C-level
     # iteration, one key, one dict lookup whose answer holds the site's row bits and the stack id,
     # so a window seen before runs no Python loop.
