@@ -1,37 +1,57 @@
 #!/usr/bin/env bash
-# On a GPU machine, after gpu_recorder_check.sh: the recorder's GPU tests, the overhead against an
-# earlier tree (BASE=DIR, bench_record_ab.py), a slice of CuPy 14.2's own tests with and without
-# recording (each test bounded by pytest-timeout, the runs by timeout -k: a test that hangs on the
-# machine ends both runs alike), and `record --torch` against PyTorch's own history
-# (bench_torch_record.py). ONE tarball $OUT/final.tar.gz.
+# On a GPU machine: the recorder and the pytest plugin against real CuPy and PyTorch. ONE tarball
+# $OUT/final.tar.gz. In order of what matters most, so a run cut short keeps the first steps:
+#   - the compiled fast path built in place (python3 setup.py build_ext --inplace);
+#   - the overhead of this tree against an earlier one (BASE=DIR, bench_record_ab.py: interleaved
+#     fresh processes, each one's ratios to CuPy's no-op hook measured side by side);
+#   - scripts/gpu_identity.py: every attribute of CuPy's memory modules, with and without recording;
+#   - the recorder's and the pytest plugin's GPU tests;
+#   - a slice of CuPy 14.2's own tests (copied from CuPy's source repository into .gpu_work/cupy,
+#     not committed) plain, under `tracekit record`, and under the plugin's --gpu-memory, each test
+#     bounded by pytest-timeout and the runs by timeout -k, compared by scripts/junit_compare.py;
+#   - scripts/gpu_ends.py: every way a recorded program can end.
 #   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR bash scripts/gpu_recorder_final.sh
 NAME=final
 source "$(dirname "$0")/gpu_common.sh"
 REPO=$(pwd)
+before_pack() { rm -rf "$R/ends"; }
 
 step build
 run build 60 python3 setup.py build_ext --inplace
-
-step "recorder gpu tests"
-run pytest-gpu 110 python3 -m pytest -m gpu -q -rA -p no:cacheprovider \
-  tests/gpu/test_record_gpu.py tests/gpu/test_record_gpu_v2.py tests/gpu/test_record_transparency_gpu.py \
-  tests/gpu/test_record_stacks_gpu.py tests/gpu/test_record_depth_gpu.py
-pack
+# the earlier tree compiled too (where it has a setup.py), so the A/B compares like with like
+[ -f "$BASE/setup.py" ] && (cd "$BASE" && TRACEKIT_NO_PRECOMPILE=1 python3 setup.py build_ext --inplace) >> "$R/build.log" 2>&1
+PYTHONPATH=$BASE python3 -c "import tracekit.record.fastpath as f; print('base compiled', f.COMPILED)" >> "$R/build.log" 2>&1
+python3 -c "import tracekit.record.fastpath as f; print('compiled', f.COMPILED, f.Hook)" >> "$R/build.log" 2>&1
 
 step "overhead A/B against $BASE"
-run ab 170 python3 scripts/bench_record_ab.py --base "$BASE" --rounds 2 --steps 800 --repeats 3 --json "$R/ab.json"
+run ab "${AB_S:-200}" python3 scripts/bench_record_ab.py --base "$BASE" --rounds "${ROUNDS:-5}" \
+  --steps "${STEPS:-3000}" --repeats "${REPEATS:-3}" --json "$R/ab.json"
+pack
+
+step identity
+for mode in none plain async; do
+  timeout "$(lim 40)" python3 scripts/gpu_identity.py $mode >> "$R/identity.jsonl" 2>>"$R/identity.err"
+done
+
+step "recorder and plugin gpu tests"
+run pytest-gpu 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider \
+  tests/gpu/test_pytest_plugin_gpu.py tests/gpu/test_record_gpu.py tests/gpu/test_record_gpu_v2.py \
+  tests/gpu/test_record_stacks_gpu.py tests/gpu/test_record_depth_gpu.py
 pack
 
 step "cupy test slice"
 T=tests/cupy_tests
 FILES="$T/cuda_tests/test_memory_hook.py $T/cuda_tests/memory_hooks_tests $T/fft_tests/test_cache.py $T/cuda_tests/test_stream.py"
-OPTS="-q --rootdir=. -c pyproject.toml -p no:cacheprovider --timeout 30"
-( cd .gpu_work/cupy && timeout -k 5 "$(lim 50)" python3 -m pytest $OPTS --junitxml="$R/plain.xml" $FILES > "$R/cupy-plain.log" 2>&1; echo "exit $?" >> "$R/cupy-plain.log" )
-( cd .gpu_work/cupy && PYTHONPATH=$REPO timeout -k 5 "$(lim 60)" python3 -m tracekit record -o "$R/cupy-tests.parquet" --force -m pytest $OPTS --junitxml="$R/rec.xml" $FILES > "$R/cupy-rec.log" 2>&1; echo "exit $?" >> "$R/cupy-rec.log" )
+OPTS="-q --rootdir=. -c pyproject.toml -p no:cacheprovider"
+python3 -c "import pytest_timeout" 2>/dev/null && OPTS="$OPTS --timeout 30"
+( cd .gpu_work/cupy && timeout -k 5 "$(lim 45)" python3 -m pytest $OPTS --junitxml="$R/plain.xml" $FILES > "$R/cupy-plain.log" 2>&1; echo "exit $?" >> "$R/cupy-plain.log" )
+( cd .gpu_work/cupy && PYTHONPATH=$REPO timeout -k 5 "$(lim 55)" python3 -m tracekit record -o "$R/cupy-tests.parquet" --force -m pytest $OPTS --junitxml="$R/rec.xml" $FILES > "$R/cupy-rec.log" 2>&1; echo "exit $?" >> "$R/cupy-rec.log" )
+( cd .gpu_work/cupy && PYTHONPATH=$REPO timeout -k 5 "$(lim 55)" python3 -m pytest $OPTS -p tracekit.pytest.plugin --gpu-memory --junitxml="$R/plugin.xml" $FILES > "$R/cupy-plugin.log" 2>&1; echo "exit $?" >> "$R/cupy-plugin.log" )
 python3 scripts/junit_compare.py "$R/plain.xml" "$R/rec.xml" > "$R/cupy-compare.json" 2>&1
+python3 scripts/junit_compare.py "$R/plain.xml" "$R/plugin.xml" > "$R/cupy-compare-plugin.json" 2>&1
 rm -f "$R"/cupy-tests.parquet*
 pack
 
-step "record --torch against PyTorch's own history"
-run torch 150 python3 scripts/bench_torch_record.py --steps 30 --repeats 3 --json "$R/torch.json"
+step ends
+run ends 100 python3 scripts/gpu_ends.py "$R/ends"
 step done
