@@ -185,6 +185,34 @@ def test_the_table_lists_the_highest_peaks(tmp_path: Path) -> None:
     assert "3 test(s) measured; 2 of 3 row(s) shown" in out
 
 
+def test_the_junit_xml_carries_each_tests_measurement(tmp_path: Path) -> None:
+    """CI reads the peaks from the JUnit XML: the property is on the test's own testcase, once."""
+    import ast
+    import xml.etree.ElementTree as ET
+
+    body = """
+    def test_big():
+        a = make(3)
+        del a
+        b = make(1)
+
+
+    def test_none():
+        pass
+    """
+    p = _run(tmp_path, body, "--gpu-memory", "--junitxml=j.xml")
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = {}
+    for case in ET.parse(tmp_path / "j.xml").getroot().iter("testcase"):
+        props = [q for q in case.iter("property") if q.get("name") == "tracekit_gpu_memory"]
+        assert len(props) <= 1, ET.tostring(case)
+        if props:
+            got[case.get("name")] = ast.literal_eval(props[0].get("value") or "")
+    (m,) = got["test_big"]["measurements"]
+    (dev,) = m["devices"]
+    assert m["backend"] == "cupy" and dev["reserved"] == 3 * (1 << 20) and dev["allocated"] == 3 * (1 << 20)
+
+
 def test_nothing_is_printed_without_the_flag(tmp_path: Path) -> None:
     p = _run(tmp_path, "def test_a():\n    a = make(1)\n")
     assert p.returncode == 0 and "GPU memory" not in p.stdout, p.stdout

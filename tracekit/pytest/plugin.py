@@ -295,12 +295,14 @@ class GpuMemory:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-        rep = yield
+        # On the item, before the call's report is made from it: that report carries it to
+        # logreport (and to the controller under xdist), and the teardown's to the JUnit XML,
+        # which takes a test's properties from its teardown report.
         if call.when == "call":
             got = item.stash.get(MEASURED, None)
-            if got is not None:
-                rep.user_properties.append((PROPERTY, got))
-        return rep
+            if got is not None and not any(k == PROPERTY for k, _ in item.user_properties):
+                item.user_properties.append((PROPERTY, got))
+        return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
