@@ -373,8 +373,8 @@ def _compiled_callbacks(buf: EventBuffer, clock: Callable[[], int], stream: Call
                         stacks: LiveStacks | None) -> tuple[Callable[..., None], ...]:
     """(malloc_postprocess, free_postprocess, a no-op) of a C ``fastpath.Hook``: the rows the Python
     callbacks below write, without a Python frame per event. Whole stacks: the hook hashes the
-    stack's window and looks it up in ``stacks.hot`` itself; the one-frame site: a window of two
-    frames (the caller and its caller), which answers for a site found in either; neither: no window.
+    stack's window and looks it up in ``stacks.hot`` itself; the one-frame site: a window of
+    ``SITE_WINDOW`` frames, which answers for a site found in it; neither: no window.
     A window the hot table cannot answer goes to a Python ``resolve`` (a miss, LONGER, no site)."""
     assert Hook is not None
     kw: dict[str, Any] = {"clock": None if clock is time.perf_counter_ns and NATIVE_CLOCK else clock,
@@ -389,7 +389,9 @@ def _compiled_callbacks(buf: EventBuffer, clock: Callable[[], int], stream: Call
     return hook.malloc_postprocess, hook.free_postprocess, hook.ignore
 
 
-SITE_WINDOW = 2  # frames the compiled one-frame site hashes: the caller and its caller
+SITE_WINDOW = 8  # frames the compiled one-frame site hashes: enough to reach past CuPy's own Python
+# frames (cupy.random's are three or four deep) to the caller's, so the site is cached under the
+# window; a window of CuPy's frames alone cannot answer for a site beyond it (Python each time)
 
 
 def _stack_resolver(stacks: LiveStacks) -> Callable[[int, tuple[int | None, int] | None], tuple[int, int]]:
