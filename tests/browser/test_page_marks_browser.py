@@ -130,6 +130,13 @@ def test_every_committed_trace_answers_and_marks_everything(browser: Any, pages:
     p = Page(browser, pages[name])
     m = read_model(pages[name])
     assert p.errors == [] and p.page.text_content("#status") == ""
+    p.inside("#verdict")  # the verdict in one sentence, above the fold, before any chart
+    assert p.page.text_content("#verdict") == m["verdict"]["text"] and m["verdict"]["text"].endswith(".")
+    chart = p.page.locator("#timeline").bounding_box()
+    assert chart is not None
+    above = "#answer" if m["answer"] is not None else "#verdict"
+    top = p.page.locator(above).bounding_box()
+    assert top is not None and top["y"] + top["height"] <= chart["y"], "the answer comes before the chart"
     if m["answer"] is not None:  # the recommendation starts above the fold
         box = p.page.locator("#answer-text").bounding_box()
         assert box is not None and 0 <= box["y"] < H - 40, box
@@ -325,4 +332,32 @@ def test_redraws_within_50_ms(browser: Any, pages: dict[str, Path], name: str) -
         if ms:
             assert statistics.median(ms) <= 50 and max(ms) <= 200, (what, ms)
     assert p.errors == []
+    p.page.close()
+
+
+def test_the_answer_says_how_it_was_checked_and_lists_the_cures(browser: Any, pages: dict[str, Path]) -> None:
+    """cupy-seed: the device ran out. Under the line: the three checks (the replay done, the device and a real
+    run not, each naming the option that would), then the cures, the recommended one first, each with what it
+    gives back and its line."""
+    p = Page(browser, pages["cupy-seed"])
+    m = read_model(pages["cupy-seed"])
+    hows = p.page.evaluate("[...document.querySelectorAll('#answer-checks .check')]"
+                           ".map((e) => [e.dataset.how, e.classList.contains('done')])")
+    assert hows == [["replay", True], ["device", False], ["real run", False]]
+    checks = p.page.text_content("#answer-checks") or ""
+    assert "--verify-on-device" in checks and "--rerun 1" in checks
+    assert p.page.is_visible("#answer-cures")
+    items = p.page.locator("#answer-cures li.cure")
+    assert items.count() == len(m["answer"]["cures"]) >= 2
+    first = items.first
+    assert first.get_attribute("class") == "cure chosen" and "recommended" in (first.text_content() or "")
+    assert (first.locator("code").text_content() or "") == m["answer"]["line"]
+    assert "gives back 3.87 GiB (measured)" in (first.text_content() or "")
+    line = p.page.locator("#answer-line").bounding_box()
+    cures = p.page.locator("#answer-cures").bounding_box()
+    assert line is not None and cures is not None and line["y"] < cures["y"], "the line, then the cures"
+    assert p.errors == []
+    p.page.close()
+    p = Page(browser, pages["torch-oom"])  # a pool limit ran out: a setting is the answer, no cures
+    assert not p.page.is_visible("#answer-cures") and p.page.locator("#answer-checks .check").count() == 3
     p.page.close()

@@ -66,6 +66,12 @@ def test_the_answer_is_advises_own() -> None:
     assert (a["setting"], a["line"], a["verdict"]) == (best["setting"], best["line"], best["verdict"])
     assert a["headroom_bytes"] == best["headroom_bytes"] and a["margin_bytes"] == best["margin_bytes"]
     assert a["verified"] == ("replay" if best["verified_by_replay"] else "model")
+    # how it was checked: each of the replay, the device and a real run, done or not (and how to do it)
+    assert [c["how"] for c in a["checks"]] == ["replay" if best["verified_by_replay"] else "model", "device",
+                                               "real run"]
+    assert [c["done"] for c in a["checks"]] == [True, False, False]
+    assert "--verify-on-device" in a["checks"][1]["said"] and "--rerun 1" in a["checks"][2]["said"]
+    assert a["cures"] == []  # a pool limit ran out: a setting is the answer, no cure of the device budget
     assert data.answer_of("advise could not run") is None and data.answer_of(None) is None
     table = data.advise_table(r)
     assert [row[0] for row in table["rows"]][:1] == [best["setting"]]  # the best verdict first
@@ -106,3 +112,31 @@ def test_the_cap_is_said_where_the_device_had_more_free() -> None:
         "pool capped at 4.19 GiB (pool limit): the device had 134.96 GiB free at the OOM, so the cap ran "
         "out, not the device")
     assert capped_sentence(None, 100 * GiB) is None and capped_sentence(8 * GiB, 2 * GiB) is None
+
+
+def test_the_answer_lists_the_cures_where_the_device_ran_out() -> None:
+    """cupy-seed: the device ran out (another process, the stack limit raised): the cures advise's budget
+    shows, the recommended one first and marked, each with the bytes it gives back and its line."""
+    r = advise(read_trace(ROOT / "traces" / "cupy-seed.parquet"), jobs=1)
+    d = r.as_json()
+    a = data.answer_of(r)
+    assert a is not None and r.room is not None and r.room.pick is not None
+    assert [c["target"] for c in a["cures"]][:1] == [c.target for c in r.room.pick.candidate.cures][:1]
+    assert {c["target"] for c in a["cures"]} == {c["target"] for c in d["cures"]}
+    assert [c["chosen"] for c in a["cures"]] == [True] + [False] * (len(a["cures"]) - 1)
+    chosen = a["cures"][0]
+    assert chosen["action"] == a["line"] and chosen["returns_bytes"] > 0 and chosen["how"] == "measured"
+
+
+def test_the_verdict_says_its_measured_numbers() -> None:
+    """One sentence: the request (and the error's own figure), reserved against the limit, free in the pool
+    and the largest free block, the device free; without an OOM, the peaks."""
+    t = read_trace(ROOT / "traces" / "torch-handled-oom.parquet")
+    v = data.build_model(t, analyze_trace(t, timeline=True), "t")["verdict"]["text"]
+    assert v == ("fatal OOM at seq 14242 on device 0: fragmentation (121.50 MiB requested; the error said "
+                 "\u201cTried to allocate 122.00 MiB\u201d) with 4.08 GiB reserved of the 4.19 GiB pool "
+                 "limit, 339.84 MiB free in the pool, largest free block 61.25 MiB; 134.96 GiB free on the "
+                 "device.")
+    t = read_trace(ROOT / "traces" / "torch-train.parquet")
+    v = data.build_model(t, analyze_trace(t, timeline=True), "t")["verdict"]["text"]
+    assert v == "No OOM in this trace: peak live 6.89 GiB, peak reserved 14.01 GiB."

@@ -33,6 +33,8 @@ from tracekit.report.page.columns import column
 from tracekit.report.page.model import (
     Answer,
     Baseline,
+    Check,
+    CureView,
     OOMColumns,
     OOMDetail,
     OOMGroup,
@@ -198,16 +200,27 @@ def facts(s: Summary) -> list[list[str]]:
 
 
 def _verdict(trace: Trace, s: Summary) -> Verdict:
+    """The verdict in one sentence with its measured numbers: the reported OOM's request (and the error's
+    own figure), what the pool held against its limit, its free space and largest free block, the device
+    free where measured; without an OOM, the peaks against the limit."""
+    fs, ctx = format_size, s.context
+    cap = f" of the {fs(ctx.limit)} {ctx.limit_what}" if ctx.limit else ""
     o = s.oom
     if o is None:
-        return Verdict(diagnosis=None, explanation=None, text="No OOM in this trace.")
+        return Verdict(diagnosis=None, explanation=None,
+                       text=f"No OOM in this trace: peak live {fs(s.peak_live_bytes)}, peak reserved "
+                       f"{fs(s.peak_reserved_bytes)}{cap}.")
     kind = "handled" if o.handled else "fatal"
     said = reported_request(trace.meta.extra, o, s.context.expandable_segments)[0]
+    pool = "" if s.raw_device else (f", {fs(o.free_in_pool)} free in the pool, largest free block "
+                                    f"{fs(o.largest_free_block)}")
+    dev = f"; {fs(o.device_free)} free on the device" if o.device_free is not None else ""
     return Verdict(
         diagnosis=o.diagnosis.value,
         explanation=o.explanation or None,
         text=f"{kind} OOM at seq {o.seq} on device {o.device}: {o.diagnosis.value} "
-        f"({format_size(o.rounded)} requested" + (f"; the error said \u201c{said}\u201d)" if said else ")"),
+        f"({fs(o.rounded)} requested" + (f"; the error said \u201c{said}\u201d)" if said else ")")
+        + f" with {fs(o.reserved_bytes)} reserved{cap}{pool}{dev}.",
     )
 
 
@@ -224,9 +237,54 @@ def _verified(r: AdviseResult, best: Outcome) -> str:
     return said
 
 
+def _checks(r: AdviseResult, best: Outcome) -> list[Check]:
+    """Each of the three ways a verdict can be checked, done or not: the replay (or the device-allocator
+    model), the device (``--verify-on-device``), a real run of the program (``--rerun``)."""
+    v = _verdict_of(best).value
+    out = [Check(how="replay" if best.verified_by_replay else "model", done=True,
+                 said=(f"replayed: {v}" if best.verified_by_replay
+                       else f"the device-allocator model, not a replay: {v}"))]
+    dc = next((c for c in r.device_checks if c.setting == best.label()), None)
+    if dc is None or dc.fits_on_device is None:
+        why = dc.note if dc is not None and dc.note else "not checked (tracekit advise --verify-on-device N)"
+        out.append(Check(how="device", done=False, said=f"on the device: {why}"))
+    else:
+        peak = f", peak reserved {format_size(dc.peak_reserved_on_device)}" \
+            if dc.peak_reserved_on_device is not None else ""
+        out.append(Check(how="device", done=True, said="on the device: " + (
+            "no OOM" if dc.fits_on_device else "ran out") + peak
+            + ("" if dc.agrees else " (disagrees with the replay)")))
+    rr = next((x for x in r.reruns if x.setting == best.label()), None)
+    if rr is None or not rr.ran:
+        why = rr.note if rr is not None and rr.note \
+            else f"not run (tracekit advise {r.trace or 'TRACE'} --rerun 1)"
+        out.append(Check(how="real run", done=False, said=f"real run: {why}"))
+    else:
+        got = ("finished" if rr.finished else "timed out" if rr.timed_out
+               else f"failed (exit {rr.exit_code})")
+        if rr.got_past is not None:
+            got += ", got past the failing request" if rr.got_past else ", ran out at the failing request"
+        if rr.real_peak is not None:
+            got += f", peak reserved {format_size(rr.real_peak)}"
+        out.append(Check(how="real run", done=True, said=f"real run: {got}"))
+    return out
+
+
+def _cures(r: AdviseResult) -> list[CureView]:
+    """The device ran out: every cure its budget shows, those of the recommendation first (none when a
+    pool limit ran out: a setting is the answer then)."""
+    if r.room is None:
+        return []
+    chosen = r.room.pick.candidate.cures if r.room.pick is not None else ()
+    ordered = [*chosen, *(c for c in r.room.cures if c not in chosen)]
+    return [CureView(target=c.target, returns_bytes=c.returns, how=c.how.value, when=c.when,
+                     action=c.action, chosen=c in chosen) for c in ordered]
+
+
 def answer_of(advise: AdviseResult | str | None) -> Answer | None:
     """The page's answer block from advise's result (None without advise): the recommended setting when
-    one fits, else the best borderline one, else none (the sentence says why)."""
+    one fits, else the best borderline one, else none (the sentence says why); how its verdict was
+    checked, and the cures where the device ran out."""
     if not isinstance(advise, AdviseResult):
         return None
     r = advise
@@ -234,7 +292,8 @@ def answer_of(advise: AdviseResult | str | None) -> Answer | None:
     if best is None:
         return Answer(recommendation=r.recommendation(), setting=None, line=None, verdict="none",
                       headroom_bytes=None, margin_bytes=r.margin.bytes_at(r.limit) if r.margin else None,
-                      margin_why=r.margin.why if r.margin else None, verified=None, scope=r.scope)
+                      margin_why=r.margin.why if r.margin else None, verified=None, checks=[],
+                      scope=r.scope, cures=_cures(r))
     return Answer(
         recommendation=r.recommendation(),
         setting=best.label(),
@@ -244,7 +303,9 @@ def answer_of(advise: AdviseResult | str | None) -> Answer | None:
         margin_bytes=best.margin,
         margin_why=r.margin.why if r.margin else None,
         verified=_verified(r, best),
+        checks=_checks(r, best),
         scope=r.scope,
+        cures=_cures(r),
     )
 
 

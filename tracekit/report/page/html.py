@@ -75,7 +75,8 @@ _BODY = """<header><h1 id="title"></h1><p id="verdict"></p><p id="explanation"><
 <section id="answer" hidden><h2>What to change</h2><p id="answer-text"></p>
 <div class="paste"><pre id="answer-line"></pre><button id="copy-line" type="button">Copy</button>
 <span id="copied" class="help" aria-live="polite"></span></div>
-<p id="answer-margin" class="help"></p></section>
+<p id="answer-margin" class="help"></p><p id="answer-checks" class="help"></p>
+<div id="answer-cures" hidden></div></section>
 <p id="status">Loading…</p></header>
 <main>
 <section id="s-timeline"><h2>Timeline</h2>

@@ -281,6 +281,28 @@ class Verdict(TypedDict):
     text: str  # one-line verdict
 
 
+class Check(TypedDict):
+    """One way the recommended setting's verdict was checked: ``how`` "replay" (or "model"), "device"
+    (``advise --verify-on-device``), "real run" (``advise --rerun``); ``done`` False where it was not
+    (``said`` then names the option that would)."""
+
+    how: str
+    done: bool
+    said: str
+
+
+class CureView(TypedDict):
+    """One cure of the device budget (``tracekit.advise.candidates.Cure``): what is changed, the bytes it
+    gives back and how that figure was had, when and how to do it; ``chosen``: part of the recommendation."""
+
+    target: str
+    returns_bytes: int
+    how: str  # measured | estimated | derived
+    when: str
+    action: str
+    chosen: bool
+
+
 class Answer(TypedDict):
     """What to change, at the top of the page: advise's recommendation (``AdviseDict``), the line to
     paste, the verdict of the recommended setting (fits / borderline / none) with its headroom and
@@ -294,7 +316,9 @@ class Answer(TypedDict):
     margin_bytes: int | None
     margin_why: str | None
     verified: str | None  # "replay", "model" (the device-allocator model); reruns add "real run"
+    checks: list[Check]  # each way a verdict is had: the replay (or model), the device, a real run
     scope: str
+    cures: list[CureView]  # the device ran out: every cure the budget shows, the recommended ones first
 
 
 class PageModel(TypedDict):

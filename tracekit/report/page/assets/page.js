@@ -1038,9 +1038,33 @@
     if (A.headroom_bytes !== null && A.headroom_bytes !== undefined) parts.push("headroom " + fmtBytes(A.headroom_bytes));
     if (A.margin_bytes !== null && A.margin_bytes !== undefined)  // 1 B: the model is exact, any headroom above 0
       parts.push(A.margin_bytes > 1 ? "margin " + fmtBytes(A.margin_bytes) : "margin: any headroom above 0");
-    if (A.verified) parts.push("verified by " + A.verified);
     parts.push(A.scope);
     $("answer-margin").textContent = parts.join("; ") + (A.margin_why ? ". Margin: " + A.margin_why + "." : ".");
+    const checks = $("answer-checks");  // the replay (or model), the device, a real run: each done or not
+    if (A.checks.length) {
+      checks.append(el("b", null, "Checked: "));
+      A.checks.forEach((c, i) => {
+        if (i) checks.append("; ");
+        const s = el("span", c.done ? "check done" : "check not-done", (c.done ? "\u2713 " : "\u2013 ") + c.said);
+        s.dataset.how = c.how;
+        checks.append(s);
+      });
+      checks.append(".");
+    } else checks.hidden = true;
+    if (A.cures.length) {  // the device ran out: the cures its budget shows, the recommended ones first
+      const box = $("answer-cures");
+      box.hidden = false;
+      box.append(el("b", null, A.cures.length === 1 ? "The cure:" : "The cures, the recommended first:"));
+      const ul = el("ul", "cures");
+      for (const c of A.cures) {
+        const li = el("li", c.chosen ? "cure chosen" : "cure");
+        li.append(el("span", null, c.target + " \u2014 gives back " + fmtBytes(c.returns_bytes) + " (" + c.how + ")" +
+          (c.chosen ? ", recommended" : "") + "; " + c.when + ": "));
+        li.append(el("code", null, c.action));
+        ul.append(li);
+      }
+      box.append(ul);
+    }
   }
 
   /* ---------- start ---------- */
