@@ -443,9 +443,9 @@ def test_whatif_result_from_the_search(hand: tuple[Path, Trace, HandAnalysis], t
 
     p, tr, _ = hand
     res = whatif(tr, ["best-fit", "first-fit"], jobs=1)
-    rows = whatif_rows(res.to_dict())
-    assert [r["policy"] for r in rows] == ["best-fit", "first-fit"]
-    assert all(r["capacity_bytes"] == f.min_capacity for r, f in zip(rows, res.fits, strict=True))
+    rows = whatif_rows(res)
+    assert [r.policy for r in rows] == ["best-fit", "first-fit"]
+    assert all(r.capacity_bytes == f.min_capacity for r, f in zip(rows, res.fits, strict=True))
     assert WhatIfResult.from_dict(res.to_dict()) == res  # saved JSON reads back as the same result
     out = write_report(p, tmp_path / "w.html", whatif=res)
     (table,) = [t for t in page_model(out)["tables"] if t["title"].startswith("What-if")]

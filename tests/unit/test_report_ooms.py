@@ -109,8 +109,8 @@ def test_whatif_of_two_devices(tmp_path: Path):
     from tracekit.report.sections import whatif_rows
 
     res = whatif(trace_of(two_device_rows(), two_device_meta()), ["best-fit"], jobs=1)
-    rows = whatif_rows(res.to_dict())
-    assert [(r["policy"], r["capacity_bytes"]) for r in rows] == [
+    rows = whatif_rows(res)
+    assert [(r.policy, r.capacity_bytes) for r in rows] == [
         ("device 0: best-fit", 8 << 20), ("device 1: best-fit", 300 << 20)]
     t = whatif_table(res)
     assert [r[:2] for r in t["rows"]] == [["device 0: best-fit", 8 << 20], ["device 1: best-fit", 300 << 20]]

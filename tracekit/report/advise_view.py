@@ -11,12 +11,12 @@ same numbers (``tracekit.report.page.data.advise_table``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from matplotlib.figure import Figure
 
-from tracekit.advise.verdict import verdict_rows
+from tracekit.advise.evaluate import Outcome
+from tracekit.advise.result import AdviseResult
+from tracekit.advise.verdict import ORDER, Verdict
 from tracekit.report.figures import new_figure
 from tracekit.report.style import PALETTE, byte_scale
 from tracekit.units import format_size
@@ -31,26 +31,31 @@ CAPTION = (
 MAX_BARS = 24
 
 
-def draw_advise(d: dict[str, Any]) -> Figure:
-    """The chart for ``AdviseResult.to_dict()`` output ``d``."""
-    rows = [r for r, _ in verdict_rows(d)][:MAX_BARS]
+def _verdict(o: Outcome) -> Verdict:
+    return o.verdict or (Verdict.FITS if o.fits else Verdict.NO)
+
+
+def draw_advise(r: AdviseResult) -> Figure:
+    """The chart for advise's result ``r``: every setting it tried, best verdict first (advise's verdicts,
+    never recomputed here)."""
+    rows = sorted(r.tried, key=lambda o: (ORDER[_verdict(o)], o.peak_reserved))[:MAX_BARS]
     fig = new_figure(12, 1.6 + 0.38 * len(rows))
     ax = fig.add_subplot()
-    limit, bound = d["limit_bytes"], d["lower_bound_bytes"]
-    peaks = np.array([r["peak_reserved_bytes"] for r in rows], float)
+    limit, bound = r.limit, r.lower_bound
+    peaks = np.array([o.peak_reserved for o in rows], float)
     sc = byte_scale(max(float(peaks.max(initial=0.0)), float(limit)))
     y = np.arange(len(rows))[::-1]
-    for yi, r, p in zip(y, rows, peaks, strict=True):
-        colour = (PALETTE[2] if r["fits"] else PALETTE[1] if r["verdict"] == "borderline"
-                  else (0.7, 0.7, 0.7))
-        ax.barh(yi, p / sc.div, color=colour,
-                hatch="//" if not r["verified_by_replay"] else None, edgecolor="white")
-        text = (f" headroom {format_size(r['headroom_bytes'])}, {r['price']:,} calls" if r["fits"]
-                else f" borderline: headroom {format_size(r['headroom_bytes'])} within the margin"
-                if r["verdict"] == "borderline" else " runs out")
+    for yi, o, p in zip(y, rows, peaks, strict=True):
+        v = _verdict(o)
+        colour = (PALETTE[2] if o.fits else PALETTE[1] if v == Verdict.BORDERLINE else (0.7, 0.7, 0.7))
+        ax.barh(yi, p / sc.div, color=colour, hatch="//" if not o.verified_by_replay else None,
+                edgecolor="white")
+        text = (f" headroom {format_size(o.headroom or 0)}, {o.price:,} calls" if o.fits
+                else f" borderline: headroom {format_size(o.headroom or 0)} within the margin"
+                if v == Verdict.BORDERLINE else " runs out")
         ax.text(p / sc.div, yi, text, va="center", fontsize=8)
-    best = d["fits"][0]["setting"] if d["fits"] else None
-    names = [_short(r["setting"]) + (" ★" if r["setting"] == best else "") for r in rows]
+    best = r.fits[0].label() if r.fits else None
+    names = [_short(o.label()) + (" \u2605" if o.label() == best else "") for o in rows]
     ax.set_yticks(y, names, fontsize=8)
     ax.axvline(limit / sc.div, color="black", lw=1.4, label=f"limit {format_size(limit)}")
     ax.axvline(bound / sc.div, color="black", ls="--", lw=1.0, label=f"lower bound {format_size(bound)}")

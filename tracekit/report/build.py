@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from matplotlib.figure import Figure
 
 from tracekit.analysis.analyze import AnalysisResult
-from tracekit.analysis.leaks import by_site, pool_state_at
+from tracekit.analysis.leaks import SiteBytes, by_site, pool_state_at
 from tracekit.errors import OutputError
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.report import blocks as blk
@@ -67,13 +67,16 @@ def build_figures(
     analysis, summary = _analyze(trace, analysis)
     parts = summary.get("devices")
     if not parts:
-        out, tl = _device_figures(trace, analysis.timeline, summary, name, "")
+        out, tl = _device_figures(trace, analysis.timeline, summary, analysis.summary.leaks, name, "")
         return render(out), tl, summary
     out, main_tl = [], None
+    typed = {p.device: p for p in analysis.summary.devices}  # each device's own Summary
     for part in shown_devices(summary):
         d = int(part["device"])
         rows = _main_rows(analysis.timeline, {"devices": parts, "device": d})
-        figs, tl = _device_figures(select_device(trace, d), rows, part, f"{name}, device {d}", f"-device{d}")
+        leaks = typed[d].leaks if d in typed else ()
+        figs, tl = _device_figures(select_device(trace, d), rows, part, leaks, f"{name}, device {d}",
+                                   f"-device{d}")
         out += [replace(p, title=f"Device {d}: {p.title}") for p in figs]
         if d == summary.get("device"):
             main_tl = tl
@@ -81,8 +84,8 @@ def build_figures(
     return render(out), main_tl, summary
 
 
-def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name: str, suffix: str
-                    ) -> tuple[list[Pending], TimelineData]:
+def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], leaks: tuple[SiteBytes, ...],
+                    name: str, suffix: str) -> tuple[list[Pending], TimelineData]:
     """The figures of one device, not drawn yet (``suffix`` appended to every key).
 
     What only one figure needs (the memory map's raster, the pool at the OOM or the peak) is
@@ -106,7 +109,7 @@ def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], name
         Pending("oom-moment", title, _MOMENT_CAPTION, partial(_moment, trace, summary, rgb, legend)),
         Pending("sizes", "Allocation sizes", _SIZES_CAPTION, partial(figures.draw_sizes, sizes, name)),
         Pending("sites", "Call-sites at the peak, and blocks never freed", _SITES_CAPTION,
-                partial(_sites, trace, summary, by_name)),
+                partial(_sites, trace, summary, leaks, by_name)),
     ]
     return _suffixed(out, suffix), tl
 
@@ -137,14 +140,14 @@ def _moment(trace: Trace, summary: dict[str, Any], rgb: np.ndarray, legend: Lege
     return draw_moment(m, legend)
 
 
-def _sites(trace: Trace, summary: dict[str, Any], by_name: dict[str, RGB]) -> Figure:
+def _sites(trace: Trace, summary: dict[str, Any], leaks: tuple[SiteBytes, ...], by_name: dict[str, RGB]
+           ) -> Figure:
     """The call-sites holding the most at peak live bytes, and the blocks never freed."""
     ev = trace.events
     pk = summary.get("peak_live_seq")
     kp = _index_of_seq(trace, int(pk)) if pk is not None else len(ev) - 1
     peak = pool_state_at(ev, trace.mate, kp + 1)  # right after the peak event
-    at_peak = [s.to_dict() for s in by_site(peak.block_site, peak.block_size, ev.sites)]
-    leaks = list(summary.get("leaks") or [])
+    at_peak = by_site(peak.block_site, peak.block_size, ev.sites)
     return figures.draw_sites(at_peak, leaks, by_name, f"seq {int(ev.seq[kp])}")
 
 
@@ -183,7 +186,7 @@ def write_figures(
         fig = figures.draw_baseline(tl, base_tl, (name, base_name))
         rendered.append(html.Rendered("baseline", "Against the baseline", _BASELINE_CAPTION, png_bytes(fig)))
     if whatif is not None:
-        rows = whatif_rows(dict(whatif.to_dict()))
+        rows = whatif_rows(whatif)
         if rows:
             fig = figures.draw_whatif(rows, whatif.lower_bound)
             title = "What-if: smallest capacity per allocator"
@@ -191,7 +194,7 @@ def write_figures(
     if advise is not None:
         from tracekit.report.advise_view import CAPTION, TITLE, draw_advise
 
-        rendered.append(html.Rendered("advise", TITLE, CAPTION, png_bytes(draw_advise(advise.to_dict()))))
+        rendered.append(html.Rendered("advise", TITLE, CAPTION, png_bytes(draw_advise(advise))))
     folder = Path(png_dir)
     pngs = [(folder / f"{r.key}.png", r.png) for r in rendered]
     _make_folder(folder)  # every output is checked and the folder made before anything is written

@@ -10,7 +10,8 @@ block placements.
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -18,10 +19,14 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
 from tracekit.report.envelope import Envelope
-from tracekit.report.style import GREY, SERIES, Scale, byte_scale, short_site
+from tracekit.report.style import GREY, RGB, SERIES, Scale, byte_scale, short_site
 from tracekit.report.timeline import SERIES as TL_SERIES
 from tracekit.report.timeline import TimelineData
 from tracekit.units import format_size
+
+if TYPE_CHECKING:
+    from tracekit.analysis.leaks import SiteBytes
+    from tracekit.report.sections import WhatIfRow
 
 DPI = 100
 
@@ -185,7 +190,7 @@ def _pow2_ticks(lo: int, hi: int) -> FixedLocator:
 
 
 def _barh_sites(
-    ax: Axes, rows: list[dict[str, Any]], colours: dict[str, Any], title: str, empty: str
+    ax: Axes, rows: Sequence[SiteBytes], colours: Mapping[str, RGB], title: str, empty: str
 ) -> None:
     ax.set_title(title, fontsize=10, loc="left")
     if not rows:
@@ -193,17 +198,17 @@ def _barh_sites(
         ax.set_axis_off()
         return
     rows = rows[:10]
-    sc = byte_scale(max(r["bytes"] for r in rows))
+    sc = byte_scale(max(r.bytes for r in rows))
     y = np.arange(len(rows))[::-1]
-    vals = np.array([r["bytes"] for r in rows], dtype=np.float64) / sc.div
-    cols = [colours.get(r["site"] or "", GREY) for r in rows]
+    vals = np.array([r.bytes for r in rows], dtype=np.float64) / sc.div
+    cols = [colours.get(r.site or "", GREY) for r in rows]
     ax.barh(y, vals, color=cols)
-    ax.set_yticks(y, [short_site(r["site"], 56) for r in rows], fontsize=8)
+    ax.set_yticks(y, [short_site(r.site, 56) for r in rows], fontsize=8)
     for yi, v, r in zip(y, vals, rows, strict=True):
         ax.text(
             v,
             yi,
-            f" {format_size(r['bytes'])} in {r['blocks']:,} block{'s' if r['blocks'] != 1 else ''}",
+            f" {format_size(r.bytes)} in {r.blocks:,} block{'s' if r.blocks != 1 else ''}",
             va="center",
             fontsize=8,
         )
@@ -213,7 +218,7 @@ def _barh_sites(
 
 
 def draw_sites(
-    at_peak: list[dict[str, Any]], leaks: list[dict[str, Any]], colours: dict[str, Any], peak_text: str
+    at_peak: Sequence[SiteBytes], leaks: Sequence[SiteBytes], colours: Mapping[str, RGB], peak_text: str
 ) -> Figure:
     """Top call-sites by bytes live at the peak (top) and blocks never freed (bottom)."""
     n = max(len(at_peak[:10]), 1) + max(len(leaks[:10]), 1)
@@ -226,7 +231,7 @@ def draw_sites(
         f"call-sites holding the most bytes at the peak ({peak_text})",
         "no live blocks at the peak",
     )
-    total = sum(r["bytes"] for r in leaks)
+    total = sum(r.bytes for r in leaks)
     _barh_sites(
         ax2,
         leaks,
@@ -281,20 +286,20 @@ def draw_baseline(this: TimelineData, base: TimelineData, names: tuple[str, str]
     return fig
 
 
-def draw_whatif(rows: list[dict[str, Any]], bound: float | None) -> Figure:
+def draw_whatif(rows: Sequence[WhatIfRow], bound: float | None) -> Figure:
     """Smallest capacity per policy (bars, labelled with the overhead over the bound) and the lower bound."""
     fig = new_figure(12, 2.0 + 0.45 * len(rows))
     ax = fig.add_subplot()
-    caps = np.array([np.nan if r["capacity_bytes"] is None else r["capacity_bytes"] for r in rows], float)
+    caps = np.array([np.nan if r.capacity_bytes is None else r.capacity_bytes for r in rows], float)
     sc = byte_scale(np.nanmax(np.append(caps, bound or 0.0)))
     y = np.arange(len(rows))[::-1]
     ax.barh(y, np.nan_to_num(caps) / sc.div, color=SERIES["reserved"])
-    ax.set_yticks(y, [r["policy"] for r in rows])
+    ax.set_yticks(y, [r.policy for r in rows])
     for yi, c, r in zip(y, caps, rows, strict=True):
         if np.isnan(c):
-            text = f" {r.get('note') or 'no fit found'}"
+            text = f" {r.note or 'no fit found'}"
         else:
-            over = r.get("overhead")
+            over = r.overhead
             text = f" {format_size(c)}" + ("" if over is None else f" ({100 * over:+.1f}% over the bound)")
         ax.text(0 if np.isnan(c) else c / sc.div, yi, text, va="center", fontsize=9)
     if bound:

@@ -2,18 +2,23 @@
 
 ``shown_devices`` picks the devices of a trace of several that get figures; ``load_whatif`` reads and
 checks saved ``tracekit whatif --json`` output (the page takes it as a ``WhatIfResult``);
-``whatif_rows`` is the what-if figure's rows. The report's text is the page (``tracekit.report.page``).
+``whatif_rows`` is the what-if figure's rows (from a ``WhatIfResult``). The report's text is the page
+(``tracekit.report.page``).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracekit.errors import InputError
 from tracekit.inputs import load_json_file
 from tracekit.report.html import fmt_value
+
+if TYPE_CHECKING:
+    from tracekit.advise.capacity import WhatIfResult
 
 # Devices drawn and tabled one by one; a trace of more (the format allows 32,768) shows these and
 # says how many more there are, so the report's time and size do not grow with the device count.
@@ -64,29 +69,27 @@ def load_whatif(whatif: Any) -> dict[str, Any]:
     return d
 
 
-def whatif_rows(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The what-if policies as ``[{policy, capacity_bytes, overhead, note}]``; ``overhead`` is a ratio.
+@dataclass(frozen=True)
+class WhatIfRow:
+    """One bar of the what-if figure: the policy (``device N: POLICY`` for a trace of several devices),
+    its smallest capacity without OOM (None: none found), the overhead over the lower bound (a ratio) and
+    why there is no capacity."""
 
-    A result of several devices gives every device's rows, the policy named "device N: POLICY".
-    """
-    parts = d.get("devices")
-    if isinstance(parts, list) and parts:
-        return [{**r, "policy": f"device {p.get('device')}: {r['policy']}"}
-                for p in parts if isinstance(p, dict) for r in whatif_rows(p)]
+    policy: str
+    capacity_bytes: int | None
+    overhead: float | None
+    note: str
+
+
+def whatif_rows(w: WhatIfResult) -> list[WhatIfRow]:
+    """The what-if figure's rows from the search's result: every policy, every device's for a result of
+    several devices."""
+    parts = w.devices or (w,)
     rows = []
-    for r in d.get("policies") or []:
-        cap = r.get("min_capacity_bytes", r.get("capacity_bytes"))
-        note = r.get("error") or (
-            f"no fit up to {fmt_value('bytes', r['searched_up_to_bytes'])}"
-            if cap is None and r.get("searched_up_to_bytes")
-            else ""
-        )
-        rows.append(
-            {
-                "policy": str(r.get("policy")),
-                "capacity_bytes": cap,
-                "overhead": r.get("overhead_ratio", r.get("overhead")),
-                "note": note,
-            }
-        )
+    for p in parts:
+        prefix = f"device {p.device}: " if w.devices else ""
+        for f in p.fits:
+            note = f.error or (f"no fit up to {fmt_value('bytes', f.searched_up_to)}"
+                               if f.min_capacity is None and f.searched_up_to else "")
+            rows.append(WhatIfRow(prefix + f.policy, f.min_capacity, f.overhead_ratio, note))
     return rows
