@@ -39,7 +39,7 @@ from tracekit.analysis import analyze_trace
 from tracekit.analysis import largest_free as lf
 from tracekit.trace import Events, TraceMeta, Source, read_trace
 from tracekit.trace.writer import TraceWriter
-from tracekit.trace.totals import first_over
+from tracekit.trace._kernels import first_over
 one = read_trace("traces/cupy-mlp.parquet")  # one row group: columns read zero-copy
 ev = one.events
 w = TraceWriter("{tmp}/groups.parquet", one.meta, row_group_size=4096)  # several: concatenated

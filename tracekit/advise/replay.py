@@ -11,15 +11,16 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracekit import progress
-from tracekit.advise.counterfactual import predict
 from tracekit.outputs import check_output
 from tracekit.sim import policies
-from tracekit.sim.base import SimConfig
-from tracekit.sim.engine import replay, write_replay
-from tracekit.sim.result import ReplayResult
 from tracekit.trace.reader import read_trace
+
+if TYPE_CHECKING:
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.result import ReplayResult
 
 
 def replay_file(
@@ -45,10 +46,16 @@ def replay_file(
     if output is not None:
         check_output(Path(output), (Path(path),), force=force)
     trace = read_trace(path)  # extras too: policies start from an imported `initial` state
+    # Imported once the trace is read (issue 45: nothing a verb needs only after reading is loaded
+    # before it); the counterfactual preparation only where it is used.
+    from tracekit.sim.engine import replay, write_replay
+
     with progress.reporting(on_progress):
         if as_recorded:
             replayed, result = trace, replay(trace, policy, config)
         else:
+            from tracekit.advise.counterfactual import predict
+
             replayed, result = predict(trace, policy, config)
     if output is not None:
         write_replay(result, replayed, output, command=command)

@@ -12,15 +12,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
-from tracekit.analysis.analyze import AnalysisResult, analyze_trace
-from tracekit.analysis.tree import TreeLimits
 from tracekit.errors import OutputError
 from tracekit.outputs import Staged, check_output
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.stacks import UserCode
+
+if TYPE_CHECKING:  # imported where used, once the trace is read (issue 45: the analyzer's kernels)
+    from tracekit.analysis.analyze import AnalysisResult
+    from tracekit.analysis.tree import TreeLimits
 
 
 def analyze_file(
@@ -50,6 +53,8 @@ def read_and_analyze(
     if len(wanted) != len({o.resolve() for o in wanted}):
         raise OutputError(f"{wanted[0]}: the same path is given for two outputs")
     trace = read_trace(src, strict=strict, extras=False)
+    from tracekit.analysis.analyze import analyze_trace
+
     return trace, analyze_trace(trace, timeline=timeline, user_code=user_code, trees=trees)
 
 

@@ -37,13 +37,16 @@ def analyze(
     with the device at that moment, leaks."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
     from tracekit.analysis.output import read_and_analyze, write_timeline
-    from tracekit.analysis.tree import TreeLimits
     from tracekit.cli.common import echo_json, say, terminal_progress, wrote
     from tracekit.trace.stacks import UserCode
 
     want = timeline is not None or report is not None  # the report draws the timeline
     outputs = ((timeline, "--timeline"), (report, "--report"))
-    limits = TreeLimits(native=tree_native) if tree or tree_native else None
+    limits = None
+    if tree or tree_native:  # the trees' module (and its kernels) only where trees are asked for
+        from tracekit.analysis.tree import TreeLimits
+
+        limits = TreeLimits(native=tree_native)
     with terminal_progress("analyzing"):
         read, result = read_and_analyze(trace, timeline=want, strict=strict, outputs=outputs, force=force,
                               user_code=UserCode.of(user_code), trees=limits)

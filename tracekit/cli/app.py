@@ -88,9 +88,10 @@ class TracekitGroup(TyperGroup):
         _SIGNAL.update(said=False, term=False)
         argv = list(args) if args is not None else sys.argv[1:]
         if argv[:1] != ["record"]:  # record settles it only after the program (runner.epilogue)
-            from tracekit.kernel_cache import settle
+            from tracekit.kernel_cache import keep_scipy_from_numba, settle
 
             settle()
+            keep_scipy_from_numba()  # the program record runs keeps its numba as it is
         with _sigterm_raises():
             try:
                 rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,

@@ -18,7 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
 from tracekit.errors import TraceFormatError
 from tracekit.trace.events import Events
@@ -29,35 +28,10 @@ _TOP = np.uint64((1 << 64) - 1)
 _CHUNK = 1 << 20  # rows per pass of the range check: its temporaries stay a few MiB at any length
 
 
-@njit(cache=True)
-def first_over(op, rounded, size, mate, keep, limit):  # pragma: no cover - compiled
-    """(index, 0 for live bytes / 1 for reserved) of the first event whose running sum reaches
-    ``limit``, or (-1, -1)."""
-    live = np.int64(0)  # int64 throughout: uint64 + int64 would make float64 in numba
-    reserved = np.int64(0)
-    for i in range(op.shape[0]):
-        if not keep[i]:
-            continue
-        o = op[i]
-        if o == Op.MALLOC:
-            live += np.int64(rounded[i])
-        elif o == Op.FREE and mate[i] >= 0:
-            live -= np.int64(rounded[mate[i]])
-        elif o == Op.SEGMENT_ALLOC:
-            reserved += np.int64(size[i])
-        elif o == Op.SEGMENT_FREE and mate[i] >= 0:
-            reserved -= np.int64(size[mate[i]])
-        else:
-            continue
-        if live >= limit:
-            return i, 0
-        if reserved >= limit:
-            return i, 1
-    return -1, -1
-
-
 def check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> None:
     """Refuse ``p`` (TraceFormatError) if live or reserved bytes reach 2^62 at some event."""
+    from tracekit.trace._kernels import first_over  # numba: loaded at the first read's checks
+
     i, what = first_over(ev.op, ev.rounded, ev.size, mate, keep, np.int64(MAX_SIZE))
     if i >= 0:
         name = "live bytes" if what == 0 else "reserved bytes"

@@ -16,68 +16,13 @@ O(n), no per-event Python objects. ``mate[i]`` is the index of the event paired 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
-from numba import njit
 
+from tracekit.trace.issues import EventIssue, IssueKind, Severity
 from tracekit.trace.schema import Op
 
-
-class IssueKind(IntEnum):
-    FREE_NOT_LIVE = 0
-    DOUBLE_FREE = 1
-    MALLOC_LIVE = 2
-    SEGMENT_FREE_NOT_LIVE = 3
-    SEGMENT_DOUBLE_FREE = 4
-    SEGMENT_ALLOC_LIVE = 5
-    FREE_OTHER_DEVICE = 6
-    BLOCK_OTHER_DEVICE = 7
-    BLOCK_OUTSIDE_SEGMENT = 8
-    SEGMENT_FREE_UNDER_BLOCKS = 9
-    ROUNDED_BELOW_SIZE = 10
-
-    @property
-    def describe(self) -> str:
-        return _DESCRIBE[self]
-
-    @property
-    def severity(self) -> Severity:
-        return Severity.WARNING if self >= IssueKind.BLOCK_OUTSIDE_SEGMENT else Severity.SKIPPED
-
-
-class Severity(IntEnum):
-    """SKIPPED: readers drop the events; WARNING: they keep them (the data may be real)."""
-
-    SKIPPED = 0
-    WARNING = 1
-
-
-_DESCRIBE = {
-    IssueKind.FREE_NOT_LIVE: "free of an address that is not live",
-    IssueKind.DOUBLE_FREE: "double free",
-    IssueKind.MALLOC_LIVE: "malloc of an address that is already live",
-    IssueKind.SEGMENT_FREE_NOT_LIVE: "segment_free of a segment that is not live",
-    IssueKind.SEGMENT_DOUBLE_FREE: "segment freed twice",
-    IssueKind.SEGMENT_ALLOC_LIVE: "segment_alloc of an address that is already live",
-    IssueKind.FREE_OTHER_DEVICE: "free on another device than its malloc (devices contradict each other)",
-    IssueKind.BLOCK_OTHER_DEVICE: "malloc inside a segment of another device, none of its own (and its free)",
-    IssueKind.BLOCK_OUTSIDE_SEGMENT: "malloc outside any live segment of its device",
-    IssueKind.SEGMENT_FREE_UNDER_BLOCKS: "segment_free while blocks inside it are live",
-    IssueKind.ROUNDED_BELOW_SIZE: "malloc with rounded below size",
-}
-
-
-@dataclass(frozen=True)
-class EventIssue:
-    """One kind of inconsistency: how many events had it, and the first one's seq."""
-
-    kind: IssueKind
-    count: int
-    first_seq: int
-
-    def describe(self) -> str:
-        return f"{self.count} x {self.kind.describe} (first at seq {self.first_seq})"
+__all__ = ["EventIssue", "IssueKind", "Pairing", "Severity", "pair_events", "remap_mate"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,116 +30,6 @@ class Pairing:
     keep: np.ndarray  # bool per event: False for the events readers skip
     mate: np.ndarray  # int64 per event (original indexing), -1 if unpaired
     issues: tuple[EventIssue, ...]
-
-
-# The pairing table: open addressing over (key, tag) slots, linear probing. A tag is
-# device · N_CLASSES + class (``BLOCK`` or ``SEGMENT``), so blocks and segments of one address
-# are separate keys; a slot's value is the index of the live malloc / segment_alloc, or FREED.
-EMPTY = -1  # the tag of an unused slot
-FREED = -1  # the value of a key whose last allocation was freed (a second free is a double free)
-BLOCK, SEGMENT, N_CLASSES = 0, 1, 2
-INITIAL_SLOTS = 1 << 12  # a power of two: the slot index is the hash masked by slots − 1
-# Fibonacci hashing: h = ((addr >> ADDR_SHIFT) · ⌊2^64/φ⌋ mod 2^64) >> HASH_SHIFT. Device
-# allocations are at least 256-byte aligned, so the low ADDR_SHIFT bits carry nothing; the
-# product's high bits mix best, so the low HASH_SHIFT are dropped.
-GOLDEN = 11400714819323198485  # ⌊2^64 / φ⌋
-ADDR_SHIFT = 8
-HASH_SHIFT = 20
-
-
-@njit(cache=True)
-def _slot(keys, tags, addr, tag, mask):  # pragma: no cover - compiled
-    """The slot of (addr, tag): where it is, or the empty slot where it goes (linear probing
-    from h & mask, h the Fibonacci hash of the address)."""
-    h = ((addr >> np.uint64(ADDR_SHIFT)) * np.uint64(GOLDEN)) >> np.uint64(HASH_SHIFT)
-    j = np.int64(h & np.uint64(mask))
-    while tags[j] != EMPTY and (keys[j] != addr or tags[j] != tag):
-        j = (j + 1) & mask
-    return j
-
-
-@njit(cache=True)
-def _too_full(used, slots):  # pragma: no cover - compiled
-    """Load factor used / slots above 1/2: probe runs would grow long."""
-    return used * 2 > slots
-
-
-@njit(cache=True)
-def _grow(keys, tags, vals):  # pragma: no cover - compiled
-    """The table rehashed into twice the slots."""
-    cap = keys.shape[0] * 2
-    nk = np.zeros(cap, np.uint64)
-    nt = np.full(cap, EMPTY, np.int32)
-    nv = np.zeros(cap, np.int64)
-    for j in range(keys.shape[0]):
-        if tags[j] != EMPTY:
-            k = _slot(nk, nt, keys[j], tags[j], cap - 1)
-            nk[k] = keys[j]
-            nt[k] = tags[j]
-            nv[k] = vals[j]
-    return nk, nt, nv
-
-
-@njit(cache=True)
-def _flag(keep, counts, first, kind, i):  # pragma: no cover - compiled
-    """Event i has issue ``kind``: readers skip it; count it, and keep the first such event."""
-    keep[i] = False
-    counts[kind] += 1
-    if first[kind] < 0:
-        first[kind] = i
-
-
-@njit(cache=True)
-def _live_again(seg):  # pragma: no cover - compiled
-    """The issue of an allocation at an address that is still live."""
-    return IssueKind.SEGMENT_ALLOC_LIVE if seg else IssueKind.MALLOC_LIVE
-
-
-@njit(cache=True)
-def _unpaired_free(seg, seen):  # pragma: no cover - compiled
-    """The issue of a free with no live allocation: a second free when the key was seen, else a
-    free of an address never allocated."""
-    if seg:
-        return IssueKind.SEGMENT_DOUBLE_FREE if seen else IssueKind.SEGMENT_FREE_NOT_LIVE
-    return IssueKind.DOUBLE_FREE if seen else IssueKind.FREE_NOT_LIVE
-
-
-@njit(cache=True)
-def _scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - compiled
-    """One pass in event order over the pairing table: an allocation claims its key (value := i),
-    a free pairs with the value (mate both ways, value := FREED); the rest is flagged."""
-    cap = INITIAL_SLOTS
-    keys = np.zeros(cap, np.uint64)
-    tags = np.full(cap, EMPTY, np.int32)
-    vals = np.zeros(cap, np.int64)
-    used = 0
-    for i in range(op.shape[0]):
-        o = op[i]
-        if o == Op.OOM:
-            continue
-        seg = o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE
-        tag = np.int32(device[i]) * N_CLASSES + (SEGMENT if seg else BLOCK)
-        j = _slot(keys, tags, addr[i], tag, cap - 1)
-        seen = tags[j] != EMPTY
-        live = seen and vals[j] != FREED
-        if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:
-            if live:
-                _flag(keep, counts, first, _live_again(seg), i)
-                continue
-            if not seen:
-                keys[j] = addr[i]
-                tags[j] = tag
-                used += 1
-            vals[j] = i
-            if _too_full(used, cap):
-                keys, tags, vals = _grow(keys, tags, vals)
-                cap = keys.shape[0]
-        elif live:  # free / segment_free of a live allocation
-            mate[i] = vals[j]
-            mate[vals[j]] = i
-            vals[j] = FREED
-        else:
-            _flag(keep, counts, first, _unpaired_free(seg, seen), i)
 
 
 def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray,
@@ -206,7 +41,9 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
     mate = np.full(n, -1, dtype=np.int64)
     counts = np.zeros(len(IssueKind), dtype=np.int64)
     first = np.full(len(IssueKind), -1, dtype=np.int64)
-    _scan(op, addr, device, keep, mate, counts, first)
+    from tracekit.trace._kernels import scan  # numba: loaded here, once the events are read
+
+    scan(op, addr, device, keep, mate, counts, first)
     _other_device(op, addr, device, keep, counts, first)
     if size is not None:
         _block_other_device(op, addr, size, device, keep, mate, counts, first)

@@ -1,0 +1,151 @@
+"""The reader's compiled kernels: the malloc/free pairing scan (``tracekit.trace.validate``) and the
+running totals' first step past the limit (``tracekit.trace.totals``).
+
+Apart from those modules so that reading a trace starts before numba is imported (issue 45: a verb
+reaches its first read within 0.3 s of the process's start); they import this module at the first
+pairing, which needs numba anyway.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tracekit.trace.issues import IssueKind
+from tracekit.trace.schema import Op
+
+# The pairing table: open addressing over (key, tag) slots, linear probing. A tag is
+# device · N_CLASSES + class (``BLOCK`` or ``SEGMENT``), so blocks and segments of one address
+# are separate keys; a slot's value is the index of the live malloc / segment_alloc, or FREED.
+EMPTY = -1  # the tag of an unused slot
+FREED = -1  # the value of a key whose last allocation was freed (a second free is a double free)
+BLOCK, SEGMENT, N_CLASSES = 0, 1, 2
+INITIAL_SLOTS = 1 << 12  # a power of two: the slot index is the hash masked by slots − 1
+# Fibonacci hashing: h = ((addr >> ADDR_SHIFT) · ⌊2^64/φ⌋ mod 2^64) >> HASH_SHIFT. Device
+# allocations are at least 256-byte aligned, so the low ADDR_SHIFT bits carry nothing; the
+# product's high bits mix best, so the low HASH_SHIFT are dropped.
+GOLDEN = 11400714819323198485  # ⌊2^64 / φ⌋
+ADDR_SHIFT = 8
+HASH_SHIFT = 20
+
+
+@njit(cache=True)
+def _slot(keys, tags, addr, tag, mask):  # pragma: no cover - compiled
+    """The slot of (addr, tag): where it is, or the empty slot where it goes (linear probing
+    from h & mask, h the Fibonacci hash of the address)."""
+    h = ((addr >> np.uint64(ADDR_SHIFT)) * np.uint64(GOLDEN)) >> np.uint64(HASH_SHIFT)
+    j = np.int64(h & np.uint64(mask))
+    while tags[j] != EMPTY and (keys[j] != addr or tags[j] != tag):
+        j = (j + 1) & mask
+    return j
+
+
+@njit(cache=True)
+def _too_full(used, slots):  # pragma: no cover - compiled
+    """Load factor used / slots above 1/2: probe runs would grow long."""
+    return used * 2 > slots
+
+
+@njit(cache=True)
+def _grow(keys, tags, vals):  # pragma: no cover - compiled
+    """The table rehashed into twice the slots."""
+    cap = keys.shape[0] * 2
+    nk = np.zeros(cap, np.uint64)
+    nt = np.full(cap, EMPTY, np.int32)
+    nv = np.zeros(cap, np.int64)
+    for j in range(keys.shape[0]):
+        if tags[j] != EMPTY:
+            k = _slot(nk, nt, keys[j], tags[j], cap - 1)
+            nk[k] = keys[j]
+            nt[k] = tags[j]
+            nv[k] = vals[j]
+    return nk, nt, nv
+
+
+@njit(cache=True)
+def _flag(keep, counts, first, kind, i):  # pragma: no cover - compiled
+    """Event i has issue ``kind``: readers skip it; count it, and keep the first such event."""
+    keep[i] = False
+    counts[kind] += 1
+    if first[kind] < 0:
+        first[kind] = i
+
+
+@njit(cache=True)
+def _live_again(seg):  # pragma: no cover - compiled
+    """The issue of an allocation at an address that is still live."""
+    return IssueKind.SEGMENT_ALLOC_LIVE if seg else IssueKind.MALLOC_LIVE
+
+
+@njit(cache=True)
+def _unpaired_free(seg, seen):  # pragma: no cover - compiled
+    """The issue of a free with no live allocation: a second free when the key was seen, else a
+    free of an address never allocated."""
+    if seg:
+        return IssueKind.SEGMENT_DOUBLE_FREE if seen else IssueKind.SEGMENT_FREE_NOT_LIVE
+    return IssueKind.DOUBLE_FREE if seen else IssueKind.FREE_NOT_LIVE
+
+
+@njit(cache=True)
+def scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - compiled
+    """One pass in event order over the pairing table: an allocation claims its key (value := i),
+    a free pairs with the value (mate both ways, value := FREED); the rest is flagged."""
+    cap = INITIAL_SLOTS
+    keys = np.zeros(cap, np.uint64)
+    tags = np.full(cap, EMPTY, np.int32)
+    vals = np.zeros(cap, np.int64)
+    used = 0
+    for i in range(op.shape[0]):
+        o = op[i]
+        if o == Op.OOM:
+            continue
+        seg = o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE
+        tag = np.int32(device[i]) * N_CLASSES + (SEGMENT if seg else BLOCK)
+        j = _slot(keys, tags, addr[i], tag, cap - 1)
+        seen = tags[j] != EMPTY
+        live = seen and vals[j] != FREED
+        if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:
+            if live:
+                _flag(keep, counts, first, _live_again(seg), i)
+                continue
+            if not seen:
+                keys[j] = addr[i]
+                tags[j] = tag
+                used += 1
+            vals[j] = i
+            if _too_full(used, cap):
+                keys, tags, vals = _grow(keys, tags, vals)
+                cap = keys.shape[0]
+        elif live:  # free / segment_free of a live allocation
+            mate[i] = vals[j]
+            mate[vals[j]] = i
+            vals[j] = FREED
+        else:
+            _flag(keep, counts, first, _unpaired_free(seg, seen), i)
+
+
+@njit(cache=True)
+def first_over(op, rounded, size, mate, keep, limit):  # pragma: no cover - compiled
+    """(index, 0 for live bytes / 1 for reserved) of the first event whose running sum reaches
+    ``limit``, or (-1, -1)."""
+    live = np.int64(0)  # int64 throughout: uint64 + int64 would make float64 in numba
+    reserved = np.int64(0)
+    for i in range(op.shape[0]):
+        if not keep[i]:
+            continue
+        o = op[i]
+        if o == Op.MALLOC:
+            live += np.int64(rounded[i])
+        elif o == Op.FREE and mate[i] >= 0:
+            live -= np.int64(rounded[mate[i]])
+        elif o == Op.SEGMENT_ALLOC:
+            reserved += np.int64(size[i])
+        elif o == Op.SEGMENT_FREE and mate[i] >= 0:
+            reserved -= np.int64(size[mate[i]])
+        else:
+            continue
+        if live >= limit:
+            return i, 0
+        if reserved >= limit:
+            return i, 1
+    return -1, -1

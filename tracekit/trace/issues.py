@@ -1,0 +1,66 @@
+"""The kinds of event-level inconsistency a reader finds (``tracekit.trace.validate``), and their counts.
+
+Apart from the pairing itself so that its compiled kernels (``tracekit.trace._kernels``) can name
+them without importing the module that loads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class IssueKind(IntEnum):
+    FREE_NOT_LIVE = 0
+    DOUBLE_FREE = 1
+    MALLOC_LIVE = 2
+    SEGMENT_FREE_NOT_LIVE = 3
+    SEGMENT_DOUBLE_FREE = 4
+    SEGMENT_ALLOC_LIVE = 5
+    FREE_OTHER_DEVICE = 6
+    BLOCK_OTHER_DEVICE = 7
+    BLOCK_OUTSIDE_SEGMENT = 8
+    SEGMENT_FREE_UNDER_BLOCKS = 9
+    ROUNDED_BELOW_SIZE = 10
+
+    @property
+    def describe(self) -> str:
+        return _DESCRIBE[self]
+
+    @property
+    def severity(self) -> Severity:
+        return Severity.WARNING if self >= IssueKind.BLOCK_OUTSIDE_SEGMENT else Severity.SKIPPED
+
+
+class Severity(IntEnum):
+    """SKIPPED: readers drop the events; WARNING: they keep them (the data may be real)."""
+
+    SKIPPED = 0
+    WARNING = 1
+
+
+_DESCRIBE = {
+    IssueKind.FREE_NOT_LIVE: "free of an address that is not live",
+    IssueKind.DOUBLE_FREE: "double free",
+    IssueKind.MALLOC_LIVE: "malloc of an address that is already live",
+    IssueKind.SEGMENT_FREE_NOT_LIVE: "segment_free of a segment that is not live",
+    IssueKind.SEGMENT_DOUBLE_FREE: "segment freed twice",
+    IssueKind.SEGMENT_ALLOC_LIVE: "segment_alloc of an address that is already live",
+    IssueKind.FREE_OTHER_DEVICE: "free on another device than its malloc (devices contradict each other)",
+    IssueKind.BLOCK_OTHER_DEVICE: "malloc inside a segment of another device, none of its own (and its free)",
+    IssueKind.BLOCK_OUTSIDE_SEGMENT: "malloc outside any live segment of its device",
+    IssueKind.SEGMENT_FREE_UNDER_BLOCKS: "segment_free while blocks inside it are live",
+    IssueKind.ROUNDED_BELOW_SIZE: "malloc with rounded below size",
+}
+
+
+@dataclass(frozen=True)
+class EventIssue:
+    """One kind of inconsistency: how many events had it, and the first one's seq."""
+
+    kind: IssueKind
+    count: int
+    first_seq: int
+
+    def describe(self) -> str:
+        return f"{self.count} x {self.kind.describe} (first at seq {self.first_seq})"
