@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.gpu import cuda
-from tracekit.pytest.measure import DevicePeak, Measurement
+from tracekit.pytest.measure import Backend, DevicePeak, Measurement
 from tracekit.record.callstacks import DEFAULT_DEPTH, live_stacks
 from tracekit.record.device_alloc import pool_state
 from tracekit.record.hook import (
@@ -57,7 +57,7 @@ def import_cupy() -> tuple[Any, int]:
 class CupyMeter:
     """Records one test's CuPy allocations in memory (``start`` … ``stop``)."""
 
-    backend = "cupy"
+    backend = Backend.CUPY
 
     def __init__(self, cupy: Any, n_devices: int, launcher: FrameType | None, *,
                  stack_depth: int = DEFAULT_DEPTH, free_cache: bool = True) -> None:
@@ -170,7 +170,7 @@ class CupyMeter:
         """The test's trace at ``output`` (as ``tracekit record`` writes it); after ``stop``."""
         from tracekit.record.meta import start_meta
         from tracekit.record.recover import finalize
-        from tracekit.record.session import _exit_meta
+        from tracekit.record.session import exit_note
         from tracekit.record.sites import exception_site
         from tracekit.record.spool import SpoolWriter, spool_path
 
@@ -187,7 +187,7 @@ class CupyMeter:
         exit_info = ({"status": "ok", "code": 0} if exception is None else
                      {"status": "exception", "code": 1, "exception": type(exception).__name__,
                       "message": str(exception)[:2000]})
-        exit_meta = _exit_meta(exit_info, exception)
+        exit_meta = exit_note(exit_info, exception)
         exit_meta["site"] = exception_site(exception, default_skip_dirs(), self.roots)
         extra: dict[str, Any] = {
             "complete": True, "exit": exit_meta,

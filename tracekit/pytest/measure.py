@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 METRICS = ("reserved", "allocated", "device")
@@ -28,9 +29,16 @@ class DevicePeak:
         return {"reserved": self.reserved, "allocated": self.allocated, "device": self.device_used}[name]
 
 
+class Backend(StrEnum):
+    """The allocator a meter measures (its value is the one the JSON of a measurement carries)."""
+
+    CUPY = "cupy"
+    TORCH = "torch"
+
+
 @dataclass(frozen=True)
 class Measurement:
-    backend: str  # "cupy" or "torch"
+    backend: Backend
     devices: dict[int, DevicePeak] = field(default_factory=dict)
     events: int = 0
 
@@ -47,10 +55,10 @@ class Measurement:
         return sum(p.leaked for p in self.devices.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {"backend": self.backend, "events": self.events,
+        return {"backend": self.backend.value, "events": self.events,
                 "devices": [dataclasses.asdict(p) for p in self.devices.values()]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Measurement:
         peaks = {int(p["device"]): DevicePeak(**p) for p in d.get("devices", [])}
-        return cls(backend=str(d.get("backend")), devices=peaks, events=int(d.get("events") or 0))
+        return cls(backend=Backend(str(d.get("backend"))), devices=peaks, events=int(d.get("events") or 0))

@@ -284,8 +284,10 @@ class GpuMemory:
             if self._tmp is None:
                 self._tmp = tempfile.mkdtemp(prefix="tracekit-pytest-")
             folder = Path(self._tmp)
+        from tracekit.pytest.measure import Backend
+
         name = trace_name(item.nodeid)
-        if len(self.config.stash.get(BACKENDS, ())) > 1 and meter.backend == "torch":
+        if len(self.config.stash.get(BACKENDS, ())) > 1 and meter.backend is Backend.TORCH:
             name = name.removesuffix(".parquet") + ".torch.parquet"  # beside the CuPy one
         try:
             out = meter.write_trace(folder / name, nodeid=item.nodeid, exception=exc)

@@ -15,7 +15,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from tracekit.pytest.measure import DevicePeak, Measurement
+from tracekit.pytest.measure import Backend, DevicePeak, Measurement
 
 
 def import_torch() -> tuple[Any, int]:
@@ -32,7 +32,7 @@ def import_torch() -> tuple[Any, int]:
 
 
 class TorchMeter:
-    backend = "torch"
+    backend = Backend.TORCH
 
     def __init__(self, torch: Any, n_devices: int, *, history: bool, max_entries: int = 100_000) -> None:
         self.torch, self.n_devices, self.history, self.max_entries = torch, n_devices, history, max_entries

@@ -232,7 +232,7 @@ class CupyRecording:
                 self.tail.close()  # the spool holds every row now
             self.pools.unpatch()
             self.probe.close()
-        exit_meta = _exit_meta(exit_info, exception)
+        exit_meta = exit_note(exit_info, exception)
         exit_meta["site"] = exception_site(exception, default_skip_dirs(), self.roots)
         extra: dict[str, Any] = {
             "complete": True, "exit": exit_meta, "pool_end": end,
@@ -268,7 +268,7 @@ class CupyRecording:
         return self.output
 
 
-def _exit_meta(info: dict[str, Any] | None, exception: BaseException | None) -> dict[str, Any]:
+def exit_note(info: dict[str, Any] | None, exception: BaseException | None) -> dict[str, Any]:
     """The ``exit`` object, with ``oom_note``: the hook's note index carried by the final exception."""
     out = dict(info or {"status": "ok", "code": 0})
     out.setdefault("status", "ok")
