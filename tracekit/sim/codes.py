@@ -23,8 +23,12 @@ from enum import IntEnum
 
 import numpy as np
 
-from tracekit.sim.treap import NFIELDS, TREE_FIELDS
 from tracekit.trace.schema import Op
+
+# The treap's row widths (``tracekit.sim.treap`` takes them from here, so this module, and with it
+# the policy registry, never imports numba): K1..PR without size augmentation, then SZ and MX.
+TREE_FIELDS = 7
+NFIELDS = 9
 
 
 class Kind(IntEnum):

@@ -21,9 +21,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.sim.codes import NFIELDS, TREE_FIELDS
+
 K1, K2, K3, L, R, P, PR, SZ, MX = range(9)
-TREE_FIELDS = 7  # K1..PR: a tree without size augmentation
-NFIELDS = 9  # with SZ and MX
+assert TREE_FIELDS == PR + 1 and NFIELDS == MX + 1  # K1..PR: a tree without size augmentation; + SZ, MX
 NIL = -1
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 from tracekit.errors import InputError
 from tracekit.trace.reader import Trace
@@ -55,24 +59,49 @@ def single_device(trace: Trace, what: str) -> Trace:
 
 
 def require_single_device_file(path: str | os.PathLike[str], what: str) -> None:
-    """``single_device`` for a trace file, reading only its ``device`` column (cheap).
+    """``single_device`` for a trace file, from its ``device`` column's statistics where they say
+    one device (nothing read), else from that column alone (cheap).
 
     A file that cannot be read this way is left for the full reader to reject.
     """
-    import pyarrow.compute as pc
-
     from tracekit.trace.reader import close_parquet, open_parquet  # the input policy
 
     _, pf = open_parquet(path)
     try:
-        col = pf.read(columns=["device"]).column(0)
-        devs = sorted(int(d) for d in pc.unique(col).to_pylist() if d is not None)
+        devs = _one_device_by_statistics(pf)
+        if devs is None:
+            import pyarrow.compute as pc
+
+            col = pf.read(columns=["device"]).column(0)
+            devs = sorted(int(d) for d in pc.unique(col).to_pylist() if d is not None)
     except (OSError, ValueError, KeyError, IndexError, pa.ArrowException):
         return
     finally:
         close_parquet(pf)
     if len(devs) > 1:
         raise InputError(_mixed(path, devs, what))
+
+
+def _one_device_by_statistics(pf: pq.ParquetFile) -> list[int] | None:
+    """The one device every row group's statistics name (min = max, the same in each), [] for a
+    file of no rows, None where the statistics cannot say (absent, or more than one value)."""
+    md = pf.metadata
+    seen: set[int] = set()
+    for g in range(md.num_row_groups):
+        group = md.row_group(g)
+        if group.num_rows == 0:
+            continue
+        col = next((group.column(c) for c in range(group.num_columns)
+                    if group.column(c).path_in_schema == "device"), None)
+        st = col.statistics if col is not None else None
+        if st is None:
+            return None
+        if st.null_count == group.num_rows:
+            continue  # no device named here (nulls are not devices)
+        if not st.has_min_max or st.min != st.max:
+            return None
+        seen.add(int(st.min))
+    return sorted(seen) if len(seen) <= 1 else None
 
 
 def _mixed(where: object, devs: list[int], what: str) -> str:

@@ -13,6 +13,14 @@ policy modelling a real allocator (``modelling``, ``allocator_of``) and
 analysis (``is_heap``), from each policy's
 ``PolicyTraits``. ``register`` adds a policy defined elsewhere (a plugin, a
 test). Modules are imported on the first call, so importing this package stays cheap.
+
+The convention that keeps asking the registry cheap: a policy module imports its kernel, and every
+shared module that is compiled or imports numba (``prepare``, ``pool_run``, ``chunks``,
+``segments``, ``sizeclass``, ``treap``), inside ``run``, never at its top; ``@njit`` functions live
+in its private kernel module. Discovery then imports no numba, so ``replay`` checks ``--sim`` and
+reads its traits before the first read of the trace without loading a kernel (issue 45). A module
+that breaks the convention still works, only slower to list;
+``tests/cli/test_startup_imports.py`` names it. docs/simulator.md, "Adding a policy", shows the form.
 """
 
 from __future__ import annotations

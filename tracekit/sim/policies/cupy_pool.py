@@ -27,21 +27,8 @@ from typing import ClassVar
 import numpy as np
 
 from tracekit.errors import UsageError
-from tracekit.sim import chunks as ck
 from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import CupySetting, named_vector
-from tracekit.sim.policies._cupy_kernel import NO_RELEASE, cupy_replay
-from tracekit.sim.pool_run import (
-    address_hints,
-    addresses_option,
-    capacity_for_state,
-    next_address,
-    pack,
-    pool_stats,
-    release_option,
-    release_points,
-)
-from tracekit.sim.prepare import attempt_kinds, holders, prepare
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 
@@ -71,6 +58,21 @@ class CupyPool:
         ties = config.options.get("ties", "trace")
         if ties not in ("trace", "address"):
             raise UsageError(f"cupy option ties: expected 'trace' or 'address', got {ties!r}")
+        # Compiled, on first use (the registry's convention: importing a policy module loads no kernel).
+        from tracekit.sim import chunks as ck
+        from tracekit.sim.policies._cupy_kernel import cupy_replay
+        from tracekit.sim.pool_run import (
+            address_hints,
+            addresses_option,
+            capacity_for_state,
+            next_address,
+            pack,
+            pool_stats,
+            release_option,
+            release_points,
+        )
+        from tracekit.sim.prepare import attempt_kinds, holders, prepare
+
         follow = release_option(config.options, "cupy")
         ev = trace.events
         inp = prepare(trace)
@@ -98,6 +100,8 @@ class CupyPool:
 def _release_arenas(points: np.ndarray, op: np.ndarray, arena: np.ndarray) -> np.ndarray:
     """Per row, what a recorded release there frees: the one arena all its ``segment_free`` rows
     belong to (``free_all_blocks(stream)``), -1 every arena, -2 (``NO_RELEASE``) none."""
+    from tracekit.sim.policies._cupy_kernel import NO_RELEASE
+
     out = np.full(len(op), NO_RELEASE, np.int64)
     starts = np.flatnonzero(points)
     if len(starts) == 0:

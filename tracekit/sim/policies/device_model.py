@@ -22,9 +22,6 @@ from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import named_vector
-from tracekit.sim.policies import _device_kernel as k
-from tracekit.sim.pool_run import pool_stats
-from tracekit.sim.prepare import attempt_kinds, holders, prepare
 from tracekit.trace.reader import Trace
 
 __all__ = ["DeviceModel"]
@@ -41,6 +38,11 @@ class DeviceModel:
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         if config.options:
             raise UsageError(f"policy {self.name} takes no options (got {', '.join(config.options)})")
+        # Compiled, on first use (the registry's convention: importing a policy module loads no kernel).
+        from tracekit.sim.policies import _device_kernel as k
+        from tracekit.sim.pool_run import pool_stats
+        from tracekit.sim.prepare import attempt_kinds, holders, prepare
+
         inp = prepare(trace)
         n = len(inp)
         bounds = [b for b in (config.capacity, config.device_total) if b is not None]

@@ -31,12 +31,9 @@ import numpy as np
 
 from tracekit import progress
 from tracekit.errors import UsageError
-from tracekit.sim import sizeclass
 from tracekit.sim.base import PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import LIST_WIDTH, Fit, HeapSlot, named_vector
 from tracekit.sim.heap import UNBOUNDED, heap_run, heap_stats
-from tracekit.sim.policies import _freelist_kernel as k
-from tracekit.sim.prepare import attempt_kinds, holders, prepare
 from tracekit.trace.reader import Trace
 
 __all__ = ["Fit", "FreeListModel"]
@@ -53,6 +50,11 @@ class FreeListModel:
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         if config.options:
             raise UsageError(f"policy {self.name} takes no options (got {', '.join(config.options)})")
+        # Compiled, on first use (the registry's convention: importing a policy module loads no kernel).
+        from tracekit.sim import sizeclass
+        from tracekit.sim.policies import _freelist_kernel as k
+        from tracekit.sim.prepare import attempt_kinds, holders, prepare
+
         inp = prepare(trace)
         n = len(inp)
         cap = UNBOUNDED if config.capacity is None else int(config.capacity)

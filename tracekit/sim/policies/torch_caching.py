@@ -16,25 +16,14 @@ loaded first at their recorded addresses; new segments get invented addresses.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from tracekit.errors import InputError, UsageError
-from tracekit.sim import chunks as ck
 from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import Kind, Op, Reserve, TorchPool, TorchSetting, named_vector
 from tracekit.sim.codes import Reservation as X_
-from tracekit.sim.policies._torch_kernel import torch_replay
-from tracekit.sim.pool_run import (
-    address_hints,
-    capacity_for_state,
-    next_address,
-    pack,
-    pool_stats,
-    retry_releases,
-)
-from tracekit.sim.prepare import ReplayInput, attempt_kinds, holders, prepare
 from tracekit.sim.torch_rules import (
     MIB,
     TorchSettings,
@@ -44,6 +33,9 @@ from tracekit.sim.torch_rules import (
 )
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
+
+if TYPE_CHECKING:
+    from tracekit.sim.prepare import ReplayInput
 
 LARGE_PAGE = 20 * MIB  # expandable segments map the large pool in 20 MiB pages
 SMALL_PAGE = 2 * MIB
@@ -132,6 +124,19 @@ class TorchCaching:
 
     def run_with_state(self, trace: Trace, config: SimConfig) -> tuple[PolicyRun, np.ndarray, np.ndarray]:
         """The run, plus the final chunk store and counters (for consistency checks)."""
+        # Compiled, on first use (the registry's convention: importing a policy module loads no kernel).
+        from tracekit.sim import chunks as ck
+        from tracekit.sim.policies._torch_kernel import torch_replay
+        from tracekit.sim.pool_run import (
+            address_hints,
+            capacity_for_state,
+            next_address,
+            pack,
+            pool_stats,
+            retry_releases,
+        )
+        from tracekit.sim.prepare import attempt_kinds, holders, prepare
+
         st = settings(with_recorded_settings(trace, config.options))
         ev = trace.events
         inp = prepare(trace)
