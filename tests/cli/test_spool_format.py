@@ -173,10 +173,10 @@ def test_a_stop_signal_raised_into_a_write_loses_and_repeats_nothing(tmp_path: P
 
 
 @pytest.mark.parametrize("junk, says", [
-    (_frame(b"JUNK", 0, b"xx"), "at byte 343: a frame of unknown kind b'JUNK'"),
+    (_frame(b"JUNK", 0, b"xx"), "at byte 343 (frame 2, after 2 rows): a frame of unknown kind b'JUNK'"),
     (_frame(TEXT, 1, b"{not json\n") + _frame(ROWS, 1, _row(40)),
      "a text record in the spool is not valid JSON"),
-    (_frame(ROWS, 1, _row(40, op=9)), "after 2 events: a spool row has op code 9"),
+    (_frame(ROWS, 1, _row(40, op=9)), "(frame 2, after 2 rows): a spool row has op code 9"),
 ], ids=["unknown-frame", "bad-text", "bad-row"])
 def test_a_spool_written_over_keeps_the_events_before_and_says_where_it_stopped(
         tmp_path: Path, junk: bytes, says: str) -> None:

@@ -69,7 +69,24 @@ def record(
         tell(f"tracekit: error: {done.problem}")
     elif done.path is not None:
         tell(f"Wrote {_shown(done.path, start)}")
+        _notes(done.path)
     raise typer.Exit(done.code)
+
+
+def _notes(path: Path) -> None:
+    """What the trace lacks where the spool did not end whole (the program wrote over it, deleted
+    it, cut it short): one sentence each, as ``recover`` says them."""
+    from tracekit.record.runner import tell
+
+    try:  # in the program's process, which may have broken json or the recursion limit
+        from tracekit.record.recover import spool_notes
+        from tracekit.trace.reader import read_meta
+
+        notes = spool_notes(read_meta(path).extra)
+    except Exception:  # the trace is written; a note about it must not turn into a failure
+        return
+    for note in notes:
+        tell(note)
 
 
 def _shown(path: Path, start: str) -> str:

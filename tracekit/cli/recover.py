@@ -24,13 +24,11 @@ def recover(
     with terminal_progress("recovering"):
         out = run(path, output, force=force)
     wrote(out)
-    from tracekit.inputs import safe_text
+    from tracekit.record.recover import spool_notes
     from tracekit.trace.reader import read_meta
 
-    damaged = read_meta(out).extra.get("spool_damaged")
-    if isinstance(damaged, str):  # the spool was written over: say what the trace holds
-        say(f"tracekit: the spool stops making sense {safe_text(damaged)}; the trace holds the events "
-            "before that point", err=True)
+    for note in spool_notes(read_meta(out).extra):  # cut short or written over: what the trace holds
+        say(note, err=True)
 
 
 def register(app: typer.Typer) -> None:

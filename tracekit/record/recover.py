@@ -28,7 +28,7 @@ that stamped out of order) is clamped to the time before it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,17 +87,23 @@ class SpoolScan:
     tail_rows: int = 0  # rows taken from the spool's tail (``record.tail``): the process ended unfinished
     tail_lost: int = 0  # rows between the spool's last and the tail's first that neither held
     damaged: str | None = None  # where and why the spool stopped making sense (its prefix is kept)
+    cut: str | None = None  # where the spool was cut short (``truncated``), where known
+    tail_damaged: str | None = None  # where and why the tail's rows stopped making sense
 
 
 class _Spool:
-    """An open spool of either layout: its metadata and its batches in the Arrow spool layout."""
+    """An open spool of either layout: its metadata and its batches in the Arrow spool layout
+    (``frames``: the reader of a version-4 spool, which knows its tail and where it stopped)."""
 
     def __init__(self, path: Path, meta_json: bytes, batches: Iterator[pa.RecordBatch],
-                 truncated: Callable[[], bool], tail: Callable[[], tuple[int, int]] = lambda: (0, 0),
-                 damaged: Callable[[], str | None] = lambda: None) -> None:
-        self.path, self.meta_json, self._batches, self._truncated = path, meta_json, batches, truncated
-        self.tail = tail  # (rows taken from the spool's tail, rows neither held) once read
-        self._damaged = damaged  # where and why the spool's frames stopped making sense
+                 frames: SpoolFrames | None = None) -> None:
+        self.path, self.meta_json, self._batches, self._frames = path, meta_json, batches, frames
+
+    def tail(self, scan: SpoolScan) -> None:
+        """Into ``scan``: the rows taken from the spool's tail, those neither held, its damage."""
+        if self._frames is not None:
+            scan.tail_rows, scan.tail_lost = self._frames.tail_rows, self._frames.tail_lost
+            scan.tail_damaged = self._frames.tail_damaged
 
     def batches(self, scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
         """Every whole batch, checked; ``scan.truncated`` is set where the spool was cut short."""
@@ -117,16 +123,16 @@ class _Spool:
                     scan.damaged = f"after {scan.events:,} events: {str(e).removeprefix(f'{self.path}: ')}"
                 return
             yield checked
-        if scan is not None and self._truncated():
-            scan.truncated = True
-        if scan is not None and self._damaged() is not None:
-            scan.damaged = self._damaged()
+        frames = self._frames
+        if scan is not None and frames is not None:
+            scan.truncated, scan.cut = scan.truncated or frames.truncated, frames.cut
+            scan.damaged = frames.damaged or scan.damaged
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[_Spool]:
+def _open(path: Path, tail: Path | None = None) -> Iterator[_Spool]:
     """The spool (a version-4 framed spool, or the Arrow stream of earlier recorders), closed when
-    the block ends."""
+    the block ends; ``tail`` is its ring where not beside it (``tail_path``)."""
     check_regular(path, "spool")
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed below, after the block)
@@ -136,12 +142,11 @@ def _open(path: Path) -> Iterator[_Spool]:
         head = f.read(len(MAGIC))
         f.seek(0)
         if head == MAGIC:
-            frames = SpoolFrames(path, f, tail_path(path))
-            yield _Spool(path, frames.meta_json, frames.batches(), lambda: frames.truncated,
-                         lambda: (frames.tail_rows, frames.tail_lost), lambda: frames.damaged)
+            frames = SpoolFrames(path, f, tail or tail_path(path), check=_checked)
+            yield _Spool(path, frames.meta_json, frames.batches(), frames)
             return
         with _arrow(path) as reader:
-            yield _Spool(path, reader.schema.metadata[META_KEY], _arrow_batches(reader), lambda: False)
+            yield _Spool(path, reader.schema.metadata[META_KEY], _arrow_batches(reader))
 
 
 def _arrow_batches(reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
@@ -216,9 +221,9 @@ def _checked(path: Path, batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-def scan_spool(path: Path) -> SpoolScan:
+def scan_spool(path: Path, tail: Path | None = None) -> SpoolScan:
     """Pass 1: metadata, call-site names, notes (with the seq of the event each describes), counts."""
-    with _open(path) as spool:
+    with _open(path, tail) as spool:
         scan = SpoolScan(_meta(path, spool.meta_json))
         for batch in spool.batches(scan):
             before = len(scan.sites), len(scan.frames), len(scan.stacks), len(scan.notes), len(scan.segments)
@@ -229,7 +234,7 @@ def scan_spool(path: Path) -> SpoolScan:
                 del scan.notes[before[3]:], scan.segments[before[4]:]
                 scan.damaged = f"after {scan.events:,} events: {str(e).removeprefix(f'{path}: ')}"
                 break
-        scan.tail_rows, scan.tail_lost = spool.tail()
+        spool.tail(scan)
     return scan
 
 
@@ -347,14 +352,15 @@ def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
     return ev, extras, mismatches
 
 
-def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
-    """Write the trace ``output`` from ``spool``; ``extra`` goes into the metadata."""
-    scan = scan_spool(spool)
+def finalize(spool: Path, output: Path, extra: dict[str, Any], *, tail: Path | None = None) -> Path:
+    """Write the trace ``output`` from ``spool`` (and ``tail``, its ring where not beside it);
+    ``extra`` goes into the metadata."""
+    scan = scan_spool(spool, tail)
     if scan.damaged is not None and scan.events == 0 and not scan.tail_rows:
-        raise InputError(f"{spool}: the spool stops making sense {scan.damaged}, before any event")
+        raise InputError(f"{spool}: no event in it is intact: the spool stops making sense {scan.damaged}")
     ooms = [{k: v for k, v in n.items() if k != "state"} for n in scan.notes if n.get("kind") == "oom"]
     index = segment_index(scan.segments)
-    with _open(spool) as sp:  # the device mismatches go into the metadata, written first
+    with _open(spool, tail) as sp:  # the device mismatches go into the metadata, written first
         mismatches, seq = 0, 0
         # Progress in batches over the three passes; the first (the scan) is done here.
         for i, batch in enumerate(sp.batches()):
@@ -370,10 +376,14 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     meta = scan.meta.with_extra(ooms=ooms, **extra).with_extra(**v2)
     if scan.truncated:
         meta = meta.with_extra(spool_truncated=True)
+        if scan.cut is not None:
+            meta = meta.with_extra(spool_cut=scan.cut)
     if scan.damaged is not None:  # the events before the damage are the trace's; the rest is lost
         meta = meta.with_extra(spool_damaged=scan.damaged)
     if scan.tail_rows or scan.tail_lost:  # rows a dead process left only in its shared ring
         meta = meta.with_extra(tail_rows=scan.tail_rows, tail_rows_lost=scan.tail_lost)
+    if scan.tail_damaged is not None:
+        meta = meta.with_extra(tail_damaged=scan.tail_damaged)
     cut = (sum(CUT_MARK in x for x in scan.sites)
            + sum(CUT_MARK in f[0] or CUT_MARK in f[2] for f in scan.frames))
     if cut:  # names the recorder shortened to the reader's bound (trace.stacks.cut_text)
@@ -383,7 +393,7 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
     seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
     held = 0
-    with _open(spool) as sp, TraceWriter(output, meta, EXTRA_FIELDS) as w:
+    with _open(spool, tail) as sp, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for i, batch in enumerate(sp.batches()):
             if i >= scan.batches:
                 break
@@ -399,6 +409,32 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any]) -> Path:
         if pending:
             _write(w, pending)
     return output
+
+
+def spool_notes(extra: Mapping[str, Any]) -> list[str]:
+    """What the terminal is told of a trace written from a spool that did not end whole: where it
+    stopped and why, what the tail gave back, what is lost (one sentence each; empty when whole)."""
+    out = []
+    damaged, cut = extra.get("spool_damaged"), extra.get("spool_cut")
+    tail, lost, tail_bad = extra.get("tail_rows"), extra.get("tail_rows_lost"), extra.get("tail_damaged")
+    from_tail = (f"; {tail:,} rows after that point came back from its tail" if isinstance(tail, int) and tail
+                 else "")
+    if isinstance(damaged, str):
+        out.append(f"tracekit: the spool stops making sense {safe_text(damaged)} (written over by "
+                   f"something other than the recorder); the trace holds the events before that point"
+                   f"{from_tail}")
+    elif isinstance(cut, str):
+        out.append(f"tracekit: the spool is cut short {safe_text(cut)}; the trace holds the whole frames "
+                   f"before that point{from_tail}")
+    if isinstance(extra.get("spool_gone"), str):
+        out.append(f"tracekit: {extra['spool_gone']}")
+    if isinstance(lost, int) and lost:
+        out.append(f"tracekit: {lost:,} rows between the spool's last and its tail's first are lost "
+                   "(neither held them)")
+    if isinstance(tail_bad, str):
+        out.append(f"tracekit: the spool's tail stops making sense {safe_text(tail_bad)}; its rows "
+                   "before that are in the trace")
+    return out
 
 
 def _exception_site(sites: tuple[str, ...], exit_info: Any) -> tuple[tuple[str, ...], tuple[int, int] | None]:

@@ -47,7 +47,7 @@ from tracekit.record.signals import restore_in_child, stop_signals
 from tracekit.record.sites import SiteTable, default_skip_dirs, exception_site, site_roots
 from tracekit.record.spool import SpoolWriter, spool_path
 from tracekit.record.tail import Tail, tail_path
-from tracekit.record.watch import Watcher
+from tracekit.record.watch import GONE, Watcher
 
 
 def patch_threads(install: Callable[[], None]) -> Callable[[], None]:
@@ -249,10 +249,13 @@ class CupyRecording:
             extra["pool_end_error"] = end_error
         if self.spool.error:
             extra["spool_error"] = self.spool.error
+        held = self.spool.held  # the program deleted or replaced its spool: the recorder's own file
+        if held is not None:
+            extra["spool_gone"] = GONE
         try:
             from tracekit.record.recover import finalize  # numba and the reader: after the program only
 
-            finalize(self.spool_path, self.output, extra)
+            finalize(held or self.spool_path, self.output, extra)
         except Exception as e:
             # This process may be what broke (a program that replaced json.dumps, a recursion limit
             # of 40): the watcher writes the trace from the spool in a clean process.
@@ -260,7 +263,10 @@ class CupyRecording:
                 return self.output
             raise OutputError(f"{self.output}: could not write the trace ({e}); the events are kept in "
                               f"{self.spool_path}: run `tracekit recover {self.spool_path}`") from None
-        self.spool_path.unlink()
+        finally:
+            self.spool.release()
+        if held is None:  # a file the program put at the spool's name is its own
+            self.spool_path.unlink(missing_ok=True)
         if self.tail is not None:
             self.tail.remove()
         if self.watcher is not None:

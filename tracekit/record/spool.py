@@ -29,7 +29,9 @@ The spool's thread never frees what the program's threads made (the rows it writ
 silence are deleted at the program's next trim: ``EventBuffer.written``). Only the process that
 made the spool writes to it (a forked child writes nothing). A write that fails (a full disk, a
 file system gone read-only) stops the spooling: ``error`` says why, the program runs on, the
-events written before are kept, and later rows are dropped.
+events written before are kept, and later rows are dropped. A program that deletes (or replaces)
+its spool while it runs loses nothing: the held descriptor still writes the recorder's file, and
+``close`` keeps a way to read it (``held``) for the trace to be written from.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ class SpoolWriter:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.error: str | None = None
+        self._kept = -1  # a descriptor that reads the spool the program deleted (``held``)
         buffer.attach(self.max_events * ROW, int(interval * 1e9), self._drain)
 
     def start(self) -> None:
@@ -316,5 +319,34 @@ class SpoolWriter:
             finally:
                 self._closed = True
                 if os.getpid() == self.pid:
+                    self._keep_if_gone()
                     self._file.close()
         self.buffer.trim()
+
+    def _keep_if_gone(self) -> None:
+        """Where the path no longer names the file the held descriptor writes (the program deleted or
+        replaced it), open that file to read through ``/proc/self/fd`` (``held``)."""
+        fd = self._file.fd
+        try:
+            mine = fd is not None and os.fstat(fd)
+        except OSError:
+            return
+        if not mine or (mine.st_dev, mine.st_ino) != self._file._ident:
+            return  # no descriptor of ours is left: the path is all there is
+        with contextlib.suppress(OSError):
+            if os.path.samestat(mine, os.stat(self.path)):
+                return
+        with contextlib.suppress(OSError):
+            self._kept = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+    @property
+    def held(self) -> Path | None:
+        """After ``close``: the spool as the recorder wrote it, where the program deleted or replaced
+        the file at ``path`` (a ``/proc/self/fd`` path, readable until ``release``); else None."""
+        return Path(f"/proc/self/fd/{self._kept}") if self._kept >= 0 else None
+
+    def release(self) -> None:
+        if self._kept >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._kept)
+            self._kept = -1

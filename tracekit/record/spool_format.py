@@ -20,9 +20,12 @@ sees them only when the trace is written (or recovered), in this module. Layout:
       b"END\\0" count 0, length 0  the recording ended and everything was written
 
 A TEXT frame comes before the rows that use what it names. A frame cut short (a kill in the
-middle of a write) ends the spool there: ``SpoolFrames.truncated``; a frame the recorder never
-writes (bytes the program wrote over the spool) ends it too, the whole frames before it kept:
-``SpoolFrames.damaged`` says at which byte and why. ``SpoolFrames.batches``
+middle of a write, a file truncated) ends the spool there: ``SpoolFrames.truncated``, and
+``cut`` says at which byte and frame; a frame the recorder never writes (bytes the program wrote
+over the spool: a header of no known kind or length, text that is not its records, rows whose values
+``check`` refuses) ends it too, the whole frames before it kept: ``SpoolFrames.damaged`` says at
+which byte and frame, and why. Either way the rows after that point come from the tail where it
+still holds them (its rows are numbered as the spool's). ``SpoolFrames.batches``
 yields the batches of the earlier Arrow spool layout (``WRITE_SCHEMA``, ``record.recover`` reads
 both): per ROWS frame, the names, frames and stacks first defined since the last batch, then the
 rows, times made relative to ``t0_ns`` and never decreasing, note rows carrying their note's JSON.
@@ -35,7 +38,7 @@ from __future__ import annotations
 import enum
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,6 +55,9 @@ FRAME = struct.Struct("<4sIQ")
 META, TEXT, ROWS, END = b"META", b"TEXT", b"ROWS", b"END\0"
 ROW_BYTES = ROW * 8
 MAX_FRAME_BYTES = 1 << 26  # 64 MiB; the writer's frames are at most its buffer (1 MiB)
+# An event row's clock reading is the recording's start ``t0_ns`` or later (the hook is entered after
+# it): one a second or more before it is bytes the recorder never wrote (zeros, garbage).
+EARLY_NS = 1_000_000_000
 SITE_ROW, NOTE_ROW, FRAME_ROW, STACK_ROW = -1, -2, -3, -4  # op codes of the batches' named rows
 
 SPOOL_SCHEMA = pa.schema([
@@ -91,15 +97,19 @@ def text_record(kind: TextKind, ident: int, *fields: Any) -> bytes:
 class SpoolFrames:
     """Reads a version-4 spool: ``meta_json`` and ``t0`` at open, ``batches()`` after."""
 
-    def __init__(self, path: Path, f: IO[bytes], tail: Path | None = None) -> None:
-        self.path, self._f, self._tail = path, f, tail
+    def __init__(self, path: Path, f: IO[bytes], tail: Path | None = None,
+                 check: Callable[[Path, pa.RecordBatch], Any] | None = None) -> None:
+        self.path, self._f, self._tail, self._check = path, f, tail, check
         self.truncated = False
+        self.cut: str | None = None  # where the spool was cut short (``truncated``)
         self.ended = False
         self.rows_read = 0  # rows of the whole ROWS frames read so far
         self.tail_rows = 0  # rows taken from the tail (``record.tail``) after them
         self.tail_lost = 0  # rows between the spool's last and the tail's first that neither holds
         self.damaged: str | None = None  # where and why the spool stopped making sense (a prefix is kept)
+        self.tail_damaged: str | None = None  # where and why the tail's rows stopped making sense
         self._pos = 0  # the byte offset of the frame being read
+        self._frame_no = -1  # its number (the metadata frame is frame 0)
         if f.read(len(MAGIC)) != MAGIC:
             raise InputError(f"{path}: not a tracekit recording spool")
         frame = self._next()
@@ -119,11 +129,12 @@ class SpoolFrames:
         """The next whole frame, or None at the end (``truncated`` where it was cut short, ``damaged``
         where it is not one the recorder writes: the frames before it are kept)."""
         self._pos = self._f.tell()
+        self._frame_no += 1
         head = self._f.read(FRAME.size)
         if not head:
             return None
         if len(head) < FRAME.size:
-            self.truncated = True
+            self._cut(f"a frame header of {len(head)} of {FRAME.size} bytes")
             return None
         tag, count, length = FRAME.unpack(head)
         if tag not in (META, TEXT, ROWS, END):
@@ -134,18 +145,45 @@ class SpoolFrames:
             return None
         payload = self._f.read(length)
         if len(payload) < length:
-            self.truncated = True
+            self._cut(f"a frame of {len(payload):,} of its {length:,} bytes")
             return None
         if tag == ROWS and length != count * ROW_BYTES:
             self._damage(f"a frame of {count} rows holds {length} bytes, not {count * ROW_BYTES}")
             return None
         return tag, count, payload
 
+    def _where(self) -> str:
+        return f"at byte {self._pos:,} (frame {self._frame_no}, after {self.rows_read:,} rows)"
+
+    def _cut(self, what: str) -> None:
+        """The spool ends within the frame being read (a kill in the middle of a write, a truncation)."""
+        self.truncated = True
+        self.cut = f"{self._where()}: {what}, the rest cut off"
+
     def _damage(self, why: str) -> None:
         """Stop reading at the frame being read: ``damaged`` says where and why (the frames before it
         are whole, and kept; the recorder never writes such a frame, so something else wrote there)."""
-        self.damaged = f"at byte {self._pos:,}: {why}"
-        return None
+        self.damaged = f"{self._where()}: {why}"
+
+    def _checked(self, batch: pa.RecordBatch) -> None:
+        if self._check is not None:
+            self._check(self.path, batch)
+
+    def _tail_prefix(self, raw: np.ndarray, last_t: int, named: _Named) -> pa.RecordBatch | None:
+        """The batch of the tail's longest run of rows from its first that ``check`` accepts (a slot
+        the program wrote over ends it; ``tail_damaged`` then says after how many rows)."""
+        ok, bad, why = 0, len(raw) + 1, ""  # rows[:ok] pass, rows[:bad] do not
+        while bad - ok > 1:
+            mid = (ok + bad) // 2 if bad <= len(raw) else len(raw)
+            try:
+                self._checked(_batch(raw[:mid], self.t0, last_t, _Named(self.path))[0])
+                ok = mid
+            except InputError as e:
+                bad, why = mid, str(e).removeprefix(f"{self.path}: ")
+        if ok < len(raw):
+            self.tail_damaged = f"after {ok:,} of its {len(raw):,} rows: {why}"
+        self.tail_rows = ok
+        return _batch(raw[:ok], self.t0, last_t, named)[0] if ok else None
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The spool's batches in the Arrow spool layout (``WRITE_SCHEMA``), one per ROWS frame."""
@@ -167,21 +205,33 @@ class SpoolFrames:
                     break
                 continue
             raw = np.frombuffer(payload, "<i8").reshape(-1, ROW).astype(np.int64)
+            ev = (raw[:, 1] & 15) != NOTE
+            if np.any(raw[ev, 0] < self.t0 - EARLY_NS):  # zeros or garbage: no row precedes the start
+                self._damage("an event stamped before the recording began")
+                break
+            names = named.sites, named.frames, named.stacks
+            batch, t = _batch(raw, self.t0, last_t, named)
+            try:
+                self._checked(batch)
+            except InputError as e:  # rows the recorder never writes: written over
+                named.sites, named.frames, named.stacks = names  # the tail's rows may use them
+                self._damage(str(e).removeprefix(f"{self.path}: "))
+                break
             self.rows_read += len(raw)
-            batch, last_t = _batch(raw, self.t0, last_t, named)
+            last_t = t
             yield batch
         if not self.ended and self._tail is not None:
-            # The rows the process made after its last spool write, kept in the shared ring. Their
-            # notes died with the process (the event rows stay; a call-site or stack first named
-            # in those rows reads as none).
+            # The rows the process made after its last whole spool write, kept in the shared ring.
+            # Their notes died with the process (the event rows stay; a call-site or stack first
+            # named in those rows reads as none).
             from tracekit.record.tail import read_tail
 
             raw, self.tail_lost = read_tail(self._tail, self.rows_read)
             raw = raw[(raw[:, 1] & 15) != NOTE]
-            self.tail_rows = len(raw)
             if len(raw):
-                batch, last_t = _batch(raw, self.t0, last_t, named)
-                yield batch
+                batch = self._tail_prefix(raw, last_t, named)
+                if batch is not None:
+                    yield batch
         if named.pending():
             yield _batch(np.zeros((0, ROW), np.int64), self.t0, last_t, named)[0]
 

@@ -10,7 +10,10 @@ program never sees it as a child: ``os.wait()`` and Ctrl-C are the program's own
 - ``pidfd_open`` of the recorded process, and its command line at the start, to tell a program
   that merely closed every descriptor (it is still running, with the same command line: the
   watcher then waits for it to end) from one that exec'd or died;
-- an exclusive ``flock`` on ``TRACE.finishing`` (``tracekit.trace.finishing``) until it is done.
+- an exclusive ``flock`` on ``TRACE.finishing`` (``tracekit.trace.finishing``) until it is done;
+- a descriptor reading the spool and one reading its tail, opened at the start: a program that
+  deletes or replaces them while it runs cannot take them (the watcher then writes the trace from
+  the files it holds, ``spool_gone`` saying so).
 
 The recorded process says one byte before it closes its end: ``D``, the trace is written (the
 watcher just leaves), or ``F``, its own finishing failed (a program that broke the standard
@@ -33,6 +36,8 @@ from pathlib import Path
 DONE, FINISH = b"D", b"F"
 FINISH_WAIT_S = 600.0
 DONE_WAIT_S = 5.0
+GONE = ("the program deleted or replaced the spool while it ran; the trace is written from the recorder's "
+        "own copy")
 
 
 class Watcher:
@@ -113,32 +118,60 @@ def _cmdline(pid: int) -> bytes | None:
         return None
 
 
-def _finish(spool: Path, output: Path, ended: str) -> bool:
-    """Write ``output`` from ``spool`` and remove the spool; False when there was nothing to do or
-    it failed (the spool then stays for ``tracekit recover``)."""
-    if not spool.exists() or output.exists():
+def _hold(path: Path) -> int:
+    """A descriptor reading ``path`` (-1 where it cannot be opened)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def _source(path: Path, fd: int) -> Path | None:
+    """``path`` where it still names the file ``fd`` reads (or no file was held), else that file
+    through ``/proc/self/fd`` (the program deleted or replaced it); None where neither is there."""
+    if fd < 0:
+        return path if os.path.exists(path) else None
+    with contextlib.suppress(OSError):
+        if os.path.samestat(os.fstat(fd), os.stat(path)):
+            return path
+    return Path(f"/proc/self/fd/{fd}")
+
+
+def _finish(spool: Path, output: Path, ended: str, held: tuple[int, int] = (-1, -1)) -> bool:
+    """Write ``output`` from ``spool`` (``held``: descriptors reading it and its tail, opened at
+    the start) and remove the spool; False when there was nothing to do or it failed (the spool
+    then stays for ``tracekit recover``)."""
+    from tracekit.record.tail import tail_path
+
+    source, tail = _source(spool, held[0]), _source(tail_path(spool), held[1])
+    if source is None or output.exists():
         return False
     from tracekit.kernel_cache import settle
 
     settle()
     from tracekit.record.recover import finalize
 
+    extra = {"complete": False, "ended": ended, "finished_by": "watcher"}
+    if source != spool:
+        extra["spool_gone"] = GONE
     try:
-        finalize(spool, output, {"complete": False, "ended": ended, "finished_by": "watcher"})
+        finalize(source, output, extra, tail=tail)
     except Exception:
         return False
-    spool.unlink(missing_ok=True)
-    from tracekit.record.tail import tail_path
-
-    with contextlib.suppress(OSError):  # the dead process's last rows: in the trace now
-        tail_path(spool).unlink(missing_ok=True)
+    if source == spool:  # a file the program put at the spool's name is its own
+        spool.unlink(missing_ok=True)
+    if tail == tail_path(spool):
+        with contextlib.suppress(OSError):  # the dead process's last rows: in the trace now
+            tail_path(spool).unlink(missing_ok=True)
     return True
 
 
 def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int) -> None:
     """The watcher's whole life (module docstring); ``ready`` is told once the mark is held."""
+    from tracekit.record.tail import tail_path
     from tracekit.trace.finishing import mark_path
 
+    held = _hold(spool), _hold(tail_path(spool))
     mark = os.open(mark_path(output), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     fcntl.flock(mark, fcntl.LOCK_EX)
     os.write(mark, f"{pid}\n".encode())
@@ -162,7 +195,8 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             os.write(answer, DONE)  # after the mark is gone: the recorded process waits for this
             return
         if said == FINISH:
-            os.write(answer, DONE if _finish(spool, output, "the recorder could not finish it") else b"X")
+            os.write(answer, DONE if _finish(spool, output, "the recorder could not finish it", held)
+                     else b"X")
             return
         # End of file: it ended, exec'd, or only closed its descriptors (then it is the same program).
         ended = "the process ended (os._exit, a signal, or exec) without finishing the recording"
@@ -173,7 +207,7 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             ended = "the process ended (os._exit or a signal) without finishing the recording"
         elif not gone:
             ended = "the process replaced itself (exec) before finishing the recording"
-        _finish(spool, output, ended)
+        _finish(spool, output, ended, held)
     finally:
         if mark >= 0:
             with contextlib.suppress(OSError):
