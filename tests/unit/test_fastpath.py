@@ -494,26 +494,60 @@ def test_pure_python_forced_by_the_environment() -> None:
     assert p.stdout.split() == want
 
 
-@pytest.mark.parametrize("impl", ["compiled", "pure"])
-def test_extend_appends_to_the_attached_list_and_mirrors_each_row_in_order(impl: str) -> None:
-    """``Ring.extend`` (what the recorder's rows go through, ``record.tail``): the list gets the ints,
-    the ring one row per ``row_ints`` of them, in the list's order; after ``close`` only the list."""
-    if impl == "compiled" and not fastpath.COMPILED:
+def test_rows_extend_mirrors_each_row_into_the_ring_in_order() -> None:
+    """``Rows.extend`` (what the recorder's rows go through, ``record.tail``): the rows get the ints,
+    the mirrored ring one row per ``row_ints`` of them, in their order; after the ring's ``close``
+    only the rows."""
+    if not fastpath.COMPILED:
         pytest.skip("the compiled helper is not built (pip install -e . with a C compiler)")
-    cls = fastpath.Ring if impl == "compiled" else fastpath.PyRing
     buf = mmap.mmap(-1, fastpath.ring_bytes(4, 8))
-    ring = cls(buf, 8)
-    rows: list[int] = []
-    ring.attach(rows)
+    ring = fastpath.Ring(buf, 8)
+    rows = fastpath.Rows(8)
+    rows.mirror(ring)
     for i in range(3):
-        ring.extend((i, *range(1, 8)))
-    ring.extend(tuple(range(100, 116)))  # an event row and its note row, in one call
+        rows.extend((i, *range(1, 8)))
+    rows.extend(tuple(range(100, 116)))  # an event row and its note row, in one call
     assert len(rows) == 5 * 8 and ring.seq == 5
     got, seqs = fastpath.read_ring(buf)
     assert seqs.tolist() == [1, 2, 3, 4]  # the last four (four slots)
     assert got.reshape(-1).tolist() == rows[8:]
     ring.close()
-    ring.extend((7,) * 8)
-    assert len(rows) == 6 * 8
+    rows.extend((7,) * 8)
+    assert len(rows) == 6 * 8 and rows[40:] == [7] * 8
     del got, seqs
     buf.close()
+
+
+@pytest.mark.parametrize("impl", ["compiled", "pure"])
+def test_rows_hold_whole_rows_and_copy_them_as_the_spool_writes_them(impl: str) -> None:
+    """Both ``Rows`` (the C one: whole rows only, nothing appended by a bad call), ``del`` of written
+    rows, the limits, and ``copy_into``/``to_bytes`` giving little-endian int64 (the spool's ROWS
+    layout)."""
+    if impl == "compiled" and not fastpath.COMPILED:
+        pytest.skip("the compiled helper is not built (pip install -e . with a C compiler)")
+    rows = fastpath.Rows(4) if impl == "compiled" else fastpath.PyRows(4)
+    rows.extend((1, -2, 2**62, -(2**63)))
+    if impl == "compiled":  # the C one checks and converts first: a bad call appends nothing
+        with pytest.raises(ValueError):
+            rows.extend((1, 2, 3))  # not a whole row
+        with pytest.raises(OverflowError):
+            rows.extend((1, 2, 3, 2**64))
+        with pytest.raises(TypeError):
+            rows.extend((1, 2, "3", 4))
+        with pytest.raises(ValueError):
+            del rows[1:3]  # would cut a row
+    assert len(rows) == 4
+    rows.extend(tuple(range(10, 10 + 4 * 300)))  # past the first allocation
+    assert len(rows) == 4 * 301 and rows[:4] == [1, -2, 2**62, -(2**63)] and rows[-1] == 10 + 4 * 300 - 1
+    out = bytearray(16 + 8 * len(rows))
+    assert rows.copy_into(out, 16, 0, len(rows)) == 8 * len(rows)
+    assert np.frombuffer(bytes(out[16:]), "<i8").tolist() == rows[:]
+    assert rows.to_bytes(4, 8) == bytes(out[16 + 32:16 + 64])
+    del rows[:4]
+    assert len(rows) == 4 * 300 and rows[0] == 10
+    rows.due, rows.cap = 5, 7
+    assert (rows.due, rows.cap) == (5, 7)
+    del rows[:]
+    assert len(rows) == 0 and rows.to_bytes(0, 0) == b""
+    with pytest.raises((TypeError, ValueError)):
+        rows.mirror(object())  # type: ignore[arg-type]

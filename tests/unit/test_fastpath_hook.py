@@ -183,4 +183,43 @@ def test_the_hook_trims_when_due(lib: types.ModuleType, monkeypatch: pytest.Monk
     assert written == [40, 40] and len(buf.rows) == 16  # trimmed at 5 rows held, twice
     buf.due = 0  # the interval passed: the next row trims
     h.free_postprocess(device_id=0, mem_size=512, mem_ptr=BASE, pmem_id=1)  # type: ignore[misc]
-    assert written[-1] == 24 and buf.rows == []
+    assert written[-1] == 24 and len(buf.rows) == 0
+
+
+def _capsule(name: bytes) -> object:
+    """A capsule of libc's ``getpagesize`` (a C function of no argument returning the page size, no
+    system call) under ``name``, made as Cython makes those of ``__pyx_capi__``."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    text = ctypes.create_string_buffer(name)
+    capsule = new(ctypes.cast(libc.getpagesize, ctypes.c_void_p).value, text, None)
+    _capsule.keep.append(text)  # type: ignore[attr-defined]  # the capsule points at its name
+    return capsule
+
+
+_capsule.keep = []  # type: ignore[attr-defined]
+
+
+def test_the_stream_comes_from_cupys_c_function_where_given(lib: types.ModuleType,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stream_ptr``: a capsule named as CuPy's ``get_current_stream_ptr`` (Cython adds its exception
+    clause) is called in C instead of ``stream().ptr``, for mallocs and frees; a capsule of another
+    signature is refused; ``stream_capsule`` finds CuPy's where its ``__pyx_capi__`` has one."""
+    import mmap
+
+    buf, h, _s, _st = make(lib, "none", True, monkeypatch,
+                           stream_ptr=_capsule(b"intptr_t (void) except? -1"))
+    user_line(h, BASE)
+    h.free_postprocess(device_id=0, mem_size=512, mem_ptr=BASE, pmem_id=1)  # type: ignore[misc]
+    assert unpack(buf.take())["stream"].tolist() == [mmap.PAGESIZE] * 2  # not STREAM.ptr
+    with pytest.raises(TypeError, match="int \\(void\\)"):
+        make(lib, "none", True, monkeypatch, stream_ptr=_capsule(b"int (void)"))
+    with pytest.raises(TypeError):
+        make(lib, "none", True, monkeypatch, stream_ptr=object())
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(stream=types.SimpleNamespace(
+        __pyx_capi__={"get_current_stream_ptr": "capsule"})))
+    assert hook_mod.stream_capsule(fake) == "capsule"
+    assert hook_mod.stream_capsule(types.SimpleNamespace(cuda=types.SimpleNamespace())) is None

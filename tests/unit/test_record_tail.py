@@ -54,10 +54,10 @@ def test_a_ring_lapped_past_the_spool_says_how_many_rows_neither_holds(tmp_path:
     path = tmp_path / "x.tail"
     tail = Tail.open(path, 8)
     assert tail is not None
-    rows: list[int] = []
-    tail.ring.attach(rows)
+    rows = fastpath.Rows(ROW)
+    rows.mirror(tail.ring)
     for i in range(20):
-        tail.ring.extend((i, *range(1, ROW)))
+        rows.extend((i, *range(1, ROW)))
     tail.close()
     got, lost = read_tail(path, since=5)
     assert got[:, 0].tolist() == list(range(12, 20)) and lost == 7  # rows 5..11 were overwritten

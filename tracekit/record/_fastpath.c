@@ -11,6 +11,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* PyFrame_GetBack, PyFrame_GetLasti: cpython/pyframe.h, from Python.h (3.11+) */
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -193,7 +194,6 @@ typedef struct {
     Py_ssize_t nslots;   /* slots in the ring */
     Py_ssize_t slot;     /* the slot the next push writes: seq % nslots, kept without a division */
     long long seq;       /* rows pushed so far */
-    PyObject *list;      /* the list ``extend`` appends to as well (``attach``); NULL before */
 } RingObject;
 
 static void ring_release(RingObject *self)
@@ -260,7 +260,6 @@ static int ring_init(RingObject *self, PyObject *args, PyObject *kwds)
 static void ring_dealloc(RingObject *self)
 {
     ring_release(self);
-    Py_CLEAR(self->list);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -273,6 +272,39 @@ PyDoc_STRVAR(ring_push_doc,
 "converted before anything is written: a bad value raises (TypeError, OverflowError) and leaves\n"
 "the ring as it was.");
 
+/* Write one converted row into the next slot (the seqlock order of the module docstring). */
+static inline void ring_write(RingObject *self, const int64_t *row)
+{
+    int64_t *slot = self->slots + self->slot * (self->row_ints + 1);
+    int64_t *mark = slot + self->row_ints;
+    TK_STORE_RELAXED(mark, (int64_t)0);
+    TK_FENCE_RELEASE(); /* the cleared marker is visible before any of the new row */
+    memcpy(slot, row, (size_t)self->row_ints * sizeof(int64_t));
+    TK_STORE_RELEASE(mark, (int64_t)(self->seq + 1)); /* the whole row is visible before the marker */
+    self->seq++;
+    if (++self->slot == self->nslots)
+        self->slot = 0;
+}
+
+/* Convert n ints to int64 into out; -1 with an exception set where one is not an int64. */
+static int ints_to_i64(PyObject *const *items, Py_ssize_t n, int64_t *out)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* ...AndOverflow: a digit loop; PyLong_AsLongLong goes through _PyLong_AsByteArray for any
+         * int above 2**30 on 3.11 (a time, an address), twice as slow. */
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (overflow) {
+            PyErr_SetString(PyExc_OverflowError, "a row's value does not fit in an int64");
+            return -1;
+        }
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        out[i] = (int64_t)v;
+    }
+    return 0;
+}
+
 static PyObject *ring_push(RingObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t row[RING_MAX_ROW];
@@ -284,87 +316,9 @@ static PyObject *ring_push(RingObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_Format(PyExc_TypeError, "push takes exactly %zd ints (%zd given)", self->row_ints, nargs);
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        /* ...AndOverflow: a digit loop; PyLong_AsLongLong goes through _PyLong_AsByteArray for any
-         * int above 2**30 on 3.11 (a time, an address), twice as slow. */
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(args[i], &overflow);
-        if (overflow) {
-            PyErr_SetString(PyExc_OverflowError, "a ring row's value does not fit in an int64");
-            return NULL;
-        }
-        if (v == -1 && PyErr_Occurred())
-            return NULL;
-        row[i] = (int64_t)v;
-    }
-    int64_t *slot = self->slots + self->slot * (self->row_ints + 1);
-    int64_t *mark = slot + self->row_ints;
-    TK_STORE_RELAXED(mark, (int64_t)0);
-    TK_FENCE_RELEASE(); /* the cleared marker is visible before any of the new row */
-    memcpy(slot, row, (size_t)nargs * sizeof(int64_t));
-    TK_STORE_RELEASE(mark, (int64_t)(self->seq + 1)); /* the whole row is visible before the marker */
-    self->seq++;
-    if (++self->slot == self->nslots)
-        self->slot = 0;
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(ring_attach_doc,
-"attach(rows) -> None\n"
-"--\n\n"
-"The list that ``extend`` appends to (the recorder's in-process rows, ``record.hook.EventBuffer``).");
-
-static PyObject *ring_attach(RingObject *self, PyObject *list)
-{
-    if (!PyList_Check(list)) {
-        PyErr_SetString(PyExc_TypeError, "attach takes a list");
+    if (ints_to_i64(args, nargs, row) < 0)
         return NULL;
-    }
-    Py_INCREF(list);
-    Py_XSETREF(self->list, list);
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(ring_extend_doc,
-"extend(ints) -> None\n"
-"--\n\n"
-"``rows.extend(ints)`` on the attached list and, in the same call (no other thread runs between:\n"
-"the GIL is held throughout), one ``push`` per ``row_ints`` of them, so the ring holds the list's\n"
-"rows in the list's order. ``len(ints)`` must be a multiple of ``row_ints``. After ``close()`` only\n"
-"the list is extended (a forked child: its rows must not reach the parent's ring).");
-
-static PyObject *ring_extend(RingObject *self, PyObject *seq)
-{
-    if (self->list == NULL) {
-        PyErr_SetString(PyExc_ValueError, "extend on a Ring with no attached list");
-        return NULL;
-    }
-    PyObject *fast = PySequence_Fast(seq, "extend takes a sequence of ints");
-    if (fast == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    if (self->held && n % self->row_ints != 0) {
-        Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "extend takes a multiple of %zd ints (%zd given)", self->row_ints, n);
-        return NULL;
-    }
-    Py_ssize_t end = PyList_GET_SIZE(self->list);
-    if (PyList_SetSlice(self->list, end, end, fast) < 0) {
-        Py_DECREF(fast);
-        return NULL;
-    }
-    if (self->held) {
-        for (Py_ssize_t at = 0; at < n; at += self->row_ints) {
-            PyObject *r = ring_push(self, items + at, self->row_ints);
-            if (r == NULL) {
-                Py_DECREF(fast);
-                return NULL;
-            }
-            Py_DECREF(r);
-        }
-    }
-    Py_DECREF(fast);
+    ring_write(self, row);
     Py_RETURN_NONE;
 }
 
@@ -401,8 +355,6 @@ static PyObject *ring_get_closed(RingObject *self, void *Py_UNUSED(closure))
 
 static PyMethodDef ring_methods[] = {
     {"push", (PyCFunction)(void (*)(void))ring_push, METH_FASTCALL, ring_push_doc},
-    {"attach", (PyCFunction)ring_attach, METH_O, ring_attach_doc},
-    {"extend", (PyCFunction)ring_extend, METH_O, ring_extend_doc},
     {"close", (PyCFunction)ring_close, METH_NOARGS, ring_close_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -438,6 +390,365 @@ static PyTypeObject RingType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ---- the rows -------------------------------------------------------------------------------- */
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tracekit.record._fastpath writes the spool's little-endian rows by memcpy: little-endian only"
+#endif
+
+typedef struct {
+    PyObject_HEAD
+    int64_t *data;       /* len ints, room for alloc; PyMem_Malloc'ed */
+    Py_ssize_t len;      /* ints held (a multiple of row_ints) */
+    Py_ssize_t alloc;    /* ints data has room for */
+    Py_ssize_t row_ints; /* ints per row */
+    int64_t due;         /* the clock (ns) at or after which the hook trims */
+    int64_t cap;         /* ints held at or after which the hook trims */
+    PyObject *ring;      /* NULL or the Ring every row also goes to (``mirror``) */
+} RowsObject;
+
+static PyTypeObject RowsType;
+
+/* Room for n more ints; -1 with MemoryError set where there is none. */
+static int rows_reserve(RowsObject *self, Py_ssize_t n)
+{
+    if (self->len + n <= self->alloc)
+        return 0;
+    Py_ssize_t want = self->alloc < 1024 ? 1024 : self->alloc;
+    while (want < self->len + n) {
+        if (want > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(int64_t)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        want *= 2;
+    }
+    int64_t *data = PyMem_Realloc(self->data, (size_t)want * sizeof(int64_t));
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->data = data;
+    self->alloc = want;
+    return 0;
+}
+
+/* Append k whole rows (already converted) and mirror each into the ring while it is open. */
+static int rows_append(RowsObject *self, const int64_t *ints, Py_ssize_t k)
+{
+    Py_ssize_t n = k * self->row_ints;
+    if (rows_reserve(self, n) < 0)
+        return -1;
+    memcpy(self->data + self->len, ints, (size_t)n * sizeof(int64_t));
+    self->len += n;
+    RingObject *ring = (RingObject *)self->ring;
+    if (ring != NULL && ring->held && ring->row_ints == self->row_ints)
+        for (Py_ssize_t r = 0; r < k; r++)
+            ring_write(ring, ints + r * self->row_ints);
+    return 0;
+}
+
+static int rows_init(RowsObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"row_ints", NULL};
+    Py_ssize_t row_ints = 8;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:Rows", kwlist, &row_ints))
+        return -1;
+    if (row_ints < 1 || row_ints > RING_MAX_ROW) {
+        PyErr_Format(PyExc_ValueError, "row_ints must be in 1..%d, not %zd", RING_MAX_ROW, row_ints);
+        return -1;
+    }
+    self->row_ints = row_ints;
+    self->len = 0;
+    self->due = INT64_MAX;
+    self->cap = INT64_MAX;
+    return 0;
+}
+
+static void rows_dealloc(RowsObject *self)
+{
+    PyMem_Free(self->data);
+    self->data = NULL;
+    Py_CLEAR(self->ring);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyDoc_STRVAR(rows_extend_doc,
+"extend(ints) -> None\n"
+"--\n\n"
+"Append whole rows: ``len(ints)`` must be a multiple of ``row_ints``. Every value is converted\n"
+"before anything is appended (a bad one raises TypeError or OverflowError and appends nothing);\n"
+"each row also goes into the mirrored ring while it is open. One call: no other thread runs\n"
+"between (the GIL is held throughout), so a call's rows stay together.");
+
+static PyObject *rows_extend(RowsObject *self, PyObject *seq)
+{
+    PyObject *fast = PySequence_Fast(seq, "extend takes a sequence of ints");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n % self->row_ints != 0) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "extend takes a multiple of %zd ints (%zd given)", self->row_ints, n);
+        return NULL;
+    }
+    int64_t small[4 * RING_MAX_ROW];
+    int64_t *ints = n <= 4 * RING_MAX_ROW ? small : PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (ints == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    int rc = ints_to_i64(PySequence_Fast_ITEMS(fast), n, ints);
+    Py_DECREF(fast);
+    if (rc == 0)
+        rc = rows_append(self, ints, n / self->row_ints);
+    if (ints != small)
+        PyMem_Free(ints);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(rows_mirror_doc,
+"mirror(ring) -> None\n"
+"--\n\n"
+"Every row appended from now on also goes into ``ring`` (a Ring of ``row_ints``-int rows), until\n"
+"the ring is closed (a forked child closes it: its rows must not reach the parent's ring). None\n"
+"stops mirroring.");
+
+static PyObject *rows_mirror(RowsObject *self, PyObject *ring)
+{
+    if (ring == Py_None) {
+        Py_CLEAR(self->ring);
+        Py_RETURN_NONE;
+    }
+    if (!PyObject_TypeCheck(ring, &RingType)) {
+        PyErr_SetString(PyExc_TypeError, "mirror takes a Ring or None");
+        return NULL;
+    }
+    if (((RingObject *)ring)->row_ints != self->row_ints) {
+        PyErr_Format(PyExc_ValueError, "a ring of %zd-int rows cannot mirror %zd-int rows",
+                     ((RingObject *)ring)->row_ints, self->row_ints);
+        return NULL;
+    }
+    Py_INCREF(ring);
+    Py_XSETREF(self->ring, ring);
+    Py_RETURN_NONE;
+}
+
+/* [lo, hi) of ints from Python ints, clamped like a slice with step 1. */
+static int rows_span(RowsObject *self, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t first,
+                     Py_ssize_t *lo, Py_ssize_t *hi)
+{
+    *lo = PyNumber_AsSsize_t(args[first], PyExc_OverflowError);
+    if (*lo == -1 && PyErr_Occurred())
+        return -1;
+    *hi = PyNumber_AsSsize_t(args[first + 1], PyExc_OverflowError);
+    if (*hi == -1 && PyErr_Occurred())
+        return -1;
+    (void)nargs;
+    if (*lo < 0 || *hi < *lo || *hi > self->len) {
+        PyErr_Format(PyExc_IndexError, "ints %zd..%zd are not within the %zd held", *lo, *hi, self->len);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(rows_copy_into_doc,
+"copy_into(buffer, offset, lo, hi, /) -> int\n"
+"--\n\n"
+"Copy ints ``lo`` to ``hi`` (little-endian int64, as the spool's ROWS frames hold them) into the\n"
+"writable ``buffer`` at byte ``offset``; returns the bytes copied.");
+
+static PyObject *rows_copy_into(RowsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "copy_into(buffer, offset, lo, hi) takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t offset = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (offset == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t lo, hi;
+    if (rows_span(self, args, nargs, 2, &lo, &hi) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    Py_ssize_t nbytes = (hi - lo) * (Py_ssize_t)sizeof(int64_t);
+    if (offset < 0 || offset > view.len - nbytes) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "%zd bytes at offset %zd do not fit in a buffer of %zd", nbytes, offset,
+                     view.len);
+        return NULL;
+    }
+    memcpy((char *)view.buf + offset, self->data + lo, (size_t)nbytes);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(nbytes);
+}
+
+PyDoc_STRVAR(rows_to_bytes_doc,
+"to_bytes(lo, hi, /) -> bytes\n"
+"--\n\n"
+"Ints ``lo`` to ``hi`` as little-endian int64 bytes (``numpy.frombuffer(..., numpy.int64)``).");
+
+static PyObject *rows_to_bytes(RowsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "to_bytes(lo, hi) takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t lo, hi;
+    if (rows_span(self, args, nargs, 0, &lo, &hi) < 0)
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)(self->data + lo), (hi - lo) * (Py_ssize_t)sizeof(int64_t));
+}
+
+static Py_ssize_t rows_length(RowsObject *self) { return self->len; }
+
+/* rows[i] (an int) or rows[a:b] (a list of ints; step 1), for readers and tests. */
+static PyObject *rows_subscript(RowsObject *self, PyObject *key)
+{
+    if (PySlice_Check(key)) {
+        Py_ssize_t start, stop, step;
+        if (PySlice_Unpack(key, &start, &stop, &step) < 0)
+            return NULL;
+        Py_ssize_t n = PySlice_AdjustIndices(self->len, &start, &stop, step);
+        PyObject *out = PyList_New(n);
+        if (out == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0, at = start; i < n; i++, at += step) {
+            PyObject *v = PyLong_FromLongLong((long long)self->data[at]);
+            if (v == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(out, i, v);
+        }
+        return out;
+    }
+    Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0)
+        i += self->len;
+    if (i < 0 || i >= self->len) {
+        PyErr_SetString(PyExc_IndexError, "Rows index out of range");
+        return NULL;
+    }
+    return PyLong_FromLongLong((long long)self->data[i]);
+}
+
+/* del rows[a:b] (step 1, whole rows): the trim's and take's delete. Nothing else is assignable. */
+static int rows_ass_subscript(RowsObject *self, PyObject *key, PyObject *value)
+{
+    if (value != NULL || !PySlice_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "Rows supports only del rows[a:b]; append with extend");
+        return -1;
+    }
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(key, &start, &stop, &step) < 0)
+        return -1;
+    if (step != 1) {
+        PyErr_SetString(PyExc_ValueError, "del rows[a:b:step] with a step other than 1");
+        return -1;
+    }
+    PySlice_AdjustIndices(self->len, &start, &stop, step);
+    if (stop <= start)
+        return 0;
+    if (start % self->row_ints != 0 || stop % self->row_ints != 0) {
+        PyErr_Format(PyExc_ValueError, "del rows[%zd:%zd] would cut a row of %zd ints", start, stop,
+                     self->row_ints);
+        return -1;
+    }
+    memmove(self->data + start, self->data + stop, (size_t)(self->len - stop) * sizeof(int64_t));
+    self->len -= stop - start;
+    if (self->len == 0 && self->alloc > (1 << 20)) { /* a burst grew it: give the memory back */
+        PyMem_Free(self->data);
+        self->data = NULL;
+        self->alloc = 0;
+    }
+    return 0;
+}
+
+static PyObject *rows_get_i64(RowsObject *self, void *closure)
+{
+    return PyLong_FromLongLong((long long)*(int64_t *)((char *)self + (Py_ssize_t)closure));
+}
+
+static int rows_set_i64(RowsObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete a Rows limit");
+        return -1;
+    }
+    int64_t v;
+    if (ints_to_i64(&value, 1, &v) < 0)
+        return -1;
+    *(int64_t *)((char *)self + (Py_ssize_t)closure) = v;
+    return 0;
+}
+
+static PyObject *rows_get_row_ints(RowsObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->row_ints);
+}
+
+static PyObject *rows_get_ring(RowsObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->ring != NULL ? self->ring : Py_None);
+}
+
+static PyMethodDef rows_methods[] = {
+    {"extend", (PyCFunction)rows_extend, METH_O, rows_extend_doc},
+    {"mirror", (PyCFunction)rows_mirror, METH_O, rows_mirror_doc},
+    {"copy_into", (PyCFunction)(void (*)(void))rows_copy_into, METH_FASTCALL, rows_copy_into_doc},
+    {"to_bytes", (PyCFunction)(void (*)(void))rows_to_bytes, METH_FASTCALL, rows_to_bytes_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef rows_getset[] = {
+    {"due", (getter)rows_get_i64, (setter)rows_set_i64,
+     "the clock (ns) at or after which the hook calls the buffer's trim()", (void *)offsetof(RowsObject, due)},
+    {"cap", (getter)rows_get_i64, (setter)rows_set_i64,
+     "ints held at or after which the hook calls the buffer's trim()", (void *)offsetof(RowsObject, cap)},
+    {"row_ints", (getter)rows_get_row_ints, NULL, "ints per row", NULL},
+    {"ring", (getter)rows_get_ring, NULL, "the mirrored Ring, or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMappingMethods rows_as_mapping = {
+    .mp_length = (lenfunc)rows_length,
+    .mp_subscript = (binaryfunc)rows_subscript,
+    .mp_ass_subscript = (objobjargproc)rows_ass_subscript,
+};
+
+static PySequenceMethods rows_as_sequence = {
+    .sq_length = (lenfunc)rows_length,
+};
+
+PyDoc_STRVAR(rows_doc,
+"Rows(row_ints=8)\n"
+"--\n\n"
+"The recorder's waiting rows as int64 in C memory (no Python object per row): ``extend`` appends\n"
+"whole rows, ``len`` counts ints, ``del rows[a:b]`` drops written ones, ``copy_into``/``to_bytes``\n"
+"give them to the spool and to ``EventBuffer.take``; ``mirror(ring)`` sends each row to a shared\n"
+"Ring too; ``due`` and ``cap`` are the limits the compiled hook checks after each row.");
+
+static PyTypeObject RowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tracekit.record._fastpath.Rows",
+    .tp_basicsize = sizeof(RowsObject),
+    .tp_dealloc = (destructor)rows_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = rows_doc,
+    .tp_methods = rows_methods,
+    .tp_getset = rows_getset,
+    .tp_as_mapping = &rows_as_mapping,
+    .tp_as_sequence = &rows_as_sequence,
+    .tp_init = (initproc)rows_init,
+    .tp_new = PyType_GenericNew,
+};
+
 /* ---- the hook's callbacks -------------------------------------------------------------------- */
 
 /* Row layout and code packing of tracekit.record.hook (ROW, DEVICE_SHIFT, SITE_SHIFT, FREE). */
@@ -455,7 +766,7 @@ static PyTypeObject RingType = {
 enum { K_DEVICE_ID, K_SIZE, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID, K_COUNT };
 static const char *const hook_kw_text[K_COUNT] = {"device_id", "size", "mem_size", "mem_ptr", "pmem_id"};
 static PyObject *hook_kw[K_COUNT];            /* the names above, interned (as Cython's literals are) */
-static PyObject *str_due, *str_cap, *str_trim, *str_ptr;
+static PyObject *str_trim, *str_ptr;
 /* CuPy's keyword order of each callback: malloc_postprocess(device_id, size, mem_size, mem_ptr,
  * pmem_id), free_postprocess(device_id, mem_size, mem_ptr, pmem_id). */
 static const int malloc_params[] = {K_DEVICE_ID, K_SIZE, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
@@ -463,9 +774,8 @@ static const int free_params[] = {K_DEVICE_ID, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID}
 
 typedef struct {
     PyObject_HEAD
-    PyObject *buffer;   /* record.hook.EventBuffer: due, cap, trim() */
-    PyObject *extend;   /* buffer.extend, taken once: one call appends a row (the list, and the ring) */
-    PyObject *rows;     /* buffer.rows: its length is checked against buffer.cap */
+    PyObject *buffer;   /* record.hook.EventBuffer: trim() */
+    RowsObject *rows;   /* buffer.rows: rows appended here (and to its ring), due and cap read here */
     PyObject *clock;    /* () -> ns; NULL: CLOCK_MONOTONIC, which is time.perf_counter_ns on Linux */
     PyObject *stream;   /* () -> the current stream (an object with .ptr) */
     PyObject *failed;   /* (device_id, size, mem_size, site, stack): a malloc that returned no memory */
@@ -473,15 +783,15 @@ typedef struct {
     PyObject *hot;      /* NULL (no call-sites) or dict: window hash -> (site bits, stack id) */
     PyObject *resolve;  /* (hash, hot's answer or None) -> (site bits, stack id): the slow path */
     PyObject *launcher; /* NULL or the frame every window stops before */
-    PyObject *minus_one;
+    PyObject *stream_capsule; /* NULL or CuPy's get_current_stream_ptr as a C function (kept alive) */
+    intptr_t (*stream_fn)(void); /* the capsule's function: "intptr_t (void)", Cython's "except? -1" */
     Py_ssize_t depth;   /* frames per window */
 } HookObject;
 
 static int hook_traverse(HookObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->buffer);
-    Py_VISIT(self->extend);
-    Py_VISIT(self->rows);
+    Py_VISIT((PyObject *)self->rows);
     Py_VISIT(self->clock);
     Py_VISIT(self->stream);
     Py_VISIT(self->failed);
@@ -495,7 +805,6 @@ static int hook_traverse(HookObject *self, visitproc visit, void *arg)
 static int hook_clear(HookObject *self)
 {
     Py_CLEAR(self->buffer);
-    Py_CLEAR(self->extend);
     Py_CLEAR(self->rows);
     Py_CLEAR(self->clock);
     Py_CLEAR(self->stream);
@@ -504,7 +813,8 @@ static int hook_clear(HookObject *self)
     Py_CLEAR(self->hot);
     Py_CLEAR(self->resolve);
     Py_CLEAR(self->launcher);
-    Py_CLEAR(self->minus_one);
+    Py_CLEAR(self->stream_capsule);
+    self->stream_fn = NULL;
     return 0;
 }
 
@@ -523,15 +833,39 @@ static PyObject *none_to_null(PyObject *o)
     return o;
 }
 
+/* The C function of a capsule from CuPy's ``cupy.cuda.stream.__pyx_capi__['get_current_stream_ptr']``
+ * (Cython names a capsule by the function's C signature); 0, or -1 with TypeError set. */
+static int hook_stream_capsule(HookObject *self, PyObject *capsule)
+{
+    const char *name = PyCapsule_CheckExact(capsule) ? PyCapsule_GetName(capsule) : NULL;
+    if (name == NULL) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "stream_ptr must be a capsule of intptr_t (void)");
+        return -1;
+    }
+    void *fn = PyCapsule_GetPointer(capsule, name);
+    if (fn == NULL)
+        return -1;
+    if (strncmp(name, "intptr_t (void)", 15) == 0) { /* Cython may add " except? -1" */
+        self->stream_fn = (intptr_t (*)(void))fn;
+    } else {
+        PyErr_Format(PyExc_TypeError, "stream_ptr is a capsule of %s, not intptr_t (void)", name);
+        return -1;
+    }
+    Py_INCREF(capsule);
+    self->stream_capsule = capsule;
+    return 0;
+}
+
 static int hook_init(HookObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"buffer", "stream", "failed", "clock", "device", "hot", "resolve", "depth",
-                             "launcher", NULL};
+                             "launcher", "stream_ptr", NULL};
     PyObject *buffer, *stream, *failed, *clock = Py_None, *device = Py_None, *hot = Py_None;
-    PyObject *resolve = Py_None, *launcher = Py_None;
+    PyObject *resolve = Py_None, *launcher = Py_None, *stream_ptr = Py_None;
     Py_ssize_t depth = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$OOOOnO:Hook", kwlist, &buffer, &stream, &failed,
-                                     &clock, &device, &hot, &resolve, &depth, &launcher))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$OOOOnOO:Hook", kwlist, &buffer, &stream, &failed,
+                                     &clock, &device, &hot, &resolve, &depth, &launcher, &stream_ptr))
         return -1;
     if (hot != Py_None && (!PyDict_Check(hot) || resolve == Py_None || depth < 1)) {
         PyErr_SetString(PyExc_TypeError, "hot must be a dict, with a resolve function and depth >= 1");
@@ -543,25 +877,18 @@ static int hook_init(HookObject *self, PyObject *args, PyObject *kwds)
         return -1;
     }
 #endif
-    PyObject *extend = PyObject_GetAttrString(buffer, "extend");
-    if (extend == NULL)
-        return -1;
     PyObject *rows = PyObject_GetAttrString(buffer, "rows");
-    if (rows == NULL) {
-        Py_DECREF(extend);
+    if (rows == NULL)
         return -1;
-    }
-    if (!PyList_Check(rows)) {
-        Py_DECREF(extend);
+    if (!PyObject_TypeCheck(rows, &RowsType)) {
         Py_DECREF(rows);
-        PyErr_SetString(PyExc_TypeError, "buffer.rows must be a list");
+        PyErr_SetString(PyExc_TypeError, "buffer.rows must be a tracekit.record._fastpath.Rows");
         return -1;
     }
     hook_clear(self);
     Py_INCREF(buffer);
     self->buffer = buffer;
-    self->extend = extend;
-    self->rows = rows;
+    self->rows = (RowsObject *)rows;
     Py_INCREF(stream);
     self->stream = stream;
     Py_INCREF(failed);
@@ -571,9 +898,10 @@ static int hook_init(HookObject *self, PyObject *args, PyObject *kwds)
     self->hot = none_to_null(hot);
     self->resolve = none_to_null(resolve);
     self->launcher = none_to_null(launcher);
-    self->minus_one = PyLong_FromLong(-1);
     self->depth = depth;
-    return self->minus_one == NULL ? -1 : 0;
+    if (stream_ptr != Py_None && hook_stream_capsule(self, stream_ptr) < 0)
+        return -1;
+    return 0;
 }
 
 /* The values of a callback's parameters `params` (positional first, then by keyword name), borrowed,
@@ -626,74 +954,34 @@ static int as_i64(PyObject *o, int64_t *v)
     return 0;
 }
 
-/* Nanoseconds on the hook's clock, as a new int. */
-static PyObject *hook_now(HookObject *self, int64_t *t)
+/* Nanoseconds on the hook's clock. */
+static int hook_now(HookObject *self, int64_t *t)
 {
     if (self->clock != NULL) {
         PyObject *o = PyObject_CallNoArgs(self->clock);
-        if (o == NULL || as_i64(o, t) < 0) {
-            Py_XDECREF(o);
-            return NULL;
-        }
-        return o;
+        if (o == NULL)
+            return -1;
+        int rc = as_i64(o, t);
+        Py_DECREF(o);
+        return rc;
     }
 #ifdef __linux__
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     *t = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 #endif
-    return PyLong_FromLongLong((long long)*t);
+    return 0;
 }
 
-/* Append one row through buffer.extend, then trim when due: the same two comparisons as the Python
- * hook (the clock past buffer.due, or len(rows) past buffer.cap). Steals every item of row. */
-static int hook_append(HookObject *self, PyObject **row, int64_t t)
+/* Append one row to the rows (and their ring) with no Python object made, then trim when due: the
+ * clock at or past rows.due, or rows.cap ints held (the two comparisons of the Python hook). */
+static int hook_append(HookObject *self, const int64_t *row)
 {
-    PyObject *tuple = PyTuple_New(HOOK_ROW);
-    if (tuple == NULL) {
-        for (int i = 0; i < HOOK_ROW; i++)
-            Py_XDECREF(row[i]);
+    RowsObject *rows = self->rows;
+    if (rows_append(rows, row, 1) < 0)
         return -1;
-    }
-    int bad = 0;
-    for (int i = 0; i < HOOK_ROW; i++) {
-        if (row[i] == NULL)
-            bad = 1;
-        PyTuple_SET_ITEM(tuple, i, row[i]);
-    }
-    if (bad) { /* an int could not be made (no memory): the error is set */
-        Py_DECREF(tuple);
-        return -1;
-    }
-    PyObject *r = PyObject_CallOneArg(self->extend, tuple);
-    Py_DECREF(tuple);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    int due = 0;
-    PyObject *limit = PyObject_GetAttr(self->buffer, str_due);
-    if (limit == NULL)
-        return -1;
-    int64_t v;
-    if (as_i64(limit, &v) < 0) {
-        Py_DECREF(limit);
-        return -1;
-    }
-    Py_DECREF(limit);
-    due = t >= v;
-    if (!due) {
-        limit = PyObject_GetAttr(self->buffer, str_cap);
-        if (limit == NULL)
-            return -1;
-        if (as_i64(limit, &v) < 0) {
-            Py_DECREF(limit);
-            return -1;
-        }
-        Py_DECREF(limit);
-        due = PyList_GET_SIZE(self->rows) >= v;
-    }
-    if (due) {
-        r = PyObject_CallMethodNoArgs(self->buffer, str_trim);
+    if (row[0] >= rows->due || rows->len >= rows->cap) {
+        PyObject *r = PyObject_CallMethodNoArgs(self->buffer, str_trim);
         if (r == NULL)
             return -1;
         Py_DECREF(r);
@@ -701,27 +989,36 @@ static int hook_append(HookObject *self, PyObject **row, int64_t t)
     return 0;
 }
 
-/* The current stream's handle, as a new int. */
-static PyObject *hook_stream(HookObject *self)
+/* The current stream's handle: CuPy's C function where it was given (``stream_ptr``), else
+ * ``stream().ptr``. */
+static int hook_stream(HookObject *self, int64_t *out)
 {
+    if (self->stream_fn != NULL) {
+        intptr_t p = self->stream_fn();
+        if (p == -1 && PyErr_Occurred())
+            return -1;
+        *out = (int64_t)p;
+        return 0;
+    }
     PyObject *s = PyObject_CallNoArgs(self->stream);
     if (s == NULL)
-        return NULL;
+        return -1;
     PyObject *ptr = PyObject_GetAttr(s, str_ptr);
     Py_DECREF(s);
-    return ptr;
+    if (ptr == NULL)
+        return -1;
+    int rc = as_i64(ptr, out);
+    Py_DECREF(ptr);
+    return rc;
 }
 
 /* The window's answer (site bits, stack id) as C ints: hot's where it is final, else resolve's. */
-static int hook_answer(HookObject *self, int64_t *bits, PyObject **stack)
+static int hook_answer(HookObject *self, int64_t *bits, int64_t *stack)
 {
     *bits = 0;
-    *stack = NULL;
-    if (self->hot == NULL) {
-        Py_INCREF(self->minus_one);
-        *stack = self->minus_one;
+    *stack = -1;
+    if (self->hot == NULL)
         return 0;
-    }
     uint64_t h = P5;
     Py_ssize_t n = 0;
     PyFrameObject *f = start_frame(0);
@@ -770,10 +1067,8 @@ static int hook_answer(HookObject *self, int64_t *bits, PyObject **stack)
         Py_DECREF(key);
     }
     int rc = as_i64(PyTuple_GET_ITEM(v, 0), bits);
-    if (rc == 0) {
-        *stack = PyTuple_GET_ITEM(v, 1);
-        Py_INCREF(*stack);
-    }
+    if (rc == 0)
+        rc = as_i64(PyTuple_GET_ITEM(v, 1), stack);
     if (fresh)
         Py_DECREF(v);
     return rc;
@@ -784,66 +1079,49 @@ PyDoc_STRVAR(hook_malloc_doc,
 "--\n\n"
 "CuPy's MemoryHook callback after a malloc, in C: the window's answer (a hash of the caller's\n"
 "frames looked up in ``hot``; ``resolve`` where it has none), then one row\n"
-"``(t, site bits | device << 4, mem_ptr, size, mem_size, stream, -1, stack)`` through\n"
-"``buffer.extend`` and a trim when due; a malloc that returned no memory calls ``failed``.");
+"``(t, site bits | device << 4, mem_ptr, size, mem_size, stream, -1, stack)`` appended to\n"
+"``buffer.rows`` (and its ring) and a trim when due; a malloc that returned no memory calls ``failed``.");
 
 static PyObject *hook_malloc(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *a[K_COUNT];
     if (hook_args("malloc_postprocess", malloc_params, 5, args, nargsf, kwnames, a) < 0)
         return NULL;
-    int64_t bits;
-    PyObject *stack;
+    int64_t bits, stack;
     if (hook_answer(self, &bits, &stack) < 0)
         return NULL;
-    PyObject *device_obj = a[K_DEVICE_ID];
-    Py_INCREF(device_obj);
+    int64_t device, ptr, size, mem_size;
     if (self->device != NULL) {
-        Py_SETREF(device_obj, PyObject_CallOneArg(self->device, device_obj));
-        if (device_obj == NULL) {
-            Py_DECREF(stack);
+        PyObject *d = PyObject_CallOneArg(self->device, a[K_DEVICE_ID]);
+        if (d == NULL)
             return NULL;
-        }
-    }
-    int64_t device, ptr, size;
-    if (as_i64(device_obj, &device) < 0 || as_i64(a[K_MEM_PTR], &ptr) < 0 || as_i64(a[K_SIZE], &size) < 0) {
-        Py_DECREF(device_obj);
-        Py_DECREF(stack);
+        int rc = as_i64(d, &device);
+        Py_DECREF(d);
+        if (rc < 0)
+            return NULL;
+    } else if (as_i64(a[K_DEVICE_ID], &device) < 0) {
         return NULL;
     }
+    if (as_i64(a[K_MEM_PTR], &ptr) < 0 || as_i64(a[K_SIZE], &size) < 0 || as_i64(a[K_MEM_SIZE], &mem_size) < 0)
+        return NULL;
     if (ptr != 0) {
-        Py_DECREF(device_obj);
-        int64_t t;
-        PyObject *row[HOOK_ROW];
-        row[0] = hook_now(self, &t);
-        if (row[0] == NULL) {
-            Py_DECREF(stack);
+        int64_t row[HOOK_ROW];
+        if (hook_now(self, &row[0]) < 0 || hook_stream(self, &row[5]) < 0)
             return NULL;
-        }
-        row[1] = PyLong_FromLongLong((long long)(bits | (device << HOOK_DEVICE_SHIFT)));
-        row[2] = Py_NewRef(a[K_MEM_PTR]);
-        row[3] = Py_NewRef(a[K_SIZE]);
-        row[4] = Py_NewRef(a[K_MEM_SIZE]);
-        row[5] = hook_stream(self);
-        row[6] = Py_NewRef(self->minus_one);
+        row[1] = bits | (device << HOOK_DEVICE_SHIFT);
+        row[2] = ptr;
+        row[3] = size;
+        row[4] = mem_size;
+        row[6] = HOOK_UNMEASURED;
         row[7] = stack;
-        if (hook_append(self, row, t) < 0)
+        if (hook_append(self, row) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *r = NULL;
-    if (size != 0) {
-        PyObject *site = PyLong_FromLongLong((long long)((bits >> HOOK_SITE_SHIFT) - 1));
-        if (site != NULL) {
-            r = PyObject_CallFunctionObjArgs(self->failed, device_obj, a[K_SIZE], a[K_MEM_SIZE], site, stack,
-                                             NULL);
-            Py_DECREF(site);
-        }
-    } else {
-        r = Py_NewRef(Py_None);
-    }
-    Py_DECREF(device_obj);
-    Py_DECREF(stack);
+    if (size == 0)
+        Py_RETURN_NONE;
+    PyObject *r = PyObject_CallFunction(self->failed, "LOOLL", (long long)device, a[K_SIZE], a[K_MEM_SIZE],
+                                        (long long)((bits >> HOOK_SITE_SHIFT) - 1), (long long)stack);
     if (r == NULL)
         return NULL;
     Py_DECREF(r);
@@ -862,22 +1140,17 @@ static PyObject *hook_free(HookObject *self, PyObject *const *args, size_t nargs
     PyObject *a[K_COUNT];
     if (hook_args("free_postprocess", free_params, 4, args, nargsf, kwnames, a) < 0)
         return NULL;
-    int64_t device;
-    if (as_i64(a[K_DEVICE_ID], &device) < 0)
+    int64_t row[HOOK_ROW], device;
+    if (as_i64(a[K_DEVICE_ID], &device) < 0 || as_i64(a[K_MEM_PTR], &row[2]) < 0 ||
+        as_i64(a[K_MEM_SIZE], &row[3]) < 0)
         return NULL;
-    int64_t t;
-    PyObject *row[HOOK_ROW];
-    row[0] = hook_now(self, &t);
-    if (row[0] == NULL)
+    if (hook_now(self, &row[0]) < 0 || hook_stream(self, &row[5]) < 0)
         return NULL;
-    row[1] = PyLong_FromLongLong((long long)((device << HOOK_DEVICE_SHIFT) | HOOK_OP_FREE));
-    row[2] = Py_NewRef(a[K_MEM_PTR]);
-    row[3] = Py_NewRef(a[K_MEM_SIZE]);
-    row[4] = PyLong_FromLong(0);
-    row[5] = hook_stream(self);
-    row[6] = Py_NewRef(self->minus_one);
-    row[7] = Py_NewRef(self->minus_one);
-    if (hook_append(self, row, t) < 0)
+    row[1] = (device << HOOK_DEVICE_SHIFT) | HOOK_OP_FREE;
+    row[4] = 0;
+    row[6] = HOOK_UNMEASURED;
+    row[7] = -1;
+    if (hook_append(self, row) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -906,16 +1179,19 @@ static PyMethodDef hook_methods[] = {
 };
 
 PyDoc_STRVAR(hook_doc,
-"Hook(buffer, stream, failed, *, clock=None, device=None, hot=None, resolve=None, depth=0, launcher=None)\n"
+"Hook(buffer, stream, failed, *, clock=None, device=None, hot=None, resolve=None, depth=0, launcher=None,\n"
+"     stream_ptr=None)\n"
 "--\n\n"
 "The recorder's malloc and free callbacks in C (tracekit.record.hook.TraceHook uses its bound\n"
 "methods as the MemoryHook's): the work of the Python callbacks in tracekit.record.hook, row for\n"
-"row, without a Python frame per event. ``buffer``: the EventBuffer (``extend``, ``rows``, ``due``,\n"
-"``cap``, ``trim``). ``clock`` None: CLOCK_MONOTONIC, the clock of time.perf_counter_ns on Linux.\n"
-"``hot`` None: no call-sites (site bits 0, stack -1); else the window of ``depth`` frames from the\n"
-"caller outwards (stopping before ``launcher``) is hashed as window_hash does and looked up in\n"
-"``hot``; an answer that is missing or not final (stack < -1, bits None) comes from\n"
-"``resolve(hash, answer or None)``, a Python function that reads the same window with\n"
+"row, without a Python frame or a Python object per event. ``buffer``: the EventBuffer (``rows``,\n"
+"a Rows, whose ``due`` and ``cap`` are checked after each row, and ``trim``). ``clock`` None:\n"
+"CLOCK_MONOTONIC, the clock of time.perf_counter_ns on Linux. ``stream_ptr``: None, or CuPy's\n"
+"``get_current_stream_ptr`` as a capsule (``cupy.cuda.stream.__pyx_capi__``), called in C instead\n"
+"of ``stream().ptr``. ``hot`` None: no call-sites (site bits 0, stack -1); else the window of\n"
+"``depth`` frames from the caller outwards (stopping before ``launcher``) is hashed as window_hash\n"
+"does and looked up in ``hot``; an answer that is missing or not final (stack < -1, bits None)\n"
+"comes from ``resolve(hash, answer or None)``, a Python function that reads the same window with\n"
 "``window_frames(1, depth, launcher)``.");
 
 static PyTypeObject HookType = {
@@ -939,11 +1215,9 @@ static int hook_strings(void)
         if (hook_kw[i] == NULL)
             return -1;
     }
-    str_due = PyUnicode_InternFromString("due");
-    str_cap = PyUnicode_InternFromString("cap");
     str_trim = PyUnicode_InternFromString("trim");
     str_ptr = PyUnicode_InternFromString("ptr");
-    return (str_due && str_cap && str_trim && str_ptr) ? 0 : -1;
+    return (str_trim && str_ptr) ? 0 : -1;
 }
 
 /* ---- the module ------------------------------------------------------------------------------ */
@@ -1001,7 +1275,8 @@ static int add_int(PyObject *m, const char *name, long long value)
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&HookType) < 0 || hook_strings() < 0)
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RowsType) < 0 || PyType_Ready(&HookType) < 0 ||
+        hook_strings() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&fastpath_module);
     if (m == NULL)
@@ -1009,6 +1284,12 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     Py_INCREF(&RingType);
     if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
         Py_DECREF(&RingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&RowsType);
+    if (PyModule_AddObject(m, "Rows", (PyObject *)&RowsType) < 0) {
+        Py_DECREF(&RowsType);
         Py_DECREF(m);
         return NULL;
     }

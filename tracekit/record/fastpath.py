@@ -28,6 +28,14 @@ entry (and one slow-path visit) for the same stack, never a wrong stack; 3.12 ha
 ``window_frames(skip, depth, stop) -> list[frame]``: the same window's frames, for the slow path
 (a window never seen before). Never keep the list past the event: frames keep locals alive.
 
+``Rows(row_ints=8)``: the recorder's waiting rows (``record.hook.EventBuffer.rows``). The C one
+holds them as int64 in C memory, so a row makes no Python object: the compiled hook writes its eight
+values there directly, and into the mirrored ring (``mirror(ring)``) in the same call; ``extend``
+appends whole rows from Python (notes, the pools' rows); ``len`` counts ints; ``del rows[a:b]``
+drops written rows; ``copy_into`` is the spool's copy (a memcpy, where packing Python ints took
+~2 ns an int); ``due`` and ``cap`` are the limits the hook checks after each row. The Python one is
+a list of ints with the same methods, and refuses ``mirror``.
+
 ``Ring(buffer, row_ints=8)``: writes fixed-size int64 rows (``push(*row)``) into a writable buffer,
 an ``mmap.mmap`` of a file another process (the watcher) maps too, overwriting the oldest once
 full; ``read_ring(buffer)`` is that process's reader. The layout (native-endian int64 words):
@@ -84,9 +92,24 @@ class RingWriter(Protocol):
     @property
     def closed(self) -> bool: ...
     def push(self, *row: int) -> None: ...
-    def attach(self, rows: list[int], /) -> None: ...
-    def extend(self, ints: tuple[int, ...] | list[int], /) -> None: ...
     def close(self) -> None: ...
+
+
+class RowStore(Protocol):
+    """What ``Rows(...)`` returns, in either implementation: the recorder's waiting rows."""
+
+    due: int
+    cap: int
+
+    @property
+    def row_ints(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, key: slice, /) -> list[int]: ...
+    def __delitem__(self, key: slice, /) -> None: ...
+    def extend(self, ints: tuple[int, ...] | list[int], /) -> None: ...
+    def mirror(self, ring: RingWriter | None, /) -> None: ...
+    def copy_into(self, buffer: WritableBuffer, offset: int, lo: int, hi: int, /) -> int: ...
+    def to_bytes(self, lo: int, hi: int, /) -> bytes: ...
 
 
 def ring_bytes(nslots: int, row_ints: int = 8) -> int:
@@ -153,7 +176,6 @@ class PyRing:
         self._row_ints = row_ints
         self._nslots = (view.nbytes - HEADER_BYTES) // slot_bytes
         self._seq = 0
-        self._rows: list[int] = []  # what ``extend`` appends to (``attach``)
         self._slot_bytes = slot_bytes
         self._off = HEADER_BYTES  # byte offset of the slot the next push writes
         self._end = HEADER_BYTES + self._nslots * slot_bytes
@@ -209,25 +231,52 @@ class PyRing:
         off += self._slot_bytes
         self._off = off if off < self._end else HEADER_BYTES
 
-    def attach(self, rows: list[int], /) -> None:
-        """The list ``extend`` appends to as well."""
-        self._rows = rows
-
-    def extend(self, ints: tuple[int, ...] | list[int], /) -> None:
-        """``rows.extend(ints)`` and one ``push`` per row. Not atomic against other threads as the C
-        writer is (two Python steps): the recorder mirrors rows only with the C writer
-        (``record.tail``); this one is for tests of the layout."""
-        self._rows.extend(ints)
-        if self._view is not None:
-            n = self._row_ints
-            for at in range(0, len(ints), n):
-                self.push(*ints[at:at + n])
-
     def close(self) -> None:
         """Release the buffer (an mmap can be closed only once no object holds it)."""
         if self._view is not None:
             self._view.release()
             self._view = None
+
+
+class PyRows(list[int]):
+    """``Rows`` in Python: a list of ints (a Python int per value, as before the C one) with the
+    hook's limits and the spool's copy. ``mirror`` is refused: a Python-level mirror would cost about
+    a microsecond a row, so a recording without the compiled helper has no tail (``record.tail``)."""
+
+    _CHUNK = 512  # ints packed per struct call: a 4 KiB slice
+
+    def __init__(self, row_ints: int = 8) -> None:
+        super().__init__()
+        if not 1 <= row_ints <= MAX_ROW:
+            raise ValueError(f"row_ints must be in 1..{MAX_ROW}, not {row_ints}")
+        self._row_ints = row_ints
+        self.due = self.cap = sys.maxsize
+        self._packs: dict[int, struct.Struct] = {}
+
+    @property
+    def row_ints(self) -> int:
+        return self._row_ints
+
+    def mirror(self, ring: RingWriter | None, /) -> None:
+        if ring is not None:
+            raise ValueError("rows mirror into a ring only with the compiled helper (fastpath.COMPILED)")
+
+    def copy_into(self, buffer: WritableBuffer, offset: int, lo: int, hi: int, /) -> int:
+        """Ints ``lo`` to ``hi`` as little-endian int64 into ``buffer`` at byte ``offset``."""
+        at = offset
+        for i in range(lo, hi, self._CHUNK):
+            j = min(i + self._CHUNK, hi)
+            pack = self._packs.get(j - i)
+            if pack is None:
+                pack = self._packs.setdefault(j - i, struct.Struct(f"<{j - i}q"))
+            pack.pack_into(buffer, at, *self[i:j])
+            at += (j - i) * 8
+        return at - offset
+
+    def to_bytes(self, lo: int, hi: int, /) -> bytes:
+        out = bytearray((hi - lo) * 8)
+        self.copy_into(out, 0, lo, hi)
+        return bytes(out)
 
 
 # -- which implementation -------------------------------------------------------------------------
@@ -240,9 +289,14 @@ class _RingFactory(Protocol):
 _WindowFn = Callable[[int, int, object], int]
 _FramesFn = Callable[[int, int, object], list[FrameType]]
 
+class _RowsFactory(Protocol):
+    def __call__(self, row_ints: int = 8) -> RowStore: ...
+
+
 window_hash: _WindowFn
 window_frames: _FramesFn
 Ring: _RingFactory
+Rows: _RowsFactory
 # The C hook callbacks (``tracekit.record.hook`` uses them where compiled; the Python callbacks there
 # are the fallback); ``NATIVE_CLOCK``: ``Hook(clock=None)`` reads ``time.perf_counter_ns``'s clock.
 Hook: Callable[..., Any] | None = None
@@ -257,9 +311,10 @@ if os.environ.get("TRACEKIT_PURE_PYTHON", "") in ("", "0"):
     else:
         COMPILED = True
         window_hash, window_frames, Ring = _fastpath.window_hash, _fastpath.window_frames, _fastpath.Ring
+        Rows = _fastpath.Rows
         Hook, NATIVE_CLOCK = _fastpath.Hook, bool(_fastpath.NATIVE_CLOCK)
 if not COMPILED:
-    window_hash, window_frames, Ring = py_window_hash, py_window_frames, PyRing
+    window_hash, window_frames, Ring, Rows = py_window_hash, py_window_frames, PyRing, PyRows
 
 
 # -- the reader (another process: the watcher) -------------------------------------------------------

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -47,6 +46,7 @@ from pathlib import Path
 
 from tracekit.errors import OutputError
 from tracekit.record.callstacks import LiveStacks
+from tracekit.record.fastpath import Rows, RowStore
 from tracekit.record.held_file import HeldFile
 from tracekit.record.hook import ROW, EventBuffer
 from tracekit.record.sites import SiteTable
@@ -65,8 +65,7 @@ from tracekit.record.spool_format import (
 from tracekit.trace.schema import TraceMeta
 
 BUFFER_BYTES = 1 << 20
-CHUNK_EVENTS = 64  # rows packed per struct call: 512 ints, a 4 KiB slice
-CHUNK = [struct.Struct(f"<{k * ROW}q") for k in range(CHUNK_EVENTS + 1)]
+CHUNK_EVENTS = 64  # rows a frame's size is a multiple of: 512 ints, 4 KiB
 HEADER = FRAME.size
 
 
@@ -136,8 +135,9 @@ class SpoolWriter:
         ready.wait(5)
 
     def _warm_up(self) -> None:
-        rows = list(range(CHUNK_EVENTS * ROW))
-        CHUNK[CHUNK_EVENTS].pack_into(bytearray(len(rows) * 8), 0, *rows[:])
+        rows = Rows(ROW)
+        rows.extend(list(range(CHUNK_EVENTS * ROW)))
+        rows.copy_into(bytearray(len(rows) * 8), 0, 0, len(rows))
         text_record(TextKind.NOTE, 0, {"warm": "up"})
 
     def _watch(self, ready: threading.Event) -> None:
@@ -262,22 +262,18 @@ class SpoolWriter:
         self._buf[self._fill:self._fill + n] = data
         self._fill += n
 
-    def _rows(self, rows: list[int], lo: int, hi: int) -> None:
-        """ROWS frames of ``rows[lo:hi]``, packed into the buffer ``CHUNK_EVENTS`` rows at a time."""
+    def _rows(self, rows: RowStore, lo: int, hi: int) -> None:
+        """ROWS frames of ``rows[lo:hi]``, copied into the buffer (``Rows.copy_into``: one memcpy
+        where compiled) at most a buffer's room at a time."""
         room = (BUFFER_BYTES - HEADER) // ROW_BYTES // CHUNK_EVENTS * CHUNK_EVENTS  # rows per frame
-        step = CHUNK_EVENTS * ROW
         while lo < hi:
             if self._fill + HEADER + CHUNK_EVENTS * ROW_BYTES > BUFFER_BYTES:
                 self._out()
             k = min((hi - lo) // ROW, room, (BUFFER_BYTES - self._fill - HEADER) // ROW_BYTES)
             self._put(frame_header(ROWS, k, k * ROW_BYTES))
             end = lo + k * ROW
-            at = self._fill
-            for i in range(lo, end, step):
-                j = min(i + step, end)
-                CHUNK[(j - i) // ROW].pack_into(self._buf, at, *rows[i:j])
-                at += (j - i) * 8
-            self._fill, lo = at, end
+            self._fill += rows.copy_into(self._buf, self._fill, lo, end)
+            lo = end
             self._row_at = end
 
     def _out(self) -> None:
