@@ -88,9 +88,11 @@ def stat_or_none(path: Path | str, what: str = "input") -> os.stat_result | None
         raise InputError(f"{safe_text(path)}: cannot read the {what} ({os_cause(e)})") from None
 
 
-def check_regular(path: Path | str, what: str = "input") -> os.stat_result:
+def check_regular(path: Path | str, what: str = "input", *, readable: bool = False) -> os.stat_result:
     """The stat of ``path``; InputError unless it is an existing regular file (checked before opening,
-    so a named pipe or a device is never opened and cannot block or stream forever)."""
+    so a named pipe or a device is never opened and cannot block or stream forever), and with
+    ``readable`` one this process may open to read (opened once and closed: a file of another user's
+    without read permission is refused here, not by whatever reads it later)."""
     st = stat_or_none(path, what)
     if st is None:
         raise InputError(f"{safe_text(path)}: no such file")
@@ -99,6 +101,11 @@ def check_regular(path: Path | str, what: str = "input") -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{safe_text(path)}: is not a regular file (a pipe, socket or device); "
                          f"give the {what} as a file")
+    if readable:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        except (OSError, ValueError) as e:
+            raise InputError(f"{safe_text(path)}: cannot read the {what} ({os_cause(e)})") from None
     return st
 
 

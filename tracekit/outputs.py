@@ -1,9 +1,10 @@
 """Every file tracekit writes goes through here: checked first, written atomically, cleaned up always.
 
 ``check_output`` is the one policy for an output path, applied before any
-work is done: its folder must exist; it must not be a folder, a device node,
-a FIFO or a socket (only regular files are written, and only by rename, so a
-device node is never replaced); it must not be any of the inputs, whatever
+work is done: its folder must exist and be one this process may write in; it
+must not be a folder, a device node, a FIFO or a socket (only regular files
+are written, and only by rename, so a device node is never replaced); it must
+not be any of the inputs, whatever
 its name (the same file through a link, a ``..`` or a hard link counts); and
 an existing file is refused unless ``force``. ``atomic_output`` then writes to
 a temporary file beside the target and renames it into place only when the
@@ -111,6 +112,12 @@ def _refuse_no_folder(path: Path) -> Path:
         raise cannot_write(path, e) from None
     if st is None or not stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{safe_text(path)}: cannot write, folder {safe_text(parent)} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):  # before any work: as the file made there would fail
+        try:
+            read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        raise cannot_write(path, OSError(errno.EROFS if read_only else errno.EACCES, "")) from None
     return parent
 
 

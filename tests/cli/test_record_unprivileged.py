@@ -75,3 +75,51 @@ def test_record_and_analyze_work_and_refusals_are_one_sentence(open_folder: Path
     secret.chmod(0o600)
     p = _as_nobody(tmp_path, "recover", str(secret))
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "Permission denied" in p.stderr
+
+
+def _refused(p: subprocess.CompletedProcess[str], says: str) -> None:
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith("tracekit: error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert says in p.stderr and "ran" not in p.stdout, p.stderr
+
+
+@pytest.fixture
+def folders(open_folder: Path) -> Path:
+    """``open_folder`` with a script, a folder nobody may enter (000), one nobody may not write in (555)
+    holding a script and a spool, a script and a package only root may read, and a spool."""
+    program = "import cupy\na = cupy.empty(1024)\nprint('ran')\n"
+    (open_folder / "app.py").write_text(program)
+    for name, mode in (("shut", 0o000), ("ro", 0o555)):
+        (open_folder / name).mkdir()
+        if name == "ro":
+            (open_folder / name / "app.py").write_text(program)
+            (open_folder / name / "k.parquet.spool").write_bytes(b"x")
+        (open_folder / name).chmod(mode)
+    (open_folder / "secret.py").write_text(program)
+    (open_folder / "secret.py").chmod(0o600)
+    (open_folder / "pkg").mkdir()
+    (open_folder / "pkg" / "__main__.py").write_text(program)
+    (open_folder / "pkg" / "__main__.py").chmod(0o600)
+    (open_folder / "k.parquet.spool").write_bytes(b"x")
+    (open_folder / "k.parquet.spool").chmod(0o644)
+    return open_folder
+
+
+@pytest.mark.parametrize("where, args, says", [
+    ("", ("record", "-o", "shut/t.parquet", "app.py"), "shut/t.parquet: cannot write (Permission denied)"),
+    ("", ("record", "secret.py"), "secret.py: cannot read the script (Permission denied)"),
+    ("", ("record", "pkg"), "pkg/__main__.py: cannot read the script (Permission denied)"),
+    ("", ("record", "shut/app.py"), "shut/app.py: cannot read the script (Permission denied)"),
+    ("ro", ("record", "app.py"), "cannot write (Permission denied)"),  # the default output, here
+    ("", ("recover", "shut/t.parquet"), "cannot read the spool (Permission denied)"),
+    ("", ("recover", "-o", "shut/x.parquet", "k.parquet.spool"), "shut/x.parquet: cannot write (Permission"),
+    ("", ("recover", "-o", "ro/x.parquet", "k.parquet.spool"), "ro/x.parquet: cannot write (Permission"),
+    ("", ("recover", "ro/k.parquet.spool"), "ro/k.parquet: cannot write (Permission"),  # the default output
+], ids=["record-output-folder-000", "record-unreadable-script", "record-unreadable-package",
+        "record-script-in-folder-000", "record-default-output-in-read-only-cwd",
+        "recover-spool-in-folder-000", "recover-output-folder-000", "recover-output-folder-555",
+        "recover-default-output-in-folder-555"])
+def test_folders_and_files_without_permission_are_one_sentence(folders: Path, where: str,
+                                                              args: tuple[str, ...], says: str) -> None:
+    """Refused before the program runs (nothing printed by it), in one sentence, exit 1."""
+    _refused(_as_nobody(folders / where, *args), says)

@@ -93,13 +93,16 @@ def check_target(target: list[str], module: bool) -> None:
         if spec is None:
             raise InputError(f"{name}: no module of that name (as python -m would look for it)")
     else:
-        from tracekit.inputs import safe_text, stat_or_none
+        from tracekit.inputs import check_regular, safe_text, stat_or_none
 
         st = stat_or_none(name, "script")
         if st is None:
             raise InputError(f"{safe_text(name)}: no such script")
-        if stat.S_ISDIR(st.st_mode) and stat_or_none(os.path.join(name, "__main__.py"), "script") is None:
+        main = os.path.join(name, "__main__.py") if stat.S_ISDIR(st.st_mode) else name
+        if main != name and stat_or_none(main, "script") is None:
             raise InputError(f"{safe_text(name)}: is a folder without __main__.py")
+        if stat.S_ISREG(os.stat(main).st_mode):  # a pipe (``<(...)``) is python's to read, as it is
+            check_regular(main, "script", readable=True)  # python itself would fail to open it
 
 
 def run_target(target: list[str], module: bool) -> Outcome:
