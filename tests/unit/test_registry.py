@@ -106,7 +106,7 @@ def test_whatif_searches_every_policy_that_takes_part(toy: str, three: Path) -> 
 
 def test_traits_drive_defaults() -> None:
     assert policies.listed()[:5] == ["best-fit", "first-fit", "next-fit", "worst-fit", "buddy"]
-    assert policies.of_layout(Layout.POOL) == ["cupy", "torch", "cuda", "cupy-async"]
+    assert policies.of_layout(Layout.POOL) == ["cupy", "torch", "cuda", "cupy-async", "rmm-pool"]
     assert policies.whatif_defaults() == [*policies.of_layout(Layout.HEAP), "cupy", "torch"]  # named only
     assert all(policies.traits(p).recorded_limit for p in ("cupy", "torch"))  # type: ignore[union-attr]
     assert policies.traits("torch").reproduces == Source.TORCH  # type: ignore[union-attr]

@@ -1,4 +1,5 @@
-"""``tracekit import torch SNAPSHOT``: a PyTorch memory snapshot (pickle, optionally gzip) to a trace.
+"""``tracekit import torch SNAPSHOT``: a PyTorch memory snapshot (pickle, optionally gzip) to a trace;
+``tracekit import rmm LOG``: an RMM allocation log (CSV of ``logging_resource_adaptor``) to a trace.
 
 The module is named ``importer`` because ``import`` is a Python keyword; it
 registers the sub-app under the verb name ``import``.
@@ -54,6 +55,32 @@ def torch_cmd(
             "rebuild the state before it (column 'initial')",
             err=True,
         )
+    wrote(result.path)
+
+
+@sub.command("rmm")
+def rmm_cmd(
+    log: Path = typer.Argument(
+        ..., help="An RMM allocation log (rmm.reinitialize(logging=True, log_file_name=...); one per device)."
+    ),
+    output: Path = typer.Option(
+        None, "-o", "--output", help="Trace to write (default: the log's name with .parquet)."
+    ),
+    device: int = typer.Option(
+        None, "--device", min=0, max=32767,
+        help="The device ordinal of the log (default: the N of a .devN file name, else 0).",
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
+) -> None:
+    """Import an RMM allocation log (Thread,Time,Action,Pointer,Size,Stream); a malformed line is refused."""
+    skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
+    from tracekit.cli.common import say, wrote
+    from tracekit.importers.rmm_log import import_log
+
+    result = import_log(log, output, device=device, force=force)
+    if result.null_pointer_rows:
+        say(f"tracekit: note: {log}: {result.null_pointer_rows} allocate/free lines of 0 bytes (a null "
+            "pointer) make no row", err=True)
     wrote(result.path)
 
 

@@ -33,6 +33,9 @@ def check_args(device: int, allocator: str, capacity: str | None,
     if device < 0:
         raise UsageError(f"--device must be a CUDA device ordinal (0, 1, ...), got {device}")
     alloc = parse_allocator(allocator)
+    if alloc is Allocator.RMM_POOL:  # modelled (--sim rmm-pool); the device side is the fidelity script's
+        raise UsageError("--device with --allocator rmm-pool is not supported: replay RMM's real pool with "
+                         "scripts/gpu_rmm_fidelity.py, or simulate it with --sim rmm-pool")
     if torch_conf is not None and alloc is not Allocator.TORCH:
         raise UsageError("--torch-conf settings apply to --sim torch, or to --device with --allocator torch")
     if capacity is not None and capacity.strip().lower() in ("none", "unbounded"):

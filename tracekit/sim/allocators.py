@@ -16,3 +16,4 @@ class Allocator(StrEnum):
     CUPY = "cupy"  # CuPy's MemoryPool over cudaMalloc
     CUPY_ASYNC = "cupy-async"  # CuPy's MemoryAsyncPool (cudaMallocAsync)
     TORCH = "torch"  # PyTorch's CUDA caching allocator
+    RMM_POOL = "rmm-pool"  # RMM's pool_memory_resource over cuda_memory_resource

@@ -56,6 +56,7 @@ class Source(StrEnum):
     TORCH = "torch"
     SYNTHETIC = "synthetic"
     REPLAY = "replay"
+    RMM = "rmm"  # an RMM allocation log (``import rmm``)
 
 
 # Required columns, their Arrow types on write, and the kind checked on read.
