@@ -84,18 +84,41 @@ sys.stdout.write(json.dumps([listed, sorted(sys.modules)]))
 """
 
 
-def test_the_registry_lists_every_policy_without_loading_a_kernel() -> None:
-    # The registry's convention (tracekit/sim/policies/__init__.py): a policy module imports its
-    # kernel (and numba, and the shared compiled parts) inside ``run``, so listing names and traits
-    # is cheap. A policy module that imports a kernel at its top still works; this test names it.
+def listing() -> tuple[dict[str, str], list[str]]:
     out = subprocess.run([sys.executable, "-c", REGISTRY], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     listed, loaded = json.loads(out.stdout)
+    return listed, loaded
+
+
+@pytest.fixture(scope="module", autouse=True)
+def indexed() -> None:
+    listing()  # the registry's index written (a fresh checkout has none): what every later process reads
+
+
+def test_the_registry_lists_every_policy_without_loading_a_kernel() -> None:
+    # From its index (tracekit/sim/policies/__init__.py): names and traits without importing a
+    # policy module, so whatever a module imports at its top, listing loads no kernel and no numba.
+    listed, loaded = listing()
     assert {"best-fit", "buddy", "cupy", "torch"} <= set(listed)
     heavy = sorted(m for m in loaded if m.split(".")[0] == "numba" or m in KERNELS
-                   or m.startswith("tracekit.sim.policies._"))
-    assert not heavy, f"listing the policies imports {heavy}: import them inside the policy's run"
+                   or m.startswith("tracekit.sim.policies."))
+    assert not heavy, f"listing the policies imports {heavy}"
+
+
+def test_a_changed_policy_module_is_listed_from_a_new_index(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracekit.sim import policies
+
+    (tmp_path / "mine.py").write_text("MODEL = None\n")
+    monkeypatch.setattr(policies, "_HERE", tmp_path)
+    monkeypatch.setattr(policies, "_TRAIT_SOURCES", ())
+    before = policies._index_path(["mine"])
+    (tmp_path / "mine.py").write_text("MODEL = None  # edited\n")
+    assert policies._index_path(["mine"]) != before  # the old index is never read for the new module
+    (tmp_path / "other.py").write_text("MODEL = None\n")
+    assert policies._index_path(["mine", "other"]) != policies._index_path(["mine"])  # a module added
 
 
 def _import_as(module: str, name: str) -> None:

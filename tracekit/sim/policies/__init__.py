@@ -14,42 +14,130 @@ analysis (``is_heap``), from each policy's
 ``PolicyTraits``. ``register`` adds a policy defined elsewhere (a plugin, a
 test). Modules are imported on the first call, so importing this package stays cheap.
 
-The convention that keeps asking the registry cheap: a policy module imports its kernel, and every
-shared module that is compiled or imports numba (``prepare``, ``pool_run``, ``chunks``,
-``segments``, ``sizeclass``, ``treap``), inside ``run``, never at its top; ``@njit`` functions live
-in its private kernel module. Discovery then imports no numba, so ``replay`` checks ``--sim`` and
-reads its traits before the first read of the trace without loading a kernel (issue 45). A module
-that breaks the convention still works, only slower to list;
-``tests/cli/test_startup_imports.py`` names it. docs/simulator.md, "Adding a policy", shows the form.
+Listing is cheap: the registry keeps an index of every discovered policy's module, name,
+description and traits (``__pycache__/policies.<tag>.<key>.index``, the key made of each policy
+module's and the traits' sources' names, sizes and mtimes, as a ``.pyc`` is), so a process that
+asks for names or traits imports no policy module, and so no kernel and no numba (``replay``
+checks ``--sim`` and reads its traits before the first read of the trace: issue 45). The policy
+comes back as a ``Listed``, which imports its module on ``run`` (or any other attribute). Where the
+index is missing or stale, every public module is imported as before and the index written again
+(nothing where the folder cannot be written). A policy module should still import its kernel, and
+the shared modules that are compiled or import numba (``prepare``, ``pool_run``, ``chunks``,
+``segments``, ``sizeclass``, ``treap``), inside ``run``: the first listing after a change then
+stays cheap too, and a verb loads only its own policy's kernels. docs/simulator.md shows the form.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import importlib
+import os
+import pickle
 import pkgutil
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
 
 from tracekit.errors import UsageError
-from tracekit.sim.base import Allocator, AllocatorModel, Layout, PolicyTraits
+from tracekit.sim.base import Allocator, AllocatorModel, Layout, PolicyRun, PolicyTraits, SimConfig
+from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 
 _ADDED: dict[str, AllocatorModel] = {}
+_HERE = Path(__file__).resolve().parent
+# What the index's entries are made of besides the policy modules: the traits' types.
+_TRAIT_SOURCES = (_HERE.parent / "base.py", _HERE.parent / "allocators.py",
+                  _HERE.parents[1] / "trace" / "schema.py")
 
 
-@functools.cache
-def _discovered() -> dict[str, AllocatorModel]:
-    found: dict[str, AllocatorModel] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        model = getattr(mod, "MODEL", None)
+class Listed:
+    """A policy as the index lists it: its name, description and traits, its module imported (and
+    its kernel with it) only when the policy is run or asked for anything else (``listed_as``)."""
+
+    module: ClassVar[str]
+    name: ClassVar[str]
+    description: ClassVar[str]
+    traits: ClassVar[PolicyTraits]
+
+    def model(self) -> AllocatorModel:
+        model: AllocatorModel = importlib.import_module(f"{__name__}.{self.module}").MODEL
+        return model
+
+    def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
+        return self.model().run(trace, config)
+
+    def __getattr__(self, attr: str) -> Any:  # anything else a policy's MODEL has
+        return getattr(self.model(), attr)
+
+
+def listed_as(module: str, name: str, description: str, traits: PolicyTraits) -> Listed:
+    """The ``Listed`` policy of one index entry (its own class: the contract's names are class names)."""
+    kind = type(f"Listed[{name}]", (Listed,), {"module": module, "name": name, "description": description,
+                                               "traits": traits})
+    listed: Listed = kind()
+    return listed
+
+
+def _public_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def _index_path(modules: list[str]) -> Path:
+    """The index's file, named by what it was built from (each source's name, size and mtime), as a
+    ``.pyc`` is: an edited, added or removed module names another file, so a stale one is never read."""
+    stamp = [(f.name, st.st_size, st.st_mtime_ns)
+             for f in (*(_HERE / f"{m}.py" for m in modules), *_TRAIT_SOURCES) if (st := f.stat())]
+    key = hashlib.sha256(repr(stamp).encode()).hexdigest()[:16]
+    return _HERE / "__pycache__" / f"policies.{sys.implementation.cache_tag}.{key}.index"
+
+
+def _imported(modules: list[str]) -> dict[str, tuple[str, AllocatorModel]]:
+    """Every public module's ``MODEL`` by its name, with the module's name."""
+    found: dict[str, tuple[str, AllocatorModel]] = {}
+    for module in modules:
+        model = getattr(importlib.import_module(f"{__name__}.{module}"), "MODEL", None)
         if model is None:
             continue
         if model.name in found:
             raise RuntimeError(f"two policy modules are named {model.name!r}")
-        found[model.name] = model
+        found[model.name] = (module, model)
     return found
+
+
+def _write_index(path: Path, entries: list[tuple[str, str, str, PolicyTraits]]) -> None:
+    """The index, written whole (a reader sees it complete or not at all); nothing where the folder
+    may not be written (an install of another user's: every listing then imports the modules)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        for old in path.parent.glob(f"policies.{sys.implementation.cache_tag}.*.index"):
+            old.unlink(missing_ok=True)
+        with open(tmp, "wb") as f:
+            pickle.dump(entries, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+@functools.cache
+def _discovered() -> dict[str, AllocatorModel]:
+    """The policies of this package: from the index where it is current (no module imported), else
+    by importing every public module, writing the index for the next process."""
+    modules = _public_modules()
+    path = _index_path(modules)
+    try:
+        with open(path, "rb") as f:
+            entries = pickle.load(f)  # written by _write_index, beside the modules' own .pyc files
+        return {name: listed_as(module, name, description, traits)
+                for module, name, description, traits in entries}
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
+        pass  # none yet, or unreadable: built again below
+    found = _imported(modules)
+    _write_index(path, [(module, m.name, m.description, m.traits) for module, m in found.values()])
+    return {name: m for name, (_, m) in found.items()}
 
 
 def models() -> dict[str, AllocatorModel]:
