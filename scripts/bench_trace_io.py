@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""Benchmark the trace format: ``tracekit synth`` and ``tracekit info`` on large traces.
+"""Benchmark the trace format: ``tracekit synth`` and ``tracekit info`` on large traces; or the read.
 
 Each command runs in a fresh process; the figure is wall time, CPU time (user +
 system of the child) and its peak RSS. One untimed ``info`` run first puts the
 compiled pairing pass into numba's cache, as after the first use on a machine.
 
+``--read TRACE``: the read alone (issue 45, "Read once, fast": at most 1.0 s for 10M events on the
+2-core machine). Each run is a fresh process that imports the reader, then times ``read_trace``
+twice: the first read (numba loading the reader's compiled pass from its cache included) and a
+second one, with the peak RSS of the process. ``--against DIR``: the same runs, interleaved, with
+the tracekit of another checkout (the code before a change); min and median of ``--runs``.
+
     python3 scripts/bench_trace_io.py [--events 10000000] [--pattern random ...]
+    python3 scripts/bench_trace_io.py --read /tmp/r10m.parquet [--against /tmp/base] [--runs 5]
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,11 +42,51 @@ def run(*args: str) -> tuple[float, float, float]:
     return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024**2
 
 
+READ = """
+import resource, sys, time
+from tracekit.trace.reader import read_trace
+t0 = time.perf_counter(); read_trace(sys.argv[1]); t1 = time.perf_counter(); read_trace(sys.argv[1])
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2)
+"""
+
+
+def read_once(tree: Path, trace: str) -> list[float]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", READ, trace], cwd=tree, env=env, capture_output=True,
+                         text=True, check=True)
+    return [float(x) for x in out.stdout.split()]
+
+
+def reads(trace: str, against: Path | None, runs: int) -> None:
+    trees = {"this tree": ROOT, **({f"against {against}": against} if against else {})}
+    for tree in trees.values():
+        read_once(tree, trace)  # the kernels into numba's cache for that tree
+    got: dict[str, list[list[float]]] = {name: [] for name in trees}
+    for _ in range(runs):
+        for name, tree in trees.items():
+            got[name].append(read_once(tree, trace))
+    head = f"{'read ' + Path(trace).name:<40}{'first s':>9}{'(med)':>7}{'second s':>10}{'(med)':>7}"
+    print(f"{head}{'RSS GiB':>9}")
+    for name, rows in got.items():
+        first, second, rss = zip(*rows, strict=True)
+        print(f"{name:<40}{min(first):>9.3f}{statistics.median(first):>7.3f}{min(second):>10.3f}"
+              f"{statistics.median(second):>7.3f}{max(rss):>9.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=10_000_000)
     ap.add_argument("--pattern", nargs="+", default=["random", "training", "fragmenting"])
+    ap.add_argument("--read", metavar="TRACE", help="time the read of TRACE alone (see above)")
+    ap.add_argument("--against", type=Path, default=None, help="with --read: another checkout, interleaved")
+    ap.add_argument("--runs", type=int, default=5)
     a = ap.parse_args()
+    if a.read:
+        print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")
+        reads(a.read, a.against, a.runs)
+        return
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")
     print(f"{'command':<28}{'events':>12}{'wall s':>9}{'cpu s':>9}{'Mev/s':>8}{'RSS GiB':>9}{'MB':>7}")

@@ -1,5 +1,6 @@
-"""The reader's compiled kernels: the malloc/free pairing scan (``tracekit.trace.validate``) and the
-running totals' first step past the limit (``tracekit.trace.totals``).
+"""The reader's compiled kernels: the malloc/free pairing scan (``tracekit.trace.validate``), the
+running totals' first step past the limit (``tracekit.trace.totals``), and the reader's one pass
+that does both with every per-event check (``read_pass``).
 
 Apart from those modules so that reading a trace starts before numba is imported (issue 45: a verb
 reaches its first read within 0.3 s of the process's start); they import this module at the first
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tracekit.trace.issues import IssueKind
+from tracekit.trace.issues import Found, IssueKind
 from tracekit.trace.schema import Op
 
 # The pairing table: open addressing over (key, tag) slots, linear probing. A tag is
@@ -87,16 +88,54 @@ def _unpaired_free(seg, seen):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - compiled
+def _new_table():  # pragma: no cover - compiled
+    """An empty pairing table of INITIAL_SLOTS slots: (keys, tags, values)."""
+    return (np.zeros(INITIAL_SLOTS, np.uint64), np.full(INITIAL_SLOTS, EMPTY, np.int32),
+            np.zeros(INITIAL_SLOTS, np.int64))
+
+
+@njit(cache=True)
+def _found(found, what, i):  # pragma: no cover - compiled
+    """The first event with fault ``what`` (a ``Found``) is i, unless one was found before."""
+    if found[what] < 0:
+        found[what] = i
+
+
+@njit(cache=True)
+def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, first, found,
+              max_request, limit, checks):  # pragma: no cover - compiled
     """One pass in event order over the pairing table: an allocation claims its key (value := i),
-    a free pairs with the value (mate both ways, value := FREED); the rest is flagged."""
-    cap = INITIAL_SLOTS
-    keys = np.zeros(cap, np.uint64)
-    tags = np.full(cap, EMPTY, np.int32)
-    vals = np.zeros(cap, np.int64)
+    a free pairs with the value (mate both ways, value := FREED); the rest is flagged. With
+    ``checks``, also every per-event check of the reader, each fault's first event index written
+    to ``found`` (indexed by ``Found``; -1: none); without, ``t_ns``, ``size``, ``rounded`` and
+    ``found`` are not read (empty arrays will do).
+
+    ``seq`` strictly increasing (``SEQ_BACK``) and ``t_ns`` never decreasing (``T_BACK``): the later
+    row of the first pair out of order. A request (malloc, oom) of ``max_request`` bytes or more
+    (``BIG_REQUEST``); its ``rounded`` of 0 (unknown) becomes its ``size`` (bytes), in place. Of the
+    events the pairing keeps: live bytes (the rounded sizes of live blocks) or reserved bytes (the
+    sizes of live segments) reaching ``limit`` (``OVER_LIVE``, ``OVER_RESERVED``: as ``first_over``),
+    a block ``[addr, addr + rounded)`` or segment ``[addr, addr + size)`` past 2^64 (``PAST_END``).
+    """
+    keys, tags, vals = _new_table()
+    cap = keys.shape[0]
     used = 0
+    live_bytes = np.int64(0)  # int64 throughout: uint64 + int64 would make float64 in numba
+    reserved = np.int64(0)
+    counting = checks  # the totals stop at their first step past the limit (exact up to it)
+    top = np.uint64(0xFFFFFFFFFFFFFFFF)
     for i in range(op.shape[0]):
         o = op[i]
+        if checks:
+            if i > 0 and seq[i] <= seq[i - 1]:
+                _found(found, Found.SEQ_BACK, i)
+            if i > 0 and t_ns[i] < t_ns[i - 1]:
+                _found(found, Found.T_BACK, i)
+            if o == Op.MALLOC or o == Op.OOM:
+                if size[i] >= max_request:
+                    _found(found, Found.BIG_REQUEST, i)
+                if rounded[i] == 0:
+                    rounded[i] = size[i]
         if o == Op.OOM:
             continue
         seg = o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE
@@ -122,6 +161,25 @@ def scan(op, addr, device, keep, mate, counts, first):  # pragma: no cover - com
             vals[j] = FREED
         else:
             _flag(keep, counts, first, _unpaired_free(seg, seen), i)
+            continue
+        if not checks:
+            continue
+        length = np.uint64(0)  # of the kept event i: the totals and its range
+        if o == Op.MALLOC:
+            length = rounded[i]
+            live_bytes += np.int64(length)
+        elif o == Op.SEGMENT_ALLOC:
+            length = size[i]
+            reserved += np.int64(length)
+        elif o == Op.FREE:
+            live_bytes -= np.int64(rounded[mate[i]])
+        else:
+            reserved -= np.int64(size[mate[i]])
+        if counting and (live_bytes >= limit or reserved >= limit):
+            _found(found, Found.OVER_LIVE if live_bytes >= limit else Found.OVER_RESERVED, i)
+            counting = False
+        if length > 0 and length - np.uint64(1) > top - addr[i]:
+            _found(found, Found.PAST_END, i)
 
 
 @njit(cache=True)

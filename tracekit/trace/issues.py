@@ -1,4 +1,5 @@
-"""The kinds of event-level inconsistency a reader finds (``tracekit.trace.validate``), and their counts.
+"""The kinds of event-level inconsistency a reader finds (``tracekit.trace.validate``), and their counts;
+the faults its one compiled pass looks for (``Found``).
 
 Apart from the pairing itself so that its compiled kernels (``tracekit.trace._kernels``) can name
 them without importing the module that loads them.
@@ -30,6 +31,18 @@ class IssueKind(IntEnum):
     @property
     def severity(self) -> Severity:
         return Severity.WARNING if self >= IssueKind.BLOCK_OUTSIDE_SEGMENT else Severity.SKIPPED
+
+
+class Found(IntEnum):
+    """Slots of the reader's one compiled pass (``_kernels.read_pass``): the index of the first event
+    with each fault, -1 for none. The reader raises them in the order of its checks, not this one."""
+
+    SEQ_BACK = 0  # seq not above the row before
+    T_BACK = 1  # t_ns below the row before
+    BIG_REQUEST = 2  # a malloc or oom of 2^60 bytes or more
+    OVER_LIVE = 3  # live bytes of the kept events reach 2^62
+    OVER_RESERVED = 4  # reserved bytes of the kept events reach 2^62
+    PAST_END = 5  # a kept block or segment runs past the end of the 64-bit address space
 
 
 class Severity(IntEnum):

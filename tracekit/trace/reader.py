@@ -8,8 +8,10 @@ stack id it does not hold, an ``environment`` key that is not a list of folders)
 Event-level inconsistencies of the malloc/free pairing are dropped and
 reported (``Trace.issues``); those of blocks against segments in pooled traces
 are kept and reported (``Trace.warnings``, see ``tracekit.trace.containment``);
-``strict=True`` turns both into errors. Columns are read one at a time into
-NumPy so peak memory stays near the size of the result. Each ``USER`` frame's
+``strict=True`` turns both into errors. The columns are read in one multi-threaded read
+(``tracekit.trace.columns``: one at a time where that read fails, so a bad file fails as it always
+did), each handed to NumPy as it is taken so peak memory stays near the size of the result; the
+pairing and the per-event checks are one compiled pass (``validate.pair_and_check``). Each ``USER`` frame's
 kind is decided again on read (``tracekit.trace.stacks.frame_kind``, with the
 trace's ``environment`` folders), so every verb reads one answer to "library or yours".
 """
@@ -28,6 +30,7 @@ import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
+from tracekit.trace.columns import Columns, as_numpy, is_text
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.finishing import wait_for
@@ -35,8 +38,8 @@ from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
 from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, STACK_FIELD, Op, TraceMeta
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
 from tracekit.trace.stacks import StackTable, from_json, with_kinds
-from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals
-from tracekit.trace.validate import EventIssue, IssueKind, pair_events, remap_mate
+from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals, over_error, past_end_error
+from tracekit.trace.validate import EventIssue, Found, IssueKind, Pairing, pair_and_check, remap_mate
 
 _INT_COLUMNS = {
     "seq": np.uint64, "t_ns": np.int64, "addr": np.uint64, "size": np.uint64,
@@ -181,10 +184,6 @@ def _chunk_text_bytes(p: Path, f: BinaryIO, chunk: pq.ColumnChunkMetaData, budge
     return max(chunk.total_uncompressed_size, pages)
 
 
-def _is_text(t: pa.DataType) -> bool:
-    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
-
-
 # The extra columns tracekit reads itself (docs/trace-format.md): their type is checked on open,
 # so no consumer meets a string where it counts on a flag or a number.
 _EXTRA_TYPES = (
@@ -192,8 +191,8 @@ _EXTRA_TYPES = (
     *((name, pa.types.is_integer, "an integer type")
       for name in ("pool", "device_free", "latency_ns", "input_seq", "free_requested_ns")),
     # v3: stack ids; format 2's `import torch --stacks` wrote each stack as text (still read, as an extra).
-    ("stack", lambda t: pa.types.is_integer(t) or _is_text(t) or (pa.types.is_dictionary(t)
-                                                                   and _is_text(t.value_type)),
+    ("stack", lambda t: pa.types.is_integer(t) or is_text(t) or (pa.types.is_dictionary(t)
+                                                                   and is_text(t.value_type)),
      "stack ids (an integer type)"),
 )
 
@@ -254,21 +253,23 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace
         if col not in names and col not in ("site",):
             raise TraceFormatError(f"{p}: missing required column '{col}'")
     stacks = _read_stack_table(p, pf)
+    extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
+    wanted = extra_names if extras else [n for n in ("expandable", "pool") if n in names]
     try:
-        ev = _with_kinds(_read_events(p, pf, schema, stacks), meta)
-        extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
-        extra_tbl = _read_extras(p, pf, extra_names) if (extras and extra_names) else None
+        src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
+                              or n in wanted], [*_INT_COLUMNS, STACK_FIELD.name])
+        ev, pairing, found = _read_events(p, src, schema, stacks)
+        ev = _with_kinds(ev, meta)
+        extra_tbl = _read_extras(src, extra_names) if (extras and extra_names) else None
     except MemoryError as e:
         raise _out_of_memory(p, e) from None
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
-    pairing = pair_events(ev.op, ev.addr, ev.device, ev.seq, ev.size)
-    check_totals(p, ev, pairing.mate, pairing.keep)
-    check_ranges(p, ev, pairing.keep)
+    _check_found(p, ev, pairing, found)
     pooled = bool((ev.op == Op.SEGMENT_ALLOC).any())
     try:
-        expandable = _extra(pf, "expandable", extra_tbl, False) if pooled else None
-        pool = _extra(pf, "pool", extra_tbl, -1) if pooled else None
+        expandable = _extra(src, "expandable", extra_tbl, False) if pooled else None
+        pool = _extra(src, "pool", extra_tbl, -1) if pooled else None
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     warnings = check_pool(ev.op, ev.addr, ev.size, ev.rounded, ev.device, pairing.keep, pairing.mate,
@@ -289,6 +290,20 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
 
 
+def _check_found(p: Path, ev: Events, pairing: Pairing, found: np.ndarray) -> None:
+    """Refuse ``p`` where the kept events' totals reach 2^62 or a block runs past 2^64 (``totals``),
+    from the compiled pass where it could tell, else by the checks of ``totals`` themselves."""
+    if any(i.kind == IssueKind.BLOCK_OTHER_DEVICE for i in pairing.issues):  # more dropped since
+        check_totals(p, ev, pairing.mate, pairing.keep)
+        check_ranges(p, ev, pairing.keep)
+        return
+    for what in (Found.OVER_LIVE, Found.OVER_RESERVED):
+        if found[what] >= 0:
+            raise over_error(p, ev, int(found[what]), reserved=what == Found.OVER_RESERVED)
+    if found[Found.PAST_END] >= 0:
+        raise past_end_error(p, ev, int(found[Found.PAST_END]))
+
+
 def _with_kinds(ev: Events, meta: TraceMeta) -> Events:
     """``ev`` with its frames' kinds decided as every verb reads them (``stacks.with_kinds``): with
     the folders of the trace's ``environment`` where it has one, by the names alone where not (a trace
@@ -306,22 +321,19 @@ def _rounded_at_least_size(ev: Events) -> Events:
     return replace(ev, rounded=np.where(request & (ev.rounded < ev.size), ev.size, ev.rounded))
 
 
-def _extra(pf: pq.ParquetFile, name: str, extra_tbl: pa.Table | None, null: bool | int) -> np.ndarray | None:
+def _extra(src: Columns, name: str, extra_tbl: pa.Table | None, null: bool | int) -> np.ndarray | None:
     """An extra column (type checked on open) as NumPy, nulls as ``null``; None where the file has none."""
-    if name not in pf.schema_arrow.names:
+    if name not in src.pf.schema_arrow.names:
         return None
-    col = extra_tbl.column(name) if extra_tbl is not None else _column(Path(), pf, name)
+    col = extra_tbl.column(name) if extra_tbl is not None else src.get(name)
     if pa.types.is_null(col.type):
         return None
-    out = col.fill_null(False if isinstance(null, bool) else 0).to_numpy(zero_copy_only=False)
+    filled = col.fill_null(False if isinstance(null, bool) else 0) if col.null_count else col
+    out = filled.to_numpy(zero_copy_only=False)
     out = out.astype(np.bool_ if isinstance(null, bool) else np.int64, copy=False)
     if col.null_count and null:
         out[col.is_null().to_numpy(zero_copy_only=False)] = null
     return out
-
-
-def _column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
-    return pf.read(columns=[name]).column(0)
 
 
 def _is_stack_ids(schema: pa.Schema, name: str) -> bool:
@@ -347,21 +359,19 @@ def _read_stack_table(p: Path, pf: pq.ParquetFile) -> StackTable | None:
         raise TraceFormatError(f"{p}: the 'tracekit.stacks' metadata is not a stack table: {e}") from None
 
 
-def _read_stack(p: Path, pf: pq.ParquetFile, table: StackTable | None, seq: np.ndarray) -> np.ndarray | None:
+def _read_stack(src: Columns, table: StackTable | None, seq: np.ndarray) -> np.ndarray | None:
     """The ``stack`` column as int32 ids (null: -1), each checked against ``table``; None where no
     event has a stack: formats 1 and 2, and a file of format 3 whose column was dropped or nulled
     with its ``tracekit.stacks`` key kept (a tool that rewrote the file); the call-sites, which the
     ``site`` column still holds, then stand as one-frame stacks."""
-    schema = pf.schema_arrow
+    p, schema = src.path, src.pf.schema_arrow
     there = STACK_FIELD.name in schema.names and _is_stack_ids(schema, STACK_FIELD.name)
     if not there or pa.types.is_null(schema.field(STACK_FIELD.name).type):
         return None
-    col = _column(p, pf, STACK_FIELD.name)
     # Nulls are filled with 0 and marked -1 after the check: an unsigned column (polars may write
     # valid ids as uint32/uint64) holds no -1, and its values are compared in its own type, so none
     # wraps before it is checked.
-    null = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
-    ids = col.fill_null(0).to_numpy() if null is not None else col.to_numpy()
+    ids, null = src.ints(STACK_FIELD.name)
     n_stacks = table.n_stacks if table is not None else 0
     below = ids < -1 if ids.dtype.kind == "i" else np.zeros(len(ids), np.bool_)
     bad = np.flatnonzero(below | (ids >= n_stacks))
@@ -375,61 +385,59 @@ def _read_stack(p: Path, pf: pq.ParquetFile, table: StackTable | None, seq: np.n
                                f"but {held}")
     if null is None:
         out = ids.astype(np.int32, copy=False)  # every id checked in range: none wraps
-    else:
-        out = ids.astype(np.int32)  # a copy, written: -1 marks the nulls
+    else:  # ids is as_numpy's own copy where there are nulls: written in place when it is int32
+        out = ids if ids.dtype == np.int32 else ids.astype(np.int32)
         out[null] = -1
     return out if bool((out >= 0).any()) else None
 
 
-def _read_events(p: Path, pf: pq.ParquetFile, schema: pa.Schema, stacks: StackTable | None) -> Events:
+def _read_events(p: Path, src: Columns, schema: pa.Schema,
+                 stacks: StackTable | None) -> tuple[Events, Pairing, np.ndarray]:
+    """The events, checked; their pairing; and per ``Found`` the first event with that fault, of
+    the faults raised once the extras are read (``_check_found``)."""
     cols: dict[str, np.ndarray] = {}
-    n = pf.metadata.num_rows
-    op = _read_op(p, pf)
+    n = src.pf.metadata.num_rows
+    op = _read_op(src)
     for name, dtype in _INT_COLUMNS.items():
         typ = schema.field(name).type
         if not pa.types.is_integer(typ):
             raise TraceFormatError(f"{p}: column '{name}' has type {typ}, expected an integer type")
-        arr = _column(p, pf, name)
-        if arr.null_count:
-            _check_nulls(p, pf, name, arr, op)
-            arr = arr.fill_null(0)
-        cols[name] = _to_numpy(p, name, arr, dtype)
-    # An unknown rounding (null) falls back to the requested size.
-    request = (op == Op.MALLOC) | (op == Op.OOM)
-    big = np.flatnonzero(request & (cols["size"] >= MAX_REQUEST))
-    if len(big):  # room for an allocator's rounding (at most doubling) below MAX_SIZE
-        raise TraceFormatError(f"{p}: a request of {int(cols['size'][big[0]])} bytes at seq "
-                               f"{int(cols['seq'][big[0]])}; requests must be below 2^60 bytes")
-    r = cols["rounded"]
-    needs = (r == 0) & ((op == Op.MALLOC) | (op == Op.OOM))
-    if needs.any():
-        cols["rounded"] = np.where(needs, cols["size"], r)
-    seq = cols["seq"]
-    if n > 1:  # compared, not subtracted: a difference of two valid values can overflow
-        bad = np.flatnonzero(seq[1:] <= seq[:-1])
-        if len(bad):
-            raise TraceFormatError(
-                f"{p}: seq is not strictly increasing at seq {int(seq[bad[0] + 1])} "
-                f"(after {int(seq[bad[0]])})"
-            )
-        back = np.flatnonzero(cols["t_ns"][1:] < cols["t_ns"][:-1])
-        if len(back):
-            raise TraceFormatError(f"{p}: t_ns decreases at seq {int(seq[back[0] + 1])}")
-        if int(cols["t_ns"][-1]) - int(cols["t_ns"][0]) >= MAX_SPAN_NS:  # Python ints: no overflow
-            raise TraceFormatError(f"{p}: t_ns spans 2^62 ns (146 years) or more, from "
-                                   f"{int(cols['t_ns'][0])} to {int(cols['t_ns'][-1])}; not a recording")
-    site, sites = _read_site(p, pf, schema, n)
-    stack = _read_stack(p, pf, stacks, seq)
+        values, null = src.ints(name)
+        if null is not None:
+            _check_nulls(p, name, null, op, cols.get("seq"))
+        cols[name] = _to_numpy(p, name, values, dtype)
+    if not cols["rounded"].flags.writeable:  # Arrow's own memory: the pass fills unknown roundings
+        cols["rounded"] = cols["rounded"].copy()
     c = cols
+    # One compiled pass: the pairing, and the checks below by the first event that fails each. An
+    # unknown rounding (null, or 0) falls back to the requested size there.
+    pairing, found = pair_and_check(op, c["seq"], c["t_ns"], c["addr"], c["size"], c["rounded"], c["device"],
+                                    MAX_REQUEST, MAX_SIZE)
+    seq = cols["seq"]
+    if (i := int(found[Found.BIG_REQUEST])) >= 0:  # room for an allocator's rounding (at most doubling)
+        raise TraceFormatError(f"{p}: a request of {int(cols['size'][i])} bytes at seq "
+                               f"{int(seq[i])}; requests must be below 2^60 bytes")
+    if (i := int(found[Found.SEQ_BACK])) >= 0:  # compared, not subtracted: a difference can overflow
+        raise TraceFormatError(f"{p}: seq is not strictly increasing at seq {int(seq[i])} "
+                               f"(after {int(seq[i - 1])})")
+    if (i := int(found[Found.T_BACK])) >= 0:
+        raise TraceFormatError(f"{p}: t_ns decreases at seq {int(seq[i])}")
+    if n > 1 and int(cols["t_ns"][-1]) - int(cols["t_ns"][0]) >= MAX_SPAN_NS:  # Python ints: no overflow
+        raise TraceFormatError(f"{p}: t_ns spans 2^62 ns (146 years) or more, from "
+                               f"{int(cols['t_ns'][0])} to {int(cols['t_ns'][-1])}; not a recording")
+    site, sites = _read_site(src, schema, n)
+    stack = _read_stack(src, stacks, seq)
     if stack is None or stacks is None:  # no event has a stack: the call-sites as one-frame stacks
-        return Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
-                      site, sites)
-    return Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
-                  site, sites, stack, stacks)
+        ev = Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
+                    site, sites)
+    else:
+        ev = Events(c["seq"], c["t_ns"], op, c["addr"], c["size"], c["rounded"], c["stream"], c["device"],
+                    site, sites, stack, stacks)
+    return ev, pairing, found
 
 
-def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, op: np.ndarray) -> None:
-    null = arr.is_null().to_numpy(zero_copy_only=False)
+def _check_nulls(p: Path, name: str, null: np.ndarray, op: np.ndarray, seq: np.ndarray | None) -> None:
+    """Refuse a null where column ``name`` may hold none (``seq``: the column, read before the others)."""
     if name == "addr":
         bad = null & (op != Op.OOM)
         what = "addr"
@@ -439,10 +447,10 @@ def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, o
         bad = null
         what = name
     idx = np.flatnonzero(bad)
-    if len(idx) and name == "seq":
+    if len(idx) and (name == "seq" or seq is None):
         raise TraceFormatError(f"{p}: missing seq in row {int(idx[0])}")
     if len(idx):
-        seq = _column(p, pf, "seq").fill_null(0).to_numpy()
+        assert seq is not None
         raise TraceFormatError(
             f"{p}: missing {what} at seq {int(seq[idx[0]])} ({OP_NAMES[op[idx[0]]]} row)"
         )
@@ -451,8 +459,9 @@ def _check_nulls(p: Path, pf: pq.ParquetFile, name: str, arr: pa.ChunkedArray, o
 MAX_REQUEST = 1 << 60
 
 
-def _to_numpy(p: Path, name: str, arr: pa.ChunkedArray, dtype: type) -> np.ndarray:
-    out = arr.to_numpy()
+def _to_numpy(p: Path, name: str, out: np.ndarray, dtype: type) -> np.ndarray:
+    """Column ``name`` (as ``as_numpy`` gave it, in the file's type) in the format's type ``dtype``,
+    every value checked to fit it."""
     if len(out) and out.dtype != np.dtype(dtype):
         info = np.iinfo(dtype)
         lo, hi = out.min(), out.max()
@@ -467,32 +476,34 @@ def _to_numpy(p: Path, name: str, arr: pa.ChunkedArray, dtype: type) -> np.ndarr
     return out
 
 
-def _read_op(p: Path, pf: pq.ParquetFile) -> np.ndarray:
-    dictionary, idx = _text_dictionary(p, pf, "op")
+def _read_op(src: Columns) -> np.ndarray:
+    p = src.path
+    dictionary, idx = _text_dictionary(src, "op")
     names = dictionary.to_pylist()
     # One slot per dictionary entry plus a last one for nulls: -1 unknown, -2 null.
     lut = np.array([OP_NAMES.index(s) if s in OP_NAMES else -1 for s in names] + [-2], np.int8)
-    codes = lut[idx.fill_null(len(names)).to_numpy().astype(np.int64)]
+    index, _ = as_numpy(idx, len(names))
+    codes = lut[index]
     bad = np.flatnonzero(codes < 0)
     if len(bad):
         i = int(bad[0])
-        seq = int(_column(p, pf, "seq").to_numpy()[i])
+        seq = int(src.get("seq").to_numpy()[i])
         if codes[i] == -2:
             raise TraceFormatError(f"{p}: missing op at seq {seq}")
-        name = names[int(idx.to_numpy()[i])]
+        name = names[int(index[i])]
         raise TraceFormatError(
             f"{p}: unknown op {name[:40]!r} at seq {seq} (expected one of {', '.join(OP_NAMES)})"
         )
     return codes
 
 
-def _read_site(p: Path, pf: pq.ParquetFile, schema: pa.Schema, n: int) -> tuple[np.ndarray, tuple[str, ...]]:
+def _read_site(src: Columns, schema: pa.Schema, n: int) -> tuple[np.ndarray, tuple[str, ...]]:
     if "site" not in schema.names or pa.types.is_null(schema.field("site").type):
         return np.full(n, -1, dtype=np.int32), ()
-    merged, idx = _text_dictionary(p, pf, "site")
-    _check_sites(p, merged)
-    site = idx.fill_null(-1).to_numpy().astype(np.int32, copy=False)
-    return site, tuple(merged.to_pylist())
+    merged, idx = _text_dictionary(src, "site")
+    _check_sites(src.path, merged)
+    site, _ = as_numpy(idx, -1)
+    return site.astype(np.int32, copy=False), tuple(merged.to_pylist())
 
 
 def _check_sites(p: Path, sites: pa.Array) -> None:
@@ -512,33 +523,21 @@ def _check_sites(p: Path, sites: pa.Array) -> None:
                                f"call-sites are refused beyond {MAX_SITES_BYTES:,} bytes in all")
 
 
-def _text_dictionary(p: Path, pf: pq.ParquetFile, name: str) -> tuple[pa.Array, pa.ChunkedArray]:
+def _text_dictionary(src: Columns, name: str) -> tuple[pa.Array, pa.ChunkedArray]:
     """A string column as (its distinct values, an index per row), the values decoded once."""
-    col = _text_column(p, pf, name)
+    col = src.take(name)
     typ = col.type
-    if not (pa.types.is_dictionary(typ) and _is_text(typ.value_type)):
-        declared = pf.schema_arrow.field(name).type
-        raise TraceFormatError(f"{p}: column '{name}' has type {declared}, expected strings")
+    if not (pa.types.is_dictionary(typ) and is_text(typ.value_type)):
+        declared = src.pf.schema_arrow.field(name).type
+        raise TraceFormatError(f"{src.path}: column '{name}' has type {declared}, expected strings")
     col = col.unify_dictionaries()
     values = col.chunks[0].dictionary if col.num_chunks else pa.array([], pa.string())
     return values, pa.chunked_array([c.indices for c in col.chunks], type=typ.index_type)
 
 
-def _text_column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
-    """Column ``name``, a string column read as a dictionary: a file whose schema says plain strings
-    would otherwise decode a value repeated on every row once per row (one 10 kB call-site on
-    a million rows: 10 GB from a few kB of file)."""
-    typ = pf.schema_arrow.field(name).type
-    if not _is_text(typ) and not (pa.types.is_binary(typ) or pa.types.is_large_binary(typ)):
-        return _column(p, pf, name)
-    with open(p, "rb") as f:  # the same file, opened again with the dictionary request
-        again = pq.ParquetFile(f, metadata=pf.metadata, read_dictionary=[name])
-        return again.read(columns=[name]).column(0)
-
-
-def _read_extras(p: Path, pf: pq.ParquetFile, names: list[str]) -> pa.Table:
-    """The extra columns, string columns as dictionaries (``_text_column``)."""
-    return pa.table({name: _text_column(p, pf, name) for name in names})
+def _read_extras(src: Columns, names: list[str]) -> pa.Table:
+    """The extra columns, string columns as dictionaries (``columns.text_column``)."""
+    return pa.table({name: src.take(name) for name in names})
 
 
 def _out_of_memory(p: Path, e: MemoryError) -> InputError:

@@ -34,8 +34,13 @@ def check_totals(p: Path, ev: Events, mate: np.ndarray, keep: np.ndarray) -> Non
 
     i, what = first_over(ev.op, ev.rounded, ev.size, mate, keep, np.int64(MAX_SIZE))
     if i >= 0:
-        name = "live bytes" if what == 0 else "reserved bytes"
-        raise TraceFormatError(f"{p}: {name} reach 2^62 or more at seq {int(ev.seq[i])}, beyond any device")
+        raise over_error(p, ev, int(i), reserved=what == 1)
+
+
+def over_error(p: Path, ev: Events, i: int, *, reserved: bool) -> TraceFormatError:
+    """The sentence for live (or ``reserved``) bytes reaching 2^62 at event i."""
+    name = "reserved bytes" if reserved else "live bytes"
+    return TraceFormatError(f"{p}: {name} reach 2^62 or more at seq {int(ev.seq[i])}, beyond any device")
 
 
 def check_ranges(p: Path, ev: Events, keep: np.ndarray) -> None:
@@ -47,7 +52,14 @@ def check_ranges(p: Path, ev: Events, keep: np.ndarray) -> None:
         length = np.where(op == Op.SEGMENT_ALLOC, ev.size[sl], np.where(op == Op.MALLOC, ev.rounded[sl], 0))
         bad = np.flatnonzero(keep[sl] & (length > 0) & (length - np.uint64(1) > _TOP - addr))
         if len(bad):
-            i = lo + int(bad[0])
-            what = "segment" if ev.op[i] == Op.SEGMENT_ALLOC else "block"
-            raise TraceFormatError(f"{p}: the {what} at seq {int(ev.seq[i])} ({int(length[bad[0]])} bytes at "
-                                   f"{int(ev.addr[i]):#x}) runs past the end of the 64-bit address space")
+            raise past_end_error(p, ev, lo + int(bad[0]))
+
+
+def past_end_error(p: Path, ev: Events, i: int) -> TraceFormatError:
+    """The sentence for the block or segment of event i running past 2^64."""
+    seg = ev.op[i] == Op.SEGMENT_ALLOC
+    length = int(ev.size[i] if seg else ev.rounded[i])
+    what = "segment" if seg else "block"
+    at = f"{int(ev.addr[i]):#x}"
+    return TraceFormatError(f"{p}: the {what} at seq {int(ev.seq[i])} ({length} bytes at {at}) runs past the "
+                            "end of the 64-bit address space")

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracekit.trace.issues import EventIssue, IssueKind, Severity
+from tracekit.trace.issues import EventIssue, Found, IssueKind, Severity
 from tracekit.trace.schema import Op
 
-__all__ = ["EventIssue", "IssueKind", "Pairing", "Severity", "pair_events", "remap_mate"]
+__all__ = ["EventIssue", "Found", "IssueKind", "Pairing", "Severity", "pair_and_check", "pair_events",
+           "remap_mate"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,14 +37,59 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
                 size: np.ndarray | None = None) -> Pairing:
     """Pair frees with mallocs (and segment frees with segment allocs); with ``size``, also
     flag blocks that lie in another device's segments only."""
-    n = len(op)
-    keep = np.ones(n, dtype=np.bool_)
-    mate = np.full(n, -1, dtype=np.int64)
-    counts = np.zeros(len(IssueKind), dtype=np.int64)
-    first = np.full(len(IssueKind), -1, dtype=np.int64)
-    from tracekit.trace._kernels import scan  # numba: loaded here, once the events are read
+    keep, mate, counts, first = _tables(len(op))
+    from tracekit.trace._kernels import read_pass  # numba: loaded here, once the events are read
 
-    scan(op, addr, device, keep, mate, counts, first)
+    none = np.zeros(0, np.uint64)  # not read without the checks; of the types the checks take
+    op_, seq_, t_ns_, addr_, size_, device_ = _frozen(op, seq, none.view(np.int64), addr, none, device)
+    read_pass(op_, seq_, t_ns_, addr_, size_, none, device_, keep, mate, counts, first, np.zeros(0, np.int64),
+              np.uint64(0), np.int64(0), False)
+    return _finish(op, addr, device, seq, size, keep, mate, counts, first)
+
+
+def pair_and_check(op: np.ndarray, seq: np.ndarray, t_ns: np.ndarray, addr: np.ndarray, size: np.ndarray,
+                   rounded: np.ndarray, device: np.ndarray, max_request: int,
+                   limit: int) -> tuple[Pairing, np.ndarray]:
+    """``pair_events`` (with ``size``) and the reader's per-event checks in one compiled pass
+    (``_kernels.read_pass``): the pairing, and per ``Found`` the index of the first event with that
+    fault (-1: none). Fills an unknown ``rounded`` (0) of a request with its ``size``, in place, so
+    ``rounded`` must be writable. The totals and ranges in ``found`` are of the events the pass
+    kept; where the cross-device check drops more (``IssueKind.BLOCK_OTHER_DEVICE``), they are -1
+    and left to ``totals.check_totals`` and ``check_ranges`` over the final pairing."""
+    keep, mate, counts, first = _tables(len(op))
+    found = np.full(len(Found), -1, np.int64)
+    from tracekit.trace._kernels import read_pass  # numba: loaded here, once the events are read
+
+    op_, seq_, t_ns_, addr_, size_, device_ = _frozen(op, seq, t_ns, addr, size, device)
+    read_pass(op_, seq_, t_ns_, addr_, size_, rounded, device_, keep, mate, counts, first, found,
+              np.uint64(max_request), np.int64(limit), True)
+    pairing = _finish(op, addr, device, seq, size, keep, mate, counts, first)
+    if counts[IssueKind.BLOCK_OTHER_DEVICE]:
+        found[[Found.OVER_LIVE, Found.OVER_RESERVED, Found.PAST_END]] = -1
+    return pairing, found
+
+
+def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Read-only views: numba compiles a kernel once per writability, and Events' columns (what
+    the other callers pass) are read-only, so every caller reaches the one compiled pass."""
+    out = []
+    for a in arrays:
+        if a.flags.writeable:
+            a = a.view()
+            a.flags.writeable = False
+        out.append(a)
+    return tuple(out)
+
+
+def _tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """keep (all True), mate (all -1), and the counts and first index of each ``IssueKind`` (none)."""
+    return (np.ones(n, dtype=np.bool_), np.full(n, -1, dtype=np.int64), np.zeros(len(IssueKind), np.int64),
+            np.full(len(IssueKind), -1, dtype=np.int64))
+
+
+def _finish(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray, size: np.ndarray | None,
+            keep: np.ndarray, mate: np.ndarray, counts: np.ndarray, first: np.ndarray) -> Pairing:
+    """The cross-device checks after the scan, and the issues found."""
     _other_device(op, addr, device, keep, counts, first)
     if size is not None:
         _block_other_device(op, addr, size, device, keep, mate, counts, first)

@@ -1,0 +1,163 @@
+"""A trace's columns read at once, and integer columns as NumPy with their nulls filled in one copy.
+
+``Columns`` reads every column a reader needs at once, in multi-threaded Parquet reads of a window
+of row groups each (text columns as dictionaries, ``text_column``), the integer columns copied from
+each window straight into their whole-file NumPy arrays, so memory stays near the size of the
+result plus one window, and no page is touched twice. Where a read fails (a damaged page, too
+little memory), it keeps nothing: each column is then read when it is asked for, one at a time, as
+the reader always did, so a bad file fails at the same column with the same sentence.
+
+``as_numpy`` turns an integer column into one NumPy array of its own type: no copy for one chunk
+without nulls, one copy otherwise, the null slots written with a filler and their mask returned
+(no Arrow ``fill_null``, which makes a second copy; a column without nulls pays nothing for them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["Columns", "as_numpy", "is_text", "text_column"]
+
+
+def is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _decodes_per_row(t: pa.DataType) -> bool:
+    """Strings or bytes stored plain: read as a dictionary instead (``text_column``)."""
+    return is_text(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def column(pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
+    return pf.read(columns=[name]).column(0)
+
+
+def text_column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
+    """Column ``name``, a string column read as a dictionary: a file whose schema says plain strings
+    would otherwise decode a value repeated on every row once per row (one 10 kB call-site on
+    a million rows: 10 GB from a few kB of file)."""
+    if not _decodes_per_row(pf.schema_arrow.field(name).type):
+        return column(pf, name)
+    with open(p, "rb") as f:  # the same file, opened again with the dictionary request
+        again = pq.ParquetFile(f, metadata=pf.metadata, read_dictionary=[name])
+        return again.read(columns=[name]).column(0)
+
+
+# Rows read together: each read is multi-threaded across columns and row groups, and its Arrow
+# memory (reused by Arrow's pool from one window to the next) stays near 2^21 rows of every column.
+WINDOW_ROWS = 1 << 21
+
+
+class Columns:
+    """The columns ``names`` of an open trace, read at once where the file allows (see the module).
+
+    The plain integer columns among ``ints`` are handed over as NumPy (``ints``), each copied once
+    from the window it was read in into its whole-file array; the rest (text as dictionaries, the
+    extras) are kept as Arrow chunks (``take``, ``get``).
+    """
+
+    def __init__(self, p: Path, pf: pq.ParquetFile, names: list[str], ints: list[str]) -> None:
+        self.path, self.pf = p, pf
+        self._held: dict[str, pa.ChunkedArray] = {}
+        self._ints: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        schema = pf.schema_arrow
+        numeric = [n for n in ints if n in names and pa.types.is_integer(schema.field(n).type)]
+        try:
+            self._read_all(names, numeric)
+        except (pa.ArrowException, OSError, MemoryError):
+            self._held, self._ints = {}, {}  # one column at a time from here: each fails where it always did
+
+    def _read_all(self, names: list[str], numeric: list[str]) -> None:
+        md, schema = self.pf.metadata, self.pf.schema_arrow
+        n = md.num_rows
+        out = {name: np.empty(n, np.dtype(schema.field(name).type.to_pandas_dtype())) for name in numeric}
+        null: dict[str, np.ndarray] = {}
+        kept: dict[str, list[pa.Array]] = {name: [] for name in names if name not in out}
+        types: dict[str, pa.DataType] = {}
+        text = [name for name in names if _decodes_per_row(schema.field(name).type)]
+        with open(self.path, "rb") as f:  # opened again with the dictionary request (text_column)
+            again = pq.ParquetFile(f, metadata=md, read_dictionary=text)
+            at = 0
+            for groups in _windows(md):
+                table = again.read_row_groups(groups, columns=names, use_threads=True) if groups else \
+                    again.read(columns=names, use_threads=True)
+                m = table.num_rows
+                for name, values in out.items():
+                    col = table.column(name)
+                    if col.null_count and name not in null:
+                        null[name] = np.zeros(n, np.bool_)
+                    _copy_into(col, values[at:at + m], null[name][at:at + m] if name in null else None, 0)
+                for name, chunks in kept.items():
+                    col = table.column(name)
+                    types[name] = col.type
+                    chunks.extend(col.chunks)
+                at += m
+                del table
+        self._ints = {name: (values, null.get(name)) for name, values in out.items()}
+        self._held = {name: pa.chunked_array(chunks, type=types[name]) for name, chunks in kept.items()
+                      if name in types}
+
+    def ints(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Integer column ``name`` as ``as_numpy`` gives it (nulls as 0), no longer held here."""
+        held = self._ints.pop(name, None)
+        return held if held is not None else as_numpy(text_column(self.path, self.pf, name), 0)
+
+    def take(self, name: str) -> pa.ChunkedArray:
+        """Column ``name``, no longer held here (read now where it was not read at once)."""
+        held = self._held.pop(name, None)
+        return held if held is not None else text_column(self.path, self.pf, name)
+
+    def get(self, name: str) -> pa.ChunkedArray:
+        """Column ``name``, still held for a later ``take`` or ``get``."""
+        held = self._held.get(name)
+        return held if held is not None else text_column(self.path, self.pf, name)
+
+
+def _windows(md: pq.FileMetaData) -> list[list[int]]:
+    """The row groups in reads of about ``WINDOW_ROWS`` rows (one empty read for a file of none)."""
+    out: list[list[int]] = [[]]
+    rows = 0
+    for g in range(md.num_row_groups):
+        if out[-1] and rows + md.row_group(g).num_rows > WINDOW_ROWS:
+            out.append([])
+            rows = 0
+        out[-1].append(g)
+        rows += md.row_group(g).num_rows
+    return out
+
+
+def as_numpy(col: pa.ChunkedArray, filler: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """An integer column as one NumPy array of its own type, each null as ``filler``; and, where
+    the column has nulls, the bool mask of them (None where it has none).
+
+    One chunk without nulls: Arrow's memory itself (read-only). Otherwise one copy (``_copy_into``).
+    """
+    if not col.null_count:
+        return col.to_numpy(), None
+    out = np.empty(len(col), np.dtype(col.type.to_pandas_dtype()))
+    null = np.zeros(len(col), np.bool_)
+    _copy_into(col, out, null, filler)
+    return out, null
+
+
+def _copy_into(col: pa.ChunkedArray, out: np.ndarray, null: np.ndarray | None, filler: int) -> None:
+    """``col`` (an integer column of ``out``'s type) into ``out``, chunk by chunk: the values
+    buffer, then ``filler`` and the mask ``null`` through the validity bitmap where a chunk has
+    nulls (``null`` is given wherever ``col`` has any)."""
+    at = 0
+    for chunk in col.chunks:
+        m, off = len(chunk), chunk.offset
+        if m == 0:
+            continue
+        validity, values = chunk.buffers()[:2]
+        out[at:at + m] = np.frombuffer(values, out.dtype, count=off + m)[off:]
+        if chunk.null_count:
+            assert null is not None
+            bits = np.unpackbits(np.frombuffer(validity, np.uint8), count=off + m, bitorder="little")[off:]
+            np.equal(bits, 0, out=null[at:at + m])
+            np.putmask(out[at:at + m], null[at:at + m], filler)
+        at += m
