@@ -374,8 +374,12 @@ def _program(name: str, out: Path, dry: bool, steps: int, step: int) -> ProgramJ
 def _versions(dry: bool) -> tuple[str | None, dict[str, str]]:
     if dry:
         return None, {}
-    import cupy
-    import rmm
+    try:
+        import cupy
+        import rmm
+    except ImportError as e:
+        raise SystemExit(f"{e}: install RMM's wheels first (python3 -m pip install --no-index --no-deps "
+                         "--target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site), or give --dry-run") from None
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
