@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -255,9 +256,11 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace
     stacks = _read_stack_table(p, pf)
     extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
     wanted = extra_names if extras else [n for n in ("expandable", "pool") if n in names]
+    loading = _load_pass()
     try:
         src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
                               or n in wanted], [*_INT_COLUMNS, STACK_FIELD.name])
+        loading.join()
         ev, pairing, found = _read_events(p, src, schema, stacks)
         ev = _with_kinds(ev, meta)
         extra_tbl = _read_extras(src, extra_names) if (extras and extra_names) else None
@@ -288,6 +291,21 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace
         if extra_tbl is not None:
             extra_tbl = extra_tbl.filter(pa.array(pairing.keep))
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
+
+
+def _load_pass() -> threading.Thread:
+    """numba and the compiled pass loaded (from numba's cache) in a thread while Arrow reads the file
+    (its reads let go of the GIL), so the first read of a process does not wait for them after it."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # anything amiss shows again where the pass is used
+            none = np.zeros(0, np.uint64)  # the types of the real call: one compiled signature
+            pair_and_check(np.zeros(0, np.int8), none, none.view(np.int64), none, none, none.copy(),
+                           np.zeros(0, np.int16), MAX_REQUEST, MAX_SIZE)
+
+    thread = threading.Thread(target=load, name="tracekit-load-pass", daemon=True)
+    thread.start()
+    return thread
 
 
 def _check_found(p: Path, ev: Events, pairing: Pairing, found: np.ndarray) -> None:
