@@ -238,3 +238,23 @@ def test_a_program_that_writes_over_its_spool_gets_the_rest_from_the_tail(tmp_pa
     assert "stops making sense" in p.stderr and "came back from its tail" in p.stderr
     assert "spool_damaged" in t.meta.extra and t.meta.extra["tail_rows"] > 0
     assert sorted(x.name for x in tmp_path.iterdir()) == ["app.py", "t.parquet"]
+
+
+@needs_ring
+@pytest.mark.parametrize("end", ["exit", "SIGKILL"])
+@pytest.mark.parametrize("damage", ["os.truncate('t.parquet.spool', 100)",
+                                    "open('t.parquet.spool', 'r+b').write(os.urandom(4000))"],
+                         ids=["truncated-into-its-metadata", "garbage-over-its-metadata"])
+def test_a_spool_whose_metadata_the_program_destroyed_is_finished_from_the_recorder_s_copy(
+        tmp_path: Path, end: str, damage: str) -> None:
+    """The recorder (and the watcher, from the start) hold the spool's first bytes as they wrote them:
+    the trace is written with them and the rows from the tail, no spool left for ``recover``."""
+    code, status = ENDS[end]
+    p = _record(tmp_path, PROGRAM.replace("more = ", f"{damage}\n    more = ") + f"    {code}\n")
+    assert p.returncode == status and "Traceback" not in p.stderr, p.stderr
+    t = read_trace(tmp_path / "t.parquet", strict=True)
+    assert int((t.events.op == Op.MALLOC).sum()) == ALL
+    assert "recorder's own copy" in t.meta.extra["spool_head_restored"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["app.py", "t.parquet"]
+    if end == "exit":
+        assert "recorder's own copy" in p.stderr

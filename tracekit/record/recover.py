@@ -67,6 +67,8 @@ from tracekit.trace.stacks import CUT_MARK, MAX_FRAME_TEXT_BYTES, MAX_LINE, Fram
 from tracekit.trace.writer import TraceWriter
 
 ROW_GROUP = 1 << 20
+HEAD_RESTORED = ("the spool's first bytes (its metadata) were written over; the recorder's own copy of them "
+                 "was used")
 NO_TIME = np.iinfo(np.int64).min  # before the first event row
 
 
@@ -88,6 +90,7 @@ class SpoolScan:
     tail_lost: int = 0  # rows between the spool's last and the tail's first that neither held
     damaged: str | None = None  # where and why the spool stopped making sense (its prefix is kept)
     cut: str | None = None  # where the spool was cut short (``truncated``), where known
+    head_restored: bool = False  # its metadata frame written over: the recorder's own copy read
     tail_damaged: str | None = None  # where and why the tail's rows stopped making sense
 
 
@@ -104,6 +107,7 @@ class _Spool:
         if self._frames is not None:
             scan.tail_rows, scan.tail_lost = self._frames.tail_rows, self._frames.tail_lost
             scan.tail_damaged = self._frames.tail_damaged
+            scan.head_restored = self._frames.head_restored
 
     def batches(self, scan: SpoolScan | None = None) -> Iterator[pa.RecordBatch]:
         """Every whole batch, checked; ``scan.truncated`` is set where the spool was cut short."""
@@ -130,19 +134,20 @@ class _Spool:
 
 
 @contextmanager
-def _open(path: Path, tail: Path | None = None) -> Iterator[_Spool]:
+def _open(path: Path, tail: Path | None = None, head: bytes | None = None) -> Iterator[_Spool]:
     """The spool (a version-4 framed spool, or the Arrow stream of earlier recorders), closed when
-    the block ends; ``tail`` is its ring where not beside it (``tail_path``)."""
+    the block ends; ``tail`` is its ring where not beside it (``tail_path``), ``head`` its magic and
+    metadata frame as the recorder wrote them (``SpoolFrames``)."""
     check_regular(path, "spool")
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed below, after the block)
     except OSError as e:
         raise InputError(f"{path}: cannot read the spool ({e.strerror or e})") from None
     with f:
-        head = f.read(len(MAGIC))
+        magic = f.read(len(MAGIC))
         f.seek(0)
-        if head == MAGIC:
-            frames = SpoolFrames(path, f, tail or tail_path(path), check=_checked)
+        if magic == MAGIC or head is not None:
+            frames = SpoolFrames(path, f, tail or tail_path(path), check=_checked, head=head)
             yield _Spool(path, frames.meta_json, frames.batches(), frames)
             return
         with _arrow(path) as reader:
@@ -221,9 +226,9 @@ def _checked(path: Path, batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-def scan_spool(path: Path, tail: Path | None = None) -> SpoolScan:
+def scan_spool(path: Path, tail: Path | None = None, head: bytes | None = None) -> SpoolScan:
     """Pass 1: metadata, call-site names, notes (with the seq of the event each describes), counts."""
-    with _open(path, tail) as spool:
+    with _open(path, tail, head) as spool:
         scan = SpoolScan(_meta(path, spool.meta_json))
         for batch in spool.batches(scan):
             before = len(scan.sites), len(scan.frames), len(scan.stacks), len(scan.notes), len(scan.segments)
@@ -352,15 +357,17 @@ def _events(batch: pa.RecordBatch, seq0: int, sites: tuple[str, ...],
     return ev, extras, mismatches
 
 
-def finalize(spool: Path, output: Path, extra: dict[str, Any], *, tail: Path | None = None) -> Path:
-    """Write the trace ``output`` from ``spool`` (and ``tail``, its ring where not beside it);
+def finalize(spool: Path, output: Path, extra: dict[str, Any], *, tail: Path | None = None,
+             head: bytes | None = None) -> Path:
+    """Write the trace ``output`` from ``spool`` (``tail``: its ring where not beside it; ``head``: its
+    magic and metadata frame as the recorder wrote them, used where the file's were written over);
     ``extra`` goes into the metadata."""
-    scan = scan_spool(spool, tail)
+    scan = scan_spool(spool, tail, head)
     if scan.damaged is not None and scan.events == 0 and not scan.tail_rows:
         raise InputError(f"{spool}: no event in it is intact: the spool stops making sense {scan.damaged}")
     ooms = [{k: v for k, v in n.items() if k != "state"} for n in scan.notes if n.get("kind") == "oom"]
     index = segment_index(scan.segments)
-    with _open(spool, tail) as sp:  # the device mismatches go into the metadata, written first
+    with _open(spool, tail, head) as sp:  # the device mismatches go into the metadata, written first
         mismatches, seq = 0, 0
         # Progress in batches over the three passes; the first (the scan) is done here.
         for i, batch in enumerate(sp.batches()):
@@ -384,6 +391,8 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any], *, tail: Path | N
         meta = meta.with_extra(tail_rows=scan.tail_rows, tail_rows_lost=scan.tail_lost)
     if scan.tail_damaged is not None:
         meta = meta.with_extra(tail_damaged=scan.tail_damaged)
+    if scan.head_restored:
+        meta = meta.with_extra(spool_head_restored=HEAD_RESTORED)
     cut = (sum(CUT_MARK in x for x in scan.sites)
            + sum(CUT_MARK in f[0] or CUT_MARK in f[2] for f in scan.frames))
     if cut:  # names the recorder shortened to the reader's bound (trace.stacks.cut_text)
@@ -393,7 +402,7 @@ def finalize(spool: Path, output: Path, extra: dict[str, Any], *, tail: Path | N
     seq, t_floor = 0, NO_TIME
     pending: list[tuple[Events, dict[str, pa.Array]]] = []
     held = 0
-    with _open(spool, tail) as sp, TraceWriter(output, meta, EXTRA_FIELDS) as w:
+    with _open(spool, tail, head) as sp, TraceWriter(output, meta, EXTRA_FIELDS) as w:
         for i, batch in enumerate(sp.batches()):
             if i >= scan.batches:
                 break
@@ -426,6 +435,8 @@ def spool_notes(extra: Mapping[str, Any]) -> list[str]:
     elif isinstance(cut, str):
         out.append(f"tracekit: the spool is cut short {safe_text(cut)}; the trace holds the whole frames "
                    f"before that point{from_tail}")
+    if isinstance(extra.get("spool_head_restored"), str):
+        out.append(f"tracekit: {extra['spool_head_restored']}")
     if isinstance(extra.get("spool_gone"), str):
         out.append(f"tracekit: {extra['spool_gone']}")
     if isinstance(lost, int) and lost:

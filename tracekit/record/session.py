@@ -255,7 +255,7 @@ class CupyRecording:
         try:
             from tracekit.record.recover import finalize  # numba and the reader: after the program only
 
-            finalize(held or self.spool_path, self.output, extra)
+            finalize(held or self.spool_path, self.output, extra, head=self.spool.head)
         except Exception as e:
             # This process may be what broke (a program that replaced json.dumps, a recursion limit
             # of 40): the watcher writes the trace from the spool in a clean process.

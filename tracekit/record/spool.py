@@ -96,7 +96,8 @@ class SpoolWriter:
         head = json.dumps({"meta": json.loads(meta.to_json()), "t0_ns": t0_ns}).encode()
         try:
             self._file.open(os.O_CREAT | os.O_EXCL)
-            self._file.write(MAGIC + frame_header(META, 0, len(head)) + head)
+            self.head = MAGIC + frame_header(META, 0, len(head)) + head  # kept: ``SpoolFrames(head=)``
+            self._file.write(self.head)
         except FileExistsError:
             raise OutputError(f"{path}: a spool already exists (another recording, or recover it first)"
                               ) from None

@@ -36,6 +36,7 @@ A spool is untrusted input: the layout is checked here (tags, lengths, JSON shap
 from __future__ import annotations
 
 import enum
+import io
 import json
 import struct
 from collections.abc import Callable, Iterator
@@ -98,8 +99,17 @@ class SpoolFrames:
     """Reads a version-4 spool: ``meta_json`` and ``t0`` at open, ``batches()`` after."""
 
     def __init__(self, path: Path, f: IO[bytes], tail: Path | None = None,
-                 check: Callable[[Path, pa.RecordBatch], Any] | None = None) -> None:
+                 check: Callable[[Path, pa.RecordBatch], Any] | None = None,
+                 head: bytes | None = None) -> None:
         self.path, self._f, self._tail, self._check = path, f, tail, check
+        # ``head``: the magic and metadata frame as the recorder wrote them (it, or the watcher, holds
+        # them): where the file's own were written over, they are read from it and the frames after it
+        # from the file (``head_restored``).
+        self.head_restored = False
+        if head is not None and f.read(len(head)) != head:
+            self.head_restored, self._f = True, io.BytesIO(head)
+        else:
+            f.seek(0)
         self.truncated = False
         self.cut: str | None = None  # where the spool was cut short (``truncated``)
         self.ended = False
@@ -110,7 +120,7 @@ class SpoolFrames:
         self.tail_damaged: str | None = None  # where and why the tail's rows stopped making sense
         self._pos = 0  # the byte offset of the frame being read
         self._frame_no = -1  # its number (the metadata frame is frame 0)
-        if f.read(len(MAGIC)) != MAGIC:
+        if self._f.read(len(MAGIC)) != MAGIC:
             raise InputError(f"{path}: not a tracekit recording spool")
         frame = self._next()
         if frame is None or frame[0] != META:
@@ -124,6 +134,8 @@ class SpoolFrames:
                              "(a clock reading in nanoseconds, 0 .. 2^62)")
         self.meta_json: bytes = json.dumps(head["meta"]).encode()
         self.t0: int = head["t0_ns"]
+        if self.head_restored:
+            self._f = f  # the frames after the metadata: the file's own, from the same offset
 
     def _next(self) -> tuple[bytes, int, bytes] | None:
         """The next whole frame, or None at the end (``truncated`` where it was cut short, ``damaged``

@@ -126,6 +126,21 @@ def _hold(path: Path) -> int:
         return -1
 
 
+def _read_head(fd: int) -> bytes | None:
+    """The spool's magic and metadata frame as the recorder wrote them, read at the start so a program
+    that writes over them cannot take them (``record.spool_format``: 8 bytes of magic, then the
+    frame's 16-byte header, whose last 8 bytes are the payload's length, then the payload)."""
+    try:
+        first = os.pread(fd, 24, 0)
+        n = int.from_bytes(first[16:24], "little")
+        if len(first) < 24 or n > 1 << 26:
+            return None
+        head = first + os.pread(fd, n, 24)
+    except (OSError, ValueError):
+        return None
+    return head if len(head) == 24 + n else None
+
+
 def _source(path: Path, fd: int) -> Path | None:
     """``path`` where it still names the file ``fd`` reads (or no file was held), else that file
     through ``/proc/self/fd`` (the program deleted or replaced it); None where neither is there."""
@@ -137,10 +152,11 @@ def _source(path: Path, fd: int) -> Path | None:
     return Path(f"/proc/self/fd/{fd}")
 
 
-def _finish(spool: Path, output: Path, ended: str, held: tuple[int, int] = (-1, -1)) -> bool:
+def _finish(spool: Path, output: Path, ended: str, held: tuple[int, int] = (-1, -1),
+            head: bytes | None = None) -> bool:
     """Write ``output`` from ``spool`` (``held``: descriptors reading it and its tail, opened at
-    the start) and remove the spool; False when there was nothing to do or it failed (the spool
-    then stays for ``tracekit recover``)."""
+    the start; ``head``: its first bytes as they were then) and remove the spool; False when there
+    was nothing to do or it failed (the spool then stays for ``tracekit recover``)."""
     from tracekit.record.tail import tail_path
 
     source, tail = _source(spool, held[0]), _source(tail_path(spool), held[1])
@@ -155,7 +171,7 @@ def _finish(spool: Path, output: Path, ended: str, held: tuple[int, int] = (-1, 
     if source != spool:
         extra["spool_gone"] = GONE
     try:
-        finalize(source, output, extra, tail=tail)
+        finalize(source, output, extra, tail=tail, head=head)
     except Exception:
         return False
     if source == spool:  # a file the program put at the spool's name is its own
@@ -172,6 +188,7 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
     from tracekit.trace.finishing import mark_path
 
     held = _hold(spool), _hold(tail_path(spool))
+    head = _read_head(held[0]) if held[0] >= 0 else None
     mark = os.open(mark_path(output), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     fcntl.flock(mark, fcntl.LOCK_EX)
     os.write(mark, f"{pid}\n".encode())
@@ -195,7 +212,7 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             os.write(answer, DONE)  # after the mark is gone: the recorded process waits for this
             return
         if said == FINISH:
-            os.write(answer, DONE if _finish(spool, output, "the recorder could not finish it", held)
+            os.write(answer, DONE if _finish(spool, output, "the recorder could not finish it", held, head)
                      else b"X")
             return
         # End of file: it ended, exec'd, or only closed its descriptors (then it is the same program).
@@ -207,7 +224,7 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             ended = "the process ended (os._exit or a signal) without finishing the recording"
         elif not gone:
             ended = "the process replaced itself (exec) before finishing the recording"
-        _finish(spool, output, ended, held)
+        _finish(spool, output, ended, held, head)
     finally:
         if mark >= 0:
             with contextlib.suppress(OSError):
