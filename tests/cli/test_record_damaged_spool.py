@@ -258,3 +258,4 @@ def test_a_spool_whose_metadata_the_program_destroyed_is_finished_from_the_recor
     assert sorted(x.name for x in tmp_path.iterdir()) == ["app.py", "t.parquet"]
     if end == "exit":
         assert "recorder's own copy" in p.stderr
+

@@ -175,3 +175,20 @@ def test_sigkill_from_outside_mid_loop_keeps_every_malloc_the_program_counted(tm
     assert counted <= mallocs <= counted + 1
     assert t.meta.extra["complete"] is False and t.meta.extra["tail_rows"] > 0
     assert not (tmp_path / "t.parquet.spool.tail").exists()
+
+
+INTERRUPTS = {"raise": "raise KeyboardInterrupt",
+              "SIGINT": "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)"}
+
+
+@pytest.mark.parametrize("end", list(INTERRUPTS.values()), ids=list(INTERRUPTS))
+def test_a_program_ended_by_keyboard_interrupt_dies_of_sigint_as_under_python(tmp_path: Path,
+                                                                               end: str) -> None:
+    """Python re-raises SIGINT when a KeyboardInterrupt ends the program; record does the same once the
+    trace is written, so the shell sees the program's own status."""
+    (tmp_path / "plain.py").write_text(f"import os, signal, time\n{end}\n")
+    plain = subprocess.run([sys.executable, "plain.py"], capture_output=True, cwd=tmp_path, timeout=60)
+    p = _record(tmp_path, HEAD + f"    {end}\n")
+    assert p.returncode == plain.returncode == -signal.SIGINT, p.stderr
+    t = read_trace(tmp_path / "t.parquet", strict=True)
+    assert "Wrote t.parquet" in p.stderr and int((t.events.op == Op.MALLOC).sum()) == 23

@@ -70,6 +70,11 @@ def record(
     elif done.path is not None:
         tell(f"Wrote {_shown(done.path, start)}")
         _notes(done.path)
+    if done.dies_of is not None:  # as python would: the program's KeyboardInterrupt ends in SIGINT
+        import signal
+
+        signal.signal(done.dies_of, signal.SIG_DFL)
+        os.kill(os.getpid(), done.dies_of)
     raise typer.Exit(done.code)
 
 

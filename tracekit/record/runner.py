@@ -236,6 +236,9 @@ class Recorded:
     path: Path | None
     code: int
     problem: str | None = None
+    # the signal the process dies of once the trace is written, as python does for a KeyboardInterrupt
+    # that ends the program (it re-raises SIGINT; the shell then sees a death by SIGINT, not 130)
+    dies_of: int | None = None
 
 
 def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
@@ -250,13 +253,14 @@ def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
     from tracekit.kernel_cache import settle
 
     settle()  # the program has ended: the kernels that write the trace need a cache they may use
+    sig = outcome.signal if outcome.exception == "KeyboardInterrupt" else None
     with quiet_signals():
         try:
-            return Recorded(write(), outcome.code)
+            return Recorded(write(), outcome.code, dies_of=sig)
         except TracekitError as e:
-            return Recorded(None, outcome.code, str(e))
+            return Recorded(None, outcome.code, str(e), sig)
         except Exception as e:  # never a traceback after the program ran: say what failed
-            return Recorded(None, outcome.code, f"could not write the trace ({type(e).__name__}: {e})")
+            return Recorded(None, outcome.code, f"could not write the trace ({type(e).__name__}: {e})", sig)
         finally:
             outcome.keepalive = None
             sys.setrecursionlimit(limit)
