@@ -105,7 +105,8 @@ def _found(found, what, i):  # pragma: no cover - compiled
 def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, first, found,
               max_request, limit, checks):  # pragma: no cover - compiled
     """One pass in event order over the pairing table: an allocation claims its key (value := i),
-    a free pairs with the value (mate both ways, value := FREED); the rest is flagged. With
+    a free pairs with the value (mate both ways, value := FREED); the rest is flagged; ``keep`` (all
+    True) and ``mate`` (all -1) are initialized here, event by event. With
     ``checks``, also every per-event check of the reader, each fault's first event index written
     to ``found`` (indexed by ``Found``; -1: none); without, ``t_ns``, ``size``, ``rounded`` and
     ``found`` are not read (empty arrays will do).
@@ -125,6 +126,8 @@ def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, fi
     counting = checks  # the totals stop at their first step past the limit (exact up to it)
     top = np.uint64(0xFFFFFFFFFFFFFFFF)
     for i in range(op.shape[0]):
+        keep[i] = True  # keep and mate come uninitialized: written here first (each page touched once)
+        mate[i] = -1  # (a malloc's mate is written later, by its free: after this)
         o = op[i]
         if checks:
             if i > 0 and seq[i] <= seq[i - 1]:

@@ -82,8 +82,9 @@ def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def _tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """keep (all True), mate (all -1), and the counts and first index of each ``IssueKind`` (none)."""
-    return (np.ones(n, dtype=np.bool_), np.full(n, -1, dtype=np.int64), np.zeros(len(IssueKind), np.int64),
+    """keep and mate (uninitialized: ``read_pass`` writes each event's first), and the counts and
+    first index of each ``IssueKind`` (none)."""
+    return (np.empty(n, dtype=np.bool_), np.empty(n, dtype=np.int64), np.zeros(len(IssueKind), np.int64),
             np.full(len(IssueKind), -1, dtype=np.int64))
 
 
