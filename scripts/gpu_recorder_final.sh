@@ -10,7 +10,7 @@
 #     not committed) plain, under `tracekit record`, and under the plugin's --gpu-memory, each test
 #     bounded by pytest-timeout and the runs by timeout -k, compared by scripts/junit_compare.py;
 #   - scripts/gpu_ends.py: every way a recorded program can end.
-#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR bash scripts/gpu_recorder_final.sh
+#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR [SLICE=0] bash scripts/gpu_recorder_final.sh
 NAME=final
 source "$(dirname "$0")/gpu_common.sh"
 REPO=$(pwd)
@@ -36,9 +36,10 @@ done
 step "recorder and plugin gpu tests"
 run pytest-gpu 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider \
   tests/gpu/test_pytest_plugin_gpu.py tests/gpu/test_record_gpu.py tests/gpu/test_record_gpu_v2.py \
-  tests/gpu/test_record_stacks_gpu.py tests/gpu/test_record_depth_gpu.py
+  tests/gpu/test_record_stacks_gpu.py tests/gpu/test_record_depth_gpu.py tests/gpu/test_record_stream_gpu.py
 pack
 
+if [ "${SLICE:-1}" = 1 ]; then  # SLICE=0: no CuPy test slice (the recorder's transparency unchanged)
 step "cupy test slice"
 T=tests/cupy_tests
 FILES="$T/cuda_tests/test_memory_hook.py $T/cuda_tests/memory_hooks_tests $T/fft_tests/test_cache.py $T/cuda_tests/test_stream.py"
@@ -51,7 +52,12 @@ python3 scripts/junit_compare.py "$R/plain.xml" "$R/rec.xml" > "$R/cupy-compare.
 python3 scripts/junit_compare.py "$R/plain.xml" "$R/plugin.xml" > "$R/cupy-compare-plugin.json" 2>&1
 rm -f "$R"/cupy-tests.parquet*
 pack
+fi
 
 step ends
 run ends 100 python3 scripts/gpu_ends.py "$R/ends"
+pack
+
+step "per-call parts"
+run parts 90 python3 scripts/bench_record_parts.py --steps "${PARTS_STEPS:-600}" --repeats 3 --json "$R/parts.json"
 step done

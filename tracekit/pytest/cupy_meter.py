@@ -30,7 +30,6 @@ from tracekit.record.hook import (
     FREE,
     MALLOC,
     NOTE,
-    ROW,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     EventBuffer,
@@ -126,7 +125,7 @@ class CupyMeter:
         return self.measure()
 
     def measure(self) -> Measurement:
-        raw = np.array(self.buffer.rows, dtype=np.int64).reshape(-1, ROW)
+        raw = self.buffer.peek()
         c = unpack(raw)
         op = c["op"]
         block = np.where(op == MALLOC, c["rounded"], np.where(op == FREE, -c["size"], 0))

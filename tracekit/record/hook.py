@@ -170,6 +170,11 @@ class EventBuffer:
         self.written = 0
         return np.frombuffer(chunk, dtype="<i8").astype(np.int64).reshape(-1, ROW)
 
+    def peek(self) -> np.ndarray:
+        """The rows held now as an (n, ROW) int64 array, left in place (a copy)."""
+        n = len(self.rows)
+        return np.frombuffer(self.rows.to_bytes(0, n), dtype="<i8").astype(np.int64).reshape(-1, ROW)
+
     def note(self, row: tuple[int, ...], note: dict[str, Any], clock: Callable[[], int]) -> int:
         """Append an event row and, in the same atomic extend, the note row describing it.
 
