@@ -35,9 +35,10 @@ from typing import Any
 import cupy as cp
 
 from tracekit.record import CupyRecording
+from tracekit.record import hook as hook_mod
 from tracekit.record.callstacks import DEFAULT_DEPTH
 from tracekit.record.fastpath import Hook
-from tracekit.record.hook import ROW, EventBuffer
+from tracekit.record.hook import ROW, EventBuffer, stream_capsule
 from tracekit.record.tail import Tail
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +85,25 @@ def c_hook(stream: Callable[[], Any], trim_rows: int = 0, ring: bool = False) ->
         yield buf
     if tail is not None:
         tail.remove()
+
+
+RESOLVES = [0]  # the compiled hook's Python slow-path calls (``--count-resolves``)
+
+
+def count_resolves() -> None:
+    """Wrap the compiled hook's slow paths (``hook._stack_resolver``, ``_site_resolver``) so every
+    call is counted: a window the hot table answers costs no Python; a miss costs microseconds."""
+    for name in ("_stack_resolver", "_site_resolver"):
+        make = getattr(hook_mod, name)
+
+        def counted(*a: Any, _make: Callable[..., Any] = make) -> Callable[..., Any]:
+            inner = _make(*a)
+
+            def resolve(*args: Any) -> Any:
+                RESOLVES[0] += 1
+                return inner(*args)
+            return resolve
+        setattr(hook_mod, name, counted)
 
 
 @contextlib.contextmanager
@@ -137,6 +157,11 @@ def per_call(n: int = 200_000) -> dict[str, float]:
     del buf.rows[:]
     loop("c_free_postprocess", lambda: hook.free_postprocess(**fkw))
     del buf.rows[:]
+    fast = Hook(buf, stream, lambda *a: None, clock=None, stream_ptr=stream_capsule(cp))
+    loop("c_malloc_postprocess_capsule_stream", lambda: fast.malloc_postprocess(**kw))
+    del buf.rows[:]
+    loop("c_free_postprocess_capsule_stream", lambda: fast.free_postprocess(**fkw))
+    del buf.rows[:]
     noop = cp.cuda.MemoryHook()
     loop("py_noop_malloc_postprocess", lambda: noop.malloc_postprocess(**kw))
     for k in out:
@@ -153,7 +178,11 @@ def main() -> int:
     ap.add_argument("--trim-rows", type=int, default=2048)
     ap.add_argument("--only", default="", help="comma-separated variants (default: all)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--count-resolves", action="store_true",
+                    help="count the compiled hook's Python slow-path calls in each timed loop")
     args = ap.parse_args()
+    if args.count_resolves:
+        count_resolves()
     mlp = _mlp()
     mlp(args.warmup)
     table = variants(args.trim_rows)
@@ -161,16 +190,19 @@ def main() -> int:
         table = {k: v for k, v in table.items() if k in args.only.split(",")}
     times: dict[str, list[float]] = {k: [] for k in table}
     events: dict[str, int] = {}
+    resolves: dict[str, list[int]] = {k: [] for k in table}
     for rep in range(args.repeats):
         for name, make in table.items():
             with make(rep) as buf:
                 mlp(args.warmup)
                 cp.cuda.Device().synchronize()
                 n0 = len(buf.rows) if isinstance(buf, EventBuffer) else 0
+                r0 = RESOLVES[0]
                 t0 = time.perf_counter()
                 mlp(args.steps)
                 cp.cuda.Device().synchronize()
                 times[name].append(time.perf_counter() - t0)
+                resolves[name].append(RESOLVES[0] - r0)
                 if name == "c_list":  # never trimmed: its rows are the run's events
                     events[name] = (len(buf.rows) - n0) // ROW
     lo = {k: min(v) for k, v in times.items()}
@@ -187,6 +219,7 @@ def main() -> int:
         "us_per_event_over_noop_min": ({k: (v - lo["noop"]) / n_ev * 1e6 for k, v in lo.items()}
                                        if n_ev and "noop" in lo else {}),
         "us_per_call": per_call(),
+        "resolves_per_run": resolves if args.count_resolves else None,
     }
     print(json.dumps(result, indent=2))
     if args.json:
