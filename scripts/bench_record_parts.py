@@ -37,10 +37,13 @@ import cupy as cp
 from tracekit.record import CupyRecording
 from tracekit.record import hook as hook_mod
 from tracekit.record.callstacks import DEFAULT_DEPTH
-from tracekit.record.fastpath import Hook
+from tracekit.record.fastpath import Hook as _MaybeHook
 from tracekit.record.hook import ROW, EventBuffer, stream_capsule
 from tracekit.record.tail import Tail
 
+if _MaybeHook is None:
+    sys.exit("bench_record_parts.py: the compiled helper is not built (python3 setup.py build_ext --inplace)")
+Hook = _MaybeHook
 HERE = Path(__file__).resolve().parent
 TMP = Path(tempfile.mkdtemp(prefix="tk-parts-"))
 
