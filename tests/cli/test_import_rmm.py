@@ -87,3 +87,26 @@ def test_the_device_replay_of_rmm_pool_is_refused_in_one_sentence(tmp_path: Path
     r = runner.invoke(app, ["replay", str(tmp_path / "a.parquet"), "--device", "0",
                             "--allocator", "rmm-pool"])
     assert r.exit_code == 2 and "scripts/gpu_rmm_fidelity.py" in r.output
+
+
+def test_advise_offers_rmms_own_settings_and_judges_its_pool_by_its_replay(tmp_path: Path) -> None:
+    """advise on an RMM trace: RMM's pool (the recorded setting), its async resource and no pool, each
+    with RMM's own line; the pool's figure is its replay's (at 140 MiB: 64 MiB grows the pool by
+    max(64, 140 / 2) = 70 MiB, the next 64 MiB by max(64, 70 / 2) = 64 MiB: 134 MiB, 6 MiB headroom,
+    above the 2 % margin of 2.8 MiB); below the live peak (128 MiB) nothing fits."""
+    log = _log(tmp_path / "train.dev0.csv")
+    assert runner.invoke(app, ["import", "rmm", str(log)]).exit_code == 0
+    out = tmp_path / "train.dev0.parquet"
+    r = runner.invoke(app, ["advise", str(out), "--limit", "140MiB", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["kind"] == "rmm-pool"
+    tried = {o["kind"]: o for o in got["tried"]}
+    assert set(tried) == {"rmm-pool", "rmm-cuda-async", "rmm-cuda"}
+    pool = tried["rmm-pool"]
+    assert pool["verdict"] == "fits" and pool["peak_reserved_bytes"] == 134 * MiB
+    assert pool["verified_by_replay"]
+    assert "rmm.reinitialize(pool_allocator=True, maximum_pool_size=" in got["recommendation"]
+    r = runner.invoke(app, ["advise", str(out), "--limit", "120MiB", "--json"])
+    assert r.exit_code == 0, r.output
+    assert all(o["verdict"] == "no" for o in json.loads(r.stdout)["tried"])

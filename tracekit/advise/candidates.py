@@ -13,6 +13,12 @@
   ``Allocator.CUPY_ASYNC`` and ``Allocator.CUDA``, both on the device's footprint:
   on the H200 the device showed no external fragmentation, so they fit when the live
   bytes, at the device's granularity, fit).
+- **RMM** (``rmm`` traces, ``import rmm``): its pool at the limit as ``maximum_pool_size`` (as
+  recorded: RMM's default initial size), ``CudaAsyncMemoryResource`` and plain
+  ``CudaMemoryResource`` (the registry policies modelling ``Allocator.CUPY_ASYNC`` and
+  ``Allocator.CUDA``: cudaMallocAsync and cudaMalloc themselves). Not offered yet: the pool reserved
+  whole at start (``initial_pool_size`` = ``maximum_pool_size``), whose peak reserved is its
+  capacity by construction, so headroom cannot judge it.
 - **Raw traces** (anything else): the free-list policies of the simulator registry
   (policies whose replay reports a heap extent), at the limit as heap size.
 - **Overhead cures** (when the device ran out, not a pool limit): one ``Cure`` per term of
@@ -53,6 +59,9 @@ class Kind(StrEnum):
     CUPY_RELEASE = "cupy-free-all-blocks"  # the cupy policy with free_all_blocks() before a call-site
     CUPY_ASYNC = "cupy-async"  # MemoryAsyncPool, on the policy modelling it (the device's footprint)
     CUDA_MALLOC = "cudamalloc"  # plain cudaMalloc per request, on the policy modelling it (likewise)
+    RMM_POOL = "rmm-pool"  # RMM's pool_memory_resource (options: as recorded), the limit its maximum
+    RMM_ASYNC = "rmm-cuda-async"  # CudaAsyncMemoryResource, on the policy modelling cudaMallocAsync
+    RMM_CUDA = "rmm-cuda"  # CudaMemoryResource (no pool), on the policy modelling cudaMalloc
     FREE_LIST = "free-list"  # a heap policy of the registry
     # Overhead cures: the recorded setting with the room the cure gives back.
     STACK_LIMIT = "stack-limit"  # local memory: the stack limit lowered after the kernel
@@ -150,6 +159,9 @@ class Candidate:
             Kind.CUPY_RELEASE: f"free_all_blocks() before {PurePosixPath(self.site or '').name}",
             Kind.CUPY_ASYNC: "MemoryAsyncPool (modelled as the device allocator)",
             Kind.CUDA_MALLOC: "plain cudaMalloc (modelled as the device allocator)",
+            Kind.RMM_POOL: "RMM pool, maximum_pool_size",
+            Kind.RMM_ASYNC: "RMM CudaAsyncMemoryResource (modelled as the device allocator)",
+            Kind.RMM_CUDA: "RMM CudaMemoryResource, no pool (modelled as the device allocator)",
         }[self.kind]
 
     def line(self, capacity: int | None, trace: str = "TRACE") -> str:
@@ -170,6 +182,12 @@ class Candidate:
             return "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)"
         if self.kind == Kind.CUDA_MALLOC:
             return "cupy.cuda.set_allocator(None)"
+        if self.kind == Kind.RMM_POOL:
+            return f"rmm.reinitialize(pool_allocator=True, maximum_pool_size={cap})"
+        if self.kind == Kind.RMM_ASYNC:
+            return "rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource())"
+        if self.kind == Kind.RMM_CUDA:
+            return "rmm.reinitialize(pool_allocator=False)"
         return f"tracekit replay {trace} --sim {self.policy} --capacity {cap}"
 
 
@@ -218,6 +236,17 @@ def cupy(site: str | None) -> list[Candidate]:
     out += [Candidate(Kind.CUPY_ASYNC, policies.modelling(Allocator.CUPY_ASYNC)),
             Candidate(Kind.CUDA_MALLOC, policies.modelling(Allocator.CUDA))]
     return out
+
+
+def rmm_pool() -> Candidate:
+    """RMM's pool as recorded (its default initial size), the limit its ``maximum_pool_size``."""
+    return Candidate(Kind.RMM_POOL, policies.modelling(Allocator.RMM_POOL))
+
+
+def rmm() -> list[Candidate]:
+    return [rmm_pool(),
+            Candidate(Kind.RMM_ASYNC, policies.modelling(Allocator.CUPY_ASYNC)),
+            Candidate(Kind.RMM_CUDA, policies.modelling(Allocator.CUDA))]
 
 
 def free_lists(heaps: Iterable[str]) -> list[Candidate]:

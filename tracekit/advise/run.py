@@ -215,7 +215,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
 
 def recorded_setting(trace: Trace, kind: str) -> Candidate | None:
     """The candidate the run was recorded under: PyTorch's recorded ``PYTORCH_CUDA_ALLOC_CONF`` (its
-    defaults when none), CuPy's pool; None for raw traces."""
+    defaults when none), CuPy's pool, RMM's pool; None for raw traces."""
     from tracekit.advise.candidates import torch as torch_setting
     from tracekit.advise.counterfactual import SETTINGS_KEY
     from tracekit.sim.options import parse_alloc_conf
@@ -228,6 +228,10 @@ def recorded_setting(trace: Trace, kind: str) -> Candidate | None:
         except UsageError:
             return None
         return torch_setting(opts)
+    if kind == Allocator.RMM_POOL:
+        from tracekit.advise.candidates import rmm_pool
+
+        return rmm_pool()
     return cupy_pool() if kind == Allocator.CUPY else None
 
 

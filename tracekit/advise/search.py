@@ -5,7 +5,8 @@ is the trace the parent read, and prepares the counterfactual input once):
 
 1. every single candidate at the limit (PyTorch: the defaults and each key alone; CuPy:
    its pool, ``free_all_blocks()`` at the failing call-site, the async pool, cudaMalloc;
-   raw traces: every registry policy, of which the heaps are kept);
+   RMM: its pool, the async resource, no pool; raw traces: every
+   registry policy, of which the heaps are kept);
 2. PyTorch only: combinations of the keys whose best value did better alone than the
    defaults (fits, fails later, or peaks lower), ``candidates.combine_torch``;
 3. bisection (``tracekit.advise.capacity.search``, 2 MiB steps from the live-bytes lower
@@ -122,6 +123,8 @@ def single_candidates(kind: str, site: str | None, policy_names: Sequence[str]) 
         return cands.single_torch()
     if kind == Allocator.CUPY:
         return cands.cupy(site)
+    if kind == Allocator.RMM_POOL:
+        return cands.rmm()
     return cands.free_lists(policy_names)
 
 

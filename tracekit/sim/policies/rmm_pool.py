@@ -31,13 +31,8 @@ from typing import ClassVar
 import numpy as np
 
 from tracekit.errors import UsageError
-from tracekit.sim import chunks as ck
-from tracekit.sim import segments as sg
 from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import named_vector
-from tracekit.sim.policies._rmm_kernel import ALIGNMENT, NO_MAXIMUM, Found, RmmSetting, rmm_replay
-from tracekit.sim.pool_run import capacity_for_state, pack, pool_stats
-from tracekit.sim.prepare import attempt_kinds, holders, prepare
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 from tracekit.units import parse_size
@@ -73,6 +68,8 @@ def _thread(trace: Trace) -> np.ndarray | None:
 
 def initial_pool_size(trace: Trace, config: SimConfig) -> int:
     """The initial pool size of a replay: the option, else half the recorded free memory, else 0."""
+    from tracekit.sim.policies._rmm_kernel import ALIGNMENT  # the kernels load on run (package docstring)
+
     text = config.options.get("initial_pool_size")
     if text is not None:
         value = parse_size(str(text), "rmm-pool option initial_pool_size")
@@ -103,6 +100,12 @@ class RmmPool:
     def run_with_state(self, trace: Trace, config: SimConfig) -> tuple[PolicyRun, np.ndarray, np.ndarray,
                                                                        np.ndarray]:
         """The run, plus the final chunk store, its counters and the ``Found`` counts (for checks)."""
+        from tracekit.sim import chunks as ck
+        from tracekit.sim import segments as sg
+        from tracekit.sim.policies._rmm_kernel import ALIGNMENT, NO_MAXIMUM, Found, RmmSetting, rmm_replay
+        from tracekit.sim.pool_run import capacity_for_state, pack, pool_stats
+        from tracekit.sim.prepare import attempt_kinds, holders, prepare
+
         unknown = sorted(set(config.options) - {"initial_pool_size"})
         if unknown:
             raise UsageError(f"unknown rmm-pool option {unknown[0]!r} (rmm-pool takes initial_pool_size)")
