@@ -3,8 +3,8 @@
 The rows wait in the program's memory (``EventBuffer.rows``) until the next spool write, at most
 ``interval`` (0.5 s) or ``max_events`` rows later, so a process that ends by ``os._exit``,
 ``exec`` or SIGKILL would take its last rows with it: the moments before a crash, the ones a user
-records for. So each row also goes, in the same C call that appends it to the list
-(``tracekit.record.fastpath``: ``Ring.extend``, about 40 ns more per row than ``list.extend``),
+records for. So each row also goes, in the same C step that appends it to the waiting rows
+(``tracekit.record.fastpath.Rows.mirror``: eight more int64 stores and two barriers per row),
 into a ring of fixed-size slots in ``SPOOL.tail``, a file beside the spool mapped ``MAP_SHARED``:
 the kernel keeps what the process wrote there whatever becomes of the process. The ring's row
 ``seq`` is the row's index among every row the recording made, which is also its index in the
@@ -39,7 +39,7 @@ def tail_path(spool: Path) -> Path:
 
 
 class Tail:
-    """The open ring of a recording (made by ``open``); ``ring.extend`` is the rows' appender."""
+    """The open ring of a recording (made by ``open``); the rows mirror into ``ring``."""
 
     def __init__(self, path: Path, fd: int, mapping: mmap.mmap, ring: RingWriter) -> None:
         self.path, self._fd, self._map, self.ring = path, fd, mapping, ring
