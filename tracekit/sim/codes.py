@@ -104,6 +104,9 @@ class ListField(IntEnum):
 LIST_WIDTH = int(ListField.ISFREE) + 1
 
 
+BUDDY_MAX_ORDER = 62  # the buddy allocator's largest block: 2**62 bytes
+
+
 class BuddySlot(IntEnum):
     """Scalar state of the buddy kernel."""
 

@@ -11,10 +11,10 @@ import numpy as np
 from numba import njit
 
 from tracekit.sim import treap
+from tracekit.sim.codes import BUDDY_MAX_ORDER as MAX_ORDER
 from tracekit.sim.codes import BuddySlot as B
 from tracekit.sim.codes import Kind, Stat, Status
 from tracekit.sim.heap import UNIT
-from tracekit.sim.policies.buddy import MAX_ORDER
 from tracekit.sim.prepare import stand_in
 from tracekit.sim.treap import K1, K2, K3, SZ
 

@@ -21,13 +21,13 @@ import numpy as np
 from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim.base import Layout, PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import NFIELDS, named_vector
+from tracekit.sim.codes import BUDDY_MAX_ORDER, NFIELDS, named_vector
 from tracekit.sim.codes import BuddySlot as B
 from tracekit.sim.heap import UNBOUNDED, UNIT, heap_run, heap_stats
 from tracekit.trace.reader import Trace
 
 MIN_ORDER = 9  # 512 bytes
-MAX_ORDER = 62  # 2**62 bytes: the largest block
+MAX_ORDER = BUDDY_MAX_ORDER  # 2**62 bytes: the largest block
 
 
 def block_order(size: np.ndarray) -> np.ndarray:
