@@ -536,8 +536,8 @@ static PyObject *rows_mirror(RowsObject *self, PyObject *ring)
 }
 
 /* [lo, hi) of ints from Python ints, clamped like a slice with step 1. */
-static int rows_span(RowsObject *self, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t first,
-                     Py_ssize_t *lo, Py_ssize_t *hi)
+static int rows_span(RowsObject *self, PyObject *const *args, Py_ssize_t first, Py_ssize_t *lo,
+                     Py_ssize_t *hi)
 {
     *lo = PyNumber_AsSsize_t(args[first], PyExc_OverflowError);
     if (*lo == -1 && PyErr_Occurred())
@@ -545,7 +545,6 @@ static int rows_span(RowsObject *self, PyObject *const *args, Py_ssize_t nargs, 
     *hi = PyNumber_AsSsize_t(args[first + 1], PyExc_OverflowError);
     if (*hi == -1 && PyErr_Occurred())
         return -1;
-    (void)nargs;
     if (*lo < 0 || *hi < *lo || *hi > self->len) {
         PyErr_Format(PyExc_IndexError, "ints %zd..%zd are not within the %zd held", *lo, *hi, self->len);
         return -1;
@@ -569,7 +568,7 @@ static PyObject *rows_copy_into(RowsObject *self, PyObject *const *args, Py_ssiz
     if (offset == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t lo, hi;
-    if (rows_span(self, args, nargs, 2, &lo, &hi) < 0)
+    if (rows_span(self, args, 2, &lo, &hi) < 0)
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
@@ -598,7 +597,7 @@ static PyObject *rows_to_bytes(RowsObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     Py_ssize_t lo, hi;
-    if (rows_span(self, args, nargs, 0, &lo, &hi) < 0)
+    if (rows_span(self, args, 0, &lo, &hi) < 0)
         return NULL;
     return PyBytes_FromStringAndSize((const char *)(self->data + lo), (hi - lo) * (Py_ssize_t)sizeof(int64_t));
 }

@@ -164,16 +164,15 @@ class EventBuffer:
         """Remove and return the rows so far as an (n, ROW) int64 array (safe against appenders)."""
         rows = self.rows
         n = len(rows)  # always a multiple of ROW: each extend is one atomic call
-        chunk = rows.to_bytes(0, n)
+        chunk = _as_rows(rows.to_bytes(0, n))
         del rows[:n]  # appends land past n, so this removes exactly the rows taken
         self.taken += n // ROW
         self.written = 0
-        return np.frombuffer(chunk, dtype="<i8").astype(np.int64).reshape(-1, ROW)
+        return chunk
 
     def peek(self) -> np.ndarray:
         """The rows held now as an (n, ROW) int64 array, left in place (a copy)."""
-        n = len(self.rows)
-        return np.frombuffer(self.rows.to_bytes(0, n), dtype="<i8").astype(np.int64).reshape(-1, ROW)
+        return _as_rows(self.rows.to_bytes(0, len(self.rows)))
 
     def note(self, row: tuple[int, ...], note: dict[str, Any], clock: Callable[[], int]) -> int:
         """Append an event row and, in the same atomic extend, the note row describing it.
@@ -190,6 +189,11 @@ class EventBuffer:
         index = self._next_note()
         self.notes[index] = {**note, "note": index}
         self.extend((clock(), NOTE, index, 0, 0, 0, UNMEASURED, -1))
+
+
+def _as_rows(data: bytes) -> np.ndarray:
+    """Little-endian int64 bytes (``Rows.to_bytes``) as a writable (n, ROW) int64 array."""
+    return np.frombuffer(data, dtype="<i8").astype(np.int64).reshape(-1, ROW)
 
 
 def unpack(raw: np.ndarray) -> dict[str, np.ndarray]:
