@@ -1,0 +1,77 @@
+"""Recording overhead as the issue measures it: ``bench_record_overhead.py`` in N fresh processes one
+after another (each interleaving its variants over its repeats), every repeat of every variant pooled.
+
+Reported per variant: the pooled minimum and median seconds and their ratios to CuPy's no-op hook
+(pooled minimum to pooled minimum, pooled median to pooled median), each process's own ratio of
+minima (the machine's speed drifts between processes, so a ratio measured side by side is the
+sharper figure; their median is reported too), and the cost per allocation event in µs over the no-op
+hook (pooled minimum, divided by the events of one timed run).
+
+    PYTHONPATH=. python3 scripts/bench_record_fresh.py [--processes 5] [--steps 1500] [--repeats 3] --json OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NOOP = "noop_hook"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--processes", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    runs = []
+    for i in range(args.processes):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            cmd = [sys.executable, str(HERE / "bench_record_overhead.py"), "--steps", str(args.steps),
+                   "--repeats", str(args.repeats), "--json", str(out)]
+            subprocess.run(cmd, env=dict(os.environ), check=True, stdout=subprocess.DEVNULL)
+            runs.append(json.loads(out.read_text()))
+        print(f"process {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1]["ratio_to_noop"].items()),
+              flush=True)
+    variants = list(runs[0]["seconds_all"])
+    pooled = {v: [s for r in runs for s in r["seconds_all"][v]] for v in variants}
+    lo = {v: min(s) for v, s in pooled.items()}
+    mid = {v: statistics.median(s) for v, s in pooled.items()}
+    per_process = {v: [r["ratio_to_noop"][v] for r in runs] for v in variants}
+    events = runs[0]["events_per_run"]
+    # one timed run is steps/(steps + warmup) of the recorded events (the warm-up is recorded too)
+    timed_events = {v: n * args.steps / (args.steps + runs[0]["warmup"]) for v, n in events.items()}
+    result = {
+        "machine": runs[0]["machine"], "gpu": runs[0]["gpu"], "cupy": runs[0]["cupy"],
+        "python": runs[0]["python"], "date_utc": runs[0]["date_utc"],
+        "processes": args.processes, "steps": args.steps, "repeats": args.repeats,
+        "seconds_min": lo, "seconds_median": mid,
+        "min_to_noop": {v: lo[v] / lo[NOOP] for v in variants},
+        "median_to_noop": {v: mid[v] / mid[NOOP] for v in variants},
+        "per_process_min_to_noop": per_process,
+        "median_of_per_process": {v: statistics.median(r) for v, r in per_process.items()},
+        "events_per_timed_run": timed_events,
+        "us_per_event_over_noop": {v: (lo[v] - lo[NOOP]) / n * 1e6 for v, n in timed_events.items()},
+        "runs": runs,
+    }
+    text = json.dumps(result, indent=1)
+    if args.json:
+        args.json.write_text(text)
+    for v in variants:
+        print(f"{v:16s} min {lo[v]:.3f}s median {mid[v]:.3f}s  min/noop {result['min_to_noop'][v]:.3f}"
+              f"  median/noop {result['median_to_noop'][v]:.3f}  per-process median"
+              f" {result['median_of_per_process'][v]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
