@@ -34,6 +34,18 @@ def gpu_unavailable_reason() -> str | None:
     return None if n > 0 else "no CUDA device present"
 
 
+@functools.cache
+def watcher_unavailable_reason() -> str | None:
+    """Why the recorder's watcher cannot run here (it holds a pidfd of the recorded process)."""
+    import os
+
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as e:
+        return f"the watcher needs pidfd_open (Linux 5.3+, Python 3.9+): {type(e).__name__}"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = None
     for item in items:
@@ -41,6 +53,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = reason or gpu_unavailable_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {reason}"))
+        if "watcher" in item.keywords and watcher_unavailable_reason() is not None:
+            item.add_marker(pytest.mark.skip(reason=str(watcher_unavailable_reason())))
 
 
 @pytest.fixture

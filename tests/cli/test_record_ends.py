@@ -27,15 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).resolve().parents[1] / "fakecupy"
 
 
-def _no_pidfd() -> str | None:
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except (AttributeError, OSError) as e:
-        return f"the watcher needs pidfd_open (Linux 5.3+, Python 3.9+): {type(e).__name__}"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_no_pidfd() is not None, reason=str(_no_pidfd()))
+pytestmark = pytest.mark.watcher
 
 HEAD = """
     import json, os, signal, sys, time

@@ -68,7 +68,11 @@ def record(
     if done.problem is not None:
         tell(f"tracekit: error: {done.problem}")
     elif done.path is not None:
-        tell(f"Wrote {_shown(done.path, start)}")
+        from tracekit.record.final import shown, taken_sentence
+
+        tell(f"Wrote {shown(done.path, start)}")
+        if done.taken is not None:  # the program made its own file at the output: kept as it is
+            tell(taken_sentence(shown(done.taken, start), shown(done.path, start)))
         _notes(done.path)
     if done.dies_of is not None:  # as python would: the program's KeyboardInterrupt ends in SIGINT
         import signal
@@ -92,14 +96,6 @@ def _notes(path: Path) -> None:
         return
     for note in notes:
         tell(note)
-
-
-def _shown(path: Path, start: str) -> str:
-    """``path`` relative to ``start`` where it lies below it, else as it is (absolute)."""
-    try:
-        return str(path.relative_to(start))
-    except ValueError:
-        return str(path)
 
 
 def register(app: typer.Typer) -> None:

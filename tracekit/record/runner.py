@@ -239,12 +239,16 @@ class Recorded:
     # the signal the process dies of once the trace is written, as python does for a KeyboardInterrupt
     # that ends the program (it re-raises SIGINT; the shell then sees a death by SIGINT, not 130)
     dies_of: int | None = None
+    # the output asked for, where the program made its own file there and ``path`` is beside it
+    taken: Path | None = None
 
 
-def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
+def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path], output: Path | None = None) -> Recorded:
     """Write the trace with ``write()`` in the process that started the recording (``pid``), with
     stop signals held; a forked child of the program that returns here writes nothing. A failure
-    to write becomes ``problem``: the program's exit code stands either way."""
+    to write becomes ``problem``: the program's exit code stands either way. ``write`` returns
+    where the trace went: a path other than ``output`` (the program made its own file there) is
+    told through ``Recorded.taken``."""
     if os.getpid() != pid:
         outcome.keepalive = None
         return Recorded(None, outcome.code)
@@ -256,7 +260,9 @@ def epilogue(pid: int, outcome: Outcome, write: Callable[[], Path]) -> Recorded:
     sig = outcome.signal if outcome.exception == "KeyboardInterrupt" else None
     with quiet_signals():
         try:
-            return Recorded(write(), outcome.code, dies_of=sig)
+            path = write()
+            taken = output if output is not None and path != output else None
+            return Recorded(path, outcome.code, dies_of=sig, taken=taken)
         except TracekitError as e:
             return Recorded(None, outcome.code, str(e), sig)
         except Exception as e:  # never a traceback after the program ran: say what failed

@@ -10,7 +10,8 @@ calling thread and (through ``patch_threads``) in every ``threading.Thread``
 started afterwards, since CuPy keeps its hook registry per thread. At an
 out-of-memory error the hook measures the device (``tracekit.record.probe``).
 ``stop`` unregisters, reads every pool's own counters, flushes and finalizes
-the spool into the trace and removes the spool. ``record_cupy`` wraps it
+the spool into the trace (at the output, or beside it where the program made its own file there:
+``tracekit.record.final``) and removes the spool. ``record_cupy`` wraps it
 around ``runner.run_target`` with SIGTERM turned into an exception
 (``tracekit.record.signals``): the program's exit code, exception or stop
 signal pass through. The output and spool paths are absolute before the
@@ -37,6 +38,7 @@ from tracekit.interrupts import as_at_start
 from tracekit.outputs import check_output
 from tracekit.record.callstacks import DEFAULT_DEPTH, live_stacks
 from tracekit.record.device_alloc import pool_state
+from tracekit.record.final import Keep, write_final
 from tracekit.record.hook import EventBuffer, cupy_hook
 from tracekit.record.launch import Launch, output_path
 from tracekit.record.meta import measure_budget, start_meta
@@ -86,6 +88,7 @@ class CupyRecording:
         output = Path(os.path.abspath(output))  # the program may change its working directory
         check_output(output, (program,), force=force)  # never the script being recorded
         self.output, self.spool_path = output, spool_path(output)
+        self.keep = Keep.at_start(output, force)  # the one file at the output the trace may replace
         if self.spool_path.exists():
             raise OutputError(f"{self.spool_path}: a spool already exists (a recording still running, "
                               f"or one that was killed: `tracekit recover {self.spool_path}`)")
@@ -135,7 +138,7 @@ class CupyRecording:
                               segments=self.pools.segments, sweep=self.pools.sweep)
         self.buffer.before_write = self.pools.sweep  # a segment CuPy freed ends by the next write
         self.pid = os.getpid()
-        self.watcher = Watcher.start(self.spool_path, self.output)  # finishes it however we end
+        self.watcher = Watcher.start(self.spool_path, self.output, self.keep)  # finishes it however we end
         self.spool.start()  # before the program: the spool thread's allocator arena is made now
         self.hook.__enter__()  # type: ignore[attr-defined]
         self._unpatch = patch_threads(self._install_here)
@@ -200,7 +203,8 @@ class CupyRecording:
 
     def stop(self, exit_info: dict[str, Any] | None = None, *,
              exception: BaseException | None = None) -> Path:
-        """Stop recording and write the trace.
+        """Stop recording and write the trace; returns where it went (the output, or the free name
+        beside it where the program made its own file there).
 
         ``exception`` is the one the program ended with: if it came from a
         recorded out-of-memory error, ``exit.oom_seq`` names that OOM. A CUDA
@@ -255,12 +259,15 @@ class CupyRecording:
         try:
             from tracekit.record.recover import finalize  # numba and the reader: after the program only
 
-            finalize(held or self.spool_path, self.output, extra, head=self.spool.head)
+            source, head = held or self.spool_path, self.spool.head
+            final = write_final(self.output, lambda path, more: finalize(source, path, {**extra, **more},
+                                                                         head=head), self.keep)
         except Exception as e:
             # This process may be what broke (a program that replaced json.dumps, a recursion limit
             # of 40): the watcher writes the trace from the spool in a clean process.
-            if self.watcher is not None and self.watcher.finish():
-                return self.output
+            done = self.watcher.finish() if self.watcher is not None else None
+            if done is not None:
+                return done
             raise OutputError(f"{self.output}: could not write the trace ({e}); the events are kept in "
                               f"{self.spool_path}: run `tracekit recover {self.spool_path}`") from None
         finally:
@@ -271,7 +278,7 @@ class CupyRecording:
             self.tail.remove()
         if self.watcher is not None:
             self.watcher.done()
-        return self.output
+        return final
 
 
 def exit_note(info: dict[str, Any] | None, exception: BaseException | None) -> dict[str, Any]:
@@ -325,7 +332,8 @@ def record_cupy(target: list[str], *, module: bool = False, output: Path | None 
     if not guarded:
         with as_at_start():
             outcome = run_target(target, module)
-    return epilogue(rec.pid, outcome, lambda: rec.stop(outcome.to_dict(), exception=_exception(outcome)))
+    return epilogue(rec.pid, outcome, lambda: rec.stop(outcome.to_dict(), exception=_exception(outcome)),
+                    output=out)
 
 
 def _exception(outcome: Outcome) -> BaseException | None:

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import DeviceError, OutputError, UsageError
+from tracekit.record.final import Keep, write_final
 from tracekit.record.runner import Recorded, tell
 
 MAX_ENTRIES = 1_000_000
@@ -70,6 +71,7 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
     script = None if module else target[0]  # never overwritten, whatever -o names
     check_output(out, (script,), force=force)
     check_output(snapshot_path(out), (script,), force=force)  # the snapshot is written beside the trace
+    keep = Keep.at_start(out, force)  # the one file at the output the trace may replace
     entries = max_entries()
     torch = _torch()
     command = ["python", "-m", *target] if module else ["python", *target]
@@ -91,10 +93,9 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
         exit_info = {**outcome.to_dict(), "oom_seq": None, "died_of_oom": _is_oom(torch, final),
                      "site": _exception_site(torch, final, roots)}
         outcome.keepalive = None
-        _write(snap, rec, out, exit_info, launch.to_dict(rec.device), roots)
-        return out
+        return _write(snap, rec, out, exit_info, launch.to_dict(rec.device), roots, keep)
 
-    return epilogue(rec.pid, outcome, finish)
+    return epilogue(rec.pid, outcome, finish, output=out)
 
 
 def _roots(script: str | None) -> tuple[str, ...]:
@@ -112,7 +113,9 @@ def _exception_site(torch: Any, exc: BaseException | None, roots: tuple[str, ...
 
 
 def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str, Any],
-           launch: dict[str, Any], roots: tuple[str, ...]) -> None:
+           launch: dict[str, Any], roots: tuple[str, ...], keep: Keep | None = None) -> Path:
+    """Write the trace at ``out``, or beside it where the program made its own file there
+    (``tracekit.record.final``); returns where it went."""
     from tracekit.importers.torch_snapshot import convert
     from tracekit.record.callstacks import TORCH_PACKAGES
     from tracekit.record.meta import environment_meta
@@ -145,7 +148,8 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     meta = dataclasses.replace(c.meta, environment=env).with_extra(
         oom_states=oom_states, exit=exit_info, pools=pools, launch=launch, sites_relative_to=list(roots),
         rerun=rec.rerun)
-    write_trace(out, meta, events, extras)
+    return write_final(out, lambda path, more: write_trace(path, meta.with_extra(**more), events, extras),
+                       keep)
 
 
 # The frames that run the program rather than belong to it: runpy and tracekit's command line

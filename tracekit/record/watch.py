@@ -18,9 +18,13 @@ program never sees it as a child: ``os.wait()`` and Ctrl-C are the program's own
 The recorded process says one byte before it closes its end: ``D``, the trace is written (the
 watcher just leaves), or ``F``, its own finishing failed (a program that broke the standard
 library, the recursion limit): the watcher then writes the trace from the spool in its clean
-process and answers on a second pipe. On end of file without a byte, it writes the trace from
-the spool (``complete: false``, ``ended`` saying how), with the rows made after the spool's last
-write taken from the shared ring beside it (``tracekit.record.tail``), removes both and leaves.
+process and answers on a second pipe (``D`` and the path the trace went to). On end of file without
+a byte, it writes the trace from the spool (``complete: false``, ``ended`` saying how), with the rows
+made after the spool's last write taken from the shared ring beside it (``tracekit.record.tail``),
+removes both and leaves. Where the program made its own file at the output, the trace goes to a
+free name beside it (``tracekit.record.final``, as the recorded process does), and the watcher says
+so in one sentence on the recording's standard error (a copy of descriptor 2 taken at the start:
+the recorded process, which would say it, is gone).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import select
 import subprocess
 import sys
 from pathlib import Path
+
+from tracekit.record.final import Keep
 
 DONE, FINISH = b"D", b"F"
 FINISH_WAIT_S = 600.0
@@ -47,25 +53,30 @@ class Watcher:
         self.fd, self.answer, self.pid = fd, answer, pid
 
     @classmethod
-    def start(cls, spool: Path, output: Path) -> Watcher | None:
-        """Start the watcher for ``spool`` → ``output``; None where it cannot be (no pidfd, no
-        process): the recording goes on without it, as before."""
+    def start(cls, spool: Path, output: Path, keep: Keep | None = None) -> Watcher | None:
+        """Start the watcher for ``spool`` → ``output`` (``keep``: the file there ``--force`` may
+        replace); None where it cannot be (no pidfd, no process): the recording goes on without it,
+        as before."""
         if not hasattr(os, "pidfd_open"):
             return None
         r, w = os.pipe()  # both close-on-exec: only this process image holds ``w``
         ar, aw = os.pipe()
+        err = -1
+        with contextlib.suppress(OSError):
+            err = os.dup(2)  # where the watcher says where the trace went, if not to ``output``
         try:
             p = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.record.watch", str(os.getpid()), str(r), str(aw),
-                 os.fspath(spool), os.fspath(output)],
-                pass_fds=(r, aw), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                 os.fspath(spool), os.fspath(output), str(err), keep.text() if keep else "-"],
+                pass_fds=(r, aw) if err < 0 else (r, aw, err), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
             ready = p.wait(timeout=30)  # the launcher forks the watcher off and leaves at once
         except Exception:
             ready = -1
         finally:
-            os.close(r)
-            os.close(aw)
+            for fd in (r, aw, err):
+                if fd >= 0:
+                    os.close(fd)
         if ready != 0:
             os.close(w)
             os.close(ar)
@@ -80,17 +91,25 @@ class Watcher:
                 select.select([self.answer], [], [], DONE_WAIT_S)
         self.close()
 
-    def finish(self) -> bool:
-        """This process could not write the trace: the watcher writes it; True when it did."""
+    def finish(self) -> Path | None:
+        """This process could not write the trace: the watcher writes it; where it went (None where
+        it could not). The answer is ``D`` and that path, then the end of the pipe (the watcher has
+        left, its mark removed)."""
         if not self._say(FINISH, close=False):
-            return False
+            return None
+        got = b""
         try:
-            ok, _, _ = select.select([self.answer], [], [], FINISH_WAIT_S)
-            return bool(ok) and os.read(self.answer, 1) == DONE
+            while True:
+                ok, _, _ = select.select([self.answer], [], [], FINISH_WAIT_S)
+                chunk = os.read(self.answer, 1 << 16) if ok else b""
+                if not chunk:
+                    break
+                got += chunk
         except OSError:
-            return False
+            pass
         finally:
             self.close()
+        return Path(os.fsdecode(got[1:])) if got[:1] == DONE and len(got) > 1 else None
 
     def _say(self, what: bytes, close: bool = True) -> bool:
         if os.getpid() != self.pid:
@@ -153,40 +172,59 @@ def _source(path: Path, fd: int) -> Path | None:
 
 
 def _finish(spool: Path, output: Path, ended: str, held: tuple[int, int] = (-1, -1),
-            head: bytes | None = None) -> bool:
-    """Write ``output`` from ``spool`` (``held``: descriptors reading it and its tail, opened at
-    the start; ``head``: its first bytes as they were then) and remove the spool; False when there
-    was nothing to do or it failed (the spool then stays for ``tracekit recover``)."""
+            head: bytes | None = None, keep: Keep | None = None) -> Path | None:
+    """Write the trace from ``spool`` at ``output``, or beside it where the program made its own
+    file there (``tracekit.record.final``; ``keep``: the file ``--force`` may replace), and remove
+    the spool (``held``: descriptors reading it and its tail, opened at the start; ``head``: its
+    first bytes as they were then); where it went, or None when there was nothing to do or it
+    failed (the spool then stays for ``tracekit recover``)."""
     from tracekit.record.tail import tail_path
 
     source, tail = _source(spool, held[0]), _source(tail_path(spool), held[1])
-    if source is None or output.exists():
-        return False
+    if source is None:
+        return None
     from tracekit.kernel_cache import settle
 
     settle()
+    from tracekit.record.final import write_final
     from tracekit.record.recover import finalize
 
     extra = {"complete": False, "ended": ended, "finished_by": "watcher"}
     if source != spool:
         extra["spool_gone"] = GONE
     try:
-        finalize(source, output, extra, tail=tail, head=head)
+        final = write_final(output, lambda path, more: finalize(source, path, {**extra, **more}, tail=tail,
+                                                                   head=head), keep)
     except Exception:
-        return False
+        return None
     if source == spool:  # a file the program put at the spool's name is its own
         spool.unlink(missing_ok=True)
     if tail == tail_path(spool):
         with contextlib.suppress(OSError):  # the dead process's last rows: in the trace now
             tail_path(spool).unlink(missing_ok=True)
-    return True
+    return final
 
 
-def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int) -> None:
-    """The watcher's whole life (module docstring); ``ready`` is told once the mark is held."""
+def _say_taken(err: int, output: Path, final: Path | None, start: str) -> None:
+    """The sentence ``record`` would say, where the trace went beside a file the program made."""
+    from tracekit.inputs import safe_text
+    from tracekit.record.final import shown, taken_sentence
+
+    if err < 0 or final is None or final == output:
+        return
+    text = safe_text(taken_sentence(shown(output, start), shown(final, start)), lines=True)
+    with contextlib.suppress(OSError):
+        os.write(err, (text + "\n").encode("utf-8", "backslashreplace"))
+
+
+def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int, err: int = -1,
+          keep: Keep | None = None) -> None:
+    """The watcher's whole life (module docstring); ``ready`` is told once the mark is held, ``err``
+    is the recording's standard error."""
     from tracekit.record.tail import tail_path
     from tracekit.trace.finishing import mark_path
 
+    cwd = os.getcwd()  # the user's, as record's own lines name paths
     held = _hold(spool), _hold(tail_path(spool))
     head = _read_head(held[0]) if held[0] >= 0 else None
     mark = os.open(mark_path(output), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -211,9 +249,9 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             mark = -1
             os.write(answer, DONE)  # after the mark is gone: the recorded process waits for this
             return
-        if said == FINISH:
-            os.write(answer, DONE if _finish(spool, output, "the recorder could not finish it", held, head)
-                     else b"X")
+        if said == FINISH:  # the recorded process waits for the answer and says where the trace is
+            final = _finish(spool, output, "the recorder could not finish it", held, head, keep)
+            os.write(answer, DONE + os.fsencode(final) if final is not None else b"X")
             return
         # End of file: it ended, exec'd, or only closed its descriptors (then it is the same program).
         ended = "the process ended (os._exit, a signal, or exec) without finishing the recording"
@@ -224,7 +262,7 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
             ended = "the process ended (os._exit or a signal) without finishing the recording"
         elif not gone:
             ended = "the process replaced itself (exec) before finishing the recording"
-        _finish(spool, output, ended, held, head)
+        _say_taken(err, output, _finish(spool, output, ended, held, head, keep), cwd)
     finally:
         if mark >= 0:
             with contextlib.suppress(OSError):
@@ -234,13 +272,15 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int)
 
 def main(argv: list[str]) -> int:
     pid, fd, answer, spool, output = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), Path(argv[4])
+    err = int(argv[5]) if len(argv) > 5 else -1
+    keep = Keep.parse(argv[6]) if len(argv) > 6 else None
     r, w = os.pipe()
     if os.fork():  # the launcher leaves once the watcher holds its mark: no child of the program
         os.close(w)
         return 0 if os.read(r, 1) == b"R" else 1
     os.close(r)
     with contextlib.suppress(Exception):
-        watch(pid, fd, answer, spool, output, w)
+        watch(pid, fd, answer, spool, output, w, err, keep)
     return 0
 
 
