@@ -188,12 +188,12 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
 
     ev = trace.events
     rec = np.flatnonzero((ev.op == Op.SEGMENT_ALLOC) & ~initial_mask(trace))
-    rec_key = list(zip(request_ordinals(trace, rec).tolist(), ev.size[rec].tolist(), strict=True))
-    rec_addr = ev.addr[rec].astype(np.int64)
     current, prev = trace, None
     result = replay(current, policy, config)
     if len(rec) == 0:
         return current, result  # nothing recorded to keep in order (synthetic traces): invented addresses
+    rec_key = list(zip(request_ordinals(trace, rec).tolist(), ev.size[rec].tolist(), strict=True))
+    rec_addr = ev.addr[rec].astype(np.int64)
     for _ in range(rounds):
         run = result.run
         sa = np.flatnonzero(run.rows_op == Op.SEGMENT_ALLOC)

@@ -215,37 +215,47 @@ def _division(v: Any) -> int:
 
 
 def round_size(size: np.ndarray, divisions: np.ndarray | None = None) -> np.ndarray:
-    """Block bytes the allocator looks for when asked for ``size`` bytes (uint64 in and out)."""
-    s = np.asarray(size, dtype=np.uint64)
-    out = ((s + np.uint64(MIN_BLOCK - 1)) // np.uint64(MIN_BLOCK)) * np.uint64(MIN_BLOCK)
-    out = np.where(s < MIN_BLOCK, np.uint64(MIN_BLOCK), out)
-    if divisions is None or not np.any(divisions > 1):
-        return out.astype(np.uint64)
-    lg = _floor_log2(np.maximum(s, np.uint64(1)))
-    idx = np.clip(lg.astype(np.int64) - 20, 0, INTERVALS - 1)
-    d = np.asarray(divisions, dtype=np.uint64)[idx]
-    use = (s >= MIN_BLOCK) & (d > 1) & (s > np.uint64(MIN_BLOCK) * d)
+    """Block bytes the allocator looks for when asked for ``size`` bytes (uint64 in and out).
+
+    The division rule is worked out only for the sizes it can change (above 1,024 bytes: a
+    division of 2 or more needs s > 512 d), in uint64 arithmetic that wraps as C's size_t does.
+    """
+    u = np.uint64
+    given = np.asarray(size, dtype=np.uint64)
+    s = given.reshape(-1)
+    out = (s + u(MIN_BLOCK - 1)) & ~u(MIN_BLOCK - 1)  # a multiple of 512 (MIN_BLOCK is a power of two)
+    out[s < MIN_BLOCK] = MIN_BLOCK
+    div = np.asarray(divisions if divisions is not None else (), dtype=np.uint64)
+    if np.any(div > 1):
+        _round_divided(s, div, out)
+    return out.reshape(given.shape)
+
+
+def _round_divided(s: np.ndarray, div: np.ndarray, out: np.ndarray) -> None:
+    """``round_size``'s division rule into ``out``, for the sizes of ``s`` (1-D) it applies to."""
+    u = np.uint64
+    at = np.flatnonzero(s > u(2 * MIN_BLOCK))
+    su = s[at]
+    lg = _floor_log2(su)
+    d = div[np.clip(lg.astype(np.int64) - 20, 0, INTERVALS - 1)]
+    use = (d > 1) & (su > u(MIN_BLOCK) * d)
     if not np.any(use):
-        return out.astype(np.uint64)
-    su, lgu, du = s[use], lg[use], d[use]
-    p2floor = np.left_shift(np.uint64(1), lgu)
-    step = np.right_shift(p2floor, _floor_log2(du))
-    is_pow2 = su == p2floor
-    safe_step = np.maximum(step, np.uint64(1))
-    floor = su & ~(safe_step - np.uint64(1))
+        return
+    at, su, lg, d = at[use], su[use], lg[use], d[use]
+    p2floor = np.left_shift(u(1), lg)
+    step = np.right_shift(p2floor, _floor_log2(d))
+    safe_step = np.maximum(step, u(1))
+    floor = su & ~(safe_step - u(1))
     up = np.where(floor == su, su, floor + safe_step)
-    up = np.where(step == 0, np.left_shift(p2floor, np.uint64(1)), up)
-    out[use] = np.where(is_pow2, su, up)
-    return out.astype(np.uint64)
+    up = np.where(step == 0, np.left_shift(p2floor, u(1)), up)
+    out[at] = np.where(su == p2floor, su, up)
 
 
 def _floor_log2(x: np.ndarray) -> np.ndarray:
-    """floor(log2 x) for uint64 x >= 1, exact (no float rounding near powers of two)."""
+    """floor(log2 x) for uint64 x >= 1, exact: the exponent of x as a double, less one where the
+    conversion rounded x up to the next power of two (it never rounds below one)."""
     x = np.asarray(x, dtype=np.uint64)
-    lg = np.zeros(x.shape, dtype=np.uint64)
-    for shift in (32, 16, 8, 4, 2, 1):
-        sh = np.uint64(shift)
-        big = np.right_shift(x, sh) > 0
-        x = np.where(big, np.right_shift(x, sh), x)
-        lg = lg + np.where(big, sh, np.uint64(0))
+    lg = np.frexp(x.astype(np.float64))[1].astype(np.uint64) - np.uint64(1)
+    np.minimum(lg, np.uint64(63), out=lg)  # x near 2^64 rounds to 2^64 as a double
+    lg -= (np.right_shift(x, lg) == 0).astype(np.uint64)
     return lg

@@ -15,6 +15,7 @@ loaded first at their recorded addresses; new segments get invented addresses.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
@@ -106,6 +107,85 @@ def _reservations(trace: Trace, config: SimConfig, n_streams: int) -> np.ndarray
     return X
 
 
+class _Setup:
+    """What every replay of one trace shares whatever the setting (``_setup``): each part is
+    computed on first use and kept for the trace's lifetime, keyed by the few settings it
+    depends on (the rounding divisions, whether handled attempts stop the replay, whether
+    recorded releases and addresses are followed). Arrays the kernel writes are copied out. It
+    holds no reference to the trace (the cache's key): each method is given it."""
+
+    def __init__(self, trace: Trace) -> None:
+        from tracekit.sim.pool_run import next_address
+        from tracekit.sim.prepare import prepare
+
+        self.inp = prepare(trace)
+        self.next_address = next_address(trace, self.inp.initial, LARGE_PAGE)
+        self._sized: dict[tuple[tuple[int, ...], bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._rounded: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._kinds: dict[bool, np.ndarray] = {}
+        self._releases: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
+        self._hints: dict[bool, np.ndarray] = {}
+
+    def kinds(self, stop_at_first_oom: bool) -> np.ndarray:
+        from tracekit.sim.prepare import attempt_kinds
+
+        if stop_at_first_oom not in self._kinds:
+            self._kinds[stop_at_first_oom] = attempt_kinds(self.inp, stop_at_first_oom)
+        return self._kinds[stop_at_first_oom]
+
+    def sized(self, trace: Trace, divisions: tuple[int, ...], stop_at_first_oom: bool
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rounded size, group, the rounded sizes a run reports) per event, under ``divisions``."""
+        key = (divisions, stop_at_first_oom)
+        if key not in self._sized:
+            if divisions not in self._rounded:
+                inp, ev = self.inp, trace.events
+                rounded = round_sizes(inp.size, divisions)
+                # A live block at the start keeps the size PyTorch gave it (slack included).
+                held = inp.initial & (ev.op == Op.MALLOC) & (ev.rounded > 0)
+                rounded = np.where(held, ev.rounded.view(np.int64), rounded)
+                group = _pools(trace, inp, rounded) * len(inp.streams) + inp.stream_index
+                self._rounded[divisions] = rounded, group
+            rounded, group = self._rounded[divisions]
+            kind = self.kinds(stop_at_first_oom)
+            packed = np.where((kind == Kind.ALLOC) | (kind == Kind.TRY), rounded, 0)
+            self._sized[key] = rounded, group, packed
+        return self._sized[key]
+
+    def releases(self, trace: Trace, at_trace_frees: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``retry_releases`` (``at_trace_frees``), or none: (release before the row, bytes refused)."""
+        from tracekit.sim.pool_run import retry_releases
+
+        if at_trace_frees not in self._releases:
+            n = len(trace.events)
+            none = np.zeros(n, np.bool_), np.zeros(n, np.int64)
+            self._releases[at_trace_frees] = (retry_releases(trace.events.op, self.inp.size, self.inp.initial)
+                                              if at_trace_frees else none)
+        return self._releases[at_trace_frees]
+
+    def hints(self, trace: Trace, recorded_addresses: bool) -> np.ndarray:
+        """``address_hints``, a fresh copy (the kernel marks the hints it takes)."""
+        from tracekit.sim.pool_run import address_hints
+
+        if recorded_addresses not in self._hints:
+            self._hints[recorded_addresses] = address_hints(trace, self.inp.initial, recorded_addresses)
+        return self._hints[recorded_addresses].copy()
+
+
+_SETUPS: weakref.WeakKeyDictionary[Trace, _Setup] = weakref.WeakKeyDictionary()
+_KEEP = 4  # traces whose setup is kept at once (advise: the prepared trace and its address layouts)
+
+
+def _setup(trace: Trace) -> _Setup:
+    """The ``_Setup`` of ``trace``, cached as ``tracekit.sim.prepare.prepare`` caches its input."""
+    hit = _SETUPS.get(trace)
+    if hit is None:
+        if len(_SETUPS) >= _KEEP:  # the oldest first (dicts keep insertion order)
+            del _SETUPS[next(iter(_SETUPS.keys()))]
+        hit = _SETUPS[trace] = _Setup(trace)
+    return hit
+
+
 class TorchCaching:
     """PyTorch's CUDA caching allocator for one device."""
 
@@ -127,30 +207,18 @@ class TorchCaching:
         # Compiled, on first use (the registry's convention: importing a policy module loads no kernel).
         from tracekit.sim import chunks as ck
         from tracekit.sim.policies._torch_kernel import torch_replay
-        from tracekit.sim.pool_run import (
-            address_hints,
-            capacity_for_state,
-            next_address,
-            pack,
-            pool_stats,
-            retry_releases,
-        )
-        from tracekit.sim.prepare import attempt_kinds, holders, prepare
+        from tracekit.sim.pool_run import capacity_for_state, pack, pool_stats
+        from tracekit.sim.prepare import holders, prepare
 
         st = settings(with_recorded_settings(trace, config.options))
         ev = trace.events
         inp = prepare(trace)
         streams, ns = inp.streams, len(inp.streams)
         init = inp.initial
-        rounded = round_sizes(inp.size, st.roundup_power2_divisions)
-        # A live block at the start keeps the size PyTorch gave it (slack included).
-        held = init & (ev.op == Op.MALLOC) & (ev.rounded > 0)
-        rounded = np.where(held, ev.rounded.view(np.int64), rounded)
-        group = _pools(trace, inp, rounded) * ns + inp.stream_index
-        rel, retry = retry_releases(ev.op, inp.size, init)
-        if not st.release_at_trace_frees:
-            rel, retry = np.zeros(len(ev), np.bool_), np.zeros(len(ev), np.int64)
-        hints = address_hints(trace, init, st.recorded_addresses)
+        setup = _setup(trace)
+        rounded, group, packed = setup.sized(trace, st.roundup_power2_divisions, config.stop_at_first_oom)
+        rel, retry = setup.releases(trace, st.release_at_trace_frees)
+        hints = setup.hints(trace, st.recorded_addresses)
         X = _reservations(trace, config, ns)
         init_exp = init & inp.expandable & (ev.op == Op.SEGMENT_ALLOC)
         if st.expandable_segments and init_exp.any():
@@ -161,16 +229,15 @@ class TorchCaching:
                 X[g, X_.MADE] = Reserve.AT_BASE
         cfg = _cfg(config, st, ns)
         cap, rows_cap = capacity_for_state(trace)
-        C, R, S = ck.new_state(cap, rows_cap, next_address(trace, init, LARGE_PAGE))
+        C, R, S = ck.new_state(cap, rows_cap, setup.next_address)
         stats = pool_stats()
-        kind = attempt_kinds(inp, config.stop_at_first_oom)
+        kind = setup.kinds(config.stop_at_first_oom)
         addr, status, C, R = torch_replay(
             ev.op, kind, inp.replaced_by, holders(len(ev)), inp.size, rounded, group, trace.mate, init,
             init_exp, ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
             C, R, S, X, stats,
         )
-        alloc = (kind == Kind.ALLOC) | (kind == Kind.TRY)
-        return pack(addr, status, np.where(alloc, rounded, 0), R, S, stats), C, S
+        return pack(addr, status, packed, R, S, stats), C, S
 
 
 def with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[str, str]:
