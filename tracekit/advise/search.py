@@ -79,10 +79,17 @@ def _run(task: Task) -> Outcome | PolicyFit:
 
 
 class Runner:
-    """A ``Pool`` of ``jobs`` processes over one trace (in-process when ``jobs`` is 1)."""
+    """A ``Pool`` of ``jobs`` processes over one trace (in-process when ``jobs`` is 1).
+
+    A task is run once: a task equal to one run before, or one whose setting the model proves
+    to replay as another's (``_same_as``), takes that one's answer instead of replaying.
+    """
 
     def __init__(self, trace: Trace, jobs: int, counterfactual: bool) -> None:
         self.jobs = jobs
+        self.trace = trace
+        self.counterfactual = counterfactual
+        self.done: dict[Task, Outcome | PolicyFit] = {}
         if jobs == 1:
             _init(None, trace, counterfactual, None)
             self.pool = Pool(1)
@@ -93,11 +100,41 @@ class Runner:
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
-        return list(self.pool.map(_run, tasks))
+        same = [self._same_as(t) for t in tasks]
+        todo = list(dict.fromkeys(t for t in same if t not in self.done))
+        self.done.update(zip(todo, self.pool.map(_run, todo), strict=True))
+        return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
+
+    def _same_as(self, task: Task) -> Task:
+        """The task whose answer is ``task``'s: itself, or the same PyTorch setting less the keys
+        the model ignores on this trace (``torch_caching.inert_keys``: the replays are alike step
+        by step). The trace here is the one read: the counterfactual input drops only
+        ``segment_free`` rows and the recorded settings, so its requests and starting state are
+        these, and its setting is the candidate's options alone."""
+        c = task.candidate
+        if c.kind != Kind.TORCH_CONF or not self.counterfactual or not c.options:
+            return task
+        from dataclasses import replace
+
+        from tracekit.sim.policies.torch_caching import inert_keys
+
+        drop = inert_keys(self.trace, c.opts)
+        if not drop:
+            return task
+        return replace(task, candidate=replace(c, options=tuple(kv for kv in c.options if kv[0] not in drop)))
 
     def close(self) -> None:
         self.pool.close()
         _STATE.clear()  # do not keep the trace alive in this process
+
+
+def _as(result: Outcome | PolicyFit, candidate: Candidate) -> Outcome | PolicyFit:
+    """``result`` as the answer for ``candidate`` (a bisection's answer names only the policy)."""
+    if isinstance(result, Outcome) and result.candidate != candidate:
+        from dataclasses import replace
+
+        return replace(result, candidate=candidate)
+    return result
 
 
 def outcomes(results: Sequence[Outcome | PolicyFit]) -> list[Outcome]:

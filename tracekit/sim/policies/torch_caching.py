@@ -30,6 +30,7 @@ from tracekit.sim.torch_rules import (
     TorchSettings,
     options_from_snapshot,
     round_sizes,
+    segment_sizes,
     settings,
 )
 from tracekit.trace.reader import Trace
@@ -37,6 +38,13 @@ from tracekit.trace.schema import Source
 
 if TYPE_CHECKING:
     from tracekit.sim.prepare import ReplayInput
+
+
+def prepare_input(trace: Trace) -> ReplayInput:
+    """``tracekit.sim.prepare.prepare`` (imported on use: the registry imports this module)."""
+    from tracekit.sim.prepare import prepare
+
+    return prepare(trace)
 
 LARGE_PAGE = 20 * MIB  # expandable segments map the large pool in 20 MiB pages
 SMALL_PAGE = 2 * MIB
@@ -238,6 +246,45 @@ class TorchCaching:
             C, R, S, X, stats,
         )
         return pack(addr, status, packed, R, S, stats), C, S
+
+
+def inert_keys(trace: Trace, options: Mapping[str, str]) -> frozenset[str]:
+    """The keys of ``options`` that the model provably ignores on ``trace``: replaying it with them
+    and without them makes every step alike (``options`` as the whole setting: a prepared
+    recording's, whose recorded settings are dropped). Two rules, read off ``_torch_kernel``:
+
+    - ``max_split_size_mb`` M without expandable segments, when no block the model can hold
+      reaches M. M enters the kernel only as "a block >= M" tests in ``_find`` (never true then),
+      the split rule ``s < M`` (true for every request then, as it is unset) and
+      ``_release_available`` (which finds no cached block >= M, releases nothing and fails, so
+      ``release_cached`` follows, as it does unset). A block lies in one segment: a starting
+      segment of the trace, or one ``segment_size(s)`` for a rounded request s, at most 20 MiB
+      below s = 10 MiB and the request rounded up to 2 MiB above (increasing in s, as
+      ``round_size`` is); M > 20 MiB (``settings``), so the largest request's segment and the
+      largest starting segment bound every block against M.
+    - ``garbage_collection_threshold`` with expandable segments, when the trace starts with no
+      segment outside them. ``_garbage_collect`` releases only unsplit pieces on the
+      whole-allocation list, where ``insert_free`` puts no piece of an expandable segment, and
+      with expandable segments every new segment is one (``_alloc_block``): the list stays
+      empty, so collecting frees nothing; its lookup counter is read by collecting alone.
+    """
+    st = settings(options)
+    inp = prepare_input(trace)
+    ev = trace.events
+    out = set()
+    if "max_split_size_mb" in options and not st.expandable_segments:
+        req = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
+        biggest = int(inp.size[req].max()) if req.any() else 0
+        block = int(segment_sizes(round_sizes(np.array([biggest], np.int64), st.roundup_power2_divisions))[0])
+        start = inp.initial & (ev.op == Op.SEGMENT_ALLOC)
+        if start.any():
+            block = max(block, int(ev.size[start].max()))
+        if block < st.max_split_size:
+            out.add("max_split_size_mb")
+    outside = inp.initial & ~inp.expandable & (ev.op == Op.SEGMENT_ALLOC)
+    if "garbage_collection_threshold" in options and st.expandable_segments and not outside.any():
+        out.add("garbage_collection_threshold")
+    return frozenset(out)
 
 
 def with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[str, str]:
