@@ -83,6 +83,7 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
         torch.cuda.set_per_process_memory_fraction(limit / total, rec.device)
     rec.rerun = {"argv": list(target), "module": module, "cwd": os.getcwd(), "limit_bytes": limit}
     roots = _roots(script)
+    watcher = rec.start_ring(out, launch.to_dict(rec.device), roots, keep)  # before the first event
     with stop_signals():
         rec.start()
         outcome = run_target(target, module)
@@ -93,9 +94,48 @@ def record_torch(target: list[str], *, module: bool, output: Path | None,
         exit_info = {**outcome.to_dict(), "oom_seq": None, "died_of_oom": _is_oom(torch, final),
                      "site": _exception_site(torch, final, roots)}
         outcome.keepalive = None
-        return _write(snap, rec, out, exit_info, launch.to_dict(rec.device), roots, keep)
+        try:
+            path = write_torch_trace(snap, rec.end(), out, exit_info, launch.to_dict(rec.device), roots, keep,
+                                     rec.ring_meta())
+        except Exception:
+            # This process may be what broke (json.dumps replaced, a recursion limit of 40): the
+            # watcher writes the trace from the tracker's ring in a clean process.
+            done = watcher.finish() if watcher is not None else None
+            if done is None:
+                raise
+            rec.remove_ring()
+            return done
+        rec.remove_ring()
+        if watcher is not None:
+            watcher.done()
+        return path
 
     return epilogue(rec.pid, outcome, finish, output=out)
+
+
+def finish_from_ring(ring: Path, out: Path, extra: dict[str, Any], keep: Keep | None = None) -> Path | None:
+    """The trace of a recording whose process is gone (the watcher's work): PyTorch's snapshot made
+    from the tracker's ring at ``ring`` and what the recorder wrote beside it at the start
+    (``tracekit.record.torch_ring``); where it went, None where the ring holds nothing usable."""
+    from tracekit.record.torch_ring import read_head, read_rows, snapshot_from_ring
+
+    read = read_rows(ring)
+    if read is None:
+        return None
+    head = read_head(out)
+    snap = snapshot_from_ring(read, head)
+    device = int(head.get("device", 0) or 0)
+    info = head.get("info") if isinstance(head.get("info"), dict) else {}
+    allowed = info.get("allowed_bytes") if isinstance(info, dict) else None
+    rerun, launch = head.get("rerun"), head.get("launch")
+    end = TorchEnd(ring, (), device, int(allowed) if isinstance(allowed, int) else None,
+                   rerun if isinstance(rerun, dict) else {})
+    exit_info = {"status": None, "exception": None, "signal": None, "code": None, "message": None,
+                 "oom_seq": None, "died_of_oom": False, "site": None}
+    roots = tuple(str(r) for r in head.get("roots") or [] if isinstance(r, str))
+    ring_meta = {"torch_ring": {"rows": int(len(read.rows)), "missing": read.missing, "frames": False}}
+    launch = launch if isinstance(launch, dict) else {}
+    return write_torch_trace(snap, end, out, exit_info, launch, roots, keep, {**ring_meta, **extra})
 
 
 def _roots(script: str | None) -> tuple[str, ...]:
@@ -112,10 +152,26 @@ def _exception_site(torch: Any, exc: BaseException | None, roots: tuple[str, ...
     return exception_site(exc, (tracekit_dir, os.path.dirname(os.path.abspath(torch.__file__))), roots)
 
 
-def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str, Any],
-           launch: dict[str, Any], roots: tuple[str, ...], keep: Keep | None = None) -> Path:
-    """Write the trace at ``out``, or beside it where the program made its own file there
-    (``tracekit.record.final``); returns where it went."""
+@dataclasses.dataclass(frozen=True)
+class TorchEnd:
+    """What the recorder knows of the run besides the snapshot, as the trace's writer needs it: the
+    snapshot's path (named in messages), the device measured at each OOM, the recording's device,
+    the bytes the allocator was allowed, and how to run the program again."""
+
+    where: Path
+    states: tuple[dict[str, Any], ...]
+    device: int
+    allowed_bytes: int | None
+    rerun: dict[str, Any]
+
+
+def write_torch_trace(snap: dict[str, Any], rec: TorchEnd, out: Path, exit_info: dict[str, Any],
+                      launch: dict[str, Any], roots: tuple[str, ...], keep: Keep | None = None,
+                      extra: dict[str, Any] | None = None) -> Path:
+    """Write the trace of ``snap`` at ``out``, or beside it where the program made its own file there
+    (``tracekit.record.final``); returns where it went. The recorded process calls it at its end,
+    the watcher (``tracekit.record.watch``) after the process died, with the snapshot made from the
+    tracker's ring (``tracekit.record.torch_ring``)."""
     from tracekit.importers.torch_snapshot import convert
     from tracekit.record.callstacks import TORCH_PACKAGES
     from tracekit.record.meta import environment_meta
@@ -123,7 +179,7 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     from tracekit.trace import Op, write_trace
     from tracekit.trace.stacks import trim_outer, with_kinds
 
-    c = convert(snap, rec.path)
+    c = convert(snap, rec.where)
     env = environment_meta(roots, TORCH_PACKAGES)  # at the end: sys.path as the program left it
     table = with_kinds(c.events.stacks, env.folders())  # decided on the absolute paths, as CuPy's are
     relative = dataclasses.replace(table, file=tuple(relative_path(f, roots) for f in table.file))
@@ -131,7 +187,7 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
     events = dataclasses.replace(c.events, sites=tuple(relative_site(s, roots) for s in c.events.sites),
                                  stack=lut[c.events.stack], stacks=stacks)
     oom_rows = np.flatnonzero(events.op == Op.OOM)
-    states = rec.states[-len(oom_rows):] if len(oom_rows) else []
+    states = [dict(st) for st in rec.states[-len(oom_rows):]] if len(oom_rows) else []
     rows = oom_rows[len(oom_rows) - len(states):]
     oom_states = [{"seq": int(events.seq[i]), "device": st.pop("device"), "t_ns": int(events.t_ns[i]), **st}
                   for i, st in zip(rows.tolist(), states, strict=True)]
@@ -141,13 +197,13 @@ def _write(snap: dict[str, Any], rec: _Recording, out: Path, exit_info: dict[str
         events = with_site(events, int(oom_rows[-1]), exit_info.get("site"))
     devices = sorted({int(d) for d in np.unique(events.device)} | {rec.device})
     pools = [{"id": i, "device": d, "kind": "pool", "label": "caching allocator",
-              "limit_bytes": rec.info.get("allowed_bytes")} for i, d in enumerate(devices)]
+              "limit_bytes": rec.allowed_bytes} for i, d in enumerate(devices)]
     pool_of = np.zeros(max(devices) + 1, np.int64)
     pool_of[devices] = np.arange(len(devices))
     extras = {**c.extras, "pool": pa.array(pool_of[events.device], pa.uint16())}
     meta = dataclasses.replace(c.meta, environment=env).with_extra(
         oom_states=oom_states, exit=exit_info, pools=pools, launch=launch, sites_relative_to=list(roots),
-        rerun=rec.rerun)
+        rerun=rec.rerun, **(extra or {}))
     return write_final(out, lambda path, more: write_trace(path, meta.with_extra(**more), events, extras),
                        keep)
 
@@ -240,6 +296,68 @@ class _Recording:
         self.rerun: dict[str, Any] = {}  # how to run the program again (``advise --rerun``)
         self._last_dump = 0.0
         self.pid = os.getpid()  # only this process writes the snapshot and the trace
+        self.ring: Any = None  # torch_ring.TorchRing, where the tracker could be attached
+        self.ring_note: str | None = None  # why not, where it could not
+        self._trace: Path | None = None
+
+    def start_ring(self, trace: Path, launch: dict[str, Any], roots: tuple[str, ...],
+                   keep: Keep | None) -> Any:
+        """Build (once per PyTorch) and attach the tracker, write the head the watcher reads and
+        start the watcher (``tracekit.record.torch_ring``); the watcher, or None where any step
+        cannot be done (the recording goes on as before, its metadata saying why)."""
+        from tracekit.record.torch_ring import TorchRing, build, library_path, write_head
+        from tracekit.record.watch import Watcher
+
+        torch_dir = os.path.dirname(os.path.abspath(self.torch.__file__))
+        version = str(self.torch.__version__)
+        if not library_path(torch_dir, version).exists():
+            tell("tracekit: building the PyTorch tracker for this PyTorch, once (about 10 s)")
+        lib, why = build(torch_dir, version)
+        if lib is None:
+            self.ring_note = why
+            return None
+        try:  # the settings the snapshot would carry (history is not on yet: a cheap call)
+            settings = self.torch.cuda.memory._snapshot().get("allocator_settings")
+        except Exception:
+            settings = None
+        try:
+            write_head(trace, {"device": self.device, "info": self.info, "launch": launch,
+                               "roots": list(roots), "rerun": self.rerun, "allocator_settings": settings})
+        except (OSError, TypeError, ValueError) as e:
+            self.ring_note = f"could not write the tracker's head ({e})"
+            return None
+        self.ring, self.ring_note = TorchRing.start(trace, int(self.info["max_entries"]), lib)
+        self._trace = trace
+        if self.ring is None:
+            self._remove_head()
+            return None
+        watcher = Watcher.start(self.ring.path, trace, keep, kind="torch")
+        if watcher is None:
+            self.ring_note = "the watcher could not be started (no pidfd_open)"
+            self.remove_ring()
+        return watcher
+
+    def ring_meta(self) -> dict[str, Any]:
+        return {"torch_ring": {"attached": self.ring is not None, "note": self.ring_note}}
+
+    def remove_ring(self) -> None:
+        if self.ring is not None:
+            self.ring.stop()
+            self.ring.remove()
+            self.ring = None
+        self._remove_head()
+
+    def _remove_head(self) -> None:
+        from tracekit.record.torch_ring import head_path
+
+        if self._trace is not None:
+            with contextlib.suppress(OSError):
+                head_path(self._trace).unlink()
+
+    def end(self) -> TorchEnd:
+        allowed = self.info.get("allowed_bytes")
+        return TorchEnd(self.path, tuple(self.states), self.device,
+                        int(allowed) if isinstance(allowed, int) else None, self.rerun)
 
     def start(self) -> None:
         from tracekit.record.probe import torch_probe

@@ -53,10 +53,11 @@ class Watcher:
         self.fd, self.answer, self.pid = fd, answer, pid
 
     @classmethod
-    def start(cls, spool: Path, output: Path, keep: Keep | None = None) -> Watcher | None:
+    def start(cls, spool: Path, output: Path, keep: Keep | None = None, kind: str = "cupy") -> Watcher | None:
         """Start the watcher for ``spool`` → ``output`` (``keep``: the file there ``--force`` may
-        replace); None where it cannot be (no pidfd, no process): the recording goes on without it,
-        as before."""
+        replace; ``kind``: ``cupy``, ``spool`` is the recorder's spool, or ``torch``, it is the
+        tracker's ring of ``tracekit.record.torch_ring``); None where it cannot be (no pidfd, no
+        process): the recording goes on without it, as before."""
         if not hasattr(os, "pidfd_open"):
             return None
         r, w = os.pipe()  # both close-on-exec: only this process image holds ``w``
@@ -67,7 +68,7 @@ class Watcher:
         try:
             p = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.record.watch", str(os.getpid()), str(r), str(aw),
-                 os.fspath(spool), os.fspath(output), str(err), keep.text() if keep else "-"],
+                 os.fspath(spool), os.fspath(output), str(err), keep.text() if keep else "-", kind],
                 pass_fds=(r, aw) if err < 0 else (r, aw, err), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
             ready = p.wait(timeout=30)  # the launcher forks the watcher off and leaves at once
@@ -205,6 +206,36 @@ def _finish(spool: Path, output: Path, ended: str, held: tuple[int, int] = (-1, 
     return final
 
 
+def _finish_torch(ring: Path, output: Path, ended: str, held: tuple[int, int] = (-1, -1),
+                  head: bytes | None = None, keep: Keep | None = None) -> Path | None:
+    """Write the trace of a ``record --torch`` run from the tracker's ring (``held[0]``: a descriptor
+    reading it, opened at the start) and remove the ring and its head; where it went, or None."""
+    source = _source(ring, held[0])
+    if source is None:
+        return None
+    from tracekit.kernel_cache import settle
+
+    settle()
+    from tracekit.record.torch import finish_from_ring
+    from tracekit.record.torch_ring import head_path
+
+    extra = {"complete": False, "ended": ended, "finished_by": "watcher"}
+    try:
+        final = finish_from_ring(source, output, extra, keep)
+    except Exception:
+        return None
+    if final is None:
+        return None
+    with contextlib.suppress(OSError):
+        ring.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        head_path(output).unlink(missing_ok=True)
+    return final
+
+
+FINISHERS = {"cupy": _finish, "torch": _finish_torch}
+
+
 def _say_taken(err: int, output: Path, final: Path | None, start: str) -> None:
     """The sentence ``record`` would say, where the trace went beside a file the program made."""
     from tracekit.inputs import safe_text
@@ -218,15 +249,16 @@ def _say_taken(err: int, output: Path, final: Path | None, start: str) -> None:
 
 
 def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int, err: int = -1,
-          keep: Keep | None = None) -> None:
+          keep: Keep | None = None, kind: str = "cupy") -> None:
     """The watcher's whole life (module docstring); ``ready`` is told once the mark is held, ``err``
     is the recording's standard error."""
     from tracekit.record.tail import tail_path
     from tracekit.trace.finishing import mark_path
 
     cwd = os.getcwd()  # the user's, as record's own lines name paths
-    held = _hold(spool), _hold(tail_path(spool))
-    head = _read_head(held[0]) if held[0] >= 0 else None
+    finish = FINISHERS[kind]
+    held = _hold(spool), _hold(tail_path(spool)) if kind == "cupy" else -1
+    head = _read_head(held[0]) if held[0] >= 0 and kind == "cupy" else None
     mark = os.open(mark_path(output), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     fcntl.flock(mark, fcntl.LOCK_EX)
     os.write(mark, f"{pid}\n".encode())
@@ -250,7 +282,7 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int,
             os.write(answer, DONE)  # after the mark is gone: the recorded process waits for this
             return
         if said == FINISH:  # the recorded process waits for the answer and says where the trace is
-            final = _finish(spool, output, "the recorder could not finish it", held, head, keep)
+            final = finish(spool, output, "the recorder could not finish it", held, head, keep)
             os.write(answer, DONE + os.fsencode(final) if final is not None else b"X")
             return
         # End of file: it ended, exec'd, or only closed its descriptors (then it is the same program).
@@ -262,7 +294,7 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int,
             ended = "the process ended (os._exit or a signal) without finishing the recording"
         elif not gone:
             ended = "the process replaced itself (exec) before finishing the recording"
-        _say_taken(err, output, _finish(spool, output, ended, held, head, keep), cwd)
+        _say_taken(err, output, finish(spool, output, ended, held, head, keep), cwd)
     finally:
         if mark >= 0:
             with contextlib.suppress(OSError):
@@ -274,13 +306,14 @@ def main(argv: list[str]) -> int:
     pid, fd, answer, spool, output = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), Path(argv[4])
     err = int(argv[5]) if len(argv) > 5 else -1
     keep = Keep.parse(argv[6]) if len(argv) > 6 else None
+    kind = argv[7] if len(argv) > 7 and argv[7] in FINISHERS else "cupy"
     r, w = os.pipe()
     if os.fork():  # the launcher leaves once the watcher holds its mark: no child of the program
         os.close(w)
         return 0 if os.read(r, 1) == b"R" else 1
     os.close(r)
     with contextlib.suppress(Exception):
-        watch(pid, fd, answer, spool, output, w, err, keep)
+        watch(pid, fd, answer, spool, output, w, err, keep, kind)
     return 0
 
 
