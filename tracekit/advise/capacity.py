@@ -211,26 +211,46 @@ def live_curve(trace: Trace) -> np.ndarray:
     return live_bytes(req, needed_requests(trace), paired_frees(ev.op, trace.mate), trace.mate)
 
 
+Unbounded = tuple[int, int, bool]  # an unbounded replay: (peak reserved, its Stat.ASKED, ran out)
+
+
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,
            lb: int | None = None, options: Mapping[str, str] | None = None,
-           counterfactual: bool = False) -> PolicyFit:
+           counterfactual: bool = False, reuse: bool = False, known: Unbounded | None = None) -> PolicyFit:
     """Bisection for one policy (see the module docstring); ``options`` are the policy's settings.
 
     ``counterfactual``: ``trace`` is a prepared recording (``advise.counterfactual.prepare``)
     and every replay goes through ``counterfactual_replay``, the prediction ``replay``,
     ``advise`` and ``whatif`` share for a recording under a pool policy.
+
+    ``reuse`` (advise): a capacity at or above the unbounded replay's ``Stat.ASKED`` replays the
+    same steps as unbounded, so its answer is the unbounded one's, not replayed; ``known``: the
+    unbounded replay's figures, had from a replay the same steps make (also not replayed).
+    ``replays`` counts the replays made.
     """
     from tracekit.sim.base import SimConfig
+    from tracekit.sim.codes import Stat
 
     run = _replayer(trace, policy, counterfactual)
     lb = lower_bound(trace) if lb is None else lb
     limit = max_capacity if max_capacity is not None else _LIMIT
     opts = dict(options or {})
+    skipped = 0
+
+    if known is None:
+        first = run(SimConfig(options=opts))
+        known = first.summary.peak_reserved_bytes, int(first.run.stats[Stat.ASKED]), first.ran_out
+    else:
+        skipped += 1
+    unbounded, asked, out = known
 
     def fits(cap: int) -> bool:
+        nonlocal skipped
+        if reuse and 0 <= asked <= cap:
+            skipped += 1
+            return not out
         return not run(SimConfig(capacity=cap, options=opts)).ran_out
 
-    unbounded = run(SimConfig(options=opts)).summary.peak_reserved_bytes
     replays = 1
     lo = (lb - 1) // step * step if lb > 0 else -step  # largest multiple of step below lb: fails
     hi = max(round_up(max(unbounded, 1), step), lo + step)
@@ -239,7 +259,7 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
             hi = limit // step * step
             replays += 1
             if hi <= lo or not fits(hi):
-                return PolicyFit(policy, None, lb, unbounded, replays, limit)
+                return PolicyFit(policy, None, lb, unbounded, replays - skipped, limit)
             break
         replays += 1
         if fits(hi):
@@ -252,7 +272,7 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
             hi = mid
         else:
             lo = mid
-    return PolicyFit(policy, max(hi, 0), lb, unbounded, replays, limit)
+    return PolicyFit(policy, max(hi, 0), lb, unbounded, replays - skipped, limit)
 
 
 def _replayer(trace: Trace, policy: str, counterfactual: bool) -> Callable[[Any], Any]:

@@ -183,7 +183,11 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
     rounds agree (or ``rounds`` is reached). Only the order of addresses matters to the
     models (ties between equal blocks, lowest address first), so a layout that keeps the
     order is as good as the driver's own addresses.
+
+    The result's ``Stat.ASKED`` speaks for every round: a capacity from which each round's
+    replay is the unbounded one (so each round's input, made from the round before, is too).
     """
+    from tracekit.sim.codes import Stat
     from tracekit.sim.engine import replay
 
     ev = trace.events
@@ -194,6 +198,7 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
         return current, result  # nothing recorded to keep in order (synthetic traces): invented addresses
     rec_key = list(zip(request_ordinals(trace, rec).tolist(), ev.size[rec].tolist(), strict=True))
     rec_addr = ev.addr[rec].astype(np.int64)
+    asked = [int(result.run.stats[Stat.ASKED])]
     for _ in range(rounds):
         run = result.run
         sa = np.flatnonzero(run.rows_op == Op.SEGMENT_ALLOC)
@@ -214,6 +219,8 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
         current = with_device_addresses(trace, np.array([m[0] for m in made], np.int64),
                                         run.rows_size[sa], address_keys(matched))
         result = replay(current, policy, config)
+        asked.append(int(result.run.stats[Stat.ASKED]))
+    result.run.stats[Stat.ASKED] = max(asked) if min(asked) >= 0 else -1
     return current, result
 
 

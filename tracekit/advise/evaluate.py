@@ -25,6 +25,7 @@ from tracekit.advise.capacity import needed_requests
 from tracekit.advise.verdict import Margin, Verdict, decide
 from tracekit.sim import policies
 from tracekit.sim.base import Basis, SimConfig
+from tracekit.sim.codes import Stat
 from tracekit.sim.engine import replay
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
@@ -48,6 +49,7 @@ class Outcome:
     handled_served: int = 0  # handled OOMs of the recording this replay served (the fallback model)
     verdict: Verdict | None = None  # set by ``judged``: the one decision every output shows
     margin: int | None = None  # the headroom FITS needs at this capacity (bytes)
+    asked: int = -1  # the replay's ``Stat.ASKED``: from there up, and unbounded, the same steps
 
     def judged(self, margin: Margin) -> Outcome:
         """This outcome with its verdict (``tracekit.advise.verdict.decide``) and margin in bytes."""
@@ -115,20 +117,21 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     src = input_for(cand, trace)
     cfg = SimConfig(capacity=capacity, device_total=device_total, options=cand.opts)
     if cand.kind == Kind.FREE_LIST:
-        s = replay(src, cand.policy, cfg).summary
+        res = replay(src, cand.policy, cfg)
     else:
         from tracekit.advise.counterfactual import counterfactual_replay
 
         src, res = counterfactual_replay(src, cand.policy, cfg)
-        s = res.summary
+    s = res.summary
     failed = None
     if s.oom is not None:
         failed = int(np.searchsorted(src.events.seq, s.oom.seq))
     replayed = policies.get(cand.policy).traits.basis == Basis.PLACEMENT
     allocs, frees = (s.segment_allocs, s.segment_frees) if replayed else device_calls(src, failed)
     served = max(0, _handled_before(src, failed) - s.handled_ooms)
+    asked = int(res.run.stats[Stat.ASKED])
     return Outcome(cand, capacity, s.oom is None, s.peak_reserved_bytes, allocs, frees, failed, replayed,
-                   heap=s.peak_extent is not None, handled_served=served)
+                   heap=s.peak_extent is not None, handled_served=served, asked=asked)
 
 
 def _handled_before(trace: Trace, failed: int | None) -> int:

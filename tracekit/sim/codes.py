@@ -67,6 +67,10 @@ class Stat(IntEnum):
     OOM_RESERVED = 10  # at the first OOM: reserved bytes
     OOM_ROUNDED = 11  # at the first OOM: the request after the policy's rounding
     HANDLED = 12  # count of handled requests (``Kind.TRY``) that failed again: the program went on
+    # The capacity from which this run is the same as unbounded: at every capacity >= ASKED (and at
+    # none) the same steps, other settings alike; -1: not known (a policy that does not say, or one
+    # whose rules read the capacity elsewhere). PyTorch's model: the most reserved + segment asked.
+    ASKED = 13
 
 
 class Fit(IntEnum):
@@ -181,9 +185,10 @@ class Slot(IntEnum):
     SEGF = 14  # segment_free rows emitted
     HHEAD = 15  # head of the live device allocation list
     GCL = 16  # PyTorch's get_free_blocks_call_count of the large pool
+    ASKED = 17  # the most reserved + segment bytes a device allocation asked for (``Stat.ASKED``)
 
 
-N_SLOTS = int(Slot.GCL) + 1
+N_SLOTS = int(Slot.ASKED) + 1
 
 
 class Row(IntEnum):

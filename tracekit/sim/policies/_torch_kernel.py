@@ -58,6 +58,8 @@ def _pages(S, cfg, s):  # pragma: no cover - compiled
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
     limit = cfg[T.CAPACITY]
+    if S[Slot.RESERVED] + seg > S[Slot.ASKED]:  # the limit test's own sum, whatever the limit
+        S[Slot.ASKED] = S[Slot.RESERVED] + seg
     if limit > 0 and S[Slot.RESERVED] + seg > limit:
         return -1
     if cfg[T.EXPANDABLE] != 0:

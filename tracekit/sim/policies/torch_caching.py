@@ -23,7 +23,7 @@ import numpy as np
 
 from tracekit.errors import InputError, UsageError
 from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import Kind, Op, Reserve, TorchPool, TorchSetting, named_vector
+from tracekit.sim.codes import Kind, Op, Reserve, Slot, Stat, TorchPool, TorchSetting, named_vector
 from tracekit.sim.codes import Reservation as X_
 from tracekit.sim.torch_rules import (
     MIB,
@@ -245,6 +245,10 @@ class TorchCaching:
             init_exp, ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
             C, R, S, X, stats,
         )
+        # The capacity enters the kernel only in _alloc_block's limit test, and in collecting
+        # garbage (a threshold x the capacity, none without one): without a threshold, a capacity
+        # at or above every sum that test saw replays this run step by step.
+        stats[Stat.ASKED] = S[Slot.ASKED] if st.garbage_collection_threshold <= 0.0 else -1
         return pack(addr, status, packed, R, S, stats), C, S
 
 
