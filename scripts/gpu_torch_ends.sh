@@ -2,7 +2,7 @@
 # On a GPU machine: record --torch runs that end without finishing (os._exit, SIGKILL of itself,
 # SIGKILL from outside mid-step), finished by the watcher from the tracker's ring
 # (tracekit/record/torch_ring.py), against PyTorch's own allocation count; the tracker's build; the
-# torch recording tests; record --torch's overhead against PyTorch's own history. ONE tarball
+# record --torch's overhead against PyTorch's own history. ONE tarball
 # $OUT/torchends.tar.gz.
 #   OUT=/some/empty/dir BUDGET_S=560 bash scripts/gpu_torch_ends.sh
 NAME=torchends
@@ -29,10 +29,15 @@ TRACEKIT_GPU_OUT="$R/traces" run ends 300 python3 -m pytest -m gpu -q -rA -s -p 
   tests/gpu/test_record_torch_ends_gpu.py
 pack
 
-step "torch record tests"
-run torchtests 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/gpu/test_advise_rerun_gpu.py
+step "overhead against PyTorch's own history"
+run overhead 120 python3 scripts/bench_torch_record.py --steps 40 --repeats 3 --json "$R/overhead.json"
 pack
 
-step "overhead against PyTorch's own history"
-run overhead 150 python3 scripts/bench_torch_record.py --steps 40 --repeats 3 --json "$R/overhead.json"
+# RMM (issue 42), where its wheels were carried in .whl/: the model against RMM's real pool.
+if ls .whl/*.whl >/dev/null 2>&1 && (( $(left) > 60 )); then
+  step "rmm fidelity"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl > "$R/rmm-install.log" 2>&1
+  PYTHONPATH=/tmp/site:$PYTHONPATH run rmm 240 python3 scripts/gpu_rmm_fidelity.py --out "$R/rmm"
+fi
 step done
