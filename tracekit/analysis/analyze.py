@@ -11,6 +11,7 @@ computed once per distinct stack; ``trees`` adds the live bytes by whole stack
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -255,7 +256,7 @@ def _summary(trace: Trace, scan: ScanResult, ctx: DeviceContext, oom: OOMReport 
 
 
 def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: _Probed,
-                start: StartState | None, states: dict[int, OOMState], device: int, fatal: int | None,
+                start: StartState | None, states: Mapping[int, OOMState], device: int, fatal: int | None,
                 detail: bool, lead: bool, sites: _Sites) -> OOMReport:
     """The verdict at the OOM row k; ``detail``: the largest free block the request could use
     is found per stream and pool (else the largest of all); ``lead``: list the top call-sites."""

@@ -1,144 +1,51 @@
-"""What the recorder measured beyond the events, read defensively from trace metadata.
+"""What the recorder measured beyond the events: the device at the start and the extra columns.
 
-Trace format version 2 stores the device at every OOM (``oom_states``: cudaMemGetInfo,
-NVML per-process used bytes, the ``cudaLimit`` values, the pool's counters), how the
-program ended (``exit``), the pools (``pools``) and a ``device_free`` column measured at
-device-level rows. Version 1 recordings stored less: an ``exit`` object with the
-exception and its message and an ``ooms`` list of pool counters. Imported PyTorch
-snapshots carry ``torch_oom_observer``. Every figure here is bytes, exact, and None when
-the recording does not have it or holds something malformed: analysis never fails on
+The metadata keys (``oom_states``, ``pools``, ``budget``, ``device_limits``, ...) are typed once by
+``tracekit.trace.recorded`` (``TraceMeta.recorded``); this module builds on them the start state an
+analysis needs (``StartState``: the ``budget`` with the context's CUDA total and free) and reads the
+integer extra columns (``device_free``, ``pool``). Trace format version 2 stores the device at every
+OOM (``oom_states``: cudaMemGetInfo, NVML per-process used bytes, the ``cudaLimit`` values, the
+pool's counters), how the program ended (``exit``), the pools (``pools``) and a ``device_free``
+column measured at device-level rows. Version 1 recordings stored less: an ``exit`` object with the
+exception and its message and an ``ooms`` list of pool counters. Every figure here is bytes, exact,
+and None when the recording does not have it or holds something malformed: analysis never fails on
 metadata it cannot use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tracekit.trace.outcome import MAX_STATES, as_int, as_text
 from tracekit.trace.reader import Trace
+from tracekit.trace.recorded import (
+    DeviceLimits,
+    OOMState,
+    ProcessUse,
+    RecordedMeta,
+    as_bytes,
+)
+
+__all__ = ["DeviceLimits", "OOMState", "ProcessUse", "StartState", "as_bytes", "extra_column", "home_device",
+           "oom_states", "pool_limits", "start_state"]
 
 
-def as_bytes(v: Any) -> int | None:
-    """A byte count: an exact integer ≥ 0, else None."""
-    n = as_int(v)
-    return n if n is not None and n >= 0 else None
-
-
-@dataclass(frozen=True)
-class ProcessUse:
-    """One process's used device memory as NVML reported it."""
-
-    pid: int
-    name: str | None
-    used: int
-    is_self: bool
-
-    def label(self) -> str:
-        return f"process {self.pid}" + (f" ({self.name})" if self.name else "")
-
-
-@dataclass(frozen=True)
-class DeviceLimits:
-    """``cudaLimit`` values (bytes; stack is per thread)."""
-
-    stack_size: int | None = None
-    malloc_heap_size: int | None = None
-    printf_fifo_size: int | None = None
-
-    @classmethod
-    def from_dict(cls, d: Any) -> DeviceLimits:
-        if not isinstance(d, Mapping):
-            return cls()
-        return cls(as_bytes(d.get("stack_size")), as_bytes(d.get("malloc_heap_size")),
-                   as_bytes(d.get("printf_fifo_size")))
-
-
-@dataclass(frozen=True)
-class OOMState:
-    """The device measured when one ``oom`` row was raised (an ``oom_states`` entry)."""
-
-    seq: int
-    device: int | None = None
-    mem_free: int | None = None
-    mem_total: int | None = None
-    processes: tuple[ProcessUse, ...] | None = None  # None: NVML gave no list
-    limits: DeviceLimits = DeviceLimits()
-    pool_used: int | None = None
-    pool_total: int | None = None
-    pool_limit: int | None = None
-
-    @property
-    def self_used(self) -> int | None:
-        own = [p.used for p in self.processes or () if p.is_self]
-        return sum(own) if own else None
-
-    @property
-    def others(self) -> tuple[ProcessUse, ...]:
-        return tuple(p for p in self.processes or () if not p.is_self)
-
-
-def _processes(raw: Any) -> tuple[ProcessUse, ...] | None:
-    if not isinstance(raw, list):
-        return None
-    out = []
-    for p in raw[:4096]:
-        if not isinstance(p, Mapping):
-            continue
-        pid, used = as_int(p.get("pid")), as_bytes(p.get("used_bytes"))
-        if pid is not None and used is not None:
-            out.append(ProcessUse(pid, as_text(p.get("name")), used, p.get("self") is True))
-    return tuple(out)
-
-
-def _state(d: Any) -> OOMState | None:
-    if not isinstance(d, Mapping) or as_int(d.get("seq")) is None:
-        return None
-    raw = d.get("pool")
-    pool: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    limit = as_bytes(pool.get("limit_bytes"))
-    return OOMState(
-        seq=as_int(d["seq"]) or 0, device=as_int(d.get("device")), mem_free=as_bytes(d.get("mem_free")),
-        mem_total=as_bytes(d.get("mem_total")), processes=_processes(d.get("processes")),
-        limits=DeviceLimits.from_dict(d.get("limits")), pool_used=as_bytes(pool.get("used_bytes")),
-        pool_total=as_bytes(pool.get("total_bytes")), pool_limit=limit or None,
-    )
-
-
-def oom_states(extra: Mapping[str, Any]) -> dict[int, OOMState]:
+def oom_states(recorded: RecordedMeta | Mapping[str, Any]) -> Mapping[int, OOMState]:
     """``oom_states`` by seq (the last entry wins for a repeated seq)."""
-    raw = extra.get("oom_states")
-    if not isinstance(raw, list):
-        return {}
-    states = (_state(d) for d in raw[:MAX_STATES])
-    return {s.seq: s for s in states if s is not None}
+    return RecordedMeta.of(recorded).oom_states
 
 
-def pool_limits(extra: Mapping[str, Any]) -> dict[tuple[int, int], int | None]:
+def pool_limits(recorded: RecordedMeta | Mapping[str, Any]) -> Mapping[tuple[int, int], int | None]:
     """Every ``pools`` entry's limit by (device, pool id); None where the pool has no limit."""
-    raw = extra.get("pools")
-    out: dict[tuple[int, int], int | None] = {}
-    if not isinstance(raw, list):
-        return out
-    for p in raw[:4096]:
-        if not isinstance(p, Mapping):
-            continue
-        dev, pid, lim = as_int(p.get("device")), as_int(p.get("id")), as_bytes(p.get("limit_bytes"))
-        if dev is not None and pid is not None:
-            out[(dev, pid)] = lim if lim is not None and lim > 0 else None
-    return out
+    return RecordedMeta.of(recorded).pool_limits
 
 
-def home_device(extra: Mapping[str, Any], devices: list[int]) -> int | None:
+def home_device(recorded: RecordedMeta | Mapping[str, Any], devices: list[int]) -> int | None:
     """The device the start metadata (``device``, ``budget``) describes."""
-    budget = extra.get("budget")
-    for v in (extra.get("device_id"), budget.get("device") if isinstance(budget, Mapping) else None):
-        if as_int(v) is not None:
-            return as_int(v)
-    return devices[0] if devices else None
+    return RecordedMeta.of(recorded).home_device(devices)
 
 
 def extra_column(trace: Trace, name: str) -> np.ndarray | None:
@@ -190,7 +97,7 @@ class StartState:
     others: tuple[ProcessUse, ...] | None = None  # NVML's listed processes; None: no list
     others_bytes: int | None = None  # NVML used before this process (listed or not)
     context: int | None = None
-    limits: DeviceLimits = DeviceLimits()
+    limits: DeviceLimits = field(default_factory=DeviceLimits)
     sm_count: int | None = None
     threads_per_sm: int | None = None
     pool_total: int | None = None
@@ -204,24 +111,14 @@ class StartState:
         return self.sm_count * self.threads_per_sm
 
 
-def start_state(extra: Mapping[str, Any], total: int | None, free: int | None) -> StartState:
+def start_state(recorded: RecordedMeta | Mapping[str, Any], total: int | None,
+                free: int | None) -> StartState:
     """``total``/``free``: the device's CUDA total and free at start as the context read them."""
-    b = extra.get("budget")
-    b = b if isinstance(b, Mapping) else {}
-    raw = b.get("other_processes")
-    others = None
-    if isinstance(raw, list):
-        others = tuple(
-            ProcessUse(as_int(p.get("pid")) or 0, as_text(p.get("name")),
-                       as_bytes(p.get("bytes", p.get("used_bytes"))) or 0, False)
-            for p in raw[:4096] if isinstance(p, Mapping) and as_int(p.get("pid")) is not None)
-    limits = DeviceLimits.from_dict(b)
-    if limits == DeviceLimits():
-        limits = DeviceLimits.from_dict(extra.get("device_limits"))
+    r = RecordedMeta.of(recorded)
+    b = r.budget
+    limits = b.limits if b.limits != DeviceLimits() else r.device_limits
     return StartState(
-        total=total, free=free, others=others, others_bytes=as_bytes(b.get("other_processes_bytes")),
-        context=as_bytes(b.get("context_bytes")), limits=limits, sm_count=as_bytes(b.get("sm_count")),
-        threads_per_sm=as_bytes(b.get("max_threads_per_sm")),
-        pool_total=as_bytes(b.get("cupy_pool_total_bytes")),
-        pool_used=as_bytes(b.get("cupy_pool_used_bytes")),
+        total=total, free=free, others=b.others, others_bytes=b.others_bytes, context=b.context,
+        limits=limits, sm_count=b.sm_count, threads_per_sm=b.threads_per_sm, pool_total=b.pool_total,
+        pool_used=b.pool_used,
     )

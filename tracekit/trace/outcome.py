@@ -18,87 +18,44 @@ handled them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tracekit.trace.events import Events
+from tracekit.trace.recorded import MAX_STATES, ExitInfo, RecordedMeta, as_int, as_text
 from tracekit.trace.schema import Op
 
-MAX_STATES = 100_000  # a longer list of per-OOM entries is not a recording; the rest is ignored
+__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "exit_info", "fatal_seq", "handled_rows",
+           "v1_oom_seq"]
+
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
 
 
-def as_int(v: Any) -> int | None:
-    """An exact integer from JSON, or None (bools, fractions, strings and NaN are not)."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v if -(2**63) <= v < 2**63 else None
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
-        return int(v)
-    return None
+def exit_info(recorded: RecordedMeta | Mapping[str, Any]) -> ExitInfo | None:
+    """The ``exit`` object, typed; None where the trace has none."""
+    return RecordedMeta.of(recorded).exit
 
 
-def as_text(v: Any) -> str | None:
-    """A JSON string, else None."""
-    return v if isinstance(v, str) else None
-
-
-@dataclass(frozen=True)
-class ExitInfo:
-    """How the recorded program ended. ``oom_seq``: the OOM whose error ended it (v2)."""
-
-    status: str | None = None
-    exception: str | None = None
-    code: int | None = None
-    oom_seq: int | None = None
-    message: str | None = None
-
-    @property
-    def survived(self) -> bool:
-        """The program ended normally, by a signal, or by an exception that is not an OOM."""
-        if self.status in ("ok", "signal"):
-            return True
-        if self.exception is None:
-            return self.code == 0 or self.status is not None
-        return not self.oom_exception
-
-    @property
-    def oom_exception(self) -> bool:
-        text = f"{self.exception or ''} {self.message or ''}".lower()
-        return "outofmemory" in text.replace(" ", "") or "out of memory" in text
-
-
-def exit_info(extra: Mapping[str, Any]) -> ExitInfo | None:
-    d = extra.get("exit")
-    if not isinstance(d, Mapping):
-        return None
-    return ExitInfo(as_text(d.get("status")), as_text(d.get("exception")), as_int(d.get("code")),
-                    as_int(d.get("oom_seq")), as_text(d.get("message")))
-
-
-def v1_oom_seq(extra: Mapping[str, Any], ex: ExitInfo) -> int | None:
+def v1_oom_seq(recorded: RecordedMeta, ex: ExitInfo) -> int | None:
     """Version 1: the last ``ooms`` entry whose message is the exit exception's message."""
-    raw = extra.get("ooms")
-    if ex.message is None or not isinstance(raw, list):
+    if ex.message is None:
         return None
-    hits = [as_int(o.get("seq")) for o in raw[:MAX_STATES]
-            if isinstance(o, Mapping) and o.get("message") == ex.message]
-    hits = [h for h in hits if h is not None]
+    hits = [o.seq for o in recorded.ooms if o.message == ex.message]
     return hits[-1] if hits else None
 
 
-def fatal_seq(ev: Events, extra: Mapping[str, Any]) -> int | None:
-    """The seq of the OOM the program died of, or None when it survived every OOM."""
+def fatal_seq(ev: Events, recorded: RecordedMeta | Mapping[str, Any]) -> int | None:
+    """The seq of the OOM the program died of, or None when it survived every OOM. ``recorded``:
+    the trace's ``TraceMeta.recorded`` (a raw ``extra`` mapping is parsed here)."""
     ooms = np.flatnonzero(ev.op == Op.OOM)
     if len(ooms) == 0:
         return None
     seqs = ev.seq[ooms]
-    ex = exit_info(extra)
+    typed = RecordedMeta.of(recorded)
+    ex = typed.exit
     if ex is not None:
-        for s in (ex.oom_seq, v1_oom_seq(extra, ex)):
+        for s in (ex.oom_seq, v1_oom_seq(typed, ex)):
             if s is not None and s >= 0 and np.any(seqs == np.uint64(s)):
                 return s
         if ex.survived:
@@ -129,8 +86,9 @@ def _went_on(ev: Events, ooms: np.ndarray) -> np.ndarray:
     return per_group[group[len(mallocs):]] > ooms
 
 
-def handled_rows(ev: Events, extra: Mapping[str, Any]) -> np.ndarray:
+def handled_rows(ev: Events, recorded: RecordedMeta | Mapping[str, Any]) -> np.ndarray:
     """Bool per event: the ``oom`` rows the program survived (every one but the fatal OOM).
+    ``recorded`` as for ``fatal_seq``.
 
     What the program did instead of such a request is in the trace after it (a smaller
     retry, another algorithm, nothing at all), so the request is not part of what the
@@ -139,5 +97,5 @@ def handled_rows(ev: Events, extra: Mapping[str, Any]) -> np.ndarray:
     oom = ev.op == Op.OOM
     if not oom.any():
         return oom
-    fatal = fatal_seq(ev, extra)
+    fatal = fatal_seq(ev, recorded)
     return oom if fatal is None else oom & (ev.seq != np.uint64(fatal))

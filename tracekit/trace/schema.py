@@ -18,11 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
+from functools import cached_property
 from typing import Any, TypedDict
 
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
+from tracekit.trace.recorded import RecordedMeta
 from tracekit.trace.stacks import MAX_FRAME_TEXT_BYTES, Folders, FrameKind
 
 SCHEMA_VERSION = 3
@@ -222,6 +224,12 @@ class TraceMeta:
     versions: Mapping[str, str] = field(default_factory=dict)
     environment: Environment | None = None  # the ``environment`` key, where the recorder stored one
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def recorded(self) -> RecordedMeta:
+        """The recorder's keys of ``extra``, typed (``tracekit.trace.recorded``): parsed on first use,
+        once per metadata object (a ``with_extra`` copy parses its own)."""
+        return RecordedMeta.from_extra(self.extra)
 
     @classmethod
     def new(cls, source: Source, **kw: Any) -> TraceMeta:
