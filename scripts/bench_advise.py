@@ -8,6 +8,9 @@ settings tried and how many fit, and the recommendation.
 
     PYTHONPATH=. python scripts/bench_advise.py [--events 1000000] [--jobs 2] [--kinds torch,cupy,raw]
         [--pattern training|random|fragmenting]
+
+Without ``--jobs`` advise runs plain, choosing its own workers (``tracekit.workers.default_jobs``),
+as a user runs it.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ def relabel(src: Path, dst: Path, kind: str) -> int:
     return limit
 
 
-def run(path: Path, jobs: int, limit: int, kind: str) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "tracekit", "advise", str(path), "--json", "--jobs", str(jobs)]
+def run(path: Path, jobs: int | None, limit: int, kind: str) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "tracekit", "advise", str(path), "--json"]
+    if jobs is not None:
+        cmd += ["--jobs", str(jobs)]
     if kind == "raw":
         cmd += ["--limit", str(limit)]
     t0 = time.perf_counter()
@@ -69,7 +74,7 @@ def replay_s(path: Path, kind: str, limit: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--jobs", type=int, default=None, help="advise --jobs (default: advise chooses)")
     ap.add_argument("--kinds", default="torch,cupy,raw")
     ap.add_argument("--pattern", default="training", choices=["training", "random", "fragmenting"])
     ap.add_argument("--replay", type=int, default=0, help="interleaved runs of advise and of one replay")

@@ -212,11 +212,21 @@ def live_curve(trace: Trace) -> np.ndarray:
 
 
 Unbounded = tuple[int, int, bool]  # an unbounded replay: (peak reserved, its Stat.ASKED, ran out)
+Same = tuple[int, int, bool]  # a bounded replay: its Stat.SAME_FROM and Stat.SAME_BELOW, and it ran out
+
+
+def same_of(stats: np.ndarray, ran_out: bool) -> Same | None:
+    """The capacities at which a replay (its ``stats``) replays alike, with its answer; None: not known."""
+    from tracekit.sim.codes import Stat
+
+    lo, below = int(stats[Stat.SAME_FROM]), int(stats[Stat.SAME_BELOW])
+    return (lo, below, ran_out) if 0 <= lo < below else None
 
 
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,
            lb: int | None = None, options: Mapping[str, str] | None = None,
-           counterfactual: bool = False, reuse: bool = False, known: Unbounded | None = None) -> PolicyFit:
+           counterfactual: bool = False, reuse: bool = False, known: Unbounded | None = None,
+           seen: Sequence[Same] = ()) -> PolicyFit:
     """Bisection for one policy (see the module docstring); ``options`` are the policy's settings.
 
     ``counterfactual``: ``trace`` is a prepared recording (``advise.counterfactual.prepare``)
@@ -225,7 +235,10 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
 
     ``reuse`` (advise): a capacity at or above the unbounded replay's ``Stat.ASKED`` replays the
     same steps as unbounded, so its answer is the unbounded one's, not replayed; ``known``: the
-    unbounded replay's figures, had from a replay the same steps make (also not replayed).
+    unbounded replay's figures, had from a replay the same steps make (also not replayed). So
+    is a capacity at which a replay made before replays alike (``Stat.SAME_FROM`` up to below
+    ``Stat.SAME_BELOW``): one of the search's own, or one of ``seen`` (``same_of``: replays
+    of the same input and setting, at a capacity and no device total, made elsewhere).
     ``replays`` counts the replays made.
     """
     from tracekit.sim.base import SimConfig
@@ -236,6 +249,7 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
     limit = max_capacity if max_capacity is not None else _LIMIT
     opts = dict(options or {})
     skipped = 0
+    runs = list(seen)
 
     if known is None:
         first = run(SimConfig(options=opts))
@@ -249,7 +263,15 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
         if reuse and 0 <= asked <= cap:
             skipped += 1
             return not out
-        return not run(SimConfig(capacity=cap, options=opts)).ran_out
+        alike = next((r for r in runs if r[0] <= cap < r[1]), None) if reuse and cap > 0 else None
+        if alike is not None:
+            skipped += 1
+            return not alike[2]
+        res = run(SimConfig(capacity=cap, options=opts))
+        mine = same_of(res.run.stats, res.ran_out)
+        if mine is not None:
+            runs.append(mine)
+        return not res.ran_out
 
     replays = 1
     lo = (lb - 1) // step * step if lb > 0 else -step  # largest multiple of step below lb: fails

@@ -185,7 +185,9 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
     order is as good as the driver's own addresses.
 
     The result's ``Stat.ASKED`` speaks for every round: a capacity from which each round's
-    replay is the unbounded one (so each round's input, made from the round before, is too).
+    replay is the unbounded one (so each round's input, made from the round before, is too);
+    so do its ``Stat.SAME_FROM`` and ``Stat.SAME_BELOW``: capacities at which every round
+    replays as it did here.
     """
     from tracekit.sim.codes import Stat
     from tracekit.sim.engine import replay
@@ -199,6 +201,7 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
     rec_key = list(zip(request_ordinals(trace, rec).tolist(), ev.size[rec].tolist(), strict=True))
     rec_addr = ev.addr[rec].astype(np.int64)
     asked = [int(result.run.stats[Stat.ASKED])]
+    same = [(int(result.run.stats[Stat.SAME_FROM]), int(result.run.stats[Stat.SAME_BELOW]))]
     for _ in range(rounds):
         run = result.run
         sa = np.flatnonzero(run.rows_op == Op.SEGMENT_ALLOC)
@@ -220,7 +223,11 @@ def counterfactual_replay(trace: Trace, policy: str, config: SimConfig, rounds: 
                                         run.rows_size[sa], address_keys(matched))
         result = replay(current, policy, config)
         asked.append(int(result.run.stats[Stat.ASKED]))
+        same.append((int(result.run.stats[Stat.SAME_FROM]), int(result.run.stats[Stat.SAME_BELOW])))
     result.run.stats[Stat.ASKED] = max(asked) if min(asked) >= 0 else -1
+    known = min(min(f, b) for f, b in same) >= 0
+    result.run.stats[Stat.SAME_FROM] = max(f for f, _ in same) if known else -1
+    result.run.stats[Stat.SAME_BELOW] = min(b for _, b in same) if known else -1
     return current, result
 
 

@@ -50,6 +50,7 @@ class Outcome:
     verdict: Verdict | None = None  # set by ``judged``: the one decision every output shows
     margin: int | None = None  # the headroom FITS needs at this capacity (bytes)
     asked: int = -1  # the replay's ``Stat.ASKED``: from there up, and unbounded, the same steps
+    same: tuple[int, int] = (-1, -1)  # its ``Stat.SAME_FROM`` and ``Stat.SAME_BELOW``: there, the same steps
 
     def judged(self, margin: Margin) -> Outcome:
         """This outcome with its verdict (``tracekit.advise.verdict.decide``) and margin in bytes."""
@@ -130,8 +131,9 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     allocs, frees = (s.segment_allocs, s.segment_frees) if replayed else device_calls(src, failed)
     served = max(0, _handled_before(src, failed) - s.handled_ooms)
     asked = int(res.run.stats[Stat.ASKED])
+    same = int(res.run.stats[Stat.SAME_FROM]), int(res.run.stats[Stat.SAME_BELOW])
     return Outcome(cand, capacity, s.oom is None, s.peak_reserved_bytes, allocs, frees, failed, replayed,
-                   heap=s.peak_extent is not None, handled_served=served, asked=asked)
+                   heap=s.peak_extent is not None, handled_served=served, asked=asked, same=same)
 
 
 def _handled_before(trace: Trace, failed: int | None) -> int:

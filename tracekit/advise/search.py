@@ -22,7 +22,7 @@ from typing import Any
 
 from tracekit.advise import candidates as cands
 from tracekit.advise.candidates import Candidate, Kind
-from tracekit.advise.capacity import Fingerprint, PolicyFit, Unbounded, reread, worker_input
+from tracekit.advise.capacity import Fingerprint, PolicyFit, Same, Unbounded, reread, worker_input
 from tracekit.advise.capacity import search as bisect
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
 from tracekit.sim.base import Allocator
@@ -40,6 +40,7 @@ class Task:
     bisect: bool = False
     lower_bound: int = 0
     known: Unbounded | None = None  # bisect: the unbounded replay's figures, when already had
+    seen: tuple[Same, ...] = ()  # bisect: replays of the setting already made (``capacity.same_of``)
 
 
 _STATE: dict[str, Any] = {}
@@ -69,7 +70,7 @@ def _run(task: Task) -> Outcome | PolicyFit:
         if task.bisect:
             assert c.policy is not None
             return bisect(input_for(c, trace), c.policy, lb=task.lower_bound, options=c.opts,
-                          max_capacity=task.device_total, reuse=True, known=task.known,
+                          max_capacity=task.device_total, reuse=True, known=task.known, seen=task.seen,
                           counterfactual=bool(_STATE["counterfactual"]) and c.kind != Kind.FREE_LIST)
         return evaluate(c, trace, task.capacity, task.device_total)
     except Exception as e:  # one candidate failing must not hide the others' answers
@@ -181,11 +182,21 @@ def _unbounded(o: Outcome, device_total: int | None) -> Unbounded | None:
     return o.peak_reserved, o.asked, not o.fits
 
 
+def _seen(o: Outcome, device_total: int | None) -> tuple[Same, ...]:
+    """``o``'s replay as the search's replays would make it (same input, setting, no device total):
+    the capacities at which they would replay alike (``capacity.same_of``), when known."""
+    lo, below = o.same
+    if device_total is not None or o.error is not None or o.capacity is None or not 0 <= lo < below:
+        return ()
+    return ((lo, below, not o.fits),)
+
+
 def bisect_tasks(kind: str, ranked: Sequence[Outcome], lb: int, device_total: int | None) -> list[Task]:
     """Stage 3 (see the module docstring); ``ranked``: replayed outcomes, recommendation first."""
     fit = [o for o in ranked if o.fits and o.verified_by_replay]
     picks = fit[:1] if fit else [o for o in ranked if o.verified_by_replay and o.error is None][:3]
-    tasks = [Task(o.candidate, None, device_total, True, lb, _unbounded(o, device_total)) for o in picks]
+    tasks = [Task(o.candidate, None, device_total, True, lb, _unbounded(o, device_total),
+                  _seen(o, device_total)) for o in picks]
     if kind == Allocator.CUPY and not any(t.candidate.kind == Kind.CUPY_POOL for t in tasks):
         tasks.append(Task(cands.cupy_pool(), None, device_total, True, lb))
     return tasks

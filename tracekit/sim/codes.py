@@ -71,6 +71,11 @@ class Stat(IntEnum):
     # none) the same steps, other settings alike; -1: not known (a policy that does not say, or one
     # whose rules read the capacity elsewhere). PyTorch's model: the most reserved + segment asked.
     ASKED = 13
+    # The capacities at which this run itself replays step by step alike: every capacity c with
+    # SAME_FROM <= c < SAME_BELOW; -1 (both): not known. PyTorch's model: the most reserved +
+    # segment its limit test let through, and the least it refused (NO_REFUSAL: none refused).
+    SAME_FROM = 14
+    SAME_BELOW = 15
 
 
 class Fit(IntEnum):
@@ -186,9 +191,12 @@ class Slot(IntEnum):
     HHEAD = 15  # head of the live device allocation list
     GCL = 16  # PyTorch's get_free_blocks_call_count of the large pool
     ASKED = 17  # the most reserved + segment bytes a device allocation asked for (``Stat.ASKED``)
+    PASSED = 18  # the most of those the limit test let through (``Stat.SAME_FROM``)
+    REFUSED = 19  # the least of those the limit test refused, 0 while none was (``Stat.SAME_BELOW``)
 
 
-N_SLOTS = int(Slot.ASKED) + 1
+N_SLOTS = int(Slot.REFUSED) + 1
+NO_REFUSAL = 1 << 62  # ``Stat.SAME_BELOW`` of a run whose limit test refused nothing: no capacity above
 
 
 class Row(IntEnum):
@@ -271,7 +279,8 @@ def named_vector(enum: type[IntEnum], values: Mapping[IntEnum, int]) -> np.ndarr
 
 
 __all__ = [
-    "LIST_WIDTH", "N_FIELDS", "N_ROW", "N_SLOTS", "BuddySlot", "CupySetting", "Field", "Fit", "HeapSlot",
+    "LIST_WIDTH", "NO_REFUSAL", "N_FIELDS", "N_ROW", "N_SLOTS",
+    "BuddySlot", "CupySetting", "Field", "Fit", "HeapSlot",
     "Hint", "Kind", "ListField", "Op", "Piece", "Reservation", "Reserve", "Row", "Slot", "Stat", "Status",
     "TorchPool", "TorchSetting", "Tree", "named_vector",
 ]

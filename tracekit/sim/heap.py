@@ -27,7 +27,7 @@ def heap_stats() -> np.ndarray:
     """A single heap's stats vector before the replay: zeros, no OOM yet (``FIRST_OOM`` -1)."""
     stats = np.zeros(len(Stat), np.int64)
     stats[Stat.FIRST_OOM] = -1
-    stats[Stat.ASKED] = -1
+    stats[Stat.ASKED] = stats[Stat.SAME_FROM] = stats[Stat.SAME_BELOW] = -1
     return stats
 
 

@@ -127,7 +127,7 @@ def pool_stats() -> np.ndarray:
     stats = np.zeros(len(Stat), dtype=np.int64)
     stats[Stat.PEAK_EXTENT] = -1
     stats[Stat.FIRST_OOM] = -1
-    stats[Stat.ASKED] = -1
+    stats[Stat.ASKED] = stats[Stat.SAME_FROM] = stats[Stat.SAME_BELOW] = -1
     for k in (Stat.OOM_FREE, Stat.OOM_LARGEST, Stat.OOM_LIVE, Stat.OOM_RESERVED, Stat.OOM_ROUNDED):
         stats[k] = -1
     return stats

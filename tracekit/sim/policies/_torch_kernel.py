@@ -47,6 +47,54 @@ def segment_size(s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
+def _floor_log2(x):  # pragma: no cover - compiled
+    """floor(log2 x) of a uint64 x >= 1, by halving the shift (32, 16, ..., 1)."""
+    lg = 0
+    for shift in (32, 16, 8, 4, 2, 1):
+        if x >> np.uint64(shift) != np.uint64(0):
+            x >>= np.uint64(shift)
+            lg += shift
+    return lg
+
+
+@njit(cache=True, error_model="numpy")
+def round_sizes(size, div):  # pragma: no cover - compiled
+    """``torch_rules.round_sizes`` in one pass (int64 out; uint64 arithmetic that wraps as
+    ``size_t`` does): 512-byte multiples, and the division rule where ``div`` (16 uint64)
+    asks for it. ``tests/unit/test_torch_rounding.py`` holds it to ``torch_rules.round_size``."""
+    one = np.uint64(1)
+    low = np.uint64(511)
+    mask = ~low
+    out = np.empty(size.shape[0], dtype=np.int64)
+    divided = False
+    for k in range(div.shape[0]):
+        if div[k] > one:
+            divided = True
+    for i in range(size.shape[0]):
+        s = np.uint64(size[i])
+        if s < np.uint64(512):
+            out[i] = 512
+            continue
+        r = (s + low) & mask
+        if divided and s > np.uint64(1024):
+            lg = _floor_log2(s)
+            d = div[min(max(lg - 20, 0), 15)]
+            if d > one and s > np.uint64(512) * d:
+                p2 = one << np.uint64(lg)
+                if s == p2:
+                    r = s
+                else:
+                    step = p2 >> np.uint64(_floor_log2(d))
+                    if step == np.uint64(0):
+                        r = p2 << one
+                    else:
+                        fl = s & ~(step - one)
+                        r = s if fl == s else fl + step
+        out[i] = np.int64(r)
+    return out
+
+
+@njit(cache=True, error_model="numpy")
 def _pages(S, cfg, s):  # pragma: no cover - compiled
     """Most page rows one event can emit with expandable segments (unmap all, map s)."""
     if cfg[T.EXPANDABLE] == 0:
@@ -58,10 +106,15 @@ def _pages(S, cfg, s):  # pragma: no cover - compiled
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
     limit = cfg[T.CAPACITY]
-    if S[Slot.RESERVED] + seg > S[Slot.ASKED]:  # the limit test's own sum, whatever the limit
-        S[Slot.ASKED] = S[Slot.RESERVED] + seg
-    if limit > 0 and S[Slot.RESERVED] + seg > limit:
+    asked = S[Slot.RESERVED] + seg  # the limit test's own sum, whatever the limit
+    if asked > S[Slot.ASKED]:
+        S[Slot.ASKED] = asked
+    if limit > 0 and asked > limit:
+        if S[Slot.REFUSED] == 0 or asked < S[Slot.REFUSED]:
+            S[Slot.REFUSED] = asked
         return -1
+    if asked > S[Slot.PASSED]:
+        S[Slot.PASSED] = asked
     if cfg[T.EXPANDABLE] != 0:
         return xp.try_allocate(C, S, R, i, g, s, cfg[T.DEVICE_TOTAL], stream, X, hints)
     if cfg[T.DEVICE_TOTAL] > 0 and S[Slot.DEV_USED] + sg.device_cost(seg) > cfg[T.DEVICE_TOTAL]:

@@ -23,7 +23,17 @@ import numpy as np
 
 from tracekit.errors import InputError, UsageError
 from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import Kind, Op, Reserve, Slot, Stat, TorchPool, TorchSetting, named_vector
+from tracekit.sim.codes import (
+    NO_REFUSAL,
+    Kind,
+    Op,
+    Reserve,
+    Slot,
+    Stat,
+    TorchPool,
+    TorchSetting,
+    named_vector,
+)
 from tracekit.sim.codes import Reservation as X_
 from tracekit.sim.torch_rules import (
     MIB,
@@ -147,8 +157,10 @@ class _Setup:
         key = (divisions, stop_at_first_oom)
         if key not in self._sized:
             if divisions not in self._rounded:
+                from tracekit.sim.policies._torch_kernel import round_sizes as compiled_round_sizes
+
                 inp, ev = self.inp, trace.events
-                rounded = round_sizes(inp.size, divisions)
+                rounded = compiled_round_sizes(inp.size, np.asarray(divisions, dtype=np.uint64))
                 # A live block at the start keeps the size PyTorch gave it (slack included).
                 held = inp.initial & (ev.op == Op.MALLOC) & (ev.rounded > 0)
                 rounded = np.where(held, ev.rounded.view(np.int64), rounded)
@@ -248,7 +260,12 @@ class TorchCaching:
         # The capacity enters the kernel only in _alloc_block's limit test, and in collecting
         # garbage (a threshold x the capacity, none without one): without a threshold, a capacity
         # at or above every sum that test saw replays this run step by step.
-        stats[Stat.ASKED] = S[Slot.ASKED] if st.garbage_collection_threshold <= 0.0 else -1
+        # Likewise this run is the one at every capacity that its passed tests fit and its refused
+        # ones do not: from the most it let through up to the least it refused.
+        if st.garbage_collection_threshold <= 0.0:
+            stats[Stat.ASKED] = S[Slot.ASKED]
+            stats[Stat.SAME_FROM] = S[Slot.PASSED]
+            stats[Stat.SAME_BELOW] = S[Slot.REFUSED] if S[Slot.REFUSED] > 0 else NO_REFUSAL
         return pack(addr, status, packed, R, S, stats), C, S
 
 
