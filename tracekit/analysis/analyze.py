@@ -24,15 +24,7 @@ from tracekit.analysis.diagnosis import OOMFacts, diagnose
 from tracekit.analysis.fatal import handler, retried_smaller
 from tracekit.analysis.leaks import PoolState, SiteBytes, by_label, leaks, pool_state_at
 from tracekit.analysis.oom_budget import FreeSource, Moment, oom_budget
-from tracekit.analysis.recording import (
-    OOMState,
-    StartState,
-    extra_column,
-    home_device,
-    oom_states,
-    pool_limits,
-    start_state,
-)
+from tracekit.analysis.recording import OOMState, StartState, extra_column, start_state
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
 from tracekit.analysis.tree import TreeInputs, TreeLimits, trees_of
@@ -93,10 +85,10 @@ def analyze_trace(trace: Trace, *, timeline: bool = True, user_code: UserCode = 
 def _analyze_devices(trace: Trace, timeline: bool, asked: _Asked) -> AnalysisResult:
     """Each device on its own (``asked`` once: the devices share it), combined."""
     devs = device_ids(trace)
-    fatal = fatal_seq(trace.events, trace.meta.extra)
+    fatal = fatal_seq(trace.events, trace.meta.recorded)
     if len(devs) <= 1:
         return _analyze_device(trace, timeline, devs[0] if devs else 0, True, fatal, asked)
-    home = home_device(trace.meta.extra, devs)
+    home = trace.meta.recorded.home_device(devs)
     parts = []
     for i, (d, sub) in enumerate(split_devices(_with_extras(trace))):
         with progress.part(i, len(devs)):
@@ -142,8 +134,8 @@ def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal
     table = timeline_table(ev, scan, ctx.free_at_start, free_col) if timeline else None
     progress.report(3, 3)
     at = _Probed(probes, scan.probed, measured, free_col, extra_column(trace, "pool"))
-    start = start_state(trace.meta.extra, ctx.device_total, ctx.free_at_start) if home else None
-    states = oom_states(trace.meta.extra)
+    start = start_state(trace.meta.recorded, ctx.device_total, ctx.free_at_start) if home else None
+    states = trace.meta.recorded.oom_states
     sites = _Sites(asked.sites, stack_ids(ev))
     reports = []
     for n, k in enumerate(ooms):
@@ -320,7 +312,7 @@ def _pool_limit(trace: Trace, k: int, device: int, st: OOMState | None, default:
     entry of the row's ``pool`` column, else the device's default."""
     if st is not None and st.pool_limit is not None:
         return st.pool_limit
-    table = pool_limits(trace.meta.extra)
+    table = trace.meta.recorded.pool_limits
     if pools is not None and pools[k] >= 0 and (device, int(pools[k])) in table:
         return table[(device, int(pools[k]))]
     return default

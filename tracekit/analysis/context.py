@@ -12,7 +12,7 @@
   policy, its capacity.
 - ``heap_capacity``: for a replay of a free-list policy, the heap it modelled
   (the whole simulated device, so it is not a limit).
-- ``budget``: the numeric terms of the ``budget`` object the recorder stores,
+- ``budget``: the numeric terms of the ``budget`` object the recorder stores (``Budget.terms``),
   any of which may be missing.
 """
 
@@ -84,13 +84,6 @@ def _parts(budget: tuple[tuple[str, int], ...], names: tuple[tuple[str, str], ..
     return sorted(((label, b[key]) for key, label in names if b.get(key)), key=lambda p: -p[1])
 
 
-def _budget(raw: Any) -> tuple[tuple[str, int], ...]:
-    if not isinstance(raw, Mapping):
-        return ()
-    out = [(str(k), optional_int(v)) for k, v in raw.items()]
-    return tuple((k, v) for k, v in out if v is not None)
-
-
 def _truthy(v: Any) -> bool:
     return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes"))
 
@@ -132,7 +125,7 @@ def device_context(meta: TraceMeta) -> DeviceContext:
     """Collect what the metadata says; anything malformed is treated as unknown."""
     if meta.source == Source.REPLAY:
         return _replay_context(meta)
-    budget = _budget(meta.extra.get("budget"))
+    budget = meta.recorded.budget.terms
     b = dict(budget)
     dev = meta.device
     total = optional_int(dev.total_bytes) if dev else None
@@ -152,12 +145,10 @@ def device_context_for(meta: TraceMeta, device: int, home: bool) -> DeviceContex
     """The context of one device of a trace: the start metadata (device total, free at start,
     budget, ``pool_limit_bytes``) describes the ``home`` device only; the ``pools`` entry of
     ``device`` with the lowest id (its default pool) gives that device's pool limit."""
-    from tracekit.analysis.recording import pool_limits
-
     ctx = device_context(meta)
     if ctx.replay_policy is not None:
         return ctx
-    limits = sorted((pid, lim) for (dev, pid), lim in pool_limits(meta.extra).items() if dev == device)
+    limits = sorted((pid, lim) for (dev, pid), lim in meta.recorded.pool_limits.items() if dev == device)
     limit = limits[0][1] if limits else (ctx.limit if home else None)  # the lowest pool id: the default pool
     if home:
         return replace(ctx, limit=limit)
