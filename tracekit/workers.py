@@ -9,6 +9,17 @@ the free lists somewhat fewer). Work whose serial estimate,
 a pool would add more start-up than it saves (``whatif`` on a 20k-event trace: 1.3 s in
 process, 2.0 s with two workers). Above that, one worker per CPU, at most one per task.
 
+``serial_s`` counts every replay as a whole one; most of advise's replays at the limit stop at
+their first OOM, early or late (a recording's fatal OOM ends its trace; a limit 2 % above the
+live peak fails a 1M-event trace within its first thousand events), so no count of replays
+says how long they take. Where the estimate is over the threshold, advise therefore measures
+(``Measured``): it runs tasks in this process and starts the workers for a batch's remaining
+tasks once the tasks it timed say they would save more than a worker's start
+(``start_seconds``), and keeps them for later batches. On the 2-core machine a 1M-event
+PyTorch search then stays in this process (1.3 s of work, each worker 0.8 s to start and its
+own setup); on a 16-core host a 10M-event trace whose replays run seconds each moves to
+workers after its second task.
+
 However many are asked for (``--jobs``), no more workers start than there are tasks, usable
 CPUs (more only share them, each with its own memory: ``fleet --jobs 100`` on 2 CPUs took 7 GB
 for nothing) and workers that fit the memory available (``cap_workers``); ``--jobs`` of any size,
@@ -28,6 +39,7 @@ import importlib
 import multiprocessing
 import os
 import tempfile
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +55,8 @@ R = TypeVar("R")
 OnError = Callable[[int, Exception], Any]
 
 START_S = 1.0  # seconds to start one worker and read the trace
+BARE_START_S = 0.6  # of which the interpreter, its imports and the kernels' cache (2-core machine)
+READ_EVENTS_PER_S = 5e6  # a worker's read, check and replay setup of the trace, events per second
 EVENTS_PER_S = 15e6  # events replayed per second on one core, rounded down
 BISECT_REPLAYS = 12  # replays of one capacity bisection, typical (2 MiB steps)
 
@@ -58,6 +72,41 @@ def usable_cpus() -> int:
 def serial_seconds(events: int, replays: int) -> float:
     """Estimated seconds for ``replays`` replays of an ``events``-event trace on one core."""
     return replays * events / EVENTS_PER_S
+
+
+def start_seconds(events: int) -> float:
+    """Estimated seconds before a worker's first task on an ``events``-event trace: the
+    interpreter and its imports, then the trace read, checked and set up for replays."""
+    return BARE_START_S + events / READ_EVENTS_PER_S
+
+
+class Measured:
+    """When a ``Pool`` of several jobs starts its workers: once the tasks of a batch timed in
+    this process say that the batch's remaining ones, spread over the workers, would save
+    more than a worker's start. The first task this process ever runs is not timed: it pays the
+    setup that each worker pays again (within ``start_seconds``)."""
+
+    def __init__(self, events: int) -> None:
+        self.start_s = start_seconds(events)
+        self.first = True
+        self.took: list[float] = []  # seconds of this batch's timed tasks
+
+    def batch(self) -> None:
+        self.took = []
+
+    def timed(self, seconds: float) -> None:
+        if self.first:
+            self.first = False
+        else:
+            self.took.append(seconds)
+
+    def pays(self, remaining: int, jobs: int) -> bool:
+        """Whether ``remaining`` tasks on ``min(jobs, remaining)`` workers save more than a start."""
+        workers = min(jobs, remaining)
+        if workers < 2 or not self.took:
+            return False
+        mean = sum(self.took) / len(self.took)
+        return mean * remaining * (1 - 1 / workers) > self.start_s
 
 
 def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:
@@ -150,11 +199,15 @@ class Pool:
     first use. ``what`` starts the sentence a broken pool ends with (``map``), up to "worker":
     ``"t.parquet: a what-if"`` gives "t.parquet: a what-if worker process ended abruptly (...)".
     ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported.
-    The in-process case runs no initializer: the caller sets its own state up."""
+    The in-process case runs no initializer: the caller sets its own state up. ``measured``
+    (``map`` only): tasks run in this process too, as the caller set it up, until ``Measured``
+    says the workers pay."""
 
     def __init__(self, jobs: int, *, what: str = "a tracekit", initializer: Callable[..., None] | None = None,
-                 initargs: tuple[Any, ...] = (), imports: Sequence[str] = ()) -> None:
+                 initargs: tuple[Any, ...] = (), imports: Sequence[str] = (),
+                 measured: Measured | None = None) -> None:
         self.jobs = max(1, jobs)
+        self.measured = measured if self.jobs > 1 else None
         self.what = what
         self._start_args = (tuple(imports), initializer, initargs)
         self._pool: ProcessPoolExecutor | None = None
@@ -169,10 +222,22 @@ class Pool:
                 with progress.part(i, len(tasks)):
                     yield fn(t)
             return
+        here = 0  # tasks run in this process
+        if self.measured is not None and self._pool is None:
+            self.measured.batch()
+            while here < len(tasks) and not self.measured.pays(len(tasks) - here, self.jobs):
+                start = time.perf_counter()
+                with progress.part(here, len(tasks)):
+                    r = fn(tasks[here])
+                self.measured.timed(time.perf_counter() - start)
+                here += 1
+                yield r
+            if here == len(tasks):
+                return
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            for done, r in enumerate(self._executor().map(fn, tasks), 1):
+            for done, r in enumerate(self._executor().map(fn, tasks[here:]), here + 1):
                 progress.report(done, len(tasks))
                 yield r
         except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback

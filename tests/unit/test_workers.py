@@ -137,3 +137,31 @@ def _has_module(name: str) -> bool:
     import sys
 
     return name in sys.modules
+
+
+def test_measured_starts_workers_only_where_the_timed_tasks_say_they_pay() -> None:
+    m = workers.Measured(1_000_000)  # a start: 0.6 s + 1M / 5M events/s = 0.8 s
+    assert m.start_s == pytest.approx(workers.start_seconds(1_000_000)) == pytest.approx(0.8)
+    m.batch()
+    m.timed(5.0)  # the first task this process runs pays the setup: not timed
+    assert not m.pays(10, 2)
+    m.timed(0.1)  # 2-core machine, 1M-event PyTorch search: 0.1 s tasks, 5 left on 2 workers
+    assert not m.pays(5, 2)  # 0.1 x 5 x 1/2 = 0.25 s < 0.8 s
+    m.batch()
+    m.timed(3.0)  # a 10M-event trace on 16 cores: a task of 3 s, 5 left
+    assert m.pays(5, 16)
+    assert not m.pays(1, 16)  # one task left: no worker runs it sooner
+
+
+def test_a_measured_pool_runs_in_process_until_workers_pay(monkeypatch) -> None:
+    class Executor:
+        def map(self, fn, tasks):  # type: ignore[no-untyped-def]
+            return [("worker", fn(t)) for t in tasks]
+
+    m = workers.Measured(0)
+    pool = workers.Pool(4, measured=m)
+    monkeypatch.setattr(pool, "_executor", Executor)
+    monkeypatch.setattr(m, "pays", lambda remaining, jobs: False)
+    assert list(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]  # all here, no executor made
+    monkeypatch.setattr(m, "pays", lambda remaining, jobs: remaining <= 2)
+    assert list(pool.map(abs, [-1, -2, -3])) == [1, ("worker", 2), ("worker", 3)]

@@ -165,11 +165,12 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     margin = margin_for(kind, trace)
     names = registry.names() if kind == "raw" else []
     singles = single_candidates(kind, _site_of_failure(trace), names)
-    # The singles, about as many combinations, and three bisections: the work that pays for workers.
+    # The singles, about as many combinations, and three bisections, every replay whole: the most
+    # work there can be. Over the threshold, and no --jobs, the tasks' times decide (Measured).
     work = 2 * len(singles) + 3 * BISECT_REPLAYS
     source = dataclasses.replace(trace, path=None) if detached else trace
     runner = Runner(source, default_jobs(jobs, tasks=len(singles), events=len(trace.events), replays=work),
-                    counterfactual=kind != "raw")
+                    counterfactual=kind != "raw", measure=jobs is None)
     room_advice = None
     try:
         first = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))

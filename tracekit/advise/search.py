@@ -27,7 +27,7 @@ from tracekit.advise.capacity import search as bisect
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
 from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
-from tracekit.workers import Pool
+from tracekit.workers import Measured, Pool
 
 
 @dataclass(frozen=True)
@@ -81,24 +81,28 @@ def _run(task: Task) -> Outcome | PolicyFit:
 
 
 class Runner:
-    """A ``Pool`` of ``jobs`` processes over one trace (in-process when ``jobs`` is 1).
+    """A ``Pool`` of ``jobs`` processes over one trace (in-process when ``jobs`` is 1; with
+    ``measure``, in this process too until the tasks' times say the workers pay:
+    ``tracekit.workers.Measured``).
 
     A task is run once: a task equal to one run before, or one whose setting the model proves
     to replay as another's (``_same_as``), takes that one's answer instead of replaying.
     """
 
-    def __init__(self, trace: Trace, jobs: int, counterfactual: bool) -> None:
+    def __init__(self, trace: Trace, jobs: int, counterfactual: bool, measure: bool = False) -> None:
         self.jobs = jobs
         self.trace = trace
         self.counterfactual = counterfactual
         self.done: dict[Task, Outcome | PolicyFit] = {}
-        if jobs == 1:
+        if jobs == 1 or measure:
             _init(None, trace, counterfactual, None)
+        if jobs == 1:
             self.pool = Pool(1)
             return
         path, whole, expected = worker_input(trace)
         self.pool = Pool(jobs, what=f"{trace.path or 'the trace'}: an advise", initializer=_init,
-                         initargs=(path, whole, counterfactual, expected))
+                         initargs=(path, whole, counterfactual, expected),
+                         measured=Measured(len(trace.events)) if measure else None)
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
