@@ -24,6 +24,7 @@ from tracekit.report.page import data
 from tracekit.report.page.budget import capped_sentence
 from tracekit.report.page.request import reported_request, tried_bytes
 from tracekit.trace import read_trace
+from tracekit.trace.recorded import ExitInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "tracekit" / "report" / "page"
@@ -96,15 +97,15 @@ def test_the_request_as_pytorch_named_it() -> None:
     s = analyze_trace(t, timeline=False).summary
     o = s.oom
     assert o is not None and not o.handled
-    said, why = reported_request(t.meta.extra, o)
+    said, why = reported_request(t.meta.recorded.exit, o)
     assert said == "Tried to allocate 122.00 MiB" and why is not None
     assert "121.50 MiB rounded up to a segment (the next multiple of 2 MiB)" in why
     small = dataclasses.replace(o, rounded=int(24.5 * MiB))  # the case: 24.50 MiB, "26.00 MiB"
-    extra = {"exit": {"message": "CUDA out of memory. Tried to allocate 26.00 MiB.", "oom_seq": o.seq}}
-    said, why = reported_request(extra, small)
+    ex = ExitInfo(message="CUDA out of memory. Tried to allocate 26.00 MiB.", oom_seq=o.seq)
+    said, why = reported_request(ex, small)
     assert said == "Tried to allocate 26.00 MiB" and why is not None and "24.50 MiB" in why
-    assert reported_request(extra, dataclasses.replace(o, handled=True)) == (None, None)  # not the fatal one
-    assert reported_request({}, o) == (None, None)
+    assert reported_request(ex, dataclasses.replace(o, handled=True)) == (None, None)  # not the fatal one
+    assert reported_request(None, o) == (None, None)
 
 
 def test_the_cap_is_said_where_the_device_had_more_free() -> None:

@@ -19,10 +19,8 @@ Python step per distinct stack (a few thousand), none per event.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 
@@ -31,6 +29,7 @@ from tracekit.trace.events import Events
 from tracekit.trace.live import live_bytes, paired_frees
 from tracekit.trace.outcome import fatal_seq
 from tracekit.trace.reader import Trace
+from tracekit.trace.recorded import RecordedMeta
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import StackTable
 
@@ -102,7 +101,7 @@ def select(trace: Trace, *, max_ooms: int = MAX_OOMS) -> Selection:
     for d, k, rows in _peaks(ev, mate):
         seq = int(ev.seq[k])
         out.append(weigh(MomentKind.PEAK, f"live at the peak, seq {seq}{_on(d, many)}", rows, seq, d))
-    ooms, omitted = _ooms(ev, trace.meta.extra, max_ooms)
+    ooms, omitted = _ooms(ev, trace.meta.recorded, max_ooms)
     for k, fatal in ooms:
         d = int(ev.device[k])
         state = pool_state_at(ev, mate, k)
@@ -166,13 +165,13 @@ def _peaks(ev: Events, mate: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
             if peak[int(d) - lo] >= 0]
 
 
-def _ooms(ev: Events, extra: Mapping[str, Any], max_ooms: int) -> tuple[list[tuple[int, bool]], int]:
+def _ooms(ev: Events, recorded: RecordedMeta, max_ooms: int) -> tuple[list[tuple[int, bool]], int]:
     """(row, is fatal) of the OOMs to export, the fatal one first, then handled ones in seq order;
     and how many handled OOMs were left out."""
     rows = np.flatnonzero(ev.op == Op.OOM)
     if not len(rows):
         return [], 0
-    fatal = fatal_seq(ev, extra)
+    fatal = fatal_seq(ev, recorded)
     is_fatal = ev.seq[rows] == np.uint64(fatal) if fatal is not None else np.zeros(len(rows), bool)
     chosen = [(int(k), True) for k in rows[is_fatal]]
     handled = rows[~is_fatal]

@@ -155,7 +155,7 @@ def oom_details(trace: Trace, s: Summary) -> list[OOMDetail]:
     for i, o in enumerate(s.ooms):
         if i >= DETAILS and o is not s.oom:
             continue
-        said, why = reported_request(trace.meta.extra, o, s.context.expandable_segments)
+        said, why = reported_request(trace.meta.recorded.exit, o, s.context.expandable_segments)
         out.append(OOMDetail(
             id=i,
             explanation=o.explanation or None,
@@ -211,7 +211,7 @@ def _verdict(trace: Trace, s: Summary) -> Verdict:
                        text=f"No OOM in this trace: peak live {fs(s.peak_live_bytes)}, peak reserved "
                        f"{fs(s.peak_reserved_bytes)}{cap}.")
     kind = "handled" if o.handled else "fatal"
-    said = reported_request(trace.meta.extra, o, s.context.expandable_segments)[0]
+    said = reported_request(trace.meta.recorded.exit, o, s.context.expandable_segments)[0]
     pool = "" if s.raw_device else (f", {fs(o.free_in_pool)} free in the pool, largest free block "
                                     f"{fs(o.largest_free_block)}")
     dev = f"; {fs(o.device_free)} free on the device" if o.device_free is not None else ""

@@ -5,20 +5,19 @@ asked the device for (``cudaMalloc``), which is the segment it needed, not the b
 rounded to a block (``rounded``), then up to a segment size (2 MiB for blocks of at most 1 MiB,
 20 MiB below 10 MiB, else the next multiple of 2 MiB; ``tracekit.sim.torch_rules.segment_sizes``).
 The trace records the block, so the two figures differ; the page shows both and says why. The
-message is the recorder's ``exit.message`` (``tracekit.trace.outcome.exit_info``): only the OOM
-the program died of has one.
+message is the recorder's ``exit.message`` (``TraceMeta.recorded.exit``, ``tracekit.trace.recorded``):
+only the OOM the program died of has one.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 import numpy as np
 
 from tracekit.analysis.summary import OOMReport
 from tracekit.sim.torch_rules import segment_sizes
-from tracekit.trace.outcome import exit_info
+from tracekit.trace.recorded import ExitInfo
 from tracekit.units import format_size
 
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ?([KMGTP]i?B|B|bytes)")
@@ -34,11 +33,11 @@ def tried_bytes(message: str) -> tuple[str, int] | None:
     return m.group(0), int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def reported_request(extra: Mapping[str, object], o: OOMReport,
+def reported_request(ex: ExitInfo | None, o: OOMReport,
                      expandable: bool = False) -> tuple[str | None, str | None]:
     """(what the program's error says it tried to allocate, why that differs from the recorded request),
-    for the OOM ``o`` the program died of; (None, None) where the trace holds no such message."""
-    ex = exit_info(extra)
+    for the OOM ``o`` the program died of; (None, None) where the trace holds no such message. ``ex``:
+    the trace's ``exit`` (``TraceMeta.recorded.exit``)."""
     if ex is None or ex.message is None or o.handled or (ex.oom_seq is not None and ex.oom_seq != o.seq):
         return None, None
     found = tried_bytes(ex.message)
