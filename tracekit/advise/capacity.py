@@ -201,7 +201,7 @@ def needed_requests(trace: Trace) -> np.ndarray:
     from tracekit.trace.outcome import handled_rows
 
     ev = trace.events
-    return (ev.op == Op.MALLOC) | ((ev.op == Op.OOM) & ~handled_rows(ev, trace.meta.extra))
+    return (ev.op == Op.MALLOC) | ((ev.op == Op.OOM) & ~handled_rows(ev, trace.meta.recorded))
 
 
 def live_curve(trace: Trace) -> np.ndarray:

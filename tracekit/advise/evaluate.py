@@ -140,7 +140,7 @@ def _handled_before(trace: Trace, failed: int | None) -> int:
     """The handled OOMs of the recording before input row ``failed`` (all when None)."""
     from tracekit.trace.outcome import handled_rows
 
-    return int(np.count_nonzero(handled_rows(trace.events, trace.meta.extra)[slice(None, failed)]))
+    return int(np.count_nonzero(handled_rows(trace.events, trace.meta.recorded)[slice(None, failed)]))
 
 
 def device_calls(trace: Trace, failed: int | None) -> tuple[int, int]:

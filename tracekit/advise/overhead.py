@@ -151,7 +151,7 @@ def failing_pool_limit(trace: Trace, report: OOMReport) -> int | None:
     m = report.budget.moment if report.budget is not None else None
     if m is not None and m.state is not None and m.state.pool_limit is not None:
         return m.state.pool_limit
-    limits = {lim for (dev, _), lim in pool_limits(trace.meta.extra).items() if dev == report.device}
+    limits = {lim for (dev, _), lim in pool_limits(trace.meta.recorded).items() if dev == report.device}
     if len(limits) == 1:
         return limits.pop()
     lim = trace.meta.pool_limit_bytes

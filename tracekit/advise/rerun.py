@@ -280,7 +280,7 @@ def past(failing: FailingRequest | None, t: Trace) -> bool | None:
 
 def _fatal_row(t: Trace) -> int | None:
     ev = t.events
-    fatal = fatal_seq(ev, t.meta.extra)
+    fatal = fatal_seq(ev, t.meta.recorded)
     if fatal is None:
         return None
     at = np.flatnonzero(ev.seq == np.uint64(fatal))

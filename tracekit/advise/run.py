@@ -126,7 +126,7 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
                for d, sub in parts]
     from tracekit.trace.outcome import fatal_seq
 
-    fatal = fatal_seq(trace.events, trace.meta.extra)
+    fatal = fatal_seq(trace.events, trace.meta.recorded)
     main = next((r for r in results if fatal is not None and r.failing_seq == fatal),
                 next((r for r in results if r.failing_seq is not None), results[0]))
     return dataclasses.replace(main, devices=tuple(results))
@@ -137,7 +137,7 @@ def _reported_ooms(trace: Trace, user_code: UserCode) -> dict[int, OOMReport]:
     measured the device at an OOM (format v2); else nothing, and no analysis is run."""
     from tracekit.analysis.recording import oom_states
 
-    if not oom_states(trace.meta.extra):
+    if not oom_states(trace.meta.recorded):
         return {}
     from tracekit.analysis.analyze import analyze_trace
 
@@ -247,14 +247,14 @@ def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int) ->
 
     base = recorded_setting(trace, kind)
     rec = next((o for o in tried if base is not None and o.candidate == base and not o.candidate.cures), None)
-    died = fatal_seq(trace.events, trace.meta.extra) is not None
+    died = fatal_seq(trace.events, trace.meta.recorded) is not None
     if rec is None or rec.error is not None or not ((died and rec.fits) or rec.handled_served):
         return None
     assert rec.candidate.policy is not None
     what = ("gets through the request that failed" if died and rec.fits
             else f"serves {rec.handled_served} of the OOMs the program met")
     exact = replay(trace, rec.candidate.policy, SimConfig(capacity=cap)).summary
-    handled = int(handled_rows(trace.events, trace.meta.extra).sum())
+    handled = int(handled_rows(trace.events, trace.meta.recorded).sum())
     if (died and exact.oom is None) or exact.handled_ooms < handled:
         return (f"the setting the run was recorded under ({rec.label()}), replayed exactly as recorded at "
                 f"the recorded limit, {what}: the trace does not explain the failure, so no setting is "

@@ -110,7 +110,7 @@ class Margin:
 def workload_of(trace: Trace) -> tuple[Workload, str]:
     """The trace's workload kind and the reason, in words."""
     ev = trace.events
-    handled = int(np.count_nonzero(handled_rows(ev, trace.meta.extra)))
+    handled = int(np.count_nonzero(handled_rows(ev, trace.meta.recorded)))
     if handled:
         return Workload.REACTIVE, (f"the program survived {handled} OOM(s) and asked for something else "
                                    "instead (a smaller workspace, a retry), so a run under another setting "

@@ -145,7 +145,7 @@ def prepare(trace: Trace) -> ReplayInput:
     from tracekit.trace.outcome import handled_rows
 
     mate = trace.mate
-    handled = handled_rows(ev, trace.meta.extra)
+    handled = handled_rows(ev, trace.meta.recorded)
     kind, max_live = _classify(ev.op, mate, handled)
     if len(kind) and int(ev.size.max()) >= SIZE_CLAMP:
         size = np.minimum(ev.size, np.uint64(SIZE_CLAMP)).view(np.int64)
