@@ -29,7 +29,7 @@ from tracekit.trace.recorded import (
     as_bytes,
 )
 
-__all__ = ["DeviceLimits", "OOMState", "ProcessUse", "StartState", "as_bytes", "extra_column", "home_device",
+__all__ = ["DeviceLimits", "OOMState", "ProcessUse", "StartState", "as_bytes", "extra_column",
            "oom_states", "pool_limits", "start_state"]
 
 
@@ -41,11 +41,6 @@ def oom_states(recorded: RecordedMeta | Mapping[str, Any]) -> Mapping[int, OOMSt
 def pool_limits(recorded: RecordedMeta | Mapping[str, Any]) -> Mapping[tuple[int, int], int | None]:
     """Every ``pools`` entry's limit by (device, pool id); None where the pool has no limit."""
     return RecordedMeta.of(recorded).pool_limits
-
-
-def home_device(recorded: RecordedMeta | Mapping[str, Any], devices: list[int]) -> int | None:
-    """The device the start metadata (``device``, ``budget``) describes."""
-    return RecordedMeta.of(recorded).home_device(devices)
 
 
 def extra_column(trace: Trace, name: str) -> np.ndarray | None:

@@ -26,15 +26,10 @@ from tracekit.trace.events import Events
 from tracekit.trace.recorded import MAX_STATES, ExitInfo, RecordedMeta, as_int, as_text
 from tracekit.trace.schema import Op
 
-__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "exit_info", "fatal_seq", "handled_rows",
+__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "fatal_seq", "handled_rows",
            "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
-
-
-def exit_info(recorded: RecordedMeta | Mapping[str, Any]) -> ExitInfo | None:
-    """The ``exit`` object, typed; None where the trace has none."""
-    return RecordedMeta.of(recorded).exit
 
 
 def v1_oom_seq(recorded: RecordedMeta, ex: ExitInfo) -> int | None:
