@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from tracekit.importers.torch_snapshot import import_snapshot
 from tracekit.outputs import Staged
-from tracekit.record.torch import launcher_frames
+from tracekit.record.torch_trace import launcher_frames
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
 from tracekit.trace.stacks import from_json, trim_outer
 

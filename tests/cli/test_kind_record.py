@@ -89,22 +89,21 @@ def test_record_torch_stores_the_environment_at_the_end(tmp_path: Path,
     the ``sys.path`` entries the program added, and the kinds decided on the absolute paths."""
     import gzip
     import pickle
-    import types
 
     from tracekit.record.sites import site_roots
-    from tracekit.record.torch import _write
+    from tracekit.record.torch_trace import TorchEnd, write_torch_trace
 
     root = Path(__file__).resolve().parents[2]
     with gzip.open(root / "traces" / "torch-record-oom.pickle.gz") as f:
         snap = pickle.load(f)
     added = tmp_path / "vendor" / "site-packages"
     monkeypatch.syspath_prepend(str(added))  # as the program left sys.path
-    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=[], device=0, rerun={}, info={})
+    rec = TorchEnd(tmp_path / "t.pickle", (), 0, None, {})
     exit_info = {"status": "ok", "exception": None, "signal": None, "code": 0, "message": None,
                  "oom_seq": None, "died_of_oom": False, "site": None}
     program = "/tmp/pytest-of-root/pytest-0/test_out_of_memory_is_recorded0/prog.py"  # where it ran
     out = tmp_path / "t.parquet"
-    _write(snap, rec, out, exit_info, {}, site_roots(program))  # type: ignore[arg-type]
+    write_torch_trace(snap, rec, out, exit_info, {}, site_roots(program))
     t = read_trace(out)
     env = t.meta.environment
     assert env is not None and str(added) in env.site_packages

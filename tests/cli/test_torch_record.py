@@ -240,9 +240,8 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
     """
     import gzip
     import pickle
-    import types
 
-    from tracekit.record.torch import _write
+    from tracekit.record.torch_trace import TorchEnd, write_torch_trace
 
     with gzip.open(ROOT / "traces" / "torch-record-oom.pickle.gz") as f:
         snap = pickle.load(f)
@@ -250,12 +249,11 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
     states = [{"device": 0, "mem_free": 100, "limits": {"stack_size": 1024}, "pool": {}},
               {"device": 0, "mem_free": 200, "limits": {"stack_size": 1024},
                "pool": {"limit_bytes": 256 << 20}}]
-    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=states, device=0, rerun={},
-                                info={"allowed_bytes": 256 << 20})
+    rec = TorchEnd(tmp_path / "t.pickle", tuple(states), 0, 256 << 20, {})
     out = tmp_path / "t.parquet"
     exit_info = {"status": "exception", "exception": "torch.OutOfMemoryError", "signal": None, "code": 1,
                  "message": "CUDA out of memory", "oom_seq": None, "died_of_oom": True}
-    _write(snap, rec, out, exit_info, {"rank": 1, "local_rank": 1, "world_size": 2},  # type: ignore[arg-type]
+    write_torch_trace(snap, rec, out, exit_info, {"rank": 1, "local_rank": 1, "world_size": 2},
            site_roots(program))
     tr = read_trace(out, strict=True)
     oom = int(np.flatnonzero(tr.events.op == Op.OOM)[0])
@@ -275,13 +273,12 @@ def test_recording_writes_the_v2_keys_from_a_real_snapshot(tmp_path: Path) -> No
 
 
 def _oom_site_after_write(tmp_path: Path, strip_frames: bool, site: str | None) -> str | None:
-    """The fatal OOM's call-site in the trace ``_write`` makes from the committed snapshot, with the
-    OOM's frames removed from PyTorch's history where ``strip_frames`` (as in the GPT-2 run)."""
+    """The fatal OOM's call-site in the trace ``write_torch_trace`` makes from the committed snapshot,
+    with the OOM's frames removed from PyTorch's history where ``strip_frames`` (as in the GPT-2 run)."""
     import gzip
     import pickle
-    import types
 
-    from tracekit.record.torch import _write
+    from tracekit.record.torch_trace import TorchEnd, write_torch_trace
 
     with gzip.open(ROOT / "traces" / "torch-record-oom.pickle.gz") as f:
         snap = pickle.load(f)
@@ -289,11 +286,11 @@ def _oom_site_after_write(tmp_path: Path, strip_frames: bool, site: str | None) 
         for entry in trace:
             if entry.get("action") == "oom" and strip_frames:
                 entry["frames"] = []
-    rec = types.SimpleNamespace(path=tmp_path / "t.pickle", states=[], device=0, rerun={}, info={})
+    rec = TorchEnd(tmp_path / "t.pickle", (), 0, None, {})
     exit_info = {"status": "exception", "exception": "torch.OutOfMemoryError", "signal": None, "code": 1,
                  "message": "CUDA out of memory", "oom_seq": None, "died_of_oom": True, "site": site}
     out = tmp_path / f"t{int(strip_frames)}{int(site is None)}.parquet"
-    _write(snap, rec, out, exit_info, {}, (str(tmp_path),))  # type: ignore[arg-type]
+    write_torch_trace(snap, rec, out, exit_info, {}, (str(tmp_path),))
     tr = read_trace(out, strict=True)
     oom = int(np.flatnonzero(tr.events.op == Op.OOM)[-1])
     assert tr.meta.extra["exit"]["oom_seq"] == oom and tr.meta.extra["exit"]["site"] == site

@@ -92,7 +92,7 @@ def test_a_lapped_ring_keeps_its_last_rows(tmp_path: Path) -> None:
     import mmap
 
     from tracekit.record.fastpath import Ring, ring_bytes
-    from tracekit.record.torch import finish_from_ring
+    from tracekit.record.torch_trace import finish_from_ring
 
     out = tmp_path / "t.parquet"
     size = ring_bytes(16, torch_ring.ROW_INTS)
@@ -116,7 +116,7 @@ def test_a_lapped_ring_keeps_its_last_rows(tmp_path: Path) -> None:
 
 
 def test_not_a_ring_gives_no_trace(tmp_path: Path) -> None:
-    from tracekit.record.torch import finish_from_ring
+    from tracekit.record.torch_trace import finish_from_ring
 
     bad = tmp_path / "t.parquet.torchring"
     bad.write_bytes(b"\0" * 4096)

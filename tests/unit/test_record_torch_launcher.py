@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.record.torch import launcher_frames
+from tracekit.record.torch_trace import launcher_frames
 from tracekit.trace.stacks import FrameKind, StackTable, trim_outer
 
 LIB, USER = int(FrameKind.LIBRARY), int(FrameKind.USER)

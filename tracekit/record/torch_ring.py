@@ -13,7 +13,7 @@ ends normally the trace comes from PyTorch's own snapshot, as before, and both f
 when the process is gone without finishing, the recorder's watcher (``tracekit.record.watch``)
 builds the snapshot PyTorch would have given from the ring (``snapshot_from_ring``: the same
 actions, addresses, sizes, streams and times; no frames, the process being gone) and writes the
-trace through the same converter (``tracekit.record.torch.write_torch_trace``).
+trace through the same converter (``tracekit.record.torch_trace.write_torch_trace``).
 
 The tracker is compiled once per PyTorch build (a C++ compiler and PyTorch's headers are needed,
 about 10 s; ``build``), in a separate process so the recorded program's imports stay its own, into

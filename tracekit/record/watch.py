@@ -216,8 +216,8 @@ def _finish_torch(ring: Path, output: Path, ended: str, held: tuple[int, int] = 
     from tracekit.kernel_cache import settle
 
     settle()
-    from tracekit.record.torch import finish_from_ring
     from tracekit.record.torch_ring import head_path
+    from tracekit.record.torch_trace import finish_from_ring
 
     extra = {"complete": False, "ended": ended, "finished_by": "watcher"}
     try:
