@@ -136,3 +136,19 @@ def test_the_maxsplit_fixture_names_its_script_relative_to_the_repository() -> N
     t = read_trace(TRACES / "torch-maxsplit.parquet")
     assert "scripts/torch_workload_maxsplit.py:79:<module>" in t.events.sites
     assert all(not s.startswith("/") for s in t.events.sites if "torch_workload_maxsplit" in s)
+
+
+@pytest.mark.parametrize("end", ["os_exit", "sigkill"])
+def test_a_torch_run_that_never_finished_is_the_run_that_did_from_the_trackers_ring(end: str) -> None:
+    """The same ResNet-18 program recorded with ``record --torch`` three times on the GPU: once to
+    its end, once ending by ``os._exit(0)``, once by SIGKILL of itself. PyTorch counted 3,297
+    allocations each time; the two unfinished runs' traces come from the tracker's ring alone."""
+    done = read_trace(TRACES / "torch-ends-normal.parquet", strict=True)
+    cut = read_trace(TRACES / f"torch-ends-{end}.parquet", strict=True)
+    assert int(np.count_nonzero(cut.events.op == Op.MALLOC)) == 3297  # PyTorch's allocation.all.allocated
+    assert np.array_equal(cut.events.op, done.events.op) and np.array_equal(cut.events.size, done.events.size)
+    m = cut.meta.extra
+    assert m["finished_by"] == "watcher" and m["complete"] is False
+    assert m["torch_ring"] == {"rows": 9540, "missing": 0, "frames": False}
+    assert done.meta.extra["torch_ring"]["attached"] is True and "finished_by" not in done.meta.extra
+    assert np.all(cut.events.site < 0) and np.any(done.events.site >= 0)  # the ring has no frames
