@@ -28,6 +28,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for f in sorted((ROOT / "traces" / "fidelity").glob("*.json")):
         d = json.loads(f.read_text())
+        if "advise" not in d:  # another fidelity record (rmm.json), not an advise rerun
+            continue
         a = d["advise"]
         tried = {r["setting"]: r for r in a["tried"]}
         witness = {w["conf"]: w for w in d["rerun_witness"]}

@@ -315,7 +315,16 @@ def scan(fits: Callable[[int], bool], lo: int, hi: int | None, step: int,
     return lo + first * spacing, all(ok[first:]), spacing
 
 
-def _program(name: str, out: Path, dry: bool, steps: int, step: int) -> ProgramJSON:
+def _recorded_what(name: str) -> str | None:
+    """What the committed record (``traces/fidelity/rmm.json``) says the program ``name`` was."""
+    try:
+        old = json.loads((ROOT / "traces" / "fidelity" / "rmm.json").read_text())
+        return next(str(p["what"]) for p in old["programs"] if p["name"] == name)
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
+
+
+def _program(name: str, out: Path, dry: bool, steps: int, step: int, logs: Path | None = None) -> ProgramJSON:
     from tracekit.importers.rmm_log import import_log
     from tracekit.trace.reader import read_trace
 
@@ -328,6 +337,9 @@ def _program(name: str, out: Path, dry: bool, steps: int, step: int) -> ProgramJ
         write_log(log, 4000 if name == "cupy" else 6000, seed=1 if name == "cupy" else 2,
                   streams=1 if name == "cupy" else 2)
         what = f"synthetic stand-in for the {name} program (--dry-run)"
+    elif logs is not None:  # a log recorded before (the committed ones): the same requests again
+        log = logs / f"rmm-{name}.dev0.csv"
+        what = _recorded_what(name) or f"the {name} program's log {log.name}, recorded before"
     else:
         log, what = _record(name, out, steps)[:2]
     record_s = time.perf_counter() - t0
@@ -394,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="program steps (default: cupy 60, torch 6)")
     ap.add_argument("--step", type=int, default=2 * MiB, help="bisection step in bytes (default 2 MiB)")
     ap.add_argument("--programs", default="cupy,torch")
+    ap.add_argument("--logs", type=Path, default=None,
+                    help="replay the logs rmm-<program>.dev0.csv in this folder (traces/: the committed "
+                         "ones) instead of recording the programs again")
     ap.add_argument("--child", nargs=2, metavar=("PROGRAM", "LOG"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -404,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     device, versions = _versions(a.dry_run)
-    programs = [_program(n, a.out.resolve(), a.dry_run, a.steps or (60 if n == "cupy" else 6), a.step)
+    programs = [_program(n, a.out.resolve(), a.dry_run, a.steps or (60 if n == "cupy" else 6), a.step,
+                         a.logs.resolve() if a.logs is not None else None)
                 for n in a.programs.split(",")]
     result = FidelityJSON(dry_run=a.dry_run, device=device, versions=versions, programs=programs,
                           wall_s=round(time.perf_counter() - t0, 1))

@@ -32,7 +32,7 @@ COMMITTED_CUPY = [p for p in COMMITTED if read_meta(p).source == Source.CUPY]
 # Recordings the simulator does not reproduce yet (tests/fidelity/test_fidelity.py gives each one's cause).
 SIM_DEPARTS = {"cupy-user-pool.parquet": "the program's own free_all_blocks(stream) releases segments "
                                          "at no request, which the simulator does not replay"}
-# torch: tests/gpu/test_device_torch_gpu.py; rmm-pool: scripts/gpu_rmm_fidelity.py (RMM's own pool)
+# torch: tests/gpu/test_device_torch_gpu.py; rmm-pool: tests/gpu/test_device_rmm_gpu.py (RMM's own pool)
 ALLOCATORS = [a for a in Allocator if a not in (Allocator.TORCH, Allocator.RMM_POOL)]
 
 

@@ -78,7 +78,7 @@ def plan_capacity(allocator: Allocator, capacity: int | None, free: int, total: 
             f"--capacity {format_size(capacity)} is more than the device's free memory "
             f"({format_size(free)} of {format_size(total)}); nothing was allocated"
         )
-    if allocator in (Allocator.CUPY, Allocator.TORCH):  # a pool limit: nothing to take
+    if allocator in (Allocator.CUPY, Allocator.TORCH, Allocator.RMM_POOL):  # a pool limit: nothing to take
         return CapacityPlan(capacity, 0, capacity)
     ballast = max(0, (free - capacity - DRIVER_SLACK) // GRANULARITY * GRANULARITY)
     return CapacityPlan(capacity, ballast, None)

@@ -33,9 +33,6 @@ def check_args(device: int, allocator: str, capacity: str | None,
     if device < 0:
         raise UsageError(f"--device must be a CUDA device ordinal (0, 1, ...), got {device}")
     alloc = parse_allocator(allocator)
-    if alloc is Allocator.RMM_POOL:  # modelled (--sim rmm-pool); the device side is the fidelity script's
-        raise UsageError("--device with --allocator rmm-pool is not supported: replay RMM's real pool with "
-                         "scripts/gpu_rmm_fidelity.py, or simulate it with --sim rmm-pool")
     if torch_conf is not None and alloc is not Allocator.TORCH:
         raise UsageError("--torch-conf settings apply to --sim torch, or to --device with --allocator torch")
     if capacity is not None and capacity.strip().lower() in ("none", "unbounded"):
@@ -105,6 +102,10 @@ def run_device_replay(
     from tracekit.trace.reader import read_meta, read_trace
 
     alloc, cap = check_args(device, allocator, capacity, torch_conf)
+    if alloc is Allocator.RMM_POOL:  # before the GPU is touched: one sentence where RMM is missing
+        from tracekit.device.rmm_backend import import_rmm
+
+        import_rmm()
     if alloc is Allocator.TORCH and capacity is None:
         cap = read_meta(trace).pool_limit_bytes or None  # the recorded limit, as --sim torch takes it
     options = parse_alloc_conf(torch_conf) if torch_conf is not None else {}

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.device.allocators import AsyncPool, ObservedPool
+from tracekit.device.rmm_backend import RmmPool
 from tracekit.errors import DeviceError
 from tracekit.interrupts import Held
 from tracekit.sim.base import Status
@@ -233,17 +234,21 @@ def replay_streams(ops: np.ndarray, streams: np.ndarray) -> dict[int, Any]:
 
 
 def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, streams: np.ndarray,
-              backend: ObservedPool | AsyncPool, objs: dict[int, Any]) -> None:
-    """Pool malloc per request on its stream (``objs``: ``replay_streams``); a free is dropping
-    the last reference to its MemoryPointer."""
+              backend: ObservedPool | AsyncPool | RmmPool, objs: dict[int, Any]) -> None:
+    """Pool malloc per request on its stream (``objs``: ``replay_streams``; RMM is told the stream
+    itself, CuPy's pools take the current one); a free is dropping the last reference to its
+    MemoryPointer (or ``rmm.DeviceBuffer``)."""
     import cupy
     from cupy.cuda import memory
     from cupy.cuda import runtime as rt
 
     meminfo, clock = rt.memGetInfo, time.perf_counter_ns
     pool_malloc = backend.pool.malloc
-    observed = backend if isinstance(backend, ObservedPool) else None
-    errs = (memory.OutOfMemoryError, rt.CUDARuntimeError)
+    observed = backend if isinstance(backend, ObservedPool | RmmPool) else None
+    rmm_pool = backend if isinstance(backend, RmmPool) else None
+    errs: tuple[type[BaseException], ...] = (memory.OutOfMemoryError, rt.CUDARuntimeError)
+    if rmm_pool is not None:
+        errs = (*errs, MemoryError)  # RMM refuses a request with MemoryError
     live, every, standing, handled = lp.live, lp.every, lp.standing, lp.handled
     FREE, MALLOC, OOM = int(Op.FREE), int(Op.MALLOC), int(Op.OOM)
     S_OOM, S_SKIPPED, S_TRIED = int(Status.OOM), int(Status.SKIPPED), int(Status.TRIED)
@@ -283,7 +288,10 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
                         observed.current = base + j
                     if multi and st_l[j] != cur:
                         cur = st_l[j]
-                        objs[cur].use()
+                        if rmm_pool is not None:
+                            rmm_pool.use_stream(objs[cur])
+                        else:
+                            objs[cur].use()
                     t0 = clock()
                     try:
                         live[base + j] = pool_malloc(s_l[j])

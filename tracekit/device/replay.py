@@ -34,6 +34,7 @@ from tracekit.device.capacity import (
     plan_capacity,
 )
 from tracekit.device.loops import Attempts, Loop, loop_cuda, loop_pool, replay_streams
+from tracekit.device.rmm_backend import RmmPool
 from tracekit.device.run import DeviceConfig, DeviceRun
 from tracekit.errors import DeviceError
 from tracekit.gpu.cuda import check_device, import_cupy
@@ -62,12 +63,14 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
         lp = Loop(len(ev), cfg.continue_on_oom, cfg.sample_every, pending,
                   Attempts.of(trace, cfg.stop_at_first_oom))
         ballast = Ballast(plan.ballast_bytes)
-        backend: ObservedPool | AsyncPool | None = None
+        backend: ObservedPool | AsyncPool | RmmPool | None = None
         try:
             if cfg.allocator is Allocator.CUPY:
                 backend = ObservedPool(log, plan.pool_limit)
             elif cfg.allocator is Allocator.CUPY_ASYNC:
                 backend = AsyncPool(cfg.device)
+            elif cfg.allocator is Allocator.RMM_POOL:
+                backend = RmmPool(log, plan.pool_limit, _rmm_initial(trace, plan.pool_limit))
             free_replay = int(rt.memGetInfo()[0])
             t_start = time.perf_counter_ns()
             if backend is None:
@@ -92,9 +95,18 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
                      handled_ooms=lp.handled_ooms)
 
 
+def _rmm_initial(trace: Trace, maximum: int | None) -> int:
+    """The initial pool the ``rmm-pool`` model starts with for this trace and maximum."""
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.policies.rmm_pool import initial_pool_size
+
+    return initial_pool_size(trace, SimConfig(capacity=maximum))
+
+
 def _peak_reserved(alloc: Allocator, backend: Any, lp: Loop, free_replay: int) -> int | None:
-    """cupy: exact from the segment rows; cupy-async: the pool's high-water mark; cuda: sampled."""
-    if isinstance(backend, ObservedPool):
+    """cupy, rmm-pool: exact from the segment rows; cupy-async: the pool's high-water mark; cuda:
+    sampled."""
+    if isinstance(backend, ObservedPool | RmmPool):
         return backend.peak_reserved
     if isinstance(backend, AsyncPool):
         return backend.peak_reserved
@@ -102,7 +114,8 @@ def _peak_reserved(alloc: Allocator, backend: Any, lp: Loop, free_replay: int) -
     return int(free_replay - sampled.min()) if len(sampled) else 0
 
 
-def release_all(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | None, ballast: Any) -> list[str]:
+def release_all(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | RmmPool | None,
+                ballast: Any) -> list[str]:
     """Give back every live block, all pool memory and the ballast; returns the errors met.
 
     Each step runs whatever the others did (one failed cudaFree must not keep the
@@ -123,9 +136,10 @@ def release_all(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | None, bal
             for p in ptrs:
                 attempt(f"cudaFree({int(p):#x})", rt.free, p)
         else:
-            if isinstance(backend, ObservedPool):
+            if isinstance(backend, ObservedPool | RmmPool):
                 backend.recording = False
             lp.live.clear()
+            lp.standing.clear()  # served attempts standing in for their retries hold blocks too
             attempt("releasing the pool", backend.release)
         attempt("cudaDeviceSynchronize", rt.deviceSynchronize)
     finally:

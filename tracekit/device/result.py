@@ -120,7 +120,7 @@ def _usable(allocator: Allocator, free_b: int) -> int:
 
 
 _PEAK_HOW = {Allocator.CUDA: "sampled", Allocator.CUPY: "exact", Allocator.CUPY_ASYNC: "driver pool",
-             Allocator.TORCH: "exact"}
+             Allocator.TORCH: "exact", Allocator.RMM_POOL: "exact"}
 
 
 def summary(trace: Trace, run: DeviceRun) -> ReplaySummary:

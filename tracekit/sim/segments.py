@@ -119,17 +119,14 @@ def release_all_whole(C, S, R, before, stream):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def release_whole_in(C, S, R, before, stream, group):  # pragma: no cover - compiled
-    """Release every free whole allocation of ``group`` (-1: of every group), in (group, size,
-    address) order, as CuPy's ``free_all_blocks(stream)`` releases one arena."""
+def whole_free_in(C, S, group):  # pragma: no cover - compiled
+    """The wholly free device allocations of ``group`` (-1: of every group), by address."""
     k = 0
     x = S[Slot.WHEAD]
     while x != -1:
         if group < 0 or C[x, F.GROUP] == group:
             k += 1
         x = C[x, F.WNEXT]
-    if k == 0:
-        return 0
     ids = np.empty(k, dtype=np.int64)
     x = S[Slot.WHEAD]
     j = 0
@@ -138,7 +135,17 @@ def release_whole_in(C, S, R, before, stream, group):  # pragma: no cover - comp
             ids[j] = x
             j += 1
         x = C[x, F.WNEXT]
-    ids = ids[np.argsort(C[ids, F.ADDR], kind="mergesort")]
+    return ids[np.argsort(C[ids, F.ADDR], kind="mergesort")]
+
+
+@njit(cache=True, error_model="numpy")
+def release_whole_in(C, S, R, before, stream, group):  # pragma: no cover - compiled
+    """Release every free whole allocation of ``group`` (-1: of every group), in (group, size,
+    address) order, as CuPy's ``free_all_blocks(stream)`` releases one arena."""
+    ids = whole_free_in(C, S, group)
+    k = len(ids)
+    if k == 0:
+        return 0
     ids = ids[np.argsort(C[ids, F.SIZE], kind="mergesort")]
     ids = ids[np.argsort(C[ids, F.GROUP], kind="mergesort")]
     for j in range(k):

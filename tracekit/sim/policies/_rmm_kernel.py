@@ -38,6 +38,7 @@ from numba import njit
 
 from tracekit.sim import chunks as ck
 from tracekit.sim import segments as sg
+from tracekit.sim.chunks import PAGE
 from tracekit.sim.codes import Field as F
 from tracekit.sim.codes import Kind, Slot, Stat, Status, Tree
 from tracekit.sim.codes import Piece as P
@@ -45,6 +46,7 @@ from tracekit.sim.prepare import stand_in
 
 ALIGNMENT = 256  # rmm::CUDA_ALLOCATION_ALIGNMENT (cpp/include/rmm/aligned.hpp)
 NO_MAXIMUM = -1  # ``RmmSetting.MAXIMUM``: no maximum pool size (std::nullopt)
+TOP_ADDR = 1 << 46  # invented upstream addresses fall from here (``from_upstream``)
 
 
 class RmmSetting(IntEnum):
@@ -131,12 +133,41 @@ def take(C, S, x, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def grow(C, S, R, i, s, g, maximum, dev_total, stream):  # pragma: no cover - compiled
+def from_upstream(C, S, R, i, t, g, stream):  # pragma: no cover - compiled
+    """``block_from_upstream``: a new device allocation of t bytes, one used piece on list g, at an
+    invented address a page below every earlier one (``cudaMalloc`` hands out falling addresses)."""
+    addr = S[Slot.NEXT_ADDR] - (t + PAGE - 1) // PAGE * PAGE - PAGE
+    S[Slot.NEXT_ADDR] = addr
+    return sg.add_segment(C, S, R, i, addr, t, g, stream)
+
+
+@njit(cache=True, error_model="numpy")
+def reclaim(C, S, R, i, s, g, maximum, group_stream):  # pragma: no cover - compiled
+    """``reclaim_free_blocks``: give wholly free upstream blocks of list g back to the device, lowest
+    address first, until the pool has room for s bytes under the maximum; the number given back."""
+    if s > maximum:  # no reclaim could make room
+        return 0
+    ids = sg.whole_free_in(C, S, g)  # by address, as upstream_blocks_ is ordered
+    n = 0
+    for j in range(len(ids)):
+        room = maximum - S[Slot.RESERVED]
+        if room < 0 or room >= s:  # unsigned in RMM: a pool past M (by < 256 B) wraps to a huge room
+            break
+        sg.release_whole(C, S, R, i, ids[j], group_stream)
+        n += 1
+    return n
+
+
+@njit(cache=True, error_model="numpy")
+def grow(C, S, R, i, s, g, maximum, dev_total, group_stream):  # pragma: no cover - compiled
     """``expand_pool`` for a request of s (aligned) bytes on list g: the new used piece, or -1."""
     t = size_to_grow(s, S[Slot.RESERVED], maximum)
+    if t < s and maximum != NO_MAXIMUM:  # no room under the maximum: reclaim free upstream blocks
+        reclaim(C, S, R, i, s, g, maximum, group_stream)
+        t = size_to_grow(s, S[Slot.RESERVED], maximum)
     while t >= s and t > 0:
         if dev_total == 0 or S[Slot.DEV_USED] + sg.device_cost(t) <= dev_total:
-            x = sg.add_segment(C, S, R, i, -1, t, g, stream)
+            x = from_upstream(C, S, R, i, t, g, group_stream[g])
             if t > s:
                 ck.split_front(C, S, x, s)
             return x
@@ -147,7 +178,7 @@ def grow(C, S, R, i, s, g, maximum, dev_total, stream):  # pragma: no cover - co
 
 
 @njit(cache=True, error_model="numpy")
-def get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, stream, found):  # pragma: no cover - compiled
+def get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, group_stream, found):  # pragma: no cover
     """``stream_ordered_memory_resource::get_block``: the used piece serving s bytes on list g, or -1."""
     x = best_fit(C, S, g, s)
     step = Found.OWN
@@ -168,7 +199,7 @@ def get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, stream, found):  # 
         take(C, S, x, s)
         found[step] += 1
         return x
-    x = grow(C, S, R, i, s, g, maximum, dev_total, stream)
+    x = grow(C, S, R, i, s, g, maximum, dev_total, group_stream)
     found[Found.GREW if x != -1 else Found.FAILED] += 1
     return x
 
@@ -189,7 +220,7 @@ def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, 
     if cfg[RmmSetting.INITIAL] > 0:  # initialize_pool: one upstream block on the legacy stream's list
         C = ck.room(C, S, 4)
         R = ck.rows_room(R, S, 4)
-        x = sg.add_segment(C, S, R, 0, -1, cfg[RmmSetting.INITIAL], 0, group_stream[0])
+        x = from_upstream(C, S, R, 0, cfg[RmmSetting.INITIAL], 0, group_stream[0])
         ck.insert_free(C, S, x)
     for i in range(n):
         kd = kind[i]
@@ -209,8 +240,8 @@ def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, 
             rounded[i] = s
             g = group[i]
             C = ck.room(C, S, 4)
-            R = ck.rows_room(R, S, 4)
-            x = get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, group_stream[g], found)
+            R = ck.rows_room(R, S, 4 + S[Slot.SEGA] - S[Slot.SEGF])  # a reclaim may free every block
+            x = get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, group_stream, found)
             if x == -1 and kd == Kind.TRY:  # the program survived this failure: it goes on
                 status[i] = Status.OOM
                 stats[Stat.HANDLED] += 1

@@ -102,7 +102,14 @@ class RmmPool:
         """The run, plus the final chunk store, its counters and the ``Found`` counts (for checks)."""
         from tracekit.sim import chunks as ck
         from tracekit.sim import segments as sg
-        from tracekit.sim.policies._rmm_kernel import ALIGNMENT, NO_MAXIMUM, Found, RmmSetting, rmm_replay
+        from tracekit.sim.policies._rmm_kernel import (
+            ALIGNMENT,
+            NO_MAXIMUM,
+            TOP_ADDR,
+            Found,
+            RmmSetting,
+            rmm_replay,
+        )
         from tracekit.sim.pool_run import capacity_for_state, pack, pool_stats
         from tracekit.sim.prepare import attempt_kinds, holders, prepare
 
@@ -118,7 +125,7 @@ class RmmPool:
         inp = prepare(trace)
         group, group_stream = stream_lists(ev.stream, _thread(trace))
         cap, rows_cap = capacity_for_state(trace)
-        C, R, S = ck.new_state(cap, rows_cap)
+        C, R, S = ck.new_state(cap, rows_cap, TOP_ADDR)  # addresses fall from TOP_ADDR
         stats = pool_stats()
         found = np.zeros(len(Found), np.int64)
         maximum = NO_MAXIMUM if config.capacity is None else int(config.capacity) // ALIGNMENT * ALIGNMENT

@@ -1,0 +1,111 @@
+"""Whole commands against the C++ reference process (issue 45 item 3), fresh processes interleaved.
+
+The reference is ``scripts/bench_bestfit.cpp`` (best fit with ``std::set`` + ``std::map``, ``g++ -O2``)
+run as a process that reads a flat binary of the trace's prepared requests and replays them; its
+wall time, start to exit, is the bar. Against it, in the same rounds: ``tracekit replay TRACE --sim
+best-fit --json`` and ``tracekit analyze TRACE --json``, each a fresh ``python -m tracekit`` process
+(start-up, the Parquet read and its checks, the work, the output). Ratios as the issue states them:
+replay's speed against the C++ process (C++ wall / replay wall, >= 1.0 is met) and analyze's time
+against it (analyze wall / C++ wall, <= 0.8 is met), on the minimum of the rounds; medians beside.
+
+    PYTHONPATH=. python3 scripts/bench_whole.py [--events 10000000] [--runs 3] [--trace T] [--json OUT]
+
+The trace is a ``tracekit synth --pattern random`` trace of ``--events`` events unless ``--trace``
+names one. Both sides must agree on the peak of live bytes (checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _flat(trace: Path, data: Path) -> None:
+    """The prepared requests as the C++ reference reads them: n, kind (int8), size, mate (int64)."""
+    from tracekit.sim.prepare import prepare
+    from tracekit.trace.reader import read_trace
+
+    inp = prepare(read_trace(trace))
+    with open(data, "wb") as f:
+        for arr in (np.array([len(inp)], np.int64), inp.kind.astype(np.int8), inp.size, inp.mate):
+            f.write(np.ascontiguousarray(arr).tobytes())
+
+
+def _timed(cmd: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return time.perf_counter() - t0, p.stdout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--trace", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here as JSON")
+    a = ap.parse_args()
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        print("no C++ compiler: nothing to compare against", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        trace = a.trace
+        if trace is None:
+            trace = tmp / "random.parquet"
+            subprocess.run([sys.executable, "-m", "tracekit", "synth", "--pattern", "random", "--events",
+                            str(a.events), "--seed", "1", "-o", str(trace)], check=True, capture_output=True)
+        exe, data = tmp / "bench_bestfit", tmp / "requests.bin"
+        src = ROOT / "scripts" / "bench_bestfit.cpp"
+        subprocess.run([cxx, "-O2", "-std=c++17", "-o", str(exe), str(src)], check=True)
+        _flat(trace, data)
+        cmds = {
+            "cpp": [str(exe), str(data)],
+            "replay": [sys.executable, "-m", "tracekit", "replay", str(trace), "--sim", "best-fit", "--json"],
+            "analyze": [sys.executable, "-m", "tracekit", "analyze", str(trace), "--json"],
+        }
+        for cmd in cmds.values():  # warm: the page cache, numba's cache
+            subprocess.run(cmd, capture_output=True, check=True)
+        walls: dict[str, list[float]] = {k: [] for k in cmds}
+        outs: dict[str, str] = {}
+        for _ in range(a.runs):
+            for k, cmd in cmds.items():
+                w, outs[k] = _timed(cmd)
+                walls[k].append(w)
+        cpp_peak = int(outs["cpp"].split()[1])
+        ours_peak = int(json.loads(outs["replay"])["peak_live_bytes"])
+        lo = {k: min(v) for k, v in walls.items()}
+        med = {k: statistics.median(v) for k, v in walls.items()}
+        res = {
+            "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+            "python": platform.python_version(), "events": a.events if a.trace is None else None,
+            "trace": str(trace.name), "runs": a.runs, "load_1min": round(os.getloadavg()[0], 2),
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "wall_s": {k: [round(x, 3) for x in v] for k, v in walls.items()},
+            "replay_speed_vs_cpp_min": round(lo["cpp"] / lo["replay"], 3),
+            "replay_speed_vs_cpp_median": round(med["cpp"] / med["replay"], 3),
+            "analyze_time_vs_cpp_min": round(lo["analyze"] / lo["cpp"], 3),
+            "analyze_time_vs_cpp_median": round(med["analyze"] / med["cpp"], 3),
+            "same_peak_live": cpp_peak == ours_peak,
+        }
+    print(json.dumps(res, indent=1))
+    if a.json is not None:
+        a.json.write_text(json.dumps(res, indent=1) + "\n")
+    return 0 if res["same_peak_live"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Device replay through RMM's real pool (``replay --device 0 --allocator rmm-pool``) on a GPU.
+
+Marked ``gpu``; also skipped where RMM cannot be imported (its wheels are not a dependency: the
+device machine gets them carried, ``scripts/gpu_torch_ends.sh``). The committed RMM logs of two real
+programs (``traces/rmm-*.dev0.csv``) are imported and replayed at the maximum pool sizes that
+``scripts/gpu_rmm_fidelity.py`` measured with RMM's ``PoolMemoryResource`` called directly
+(``traces/fidelity/rmm.json``, initial pool 0): the verb must give the same first failing event and
+the same peak pool size, and give back every byte.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIDELITY = json.loads((ROOT / "traces" / "fidelity" / "rmm.json").read_text())
+
+
+def _rmm_reason() -> str | None:
+    try:
+        import rmm  # noqa: F401
+    except Exception as e:
+        return f"RMM is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_rmm_reason() is not None, reason=str(_rmm_reason()))]
+
+POINTS = [(p["name"], q) for p in FIDELITY["programs"] for q in p["points"] if q["initial_bytes"] == 0]
+
+
+def _tracekit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tracekit", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("rmm")
+    made = {}
+    for p in FIDELITY["programs"]:
+        t = out / f"{p['name']}.parquet"
+        r = _tracekit("import", "rmm", str(ROOT / "traces" / p["log"]), "-o", str(t))
+        assert r.returncode == 0, r.stderr
+        made[p["name"]] = t
+    return made
+
+
+@pytest.mark.parametrize(("program", "point"), POINTS,
+                         ids=[f"{n}-{q['maximum_bytes']}" for n, q in POINTS])
+def test_the_verb_replays_rmms_pool_as_rmm_did(traces: dict[str, Path], program: str,
+                                               point: dict[str, int | None]) -> None:
+    r = _tracekit("replay", str(traces[program]), "--device", "0", "--allocator", "rmm-pool",
+                  "--capacity", str(point["maximum_bytes"]), "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    oom = got["oom"]["seq"] if got.get("oom") else None
+    assert oom == point["device_first_oom"]
+    assert got["peak_reserved_bytes"] == point["device_peak_pool_bytes"]
+    dev = got["device"]
+    assert dev["free_end"] == dev["free_start"], "the replay kept device memory"
