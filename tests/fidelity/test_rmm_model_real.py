@@ -55,3 +55,19 @@ def test_the_model_fails_where_rmms_pool_failed_with_its_peak(traces: dict[str, 
     first = int(run.stats[Stat.FIRST_OOM])
     assert (first if first >= 0 else None) == point["device_first_oom"]
     assert int(run.stats[Stat.PEAK_RESERVED]) == point["device_peak_pool_bytes"]
+
+
+def test_the_bisected_smallest_maximum_is_rmms() -> None:
+    for p in FIDELITY["programs"]:
+        assert p["bisect"]["model_bytes"] == p["bisect"]["device_bytes"], p["name"]
+
+
+SCAN_DEPARTS = ("scanning upwards in 2 MiB steps from the torch log's live peak, the model first fits at "
+                "459,276,288 B, where RMM's pool failed (its first fit: 465,567,744 B); the event at which "
+                "the real pool failed there was not recorded, so the cause is not known")
+
+
+@pytest.mark.xfail(strict=True, reason=SCAN_DEPARTS)
+def test_the_scanned_smallest_maximum_is_rmms() -> None:
+    for p in FIDELITY["programs"]:
+        assert p["bisect"]["model_scanned_bytes"] == p["bisect"]["device_scanned_bytes"], p["name"]
