@@ -32,7 +32,7 @@ CHILD = """
     from pathlib import Path
     from tracekit.record.fastpath import Ring, ring_bytes
     from tracekit.record import torch_ring as tr
-    from tracekit.record.watch import Watcher
+    from tracekit.record.watch import Watched, Watcher
 
     out = Path(sys.argv[1])
     size = ring_bytes(64, tr.ROW_INTS)
@@ -41,7 +41,7 @@ CHILD = """
     ring = Ring(mmap.mmap(fd, size, mmap.MAP_SHARED), tr.ROW_INTS)
     tr.write_head(out, {{"device": 0, "info": {{"command": "python app.py", "max_entries": 64}},
                         "launch": {{}}, "roots": [], "rerun": {{"argv": ["app.py"]}}}})
-    w = Watcher.start(tr.ring_path(out), out, None, kind="torch")
+    w = Watcher.start(tr.ring_path(out), out, None, kind=Watched.TORCH_RING)
     assert w is not None
     t, S = 1_700_000_000_000_000, 0x7f0000000000
     ring.push(4, 0, S, 20 << 20, 0, t)  # segment_alloc

@@ -53,16 +53,17 @@ class SegmentLog:
         return len(self.before)
 
 
-class ObservedPool:
-    """A fresh CuPy MemoryPool whose device allocations/releases are logged as segment rows.
+class Upstream:
+    """The device allocations a pool under replay makes: counted (bytes reserved and their peak) and
+    logged as segment rows with their latency (ns) and the device's free memory after each.
 
-    ``current`` must be set by the replay loop to the input index being
-    replayed, so rows land before it; ``recording`` is switched off for the
-    final cleanup, which is not part of the replayed trace.
+    ``current`` must be set by the replay loop to the input index being replayed, so rows land
+    before it; ``recording`` is switched off for the final cleanup, which is not part of the
+    replayed trace.
     """
 
-    def __init__(self, log: SegmentLog, pool_limit: int | None) -> None:
-        from cupy.cuda import memory, runtime
+    def __init__(self, log: SegmentLog) -> None:
+        from cupy.cuda import runtime
 
         self._rt = runtime
         self.log = log
@@ -70,6 +71,28 @@ class ObservedPool:
         self.recording = True
         self.reserved = 0
         self.peak_reserved = 0
+
+    def took(self, ptr: int, size: int, t0: int, t1: int) -> None:
+        """The pool took ``size`` bytes at ``ptr`` from the device between ``t0`` and ``t1`` (ns)."""
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        if self.recording:
+            self.log.add(self.current, Op.SEGMENT_ALLOC, ptr, size, t1 - t0, t1, self._rt.memGetInfo()[0])
+
+    def gave(self, ptr: int, size: int, t0: int, t1: int) -> None:
+        """The pool gave the ``size`` bytes at ``ptr`` back between ``t0`` and ``t1`` (ns)."""
+        self.reserved -= size
+        if self.recording:
+            self.log.add(self.current, Op.SEGMENT_FREE, ptr, size, t1 - t0, t1, self._rt.memGetInfo()[0])
+
+
+class ObservedPool(Upstream):
+    """A fresh CuPy MemoryPool whose device allocations/releases are logged as segment rows."""
+
+    def __init__(self, log: SegmentLog, pool_limit: int | None) -> None:
+        from cupy.cuda import memory
+
+        super().__init__(log)
         self._seg: dict[int, int] = {}
         alloc = memory.PythonFunctionAllocator(self._dev_malloc, self._dev_free)
         self.pool = memory.MemoryPool(alloc.malloc)
@@ -79,22 +102,14 @@ class ObservedPool:
     def _dev_malloc(self, size: int, device_id: int) -> int:
         t0 = time.perf_counter_ns()
         ptr = self._rt.malloc(size)  # raises cudaErrorMemoryAllocation, which the pool retries on
-        t1 = time.perf_counter_ns()
         self._seg[ptr] = size
-        self.reserved += size
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        if self.recording:
-            self.log.add(self.current, Op.SEGMENT_ALLOC, ptr, size, t1 - t0, t1, self._rt.memGetInfo()[0])
+        self.took(ptr, size, t0, time.perf_counter_ns())
         return ptr
 
     def _dev_free(self, ptr: int, device_id: int) -> None:
         t0 = time.perf_counter_ns()
         self._rt.free(ptr)
-        t1 = time.perf_counter_ns()
-        size = self._seg.pop(ptr, 0)
-        self.reserved -= size
-        if self.recording:
-            self.log.add(self.current, Op.SEGMENT_FREE, ptr, size, t1 - t0, t1, self._rt.memGetInfo()[0])
+        self.gave(ptr, self._seg.pop(ptr, 0), t0, time.perf_counter_ns())
 
     def stats(self) -> dict[str, int]:
         p = self.pool

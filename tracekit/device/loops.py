@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.device.allocators import AsyncPool, ObservedPool
+from tracekit.device.allocators import AsyncPool, ObservedPool, Upstream
 from tracekit.device.rmm_backend import RmmPool
 from tracekit.errors import DeviceError
 from tracekit.interrupts import Held
@@ -244,7 +244,7 @@ def loop_pool(lp: Loop, ops: np.ndarray, sizes: np.ndarray, mates: np.ndarray, s
 
     meminfo, clock = rt.memGetInfo, time.perf_counter_ns
     pool_malloc = backend.pool.malloc
-    observed = backend if isinstance(backend, ObservedPool | RmmPool) else None
+    observed = backend if isinstance(backend, Upstream) else None
     rmm_pool = backend if isinstance(backend, RmmPool) else None
     errs: tuple[type[BaseException], ...] = (memory.OutOfMemoryError, rt.CUDARuntimeError)
     if rmm_pool is not None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.device.allocators import AsyncPool, ObservedPool, SegmentLog
+from tracekit.device.allocators import AsyncPool, ObservedPool, SegmentLog, Upstream
 from tracekit.device.capacity import (
     Allocator,
     Ballast,
@@ -106,7 +106,7 @@ def _rmm_initial(trace: Trace, maximum: int | None) -> int:
 def _peak_reserved(alloc: Allocator, backend: Any, lp: Loop, free_replay: int) -> int | None:
     """cupy, rmm-pool: exact from the segment rows; cupy-async: the pool's high-water mark; cuda:
     sampled."""
-    if isinstance(backend, ObservedPool | RmmPool):
+    if isinstance(backend, Upstream):
         return backend.peak_reserved
     if isinstance(backend, AsyncPool):
         return backend.peak_reserved
@@ -136,7 +136,7 @@ def release_all(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | RmmPool |
             for p in ptrs:
                 attempt(f"cudaFree({int(p):#x})", rt.free, p)
         else:
-            if isinstance(backend, ObservedPool | RmmPool):
+            if isinstance(backend, Upstream):
                 backend.recording = False
             lp.live.clear()
             lp.standing.clear()  # served attempts standing in for their retries hold blocks too

@@ -18,9 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tracekit.device.allocators import SegmentLog
+from tracekit.device.allocators import SegmentLog, Upstream
 from tracekit.errors import DeviceError
-from tracekit.trace.schema import Op
 
 ALIGNMENT = 256  # rmm::CUDA_ALLOCATION_ALIGNMENT; RMM refuses a maximum pool size not a multiple of it
 
@@ -48,20 +47,12 @@ class _Requests:
         return self._buffer(size=size, stream=self.stream, mr=self._mr)
 
 
-class RmmPool:
-    """A fresh RMM pool whose upstream blocks are logged as segment rows (``current``: the input
-    index being replayed, set by the loop; ``recording`` off for the final cleanup)."""
+class RmmPool(Upstream):
+    """A fresh RMM pool whose upstream blocks are logged as segment rows."""
 
     def __init__(self, log: SegmentLog, maximum: int | None, initial: int) -> None:
         rmm = import_rmm()
-        from cupy.cuda import runtime
-
-        self._rt = runtime
-        self.log = log
-        self.current = 0
-        self.recording = True
-        self.reserved = 0
-        self.peak_reserved = 0
+        super().__init__(log)
         self._cuda = rmm.mr.CudaMemoryResource()
         self._upstream = rmm.mr.CallbackMemoryResource(self._dev_malloc, self._dev_free)
         top = None if maximum is None else maximum // ALIGNMENT * ALIGNMENT
@@ -84,20 +75,13 @@ class RmmPool:
     def _dev_malloc(self, size: int, stream: Any) -> int:
         t0 = time.perf_counter_ns()
         ptr = int(self._cuda.allocate(size, stream))  # MemoryError when the device refuses: RMM halves
-        t1 = time.perf_counter_ns()
-        self.reserved += size
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        if self.recording:
-            self.log.add(self.current, Op.SEGMENT_ALLOC, ptr, size, t1 - t0, t1, self._rt.memGetInfo()[0])
+        self.took(ptr, size, t0, time.perf_counter_ns())
         return ptr
 
     def _dev_free(self, ptr: int, size: int, stream: Any) -> None:
         t0 = time.perf_counter_ns()
         self._cuda.deallocate(ptr, size, stream)
-        t1 = time.perf_counter_ns()
-        self.reserved -= size
-        if self.recording:
-            self.log.add(self.current, Op.SEGMENT_FREE, ptr, size, t1 - t0, t1, self._rt.memGetInfo()[0])
+        self.gave(ptr, size, t0, time.perf_counter_ns())
 
     def stats(self) -> dict[str, int]:
         return {"reserved_bytes": int(self._mr.pool_size())}

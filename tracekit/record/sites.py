@@ -130,12 +130,15 @@ def library_roots() -> list[str]:
     return sorted((os.path.abspath(f) for f in found if f), key=len, reverse=True)
 
 
+CUPY_PACKAGES = ("cupy", "cupyx", "cupy_backends", "fastrlock")  # CuPy's import packages, by folder
+
+
 def default_skip_dirs() -> tuple[str, ...]:
     """Package folders whose frames are never a call-site: tracekit itself and CuPy's packages."""
     import importlib.util
 
     dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
-    for pkg in ("cupy", "cupyx", "cupy_backends", "fastrlock"):
+    for pkg in CUPY_PACKAGES:
         spec = importlib.util.find_spec(pkg)
         if spec is not None and spec.submodule_search_locations:
             dirs.extend(spec.submodule_search_locations)

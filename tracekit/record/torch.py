@@ -187,7 +187,7 @@ class _Recording:
         start the watcher (``tracekit.record.torch_ring``); the watcher, or None where any step
         cannot be done (the recording goes on as before, its metadata saying why)."""
         from tracekit.record.torch_ring import TorchRing, build, library_path, write_head
-        from tracekit.record.watch import Watcher
+        from tracekit.record.watch import Watched, Watcher
 
         torch_dir = os.path.dirname(os.path.abspath(self.torch.__file__))
         version = str(self.torch.__version__)
@@ -212,7 +212,7 @@ class _Recording:
         if self.ring is None:
             self._remove_head()
             return None
-        watcher = Watcher.start(self.ring.path, trace, keep, kind="torch")
+        watcher = Watcher.start(self.ring.path, trace, keep, kind=Watched.TORCH_RING)
         if watcher is None:
             self.ring_note = "the watcher could not be started (no pidfd_open)"
             self.remove_ring()

@@ -35,11 +35,21 @@ import os
 import select
 import subprocess
 import sys
+from enum import StrEnum
 from pathlib import Path
 
 from tracekit.record.final import Keep
 
 DONE, FINISH = b"D", b"F"
+
+
+class Watched(StrEnum):
+    """What the watcher finishes: the CuPy recorder's spool (with its shared tail), or the ring of
+    ``record --torch``'s tracker (``tracekit.record.torch_ring``). The value travels on the
+    watcher's command line."""
+
+    CUPY_SPOOL = "cupy"
+    TORCH_RING = "torch"
 FINISH_WAIT_S = 600.0
 DONE_WAIT_S = 5.0
 GONE = ("the program deleted or replaced the spool while it ran; the trace is written from the recorder's "
@@ -53,11 +63,11 @@ class Watcher:
         self.fd, self.answer, self.pid = fd, answer, pid
 
     @classmethod
-    def start(cls, spool: Path, output: Path, keep: Keep | None = None, kind: str = "cupy") -> Watcher | None:
+    def start(cls, spool: Path, output: Path, keep: Keep | None = None,
+              kind: Watched = Watched.CUPY_SPOOL) -> Watcher | None:
         """Start the watcher for ``spool`` → ``output`` (``keep``: the file there ``--force`` may
-        replace; ``kind``: ``cupy``, ``spool`` is the recorder's spool, or ``torch``, it is the
-        tracker's ring of ``tracekit.record.torch_ring``); None where it cannot be (no pidfd, no
-        process): the recording goes on without it, as before."""
+        replace; ``kind``: what ``spool`` is); None where it cannot be (no pidfd, no process): the
+        recording goes on without it, as before."""
         if not hasattr(os, "pidfd_open"):
             return None
         r, w = os.pipe()  # both close-on-exec: only this process image holds ``w``
@@ -68,7 +78,7 @@ class Watcher:
         try:
             p = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.record.watch", str(os.getpid()), str(r), str(aw),
-                 os.fspath(spool), os.fspath(output), str(err), keep.text() if keep else "-", kind],
+                 os.fspath(spool), os.fspath(output), str(err), keep.text() if keep else "-", kind.value],
                 pass_fds=(r, aw) if err < 0 else (r, aw, err), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
             ready = p.wait(timeout=30)  # the launcher forks the watcher off and leaves at once
@@ -233,7 +243,7 @@ def _finish_torch(ring: Path, output: Path, ended: str, held: tuple[int, int] = 
     return final
 
 
-FINISHERS = {"cupy": _finish, "torch": _finish_torch}
+FINISHERS = {Watched.CUPY_SPOOL: _finish, Watched.TORCH_RING: _finish_torch}
 
 
 def _say_taken(err: int, output: Path, final: Path | None, start: str) -> None:
@@ -249,7 +259,7 @@ def _say_taken(err: int, output: Path, final: Path | None, start: str) -> None:
 
 
 def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int, err: int = -1,
-          keep: Keep | None = None, kind: str = "cupy") -> None:
+          keep: Keep | None = None, kind: Watched = Watched.CUPY_SPOOL) -> None:
     """The watcher's whole life (module docstring); ``ready`` is told once the mark is held, ``err``
     is the recording's standard error."""
     from tracekit.record.tail import tail_path
@@ -257,8 +267,9 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int,
 
     cwd = os.getcwd()  # the user's, as record's own lines name paths
     finish = FINISHERS[kind]
-    held = _hold(spool), _hold(tail_path(spool)) if kind == "cupy" else -1
-    head = _read_head(held[0]) if held[0] >= 0 and kind == "cupy" else None
+    spooled = kind is Watched.CUPY_SPOOL  # a spool with a tail and a head; a torch ring has neither
+    held = _hold(spool), _hold(tail_path(spool)) if spooled else -1
+    head = _read_head(held[0]) if held[0] >= 0 and spooled else None
     mark = os.open(mark_path(output), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     fcntl.flock(mark, fcntl.LOCK_EX)
     os.write(mark, f"{pid}\n".encode())
@@ -306,7 +317,7 @@ def main(argv: list[str]) -> int:
     pid, fd, answer, spool, output = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), Path(argv[4])
     err = int(argv[5]) if len(argv) > 5 else -1
     keep = Keep.parse(argv[6]) if len(argv) > 6 else None
-    kind = argv[7] if len(argv) > 7 and argv[7] in FINISHERS else "cupy"
+    kind = Watched(argv[7]) if len(argv) > 7 and argv[7] in {w.value for w in Watched} else Watched.CUPY_SPOOL
     r, w = os.pipe()
     if os.fork():  # the launcher leaves once the watcher holds its mark: no child of the program
         os.close(w)
