@@ -117,6 +117,7 @@ class AdviseDict(TypedDict):
     recommendation: str
     min_capacity_bytes: int | None
     min_capacity_setting: str | None
+    fit_capacity_bytes: int | None
     lower_bound_bytes: int
     top_sites_at_peak: list[dict[str, Any]]
     tried: list[OutcomeDict]
@@ -128,6 +129,14 @@ class AdviseDict(TypedDict):
     device_checks: list[DeviceCheckDict]
     reruns: list[RerunDict]
     devices: list[AdviseDict]
+
+
+def _torch_room(c: Candidate, capacity: int) -> str:
+    """What a PyTorch setting's line cannot say: the capacity it needs (its line is the setting alone)."""
+    if c.kind != Kind.TORCH_CONF:
+        return ""
+    return (f", with {capacity} bytes for PyTorch's allocator (a device with that much free, or "
+            f"torch.cuda.set_per_process_memory_fraction({capacity} / the device's total))")
 
 
 def outcome_dict(o: Outcome) -> OutcomeDict:
@@ -168,6 +177,7 @@ class AdviseResult:
     borderline: tuple[Outcome, ...] = ()  # get through with headroom within the margin, best first
     reruns: tuple[Rerun, ...] = ()  # with --rerun: the real program under the best settings
     devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer
+    fit_capacity: int | None = None  # nothing fits: where min_capacity_setting fits, margin kept
 
     @property
     def scope(self) -> str:
@@ -206,8 +216,14 @@ class AdviseResult:
                      f"{self.trace or 'TRACE'} --rerun 1, or: {self.line(b.candidate, b.capacity)})")
         if self.min_capacity is not None and self.min_capacity_setting is not None:
             c = self.min_capacity_setting
-            text += (f"; the smallest capacity is {format_size(self.min_capacity)} with {c.label()} "
-                     f"({self.line(c, self.min_capacity)})")
+            fit = self.fit_capacity
+            if fit is not None and fit != self.min_capacity and self.margin:
+                text += (f"; with {c.label()} the replay gets through from {format_size(self.min_capacity)}, "
+                         f"and it fits with the margin ({format_size(self.margin.bytes_at(fit))} there) from "
+                         f"{format_size(fit)}: {self.line(c, fit)}{_torch_room(c, fit)}")
+            else:
+                text += (f"; the smallest capacity is {format_size(self.min_capacity)} with {c.label()} "
+                         f"({self.line(c, self.min_capacity)})")
         text += f"; the live bytes alone need {format_size(self.lower_bound)}"
         if self.top_sites:
             s = self.top_sites[0]
@@ -290,6 +306,7 @@ class AdviseResult:
             "recommendation": self.recommendation(),
             "min_capacity_bytes": self.min_capacity,
             "min_capacity_setting": self.min_capacity_setting.label() if self.min_capacity_setting else None,
+            "fit_capacity_bytes": self.fit_capacity,
             "lower_bound_bytes": self.lower_bound,
             "top_sites_at_peak": [s.to_dict() for s in self.top_sites],
             "tried": tried,

@@ -95,20 +95,30 @@ def _site_of_failure(trace: Trace) -> str | None:
     return ev.sites[ev.site[ooms[0]]]
 
 
-def _raised_limit(fit: PolicyFit, runner: Runner, device_total: int | None, margin: Margin) -> Outcome | None:
-    """The smallest ``set_limit`` that fits with the margin, as a candidate evaluated at that limit:
-    the smallest that gets through, raised by the margin (in 2 MiB steps) when it is borderline."""
-    if fit.min_capacity is None:
+RAISES = 3  # replays at most, raising a capacity that gets through until it fits with the margin
+STEP = 2 << 20  # bytes: capacities are raised in whole device pages
+
+
+def _with_margin(cand: Candidate, fit: PolicyFit | None, runner: Runner, device_total: int | None,
+                 margin: Margin) -> Outcome | None:
+    """``cand`` evaluated at the smallest capacity where it fits with the margin (``FITS``), or None.
+
+    The search starts at the smallest capacity its replay gets through (``fit``, bisected), where
+    the headroom is near 0 and the verdict at best ``BORDERLINE``: a real run of a reactive workload
+    there fails (``docs/fidelity.md``). While the verdict is ``BORDERLINE`` the capacity is raised
+    by the margin (in 2 MiB steps) and replayed again (the peak can move with the capacity), for at
+    most ``RAISES`` replays; a replay that fails there (fitting need not be monotone) ends it.
+    """
+    if fit is None or fit.min_capacity is None or not margin.explains:
         return None
-    cand = cupy_pool(Kind.CUPY_LIMIT)
     cap = fit.min_capacity
-    for _ in range(2):
+    for _ in range(RAISES):
         (o,) = outcomes(runner.map([Task(cand, cap, device_total)]))
         o = o.judged(margin)
         if o.verdict != Verdict.BORDERLINE:
-            break
-        cap += -(-margin.bytes_at(cap) // (2 << 20)) * (2 << 20)
-    return o if o.ok else None
+            return o if o.ok else None
+        cap += -(-margin.bytes_at(cap) // STEP) * STEP
+    return None
 
 
 def advise(trace: Trace, *, limit: int | None = None, device_total: int | None = None,
@@ -188,26 +198,30 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
             room_advice = _room_advice(runner, trace, kind, report, room, found, lb, device_total, margin)
             tried += room_advice.tried
         elif pool_fit is not None and not any(o.ok and o.candidate.kind == Kind.CUPY_POOL for o in tried):
-            raised = _raised_limit(pool_fit, runner, device_total, margin)
+            raised = _with_margin(cupy_pool(Kind.CUPY_LIMIT), pool_fit, runner, device_total, margin)
             if raised is not None:
                 tried.append(raised)
+        if room is None and limit is None and len(ooms):
+            unexplained = _unexplained(trace, kind, tried, cap)
+            if unexplained is not None:
+                margin = dataclasses.replace(margin, explains=False, why=unexplained)
+                tried = [o.judged(margin) for o in tried]
+        fits = _ranked_fits(tried, room_advice)
+        mine = [cr for cr in found if fits and cr[0] == fits[0].candidate]
+        setting, best = min(mine or found, key=lambda cr: cr[1].min_capacity or 0, default=(None, None))
+        # Said only when nothing fits at the limit: the capacity to ask for, with the margin.
+        at_margin = (_with_margin(setting, best, runner, device_total, margin)
+                     if setting is not None and not fits and room_advice is None else None)
     finally:
         runner.close()
-    if room is None and limit is None and len(ooms):
-        unexplained = _unexplained(trace, kind, tried, cap)
-        if unexplained is not None:
-            margin = dataclasses.replace(margin, explains=False, why=unexplained)
-            tried = [o.judged(margin) for o in tried]
-    fits = _ranked_fits(tried, room_advice)
     borderline = tuple(sorted((o for o in tried if o.verdict == Verdict.BORDERLINE and not o.candidate.cures),
                               key=lambda o: (-(o.headroom or 0), rank_key(o))))
-    mine = [cr for cr in found if fits and cr[0] == fits[0].candidate]
-    setting, best = min(mine or found, key=lambda cr: cr[1].min_capacity or 0, default=(None, None))
     notes = _notes(trace, kind, tried) + (room_advice.notes if room_advice is not None else ()) + tuple(asked)
     return AdviseResult(
         trace=str(trace.path) if trace.path else None, kind=kind, limit=cap,
         failing_seq=int(trace.events.seq[ooms[0]]) if len(ooms) else None, tried=tuple(tried), fits=fits,
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
+        fit_capacity=at_margin.capacity if at_margin is not None else None,
         top_sites=top_sites_at_peak(trace, user_code),
         command=trace.meta.command if kind == Allocator.TORCH else None,
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
