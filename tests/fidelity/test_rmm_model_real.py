@@ -71,3 +71,16 @@ SCAN_DEPARTS = ("scanning upwards in 2 MiB steps from the torch log's live peak,
 def test_the_scanned_smallest_maximum_is_rmms() -> None:
     for p in FIDELITY["programs"]:
         assert p["bisect"]["model_scanned_bytes"] == p["bisect"]["device_scanned_bytes"], p["name"]
+
+
+def test_advises_margin_for_rmm_covers_the_models_measured_error() -> None:
+    """Where the model gets through below RMM's own first fit, by at most the margin advise keeps."""
+    from tracekit.advise.verdict import MODEL_ERRORS
+    from tracekit.sim.base import Allocator
+
+    fraction = min(e.fraction for e in MODEL_ERRORS if e.allocator == Allocator.RMM_POOL)
+    for p in FIDELITY["programs"]:
+        b = p["bisect"]
+        for model, real in ((b["model_bytes"], b["device_bytes"]), (b["model_scanned_bytes"],
+                                                                    b["device_scanned_bytes"])):
+            assert real - model <= fraction * real, p["name"]
