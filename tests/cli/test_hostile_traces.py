@@ -134,8 +134,7 @@ def test_a_report_of_many_devices_shows_eight(tmp_path: Path) -> None:
                        Events.build(op, size, addr=addr, device=dev))
     trace = read_trace(path)
     result = analyze_trace(trace, timeline=True)
-    summary = result.summary.to_dict()
-    shown = [p["device"] for p in shown_devices(summary)]
-    assert len(shown) == MAX_SHOWN_DEVICES and 17 in shown and 3 in shown and summary["device"] in shown
+    shown = [p.device for p in shown_devices(result.summary)]
+    assert len(shown) == MAX_SHOWN_DEVICES and 17 in shown and 3 in shown and result.summary.device in shown
     rendered, _, _ = build_figures(trace, result, "d.parquet")
     assert {int(r.key.rsplit("-device", 1)[1]) for r in rendered} == set(shown)

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from tracekit.report.timeline import Marks
 from tracekit.trace import DeviceInfo, Events, Op, Source, Trace, TraceMeta, read_trace, write_trace
 
 MiB = 1 << 20
@@ -63,6 +64,12 @@ class HandSummary:
 
     def to_text(self) -> str:
         return str(self.d)
+
+    def marks(self) -> Marks:
+        """The timeline's marks, from this hand-made summary's OOM."""
+        oom = self.d["oom"]
+        return Marks(oom_seq=oom["seq"], oom_text=oom["explanation"], oom_reserved=oom["reserved_bytes"],
+                     oom_request=oom["rounded"] or oom["size"])
 
 
 @dataclass
@@ -210,7 +217,7 @@ def test_timeline_oom_marker_sits_at_the_oom_seq(hand: tuple[Path, Trace, HandAn
     from tracekit.report.timeline import timeline_data
 
     _, _, an = hand
-    d = timeline_data(an.timeline, an.summary.to_dict())
+    d = timeline_data(an.timeline, an.summary.marks())
     assert d.axis.label.endswith("(s)")  # 3.25 s trace: seconds
     assert d.oom_seq == 13 and d.oom_x == pytest.approx(13 * 0.25)
     assert d.scale.unit == "MiB"
@@ -222,7 +229,7 @@ def test_timeline_oom_marker_sits_at_the_oom_seq(hand: tuple[Path, Trace, HandAn
 
 
 def test_timeline_uses_event_index_when_times_are_only_the_seq() -> None:
-    from tracekit.report.timeline import timeline_data
+    from tracekit.report.timeline import Marks, timeline_data
 
     n = 10
     tbl = pa.table(
@@ -233,7 +240,7 @@ def test_timeline_uses_event_index_when_times_are_only_the_seq() -> None:
             "reserved_bytes": np.arange(n) * MiB,
         }
     )
-    d = timeline_data(tbl, {"oom": {"seq": 7, "explanation": "x"}, "raw_device": True})
+    d = timeline_data(tbl, Marks(raw_device=True, oom_seq=7, oom_text="x"))
     assert d.axis.by_index and d.oom_x == 7.0
     assert d.frag is None  # no pool: fragmentation is not drawn as a flat zero
     assert d.reserved_is_live and "reserved" not in d.series  # raw-device trace: one curve

@@ -34,10 +34,10 @@ def _model(page: Path) -> dict[str, Any]:
 
 def test_timeline_marks_the_handled_ooms_and_the_fatal_one():
     from tracekit.report.figures import draw_timeline
-    from tracekit.report.timeline import timeline_data
+    from tracekit.report.timeline import Marks, timeline_data
 
     an = analyze_trace(trace_of(cudnn_rows(), TraceMeta.new(Source.TORCH)))
-    d = timeline_data(an.timeline, an.summary.to_dict())
+    d = timeline_data(an.timeline, Marks.of(an.summary))
     assert d.oom_seq == 8 and d.handled_x == (2.0, 4.0, 6.0)  # event index on x
     fig = draw_timeline(d, "cudnn")
     lines = [a for ax in fig.axes for a in ax.get_lines()]

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from matplotlib.figure import Figure
 
 from tracekit.analysis.analyze import AnalysisResult
-from tracekit.analysis.leaks import SiteBytes, by_site, pool_state_at
+from tracekit.analysis.leaks import by_site, pool_state_at
 from tracekit.errors import OutputError
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.report import blocks as blk
@@ -33,13 +33,14 @@ from tracekit.report.oom_view import draw_moment, moment
 from tracekit.report.render import Pending, png_bytes, render
 from tracekit.report.sections import shown_devices, whatif_rows
 from tracekit.report.style import PALETTE, RGB, Legend, short_site, site_colours, time_axis
-from tracekit.report.timeline import TimelineData, timeline_data
+from tracekit.report.timeline import Marks, TimelineData, timeline_data
 from tracekit.trace import Op, Trace
 from tracekit.trace.devices import select_device
 
 if TYPE_CHECKING:
     from tracekit.advise.capacity import WhatIfResult
     from tracekit.advise.result import AdviseResult
+    from tracekit.analysis.summary import Summary
 
 
 def _index_of_seq(trace: Trace, seq: int) -> int:
@@ -47,52 +48,49 @@ def _index_of_seq(trace: Trace, seq: int) -> int:
     return min(k, len(trace.events) - 1)
 
 
-def _analyze(trace: Trace, analysis: AnalysisResult | None) -> tuple[AnalysisResult, dict[str, Any]]:
+def _analyze(trace: Trace, analysis: AnalysisResult | None) -> AnalysisResult:
     if analysis is None or analysis.timeline is None:  # the timeline figure needs it
         from tracekit.analysis import analyze_trace
 
         analysis = analyze_trace(trace, timeline=True)
-    return analysis, analysis.summary.to_dict()
+    return analysis
 
 
 def build_figures(
     trace: Trace, analysis: AnalysisResult | None, name: str
-) -> tuple[list[html.Rendered], TimelineData, dict[str, Any]]:
-    """Every single-trace figure, rendered, plus the timeline data and the summary dict.
+) -> tuple[list[html.Rendered], TimelineData, Summary]:
+    """Every single-trace figure, rendered, plus the timeline data and the summary they were drawn from.
 
     A trace of several devices gets each figure once per device shown (``shown_devices``: at
     most eight; keys ``KEY-deviceN``), each drawn from that device's events, timeline and
     summary alone; the timeline data returned is the reported device's.
     """
-    analysis, summary = _analyze(trace, analysis)
-    parts = summary.get("devices")
-    if not parts:
-        out, tl = _device_figures(trace, analysis.timeline, summary, analysis.summary.leaks, name, "")
+    analysis = _analyze(trace, analysis)
+    summary = analysis.summary
+    if not summary.devices:
+        out, tl = _device_figures(trace, _timeline_of(analysis), summary, name, "")
         return render(out), tl, summary
     out, main_tl = [], None
-    typed = {p.device: p for p in analysis.summary.devices}  # each device's own Summary
-    for part in shown_devices(summary):
-        d = int(part["device"])
-        rows = _main_rows(analysis.timeline, {"devices": parts, "device": d})
-        leaks = typed[d].leaks if d in typed else ()
-        figs, tl = _device_figures(select_device(trace, d), rows, part, leaks, f"{name}, device {d}",
-                                   f"-device{d}")
+    for part in shown_devices(summary):  # each device's own Summary
+        d = part.device or 0
+        rows = _device_rows(_timeline_of(analysis), d)
+        figs, tl = _device_figures(select_device(trace, d), rows, part, f"{name}, device {d}", f"-device{d}")
         out += [replace(p, title=f"Device {d}: {p.title}") for p in figs]
-        if d == summary.get("device"):
+        if d == summary.device:
             main_tl = tl
     assert main_tl is not None
     return render(out), main_tl, summary
 
 
-def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], leaks: tuple[SiteBytes, ...],
-                    name: str, suffix: str) -> tuple[list[Pending], TimelineData]:
+def _device_figures(trace: Trace, table: pa.Table, summary: Summary, name: str,
+                    suffix: str) -> tuple[list[Pending], TimelineData]:
     """The figures of one device, not drawn yet (``suffix`` appended to every key).
 
     What only one figure needs (the memory map's raster, the pool at the OOM or the peak) is
     computed when that figure is drawn, so it is shared out with the drawing (``render``).
     """
     ev = trace.events
-    tl = timeline_data(table, summary)
+    tl = timeline_data(table, Marks.of(summary))
     out = [Pending("timeline", "Timeline", _TIMELINE_CAPTION, partial(figures.draw_timeline, tl, name))]
     if len(ev) == 0:
         return _suffixed(out, suffix), tl
@@ -101,7 +99,7 @@ def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], leak
     rgb = site_colours(len(ev.sites), top)
     legend = [(short_site(ev.sites[int(s)], 60), PALETTE[i]) for i, s in enumerate(top[: len(PALETTE)])]
     by_name = {ev.sites[int(s)]: PALETTE[i] for i, s in enumerate(top[: len(PALETTE)])}
-    title = "The moment of the OOM" if summary.get("oom") else "Segments at peak reserved"
+    title = "The moment of the OOM" if summary.oom is not None else "Segments at peak reserved"
     sizes = ev.size[ev.op == Op.MALLOC]
     out += [
         Pending("memory-map", "Memory map", _MAP_CAPTION,
@@ -109,7 +107,7 @@ def _device_figures(trace: Trace, table: pa.Table, summary: dict[str, Any], leak
         Pending("oom-moment", title, _MOMENT_CAPTION, partial(_moment, trace, summary, rgb, legend)),
         Pending("sizes", "Allocation sizes", _SIZES_CAPTION, partial(figures.draw_sizes, sizes, name)),
         Pending("sites", "Call-sites at the peak, and blocks never freed", _SITES_CAPTION,
-                partial(_sites, trace, summary, leaks, by_name)),
+                partial(_sites, trace, summary, by_name)),
     ]
     return _suffixed(out, suffix), tl
 
@@ -126,29 +124,27 @@ def _memory_map(trace: Trace, b: Any, rgb: np.ndarray, legend: Legend, name: str
     return draw_memory_map(md, name, oom_x)
 
 
-def _moment(trace: Trace, summary: dict[str, Any], rgb: np.ndarray, legend: Legend) -> Figure:
+def _moment(trace: Trace, summary: Summary, rgb: np.ndarray, legend: Legend) -> Figure:
     """The segments at the fatal OOM (its request drawn under the largest gap), else at peak reserved."""
-    ev, oom = trace.events, summary.get("oom")
-    if oom:
-        k = _index_of_seq(trace, int(oom["seq"]))
-        req = int(oom.get("rounded") or oom.get("size") or 0)
-        m = moment(pool_state_at(ev, trace.mate, k + 1), k, int(oom["seq"]), req, True, rgb)
+    ev, oom = trace.events, summary.oom
+    if oom is not None:
+        k = _index_of_seq(trace, oom.seq)
+        m = moment(pool_state_at(ev, trace.mate, k + 1), k, oom.seq, oom.rounded or oom.size, True, rgb)
     else:
-        seq = summary.get("peak_reserved_seq")
-        k = _index_of_seq(trace, int(seq)) if seq is not None else len(ev) - 1
+        seq = summary.peak_reserved_seq
+        k = _index_of_seq(trace, seq) if seq is not None else len(ev) - 1
         m = moment(pool_state_at(ev, trace.mate, k + 1), k, int(ev.seq[k]), None, False, rgb)
     return draw_moment(m, legend)
 
 
-def _sites(trace: Trace, summary: dict[str, Any], leaks: tuple[SiteBytes, ...], by_name: dict[str, RGB]
-           ) -> Figure:
+def _sites(trace: Trace, summary: Summary, by_name: dict[str, RGB]) -> Figure:
     """The call-sites holding the most at peak live bytes, and the blocks never freed."""
     ev = trace.events
-    pk = summary.get("peak_live_seq")
-    kp = _index_of_seq(trace, int(pk)) if pk is not None else len(ev) - 1
+    pk = summary.peak_live_seq
+    kp = _index_of_seq(trace, pk) if pk is not None else len(ev) - 1
     peak = pool_state_at(ev, trace.mate, kp + 1)  # right after the peak event
     at_peak = by_site(peak.block_site, peak.block_size, ev.sites)
-    return figures.draw_sites(at_peak, leaks, by_name, f"seq {int(ev.seq[kp])}")
+    return figures.draw_sites(at_peak, summary.leaks, by_name, f"seq {int(ev.seq[kp])}")
 
 
 def _suffixed(pending: list[Pending], suffix: str) -> list[Pending]:
@@ -178,11 +174,14 @@ def write_figures(
     rendered, tl, summary = build_figures(trace, analysis, name)
     if baseline is not None:
         base_name, _, base_analysis = baseline
-        base_summary = base_analysis.summary.to_dict()
-        base_tl = timeline_data(_timeline_of(base_analysis), base_summary)
+        base_marks = Marks.of(base_analysis.summary)
+        base_tl = timeline_data(_timeline_of(base_analysis), base_marks)
         if base_tl.axis.label != tl.axis.label:  # seconds against event index cannot share an axis
-            tl = timeline_data(_main_rows(_timeline_of(analysis), summary), summary, by_index=True)
-            base_tl = timeline_data(_timeline_of(base_analysis), base_summary, by_index=True)
+            rows = _timeline_of(analysis)
+            if summary.devices:
+                rows = _device_rows(rows, summary.device or 0)
+            tl = timeline_data(rows, Marks.of(summary), by_index=True)
+            base_tl = timeline_data(_timeline_of(base_analysis), base_marks, by_index=True)
         fig = figures.draw_baseline(tl, base_tl, (name, base_name))
         rendered.append(html.Rendered("baseline", "Against the baseline", _BASELINE_CAPTION, png_bytes(fig)))
     if whatif is not None:
@@ -211,11 +210,9 @@ def _timeline_of(analysis: AnalysisResult) -> pa.Table:
     return analysis.timeline
 
 
-def _main_rows(table: pa.Table, summary: dict[str, Any]) -> pa.Table:
-    """The timeline rows of the reported device (every row for a one-device trace)."""
-    if not summary.get("devices"):
-        return table
-    return table.filter(pc.equal(table.column("device"), pa.scalar(int(summary["device"]), pa.int16())))
+def _device_rows(table: pa.Table, device: int) -> pa.Table:
+    """The timeline rows of ``device`` (a trace of several devices)."""
+    return table.filter(pc.equal(table.column("device"), pa.scalar(device, pa.int16())))
 
 
 def _make_folder(folder: Path) -> None:

@@ -19,24 +19,23 @@ from tracekit.report.html import fmt_value
 
 if TYPE_CHECKING:
     from tracekit.advise.capacity import WhatIfResult
+    from tracekit.analysis.summary import Summary
 
 # Devices drawn and tabled one by one; a trace of more (the format allows 32,768) shows these and
 # says how many more there are, so the report's time and size do not grow with the device count.
 MAX_SHOWN_DEVICES = 8
 
 
-def shown_devices(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def shown_devices(summary: Summary) -> list[Summary]:
     """The per-device summaries a report shows, at most ``MAX_SHOWN_DEVICES``: the reported
     device first, then those with an OOM (the first OOM first), then the highest peak reserved."""
-    parts = list(summary.get("devices") or [])
 
-    def rank(p: dict[str, Any]) -> tuple[int, int, int]:
-        oom = p.get("oom")
-        return (p.get("device") != summary.get("device"), oom is None,
-                int(oom["seq"]) if oom else -int(p.get("peak_reserved_bytes") or 0))
+    def rank(p: Summary) -> tuple[bool, bool, int]:
+        return (p.device != summary.device, p.oom is None,
+                p.oom.seq if p.oom is not None else -p.peak_reserved_bytes)
 
-    chosen = sorted(parts, key=rank)[:MAX_SHOWN_DEVICES]
-    return sorted(chosen, key=lambda p: int(p["device"]))
+    chosen = sorted(summary.devices, key=rank)[:MAX_SHOWN_DEVICES]
+    return sorted(chosen, key=lambda p: p.device or 0)
 
 
 def load_whatif(whatif: Any) -> dict[str, Any]:

@@ -9,21 +9,23 @@ labelled so, and left out where the trace measured the device); the device free
 (1 − largest_free_block / free_in_pool, a fraction) goes on a second axis as
 a percentage. Each series is reduced to a per-pixel min/max envelope
 (``tracekit.report.envelope``), and the OOM marker sits at the x of the row
-whose ``seq`` is the summary's ``oom.seq``; every OOM the program survived
-(``ooms`` entries with ``handled``) gets a lighter marker.
+whose ``seq`` is the fatal OOM's (``Marks``, from the summary); every OOM the program survived
+gets a lighter marker.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from tracekit.inputs import optional_int
 from tracekit.report.envelope import Envelope, envelope
 from tracekit.report.style import Scale, TimeAxis, byte_scale, time_axis
+
+if TYPE_CHECKING:
+    from tracekit.analysis.summary import Summary
 
 SERIES = (
     ("requested_bytes", "requested", "requested"),  # first, so the live curve is drawn over it
@@ -63,10 +65,34 @@ def _col(table: pa.Table, name: str) -> np.ndarray | None:
     return np.asarray(col.to_numpy(), dtype=np.float64)  # nulls become NaN
 
 
+@dataclass(frozen=True)
+class Marks:
+    """What the timeline marks beside its series, from the analyzer's summary: the fatal OOM (its
+    seq, explanation, reserved bytes and rounded request), the limit (bytes), the seqs of the OOMs
+    the program survived, and whether the trace is a raw device (no pool: nothing to fragment)."""
+
+    raw_device: bool = False
+    oom_seq: int | None = None
+    oom_text: str = ""
+    oom_reserved: int | None = None
+    oom_request: int | None = None
+    limit: int | None = None
+    handled_seqs: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, s: Summary) -> Marks:
+        o = s.oom
+        handled = tuple(x.seq for x in s.ooms if x.handled and (o is None or x.seq != o.seq))
+        if o is None:
+            return cls(s.raw_device, limit=s.context.limit, handled_seqs=handled)
+        return cls(s.raw_device, o.seq, o.explanation, o.reserved_bytes, o.rounded or o.size,
+                   s.context.limit, handled)
+
+
 def timeline_data(
-    table: pa.Table, summary: dict[str, Any], npix: int = 1200, *, by_index: bool = False
+    table: pa.Table, marks: Marks, npix: int = 1200, *, by_index: bool = False
 ) -> TimelineData:
-    """Envelopes of every series of ``table`` and the OOM position from ``summary['oom']``.
+    """Envelopes of every series of ``table`` and the OOM position from ``marks``.
 
     ``by_index`` forces the event index on x (to compare two traces whose time axes differ).
     """
@@ -77,7 +103,7 @@ def timeline_data(
     series: dict[str, Envelope] = {}
     top = 0.0
     live = _col(table, "live_bytes")
-    raw = bool(summary.get("raw_device"))
+    raw = marks.raw_device
     reserved_is_live = False
     measured = _col(table, "device_free_measured")
     for col, key, _ in SERIES:
@@ -96,23 +122,18 @@ def timeline_data(
             top = max(top, float(np.nanmax(y)))
     frag_y = None if raw else _col(table, "external_fragmentation")
     frag = None if frag_y is None else envelope(x, frag_y * 100.0, npix)
-    oom = summary.get("oom") or None
-    oom_seq = oom_x = oom_text = oom_reserved = oom_request = None
-    if oom is not None:
-        oom_seq = int(oom["seq"])
+    oom_seq, oom_x, oom_text = marks.oom_seq, None, None
+    oom_reserved = oom_request = None
+    if oom_seq is not None:
         row = min(int(np.searchsorted(seq, np.uint64(oom_seq))), len(x) - 1)
         oom_x = float(x[row]) if len(x) else 0.0
-        oom_text = str(oom.get("explanation") or "")
-        oom_reserved = optional_int(oom.get("reserved_bytes"))
-        oom_request = optional_int(oom.get("rounded")) or optional_int(oom.get("size"))
+        oom_text, oom_reserved, oom_request = marks.oom_text, marks.oom_reserved, marks.oom_request
         if oom_reserved is not None and oom_request:
             top = max(top, float(oom_reserved + oom_request))
-    limit = optional_int(summary.get("limit_bytes"))
+    limit = marks.limit
     if limit:
         top = max(top, float(limit))
-    handled = [int(o["seq"]) for o in summary.get("ooms") or () if o.get("handled")
-               and (oom is None or int(o["seq"]) != oom_seq)]
-    rows = np.minimum(np.searchsorted(seq, np.array(handled, np.uint64)), max(len(x) - 1, 0))
+    rows = np.minimum(np.searchsorted(seq, np.array(marks.handled_seqs, np.uint64)), max(len(x) - 1, 0))
     handled_x = tuple(float(v) for v in x[rows]) if len(x) else ()
     points = None
     if measured is not None:
