@@ -110,7 +110,9 @@ def test_advise_offers_rmms_own_settings_and_judges_its_pool_by_its_replay(tmp_p
     pool = tried["rmm-pool"]
     assert pool["verdict"] == "fits" and pool["peak_reserved_bytes"] == 134 * MiB
     assert pool["verified_by_replay"]
-    assert "rmm.reinitialize(pool_allocator=True, maximum_pool_size=" in got["recommendation"]
+    # the initial size said: RMM's default (half the free memory) above the maximum is refused
+    line = "rmm.reinitialize(pool_allocator=True, initial_pool_size=0, maximum_pool_size="
+    assert line in got["recommendation"]
     r = runner.invoke(app, ["advise", str(out), "--limit", "120MiB", "--json"])
     assert r.exit_code == 0, r.output
     assert all(o["verdict"] == "no" for o in json.loads(r.stdout)["tried"])

@@ -64,3 +64,17 @@ def test_the_verb_replays_rmms_pool_as_rmm_did(traces: dict[str, Path], program:
     assert got["peak_reserved_bytes"] == point["device_peak_pool_bytes"]
     dev = got["device"]
     assert dev["free_end"] == dev["free_start"], "the replay kept device memory"
+
+
+def test_advise_verifies_rmms_settings_on_rmms_own_pool(traces: dict[str, Path]) -> None:
+    """``advise --verify-on-device 0`` on an RMM trace replays RMM's pool through RMM itself: the device
+    says whether each of the three best settings fits, and agrees with the model on RMM's pool."""
+    program = FIDELITY["programs"][0]
+    point = next(q for q in program["points"] if q["initial_bytes"] == 0 and q["device_first_oom"] is None)
+    r = _tracekit("advise", str(traces[program["name"]]), "--limit", str(point["maximum_bytes"]),
+                  "--verify-on-device", "0", "--json", "--jobs", "1")
+    assert r.returncode == 0, r.stderr
+    checks = json.loads(r.stdout)["device_checks"]
+    pool = [c for c in checks if c["setting"].startswith("RMM pool")]
+    assert pool and all(c["fits_on_device"] is not None for c in pool), checks
+    assert all(c["agrees"] for c in pool), checks

@@ -183,7 +183,9 @@ class Candidate:
         if self.kind == Kind.CUDA_MALLOC:
             return "cupy.cuda.set_allocator(None)"
         if self.kind == Kind.RMM_POOL:
-            return f"rmm.reinitialize(pool_allocator=True, maximum_pool_size={cap})"
+            initial = self.opts.get("initial_pool_size", "0")
+            return (f"rmm.reinitialize(pool_allocator=True, initial_pool_size={initial}, "
+                    f"maximum_pool_size={cap})")
         if self.kind == Kind.RMM_ASYNC:
             return "rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource())"
         if self.kind == Kind.RMM_CUDA:
@@ -239,8 +241,13 @@ def cupy(site: str | None) -> list[Candidate]:
 
 
 def rmm_pool() -> Candidate:
-    """RMM's pool as recorded (its default initial size), the limit its ``maximum_pool_size``."""
-    return Candidate(Kind.RMM_POOL, policies.modelling(Allocator.RMM_POOL))
+    """RMM's pool growing from empty (``initial_pool_size=0``), the limit its ``maximum_pool_size``.
+
+    The initial size is said, not left to RMM's default: that is half the free device memory, and
+    RMM refuses a maximum below it ("Initial pool size exceeds the maximum pool size!"), so a line
+    without it fails on most devices; and a pool reserved whole at the start peaks at its maximum by
+    construction, where no headroom can judge it."""
+    return Candidate(Kind.RMM_POOL, policies.modelling(Allocator.RMM_POOL), (("initial_pool_size", "0"),))
 
 
 def rmm() -> list[Candidate]:

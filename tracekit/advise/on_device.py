@@ -28,8 +28,11 @@ from tracekit.trace.reader import Trace
 
 TOP = 3
 # The settings the device loop runs as they are, on the real allocator their policy models (asked of
-# the registry); free_all_blocks() at a call-site, say, has no device loop.
-AS_THEY_ARE = frozenset({Kind.CUPY_POOL, Kind.CUPY_LIMIT, Kind.CUPY_ASYNC, Kind.CUDA_MALLOC})
+# the registry); free_all_blocks() at a call-site, say, has no device loop. RMM's pool runs on RMM's own
+# PoolMemoryResource (where RMM is installed); its CudaAsyncMemoryResource and CudaMemoryResource on
+# the driver's allocators they call (cudaMallocAsync, cudaMalloc), as their policies model them.
+AS_THEY_ARE = frozenset({Kind.CUPY_POOL, Kind.CUPY_LIMIT, Kind.CUPY_ASYNC, Kind.CUDA_MALLOC,
+                         Kind.RMM_POOL, Kind.RMM_ASYNC, Kind.RMM_CUDA})
 
 
 class DeviceCheckDict(TypedDict):
