@@ -136,7 +136,8 @@ def _torch_room(c: Candidate, capacity: int) -> str:
     if c.kind != Kind.TORCH_CONF:
         return ""
     return (f", with {capacity} bytes for PyTorch's allocator (a device with that much free, or "
-            f"torch.cuda.set_per_process_memory_fraction({capacity} / the device's total))")
+            f"torch.cuda.set_per_process_memory_fraction({capacity} / the device's total); a limit the "
+            "command sets itself raised to that)")
 
 
 def outcome_dict(o: Outcome) -> OutcomeDict:

@@ -22,6 +22,7 @@ frames import, and are named here too.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
             elif cfg.allocator is Allocator.CUPY_ASYNC:
                 backend = AsyncPool(cfg.device)
             elif cfg.allocator is Allocator.RMM_POOL:
-                backend = RmmPool(log, plan.pool_limit, _rmm_initial(trace, plan.pool_limit))
+                backend = RmmPool(log, plan.pool_limit, _rmm_initial(trace, plan.pool_limit, cfg.options))
             free_replay = int(rt.memGetInfo()[0])
             t_start = time.perf_counter_ns()
             if backend is None:
@@ -95,12 +96,13 @@ def replay_on_device(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
                      handled_ooms=lp.handled_ooms)
 
 
-def _rmm_initial(trace: Trace, maximum: int | None) -> int:
-    """The initial pool the ``rmm-pool`` model starts with for this trace and maximum."""
+def _rmm_initial(trace: Trace, maximum: int | None, options: Mapping[str, str]) -> int:
+    """The initial pool the ``rmm-pool`` model starts with for this trace, maximum and options
+    (``initial_pool_size``, as advise's candidate gives it)."""
     from tracekit.sim.base import SimConfig
     from tracekit.sim.policies.rmm_pool import initial_pool_size
 
-    return initial_pool_size(trace, SimConfig(capacity=maximum))
+    return initial_pool_size(trace, SimConfig(capacity=maximum, options=dict(options)))
 
 
 def _peak_reserved(alloc: Allocator, backend: Any, lp: Loop, free_replay: int) -> int | None:
@@ -130,9 +132,10 @@ def release_all(rt: Any, lp: Loop, backend: ObservedPool | AsyncPool | RmmPool |
             errors.append(f"{what}: {e}")
 
     try:
-        if backend is None:
-            ptrs = list(lp.live.values())
+        if backend is None:  # cudaMalloc'd pointers, those standing in for a retry too
+            ptrs = list(lp.live.values()) + list(lp.standing.values())
             lp.live.clear()
+            lp.standing.clear()
             for p in ptrs:
                 attempt(f"cudaFree({int(p):#x})", rt.free, p)
         else:

@@ -41,6 +41,10 @@ class _Requests:
         self._buffer, self._mr = rmm.DeviceBuffer, mr
         self.stream: Any = None  # rmm Stream of the request being replayed (None: the default stream)
 
+    def drop(self) -> None:
+        """Forget the pool (and the stream): ``malloc`` cannot be called after this."""
+        self._mr = self.stream = None
+
     def malloc(self, size: int) -> Any:
         if self.stream is None:
             return self._buffer(size=size, mr=self._mr)
@@ -91,7 +95,9 @@ class RmmPool(Upstream):
         import gc
 
         self.recording = False
-        self.pool = _Requests.__new__(_Requests)  # drop the pool's last reference held here
+        # Emptied, not replaced: a replay loop that raised still holds the object's bound malloc in
+        # its traceback, and through it the pool would stay alive.
+        self.pool.drop()
         del self._mr
         gc.collect()
         self._rt.deviceSynchronize()

@@ -25,8 +25,11 @@ to 256 (``rmm::CUDA_ALLOCATION_ALIGNMENT``) and ``get_block(s, stream)``:
 The block taken keeps its low s bytes. A free of a block (``deallocate``, on the stream of the
 free) puts it on that stream's list, coalescing with address neighbours already on that list. The
 upstream is ``cuda_memory_resource``: with a device total, a device allocation of t bytes fits when
-the device bytes in use plus ``segments.device_cost(t)`` do not pass it. The pool never gives memory
-back. Settings come by name (``RmmSetting``); sizes in bytes.
+the device bytes in use plus ``segments.device_cost(t)`` do not pass it. Under a maximum, a pool
+that cannot grow by a request first gives its wholly free upstream blocks of the request's list
+back, lowest address first, until the request has room (``reclaim``; RMM's own code, in the
+version read, takes them from the owner list of the request's stream); otherwise the pool never
+gives memory back. Settings come by name (``RmmSetting``); sizes in bytes.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from tracekit.sim.prepare import stand_in
 
 ALIGNMENT = 256  # rmm::CUDA_ALLOCATION_ALIGNMENT (cpp/include/rmm/aligned.hpp)
 NO_MAXIMUM = -1  # ``RmmSetting.MAXIMUM``: no maximum pool size (std::nullopt)
-TOP_ADDR = 1 << 46  # invented upstream addresses fall from here (``from_upstream``)
+TOP_ADDR = 1 << 62  # invented upstream addresses fall from here (``from_upstream``): never below 0
 
 
 class RmmSetting(IntEnum):
