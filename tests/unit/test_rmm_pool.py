@@ -19,7 +19,7 @@ from tracekit.sim.codes import Slot, Stat, Status
 from tracekit.sim.engine import replay
 from tracekit.sim.policies._rmm_kernel import Found
 from tracekit.sim.policies.rmm_pool import MODEL, stream_lists
-from tracekit.trace import Source
+from tracekit.trace import Op, Source
 from tracekit.trace.reader import Trace, read_trace
 
 # One request or free: ("a", block id, bytes, stream) or ("f", block id, stream).
@@ -99,6 +99,19 @@ def test_which_event_fails_under_a_maximum(tmp_path: Path, maximum: int | None, 
     assert (rep.summary.oom is None) == (fails_at < 0)
     if fails_at >= 0:
         assert rep.summary.oom is not None and rep.summary.oom.rounded == 1024
+
+
+def test_a_full_pool_gives_its_wholly_free_blocks_back_before_it_grows(tmp_path: Path) -> None:
+    # M = 1536: 1 B (256 aligned) grows the pool by max(256, 1536 / 2) = 768 B, freed; 769 B (1024
+    # aligned) does not fit the free 768 B block, and remaining = 1536 - 768 = 768 B < 1024: RMM's
+    # reclaim_free_blocks gives the wholly free 768 B block back (room 1536), then the pool grows by
+    # max(1024, 1536 / 2) = 1024 B. Without the reclaim the request would fail.
+    tr = _trace(tmp_path, [("a", 0, 1, 0), ("f", 0, 0), ("a", 1, 769, 0)])
+    run, *_ = _run(tr, 1536)
+    assert run.stats[Stat.FIRST_OOM] == -1
+    assert run.rows_op.tolist() == [Op.SEGMENT_ALLOC, Op.SEGMENT_FREE, Op.SEGMENT_ALLOC]
+    assert run.rows_size.tolist() == [768, 768, 1024] and run.rows_before.tolist() == [0, 2, 2]
+    assert run.stats[Stat.PEAK_RESERVED] == 1024
 
 
 def test_a_stream_takes_from_another_then_merges_their_lists(tmp_path: Path) -> None:
@@ -192,13 +205,29 @@ def test_invariants(tmp_path_factory: pytest.TempPathFactory, draws: list[tuple[
     cfg = SimConfig(capacity=maximum, continue_on_oom=True, options={"initial_pool_size": str(initial)})
     run, C, S, found = MODEL.run_with_state(tr, cfg)
     ev = tr.events
-    segs = list(zip(run.rows_addr.tolist(), run.rows_size.tolist(), strict=True))
+    # Upstream blocks as the rows leave them before each input index (a full pool under a maximum
+    # gives wholly free blocks back: reclaim_free_blocks).
+    rows_at = list(zip(run.rows_before.tolist(), run.rows_op.tolist(), run.rows_addr.tolist(),
+                       run.rows_size.tolist(), strict=True))
+    held: dict[int, int] = {}  # upstream block address -> bytes
+    r = 0
+    peak = 0
     live: dict[int, tuple[int, int]] = {}  # input index -> (addr, bytes)
     for i in range(len(ev)):
+        while r < len(rows_at) and rows_at[r][0] <= i:
+            _, op, addr, n = rows_at[r]
+            if op == Op.SEGMENT_ALLOC:
+                assert all(addr + n <= s or s + m <= addr for s, m in held.items())  # blocks never overlap
+                held[addr] = n
+            else:
+                assert op == Op.SEGMENT_FREE and held.pop(addr) == n
+                assert all(not (addr <= a < addr + n) for a, _ in live.values())  # only a wholly free block
+            peak = max(peak, sum(held.values()))
+            r += 1
         if run.status[i] == Status.DONE and ev.op[i] == 0:
             a, b = int(run.addr[i]), int(run.rounded[i])
             assert a % 256 == 0 and b % 256 == 0 and b >= int(ev.size[i])  # aligned
-            assert any(s <= a and a + b <= s + n for s, n in segs)  # inside one upstream block
+            assert any(s <= a and a + b <= s + n for s, n in held.items())  # inside one upstream block
             for a2, b2 in live.values():  # no overlap with any live block
                 assert a + b <= a2 or a2 + b2 <= a
             live[i] = (a, b)
@@ -208,10 +237,13 @@ def test_invariants(tmp_path_factory: pytest.TempPathFactory, draws: list[tuple[
     rows = rows[rows[:, F.STATE] != P.DEAD]
     used = int(rows[rows[:, F.STATE] == P.USED, F.SIZE].sum())
     assert used == sum(b for _, b in live.values()) == S[Slot.LIVE]  # live bytes conserved
-    assert int(rows[:, F.SIZE].sum()) == S[Slot.RESERVED] == sum(n for _, n in segs)  # pieces tile the pool
-    assert run.stats[Stat.PEAK_RESERVED] == S[Slot.RESERVED]  # the pool never shrinks
-    if maximum is not None:  # remaining is aligned up, so the pool may pass M by less than 256 B
-        assert S[Slot.RESERVED] < maximum + 256 or initial > maximum
+    assert r == len(rows_at)  # every row lands before an input event: none after the last
+    assert int(rows[:, F.SIZE].sum()) == S[Slot.RESERVED] == sum(held.values())  # pieces tile the pool
+    assert run.stats[Stat.PEAK_RESERVED] == peak  # the pool shrinks only by reclaiming, under a maximum
+    if maximum is None:
+        assert not (run.rows_op == Op.SEGMENT_FREE).any()
+    else:  # remaining is aligned up, so the pool may pass M by less than 256 B
+        assert peak < maximum + 256 or initial > maximum
     oom = run.status == Status.OOM
     assert found[Found.FAILED] == int(oom.sum())
     if maximum is None:
