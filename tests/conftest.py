@@ -74,3 +74,16 @@ def data_dir() -> Path:
 @pytest.fixture
 def traces_dir() -> Path:
     return TRACES
+
+
+@pytest.fixture(scope="module")
+def rmm_fidelity_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The committed RMM logs of ``traces/fidelity/rmm.json``'s programs, imported: name -> trace path."""
+    import json
+
+    from tracekit.importers.rmm_log import import_log
+
+    out = tmp_path_factory.mktemp("rmm")
+    record = json.loads((TRACES / "fidelity" / "rmm.json").read_text())
+    return {p["name"]: import_log(TRACES / p["log"], out / f"{p['name']}.parquet").path
+            for p in record["programs"]}

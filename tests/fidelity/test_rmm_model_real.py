@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.importers.rmm_log import import_log
 from tracekit.sim.base import SimConfig
 from tracekit.sim.codes import Stat
 from tracekit.sim.policies.rmm_pool import MODEL
@@ -29,14 +28,8 @@ POINTS = [(p["name"], q) for p in FIDELITY["programs"] for q in p["points"]]
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Trace]:
-    out = tmp_path_factory.mktemp("rmm")
-    made = {}
-    for p in FIDELITY["programs"]:
-        dest = out / f"{p['name']}.parquet"
-        import_log(TRACES / p["log"], dest)
-        made[p["name"]] = read_trace(dest)
-    return made
+def traces(rmm_fidelity_traces: dict[str, Path]) -> dict[str, Trace]:
+    return {name: read_trace(path) for name, path in rmm_fidelity_traces.items()}
 
 
 def test_the_record_holds_both_programs_and_both_initial_pools() -> None:

@@ -40,15 +40,8 @@ def _tracekit(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("rmm")
-    made = {}
-    for p in FIDELITY["programs"]:
-        t = out / f"{p['name']}.parquet"
-        r = _tracekit("import", "rmm", str(ROOT / "traces" / p["log"]), "-o", str(t))
-        assert r.returncode == 0, r.stderr
-        made[p["name"]] = t
-    return made
+def traces(rmm_fidelity_traces: dict[str, Path]) -> dict[str, Path]:
+    return rmm_fidelity_traces
 
 
 @pytest.mark.parametrize(("program", "point"), POINTS,

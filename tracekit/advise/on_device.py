@@ -107,8 +107,7 @@ def _replay(trace: Trace, o: Outcome, device: int) -> Any:
         return None
     from tracekit.device.replay import DeviceConfig, replay_on_device
 
-    options = o.candidate.opts if o.candidate.kind == Kind.RMM_POOL else {}  # its initial_pool_size
-    cfg = DeviceConfig(device=device, allocator=models, capacity=o.capacity, options=options)
+    cfg = DeviceConfig(device=device, allocator=models, capacity=o.capacity, options=o.candidate.opts)
     return replay_on_device(_input(trace, o), cfg)
 
 

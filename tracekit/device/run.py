@@ -27,7 +27,7 @@ class DeviceConfig:
     capacity: int | None = None
     continue_on_oom: bool = False
     sample_every: int | None = None  # None: sampling_interval(n)
-    options: Mapping[str, str] = field(default_factory=dict)  # torch: allocator settings (--torch-conf)
+    options: Mapping[str, str] = field(default_factory=dict)  # torch: --torch-conf; rmm-pool: initial size
     stop_at_first_oom: bool = False  # a failed request the program survived stops the replay too
 
 

@@ -41,6 +41,10 @@ from pathlib import Path
 from tracekit.record.final import Keep
 
 DONE, FINISH = b"D", b"F"
+FINISH_WAIT_S = 600.0
+DONE_WAIT_S = 5.0
+GONE = ("the program deleted or replaced the spool while it ran; the trace is written from the recorder's "
+        "own copy")
 
 
 class Watched(StrEnum):
@@ -50,10 +54,6 @@ class Watched(StrEnum):
 
     CUPY_SPOOL = "cupy"
     TORCH_RING = "torch"
-FINISH_WAIT_S = 600.0
-DONE_WAIT_S = 5.0
-GONE = ("the program deleted or replaced the spool while it ran; the trace is written from the recorder's "
-        "own copy")
 
 
 class Watcher:
@@ -317,7 +317,8 @@ def main(argv: list[str]) -> int:
     pid, fd, answer, spool, output = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), Path(argv[4])
     err = int(argv[5]) if len(argv) > 5 else -1
     keep = Keep.parse(argv[6]) if len(argv) > 6 else None
-    kind = Watched(argv[7]) if len(argv) > 7 and argv[7] in {w.value for w in Watched} else Watched.CUPY_SPOOL
+    known = {w.value for w in Watched}
+    kind = Watched(argv[7]) if len(argv) > 7 and argv[7] in known else Watched.CUPY_SPOOL
     r, w = os.pipe()
     if os.fork():  # the launcher leaves once the watcher holds its mark: no child of the program
         os.close(w)
