@@ -31,6 +31,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--shuffle", action="store_true", help="each process runs its variants in a random order")
     args = ap.parse_args()
     runs = []
     for i in range(args.processes):
@@ -38,6 +39,8 @@ def main() -> int:
             out = Path(tmp) / "r.json"
             cmd = [sys.executable, str(HERE / "bench_record_overhead.py"), "--steps", str(args.steps),
                    "--repeats", str(args.repeats), "--json", str(out)]
+            if args.shuffle:
+                cmd += ["--shuffle", str(i)]
             subprocess.run(cmd, env=dict(os.environ), check=True, stdout=subprocess.DEVNULL)
             runs.append(json.loads(out.read_text()))
         print(f"process {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1]["ratio_to_noop"].items()),
@@ -47,6 +50,8 @@ def main() -> int:
     lo = {v: min(s) for v, s in pooled.items()}
     mid = {v: statistics.median(s) for v, s in pooled.items()}
     per_process = {v: [r["ratio_to_noop"][v] for r in runs] for v in variants}
+    # every repeat's ratio to the no-op hook of the same repeat, pooled over the processes
+    paired = {v: [x for r in runs for x in r.get("paired_to_noop", {}).get(v, [])] for v in variants}
     events = runs[0]["events_per_run"]
     # one timed run is steps/(steps + warmup) of the recorded events (the warm-up is recorded too)
     timed_events = {v: n * args.steps / (args.steps + runs[0]["warmup"]) for v, n in events.items()}
@@ -59,6 +64,9 @@ def main() -> int:
         "median_to_noop": {v: mid[v] / mid[NOOP] for v in variants},
         "per_process_min_to_noop": per_process,
         "median_of_per_process": {v: statistics.median(r) for v, r in per_process.items()},
+        "paired_median_to_noop": {v: statistics.median(x) for v, x in paired.items() if x},
+        "paired_quartiles_to_noop": {v: statistics.quantiles(x, n=4)
+                                     for v, x in paired.items() if len(x) > 1},
         "events_per_timed_run": timed_events,
         "us_per_event_over_noop": {v: (lo[v] - lo[NOOP]) / n * 1e6 for v, n in timed_events.items()},
         "runs": runs,
@@ -68,8 +76,9 @@ def main() -> int:
         args.json.write_text(text)
     for v in variants:
         print(f"{v:16s} min {lo[v]:.3f}s median {mid[v]:.3f}s  min/noop {result['min_to_noop'][v]:.3f}"
-              f"  median/noop {result['median_to_noop'][v]:.3f}  per-process median"
-              f" {result['median_of_per_process'][v]:.3f}")
+              f"  median/noop {result['median_to_noop'][v]:.3f}"
+              f"  paired median {result['paired_median_to_noop'].get(v, float('nan')):.3f}"
+              f"  per-process median {result['median_of_per_process'][v]:.3f}")
     return 0
 
 

@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -83,7 +84,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--shuffle", type=int, default=None, metavar="SEED",
+                    help="run the variants of each repeat in a random order (seeded): a variant that "
+                         "always follows another cannot inherit its cost (a clock ramp, a collection)")
     args = ap.parse_args()
+    order_rng = random.Random(args.shuffle)
     mlp = _workloads().run_mlp
     tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
     mlp(args.warmup)
@@ -93,7 +98,10 @@ def main() -> int:
     stacks: dict[str, int] = {}
     events: dict[str, int] = {}
     for rep in range(args.repeats):
-        for variant in times:
+        order = list(times)
+        if args.shuffle is not None:
+            order_rng.shuffle(order)
+        for variant in order:
             if variant == "none":
                 mlp(args.warmup)
                 times[variant].append(timed(mlp, args.steps, variant))
@@ -128,6 +136,10 @@ def main() -> int:
         "ratio": {k: min(v) / base for k, v in times.items()},
         "ratio_median": {k: statistics.median(v) / mid for k, v in times.items()},
         "ratio_to_noop": {k: min(v) / min(times["noop_hook"]) for k, v in times.items()},
+        # each repeat's variant over the same repeat's no-op hook (run within seconds of each other):
+        # the drift of the machine between repeats cancels
+        "paired_to_noop": {k: [a / b for a, b in zip(v, times["noop_hook"], strict=True)]
+                           for k, v in times.items()},
         "ratio_stacks_to_sites": min(times["record_stacks"]) / min(times["record_sites"]),
         "ratio_stacks_to_sites_median": statistics.median(times["record_stacks"])
         / statistics.median(times["record_sites"]),

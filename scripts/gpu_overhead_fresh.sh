@@ -12,7 +12,7 @@ python3 -c "import tracekit.record.fastpath as f; print('compiled', f.COMPILED, 
 
 step "fresh processes"
 run fresh "${FRESH_S:-330}" python3 scripts/bench_record_fresh.py --processes "${PROCS:-5}" \
-  --steps "${STEPS:-1500}" --repeats "${REPEATS:-3}" --json "$R/fresh.json"
+  --steps "${STEPS:-1500}" --repeats "${REPEATS:-3}" --shuffle --json "$R/fresh.json"
 pack
 
 step "per-call parts"
