@@ -120,7 +120,7 @@ def test_a_bad_stack_depth_is_a_usage_error(tmp_path: Path) -> None:
     r = _record(tmp_path, PROGRAM, "--stack-depth", "-1")
     assert r.returncode == 2 and "--stack-depth" in r.stderr and "Traceback" not in r.stderr
     r = _record(tmp_path, PROGRAM, "--torch", "--stack-depth", "5")
-    assert r.returncode == 2 and "--stack-depth and --async-pools apply to CuPy recordings" in r.stderr
+    assert r.returncode == 2 and "--async-pools and --rmm apply to CuPy recordings" in r.stderr
 
 
 def test_recover_after_a_kill_keeps_the_stacks(tmp_path: Path) -> None:

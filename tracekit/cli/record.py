@@ -1,5 +1,5 @@
-"""``tracekit record [-o TRACE] [--limit SIZE] [--no-sites] [--stack-depth N] [--async-pools] [--torch]
-[-m] SCRIPT ...``."""
+"""``tracekit record [-o TRACE] [--limit SIZE] [--no-sites] [--stack-depth N] [--async-pools] [--rmm]
+[--torch] [-m] SCRIPT ...``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def record(
     async_pools: bool = typer.Option(
         False, "--async-pools", help="Also record CuPy MemoryAsyncPool requests, which fire no memory hook: "
         "wraps cupy.cuda.set_allocator/get_allocator (otherwise nothing of CuPy's is replaced)."),
+    rmm: bool = typer.Option(
+        False, "--rmm", help="Record RMM's allocations (a program on rmm_cupy_allocator or RMM's PyTorch "
+        "allocator): turns RMM's own logging on for each resource the program sets (Python 3.12+)."),
     torch: bool = typer.Option(False, "--torch", help="Record a PyTorch program (its memory history)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output trace."),
 ) -> None:
@@ -49,9 +52,9 @@ def record(
     target = list(target or [])
     start = os.getcwd()  # the trace is named as the user's shell sees it, wherever the program went
     if torch:
-        if no_sites or stack_depth is not None or async_pools:
-            raise UsageError("--no-sites, --stack-depth and --async-pools apply to CuPy recordings, "
-                             "not --torch")
+        if no_sites or stack_depth is not None or async_pools or rmm:
+            raise UsageError("--no-sites, --stack-depth, --async-pools and --rmm apply to CuPy recordings, "
+                             "not --torch (a PyTorch program on RMM's allocator: record --rmm, no --torch)")
         from tracekit.record.torch import record_torch  # imports torch only when it runs
         from tracekit.units import parse_size
 
@@ -64,7 +67,7 @@ def record(
         size = parse_size(limit, "--limit") if limit is not None else None
         done = record_cupy(target, module=module, output=output, limit=size, sites=not no_sites, force=force,
                            stack_depth=STACK_DEPTH if stack_depth is None else stack_depth,
-                           async_pools=async_pools)
+                           async_pools=async_pools, rmm=rmm)
     if done.problem is not None:
         tell(f"tracekit: error: {done.problem}")
     elif done.path is not None:
@@ -91,11 +94,18 @@ def _notes(path: Path) -> None:
         from tracekit.record.recover import spool_notes
         from tracekit.trace.reader import read_meta
 
-        notes = spool_notes(read_meta(path).extra)
+        extra = read_meta(path).extra
+        notes = spool_notes(extra)
     except Exception:  # the trace is written; a note about it must not turn into a failure
         return
     for note in notes:
         tell(note)
+    beside = extra.get("rmm_trace")
+    if isinstance(beside, str):
+        tell(f"Wrote {path.with_name(beside)} (the allocations the program made through RMM)")
+    if extra.get("rmm_unlogged"):
+        tell("tracekit: the program allocated through RMM with its logging off, so those allocations are "
+             "not in the trace: `tracekit record --rmm` records them")
 
 
 def register(app: typer.Typer) -> None:

@@ -264,7 +264,7 @@ def _buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True, eq=False)
-class _Columns:
+class LogColumns:
     thread: np.ndarray  # uint64
     t_ns: np.ndarray  # int64, ns of the day
     action: np.ndarray  # int8, ``Action``
@@ -291,7 +291,7 @@ class _BadRow:
                           f"got {self.fields}")
 
 
-def read_log(path: Path) -> _Columns:
+def read_log(path: Path) -> LogColumns:
     """Every data line of the log at ``path`` converted (InputError naming the line otherwise)."""
     where = safe_text(path)
     bad = _BadRow()
@@ -322,7 +322,7 @@ def read_log(path: Path) -> _Columns:
     if names != HEADER:
         raise InputError(f"{where}: line 1: not an RMM log header (expected {','.join(HEADER)!r}, "
                          f"got {safe_text(','.join(names)[:120])!r})")
-    parts: list[_Columns] = []
+    parts: list[LogColumns] = []
     rows = 0
     while True:
         try:
@@ -334,7 +334,7 @@ def read_log(path: Path) -> _Columns:
         except OSError as e:
             raise InputError(f"{where}: cannot read the RMM log ({os_cause(e)})") from None
         n = batch.num_rows
-        cols = _Columns(np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int8),
+        cols = LogColumns(np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int8),
                         np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64))
         (o0, d0), (o1, d1), (o2, d2), (o3, d3), (o4, d4), (o5, d5) = (_buffers(c) for c in batch.columns)
         row, field = _parse(o0, d0, o1, d1, o2, d2, o3, d3, o4, d4, o5, d5, cols.thread, cols.t_ns,
@@ -353,7 +353,7 @@ def read_log(path: Path) -> _Columns:
     if bad.line >= 0:
         raise bad.error(where)
     if not parts:
-        return _Columns(*(np.zeros(0, t) for t in (np.uint64, np.int64, np.int8, np.uint64, np.uint64,
+        return LogColumns(*(np.zeros(0, t) for t in (np.uint64, np.int64, np.int8, np.uint64, np.uint64,
                                                     np.uint64)))
     names = ("thread", "t_ns", "action", "pointer", "size", "stream")
     blocks = {name: [getattr(p, name) for p in parts] for name in names}
@@ -361,7 +361,7 @@ def read_log(path: Path) -> _Columns:
     joined: dict[str, np.ndarray] = {}
     for name in names:  # one column at a time: its blocks go as it is joined
         joined[name] = np.concatenate(blocks.pop(name))
-    return _Columns(**joined)
+    return LogColumns(**joined)
 
 
 def _arrow_cause(e: BaseException) -> str:
@@ -396,13 +396,12 @@ class Converted:
     null_pointer_rows: int
 
 
-def convert(cols: _Columns, where: Path, device: int) -> Converted:
-    """The trace of a read log (``read_log``) on ``device``."""
-    null = (cols.pointer == 0) & (cols.action != Action.ALLOCATE_FAILURE)
-    keep = ~null
-    t_ns, back, midnights = _times(cols.t_ns)
-    act = cols.action[keep]
-    op = _OP_OF_ACTION[act]
+def log_events(cols: LogColumns, device: int, t_ns: np.ndarray) -> tuple[Events, np.ndarray, np.ndarray]:
+    """The trace rows of a read log on ``device`` at the times ``t_ns`` (one per line, ns): (events,
+    their ``thread`` column, the mask of the lines kept). Null-pointer ``allocate``/``free`` lines
+    (0-byte requests) make no row."""
+    keep = ~((cols.pointer == 0) & (cols.action != Action.ALLOCATE_FAILURE))
+    op = _OP_OF_ACTION[cols.action[keep]]
     size = cols.size[keep]
     aligned = _align(size)
     is_free = op == Op.FREE
@@ -411,15 +410,22 @@ def convert(cols: _Columns, where: Path, device: int) -> Converted:
         rounded=np.where(is_free, 0, aligned), t_ns=t_ns[keep], stream=cols.stream[keep],
         device=np.full(len(op), device, np.int16),
     )
-    thread = cols.thread[keep]
+    return ev, cols.thread[keep], keep
+
+
+def convert(cols: LogColumns, where: Path, device: int) -> Converted:
+    """The trace of a read log (``read_log``) on ``device``."""
+    t_ns, back, midnights = _times(cols.t_ns)
+    ev, thread, keep = log_events(cols, device, t_ns)
+    nulls = len(keep) - len(ev)
     info = ImportInfoJSON(
-        log=where.name, rows=len(cols.action), null_pointer_rows=int(null.sum()),
+        log=where.name, rows=len(cols.action), null_pointer_rows=nulls,
         time="time of day to the microsecond, less the first row's (RMM logs carry no date)",
         time_steps_back=back, midnights=midnights, threads=int(len(np.unique(thread))),
         device_from_name=device_of(where) is not None,
     )
     meta = TraceMeta.new(Source.RMM, extra={"rmm_import": dict(info)})
-    return Converted(meta, ev, {"thread": pa.array(thread, pa.uint64())}, int(null.sum()))
+    return Converted(meta, ev, {"thread": pa.array(thread, pa.uint64())}, nulls)
 
 
 def import_log(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,

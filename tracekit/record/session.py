@@ -44,6 +44,16 @@ from tracekit.record.launch import Launch, output_path
 from tracekit.record.meta import measure_budget, start_meta
 from tracekit.record.pools import PoolKind, PoolRegistry
 from tracekit.record.probe import cupy_probe
+from tracekit.record.rmm import (
+    RmmLogging,
+    RmmRows,
+    local_time_of_day_ns,
+    program_logs,
+    read_rows,
+    remove_ours,
+    rmm_output,
+    write_rmm_trace,
+)
 from tracekit.record.runner import Outcome, Recorded, check_target, default_output, epilogue, run_target
 from tracekit.record.signals import restore_in_child, stop_signals
 from tracekit.record.sites import SiteTable, default_skip_dirs, exception_site, site_roots
@@ -84,7 +94,7 @@ class CupyRecording:
                  interval: float = 0.5, max_events: int = 65536, force: bool = False,
                  launch: Launch | None = None, program: str | None = None,
                  stack_depth: int = DEFAULT_DEPTH, launcher: FrameType | None = None,
-                 async_pools: bool = False) -> None:
+                 async_pools: bool = False, rmm: bool = False) -> None:
         output = Path(os.path.abspath(output))  # the program may change its working directory
         check_output(output, (program,), force=force)  # never the script being recorded
         self.output, self.spool_path = output, spool_path(output)
@@ -101,6 +111,8 @@ class CupyRecording:
         self.roots = site_roots(program)
         self.watcher: Watcher | None = None  # started with the recording (tracekit.record.watch)
         self.tail: Tail | None = None  # the rows' shared ring (tracekit.record.tail)
+        # record --rmm: RMM's own logging turned on for the program's resources (tracekit.record.rmm)
+        self.rmm_logging = RmmLogging(Path(f"{self.spool_path}.rmm")) if rmm else None
 
     def start(self) -> None:
         cupy = self.cupy = import_cupy()
@@ -129,6 +141,8 @@ class CupyRecording:
                           limit=self.limit, pool=self.pool, budget=budget, stack_depth=self.stack_depth)
         meta = meta.with_extra(launch=self.launch.to_dict(self.device_id), sites_relative_to=list(self.roots))
         self.t0 = time.perf_counter_ns()
+        self.t0_of_day = local_time_of_day_ns(time.time_ns())  # RMM's logs' clock at t0
+        self.start_meta = meta
         self.spool = SpoolWriter(self.spool_path, meta, self.buffer, self.sites, self.t0,
                                  interval=self.interval, max_events=self.max_events, stacks=self.stacks)
         several = cuda.device_count(rt) > 1
@@ -142,6 +156,8 @@ class CupyRecording:
         self.spool.start()  # before the program: the spool thread's allocator arena is made now
         self.hook.__enter__()  # type: ignore[attr-defined]
         self._unpatch = patch_threads(self._install_here)
+        if self.rmm_logging is not None:
+            self.rmm_logging.start()
         _RECORDING.append(self)
 
     def detach(self) -> None:
@@ -219,6 +235,7 @@ class CupyRecording:
         pools_end: list[dict[str, Any] | None] | None = None
         if self in _RECORDING:
             _RECORDING.remove(self)
+        rmm_logs = self.rmm_logging.stop() if self.rmm_logging is not None else program_logs()
         try:
             self._unpatch()
             with contextlib.suppress(KeyError):
@@ -256,12 +273,32 @@ class CupyRecording:
         held = self.spool.held  # the program deleted or replaced its spool: the recorder's own file
         if held is not None:
             extra["spool_gone"] = GONE
+        rmm_rows = None
+        if rmm_logs.unlogged and self.rmm_logging is None:
+            extra["rmm_unlogged"] = sorted(rmm_logs.unlogged)  # record --rmm would log them
+        if rmm_logs.files:
+            try:
+                rmm_rows = read_rows(rmm_logs, self.t0_of_day, by_recorder=self.rmm_logging is not None)
+            except Exception as e:  # a log RMM left unreadable: the program's own pools are still written
+                extra["rmm_error"] = f"{type(e).__name__}: {e}"
+        # the program allocated through RMM alone (its allocator in CuPy's place): RMM's rows are the trace
+        rmm_only = rmm_rows is not None and self.spool.events == 0
+        if rmm_rows is not None and not rmm_only:
+            extra["rmm_trace"] = rmm_output(self.output).name
         try:
             from tracekit.record.recover import finalize  # numba and the reader: after the program only
 
             source, head = held or self.spool_path, self.spool.head
-            final = write_final(self.output, lambda path, more: finalize(source, path, {**extra, **more},
-                                                                         head=head), self.keep)
+            if rmm_rows is not None and rmm_only:
+                rows = rmm_rows
+                final = write_final(self.output, lambda path, more: write_rmm_trace(
+                    path, rows, self.start_meta, {**extra, **more}), self.keep)
+            else:
+                final = write_final(self.output, lambda path, more: finalize(
+                    source, path, {**extra, **more}, head=head), self.keep)
+            if rmm_rows is not None and not rmm_only:
+                self._write_rmm_beside(rmm_rows, extra)
+            remove_ours(rmm_logs)
         except Exception as e:
             # This process may be what broke (a program that replaced json.dumps, a recursion limit
             # of 40): the watcher writes the trace from the spool in a clean process.
@@ -279,6 +316,18 @@ class CupyRecording:
         if self.watcher is not None:
             self.watcher.done()
         return final
+
+
+    def _write_rmm_beside(self, rows: RmmRows, extra: dict[str, Any]) -> None:
+        """RMM's rows as their own trace beside the one of CuPy's pools (already written)."""
+        from tracekit.record.runner import tell
+
+        try:
+            write_final(rmm_output(self.output), lambda path, more: write_rmm_trace(
+                path, rows, self.start_meta, {**extra, **more}))
+        except Exception as e:
+            tell(f"tracekit: error: {rmm_output(self.output)}: could not write RMM's allocations "
+                 f"({type(e).__name__}: {e})")
 
 
 def exit_note(info: dict[str, Any] | None, exception: BaseException | None) -> dict[str, Any]:
@@ -307,7 +356,7 @@ def oom_note(exception: BaseException | None) -> int | str | None:
 
 def record_cupy(target: list[str], *, module: bool = False, output: Path | None = None,
                 limit: int | None = None, sites: bool = True, force: bool = False,
-                stack_depth: int = DEFAULT_DEPTH, async_pools: bool = False) -> Recorded:
+                stack_depth: int = DEFAULT_DEPTH, async_pools: bool = False, rmm: bool = False) -> Recorded:
     """Run ``target`` like python would while recording CuPy's pools; returns what was recorded.
 
     ``output`` may hold ``{rank}``-style placeholders (``tracekit.record.launch``); it and the
@@ -319,7 +368,7 @@ def record_cupy(target: list[str], *, module: bool = False, output: Path | None 
     command = ["python", "-m", *target] if module else ["python", *target]
     rec = CupyRecording(out, command=command, sites=sites, limit=limit, force=force, launch=launch,
                         program=None if module else target[0], stack_depth=stack_depth,
-                        launcher=sys._getframe(), async_pools=async_pools)
+                        launcher=sys._getframe(), async_pools=async_pools, rmm=rmm)
     # SIGTERM: with the watcher running, the program keeps the signal's own disposition (a death by
     # SIGTERM stays one, and a program that catches every exception, as pytest does, cannot swallow
     # it); the watcher then writes the trace from the spool and its tail, every row included.

@@ -1,0 +1,173 @@
+"""``tracekit record`` of real programs that allocate through RMM (issue 42, item 3), on a GPU.
+
+Marked ``gpu``; also skipped where RMM cannot be imported (its wheels are carried to the device
+machine: ``scripts/gpu_rmm_device.sh``). Each program keeps its own witness beside the recording:
+RMM's ``StatisticsResourceAdaptor``, set by the program over its resource, counts every allocation
+and its bytes; the trace must hold the same allocations, and the model of RMM's pool must fail at
+the event where the real pool failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.trace import Op, Source, read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+
+
+def _reason() -> str | None:
+    try:
+        import rmm  # noqa: F401
+    except Exception as e:
+        return f"RMM is not importable ({type(e).__name__}: {e})"
+    if sys.version_info < (3, 12):
+        return "record --rmm needs Python 3.12+"
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_reason() is not None, reason=str(_reason()))]
+
+CUPY_PROGRAM = """
+    import json, sys
+    import cupy as cp
+    import numpy as np
+    import rmm, rmm.mr
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=0, maximum_pool_size=MAXIMUM)
+    stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.get_current_device_resource())
+    rmm.mr.set_current_device_resource(stats)
+    cp.cuda.set_allocator(rmm_cupy_allocator)
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for step in range(60):  # sizes of 4 KiB .. 32 MiB, some kept a while
+        n = int(2 ** rng.uniform(10, 23))
+        a = cp.random.random(n, dtype=cp.float32)
+        b = cp.sort(a * 2)
+        total += float(b[-1])
+    kept, failed = [], False
+    try:
+        while True:  # until the pool's maximum: RMM raises MemoryError
+            kept.append(cp.empty(48 * (1 << 20), cp.uint8))
+    except MemoryError:
+        failed = True
+    n_kept = len(kept)
+    del kept
+    s = stats.allocation_counts
+    json.dump({"total_count": s.total_count, "total_bytes": s.total_bytes, "peak_bytes": s.peak_bytes,
+               "failed": failed, "kept": n_kept,
+               "logging_on_top": type(rmm.mr.get_current_device_resource()).__name__},
+              open(sys.argv[1], "w"))
+"""
+
+
+def _record(tmp: Path, program: str, *opts: str) -> subprocess.CompletedProcess[str]:
+    (tmp / "app.py").write_text(textwrap.dedent(program))
+    return subprocess.run([sys.executable, "-m", "tracekit", "record", *opts, "app.py", "witness.json"],
+                          capture_output=True, text=True, cwd=tmp, timeout=300,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
+
+
+def _live_peak(ev) -> int:  # type: ignore[no-untyped-def]
+    """The most requested bytes live at once (frees matched to their malloc's request by address)."""
+    size_at: dict[int, int] = {}
+    live = peak = 0
+    for op, addr, size in zip(ev.op.tolist(), ev.addr.tolist(), ev.size.tolist(), strict=True):
+        if op == Op.MALLOC:
+            size_at[addr] = size
+            live += size
+            peak = max(peak, live)
+        elif op == Op.FREE:
+            live -= size_at.pop(addr, 0)
+    return peak
+
+
+def test_record_rmm_holds_every_allocation_rmms_statistics_count(tmp_path: Path) -> None:
+    maximum = 512 * MiB
+    done = _record(tmp_path, CUPY_PROGRAM.replace("MAXIMUM", str(maximum)), "--rmm", "-o", "t.parquet")
+    assert done.returncode == 0, done.stderr
+    witness = json.loads((tmp_path / "witness.json").read_text())
+    trace = read_trace(tmp_path / "t.parquet")
+    ev = trace.events
+    assert trace.meta.source == Source.RMM
+    mallocs = ev.op == Op.MALLOC
+    assert int(mallocs.sum()) == witness["total_count"]
+    assert int(ev.size[mallocs].sum()) == witness["total_bytes"]
+    assert _live_peak(ev) == witness["peak_bytes"]
+    assert witness["failed"] and int((ev.op == Op.OOM).sum()) >= 1
+    assert trace.meta.extra["rmm_record"]["logging"] == "record --rmm"
+    assert not list(tmp_path.glob("*.rmm.*.csv")), "the recorder's own RMM logs are left behind"
+    # the model of RMM's pool fails where the real pool failed (the first allocate failure)
+    first_oom = int(ev.seq[np.flatnonzero(ev.op == Op.OOM)[0]])
+    r = subprocess.run([sys.executable, "-m", "tracekit", "replay", str(tmp_path / "t.parquet"),
+                        "--sim", "rmm-pool", "--capacity", str(maximum), "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["oom"] is not None and got["oom"]["seq"] == first_oom, (got["oom"], first_oom)
+
+
+def test_the_programs_own_rmm_logging_is_the_trace(tmp_path: Path) -> None:
+    program = """
+        import sys, json
+        import cupy as cp
+        import rmm, rmm.mr
+        from rmm.allocators.cupy import rmm_cupy_allocator
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=0, logging=True, log_file_name="own.csv")
+        cp.cuda.set_allocator(rmm_cupy_allocator)
+        xs = [cp.arange(1000 * (i + 1)) for i in range(20)]
+        del xs[::2]
+        json.dump({"logs": rmm.mr.get_log_filenames()}, open(sys.argv[1], "w"))
+    """
+    done = _record(tmp_path, program, "-o", "t.parquet")  # no --rmm: the program logs itself
+    assert done.returncode == 0, done.stderr
+    trace = read_trace(tmp_path / "t.parquet")
+    own = tmp_path / "own.dev0.csv"
+    assert own.exists()  # the program's file stays
+    lines = own.read_text().splitlines()[1:]
+    assert trace.meta.source == Source.RMM and trace.meta.extra["rmm_record"]["logging"] == "program"
+    assert len(trace.events) == len([x for x in lines if ",(nil)," not in x])
+    assert int((trace.events.op == Op.MALLOC).sum()) >= 20
+
+
+def test_record_rmm_of_a_pytorch_program_on_rmms_allocator(tmp_path: Path) -> None:
+    pytest.importorskip("torchvision", reason="torchvision is not installed")
+    program = """
+        import json, sys
+        import rmm, rmm.mr
+        import torch, torchvision
+        from rmm.allocators.torch import rmm_torch_allocator
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=0)
+        stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.get_current_device_resource())
+        rmm.mr.set_current_device_resource(stats)
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+        model = torchvision.models.resnet18().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(3):
+            x = torch.randn(16, 3, 224, 224, device="cuda")
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        torch.cuda.synchronize()
+        s = stats.allocation_counts
+        json.dump({"total_count": s.total_count, "total_bytes": s.total_bytes}, open(sys.argv[1], "w"))
+    """
+    done = _record(tmp_path, program, "--rmm", "-o", "t.parquet")
+    assert done.returncode == 0, done.stderr
+    witness = json.loads((tmp_path / "witness.json").read_text())
+    trace = read_trace(tmp_path / "t.parquet")
+    mallocs = trace.events.op == Op.MALLOC
+    assert trace.meta.source == Source.RMM
+    assert int(mallocs.sum()) == witness["total_count"] and witness["total_count"] > 100
+    assert int(trace.events.size[mallocs].sum()) == witness["total_bytes"]

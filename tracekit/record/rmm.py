@@ -1,0 +1,332 @@
+"""A program's RMM allocations, recorded through RMM's own logging.
+
+RMM (``rmm``, the RAPIDS Memory Manager) can back CuPy (``cupy.cuda.set_allocator(rmm_cupy_allocator)``)
+and PyTorch (``rmm.allocators.torch``); its allocations then pass no CuPy pool and no PyTorch caching
+allocator, so neither recorder sees them. RMM logs every call itself: ``rmm.reinitialize(logging=True,
+log_file_name=F)`` or ``rmm.mr.enable_logging(F)`` put a ``LoggingResourceAdaptor`` over each device's
+resource, which writes ``allocate``/``free``/``allocate failure`` lines to ``F`` with ``.dev<N>``
+before its extension (the CSV ``tracekit import rmm`` reads).
+
+- **Always**: where the program turned RMM's logging on itself, the recording flushes those logs at
+  its end (``LoggingResourceAdaptor.flush``) and their rows become the trace (the files stay as the
+  program left them).
+- **``record --rmm``** turns RMM's logging on for every resource the program sets, by RMM's own
+  ``rmm.mr.enable_logging``, into files beside the spool (removed once they are in the trace): right
+  after ``rmm.reinitialize`` returns and right after ``rmm.mr.set_current_device_resource`` or
+  ``set_per_device_resource`` returns. Nothing of RMM's is replaced: the calls are seen through
+  ``sys.monitoring`` (Python 3.12+), a ``CALL`` event at each call site of the program that is
+  switched off (``DISABLE``) at its first call unless it called one of those functions, so the cost
+  after that is nil. What the program sees change is what ``enable_logging`` changes:
+  ``rmm.mr.get_current_device_resource()`` returns the logging adaptor, whose ``get_upstream()`` is
+  the program's resource. A resource the program builds over one that logs already (a statistics
+  adaptor over the current resource) is not logged again. Allocations made before the first
+  resource was set, and buffers still held from a replaced resource, are freed through the resource
+  that made them, unlogged.
+
+Times: RMM logs the local time of day to the microsecond; the rows are put on the recording's clock
+(ns since its start) and the files of several devices or resources merged by time, each file's own
+order kept. A recorded program's rows and RMM's go to separate traces where both exist
+(``session.CupyRecording.stop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType
+from typing import Any, TypedDict
+
+import numpy as np
+
+from tracekit.errors import UsageError
+
+TOOL_IDS = (3, 4)  # sys.monitoring's ids left free by the standard debugger/coverage/profiler/optimizer
+TOOL_NAME = "tracekit-rmm"
+DAY_NS = 86_400 * 10**9
+
+
+class RmmRecordJSON(TypedDict):
+    """The ``rmm_record`` metadata key of a trace made from RMM's logs by ``record``."""
+
+    logs: list[str]  # the log files read, in the order their rows were merged
+    logging: str  # "program": the program's own logging; "record --rmm": turned on by the recorder
+    rows: int  # log lines read
+    null_pointer_rows: int  # allocate/free lines with a null pointer (0-byte requests): no row
+    enable_errors: list[str]  # why enable_logging failed, where it did (one sentence each)
+    time: str  # what t_ns is made of
+
+
+def local_time_of_day_ns(wall_ns: int) -> int:
+    """Nanoseconds since local midnight at ``wall_ns`` (ns since the epoch): the clock RMM logs by."""
+    t = time.localtime(wall_ns // 10**9)
+    return ((t.tm_hour * 60 + t.tm_min) * 60 + t.tm_sec) * 10**9 + wall_ns % 10**9
+
+
+@dataclass
+class RmmLogs:
+    """The RMM logs a recording takes its rows from, and how they came to be."""
+
+    files: list[Path] = field(default_factory=list)  # in order of first sight
+    ours: set[Path] = field(default_factory=set)  # the ones ``record --rmm`` made (removed after)
+    enable_errors: list[str] = field(default_factory=list)
+    unlogged: set[int] = field(default_factory=set)  # devices whose RMM resource logs nothing
+
+    def add(self, name: object) -> None:
+        if isinstance(name, str) and name:
+            path = Path(name)
+            if path not in self.files:
+                self.files.append(path)
+
+
+def _monitoring() -> Any:
+    """``sys.monitoring`` (Python 3.12+), None before."""
+    return getattr(sys, "monitoring", None)
+
+
+def _rmm() -> Any:
+    """The program's ``rmm`` module, None where it never imported it (the recorder never does)."""
+    return sys.modules.get("rmm")
+
+
+def flush_logs(logs: RmmLogs) -> None:
+    """Flush every device's ``LoggingResourceAdaptor`` and note its file."""
+    rmm = _rmm()
+    if rmm is None:
+        return
+    with contextlib.suppress(Exception):  # an RMM that broke must not break the program's end
+        for device, name in rmm.mr.get_log_filenames().items():
+            if name is None:
+                logs.unlogged.add(int(device))
+                continue
+            logs.add(name)
+            with contextlib.suppress(Exception):
+                rmm.mr.get_per_device_resource(device).flush()
+
+
+class RmmLogging:
+    """``record --rmm``: RMM's logging turned on for every resource the program sets (module doc)."""
+
+    def __init__(self, base: Path) -> None:
+        if _monitoring() is None:
+            raise UsageError("record --rmm needs Python 3.12 or later (it sees RMM's calls through "
+                             "sys.monitoring)")
+        self.base = base  # our logs: base.<k>.csv, RMM adding .dev<N>
+        self.logs = RmmLogs()
+        self.tool: int | None = None
+        self._made = 0
+        self._busy = False
+        self._returns: set[CodeType] = set()  # reinitialize's code: its PY_RETURN is watched
+
+    def start(self) -> None:
+        mon = _monitoring()
+        tool = next((i for i in TOOL_IDS if mon.get_tool(i) is None), None)
+        if tool is None:
+            raise UsageError(f"record --rmm: sys.monitoring's tool ids {TOOL_IDS} are both in use in "
+                             "this process")
+        mon.use_tool_id(tool, TOOL_NAME)
+        self.tool = tool
+        ev = mon.events
+        mon.register_callback(tool, ev.CALL, self._call)
+        mon.register_callback(tool, ev.C_RETURN, self._c_return)
+        mon.register_callback(tool, ev.PY_RETURN, self._py_return)
+        mon.set_events(tool, ev.CALL | ev.C_RETURN)  # C_RETURN follows the CALL events left on
+        self._enable()  # a program that set its resource before the recording started
+
+    def stop(self) -> RmmLogs:
+        """Stop watching; flush every log; the logs to read."""
+        if self.tool is not None:
+            mon = _monitoring()
+            with contextlib.suppress(Exception):
+                mon.set_events(self.tool, 0)
+                for code in self._returns:
+                    mon.set_local_events(self.tool, code, 0)
+                for event in (mon.events.CALL, mon.events.C_RETURN, mon.events.PY_RETURN):
+                    mon.register_callback(self.tool, event, None)
+                mon.free_tool_id(self.tool)
+            self.tool = None
+        flush_logs(self.logs)
+        return self.logs
+
+    # -- the events -------------------------------------------------------------------------------
+
+    def _setters(self, rmm: Any) -> tuple[Any, ...]:
+        mr = rmm.mr
+        return (mr.set_current_device_resource, mr.set_per_device_resource, mr.disable_logging)
+
+    def _call(self, code: CodeType, offset: int, callable_: object, arg0: object) -> object:
+        rmm = _rmm()
+        if rmm is None or self._busy:
+            return None if self._busy else _monitoring().DISABLE
+        try:
+            if callable_ is rmm.reinitialize:
+                target = getattr(callable_, "__code__", None)
+                if isinstance(target, CodeType) and target not in self._returns and self.tool is not None:
+                    _monitoring().set_local_events(self.tool, target, _monitoring().events.PY_RETURN)
+                    self._returns.add(target)
+                flush_logs(self.logs)  # the resource about to be replaced: its lines so far
+                return None
+            if any(callable_ is f for f in self._setters(rmm)):
+                flush_logs(self.logs)
+                return None
+        except Exception:  # an RMM without these names: nothing to watch at this site
+            pass
+        return _monitoring().DISABLE
+
+    def _c_return(self, code: CodeType, offset: int, callable_: object, arg0: object) -> object:
+        rmm = _rmm()
+        if rmm is not None and not self._busy:
+            with contextlib.suppress(Exception):
+                if any(callable_ is f for f in self._setters(rmm)):
+                    self._enable()
+        return None
+
+    def _py_return(self, code: CodeType, offset: int, retval: object) -> object:
+        if code in self._returns and not self._busy:
+            self._enable()
+        return None
+
+    def _enable(self) -> None:
+        """Log every device resource the program set that logs nowhere in its chain yet.
+
+        A resource the program built over one already logging (``StatisticsResourceAdaptor(
+        get_current_device_resource())`` after we logged the pool) passes its calls through that log:
+        wrapping it again would log each call twice."""
+        rmm = _rmm()
+        if rmm is None:
+            return
+        self._busy = True
+        try:
+            mr = rmm.mr
+            for device in list(mr.get_log_filenames()):  # {} before the program set any resource
+                top = mr.get_per_device_resource(device)
+                logged = _log_in_chain(mr, top)
+                if logged is not None:
+                    self.logs.add(logged)
+                    continue
+                base = f"{self.base}.{self._made}.csv"
+                self._made += 1
+                adaptor = mr.LoggingResourceAdaptor(top, log_file_name=base)
+                mr.set_per_device_resource(device, adaptor)  # what rmm.mr.enable_logging does
+                name = Path(adaptor.get_file_name())
+                self.logs.add(str(name))
+                self.logs.ours.add(name)
+        except Exception as e:
+            if len(self.logs.enable_errors) < 8:
+                self.logs.enable_errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+        finally:
+            self._busy = False
+
+
+def _log_in_chain(mr: Any, resource: Any, depth: int = 16) -> str | None:
+    """The file of the first ``LoggingResourceAdaptor`` in ``resource``'s chain of upstreams."""
+    for _ in range(depth):
+        if isinstance(resource, mr.LoggingResourceAdaptor):
+            return str(resource.get_file_name())
+        upstream = getattr(resource, "get_upstream", None)
+        if upstream is None:
+            return None
+        resource = upstream()
+    return None
+
+
+def program_logs() -> RmmLogs:
+    """Without ``--rmm``: the logs the program's own RMM resources write now, flushed."""
+    logs = RmmLogs()
+    flush_logs(logs)
+    return logs
+
+
+@dataclass(frozen=True, eq=False)
+class RmmRows:
+    """The rows of a recording's RMM logs on its clock, merged."""
+
+    events: Any  # tracekit.trace.Events
+    thread: np.ndarray  # uint64, the OS thread of each row
+    info: RmmRecordJSON
+
+
+def read_rows(logs: RmmLogs, start_time_of_day_ns: int, *, by_recorder: bool) -> RmmRows | None:
+    """Every row of ``logs`` (the files that exist) on the recording's clock (ns since its start,
+    whose local time of day was ``start_time_of_day_ns``), merged by time; None without a row file."""
+    from tracekit.importers.rmm_log import device_of, log_events, read_log
+    from tracekit.trace import Events
+
+    parts, threads = [], []
+    names: list[str] = []
+    rows = nulls = 0
+    for path in (p for p in logs.files if p.is_file()):
+        cols = read_log(path)
+        t = cols.t_ns - start_time_of_day_ns
+        t = np.where(t < -DAY_NS // 2, t + DAY_NS, t)  # a run across midnight
+        t = np.maximum.accumulate(np.maximum(t, 0)) if len(t) else t  # each file's own order kept
+        ev, thread, _ = log_events(cols, device_of(path) or 0, t)
+        rows += len(cols.action)
+        nulls += len(cols.action) - len(ev)
+        parts.append(ev)
+        threads.append(thread)
+        names.append(path.name)
+    if not names:
+        return None
+    t_all = np.concatenate([e.t_ns for e in parts])
+    pick = np.argsort(t_all, kind="stable")  # files concatenated in order: ties keep each file's order
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(e, name) for e in parts])[pick]
+
+    events = Events.build(cat("op"), cat("size"), addr=cat("addr"), rounded=cat("rounded"),
+                          t_ns=cat("t_ns"), stream=cat("stream"), device=cat("device"))
+    info = RmmRecordJSON(
+        logs=names, logging="record --rmm" if by_recorder else "program", rows=rows,
+        null_pointer_rows=nulls, enable_errors=list(logs.enable_errors),
+        time="ns since the recording started: RMM's local time of day to the microsecond, on its clock",
+    )
+    return RmmRows(events, np.concatenate(threads)[pick], info)
+
+
+# the start metadata's keys that hold for RMM's rows too (the rest describe CuPy's pools)
+KEPT_START_KEYS = ("argv", "rerun", "device_id", "device_count", "nvml", "device_limits", "budget", "launch")
+# the end keys likewise
+KEPT_END_KEYS = ("complete", "duration_ns", "output_taken", "spool_gone")
+
+
+def write_rmm_trace(path: Path, rows: RmmRows, start: Any, end: dict[str, Any]) -> Path:
+    """Write ``rows`` as an RMM trace at ``path`` with the recording's metadata (``start``: its
+    TraceMeta at the start; ``end``: the keys ``stop`` gathered, ``exit`` with its ``oom_note``)."""
+    from dataclasses import replace
+
+    import pyarrow as pa
+
+    from tracekit.trace import Op, Source, write_trace
+
+    extra = {k: v for k, v in start.extra.items() if k in KEPT_START_KEYS}
+    extra.update({k: v for k, v in end.items() if k in KEPT_END_KEYS})
+    exit_info = dict(end.get("exit") or {})
+    note = exit_info.pop("oom_note", None)
+    ooms = np.flatnonzero(rows.events.op == Op.OOM)
+    # the program ended by an out-of-memory error and RMM logged a failure: the last one is why
+    exit_info["oom_seq"] = int(rows.events.seq[ooms[-1]]) if note is not None and len(ooms) else None
+    extra["exit"] = exit_info
+    extra["rmm_record"] = dict(rows.info)
+    extra["recorder"] = {"call_sites": False, "stack_depth": 0,
+                         "hook": "RMM's own logging_resource_adaptor (rmm.mr.enable_logging)"}
+    versions = dict(start.versions)
+    rmm = _rmm()
+    if rmm is not None:
+        versions["rmm"] = str(getattr(rmm, "__version__", "?"))
+    meta = replace(start, source=Source.RMM, pool_limit_bytes=None, versions=versions, extra=extra)
+    return write_trace(path, meta, rows.events, {"thread": pa.array(rows.thread, pa.uint64())})
+
+
+def rmm_output(output: Path) -> Path:
+    """Where RMM's rows go beside a trace of the program's own pools: ``out.rmm.parquet``."""
+    name = output.name
+    base = name[: -len(".parquet")] if name.endswith(".parquet") and name != ".parquet" else name
+    return output.with_name(base + ".rmm.parquet")
+
+
+def remove_ours(logs: RmmLogs) -> None:
+    for path in logs.ours:
+        with contextlib.suppress(OSError):
+            path.unlink()
