@@ -137,6 +137,12 @@ class RmmLogging:
 
     def stop(self) -> RmmLogs:
         """Stop watching; flush every log; the logs to read."""
+        self.detach()
+        flush_logs(self.logs)
+        return self.logs
+
+    def detach(self) -> None:
+        """Stop watching (also in a forked child, which must not open logs of the parent's names)."""
         if self.tool is not None:
             mon = _monitoring()
             with contextlib.suppress(Exception):
@@ -147,8 +153,6 @@ class RmmLogging:
                     mon.register_callback(self.tool, event, None)
                 mon.free_tool_id(self.tool)
             self.tool = None
-        flush_logs(self.logs)
-        return self.logs
 
     # -- the events -------------------------------------------------------------------------------
 

@@ -166,6 +166,8 @@ class CupyRecording:
         with contextlib.suppress(Exception):  # the forking thread's hook; other threads are gone
             self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
         self.pools.detach()
+        if self.rmm_logging is not None:
+            self.rmm_logging.detach()
         self.spool.detach()
         if self.tail is not None:
             self.tail.close()  # the parent's ring: this process's rows must not reach it
