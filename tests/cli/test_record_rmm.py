@@ -2,7 +2,8 @@
 
 RMM itself needs a GPU (``tests/gpu/test_record_rmm_gpu.py`` records real RMM programs); here a
 stand-in ``rmm`` package in the program's folder follows the part of RMM's API the recorder reads
-(``rmm.mr.get_log_filenames``, ``get_per_device_resource(d).flush()``) and writes its log as
+(``rmm.mr.get_log_filenames``, ``get_per_device_resource(d)``, a ``LoggingResourceAdaptor`` with
+``flush()`` and ``get_file_name()``) and writes its log as
 ``logging_resource_adaptor`` does: the CSV header, then ``%t,%H:%M:%S.%f,action,pointer,size,stream``
 lines, buffered until ``flush``. CuPy is the stand-in of ``tests/fakecupy``.
 """
@@ -49,6 +50,9 @@ class _Logged:
     def flush(self):
         self.f.flush()
 
+    def get_file_name(self):
+        return self.name
+
 _per_device = {}
 
 def reinitialize(logging=False, log_file_name=None):
@@ -58,6 +62,7 @@ def reinitialize(logging=False, log_file_name=None):
 
 MR = '''
 from rmm import _per_device
+from rmm import _Logged as LoggingResourceAdaptor
 
 def get_log_filenames():
     return {d: getattr(r, "name", None) for d, r in _per_device.items()}
@@ -106,7 +111,7 @@ def test_the_programs_own_rmm_log_is_the_trace(tmp_path: Path) -> None:
     assert ev.addr.tolist()[:3] == [0x7F0000000000, 0x7F0000000400, 0x7F0000000000]
     t = ev.t_ns.astype(np.int64)
     duration = int(trace.meta.extra["duration_ns"])
-    assert 0 <= t[0] and np.all(np.diff(t) >= 0) and t[-1] <= duration + 10**6  # the recording's clock
+    assert t[0] >= 0 and np.all(np.diff(t) >= 0) and t[-1] <= duration + 10**6  # the recording's clock
     assert t[1] - t[0] >= 9 * 10**6  # the program's sleep between its two allocations
     info = trace.meta.extra["rmm_record"]
     assert info["logging"] == "program" and info["logs"] == ["mine.dev0.csv"] and info["rows"] == 4

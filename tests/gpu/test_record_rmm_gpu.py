@@ -171,3 +171,23 @@ def test_record_rmm_of_a_pytorch_program_on_rmms_allocator(tmp_path: Path) -> No
     assert trace.meta.source == Source.RMM
     assert int(mallocs.sum()) == witness["total_count"] and witness["total_count"] > 100
     assert int(trace.events.size[mallocs].sum()) == witness["total_bytes"]
+
+
+def test_record_rmm_of_cupy_on_rmms_default_resource(tmp_path: Path) -> None:
+    """No resource set by the program: RMM's own default (a cudaMalloc per allocation) is logged."""
+    program = """
+        import json, sys
+        import cupy as cp
+        from rmm.allocators.cupy import rmm_cupy_allocator
+        cp.cuda.set_allocator(rmm_cupy_allocator)
+        xs = [cp.arange(1000 * (i + 1), dtype=cp.float64) for i in range(10)]
+        total = float(sum(float(x.sum()) for x in xs))
+        json.dump({"n": len(xs)}, open(sys.argv[1], "w"))
+    """
+    done = _record(tmp_path, program, "--rmm", "-o", "t.parquet")
+    assert done.returncode == 0, done.stderr
+    trace = read_trace(tmp_path / "t.parquet")
+    ev = trace.events
+    sizes = sorted(int(s) for s in ev.size[ev.op == Op.MALLOC])
+    assert trace.meta.source == Source.RMM
+    assert [8000 * (i + 1) for i in range(10)] == [s for s in sizes if s % 8000 == 0 and s <= 80000][:10]

@@ -32,8 +32,11 @@ order kept. A recorded program's rows and RMM's go to separate traces where both
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
@@ -70,15 +73,20 @@ class RmmLogs:
     """The RMM logs a recording takes its rows from, and how they came to be."""
 
     files: list[Path] = field(default_factory=list)  # in order of first sight
+    devices: dict[Path, int] = field(default_factory=dict)  # the device each file logs
     ours: set[Path] = field(default_factory=set)  # the ones ``record --rmm`` made (removed after)
     enable_errors: list[str] = field(default_factory=list)
     unlogged: set[int] = field(default_factory=set)  # devices whose RMM resource logs nothing
 
-    def add(self, name: object) -> None:
-        if isinstance(name, str) and name:
-            path = Path(name)
-            if path not in self.files:
-                self.files.append(path)
+    def add(self, name: object, device: int | None = None) -> Path | None:
+        if not isinstance(name, str) or not name:
+            return None
+        path = Path(name)
+        if path not in self.files:
+            self.files.append(path)
+        if device is not None:
+            self.devices.setdefault(path, int(device))
+        return path
 
 
 def _monitoring() -> Any:
@@ -92,33 +100,44 @@ def _rmm() -> Any:
 
 
 def flush_logs(logs: RmmLogs) -> None:
-    """Flush every device's ``LoggingResourceAdaptor`` and note its file."""
+    """Flush every ``LoggingResourceAdaptor`` in each device resource's chain and note its file (an
+    adaptor the program put over a logging one hides it from ``get_log_filenames``)."""
     rmm = _rmm()
     if rmm is None:
         return
     with contextlib.suppress(Exception):  # an RMM that broke must not break the program's end
-        for device, name in rmm.mr.get_log_filenames().items():
-            if name is None:
+        mr = rmm.mr
+        for device in list(mr.get_log_filenames()):
+            found = False
+            for adaptor in _logs_in_chain(mr, mr.get_per_device_resource(device)):
+                found = True
+                logs.add(str(adaptor.get_file_name()), device)
+                with contextlib.suppress(Exception):
+                    adaptor.flush()
+            if not found:
                 logs.unlogged.add(int(device))
-                continue
-            logs.add(name)
-            with contextlib.suppress(Exception):
-                rmm.mr.get_per_device_resource(device).flush()
 
 
 class RmmLogging:
-    """``record --rmm``: RMM's logging turned on for every resource the program sets (module doc)."""
+    """``record --rmm``: RMM's logging turned on for every resource the program sets (module doc).
 
-    def __init__(self, base: Path) -> None:
+    ``devices``: (get the current device, set it): a ``LoggingResourceAdaptor`` is made with its
+    device current, as ``set_per_device_resource`` requires and as its file name (``.dev<N>``) says.
+    """
+
+    def __init__(self, base: Path, devices: tuple[Callable[[], int], Callable[[int], None]] | None = None
+                 ) -> None:
         if _monitoring() is None:
             raise UsageError("record --rmm needs Python 3.12 or later (it sees RMM's calls through "
                              "sys.monitoring)")
         self.base = base  # our logs: base.<k>.csv, RMM adding .dev<N>
+        self.devices = devices
         self.logs = RmmLogs()
         self.tool: int | None = None
         self._made = 0
-        self._busy = False
-        self._returns: set[CodeType] = set()  # reinitialize's code: its PY_RETURN is watched
+        self._armed = False  # the program's rmm seen imported: its resource logged from then on
+        self._lock = threading.Lock()  # one _enable at a time (threads setting resources at once)
+        self._inside = threading.local()  # our own RMM calls in _enable fire events too: not watched
 
     def start(self) -> None:
         mon = _monitoring()
@@ -131,9 +150,8 @@ class RmmLogging:
         ev = mon.events
         mon.register_callback(tool, ev.CALL, self._call)
         mon.register_callback(tool, ev.C_RETURN, self._c_return)
-        mon.register_callback(tool, ev.PY_RETURN, self._py_return)
-        mon.set_events(tool, ev.CALL | ev.C_RETURN)  # C_RETURN follows the CALL events left on
-        self._enable()  # a program that set its resource before the recording started
+        mon.set_events(tool, ev.CALL)  # C_RETURN comes with CALL, where CALL stays on
+        os.register_at_fork(before=self._before_fork)
 
     def stop(self) -> RmmLogs:
         """Stop watching; flush every log; the logs to read."""
@@ -141,59 +159,82 @@ class RmmLogging:
         flush_logs(self.logs)
         return self.logs
 
-    def detach(self) -> None:
-        """Stop watching (also in a forked child, which must not open logs of the parent's names)."""
+    def detach(self, child: bool = False) -> None:
+        """Stop watching; in a forked ``child`` also take our adaptors off, so its allocations do not
+        go into the parent's logs (buffers it frees that came through them still do)."""
+        if child:
+            with contextlib.suppress(Exception):
+                rmm = _rmm()
+                if rmm is not None:
+                    self._unwrap(rmm)
         if self.tool is not None:
             mon = _monitoring()
             with contextlib.suppress(Exception):
                 mon.set_events(self.tool, 0)
-                for code in self._returns:
-                    mon.set_local_events(self.tool, code, 0)
-                for event in (mon.events.CALL, mon.events.C_RETURN, mon.events.PY_RETURN):
+                for event in (mon.events.CALL, mon.events.C_RETURN):
                     mon.register_callback(self.tool, event, None)
                 mon.free_tool_id(self.tool)
             self.tool = None
 
-    # -- the events -------------------------------------------------------------------------------
+    def _before_fork(self) -> None:
+        # a child copies the log's unwritten buffer: flushed first, it cannot write those lines again
+        if self.tool is not None:
+            flush_logs(self.logs)
 
-    def _setters(self, rmm: Any) -> tuple[Any, ...]:
+    # -- the events -------------------------------------------------------------------------------
+    # A site is watched (CALL left on, so its C_RETURN comes) where it lies in ``rmm.reinitialize``'s
+    # own code (its call of RMM's initializer sets the new resources, however reinitialize itself was
+    # called, ``**kwargs`` included) or calls a setter; every other site is switched off at its first
+    # call.
+
+    def _watched(self, rmm: Any, code: CodeType, callable_: object) -> bool:
+        if code is getattr(getattr(rmm, "reinitialize", None), "__code__", None):
+            return True
         mr = rmm.mr
-        return (mr.set_current_device_resource, mr.set_per_device_resource, mr.disable_logging)
+        return any(callable_ is f for f in (mr.set_current_device_resource, mr.set_per_device_resource,
+                                             mr.enable_logging, mr.disable_logging))
 
     def _call(self, code: CodeType, offset: int, callable_: object, arg0: object) -> object:
+        if getattr(self._inside, "on", False):
+            return None
         rmm = _rmm()
-        if rmm is None or self._busy:
-            return None if self._busy else _monitoring().DISABLE
         try:
-            if callable_ is rmm.reinitialize:
-                target = getattr(callable_, "__code__", None)
-                if isinstance(target, CodeType) and target not in self._returns and self.tool is not None:
-                    _monitoring().set_local_events(self.tool, target, _monitoring().events.PY_RETURN)
-                    self._returns.add(target)
-                flush_logs(self.logs)  # the resource about to be replaced: its lines so far
+            if rmm is not None and not self._armed and hasattr(rmm, "reinitialize"):
+                self._armed = True  # rmm is imported whole: log the resource RMM would use now
+                self._enable(default=True)
+            if rmm is not None and self._watched(rmm, code, callable_):
+                flush_logs(self.logs)  # a resource about to be replaced: its lines so far
+                if callable_ is rmm.mr.enable_logging:
+                    self._unwrap(rmm)  # the program's own logging goes over its resource, not ours
                 return None
-            if any(callable_ is f for f in self._setters(rmm)):
-                flush_logs(self.logs)
-                return None
-        except Exception:  # an RMM without these names: nothing to watch at this site
+        except Exception:  # an RMM without these names, or one half imported: nothing to watch here
             pass
         return _monitoring().DISABLE
 
     def _c_return(self, code: CodeType, offset: int, callable_: object, arg0: object) -> object:
+        if getattr(self._inside, "on", False):
+            return None
         rmm = _rmm()
-        if rmm is not None and not self._busy:
-            with contextlib.suppress(Exception):
-                if any(callable_ is f for f in self._setters(rmm)):
-                    self._enable()
+        with contextlib.suppress(Exception):
+            if rmm is not None and self._watched(rmm, code, callable_):
+                self._enable()
         return None
 
-    def _py_return(self, code: CodeType, offset: int, retval: object) -> object:
-        if code in self._returns and not self._busy:
-            self._enable()
-        return None
+    def _unwrap(self, rmm: Any) -> None:
+        """Put back the program's resource under each of our adaptors on top (its rows so far stay)."""
+        self._inside.on = True
+        try:
+            mr = rmm.mr
+            for device, name in mr.get_log_filenames().items():
+                if name is not None and Path(name) in self.logs.ours:
+                    mr.set_per_device_resource(device, mr.get_per_device_resource(device).get_upstream())
+        finally:
+            self._inside.on = False
 
-    def _enable(self) -> None:
-        """Log every device resource the program set that logs nowhere in its chain yet.
+    def _enable(self, default: bool = False) -> None:
+        """Log every device resource the program set that logs nowhere in its chain yet; with
+        ``default``, where the program set none, the one RMM makes at the first allocation on the
+        current device (``get_per_device_resource``: a ``CudaMemoryResource``, as RMM would make).
 
         A resource the program built over one already logging (``StatisticsResourceAdaptor(
         get_current_device_resource())`` after we logged the pool) passes its calls through that log:
@@ -201,39 +242,63 @@ class RmmLogging:
         rmm = _rmm()
         if rmm is None:
             return
-        self._busy = True
+        self._inside.on = True
         try:
-            mr = rmm.mr
-            for device in list(mr.get_log_filenames()):  # {} before the program set any resource
-                top = mr.get_per_device_resource(device)
-                logged = _log_in_chain(mr, top)
-                if logged is not None:
-                    self.logs.add(logged)
-                    continue
-                base = f"{self.base}.{self._made}.csv"
-                self._made += 1
-                adaptor = mr.LoggingResourceAdaptor(top, log_file_name=base)
-                mr.set_per_device_resource(device, adaptor)  # what rmm.mr.enable_logging does
-                name = Path(adaptor.get_file_name())
-                self.logs.add(str(name))
-                self.logs.ours.add(name)
+            with self._lock:
+                mr = rmm.mr
+                devices = list(mr.get_log_filenames())  # {} before the program set any resource
+                if not devices and default and self.devices is not None:
+                    devices = [self.devices[0]()]
+                for device in devices:
+                    top = mr.get_per_device_resource(device)
+                    logged = _log_in_chain(mr, top)
+                    if logged is not None:
+                        self.logs.add(logged, device)
+                        continue
+                    base = f"{self.base}.{self._made}.csv"
+                    self._made += 1
+                    adaptor = self._adaptor(mr, top, base, int(device))
+                    mr.set_per_device_resource(device, adaptor)  # what rmm.mr.enable_logging does
+                    name = self.logs.add(str(adaptor.get_file_name()), device)
+                    if name is not None:
+                        self.logs.ours.add(name)
         except Exception as e:
             if len(self.logs.enable_errors) < 8:
                 self.logs.enable_errors.append(f"{type(e).__name__}: {str(e)[:200]}")
         finally:
-            self._busy = False
+            self._inside.on = False
+
+    def _adaptor(self, mr: Any, upstream: Any, base: str, device: int) -> Any:
+        if self.devices is None:
+            return mr.LoggingResourceAdaptor(upstream, log_file_name=base)
+        get, put = self.devices
+        was = get()
+        if was == device:
+            return mr.LoggingResourceAdaptor(upstream, log_file_name=base)
+        put(device)
+        try:
+            return mr.LoggingResourceAdaptor(upstream, log_file_name=base)
+        finally:
+            put(was)
 
 
-def _log_in_chain(mr: Any, resource: Any, depth: int = 16) -> str | None:
-    """The file of the first ``LoggingResourceAdaptor`` in ``resource``'s chain of upstreams."""
+def _logs_in_chain(mr: Any, resource: Any, depth: int = 16) -> list[Any]:
+    """The ``LoggingResourceAdaptor``s in ``resource``'s chain of upstreams, top first."""
+    out = []
     for _ in range(depth):
         if isinstance(resource, mr.LoggingResourceAdaptor):
-            return str(resource.get_file_name())
+            out.append(resource)
         upstream = getattr(resource, "get_upstream", None)
         if upstream is None:
-            return None
+            break
         resource = upstream()
-    return None
+    return out
+
+
+def _log_in_chain(mr: Any, resource: Any) -> str | None:
+    """The file of the first ``LoggingResourceAdaptor`` in ``resource``'s chain of upstreams."""
+    found = _logs_in_chain(mr, resource)
+    return str(found[0].get_file_name()) if found else None
 
 
 def program_logs() -> RmmLogs:
@@ -252,6 +317,19 @@ class RmmRows:
     info: RmmRecordJSON
 
 
+def _on_clock(t_day: np.ndarray, start: int) -> np.ndarray:
+    """A file's times of day (ns) as ns since the recording's start (``start``, a time of day): a
+    step back of more than 12 hours is a midnight passed (any number of them), a first row more than
+    12 hours before the start is one on the next day; then non-decreasing (each file's order kept)."""
+    if len(t_day) == 0:
+        return t_day.astype(np.int64)
+    days = np.concatenate(([0], np.cumsum(np.diff(t_day) < -DAY_NS // 2, dtype=np.int64)))
+    t = t_day.astype(np.int64) + days * DAY_NS - start
+    if t[0] < -DAY_NS // 2:
+        t += DAY_NS
+    return np.maximum.accumulate(np.maximum(t, 0))
+
+
 def read_rows(logs: RmmLogs, start_time_of_day_ns: int, *, by_recorder: bool) -> RmmRows | None:
     """Every row of ``logs`` (the files that exist) on the recording's clock (ns since its start,
     whose local time of day was ``start_time_of_day_ns``), merged by time; None without a row file."""
@@ -263,10 +341,9 @@ def read_rows(logs: RmmLogs, start_time_of_day_ns: int, *, by_recorder: bool) ->
     rows = nulls = 0
     for path in (p for p in logs.files if p.is_file()):
         cols = read_log(path)
-        t = cols.t_ns - start_time_of_day_ns
-        t = np.where(t < -DAY_NS // 2, t + DAY_NS, t)  # a run across midnight
-        t = np.maximum.accumulate(np.maximum(t, 0)) if len(t) else t  # each file's own order kept
-        ev, thread, _ = log_events(cols, device_of(path) or 0, t)
+        t = _on_clock(cols.t_ns, start_time_of_day_ns)
+        device = logs.devices.get(path, device_of(path) or 0)
+        ev, thread, _ = log_events(cols, device, t)
         rows += len(cols.action)
         nulls += len(cols.action) - len(ev)
         parts.append(ev)
@@ -310,7 +387,8 @@ def write_rmm_trace(path: Path, rows: RmmRows, start: Any, end: dict[str, Any]) 
     note = exit_info.pop("oom_note", None)
     ooms = np.flatnonzero(rows.events.op == Op.OOM)
     # the program ended by an out-of-memory error and RMM logged a failure: the last one is why
-    exit_info["oom_seq"] = int(rows.events.seq[ooms[-1]]) if note is not None and len(ooms) else None
+    # ("last": a MemoryError without the CuPy hook's mark, which RMM raises; an int is a CuPy pool's)
+    exit_info["oom_seq"] = int(rows.events.seq[ooms[-1]]) if note == "last" and len(ooms) else None
     extra["exit"] = exit_info
     extra["rmm_record"] = dict(rows.info)
     extra["recorder"] = {"call_sites": False, "stack_depth": 0,

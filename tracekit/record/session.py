@@ -112,11 +112,14 @@ class CupyRecording:
         self.watcher: Watcher | None = None  # started with the recording (tracekit.record.watch)
         self.tail: Tail | None = None  # the rows' shared ring (tracekit.record.tail)
         # record --rmm: RMM's own logging turned on for the program's resources (tracekit.record.rmm)
-        self.rmm_logging = RmmLogging(Path(f"{self.spool_path}.rmm")) if rmm else None
+        self.rmm_logging = RmmLogging(Path(f"{self.spool_path}.rmm")) if rmm else None  # 3.12+
 
     def start(self) -> None:
         cupy = self.cupy = import_cupy()
         rt = cupy.cuda.runtime
+        if self.rmm_logging is not None:  # first: a refusal leaves nothing started
+            self.rmm_logging.devices = (rt.getDevice, rt.setDevice)
+            self.rmm_logging.start()
         self.device_id = int(rt.getDevice())
         budget = measure_budget(self.device_id)  # first: it reads NVML before our context exists
         self.buffer = EventBuffer()
@@ -156,8 +159,6 @@ class CupyRecording:
         self.spool.start()  # before the program: the spool thread's allocator arena is made now
         self.hook.__enter__()  # type: ignore[attr-defined]
         self._unpatch = patch_threads(self._install_here)
-        if self.rmm_logging is not None:
-            self.rmm_logging.start()
         _RECORDING.append(self)
 
     def detach(self) -> None:
@@ -167,7 +168,7 @@ class CupyRecording:
             self.hook.__exit__(None, None, None)  # type: ignore[attr-defined]
         self.pools.detach()
         if self.rmm_logging is not None:
-            self.rmm_logging.detach()
+            self.rmm_logging.detach(child=True)
         self.spool.detach()
         if self.tail is not None:
             self.tail.close()  # the parent's ring: this process's rows must not reach it
@@ -281,12 +282,17 @@ class CupyRecording:
         if rmm_logs.files:
             try:
                 rmm_rows = read_rows(rmm_logs, self.t0_of_day, by_recorder=self.rmm_logging is not None)
-            except Exception as e:  # a log RMM left unreadable: the program's own pools are still written
+            except Exception as e:  # a log RMM left unreadable: kept, and the program's pools written
                 extra["rmm_error"] = f"{type(e).__name__}: {e}"
+                extra["rmm_logs_kept"] = [str(p) for p in rmm_logs.files]
         # the program allocated through RMM alone (its allocator in CuPy's place): RMM's rows are the trace
         rmm_only = rmm_rows is not None and self.spool.events == 0
-        if rmm_rows is not None and not rmm_only:
-            extra["rmm_trace"] = rmm_output(self.output).name
+        if rmm_rows is not None and not rmm_only:  # both: RMM's beside, first, so the name is the real one
+            beside = self._write_rmm_beside(rmm_rows, extra)
+            if beside is not None:
+                extra["rmm_trace"] = beside.name
+            else:
+                extra["rmm_logs_kept"] = [str(p) for p in rmm_logs.files]
         try:
             from tracekit.record.recover import finalize  # numba and the reader: after the program only
 
@@ -298,9 +304,8 @@ class CupyRecording:
             else:
                 final = write_final(self.output, lambda path, more: finalize(
                     source, path, {**extra, **more}, head=head), self.keep)
-            if rmm_rows is not None and not rmm_only:
-                self._write_rmm_beside(rmm_rows, extra)
-            remove_ours(rmm_logs)
+            if "rmm_logs_kept" not in extra:
+                remove_ours(rmm_logs)  # their rows are in a trace
         except Exception as e:
             # This process may be what broke (a program that replaced json.dumps, a recursion limit
             # of 40): the watcher writes the trace from the spool in a clean process.
@@ -320,16 +325,18 @@ class CupyRecording:
         return final
 
 
-    def _write_rmm_beside(self, rows: RmmRows, extra: dict[str, Any]) -> None:
-        """RMM's rows as their own trace beside the one of CuPy's pools (already written)."""
+    def _write_rmm_beside(self, rows: RmmRows, extra: dict[str, Any]) -> Path | None:
+        """RMM's rows as their own trace beside the one of CuPy's pools (``out.rmm.parquet``, or the
+        first free name beside that); where it went, None where it could not be written (said)."""
         from tracekit.record.runner import tell
 
         try:
-            write_final(rmm_output(self.output), lambda path, more: write_rmm_trace(
+            return write_final(rmm_output(self.output), lambda path, more: write_rmm_trace(
                 path, rows, self.start_meta, {**extra, **more}))
         except Exception as e:
             tell(f"tracekit: error: {rmm_output(self.output)}: could not write RMM's allocations "
-                 f"({type(e).__name__}: {e})")
+                 f"({type(e).__name__}: {e}); RMM's logs are kept")
+            return None
 
 
 def exit_note(info: dict[str, Any] | None, exception: BaseException | None) -> dict[str, Any]:
