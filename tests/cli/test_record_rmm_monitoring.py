@@ -41,10 +41,12 @@ from rmm.mr import _initialize
 _hooks = []
 
 
-def reinitialize(pool_allocator=False, logging=False, log_file_name=None, devices=0):
+def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=None,
+                 maximum_pool_size=None, devices=0, logging=False, log_file_name=None):
     for func in reversed(_hooks):
         func()
-    _initialize(pool_allocator=pool_allocator, logging=logging, log_file_name=log_file_name)
+    _initialize(pool_allocator=pool_allocator, initial_pool_size=initial_pool_size,
+                logging=logging, log_file_name=log_file_name)
 """
 
 MR_PY = '''
@@ -89,7 +91,12 @@ class UpstreamResourceAdaptor(DeviceMemoryResource):
 
 
 class PoolMemoryResource(UpstreamResourceAdaptor):
-    pass
+    def __init__(self, upstream, initial_pool_size=None):
+        super().__init__(upstream)
+        self._size = 1 << 30 if initial_pool_size is None else initial_pool_size  # "half the free"
+
+    def pool_size(self):
+        return self._size
 
 
 class StatisticsResourceAdaptor(UpstreamResourceAdaptor):
@@ -133,9 +140,10 @@ def _set(device, resource):
     _per_device[device] = resource
 
 
-def _init(pool_allocator=False, logging=False, log_file_name=None):
+def _init(pool_allocator=False, initial_pool_size=None, logging=False, log_file_name=None):
     _per_device.clear()
-    r = PoolMemoryResource(CudaMemoryResource()) if pool_allocator else CudaMemoryResource()
+    r = PoolMemoryResource(CudaMemoryResource(), initial_pool_size) if pool_allocator \
+        else CudaMemoryResource()
     _set(0, LoggingResourceAdaptor(r, log_file_name) if logging else r)
 
 
@@ -202,6 +210,23 @@ def test_reinitialize_called_with_kwargs_is_seen(tmp_path: Path) -> None:
     assert trace.meta.extra["rmm_record"]["logging"] == "record --rmm"
     assert trace.meta.extra["rmm_record"]["enable_errors"] == []
     assert not list(tmp_path.glob("*.csv")), "the recorder's own logs are left behind"
+    # the pool as the program set it up: RMM's default initial size measured, no maximum
+    assert trace.meta.recorded.rmm_pool.initial_bytes == 1 << 30
+    assert trace.meta.recorded.rmm_pool.maximum_bytes is None and trace.meta.pool_limit_bytes is None
+
+
+def test_the_programs_pool_settings_are_in_the_trace(tmp_path: Path) -> None:
+    program = "import cupy, rmm\nimport rmm.mr\n" + textwrap.dedent(ALLOCATE) + textwrap.dedent("""
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=1 << 20, maximum_pool_size="64MiB")
+        work(4)
+    """)
+    done = _record(tmp_path, program)
+    assert done.returncode == 0, done.stderr
+    trace = read_trace(tmp_path / "t.parquet")
+    pool = trace.meta.extra["rmm_record"]["pool"]
+    assert pool["initial_pool_size"] == 1 << 20 and pool["maximum_pool_size"] == "64MiB"
+    assert trace.meta.recorded.rmm_pool.initial_bytes == 1 << 20
+    assert trace.meta.pool_limit_bytes == 64 << 20  # replay's and advise's default capacity
 
 
 def test_a_resource_over_a_logged_one_is_not_logged_twice(tmp_path: Path) -> None:
@@ -221,7 +246,7 @@ def test_a_resource_over_a_logged_one_is_not_logged_twice(tmp_path: Path) -> Non
 def test_a_resource_set_directly_is_logged_from_then_on(tmp_path: Path) -> None:
     program = "import cupy, rmm\nimport rmm.mr\n" + textwrap.dedent(ALLOCATE) + textwrap.dedent("""
         work(2)  # on the plain resource RMM set at import: logged too
-        pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource())
+        pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), 0)
         rmm.mr.set_current_device_resource(pool)
         work(3)
         assert rmm.mr.get_current_device_resource().get_upstream() is pool  # what --rmm changes

@@ -51,6 +51,15 @@ TOOL_NAME = "tracekit-rmm"
 DAY_NS = 86_400 * 10**9
 
 
+class RmmPoolJSON(TypedDict):
+    """``rmm_record.pool``: the program's RMM pool, as it set it up (the last one it set)."""
+
+    initial_pool_size: int | str | None  # rmm.reinitialize's argument as given (None: RMM's default)
+    maximum_pool_size: int | str | None  # likewise (None: no maximum)
+    initial_bytes: int | None  # PoolMemoryResource.pool_size() when logging started: the initial pool
+    maximum_bytes: int | None  # maximum_pool_size in bytes, where it was given
+
+
 class RmmRecordJSON(TypedDict):
     """The ``rmm_record`` metadata key of a trace made from RMM's logs by ``record``."""
 
@@ -58,8 +67,10 @@ class RmmRecordJSON(TypedDict):
     logging: str  # "program": the program's own logging; "record --rmm": turned on by the recorder
     rows: int  # log lines read
     null_pointer_rows: int  # allocate/free lines with a null pointer (0-byte requests): no row
+    null_allocations: int  # of those, the allocate lines (RMM answers a 0-byte request with nullptr)
     enable_errors: list[str]  # why enable_logging failed, where it did (one sentence each)
     time: str  # what t_ns is made of
+    pool: RmmPoolJSON | None  # the pool the program set up (record --rmm), None where none was seen
 
 
 def local_time_of_day_ns(wall_ns: int) -> int:
@@ -77,6 +88,7 @@ class RmmLogs:
     ours: set[Path] = field(default_factory=set)  # the ones ``record --rmm`` made (removed after)
     enable_errors: list[str] = field(default_factory=list)
     unlogged: set[int] = field(default_factory=set)  # devices whose RMM resource logs nothing
+    pool: RmmPoolJSON | None = None  # the pool the program set up last (record --rmm)
 
     def add(self, name: object, device: int | None = None) -> Path | None:
         if not isinstance(name, str) or not name:
@@ -135,7 +147,9 @@ class RmmLogging:
         self.logs = RmmLogs()
         self.tool: int | None = None
         self._made = 0
+        self._pool_id = 0
         self._armed = False  # the program's rmm seen imported: its resource logged from then on
+        self._arguments: tuple[int | str | None, int | str | None] = (None, None)  # reinitialize's
         self._lock = threading.Lock()  # one _enable at a time (threads setting resources at once)
         self._inside = threading.local()  # our own RMM calls in _enable fire events too: not watched
 
@@ -203,6 +217,8 @@ class RmmLogging:
                 self._armed = True  # rmm is imported whole: log the resource RMM would use now
                 self._enable(default=True)
             if rmm is not None and self._watched(rmm, code, callable_):
+                if code is getattr(rmm.reinitialize, "__code__", None):
+                    self._arguments = _pool_arguments(sys._getframe(1))  # reinitialize's own frame
                 flush_logs(self.logs)  # a resource about to be replaced: its lines so far
                 if callable_ is rmm.mr.enable_logging:
                     self._unwrap(rmm)  # the program's own logging goes over its resource, not ours
@@ -251,6 +267,7 @@ class RmmLogging:
                     devices = [self.devices[0]()]
                 for device in devices:
                     top = mr.get_per_device_resource(device)
+                    self._note_pool(mr, top)
                     logged = _log_in_chain(mr, top)
                     if logged is not None:
                         self.logs.add(logged, device)
@@ -268,6 +285,19 @@ class RmmLogging:
         finally:
             self._inside.on = False
 
+    def _note_pool(self, mr: Any, resource: Any) -> None:
+        """The pool in ``resource``'s chain, as the program set it up: its size now (before any
+        allocation of it: the initial pool) and reinitialize's arguments (a pool set directly has
+        none we can read)."""
+        pool = next((r for r in _chain(resource) if isinstance(r, mr.PoolMemoryResource)), None)
+        if pool is None or (self.logs.pool is not None and self._pool_id == id(pool)):
+            return
+        self._pool_id = id(pool)
+        initial, maximum = self._arguments
+        self._arguments = (None, None)
+        self.logs.pool = RmmPoolJSON(initial_pool_size=initial, maximum_pool_size=maximum,
+                                     initial_bytes=int(pool.pool_size()), maximum_bytes=_bytes(maximum))
+
     def _adaptor(self, mr: Any, upstream: Any, base: str, device: int) -> Any:
         if self.devices is None:
             return mr.LoggingResourceAdaptor(upstream, log_file_name=base)
@@ -282,17 +312,55 @@ class RmmLogging:
             put(was)
 
 
-def _logs_in_chain(mr: Any, resource: Any, depth: int = 16) -> list[Any]:
-    """The ``LoggingResourceAdaptor``s in ``resource``'s chain of upstreams, top first."""
+def _chain(resource: Any, depth: int = 16) -> list[Any]:
+    """``resource`` and its upstreams (``get_upstream()``), top first."""
     out = []
     for _ in range(depth):
-        if isinstance(resource, mr.LoggingResourceAdaptor):
-            out.append(resource)
+        out.append(resource)
         upstream = getattr(resource, "get_upstream", None)
         if upstream is None:
             break
         resource = upstream()
     return out
+
+
+def _logs_in_chain(mr: Any, resource: Any) -> list[Any]:
+    """The ``LoggingResourceAdaptor``s in ``resource``'s chain of upstreams, top first."""
+    return [r for r in _chain(resource) if isinstance(r, mr.LoggingResourceAdaptor)]
+
+
+def _json_size(v: object) -> int | str | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return v
+    return str(v)[:64] if isinstance(v, str) else None
+
+
+def _pool_arguments(frame: Any) -> tuple[int | str | None, int | str | None]:
+    """``initial_pool_size`` and ``maximum_pool_size`` of a running ``rmm.reinitialize`` (its frame's
+    locals, read only), where it sets up a pool; (None, None) otherwise."""
+    try:
+        local = frame.f_locals
+        if not local.get("pool_allocator"):
+            return None, None
+        return _json_size(local.get("initial_pool_size")), _json_size(local.get("maximum_pool_size"))
+    except Exception:
+        return None, None
+
+
+def _bytes(v: int | str | None) -> int | None:
+    """A size as RMM's ``parse_bytes`` would read it (``1GiB``, ``512MB``, an int), None otherwise."""
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    if isinstance(v, str):
+        from tracekit.units import parse_size
+
+        try:
+            return parse_size(v.replace(" ", ""), "maximum_pool_size")
+        except Exception:
+            return None
+    return None
 
 
 def _log_in_chain(mr: Any, resource: Any) -> str | None:
@@ -333,12 +401,12 @@ def _on_clock(t_day: np.ndarray, start: int) -> np.ndarray:
 def read_rows(logs: RmmLogs, start_time_of_day_ns: int, *, by_recorder: bool) -> RmmRows | None:
     """Every row of ``logs`` (the files that exist) on the recording's clock (ns since its start,
     whose local time of day was ``start_time_of_day_ns``), merged by time; None without a row file."""
-    from tracekit.importers.rmm_log import device_of, log_events, read_log
+    from tracekit.importers.rmm_log import Action, device_of, log_events, read_log
     from tracekit.trace import Events
 
     parts, threads = [], []
     names: list[str] = []
-    rows = nulls = 0
+    rows = nulls = null_allocations = 0
     for path in (p for p in logs.files if p.is_file()):
         cols = read_log(path)
         t = _on_clock(cols.t_ns, start_time_of_day_ns)
@@ -346,6 +414,7 @@ def read_rows(logs: RmmLogs, start_time_of_day_ns: int, *, by_recorder: bool) ->
         ev, thread, _ = log_events(cols, device, t)
         rows += len(cols.action)
         nulls += len(cols.action) - len(ev)
+        null_allocations += int(np.count_nonzero((cols.pointer == 0) & (cols.action == Action.ALLOCATE)))
         parts.append(ev)
         threads.append(thread)
         names.append(path.name)
@@ -360,8 +429,9 @@ def read_rows(logs: RmmLogs, start_time_of_day_ns: int, *, by_recorder: bool) ->
                           t_ns=cat("t_ns"), stream=cat("stream"), device=cat("device"))
     info = RmmRecordJSON(
         logs=names, logging="record --rmm" if by_recorder else "program", rows=rows,
-        null_pointer_rows=nulls, enable_errors=list(logs.enable_errors),
+        null_pointer_rows=nulls, null_allocations=null_allocations, enable_errors=list(logs.enable_errors),
         time="ns since the recording started: RMM's local time of day to the microsecond, on its clock",
+        pool=logs.pool,
     )
     return RmmRows(events, np.concatenate(threads)[pick], info)
 
@@ -397,7 +467,9 @@ def write_rmm_trace(path: Path, rows: RmmRows, start: Any, end: dict[str, Any]) 
     rmm = _rmm()
     if rmm is not None:
         versions["rmm"] = str(getattr(rmm, "__version__", "?"))
-    meta = replace(start, source=Source.RMM, pool_limit_bytes=None, versions=versions, extra=extra)
+    pool = rows.info["pool"]
+    limit = pool["maximum_bytes"] if pool is not None else None  # RMM's maximum_pool_size: the pool's limit
+    meta = replace(start, source=Source.RMM, pool_limit_bytes=limit, versions=versions, extra=extra)
     return write_trace(path, meta, rows.events, {"thread": pa.array(rows.thread, pa.uint64())})
 
 

@@ -304,6 +304,22 @@ class StackSettings:
 
 
 @dataclass(frozen=True)
+class RmmPoolSettings:
+    """The RMM pool a recorded program set up (``rmm_record.pool``, ``record --rmm``): its size when
+    logging started (the initial pool) and its maximum, bytes; None where not known."""
+
+    initial_bytes: int | None = None
+    maximum_bytes: int | None = None
+
+    @classmethod
+    def from_extra(cls, d: Any) -> RmmPoolSettings:
+        pool = d.get("pool") if isinstance(d, Mapping) else None
+        if not isinstance(pool, Mapping):
+            return cls()
+        return cls(as_bytes(pool.get("initial_bytes")), as_bytes(pool.get("maximum_bytes")))
+
+
+@dataclass(frozen=True)
 class RecordedMeta:
     """Every recorder key a verb reads, typed (see the module docstring). ``oom_states`` by seq (the
     last entry wins for a repeated seq); ``pool_limits`` by (device, pool id), None where the pool has
@@ -319,6 +335,7 @@ class RecordedMeta:
     exit: ExitInfo | None = None
     stacks: StackSettings = StackSettings()
     pool_limits: Mapping[tuple[int, int], int | None] = field(default_factory=dict)
+    rmm_pool: RmmPoolSettings = RmmPoolSettings()
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> RecordedMeta:
@@ -338,6 +355,7 @@ class RecordedMeta:
             exit=ExitInfo.from_extra(extra.get("exit")),
             stacks=StackSettings.from_extra(extra.get("recorder"), extra.get("sites_relative_to")),
             pool_limits={(p.device, p.id): p.limit for p in table},
+            rmm_pool=RmmPoolSettings.from_extra(extra.get("rmm_record")),
         )
 
     @classmethod

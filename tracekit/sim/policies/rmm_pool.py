@@ -12,8 +12,9 @@ neighbours on the freeing stream's list, never across two upstream blocks; the p
 ``SimConfig.capacity`` is ``maximum_pool_size`` (aligned down to 256 bytes, as RMM requires a
 multiple of 256; None: no maximum). ``SimConfig.device_total`` bounds the upstream
 (``cuda_memory_resource``) at the driver's granularity. Options (``SimConfig.options``):
-``initial_pool_size`` (bytes, or a size such as ``1GiB``; default as RMM's: half the device's free
-memory, aligned down to 256, where the trace records it, else 0). An initial size above the
+``initial_pool_size`` (bytes, or a size such as ``1GiB``; default: the program's own initial pool
+where ``record --rmm`` measured it, else as RMM's: half the device's free memory, aligned down to
+256, where the trace records it, else 0). An initial size above the
 maximum is taken as the maximum (RMM's constructor refuses it).
 
 Streams: the default stream (0) and ``cudaStreamLegacy`` (1) share one list, as
@@ -67,12 +68,16 @@ def _thread(trace: Trace) -> np.ndarray | None:
 
 
 def initial_pool_size(trace: Trace, config: SimConfig) -> int:
-    """The initial pool size of a replay: the option, else half the recorded free memory, else 0."""
+    """The initial pool size of a replay: the option, else the recorded program's, else half the
+    recorded free memory, else 0."""
     from tracekit.sim.policies._rmm_kernel import ALIGNMENT  # the kernels load on run (package docstring)
 
     text = config.options.get("initial_pool_size")
+    recorded = trace.meta.recorded.rmm_pool.initial_bytes  # record --rmm measured the program's pool
     if text is not None:
         value = parse_size(str(text), "rmm-pool option initial_pool_size")
+    elif recorded is not None:
+        value = recorded
     else:
         dev = trace.meta.device
         free = dev.free_bytes if dev is not None and dev.free_bytes else 0
