@@ -126,7 +126,7 @@ def test_record_rmm_holds_every_allocation_rmms_statistics_count(tmp_path: Path)
     # the model of RMM's pool fails where the real pool failed (the first allocate failure)
     first_oom = int(ev.seq[np.flatnonzero(ev.op == Op.OOM)[0]])
     r = subprocess.run([sys.executable, "-m", "tracekit", "replay", str(tmp_path / "t.parquet"),
-                        "--sim", "rmm-pool", "--capacity", str(maximum), "--json"],
+                        "--sim", "rmm-pool", "--capacity", str(maximum), "--stop-at-first-oom", "--json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
