@@ -198,18 +198,21 @@ class Pool:
     """``jobs`` worker processes (none when ``jobs`` is 1: tasks run in this process), started on
     first use. ``what`` starts the sentence a broken pool ends with (``map``), up to "worker":
     ``"t.parquet: a what-if"`` gives "t.parquet: a what-if worker process ended abruptly (...)".
-    ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported.
+    ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported;
+    ``initargs`` may be a function giving them, called once, when the first worker starts (what
+    only workers need is made only if they start: ``tracekit.handoff.share``).
     The in-process case runs no initializer: the caller sets its own state up. ``measured``
     (``map`` only): tasks run in this process too, as the caller set it up, until ``Measured``
     says the workers pay."""
 
     def __init__(self, jobs: int, *, what: str = "a tracekit", initializer: Callable[..., None] | None = None,
-                 initargs: tuple[Any, ...] = (), imports: Sequence[str] = (),
+                 initargs: tuple[Any, ...] | Callable[[], tuple[Any, ...]] = (), imports: Sequence[str] = (),
                  measured: Measured | None = None) -> None:
         self.jobs = max(1, jobs)
         self.measured = measured if self.jobs > 1 else None
         self.what = what
-        self._start_args = (tuple(imports), initializer, initargs)
+        self._imports, self._initializer, self._initargs = tuple(imports), initializer, initargs
+        self._start_args: tuple[Any, ...] | None = None  # (imports, initializer, initargs) once made
         self._pool: ProcessPoolExecutor | None = None
         self._generation = 0  # counts rebuilt pools, so one break rebuilds once
 
@@ -318,6 +321,9 @@ class Pool:
         if self._pool is None:
             from concurrent.futures import ProcessPoolExecutor
 
+            if self._start_args is None:
+                made = self._initargs() if callable(self._initargs) else self._initargs
+                self._start_args = (self._imports, self._initializer, made)
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=process_context(), initializer=_start,
                                              initargs=self._start_args)
         return self._pool

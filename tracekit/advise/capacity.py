@@ -37,6 +37,7 @@ from typing import Any, NotRequired, TypedDict
 import numpy as np
 
 from tracekit.errors import InputError, TracekitError
+from tracekit.handoff import Shared, attach, release, share
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.live import live_bytes, paired_frees, round_up
 from tracekit.trace.reader import Trace, read_trace
@@ -350,9 +351,10 @@ class _Task:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(path: str | None, trace: Trace | None, expected: Fingerprint | None) -> None:
+def _init_worker(path: str | None, trace: Trace | None, expected: Fingerprint | None,
+                 shared: Shared | None = None) -> None:
     _WORKER.clear()
-    _WORKER.update(path=path, trace=trace, expected=expected)
+    _WORKER.update(path=path, trace=trace, expected=expected, shared=shared)
 
 
 def _device_input(device: int | None, policy: str) -> tuple[Trace, bool, dict[str, str]]:
@@ -361,8 +363,10 @@ def _device_input(device: int | None, policy: str) -> tuple[Trace, bool, dict[st
     its prepared form once per device."""
     from tracekit.advise.counterfactual import prepare, setting, uses_counterfactual
 
-    if _WORKER.get("trace") is None:
-        _WORKER["trace"] = reread(_WORKER["path"], _WORKER["expected"])
+    if _WORKER.get("trace") is None:  # the parent's, mapped (tracekit.handoff), else the file again
+        shared = _WORKER.get("shared")
+        _WORKER["trace"] = (attach(shared) if shared is not None
+                            else reread(_WORKER["path"], _WORKER["expected"]))
     parts = _WORKER.setdefault("parts", {})
     if device not in parts:
         whole = _WORKER["trace"]
@@ -427,12 +431,23 @@ def _run(trace: Trace, tasks: list[_Task], jobs: int) -> list[PolicyFit]:
     """The searches, in order: in this process, or on one ``Pool`` of ``jobs`` workers."""
     if jobs == 1:
         _init_worker(None, trace, None)
+    shared: list[Shared] = []
+
+    def start() -> tuple[Any, ...]:  # when the first worker starts: the trace in shared memory
+        handle = share(trace)
+        if handle is None:
+            return worker_input(trace)
+        shared.append(handle)
+        return None, None, None, handle
+
     pool = Pool(jobs, what=f"{trace.path or 'the trace'}: a what-if", initializer=_init_worker,
-                initargs=worker_input(trace) if jobs > 1 else ())
+                initargs=start if jobs > 1 else ())
     try:
         return list(pool.map(_work, tasks))
     finally:
         pool.close()
+        for handle in shared:
+            release(handle)
         _init_worker(None, None, None)  # do not keep the trace alive in this process
 
 

@@ -25,6 +25,7 @@ from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.capacity import Fingerprint, PolicyFit, Same, Unbounded, reread, worker_input
 from tracekit.advise.capacity import search as bisect
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
+from tracekit.handoff import Shared, attach, release, share
 from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
 from tracekit.workers import Measured, Pool
@@ -46,21 +47,33 @@ class Task:
 _STATE: dict[str, Any] = {}
 
 
-def _init(path: str | None, trace: Trace | None, counterfactual: bool, expected: Fingerprint | None) -> None:
+def _init(path: str | None, trace: Trace | None, counterfactual: bool, expected: Fingerprint | None,
+          shared: Shared | None = None) -> None:
     _STATE.clear()
-    _STATE.update(path=path, trace=trace, counterfactual=counterfactual, expected=expected, ready=False)
+    _STATE.update(path=path, trace=trace, counterfactual=counterfactual, expected=expected, ready=False,
+                  shared=shared)
 
 
 def _trace() -> Trace:
-    """The worker's input, prepared once: the trace the parent read (a worker reading the file
+    """The worker's input, prepared once: the parent's, mapped from shared memory as the parent
+    prepared it (``tracekit.handoff``), else the trace the parent read (a worker reading the file
     checks it is still that trace: ``whatif.reread``)."""
     if not _STATE["ready"]:
-        from tracekit.advise.counterfactual import prepare
-
-        t = _STATE["trace"] if _STATE["trace"] is not None else reread(_STATE["path"], _STATE["expected"])
-        _STATE.update(trace=prepare(t) if _STATE["counterfactual"] else t, ready=True)
+        if _STATE["shared"] is not None:
+            _STATE.update(trace=attach(_STATE["shared"]), ready=True)
+        else:
+            _STATE.update(trace=_input(_STATE["trace"] if _STATE["trace"] is not None
+                                       else reread(_STATE["path"], _STATE["expected"]),
+                                       _STATE["counterfactual"]), ready=True)
     trace: Trace = _STATE["trace"]
     return trace
+
+
+def _input(trace: Trace, counterfactual: bool) -> Trace:
+    """What the tasks replay: the counterfactual input of a recording, else the trace."""
+    from tracekit.advise.counterfactual import prepare
+
+    return prepare(trace) if counterfactual else trace
 
 
 def _run(task: Task) -> Outcome | PolicyFit:
@@ -94,15 +107,26 @@ class Runner:
         self.trace = trace
         self.counterfactual = counterfactual
         self.done: dict[Task, Outcome | PolicyFit] = {}
+        self.shared: Shared | None = None
         if jobs == 1 or measure:
             _init(None, trace, counterfactual, None)
         if jobs == 1:
             self.pool = Pool(1)
             return
-        path, whole, expected = worker_input(trace)
         self.pool = Pool(jobs, what=f"{trace.path or 'the trace'}: an advise", initializer=_init,
-                         initargs=(path, whole, counterfactual, expected),
+                         initargs=self._worker_args,
                          measured=Measured(len(trace.events)) if measure else None)
+
+    def _worker_args(self) -> tuple[Any, ...]:
+        """The workers' start, made when the first one starts: the input as this process prepared
+        it, in shared memory (``tracekit.handoff``), else the file to read again (or the trace,
+        pickled, where it has no file)."""
+        mine = _trace() if _STATE.get("trace") is not None else _input(self.trace, self.counterfactual)
+        self.shared = share(mine)
+        if self.shared is not None:
+            return None, None, self.counterfactual, None, self.shared
+        path, whole, expected = worker_input(self.trace)
+        return path, whole, self.counterfactual, expected
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
@@ -131,6 +155,7 @@ class Runner:
 
     def close(self) -> None:
         self.pool.close()
+        release(self.shared)
         _STATE.clear()  # do not keep the trace alive in this process
 
 
