@@ -48,19 +48,21 @@ _STATE: dict[str, Any] = {}
 
 
 def _init(path: str | None, trace: Trace | None, counterfactual: bool, expected: Fingerprint | None,
-          shared: Shared | None = None) -> None:
+          shared: Shared | None = None, prepared: bool = False) -> None:
     _STATE.clear()
     _STATE.update(path=path, trace=trace, counterfactual=counterfactual, expected=expected, ready=False,
-                  shared=shared)
+                  shared=shared, prepared=prepared)
 
 
 def _trace() -> Trace:
-    """The worker's input, prepared once: the parent's, mapped from shared memory as the parent
-    prepared it (``tracekit.handoff``), else the trace the parent read (a worker reading the file
-    checks it is still that trace: ``whatif.reread``)."""
+    """The worker's input, prepared once: the parent's trace mapped from shared memory
+    (``tracekit.handoff``; ``prepared``: as the parent prepared it), else the trace the parent read
+    (a worker reading the file checks it is still that trace: ``whatif.reread``)."""
     if not _STATE["ready"]:
         if _STATE["shared"] is not None:
-            _STATE.update(trace=attach(_STATE["shared"]), ready=True)
+            mapped = attach(_STATE["shared"])
+            _STATE.update(trace=mapped if _STATE["prepared"] else _input(mapped, _STATE["counterfactual"]),
+                          ready=True)
         else:
             _STATE.update(trace=_input(_STATE["trace"] if _STATE["trace"] is not None
                                        else reread(_STATE["path"], _STATE["expected"]),
@@ -118,13 +120,14 @@ class Runner:
                          measured=Measured(len(trace.events)) if measure else None)
 
     def _worker_args(self) -> tuple[Any, ...]:
-        """The workers' start, made when the first one starts: the input as this process prepared
-        it, in shared memory (``tracekit.handoff``), else the file to read again (or the trace,
-        pickled, where it has no file)."""
-        mine = _trace() if _STATE.get("trace") is not None else _input(self.trace, self.counterfactual)
-        self.shared = share(mine)
+        """The workers' start, made when the first one starts: the trace in shared memory
+        (``tracekit.handoff``), as this process prepared it where it has (it ran tasks itself
+        first), else as read (each worker prepares its own, in parallel); else the file to read
+        again (or the trace, pickled, where it has no file)."""
+        prepared = bool(_STATE.get("ready"))
+        self.shared = share(_STATE["trace"] if prepared else self.trace)
         if self.shared is not None:
-            return None, None, self.counterfactual, None, self.shared
+            return None, None, self.counterfactual, None, self.shared, prepared
         path, whole, expected = worker_input(self.trace)
         return path, whole, self.counterfactual, expected
 
