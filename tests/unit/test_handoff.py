@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tracekit import handoff
+from tracekit.errors import TracekitError
 from tracekit.trace import read_trace
 from tracekit.workers import Pool
 
@@ -57,15 +60,39 @@ def test_small_objects_are_not_shared() -> None:
 
 def test_a_file_left_by_a_killed_process_is_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handoff, "SHM", tmp_path)
-    dead = 2**22 + 12345  # above the kernel's pid_max default: no such process
-    stale = tmp_path / f"{handoff.PREFIX}{dead}-abc"
+    old = time.time() - 2 * handoff.STALE_S
+    stale = tmp_path / f"{handoff.PREFIX}1-abc"  # nobody holds it, made long ago: a killed owner's
     stale.write_bytes(b"x")
-    mine = tmp_path / f"{handoff.PREFIX}{os.getpid()}-def"
-    mine.write_bytes(b"x")
+    os.utime(stale, (old, old))
+    held = tmp_path / f"{handoff.PREFIX}2-def"  # an owner (in another container, say) holds its lock
+    held.write_bytes(b"x")
+    os.utime(held, (old, old))
+    fresh = tmp_path / f"{handoff.PREFIX}3-ghi"  # just made: its owner is about to lock it
+    fresh.write_bytes(b"x")
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        handle = handoff.share({"a": np.ones(1 << 18)})
+        assert handle is not None and Path(handle.path).parent == tmp_path
+        handoff._sweep(tmp_path)  # a second sweep meanwhile leaves the live handle's file alone
+        assert Path(handle.path).exists()
+        handoff.release(handle)
+    finally:
+        os.close(fd)
+    assert not stale.exists() and held.exists() and fresh.exists()
+
+
+def test_no_room_in_shared_memory_is_no_handoff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handoff, "SHM", tmp_path / "missing")  # nowhere to put it: the old way
+    assert handoff.share({"a": np.ones(1 << 18)}) is None
+
+
+def test_a_handle_whose_file_is_gone_is_one_sentence() -> None:
     handle = handoff.share({"a": np.ones(1 << 18)})
     assert handle is not None
     handoff.release(handle)
-    assert not stale.exists() and mine.exists()
+    with pytest.raises(TracekitError, match=r"the shared copy of the trace .* is gone"):
+        handoff.attach(handle)
 
 
 _MADE: list[int] = []

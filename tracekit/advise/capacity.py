@@ -445,10 +445,12 @@ def _run(trace: Trace, tasks: list[_Task], jobs: int) -> list[PolicyFit]:
     try:
         return list(pool.map(_work, tasks))
     finally:
-        pool.close()
-        for handle in shared:
-            release(handle)
-        _init_worker(None, None, None)  # do not keep the trace alive in this process
+        try:
+            pool.close()
+        finally:
+            for handle in shared:
+                release(handle)
+            _init_worker(None, None, None)  # do not keep the trace alive in this process
 
 
 def worker_input(trace: Trace) -> tuple[str | None, Trace | None, Fingerprint | None]:

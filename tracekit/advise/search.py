@@ -157,9 +157,11 @@ class Runner:
         return replace(task, candidate=replace(c, options=tuple(kv for kv in c.options if kv[0] not in drop)))
 
     def close(self) -> None:
-        self.pool.close()
-        release(self.shared)
-        _STATE.clear()  # do not keep the trace alive in this process
+        try:
+            self.pool.close()
+        finally:
+            release(self.shared)
+            _STATE.clear()  # do not keep the trace alive in this process
 
 
 def _as(result: Outcome | PolicyFit, candidate: Candidate) -> Outcome | PolicyFit:
