@@ -46,6 +46,7 @@ from tracekit.record.pools import PoolKind, PoolRegistry
 from tracekit.record.probe import cupy_probe
 from tracekit.record.rmm import (
     RmmLogging,
+    RmmLogs,
     RmmRows,
     local_time_of_day_ns,
     program_logs,
@@ -276,23 +277,7 @@ class CupyRecording:
         held = self.spool.held  # the program deleted or replaced its spool: the recorder's own file
         if held is not None:
             extra["spool_gone"] = GONE
-        rmm_rows = None
-        if rmm_logs.unlogged and self.rmm_logging is None:
-            extra["rmm_unlogged"] = sorted(rmm_logs.unlogged)  # record --rmm would log them
-        if rmm_logs.files:
-            try:
-                rmm_rows = read_rows(rmm_logs, self.t0_of_day, by_recorder=self.rmm_logging is not None)
-            except Exception as e:  # a log RMM left unreadable: kept, and the program's pools written
-                extra["rmm_error"] = f"{type(e).__name__}: {e}"
-                extra["rmm_logs_kept"] = [str(p) for p in rmm_logs.files]
-        # the program allocated through RMM alone (its allocator in CuPy's place): RMM's rows are the trace
-        rmm_only = rmm_rows is not None and self.spool.events == 0
-        if rmm_rows is not None and not rmm_only:  # both: RMM's beside, first, so the name is the real one
-            beside = self._write_rmm_beside(rmm_rows, extra)
-            if beside is not None:
-                extra["rmm_trace"] = beside.name
-            else:
-                extra["rmm_logs_kept"] = [str(p) for p in rmm_logs.files]
+        rmm_rows, rmm_only = self._rmm_rows(rmm_logs, extra)
         try:
             from tracekit.record.recover import finalize  # numba and the reader: after the program only
 
@@ -324,6 +309,27 @@ class CupyRecording:
             self.watcher.done()
         return final
 
+    def _rmm_rows(self, logs: RmmLogs, extra: dict[str, Any]) -> tuple[RmmRows | None, bool]:
+        """RMM's rows of the run (``tracekit.record.rmm``), and whether they are the whole trace (the
+        program allocated through RMM alone: its allocator in CuPy's place). Where CuPy's pools were
+        used too, RMM's rows are written beside first, so the name ``extra`` gives is the real one."""
+        rows = None
+        if logs.unlogged and self.rmm_logging is None:
+            extra["rmm_unlogged"] = sorted(logs.unlogged)  # record --rmm would log them
+        if logs.files:
+            try:
+                rows = read_rows(logs, self.t0_of_day, by_recorder=self.rmm_logging is not None)
+            except Exception as e:  # a log RMM left unreadable: kept, and the program's pools written
+                extra["rmm_error"] = f"{type(e).__name__}: {e}"
+                extra["rmm_logs_kept"] = [str(p) for p in logs.files]
+        if rows is None or self.spool.events == 0:
+            return rows, rows is not None
+        beside = self._write_rmm_beside(rows, extra)
+        if beside is not None:
+            extra["rmm_trace"] = beside.name
+        else:
+            extra["rmm_logs_kept"] = [str(p) for p in logs.files]
+        return rows, False
 
     def _write_rmm_beside(self, rows: RmmRows, extra: dict[str, Any]) -> Path | None:
         """RMM's rows as their own trace beside the one of CuPy's pools (``out.rmm.parquet``, or the
