@@ -21,22 +21,9 @@ from tracekit.sim.base import SimConfig
 from tracekit.sim.codes import Stat
 from tracekit.sim.policies.rmm_pool import MODEL
 from tracekit.trace import Op, Source, read_trace
+from tracekit.trace.live import live_bytes, paired_frees
 
 HERE = Path(__file__).resolve().parents[2] / "traces" / "rmm-record"
-
-
-def _live_peak(op: np.ndarray, addr: np.ndarray, size: np.ndarray) -> int:
-    """The most requested bytes live at once (a free takes back its malloc's request)."""
-    size_at: dict[int, int] = {}
-    live = peak = 0
-    for o, a, s in zip(op.tolist(), addr.tolist(), size.tolist(), strict=True):
-        if o == Op.MALLOC:
-            size_at[a] = s
-            live += s
-            peak = max(peak, live)
-        elif o == Op.FREE:
-            live -= size_at.pop(a, 0)
-    return peak
 
 
 def test_the_cupy_program_on_rmms_pool_holds_what_rmm_counted() -> None:
@@ -47,7 +34,8 @@ def test_the_cupy_program_on_rmms_pool_holds_what_rmm_counted() -> None:
     assert trace.meta.source == Source.RMM
     assert int(mallocs.sum()) == witness["total_count"] == 249
     assert int(ev.size[mallocs].sum()) == witness["total_bytes"]
-    assert _live_peak(ev.op, ev.addr, ev.size) == witness["peak_bytes"]
+    freed = paired_frees(ev.op, trace.mate)  # requested bytes live after every row
+    assert int(live_bytes(ev.size, mallocs, freed, trace.mate).max()) == witness["peak_bytes"]
     assert trace.meta.pool_limit_bytes == 512 << 20 and trace.meta.recorded.rmm_pool.initial_bytes == 0
     assert trace.meta.recorded.exit is not None and trace.meta.recorded.exit.status == "ok"  # it caught it
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.trace import Op, Source, read_trace
+from tracekit.trace import Op, Source, Trace, read_trace
+from tracekit.trace.live import live_bytes, paired_frees
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -38,38 +39,15 @@ def _reason() -> str | None:
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_reason() is not None, reason=str(_reason()))]
 
-CUPY_PROGRAM = """
-    import json, sys
-    import cupy as cp
-    import numpy as np
-    import rmm, rmm.mr
-    from rmm.allocators.cupy import rmm_cupy_allocator
+# the programs, as committed beside their traces (traces/rmm-record: what TRACEKIT_GPU_KEEP keeps)
+PROGRAMS = ROOT / "traces" / "rmm-record"
+CUPY_PROGRAM = (PROGRAMS / "cupy-pool.app.py").read_text()  # maximum_pool_size 512 MiB
 
-    rmm.reinitialize(pool_allocator=True, initial_pool_size=0, maximum_pool_size=MAXIMUM)
-    stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.get_current_device_resource())
-    rmm.mr.set_current_device_resource(stats)
-    cp.cuda.set_allocator(rmm_cupy_allocator)
-    rng = np.random.default_rng(0)
-    total = 0.0
-    for step in range(60):  # sizes of 4 KiB .. 32 MiB, some kept a while
-        n = int(2 ** rng.uniform(10, 23))
-        a = cp.random.random(n, dtype=cp.float32)
-        b = cp.sort(a * 2)
-        total += float(b[-1])
-    kept, failed = [], False
-    try:
-        while True:  # until the pool's maximum: RMM raises MemoryError
-            kept.append(cp.empty(48 * (1 << 20), cp.uint8))
-    except MemoryError:
-        failed = True
-    n_kept = len(kept)
-    del kept
-    s = stats.allocation_counts
-    json.dump({"total_count": s.total_count, "total_bytes": s.total_bytes, "peak_bytes": s.peak_bytes,
-               "failed": failed, "kept": n_kept,
-               "logging_on_top": type(rmm.mr.get_current_device_resource()).__name__},
-              open(sys.argv[1], "w"))
-"""
+
+def requested_live(trace: Trace) -> np.ndarray:
+    """Requested bytes live after every row (a free takes back its malloc's request)."""
+    ev = trace.events
+    return live_bytes(ev.size, ev.op == Op.MALLOC, paired_frees(ev.op, trace.mate), trace.mate)
 
 
 def _keep(tmp: Path, name: str) -> None:
@@ -90,23 +68,9 @@ def _record(tmp: Path, program: str, *opts: str) -> subprocess.CompletedProcess[
                           env={**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
 
 
-def _live_peak(ev) -> int:  # type: ignore[no-untyped-def]
-    """The most requested bytes live at once (frees matched to their malloc's request by address)."""
-    size_at: dict[int, int] = {}
-    live = peak = 0
-    for op, addr, size in zip(ev.op.tolist(), ev.addr.tolist(), ev.size.tolist(), strict=True):
-        if op == Op.MALLOC:
-            size_at[addr] = size
-            live += size
-            peak = max(peak, live)
-        elif op == Op.FREE:
-            live -= size_at.pop(addr, 0)
-    return peak
-
-
 def test_record_rmm_holds_every_allocation_rmms_statistics_count(tmp_path: Path) -> None:
     maximum = 512 * MiB
-    done = _record(tmp_path, CUPY_PROGRAM.replace("MAXIMUM", str(maximum)), "--rmm", "-o", "t.parquet")
+    done = _record(tmp_path, CUPY_PROGRAM, "--rmm", "-o", "t.parquet")
     _keep(tmp_path, "cupy-pool")
     assert done.returncode == 0, done.stderr
     witness = json.loads((tmp_path / "witness.json").read_text())
@@ -117,7 +81,7 @@ def test_record_rmm_holds_every_allocation_rmms_statistics_count(tmp_path: Path)
     nulls = trace.meta.extra["rmm_record"]["null_allocations"]  # 0-byte requests: RMM gives nullptr
     assert int(mallocs.sum()) + nulls == witness["total_count"]
     assert int(ev.size[mallocs].sum()) == witness["total_bytes"]
-    assert _live_peak(ev) == witness["peak_bytes"]
+    assert int(requested_live(trace).max()) == witness["peak_bytes"]
     assert witness["failed"] and int((ev.op == Op.OOM).sum()) >= 1
     assert trace.meta.extra["rmm_record"]["logging"] == "record --rmm"
     # the program's pool as it set it up: measured initial size 0, its maximum the trace's pool limit
@@ -162,27 +126,7 @@ def test_the_programs_own_rmm_logging_is_the_trace(tmp_path: Path) -> None:
 
 def test_record_rmm_of_a_pytorch_program_on_rmms_allocator(tmp_path: Path) -> None:
     pytest.importorskip("torchvision", reason="torchvision is not installed")
-    program = """
-        import json, sys
-        import rmm, rmm.mr
-        import torch, torchvision
-        from rmm.allocators.torch import rmm_torch_allocator
-        rmm.reinitialize(pool_allocator=True, initial_pool_size=0)
-        stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.get_current_device_resource())
-        rmm.mr.set_current_device_resource(stats)
-        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
-        model = torchvision.models.resnet18().cuda()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for _ in range(3):
-            x = torch.randn(16, 3, 224, 224, device="cuda")
-            loss = model(x).sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        torch.cuda.synchronize()
-        s = stats.allocation_counts
-        json.dump({"total_count": s.total_count, "total_bytes": s.total_bytes}, open(sys.argv[1], "w"))
-    """
+    program = (PROGRAMS / "torch.app.py").read_text()
     done = _record(tmp_path, program, "--rmm", "-o", "t.parquet")
     _keep(tmp_path, "torch")
     assert done.returncode == 0, done.stderr
