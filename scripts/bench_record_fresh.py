@@ -32,6 +32,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--shuffle", action="store_true", help="each process runs its variants in a random order")
+    ap.add_argument("--blocking-sync", action="store_true",
+                    help="waits for the device sleep (bench_record_overhead.py --blocking-sync)")
     args = ap.parse_args()
     runs = []
     for i in range(args.processes):
@@ -41,6 +43,8 @@ def main() -> int:
                    "--repeats", str(args.repeats), "--json", str(out)]
             if args.shuffle:
                 cmd += ["--shuffle", str(i)]
+            if args.blocking_sync:
+                cmd += ["--blocking-sync"]
             subprocess.run(cmd, env=dict(os.environ), check=True, stdout=subprocess.DEVNULL)
             runs.append(json.loads(out.read_text()))
         print(f"process {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1]["ratio_to_noop"].items()),
@@ -69,6 +73,17 @@ def main() -> int:
                                      for v, x in paired.items() if len(x) > 1},
         "events_per_timed_run": timed_events,
         "us_per_event_over_noop": {v: (lo[v] - lo[NOOP]) / n * 1e6 for v, n in timed_events.items()},
+        "blocking_sync": args.blocking_sync,
+        # the timed thread's CPU (its host work where waits sleep): paired with the no-op hook of the
+        # same repeat, pooled; and its µs per event over the no-op hook (median of each process's)
+        "paired_thread_cpu_median_to_noop": {
+            v: statistics.median([x for r in runs for x in r["paired_thread_cpu_to_noop"][v]])
+            for v in variants},
+        "thread_cpu_us_per_event_over_noop": {
+            v: statistics.median([r["thread_cpu_us_per_event_over_noop"][v] for r in runs])
+            for v in timed_events},
+        "other_threads_cpu_median": {
+            v: statistics.median([r["other_threads_cpu_median"][v] for r in runs]) for v in variants},
         "runs": runs,
     }
     text = json.dumps(result, indent=1)
@@ -78,7 +93,10 @@ def main() -> int:
         print(f"{v:16s} min {lo[v]:.3f}s median {mid[v]:.3f}s  min/noop {result['min_to_noop'][v]:.3f}"
               f"  median/noop {result['median_to_noop'][v]:.3f}"
               f"  paired median {result['paired_median_to_noop'].get(v, float('nan')):.3f}"
-              f"  per-process median {result['median_of_per_process'][v]:.3f}")
+              f"  per-process median {result['median_of_per_process'][v]:.3f}"
+              f"  thread CPU paired {result['paired_thread_cpu_median_to_noop'][v]:.3f}")
+    print("thread CPU µs an event over the no-op hook:",
+          {v: round(x, 3) for v, x in result["thread_cpu_us_per_event_over_noop"].items()})
     return 0
 
 

@@ -36,6 +36,23 @@ from tracekit.trace import read_trace
 
 HERE = Path(__file__).resolve().parent
 # --stack-depth of each recording variant: 0 keeps the one call-site alone, as before whole stacks
+BLOCKING_SYNC = 0x04  # CU_CTX_SCHED_BLOCKING_SYNC
+
+
+def blocking_sync() -> None:
+    """Device 0's primary context (the one CuPy's runtime uses) made with waits that sleep, through
+    the driver (CuPy has no ``cudaSetDeviceFlags``); before any context exists."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    for rc in (cuda.cuInit(0), cuda.cuDeviceGet(ctypes.byref(dev), 0),
+               cuda.cuDevicePrimaryCtxSetFlags(dev, ctypes.c_uint(BLOCKING_SYNC))):
+        if rc != 0:
+            raise SystemExit(f"bench_record_overhead.py: --blocking-sync: CUDA driver error {rc}")
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
+    assert flags.value & 0x7 == BLOCKING_SYNC, flags.value
 DEPTHS = {"record_no_sites": 0, "record_sites": 0, "record_stacks": DEFAULT_DEPTH}
 
 
@@ -48,6 +65,7 @@ def _workloads():  # type: ignore[no-untyped-def]
 
 
 CPU: dict[str, list[float]] = {}
+THREAD: dict[str, list[float]] = {}  # the timed thread's own CPU seconds (time.thread_time)
 TRIM: dict[str, list[float]] = {}
 
 
@@ -68,12 +86,15 @@ def time_trims(buffer, variant: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def timed(fn, steps: int, variant: str) -> float:  # type: ignore[no-untyped-def]
-    """Wall seconds of ``fn(steps)`` to a device sync; process CPU seconds go to CPU[variant]."""
+    """Wall seconds of ``fn(steps)`` to a device sync; process CPU seconds go to CPU[variant], the
+    calling thread's to THREAD[variant] (with ``--blocking-sync`` that is the host work alone: a
+    wait for the device sleeps instead of spinning)."""
     cp.cuda.Device().synchronize()
-    c0, t0 = time.process_time(), time.perf_counter()
+    c0, h0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
     fn(steps)
     cp.cuda.Device().synchronize()
     wall = time.perf_counter() - t0
+    THREAD.setdefault(variant, []).append(time.thread_time() - h0)
     CPU.setdefault(variant, []).append(time.process_time() - c0)
     return wall
 
@@ -87,7 +108,13 @@ def main() -> int:
     ap.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                     help="run the variants of each repeat in a random order (seeded): a variant that "
                          "always follows another cannot inherit its cost (a clock ramp, a collection)")
+    ap.add_argument("--blocking-sync", action="store_true",
+                    help="waits for the device sleep (cudaDeviceScheduleBlockingSync) instead of spinning, "
+                         "so the timed thread's CPU time is its host work alone: the recorder's own cost "
+                         "per event, measured apart from the device's timing")
     args = ap.parse_args()
+    if args.blocking_sync:  # before anything makes the device's context
+        blocking_sync()
     order_rng = random.Random(args.shuffle)
     mlp = _workloads().run_mlp
     tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
@@ -149,6 +176,18 @@ def main() -> int:
                          for k, n in events.items()},
         "cpu_seconds_min": {k: min(v) for k, v in CPU.items()},
         "cpu_ratio": {k: min(v) / min(CPU["none"]) for k, v in CPU.items()},
+        "blocking_sync": args.blocking_sync,
+        "thread_cpu_all": THREAD,
+        # each repeat's timed-thread CPU seconds over the same repeat's no-op hook, and their
+        # difference per allocation event of the timed run (µs): the recorder's own host cost
+        "paired_thread_cpu_to_noop": {k: [a / b for a, b in zip(v, THREAD["noop_hook"], strict=True)]
+                                      for k, v in THREAD.items()},
+        "thread_cpu_us_per_event_over_noop": {
+            k: statistics.median([(a - b) / (n * args.steps / (args.steps + args.warmup)) * 1e6
+                                  for a, b in zip(THREAD[k], THREAD["noop_hook"], strict=True)])
+            for k, n in events.items()},
+        "other_threads_cpu_median": {
+            k: statistics.median([c - t for c, t in zip(CPU[k], THREAD[k], strict=True)]) for k in THREAD},
         "trim_s_median": {k: statistics.median(v) for k, v in TRIM.items()},
         "finalize_s_min": {k: min(v) for k, v in finalize_s.items()},
         "targets": {"record_sites": 1.15, "record_no_sites": 1.10, "stacks_to_sites": 1.05},

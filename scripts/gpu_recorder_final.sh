@@ -10,7 +10,7 @@
 #     not committed) plain, under `tracekit record`, and under the plugin's --gpu-memory, each test
 #     bounded by pytest-timeout and the runs by timeout -k, compared by scripts/junit_compare.py;
 #   - scripts/gpu_ends.py: every way a recorded program can end.
-#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR [SLICE=0] bash scripts/gpu_recorder_final.sh
+#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR [SLICE=0] [AB=0] bash scripts/gpu_recorder_final.sh
 NAME=final
 source "$(dirname "$0")/gpu_common.sh"
 REPO=$(pwd)
@@ -19,14 +19,16 @@ before_pack() { rm -rf "$R/ends"; }
 step build
 run build 60 python3 setup.py build_ext --inplace
 # the earlier tree compiled too (where it has a setup.py), so the A/B compares like with like
-[ -f "$BASE/setup.py" ] && (cd "$BASE" && TRACEKIT_NO_PRECOMPILE=1 python3 setup.py build_ext --inplace) >> "$R/build.log" 2>&1
-PYTHONPATH=$BASE python3 -c "import tracekit.record.fastpath as f; print('base compiled', f.COMPILED)" >> "$R/build.log" 2>&1
+[ -n "${BASE:-}" ] && [ -f "$BASE/setup.py" ] && (cd "$BASE" && TRACEKIT_NO_PRECOMPILE=1 python3 setup.py build_ext --inplace) >> "$R/build.log" 2>&1
+[ -n "${BASE:-}" ] && PYTHONPATH=$BASE python3 -c "import tracekit.record.fastpath as f; print('base compiled', f.COMPILED)" >> "$R/build.log" 2>&1
 python3 -c "import tracekit.record.fastpath as f; print('compiled', f.COMPILED, f.Hook)" >> "$R/build.log" 2>&1
 
+if [ "${AB:-1}" = 1 ]; then  # AB=0: no A/B (the overhead measured by gpu_overhead_fresh.sh instead)
 step "overhead A/B against $BASE"
 run ab "${AB_S:-200}" python3 scripts/bench_record_ab.py --base "$BASE" --rounds "${ROUNDS:-5}" \
   --steps "${STEPS:-3000}" --repeats "${REPEATS:-3}" --json "$R/ab.json"
 pack
+fi
 
 step identity
 for mode in none plain async; do
