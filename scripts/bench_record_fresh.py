@@ -25,6 +25,12 @@ HERE = Path(__file__).resolve().parent
 NOOP = "noop_hook"
 
 
+def _over(runs: list[dict], key: str) -> dict[str, float]:  # type: ignore[type-arg]
+    """The median over the processes of each variant's ``key`` figure ({} where no process had it)."""
+    got = [r[key] for r in runs if r.get(key)]
+    return {v: statistics.median([g[v] for g in got]) for v in got[0]} if got else {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--processes", type=int, default=5)
@@ -84,6 +90,12 @@ def main() -> int:
             for v in timed_events},
         "other_threads_cpu_median": {
             v: statistics.median([r["other_threads_cpu_median"][v] for r in runs]) for v in variants},
+        # the timed thread's user-space instructions and cycles (where the host gives the counters):
+        # per event over the no-op hook of the same repeat, and as a ratio, median over the processes
+        "instructions_per_event_over_noop": _over(runs, "instructions_per_event_over_noop"),
+        "cycles_per_event_over_noop": _over(runs, "cycles_per_event_over_noop"),
+        "paired_instructions_to_noop": _over(runs, "paired_instructions_to_noop"),
+        "paired_cycles_to_noop": _over(runs, "paired_cycles_to_noop"),
         "runs": runs,
     }
     text = json.dumps(result, indent=1)
@@ -95,6 +107,10 @@ def main() -> int:
               f"  paired median {result['paired_median_to_noop'].get(v, float('nan')):.3f}"
               f"  per-process median {result['median_of_per_process'][v]:.3f}"
               f"  thread CPU paired {result['paired_thread_cpu_median_to_noop'][v]:.3f}")
+    for key in ("instructions_per_event_over_noop", "cycles_per_event_over_noop",
+                "paired_instructions_to_noop", "paired_cycles_to_noop"):
+        if result[key]:
+            print(f"{key}:", {v: round(x, 3) for v, x in result[key].items()})
     print("thread CPU µs an event over the no-op hook:",
           {v: round(x, 3) for v, x in result["thread_cpu_us_per_event_over_noop"].items()})
     return 0

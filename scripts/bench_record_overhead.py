@@ -35,6 +35,10 @@ from tracekit.record.callstacks import DEFAULT_DEPTH
 from tracekit.trace import read_trace
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from perf_counters import ThreadCounters  # noqa: E402  (a script beside this one)
+
+COUNTERS = ThreadCounters.open()  # the timed thread's instructions and cycles, where the host gives them
 # --stack-depth of each recording variant: 0 keeps the one call-site alone, as before whole stacks
 BLOCKING_SYNC = 0x04  # CU_CTX_SCHED_BLOCKING_SYNC
 
@@ -66,6 +70,8 @@ def _workloads():  # type: ignore[no-untyped-def]
 
 CPU: dict[str, list[float]] = {}
 THREAD: dict[str, list[float]] = {}  # the timed thread's own CPU seconds (time.thread_time)
+INSTRUCTIONS: dict[str, list[int]] = {}  # the timed thread's user-space instructions (COUNTERS)
+CYCLES: dict[str, list[int]] = {}
 TRIM: dict[str, list[float]] = {}
 
 
@@ -85,15 +91,26 @@ def time_trims(buffer, variant: str) -> None:  # type: ignore[no-untyped-def]
     buffer.trim = timed_trim
 
 
+def _paired_median(counts: dict[str, list[int]]) -> dict[str, float]:
+    """Each variant's median over the repeats of its count over the no-op hook's in the same repeat."""
+    return {k: statistics.median([a / b for a, b in zip(v, counts["noop_hook"], strict=True)])
+            for k, v in counts.items()}
+
+
 def timed(fn, steps: int, variant: str) -> float:  # type: ignore[no-untyped-def]
     """Wall seconds of ``fn(steps)`` to a device sync; process CPU seconds go to CPU[variant], the
     calling thread's to THREAD[variant] (with ``--blocking-sync`` that is the host work alone: a
     wait for the device sleeps instead of spinning)."""
     cp.cuda.Device().synchronize()
+    k0 = COUNTERS.read() if COUNTERS else (0, 0)
     c0, h0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
     fn(steps)
     cp.cuda.Device().synchronize()
     wall = time.perf_counter() - t0
+    if COUNTERS:
+        k1 = COUNTERS.read()
+        INSTRUCTIONS.setdefault(variant, []).append(k1[0] - k0[0])
+        CYCLES.setdefault(variant, []).append(k1[1] - k0[1])
     THREAD.setdefault(variant, []).append(time.thread_time() - h0)
     CPU.setdefault(variant, []).append(time.process_time() - c0)
     return wall
@@ -186,6 +203,19 @@ def main() -> int:
             k: statistics.median([(a - b) / (n * args.steps / (args.steps + args.warmup)) * 1e6
                                   for a, b in zip(THREAD[k], THREAD["noop_hook"], strict=True)])
             for k, n in events.items()},
+        "counters": COUNTERS is not None,
+        "instructions_all": INSTRUCTIONS, "cycles_all": CYCLES,
+        # per allocation event of the timed run, over the no-op hook of the same repeat (median)
+        "instructions_per_event_over_noop": {
+            k: statistics.median([(a - b) / (n * args.steps / (args.steps + args.warmup))
+                                  for a, b in zip(INSTRUCTIONS[k], INSTRUCTIONS["noop_hook"], strict=True)])
+            for k, n in events.items()} if INSTRUCTIONS else {},
+        "cycles_per_event_over_noop": {
+            k: statistics.median([(a - b) / (n * args.steps / (args.steps + args.warmup))
+                                  for a, b in zip(CYCLES[k], CYCLES["noop_hook"], strict=True)])
+            for k, n in events.items()} if CYCLES else {},
+        "paired_instructions_to_noop": _paired_median(INSTRUCTIONS),
+        "paired_cycles_to_noop": _paired_median(CYCLES),
         "other_threads_cpu_median": {
             k: statistics.median([c - t for c, t in zip(CPU[k], THREAD[k], strict=True)]) for k in THREAD},
         "trim_s_median": {k: statistics.median(v) for k, v in TRIM.items()},

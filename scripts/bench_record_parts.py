@@ -4,6 +4,8 @@ up piece by piece, in one process, interleaved, min and median of the repeats.
 Variants (each a ``MemoryHook`` registered around the timed loop):
 
 - ``none``, ``noop``: no hook; CuPy's own no-op ``MemoryHook``.
+- ``c_ignore``: the compiled hook's no-op as all six callbacks: what being called by CuPy costs.
+- ``c_list_capsule``: ``c_list`` with CuPy's C stream function, as the recorder has it.
 - ``c_list``: the compiled callbacks (``fastpath.Hook``, no call-sites) appending to a bare
   ``EventBuffer`` that is never trimmed (the rows grow for the whole run).
 - ``c_list_conststream``: the same with a constant stream (no ``get_current_stream`` per event).
@@ -60,19 +62,24 @@ class _Const:
     ptr = 0
 
 
-def _registered(hook: Any) -> Any:
-    """A CuPy ``MemoryHook`` whose six callbacks are the compiled hook's."""
+def _registered(hook: Any, ignore_only: bool = False) -> Any:
+    """A CuPy ``MemoryHook`` whose six callbacks are the compiled hook's, or its no-op for all six
+    (``ignore_only``: what being called by CuPy costs)."""
     class Parts(cp.cuda.MemoryHook):  # type: ignore[misc]
         name = "parts"
 
     h = Parts()
-    h.malloc_postprocess, h.free_postprocess = hook.malloc_postprocess, hook.free_postprocess
+    if ignore_only:
+        h.malloc_postprocess = h.free_postprocess = hook.ignore
+    else:
+        h.malloc_postprocess, h.free_postprocess = hook.malloc_postprocess, hook.free_postprocess
     h.malloc_preprocess = h.free_preprocess = h.alloc_preprocess = h.alloc_postprocess = hook.ignore
     return h
 
 
 @contextlib.contextmanager
-def c_hook(stream: Callable[[], Any], trim_rows: int = 0, ring: bool = False) -> Iterator[EventBuffer]:
+def c_hook(stream: Callable[[], Any], trim_rows: int = 0, ring: bool = False, ignore_only: bool = False,
+           capsule: bool = False) -> Iterator[EventBuffer]:
     buf = EventBuffer()
     tail = None
     if ring:
@@ -83,8 +90,8 @@ def c_hook(stream: Callable[[], Any], trim_rows: int = 0, ring: bool = False) ->
         def drain() -> None:
             buf.written = len(buf.rows)
         buf.attach(trim_rows * ROW, 10**15, drain)
-    hook = Hook(buf, stream, lambda *a: None, clock=None)
-    with _registered(hook):
+    hook = Hook(buf, stream, lambda *a: None, clock=None, stream_ptr=stream_capsule(cp) if capsule else None)
+    with _registered(hook, ignore_only):
         yield buf
     if tail is not None:
         tail.remove()
@@ -127,7 +134,9 @@ def variants(trim_rows: int) -> dict[str, Callable[[int], contextlib.AbstractCon
     return {
         "none": lambda rep: contextlib.nullcontext(),
         "noop": lambda rep: cp.cuda.MemoryHook(),
+        "c_ignore": lambda rep: c_hook(stream, ignore_only=True),
         "c_list": lambda rep: c_hook(stream),
+        "c_list_capsule": lambda rep: c_hook(stream, capsule=True),
         "c_list_conststream": lambda rep: c_hook(lambda: _Const),
         "c_list_trim": lambda rep: c_hook(stream, trim_rows=trim_rows),
         "c_ring": lambda rep: c_hook(stream, ring=True),

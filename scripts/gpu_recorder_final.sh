@@ -10,7 +10,8 @@
 #     not committed) plain, under `tracekit record`, and under the plugin's --gpu-memory, each test
 #     bounded by pytest-timeout and the runs by timeout -k, compared by scripts/junit_compare.py;
 #   - scripts/gpu_ends.py: every way a recorded program can end.
-#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR [SLICE=0] [AB=0] bash scripts/gpu_recorder_final.sh
+#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR [SLICE=0] [AB=0] [IDENTITY=0] [TESTS=0] [ENDS=0] \
+#     bash scripts/gpu_recorder_final.sh
 NAME=final
 source "$(dirname "$0")/gpu_common.sh"
 REPO=$(pwd)
@@ -30,16 +31,22 @@ run ab "${AB_S:-200}" python3 scripts/bench_record_ab.py --base "$BASE" --rounds
 pack
 fi
 
+if [ "${IDENTITY:-1}" = 1 ]; then
 step identity
 for mode in none plain async; do
   timeout "$(lim 40)" python3 scripts/gpu_identity.py $mode >> "$R/identity.jsonl" 2>>"$R/identity.err"
 done
 
+fi
+
+if [ "${TESTS:-1}" = 1 ]; then
 step "recorder and plugin gpu tests"
 run pytest-gpu 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider \
   tests/gpu/test_pytest_plugin_gpu.py tests/gpu/test_record_gpu.py tests/gpu/test_record_gpu_v2.py \
   tests/gpu/test_record_stacks_gpu.py tests/gpu/test_record_depth_gpu.py tests/gpu/test_record_stream_gpu.py
 pack
+
+fi
 
 if [ "${SLICE:-1}" = 1 ]; then  # SLICE=0: no CuPy test slice (the recorder's transparency unchanged)
 step "cupy test slice"
@@ -56,6 +63,7 @@ rm -f "$R"/cupy-tests.parquet*
 pack
 fi
 
+[ "${ENDS:-1}" = 1 ] || exit 0
 step ends
 run ends 100 python3 scripts/gpu_ends.py "$R/ends"
 pack

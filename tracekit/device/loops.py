@@ -43,7 +43,9 @@ class Loop:
                  pending: Held, attempts: Attempts | None = None) -> None:
         self.continue_on_oom = continue_on_oom
         self.handled = attempts.handled if attempts is not None else np.zeros(n, np.bool_)
-        self.replaced_by = attempts.replaced_by if attempts is not None else np.full(n, -1, np.int64)
+        # per row where any row is handled; else possibly empty (``ReplayInput.replaced_by``): read
+        # only at handled rows
+        self.replaced_by = attempts.replaced_by if attempts is not None else np.full(0, -1, np.int64)
         self.standing: dict[int, Any] = {}  # retry row -> the served attempt's block standing in for it
         self.released = np.zeros(n, np.bool_)  # handled attempts served and released at once
         self.handled_ooms = 0
@@ -95,8 +97,10 @@ class Loop:
     def skip(self, i: int) -> bool:
         """Row i is a handled attempt whose retry an earlier, served attempt already stands in for
         (the program would not have made it): no call, status ``TRIED``."""
-        r = int(self.replaced_by[i])
-        return bool(self.handled[i]) and r >= 0 and r in self.standing
+        if not self.handled[i]:
+            return False
+        r = int(self.replaced_by[i])  # given for every row where any row is handled
+        return r >= 0 and r in self.standing
 
     def served(self, i: int) -> Any:
         """Handled attempt i was served (its block is ``live[i]``): it stands in for its retry,

@@ -1,15 +1,31 @@
-/* tracekit.record._fastpath: the recorder's per-event work in C (public CPython API only).
+/* tracekit.record._fastpath: the recorder's per-event work in C.
  *
  * See the module docstring (FASTPATH_DOC below) for what it does and why; tracekit/record/fastpath.py
  * is the pure-Python fallback with the same API and the reader of the ring (read_ring).
  *
- * Builds on CPython 3.11, 3.12 and 3.13 with the public, non-limited API (no Py_BUILD_CORE): frames are
- * walked with PyThreadState_GetFrame / PyFrame_GetBack / PyFrame_GetCode / PyFrame_GetLasti, each of
- * which returns a new (strong) reference that is released before the next step.
+ * Builds on CPython 3.11, 3.12 and 3.13. The frame windows are read from the interpreter's own frame
+ * records there (``internal/pycore_frame.h`` under Py_BUILD_CORE, as profilers such as memray read
+ * them): ``PyFrame_GetBack`` makes a frame object for every frame that has none yet (about 50-100 ns
+ * each), and a program's loop calls fresh frames at every step, so a window of 8 fresh frames cost
+ * 0.4-0.6 us a malloc that way. The frames a window holds are those PyFrame_GetBack would give (the
+ * incomplete ones skipped, as it skips them). Elsewhere (another version, or TK_PUBLIC_FRAMES defined
+ * at build) the public API: PyThreadState_GetFrame / PyFrame_GetBack / PyFrame_GetCode /
+ * PyFrame_GetLasti, each reference released before the next step.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* PyFrame_GetBack, PyFrame_GetLasti: cpython/pyframe.h, from Python.h (3.11+) */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(TK_PUBLIC_FRAMES)
+#define TK_RAW_FRAMES 1
+#define Py_BUILD_CORE 1
+#include "internal/pycore_frame.h"
+#undef Py_BUILD_CORE
+#endif
+#ifdef TK_RAW_FRAMES
+#define RAW_FRAMES 1 /* the windows are read from the interpreter's frame records (module constant) */
+#else
+#define RAW_FRAMES 0
+#endif
 
 #include <stddef.h>
 #include <stdint.h>
@@ -70,15 +86,91 @@ static inline uint64_t avalanche(uint64_t h)
 
 /* The frame `skip` frames outwards from the caller's (the Python frame calling into this module),
  * as a new reference, or NULL (no exception) where the stack is shorter. */
+/* The frame outwards of f as a new reference (or NULL), f released. */
+static PyFrameObject *step_out(PyFrameObject *f)
+{
+    PyFrameObject *back = PyFrame_GetBack(f); /* new reference or NULL */
+    Py_DECREF(f);
+    return back;
+}
+
 static PyFrameObject *start_frame(Py_ssize_t skip)
 {
     PyFrameObject *f = PyThreadState_GetFrame(PyThreadState_Get()); /* new reference or NULL */
-    while (f != NULL && skip-- > 0) {
-        PyFrameObject *back = PyFrame_GetBack(f); /* new reference or NULL */
-        Py_DECREF(f);
-        f = back;
-    }
+    while (f != NULL && skip-- > 0)
+        f = step_out(f);
     return f;
+}
+
+#ifdef TK_RAW_FRAMES
+/* The interpreter's frame records, borrowed (the GIL is held and no Python code runs meanwhile). */
+static inline _PyInterpreterFrame *raw_complete(_PyInterpreterFrame *f)
+{
+    while (f != NULL && _PyFrame_IsIncomplete(f)) /* PyFrame_GetBack's skip */
+        f = f->previous;
+    return f;
+}
+
+static inline _PyInterpreterFrame *raw_top(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+#if PY_VERSION_HEX >= 0x030D0000
+    return raw_complete(ts->current_frame);
+#else
+    return raw_complete(ts->cframe->current_frame);
+#endif
+}
+
+static inline PyCodeObject *raw_code(_PyInterpreterFrame *f)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return (PyCodeObject *)f->f_executable;
+#else
+    return f->f_code;
+#endif
+}
+
+/* PyFrame_GetLasti's value: the offset in bytes, -1 before the first instruction. */
+static inline int raw_lasti(_PyInterpreterFrame *f)
+{
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    return lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
+}
+#endif
+
+/* The hash of the caller's frame window (window_hash's doc): `skip` frames outwards from the caller's,
+ * then at most `depth` frames, ending before the frame object `stop` (NULL: none). */
+static uint64_t window_key(Py_ssize_t skip, Py_ssize_t depth, PyObject *stop)
+{
+    uint64_t h = P5;
+    Py_ssize_t n = 0;
+#ifdef TK_RAW_FRAMES
+    _PyInterpreterFrame *end = stop != NULL ? ((PyFrameObject *)stop)->f_frame : NULL;
+    _PyInterpreterFrame *f = depth > 0 ? raw_top() : NULL;
+    while (f != NULL && skip-- > 0)
+        f = raw_complete(f->previous);
+    while (f != NULL && f != end) {
+        h = mix_step(h, (uint64_t)(uintptr_t)raw_code(f));
+        h = mix_step(h, (uint64_t)(int64_t)raw_lasti(f));
+        if (++n >= depth)
+            break;
+        f = raw_complete(f->previous);
+    }
+#else
+    PyFrameObject *f = depth > 0 ? start_frame(skip) : NULL;
+    while (f != NULL && (PyObject *)f != stop) {
+        PyCodeObject *code = PyFrame_GetCode(f); /* new reference, never NULL */
+        int lasti = PyFrame_GetLasti(f);
+        h = mix_step(h, (uint64_t)(uintptr_t)code);
+        h = mix_step(h, (uint64_t)(int64_t)lasti);
+        Py_DECREF(code); /* f keeps it alive for as long as we hold f */
+        if (++n >= depth)
+            break;
+        f = step_out(f);
+    }
+    Py_XDECREF(f);
+#endif
+    return avalanche(mix_step(h, (uint64_t)n));
 }
 
 static int parse_window_args(const char *name, PyObject *const *args, Py_ssize_t nargs,
@@ -113,8 +205,8 @@ PyDoc_STRVAR(window_hash_doc,
 "(in that order, innermost first) and the frame count, mixed with XXH64's step and avalanche.\n"
 "Equal windows give equal hashes in one process (code objects must be kept alive, as LiveStacks\n"
 "does, so that an address is never reused). Distinct windows collide with probability about\n"
-"2**-64 per pair: n distinct windows, about n**2 / 2**65 expected collisions. Cost: ~10 ns per frame\n"
-"plus one C call, versus several microseconds for the tuple key it replaces.");
+"2**-64 per pair: n distinct windows, about n**2 / 2**65 expected collisions. Cost: a few ns per frame\n"
+"(CPython 3.11-3.13 read the interpreter's frame records: no frame object is made) plus one C call.");
 
 static PyObject *window_hash(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -123,24 +215,7 @@ static PyObject *window_hash(PyObject *module, PyObject *const *args, Py_ssize_t
     (void)module;
     if (parse_window_args("window_hash", args, nargs, &skip, &depth, &stop) < 0)
         return NULL;
-    uint64_t h = P5;
-    Py_ssize_t n = 0;
-    PyFrameObject *f = depth > 0 ? start_frame(skip) : NULL;
-    while (f != NULL && (PyObject *)f != stop) {
-        PyCodeObject *code = PyFrame_GetCode(f); /* new reference, never NULL */
-        int lasti = PyFrame_GetLasti(f);
-        h = mix_step(h, (uint64_t)(uintptr_t)code);
-        h = mix_step(h, (uint64_t)(int64_t)lasti);
-        Py_DECREF(code); /* f keeps it alive for as long as we hold f */
-        if (++n >= depth)
-            break;
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
-    }
-    Py_XDECREF(f);
-    h = avalanche(mix_step(h, (uint64_t)n));
-    return PyLong_FromLongLong((long long)(int64_t)h);
+    return PyLong_FromLongLong((long long)(int64_t)window_key(skip, depth, stop));
 }
 
 PyDoc_STRVAR(window_frames_doc,
@@ -170,9 +245,7 @@ static PyObject *window_frames(PyObject *module, PyObject *const *args, Py_ssize
         }
         if (++n >= depth)
             break;
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
+        f = step_out(f);
     }
     Py_XDECREF(f);
     return out;
@@ -771,6 +844,8 @@ static PyObject *str_trim, *str_ptr;
 static const int malloc_params[] = {K_DEVICE_ID, K_SIZE, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
 static const int free_params[] = {K_DEVICE_ID, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
 
+#define HOOK_SEEN 256 /* a power of two */
+
 typedef struct {
     PyObject_HEAD
     PyObject *buffer;   /* record.hook.EventBuffer: trim() */
@@ -785,6 +860,15 @@ typedef struct {
     PyObject *stream_capsule; /* NULL or CuPy's get_current_stream_ptr as a C function (kept alive) */
     intptr_t (*stream_fn)(void); /* the capsule's function: "intptr_t (void)", Cython's "except? -1" */
     Py_ssize_t depth;   /* frames per window */
+    /* hot's final answers seen, by the window's hash (direct-mapped): a window hit again costs no
+     * int object and no dict lookup. A final answer is never replaced in hot (LiveStacks sets each
+     * key once), so a copy stays right; answers that resolve gives are not kept (a LONGER window's
+     * answer depends on the frames beyond it). Zeroed with the object. */
+    struct {
+        uint64_t key;
+        int64_t bits, stack;
+        int used;
+    } seen[HOOK_SEEN];
 } HookObject;
 
 static int hook_traverse(HookObject *self, visitproc visit, void *arg)
@@ -895,6 +979,7 @@ static int hook_init(HookObject *self, PyObject *args, PyObject *kwds)
     self->clock = none_to_null(clock);
     self->device = none_to_null(device);
     self->hot = none_to_null(hot);
+    memset(self->seen, 0, sizeof(self->seen)); /* answers of an earlier hot (__init__ again) */
     self->resolve = none_to_null(resolve);
     self->launcher = none_to_null(launcher);
     self->depth = depth;
@@ -1018,23 +1103,13 @@ static int hook_answer(HookObject *self, int64_t *bits, int64_t *stack)
     *stack = -1;
     if (self->hot == NULL)
         return 0;
-    uint64_t h = P5;
-    Py_ssize_t n = 0;
-    PyFrameObject *f = start_frame(0);
-    while (f != NULL && (PyObject *)f != self->launcher) {
-        PyCodeObject *code = PyFrame_GetCode(f);
-        int lasti = PyFrame_GetLasti(f);
-        h = mix_step(h, (uint64_t)(uintptr_t)code);
-        h = mix_step(h, (uint64_t)(int64_t)lasti);
-        Py_DECREF(code);
-        if (++n >= self->depth)
-            break;
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
+    uint64_t h = window_key(0, self->depth, self->launcher);
+    size_t slot = (size_t)(h & (HOOK_SEEN - 1));
+    if (self->seen[slot].used && self->seen[slot].key == h) {
+        *bits = self->seen[slot].bits;
+        *stack = self->seen[slot].stack;
+        return 0;
     }
-    Py_XDECREF(f);
-    h = avalanche(mix_step(h, (uint64_t)n));
     PyObject *key = PyLong_FromLongLong((long long)(int64_t)h);
     if (key == NULL)
         return -1;
@@ -1070,6 +1145,12 @@ static int hook_answer(HookObject *self, int64_t *bits, int64_t *stack)
         rc = as_i64(PyTuple_GET_ITEM(v, 1), stack);
     if (fresh)
         Py_DECREF(v);
+    else if (rc == 0) { /* hot's own final answer: kept for the next time */
+        self->seen[slot].key = h;
+        self->seen[slot].bits = *bits;
+        self->seen[slot].stack = *stack;
+        self->seen[slot].used = 1;
+    }
     return rc;
 }
 
@@ -1081,11 +1162,18 @@ PyDoc_STRVAR(hook_malloc_doc,
 "``(t, site bits | device << 4, mem_ptr, size, mem_size, stream, -1, stack)`` appended to\n"
 "``buffer.rows`` (and its ring) and a trim when due; a malloc that returned no memory calls ``failed``.");
 
+static PyObject *hook_malloc_core(HookObject *self, PyObject **a);
+
 static PyObject *hook_malloc(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *a[K_COUNT];
     if (hook_args("malloc_postprocess", malloc_params, 5, args, nargsf, kwnames, a) < 0)
         return NULL;
+    return hook_malloc_core(self, a);
+}
+
+static PyObject *hook_malloc_core(HookObject *self, PyObject **a)
+{
     int64_t bits, stack;
     if (hook_answer(self, &bits, &stack) < 0)
         return NULL;
@@ -1134,11 +1222,18 @@ PyDoc_STRVAR(hook_free_doc,
 "``(t, device << 4 | FREE, mem_ptr, mem_size, 0, stream, -1, -1)`` and a trim when due. The\n"
 "device is CuPy's (a block's own), never remapped.");
 
+static PyObject *hook_free_core(HookObject *self, PyObject **a);
+
 static PyObject *hook_free(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *a[K_COUNT];
     if (hook_args("free_postprocess", free_params, 4, args, nargsf, kwnames, a) < 0)
         return NULL;
+    return hook_free_core(self, a);
+}
+
+static PyObject *hook_free_core(HookObject *self, PyObject **a)
+{
     int64_t row[HOOK_ROW], device;
     if (as_i64(a[K_DEVICE_ID], &device) < 0 || as_i64(a[K_MEM_PTR], &row[2]) < 0 ||
         as_i64(a[K_MEM_SIZE], &row[3]) < 0)
@@ -1300,7 +1395,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     }
     if (add_int(m, "MAGIC", RING_MAGIC) < 0 || add_int(m, "VERSION", RING_VERSION) < 0 ||
         add_int(m, "HEADER_INTS", RING_HEADER_INTS) < 0 || add_int(m, "MAX_ROW", RING_MAX_ROW) < 0 ||
-        add_int(m, "NATIVE_CLOCK", NATIVE_CLOCK) < 0) {
+        add_int(m, "NATIVE_CLOCK", NATIVE_CLOCK) < 0 || add_int(m, "RAW_FRAMES", RAW_FRAMES) < 0) {
         Py_DECREF(m);
         return NULL;
     }

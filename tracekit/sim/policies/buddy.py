@@ -65,7 +65,7 @@ class Buddy:
         addr = np.zeros(n, np.uint64)
         status = np.zeros(n, np.int8)
         kind = attempt_kinds(inp, config.stop_at_first_oom)
-        holder = holders(n)
+        holder = holders(inp)
         for lo, hi in progress.chunks(n):
             T = k.run_chunk(T, st, roots, kind, order, inp.mate, inp.replaced_by, holder, addr, status, stats,
                             lo, hi, config.continue_on_oom)

@@ -90,7 +90,7 @@ class CupyPool:
             CupySetting.TIES: ties == "trace" and hints.shape[1] > 0,
         })
         addr, status, rounded, C, R = cupy_replay(
-            ev.op, attempt_kinds(inp, config.stop_at_first_oom), inp.replaced_by, holders(len(ev)), inp.size,
+            ev.op, attempt_kinds(inp, config.stop_at_first_oom), inp.replaced_by, holders(inp), inp.size,
             arena, trace.mate, init, ev.addr.view(np.int64), rel, hints, streams.view(np.int64), cfg, C, R, S,
             stats,
         )

@@ -54,7 +54,7 @@ class DeviceModel:
         addr, rounded, charge = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
         status = np.zeros(n, np.int8)
         stats = pool_stats()
-        kind, holder = attempt_kinds(inp, config.stop_at_first_oom), holders(n)
+        kind, holder = attempt_kinds(inp, config.stop_at_first_oom), holders(inp)
         for lo, hi in progress.chunks(n):
             k.run_chunk(kind, inp.replaced_by, holder, inp.size, inp.mate, cfg, state, addr, status,
                         rounded, charge, stats, lo, hi)

@@ -77,7 +77,7 @@ class FreeListModel:
         addr = np.zeros(n, np.uint64)
         status = np.zeros(n, np.int8)
         kind = attempt_kinds(inp, config.stop_at_first_oom)
-        holder = holders(n)
+        holder = holders(inp)
         for lo, hi in progress.chunks(n):
             k.run_chunk(T, st, stack, roots, bm, kind, inp.size, inp.mate, inp.replaced_by, holder, rounded,
                         node_of, addr, status, stats, lo, hi, config.continue_on_oom)

@@ -139,7 +139,7 @@ class RmmPool:
             RmmSetting.CONTINUE: config.continue_on_oom,
         })
         addr, status, rounded, C, R = rmm_replay(
-            ev.op, attempt_kinds(inp, config.stop_at_first_oom), inp.replaced_by, holders(len(ev)), inp.size,
+            ev.op, attempt_kinds(inp, config.stop_at_first_oom), inp.replaced_by, holders(inp), inp.size,
             group, len(group_stream), group_stream.view(np.int64), trace.mate, cfg, C, R, S, stats, found,
         )
         return pack(addr, status, rounded, R, S, stats), C, S, found

@@ -253,7 +253,7 @@ class TorchCaching:
         stats = pool_stats()
         kind = setup.kinds(config.stop_at_first_oom)
         addr, status, C, R = torch_replay(
-            ev.op, kind, inp.replaced_by, holders(len(ev)), inp.size, rounded, group, trace.mate, init,
+            ev.op, kind, inp.replaced_by, holders(inp), inp.size, rounded, group, trace.mate, init,
             init_exp, ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
             C, R, S, X, stats,
         )
