@@ -142,6 +142,9 @@ def test_stop_frame_ends_the_window(api: types.SimpleNamespace) -> None:
     assert open_ended != stopped
     results = [settled(f, api, stop=here) for f in (via_a, via_b)]
     assert results[0] != results[1]  # the frames inside the stop still differ
+    # a stop that is no frame matches none, as an identity test would not (same call site for both)
+    plain, not_a_frame = [settled(leaf, api, stop=stop) for stop in (None, "not a frame")]
+    assert plain == not_a_frame
 
 
 def test_depth_cut(api: types.SimpleNamespace) -> None:

@@ -15,6 +15,11 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* PyFrame_GetBack, PyFrame_GetLasti: cpython/pyframe.h, from Python.h (3.11+) */
+#if defined(__has_include)
+#if !__has_include("internal/pycore_frame.h") /* an install without CPython's internal headers */
+#define TK_PUBLIC_FRAMES 1
+#endif
+#endif
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(TK_PUBLIC_FRAMES)
 #define TK_RAW_FRAMES 1
 #define Py_BUILD_CORE 1
@@ -145,7 +150,8 @@ static uint64_t window_key(Py_ssize_t skip, Py_ssize_t depth, PyObject *stop)
     uint64_t h = P5;
     Py_ssize_t n = 0;
 #ifdef TK_RAW_FRAMES
-    _PyInterpreterFrame *end = stop != NULL ? ((PyFrameObject *)stop)->f_frame : NULL;
+    /* a stop that is no frame never matches, as an identity test would not */
+    _PyInterpreterFrame *end = stop != NULL && PyFrame_Check(stop) ? ((PyFrameObject *)stop)->f_frame : NULL;
     _PyInterpreterFrame *f = depth > 0 ? raw_top() : NULL;
     while (f != NULL && skip-- > 0)
         f = raw_complete(f->previous);
