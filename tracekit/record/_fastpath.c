@@ -20,6 +20,9 @@
 #define TK_PUBLIC_FRAMES 1
 #endif
 #endif
+#ifdef Py_GIL_DISABLED /* free-threaded builds: other threads may push and pop frames meanwhile */
+#define TK_PUBLIC_FRAMES 1
+#endif
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(TK_PUBLIC_FRAMES)
 #define TK_RAW_FRAMES 1
 #define Py_BUILD_CORE 1
@@ -1111,11 +1114,15 @@ static int hook_answer(HookObject *self, int64_t *bits, int64_t *stack)
         return 0;
     uint64_t h = window_key(0, self->depth, self->launcher);
     size_t slot = (size_t)(h & (HOOK_SEEN - 1));
+#ifndef Py_GIL_DISABLED /* the table is read and written under the GIL only */
     if (self->seen[slot].used && self->seen[slot].key == h) {
         *bits = self->seen[slot].bits;
         *stack = self->seen[slot].stack;
         return 0;
     }
+#else
+    (void)slot;
+#endif
     PyObject *key = PyLong_FromLongLong((long long)(int64_t)h);
     if (key == NULL)
         return -1;
@@ -1151,12 +1158,14 @@ static int hook_answer(HookObject *self, int64_t *bits, int64_t *stack)
         rc = as_i64(PyTuple_GET_ITEM(v, 1), stack);
     if (fresh)
         Py_DECREF(v);
+#ifndef Py_GIL_DISABLED
     else if (rc == 0) { /* hot's own final answer: kept for the next time */
         self->seen[slot].key = h;
         self->seen[slot].bits = *bits;
         self->seen[slot].stack = *stack;
         self->seen[slot].used = 1;
     }
+#endif
     return rc;
 }
 
