@@ -8,31 +8,35 @@
  * them): ``PyFrame_GetBack`` makes a frame object for every frame that has none yet (about 50-100 ns
  * each), and a program's loop calls fresh frames at every step, so a window of 8 fresh frames cost
  * 0.4-0.6 us a malloc that way. The frames a window holds are those PyFrame_GetBack would give (the
- * incomplete ones skipped, as it skips them). Elsewhere (another version, or TK_PUBLIC_FRAMES defined
- * at build) the public API: PyThreadState_GetFrame / PyFrame_GetBack / PyFrame_GetCode /
- * PyFrame_GetLasti, each reference released before the next step.
+ * incomplete ones skipped, as it skips them); at import both walks hash the importing call's stack and
+ * the records are read only where they agree. Elsewhere (another version, a pre-release, a free-threaded
+ * build, no internal headers, TK_PUBLIC_FRAMES defined at build, or a disagreement at import) the
+ * public API: PyThreadState_GetFrame / PyFrame_GetBack / PyFrame_GetCode / PyFrame_GetLasti, each
+ * reference released before the next step. Module constant RAW_FRAMES: 1 where the records are read.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* PyFrame_GetBack, PyFrame_GetLasti: cpython/pyframe.h, from Python.h (3.11+) */
 #if defined(__has_include)
-#if !__has_include("internal/pycore_frame.h") /* an install without CPython's internal headers */
+#if !__has_include("internal/pycore_frame.h") && !defined(TK_PUBLIC_FRAMES) /* no internal headers */
 #define TK_PUBLIC_FRAMES 1
 #endif
 #endif
-#ifdef Py_GIL_DISABLED /* free-threaded builds: other threads may push and pop frames meanwhile */
+#if defined(Py_GIL_DISABLED) && !defined(TK_PUBLIC_FRAMES) /* free-threaded: other threads move frames */
 #define TK_PUBLIC_FRAMES 1
 #endif
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(TK_PUBLIC_FRAMES)
+/* Final releases of 3.11-3.13 only: a pre-release's frame records may be laid out otherwise. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && (PY_VERSION_HEX & 0xF0) == 0xF0 && \
+    !defined(TK_PUBLIC_FRAMES)
 #define TK_RAW_FRAMES 1
+#ifndef Py_BUILD_CORE
 #define Py_BUILD_CORE 1
+#define TK_UNDEF_BUILD_CORE 1
+#endif
 #include "internal/pycore_frame.h"
+#ifdef TK_UNDEF_BUILD_CORE
 #undef Py_BUILD_CORE
 #endif
-#ifdef TK_RAW_FRAMES
-#define RAW_FRAMES 1 /* the windows are read from the interpreter's frame records (module constant) */
-#else
-#define RAW_FRAMES 0
 #endif
 
 #include <stddef.h>
@@ -92,8 +96,6 @@ static inline uint64_t avalanche(uint64_t h)
     return h;
 }
 
-/* The frame `skip` frames outwards from the caller's (the Python frame calling into this module),
- * as a new reference, or NULL (no exception) where the stack is shorter. */
 /* The frame outwards of f as a new reference (or NULL), f released. */
 static PyFrameObject *step_out(PyFrameObject *f)
 {
@@ -102,6 +104,8 @@ static PyFrameObject *step_out(PyFrameObject *f)
     return back;
 }
 
+/* The frame `skip` frames outwards from the caller's (the Python frame calling into this module),
+ * as a new reference, or NULL (no exception) where the stack is shorter. */
 static PyFrameObject *start_frame(Py_ssize_t skip)
 {
     PyFrameObject *f = PyThreadState_GetFrame(PyThreadState_Get()); /* new reference or NULL */
@@ -146,26 +150,12 @@ static inline int raw_lasti(_PyInterpreterFrame *f)
 }
 #endif
 
-/* The hash of the caller's frame window (window_hash's doc): `skip` frames outwards from the caller's,
- * then at most `depth` frames, ending before the frame object `stop` (NULL: none). */
-static uint64_t window_key(Py_ssize_t skip, Py_ssize_t depth, PyObject *stop)
+/* The public walk's hash of the caller's frame window (window_hash's doc): `skip` frames outwards
+ * from the caller's, then at most `depth` frames, ending before the frame object `stop` (NULL: none). */
+static uint64_t public_window_key(Py_ssize_t skip, Py_ssize_t depth, PyObject *stop)
 {
     uint64_t h = P5;
     Py_ssize_t n = 0;
-#ifdef TK_RAW_FRAMES
-    /* a stop that is no frame never matches, as an identity test would not */
-    _PyInterpreterFrame *end = stop != NULL && PyFrame_Check(stop) ? ((PyFrameObject *)stop)->f_frame : NULL;
-    _PyInterpreterFrame *f = depth > 0 ? raw_top() : NULL;
-    while (f != NULL && skip-- > 0)
-        f = raw_complete(f->previous);
-    while (f != NULL && f != end) {
-        h = mix_step(h, (uint64_t)(uintptr_t)raw_code(f));
-        h = mix_step(h, (uint64_t)(int64_t)raw_lasti(f));
-        if (++n >= depth)
-            break;
-        f = raw_complete(f->previous);
-    }
-#else
     PyFrameObject *f = depth > 0 ? start_frame(skip) : NULL;
     while (f != NULL && (PyObject *)f != stop) {
         PyCodeObject *code = PyFrame_GetCode(f); /* new reference, never NULL */
@@ -178,8 +168,58 @@ static uint64_t window_key(Py_ssize_t skip, Py_ssize_t depth, PyObject *stop)
         f = step_out(f);
     }
     Py_XDECREF(f);
-#endif
     return avalanche(mix_step(h, (uint64_t)n));
+}
+
+#ifdef TK_RAW_FRAMES
+/* The same hash from the frame records (no frame object made). */
+static uint64_t raw_window_key(Py_ssize_t skip, Py_ssize_t depth, PyObject *stop)
+{
+    uint64_t h = P5;
+    Py_ssize_t n = 0;
+    /* a stop that is no frame never matches, as an identity test would not */
+    _PyInterpreterFrame *end = stop != NULL && PyFrame_Check(stop) ? ((PyFrameObject *)stop)->f_frame : NULL;
+    _PyInterpreterFrame *f = depth > 0 ? raw_top() : NULL;
+    while (f != NULL && skip-- > 0)
+        f = raw_complete(f->previous);
+    while (f != NULL && f != end) {
+        h = mix_step(h, (uint64_t)(uintptr_t)raw_code(f));
+        h = mix_step(h, (uint64_t)(int64_t)raw_lasti(f));
+        if (++n >= depth)
+            break;
+        f = raw_complete(f->previous);
+    }
+    return avalanche(mix_step(h, (uint64_t)n));
+}
+#endif
+
+/* 1 where the frame records are read: built for them, and the check at import found them laid out as
+ * this build expects (raw_frames_agree). CPython keeps internal layouts within a minor version in
+ * practice, not by promise, so a module built on one patch release checks on the one it runs on. */
+static int raw_frames = 0;
+
+/* The hash of the caller's frame window (window_hash's doc), from the frame records where they are
+ * read, else through the public API. */
+static uint64_t window_key(Py_ssize_t skip, Py_ssize_t depth, PyObject *stop)
+{
+#ifdef TK_RAW_FRAMES
+    if (raw_frames)
+        return raw_window_key(skip, depth, stop);
+#endif
+    return public_window_key(skip, depth, stop);
+}
+
+/* Whether both walks see the same frames here (the importing call's stack): 1 agree, 0 not. */
+static int raw_frames_agree(void)
+{
+#ifdef TK_RAW_FRAMES
+    for (Py_ssize_t depth = 1; depth <= 8; depth++)
+        if (raw_window_key(0, depth, NULL) != public_window_key(0, depth, NULL))
+            return 0;
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 static int parse_window_args(const char *name, PyObject *const *args, Py_ssize_t nargs,
@@ -1301,7 +1341,8 @@ PyDoc_STRVAR(hook_doc,
 "``depth`` frames from the caller outwards (stopping before ``launcher``) is hashed as window_hash\n"
 "does and looked up in ``hot``; an answer that is missing or not final (stack < -1, bits None)\n"
 "comes from ``resolve(hash, answer or None)``, a Python function that reads the same window with\n"
-"``window_frames(1, depth, launcher)``.");
+"``window_frames(1, depth, launcher)``. ``hot`` may only gain keys, each set once: the hook keeps the\n"
+"final answers it read from it in a table of its own (emptied by ``__init__`` alone).");
 
 static PyTypeObject HookType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -1387,6 +1428,9 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RowsType) < 0 || PyType_Ready(&HookType) < 0 ||
         hook_strings() < 0)
         return NULL;
+    raw_frames = raw_frames_agree();
+    if (PyErr_Occurred())
+        return NULL;
     PyObject *m = PyModule_Create(&fastpath_module);
     if (m == NULL)
         return NULL;
@@ -1410,7 +1454,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     }
     if (add_int(m, "MAGIC", RING_MAGIC) < 0 || add_int(m, "VERSION", RING_VERSION) < 0 ||
         add_int(m, "HEADER_INTS", RING_HEADER_INTS) < 0 || add_int(m, "MAX_ROW", RING_MAX_ROW) < 0 ||
-        add_int(m, "NATIVE_CLOCK", NATIVE_CLOCK) < 0 || add_int(m, "RAW_FRAMES", RAW_FRAMES) < 0) {
+        add_int(m, "NATIVE_CLOCK", NATIVE_CLOCK) < 0 || add_int(m, "RAW_FRAMES", raw_frames) < 0) {
         Py_DECREF(m);
         return NULL;
     }

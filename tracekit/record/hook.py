@@ -403,7 +403,9 @@ def _compiled_callbacks(buf: EventBuffer, clock: Callable[[], int], stream: Call
     stack's window and looks it up in ``stacks.hot`` itself; the one-frame site: a window of
     ``SITE_WINDOW`` frames, which answers for a site found in it; neither: no window.
     A window the hot table cannot answer goes to a Python ``resolve`` (a miss, LONGER, no site).
-    ``stream_ptr``: CuPy's C function for the current stream (``stream_capsule``), or None."""
+    ``stream_ptr``: CuPy's C function for the current stream (``stream_capsule``), or None.
+    The hot table only gains keys, each set once (``LiveStacks.miss``, ``_site_resolver``): the
+    compiled hook keeps the final answers it has read in a table of its own."""
     assert Hook is not None
     kw: dict[str, Any] = {"clock": None if clock is time.perf_counter_ns and NATIVE_CLOCK else clock,
                           "device": device, "stream_ptr": stream_ptr}
