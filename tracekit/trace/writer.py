@@ -61,8 +61,9 @@ DELTA_COLUMNS = ("seq", "t_ns")
 
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     """How a trace's columns are stored: LZ4 (the raw block format) instead of zstd, and ``seq`` and
-    ``t_ns`` delta-encoded, every other column with a dictionary. Measured on a 10M-event trace
-    (2-core machine): 105 MB against 110 MB, a whole read of every column in 0.38 s against 0.48 s.
+    ``t_ns`` delta-encoded, every other column with a dictionary. Measured on a 10M-event ``random``
+    trace (2-core machine): 105 MB against 110 MB, a whole read of every column in 0.38 s against
+    0.48 s; a ``training`` trace is 38 % smaller.
     Any Parquet reader reads both (polars and pyarrow included); older traces read as before."""
     delta = [name for name in DELTA_COLUMNS if name in schema.names]
     return {"compression": "lz4", "use_dictionary": [n for n in schema.names if n not in delta],
