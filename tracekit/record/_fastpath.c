@@ -1217,18 +1217,11 @@ PyDoc_STRVAR(hook_malloc_doc,
 "``(t, site bits | device << 4, mem_ptr, size, mem_size, stream, -1, stack)`` appended to\n"
 "``buffer.rows`` (and its ring) and a trim when due; a malloc that returned no memory calls ``failed``.");
 
-static PyObject *hook_malloc_core(HookObject *self, PyObject **a);
-
 static PyObject *hook_malloc(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *a[K_COUNT];
     if (hook_args("malloc_postprocess", malloc_params, 5, args, nargsf, kwnames, a) < 0)
         return NULL;
-    return hook_malloc_core(self, a);
-}
-
-static PyObject *hook_malloc_core(HookObject *self, PyObject **a)
-{
     int64_t bits, stack;
     if (hook_answer(self, &bits, &stack) < 0)
         return NULL;
@@ -1277,18 +1270,11 @@ PyDoc_STRVAR(hook_free_doc,
 "``(t, device << 4 | FREE, mem_ptr, mem_size, 0, stream, -1, -1)`` and a trim when due. The\n"
 "device is CuPy's (a block's own), never remapped.");
 
-static PyObject *hook_free_core(HookObject *self, PyObject **a);
-
 static PyObject *hook_free(HookObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *a[K_COUNT];
     if (hook_args("free_postprocess", free_params, 4, args, nargsf, kwnames, a) < 0)
         return NULL;
-    return hook_free_core(self, a);
-}
-
-static PyObject *hook_free_core(HookObject *self, PyObject **a)
-{
     int64_t row[HOOK_ROW], device;
     if (as_i64(a[K_DEVICE_ID], &device) < 0 || as_i64(a[K_MEM_PTR], &row[2]) < 0 ||
         as_i64(a[K_MEM_SIZE], &row[3]) < 0)
