@@ -70,8 +70,8 @@ def _workloads():  # type: ignore[no-untyped-def]
 
 CPU: dict[str, list[float]] = {}
 THREAD: dict[str, list[float]] = {}  # the timed thread's own CPU seconds (time.thread_time)
-INSTRUCTIONS: dict[str, list[int]] = {}  # the timed thread's user-space instructions (COUNTERS)
-CYCLES: dict[str, list[int]] = {}
+INSTRUCTIONS: dict[str, list[float]] = {}  # the timed thread's user-space instructions (COUNTERS)
+CYCLES: dict[str, list[float]] = {}
 TRIM: dict[str, list[float]] = {}
 
 
@@ -91,10 +91,18 @@ def time_trims(buffer, variant: str) -> None:  # type: ignore[no-untyped-def]
     buffer.trim = timed_trim
 
 
-def _paired_median(counts: dict[str, list[int]]) -> dict[str, float]:
-    """Each variant's median over the repeats of its count over the no-op hook's in the same repeat."""
-    return {k: statistics.median([a / b for a, b in zip(v, counts["noop_hook"], strict=True)])
-            for k, v in counts.items()}
+def _paired(counts: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each variant's figure of each repeat over the no-op hook's in the same repeat."""
+    return {k: [a / b for a, b in zip(v, counts["noop_hook"], strict=True)] for k, v in counts.items()}
+
+
+def _median_over_noop(counts: dict[str, list[float]], events: dict[str, float]) -> dict[str, float]:
+    """Each recording variant's median over the repeats of (its figure - the no-op hook's in the same
+    repeat) / the events of a timed run; {} where nothing was counted."""
+    if not counts:
+        return {}
+    return {k: statistics.median([(a - b) / n for a, b in zip(counts[k], counts["noop_hook"], strict=True)])
+            for k, n in events.items()}
 
 
 def timed(fn, steps: int, variant: str) -> float:  # type: ignore[no-untyped-def]
@@ -169,6 +177,8 @@ def main() -> int:
                 stacks[variant] = int(len(np.unique(ev.stack[ev.stack >= 0])))
                 out.unlink()
     base, mid = min(times["none"]), statistics.median(times["none"])
+    # the events of one timed run: steps/(steps + warmup) of a recording's events (its warm-up is recorded)
+    timed_events = {k: n * args.steps / (args.steps + args.warmup) for k, n in events.items()}
     result = {
         "machine": platform.node(), "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
         "cupy": cp.__version__, "python": platform.python_version(),
@@ -182,40 +192,29 @@ def main() -> int:
         "ratio_to_noop": {k: min(v) / min(times["noop_hook"]) for k, v in times.items()},
         # each repeat's variant over the same repeat's no-op hook (run within seconds of each other):
         # the drift of the machine between repeats cancels
-        "paired_to_noop": {k: [a / b for a, b in zip(v, times["noop_hook"], strict=True)]
-                           for k, v in times.items()},
+        "paired_to_noop": _paired(times),
         "ratio_stacks_to_sites": min(times["record_stacks"]) / min(times["record_sites"]),
         "ratio_stacks_to_sites_median": statistics.median(times["record_stacks"])
         / statistics.median(times["record_sites"]),
         "distinct_stacks": stacks,
         "events_per_run": events,
-        "events_per_s": {k: n / min(times[k]) * args.steps / (args.steps + args.warmup)
-                         for k, n in events.items()},
+        "events_per_s": {k: n / min(times[k]) for k, n in timed_events.items()},
         "cpu_seconds_min": {k: min(v) for k, v in CPU.items()},
         "cpu_ratio": {k: min(v) / min(CPU["none"]) for k, v in CPU.items()},
         "blocking_sync": args.blocking_sync,
         "thread_cpu_all": THREAD,
         # each repeat's timed-thread CPU seconds over the same repeat's no-op hook, and their
         # difference per allocation event of the timed run (µs): the recorder's own host cost
-        "paired_thread_cpu_to_noop": {k: [a / b for a, b in zip(v, THREAD["noop_hook"], strict=True)]
-                                      for k, v in THREAD.items()},
-        "thread_cpu_us_per_event_over_noop": {
-            k: statistics.median([(a - b) / (n * args.steps / (args.steps + args.warmup)) * 1e6
-                                  for a, b in zip(THREAD[k], THREAD["noop_hook"], strict=True)])
-            for k, n in events.items()},
+        "paired_thread_cpu_to_noop": _paired(THREAD),
+        "thread_cpu_us_per_event_over_noop": {k: x * 1e6
+                                              for k, x in _median_over_noop(THREAD, timed_events).items()},
         "counters": COUNTERS is not None,
         "instructions_all": INSTRUCTIONS, "cycles_all": CYCLES,
         # per allocation event of the timed run, over the no-op hook of the same repeat (median)
-        "instructions_per_event_over_noop": {
-            k: statistics.median([(a - b) / (n * args.steps / (args.steps + args.warmup))
-                                  for a, b in zip(INSTRUCTIONS[k], INSTRUCTIONS["noop_hook"], strict=True)])
-            for k, n in events.items()} if INSTRUCTIONS else {},
-        "cycles_per_event_over_noop": {
-            k: statistics.median([(a - b) / (n * args.steps / (args.steps + args.warmup))
-                                  for a, b in zip(CYCLES[k], CYCLES["noop_hook"], strict=True)])
-            for k, n in events.items()} if CYCLES else {},
-        "paired_instructions_to_noop": _paired_median(INSTRUCTIONS),
-        "paired_cycles_to_noop": _paired_median(CYCLES),
+        "instructions_per_event_over_noop": _median_over_noop(INSTRUCTIONS, timed_events),
+        "cycles_per_event_over_noop": _median_over_noop(CYCLES, timed_events),
+        "paired_instructions_to_noop": {k: statistics.median(v) for k, v in _paired(INSTRUCTIONS).items()},
+        "paired_cycles_to_noop": {k: statistics.median(v) for k, v in _paired(CYCLES).items()},
         "other_threads_cpu_median": {
             k: statistics.median([c - t for c, t in zip(CPU[k], THREAD[k], strict=True)]) for k in THREAD},
         "trim_s_median": {k: statistics.median(v) for k, v in TRIM.items()},

@@ -52,7 +52,3 @@ class ThreadCounters:
         """(instructions, cycles) so far."""
         ins, cyc = (struct.unpack("q", os.read(fd, 8))[0] for fd in self.fds)
         return ins, cyc
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)

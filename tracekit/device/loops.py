@@ -43,9 +43,8 @@ class Loop:
                  pending: Held, attempts: Attempts | None = None) -> None:
         self.continue_on_oom = continue_on_oom
         self.handled = attempts.handled if attempts is not None else np.zeros(n, np.bool_)
-        # per row where any row is handled; else possibly empty (``ReplayInput.replaced_by``): read
-        # only at handled rows
-        self.replaced_by = attempts.replaced_by if attempts is not None else np.full(0, -1, np.int64)
+        # per row where any row is handled, else empty (``ReplayInput.replaced_by``): read at handled rows
+        self.replaced_by = attempts.replaced_by if attempts is not None else np.zeros(0, np.int64)
         self.standing: dict[int, Any] = {}  # retry row -> the served attempt's block standing in for it
         self.released = np.zeros(n, np.bool_)  # handled attempts served and released at once
         self.handled_ooms = 0
