@@ -30,14 +30,33 @@ NO_X = np.zeros((0, len(Reservation)), dtype=np.int64)  # no expandable reservat
 
 
 @njit(cache=True, error_model="numpy")
+def _passes(S, value, limit):  # pragma: no cover - compiled
+    """The limit test ``value <= limit`` (bytes; limit 0: none, every value passes), noting the
+    most it let through (``Slot.PASSED``) and the least it refused (``Slot.REFUSED``, 0: none):
+    at every limit from the one up to below the other, each test has the same outcome."""
+    if limit > 0 and value > limit:
+        if S[Slot.REFUSED] == 0 or value < S[Slot.REFUSED]:
+            S[Slot.REFUSED] = value
+        return False
+    if value > S[Slot.PASSED]:
+        S[Slot.PASSED] = value
+    return True
+
+
+@njit(cache=True, error_model="numpy")
 def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - compiled
-    if limit > 0:
-        if s > limit:
+    # The limit enters the replay only here (three tests of ``_passes``), so a replay says at
+    # which limits it replays alike: ``Slot.ASKED`` (from there up, as without a limit), and
+    # ``Slot.PASSED`` up to below ``Slot.REFUSED`` (advise's bisections take answers there).
+    asked = S[Slot.RESERVED] + s  # the second test's own sum, whatever the limit
+    if asked > S[Slot.ASKED]:
+        S[Slot.ASKED] = asked
+    if not _passes(S, s, limit):
+        return False
+    if not _passes(S, asked, limit):
+        sg.release_all_whole(C, S, R, i, stream)
+        if not _passes(S, S[Slot.RESERVED] + s, limit):
             return False
-        if S[Slot.RESERVED] + s > limit:
-            sg.release_all_whole(C, S, R, i, stream)
-            if S[Slot.RESERVED] + s > limit:
-                return False
     if dev_total > 0 and S[Slot.DEV_USED] + sg.device_cost(s) > dev_total:
         sg.release_all_whole(C, S, R, i, stream)
         if S[Slot.DEV_USED] + sg.device_cost(s) > dev_total:

@@ -28,7 +28,7 @@ import numpy as np
 
 from tracekit.errors import UsageError
 from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import CupySetting, named_vector
+from tracekit.sim.codes import NO_REFUSAL, CupySetting, Slot, Stat, named_vector
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 
@@ -94,6 +94,12 @@ class CupyPool:
             arena, trace.mate, init, ev.addr.view(np.int64), rel, hints, streams.view(np.int64), cfg, C, R, S,
             stats,
         )
+        # The limit enters the kernel only in its limit tests (``_cupy_kernel._passes``): at a
+        # limit from the most a test asked up, this run is the one without a limit; from the most
+        # its tests let through up to below the least they refused, this run itself.
+        stats[Stat.ASKED] = S[Slot.ASKED]
+        stats[Stat.SAME_FROM] = S[Slot.PASSED]
+        stats[Stat.SAME_BELOW] = S[Slot.REFUSED] if S[Slot.REFUSED] > 0 else NO_REFUSAL
         return pack(addr, status, rounded, R, S, stats), C, S
 
 

@@ -1,0 +1,91 @@
+"""What advise's bisections rest on in the ``cupy`` model (issue 45 item 4): the pool limit enters a
+replay only in its limit tests, so a replay's ``Stat.ASKED``, ``Stat.SAME_FROM`` and
+``Stat.SAME_BELOW`` name limits at which it replays step by step alike, checked here by replaying
+at the ends of each range."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tracekit.advise.capacity import lower_bound, search
+from tracekit.advise.counterfactual import counterfactual_replay, prepare
+from tracekit.sim.base import SimConfig, Stat
+from tracekit.sim.codes import NO_REFUSAL
+from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.schema import Source
+
+DATA = Path(__file__).resolve().parent / "data" / "advise_frozen"
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+
+@cache
+def _prepared(name: str) -> Trace:
+    t = read_trace(DATA / f"synth-{name}-10k.parquet")
+    return prepare(replace(t, meta=replace(t.meta, source=Source.CUPY, pool_limit_bytes=None)))
+
+
+def _replay(t: Trace, cap: int | None):  # type: ignore[no-untyped-def]
+    return counterfactual_replay(t, "cupy", SimConfig(capacity=cap))[1]
+
+
+def _steps(r) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
+    run = r.run
+    return (run.addr.tolist(), run.status.tolist(), run.rows_op.tolist(), run.rows_addr.tolist(),
+            run.rows_size.tolist(), run.rows_before.tolist(), r.summary.oom, r.summary.peak_reserved_bytes)
+
+
+@pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
+@settings(max_examples=8, deadline=None)
+@given(ratio=st.floats(1.0, 1.3))
+def test_a_replay_is_alike_where_it_says(name: str, ratio: float) -> None:
+    t = _prepared(name)
+    cap = int(lower_bound(t) * ratio) // 512 * 512
+    r = _replay(t, cap)
+    lo, below = int(r.run.stats[Stat.SAME_FROM]), int(r.run.stats[Stat.SAME_BELOW])
+    assert 0 < lo <= cap < below
+    for other in {lo, min(below - 1, 1 << 50), (lo + cap) // 2}:
+        assert _steps(_replay(t, other)) == _steps(r), other
+    if below < NO_REFUSAL:  # a test it refused: from that limit up the run is another
+        assert r.run.stats[Stat.ASKED] >= below
+        assert _steps(_replay(t, below)) != _steps(r)
+
+
+@pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
+def test_an_unbounded_replay_is_alike_from_what_it_asked(name: str) -> None:
+    t = _prepared(name)
+    r = _replay(t, None)
+    asked = int(r.run.stats[Stat.ASKED])
+    assert int(r.run.stats[Stat.SAME_FROM]) == asked > 0
+    assert int(r.run.stats[Stat.SAME_BELOW]) == NO_REFUSAL
+    assert _steps(_replay(t, asked)) == _steps(r)
+    assert _steps(_replay(t, asked - 512)) != _steps(r)  # one test refused: another run
+
+
+@pytest.mark.parametrize("name", ["training", "fragmenting"])
+def test_the_bisection_answers_as_without_the_ranges(name: str) -> None:
+    t = _prepared(name)
+    lb = lower_bound(t)
+    plain = search(t, "cupy", lb=lb, counterfactual=True)
+    quick = search(t, "cupy", lb=lb, counterfactual=True, reuse=True)
+    assert quick.min_capacity == plain.min_capacity
+    assert quick.unbounded_peak_reserved == plain.unbounded_peak_reserved
+    assert quick.replays < plain.replays
+
+
+def test_a_recording_s_limit_tests_are_its_own() -> None:
+    """A real CuPy recording with handled OOMs (``free_all_blocks`` retries): its replay at the
+    recorded limit is alike at the ends of the range it names."""
+    t = read_trace(TRACES / "cupy-oom-frag.parquet")
+    p = prepare(t)
+    cap = t.meta.pool_limit_bytes or lower_bound(p) * 11 // 10 // 512 * 512
+    r = _replay(p, cap)
+    lo, below = int(r.run.stats[Stat.SAME_FROM]), int(r.run.stats[Stat.SAME_BELOW])
+    assert 0 < lo <= cap < below
+    assert _steps(_replay(p, lo)) == _steps(r)
+    assert _steps(_replay(p, min(below - 1, 1 << 50))) == _steps(r)
