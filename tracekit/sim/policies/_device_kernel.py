@@ -47,11 +47,14 @@ class DeviceSlot(IntEnum):
     RESERVED = 2  # what the allocator holds now
     NEXT_ADDR = 3  # where the next invented address starts
     STOPPED = 4  # 1 once a failed request ended the replay
+    ASKED = 5  # the most device bytes a request's bound test asked for (``Stat.ASKED``)
+    PASSED = 6  # the most of those the test let through (``Stat.SAME_FROM``)
+    REFUSED = 7  # the least of those it refused, 0 while none was (``Stat.SAME_BELOW``)
 
 
 def new_state() -> list[int]:
     """The state before the first event, in ``DeviceSlot`` order."""
-    return [0, 0, 0, ADDR_BASE, 0]
+    return [0, 0, 0, ADDR_BASE, 0, 0, 0, 0]
 
 
 @njit(cache=True, error_model="numpy")
@@ -83,6 +86,22 @@ def _needed(S, r, c, pooled):  # pragma: no cover - compiled
     if pooled:
         return max(S[DeviceSlot.RESERVED], pages(S[DeviceSlot.LIVE] + r))
     return S[DeviceSlot.USED] + c
+
+
+@njit(cache=True, error_model="numpy")
+def _fits(S, need, bound):  # pragma: no cover - compiled
+    """The bound test ``need <= bound`` (bytes; bound 0: unbounded, every need passes), noting the
+    most asked, the most let through and the least refused: the bound enters a replay only here,
+    so at every bound from ``PASSED`` up to below ``REFUSED`` each test has the same outcome."""
+    if need > S[DeviceSlot.ASKED]:
+        S[DeviceSlot.ASKED] = need
+    if bound > 0 and need > bound:
+        if S[DeviceSlot.REFUSED] == 0 or need < S[DeviceSlot.REFUSED]:
+            S[DeviceSlot.REFUSED] = need
+        return False
+    if need > S[DeviceSlot.PASSED]:
+        S[DeviceSlot.PASSED] = need
+    return True
 
 
 @njit(cache=True, error_model="numpy")
@@ -202,7 +221,7 @@ def run_chunk(kind, rep, holder, size, mate, cfg, S, addr, status, rounded, char
             status[i] = Status.DONE
             continue
         c = block_cost(s, pooled)
-        if s < SIZE_CLAMP and (bound <= 0 or _needed(S, r, c, pooled) <= bound):
+        if s < SIZE_CLAMP and _fits(S, _needed(S, r, c, pooled), bound):
             _serve(S, kd, rep, holder, addr, status, charge, stats, i, r, c, pooled)
         elif _fail(S, status, stats, kd, i, r, bound, pooled, cfg[DeviceSetting.CONTINUE] != 0):
             S[DeviceSlot.STOPPED] = 1

@@ -21,7 +21,7 @@ import numpy as np
 from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import named_vector
+from tracekit.sim.codes import NO_REFUSAL, Stat, named_vector
 from tracekit.trace.reader import Trace
 
 __all__ = ["DeviceModel"]
@@ -60,6 +60,11 @@ class DeviceModel:
                         rounded, charge, stats, lo, hi)
             if state[k.DeviceSlot.STOPPED]:
                 break
+        if config.device_total is None:  # the bound is the capacity: say where the replay is alike
+            stats[Stat.ASKED] = state[k.DeviceSlot.ASKED]
+            stats[Stat.SAME_FROM] = state[k.DeviceSlot.PASSED]
+            refused = state[k.DeviceSlot.REFUSED]
+            stats[Stat.SAME_BELOW] = refused if refused > 0 else NO_REFUSAL
         empty = np.zeros(0, np.uint64)
         return PolicyRun(addr=addr.view(np.uint64), status=status, rows_before=np.zeros(0, np.int64),
                          rows_op=np.zeros(0, np.int8), rows_addr=empty, rows_size=empty, rows_stream=empty,

@@ -1,7 +1,7 @@
-"""What advise's bisections rest on in the ``cupy`` model (issue 45 item 4): the pool limit enters a
-replay only in its limit tests, so a replay's ``Stat.ASKED``, ``Stat.SAME_FROM`` and
-``Stat.SAME_BELOW`` name limits at which it replays step by step alike, checked here by replaying
-at the ends of each range."""
+"""What advise's bisections rest on in the models of CuPy's pool and of the device allocators
+(``cuda``, ``cupy-async``; issue 45 item 4): the limit enters a replay only in its limit tests, so a
+replay's ``Stat.ASKED``, ``Stat.SAME_FROM`` and ``Stat.SAME_BELOW`` name limits at which it
+replays step by step alike, checked here by replaying at the ends of each range."""
 
 from __future__ import annotations
 
@@ -30,49 +30,58 @@ def _prepared(name: str) -> Trace:
     return prepare(replace(t, meta=replace(t.meta, source=Source.CUPY, pool_limit_bytes=None)))
 
 
-def _replay(t: Trace, cap: int | None):  # type: ignore[no-untyped-def]
-    return counterfactual_replay(t, "cupy", SimConfig(capacity=cap))[1]
+POLICIES = ("cupy", "cupy-async", "cuda")
+
+
+def _replay(t: Trace, cap: int | None, policy: str = "cupy"):  # type: ignore[no-untyped-def]
+    return counterfactual_replay(t, policy, SimConfig(capacity=cap))[1]
 
 
 def _steps(r) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
-    run = r.run
+    """Every step of a replay; of its fatal OOM, where it came (the free space the device models
+    report at it is measured against the limit itself)."""
+    run, oom = r.run, r.summary.oom
     return (run.addr.tolist(), run.status.tolist(), run.rows_op.tolist(), run.rows_addr.tolist(),
-            run.rows_size.tolist(), run.rows_before.tolist(), r.summary.oom, r.summary.peak_reserved_bytes)
+            run.rows_size.tolist(), run.rows_before.tolist(), None if oom is None else oom.seq,
+            r.summary.oom_count, r.summary.peak_reserved_bytes)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
 @settings(max_examples=8, deadline=None)
 @given(ratio=st.floats(1.0, 1.3))
-def test_a_replay_is_alike_where_it_says(name: str, ratio: float) -> None:
+def test_a_replay_is_alike_where_it_says(policy: str, name: str, ratio: float) -> None:
     t = _prepared(name)
     cap = int(lower_bound(t) * ratio) // 512 * 512
-    r = _replay(t, cap)
+    r = _replay(t, cap, policy)
     lo, below = int(r.run.stats[Stat.SAME_FROM]), int(r.run.stats[Stat.SAME_BELOW])
     assert 0 < lo <= cap < below
     for other in {lo, min(below - 1, 1 << 50), (lo + cap) // 2}:
-        assert _steps(_replay(t, other)) == _steps(r), other
+        assert _steps(_replay(t, other, policy)) == _steps(r), other
     if below < NO_REFUSAL:  # a test it refused: from that limit up the run is another
         assert r.run.stats[Stat.ASKED] >= below
-        assert _steps(_replay(t, below)) != _steps(r)
+        assert _steps(_replay(t, below, policy)) != _steps(r)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
-def test_an_unbounded_replay_is_alike_from_what_it_asked(name: str) -> None:
+def test_an_unbounded_replay_is_alike_from_what_it_asked(policy: str, name: str) -> None:
     t = _prepared(name)
-    r = _replay(t, None)
+    r = _replay(t, None, policy)
     asked = int(r.run.stats[Stat.ASKED])
     assert int(r.run.stats[Stat.SAME_FROM]) == asked > 0
     assert int(r.run.stats[Stat.SAME_BELOW]) == NO_REFUSAL
-    assert _steps(_replay(t, asked)) == _steps(r)
-    assert _steps(_replay(t, asked - 512)) != _steps(r)  # one test refused: another run
+    assert _steps(_replay(t, asked, policy)) == _steps(r)
+    assert _steps(_replay(t, asked - 512, policy)) != _steps(r)  # one test refused: another run
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", ["training", "fragmenting"])
-def test_the_bisection_answers_as_without_the_ranges(name: str) -> None:
+def test_the_bisection_answers_as_without_the_ranges(policy: str, name: str) -> None:
     t = _prepared(name)
     lb = lower_bound(t)
-    plain = search(t, "cupy", lb=lb, counterfactual=True)
-    quick = search(t, "cupy", lb=lb, counterfactual=True, reuse=True)
+    plain = search(t, policy, lb=lb, counterfactual=True)
+    quick = search(t, policy, lb=lb, counterfactual=True, reuse=True)
     assert quick.min_capacity == plain.min_capacity
     assert quick.unbounded_peak_reserved == plain.unbounded_peak_reserved
     assert quick.replays < plain.replays
