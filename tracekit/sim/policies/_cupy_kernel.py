@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from tracekit.sim import chunks as ck
+from tracekit.sim import limit_test
 from tracekit.sim import segments as sg
 from tracekit.sim.codes import CupySetting, Kind, Op, Reservation, Slot, Stat, Status
 from tracekit.sim.codes import Field as F
@@ -29,31 +30,18 @@ NO_RELEASE = -2  # ``rel``: no release here; -1 releases every arena, k >= 0 are
 NO_X = np.zeros((0, len(Reservation)), dtype=np.int64)  # no expandable reservations in CuPy's pool
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always")
 def _passes(S, value, limit):  # pragma: no cover - compiled
-    """The limit test ``value <= limit`` (bytes; limit 0: none, every value passes), noting the
-    most it let through (``Slot.PASSED``) and the least it refused (``Slot.REFUSED``, 0: none):
-    at every limit from the one up to below the other, each test has the same outcome."""
-    if limit > 0 and value > limit:
-        if S[Slot.REFUSED] == 0 or value < S[Slot.REFUSED]:
-            S[Slot.REFUSED] = value
-        return False
-    if value > S[Slot.PASSED]:
-        S[Slot.PASSED] = value
-    return True
+    return limit_test.passes(S, value, limit, Slot.ASKED, Slot.PASSED, Slot.REFUSED)
 
 
 @njit(cache=True, error_model="numpy")
 def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - compiled
-    # The limit enters the replay only here (three tests of ``_passes``), so a replay says at
-    # which limits it replays alike: ``Slot.ASKED`` (from there up, as without a limit), and
-    # ``Slot.PASSED`` up to below ``Slot.REFUSED`` (advise's bisections take answers there).
-    asked = S[Slot.RESERVED] + s  # the second test's own sum, whatever the limit
-    if asked > S[Slot.ASKED]:
-        S[Slot.ASKED] = asked
+    # The limit enters the replay only in these three tests (``limit_test``): the replay says
+    # at which limits it replays alike.
     if not _passes(S, s, limit):
         return False
-    if not _passes(S, asked, limit):
+    if not _passes(S, S[Slot.RESERVED] + s, limit):
         sg.release_all_whole(C, S, R, i, stream)
         if not _passes(S, S[Slot.RESERVED] + s, limit):
             return False

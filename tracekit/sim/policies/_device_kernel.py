@@ -25,6 +25,7 @@ from enum import IntEnum
 
 from numba import njit
 
+from tracekit.sim import limit_test
 from tracekit.sim.chunks import ADDR_BASE, MIB, PAGE
 from tracekit.sim.codes import Kind, Stat, Status
 from tracekit.sim.prepare import SIZE_CLAMP, stand_in
@@ -88,20 +89,10 @@ def _needed(S, r, c, pooled):  # pragma: no cover - compiled
     return S[DeviceSlot.USED] + c
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always")
 def _fits(S, need, bound):  # pragma: no cover - compiled
-    """The bound test ``need <= bound`` (bytes; bound 0: unbounded, every need passes), noting the
-    most asked, the most let through and the least refused: the bound enters a replay only here,
-    so at every bound from ``PASSED`` up to below ``REFUSED`` each test has the same outcome."""
-    if need > S[DeviceSlot.ASKED]:
-        S[DeviceSlot.ASKED] = need
-    if bound > 0 and need > bound:
-        if S[DeviceSlot.REFUSED] == 0 or need < S[DeviceSlot.REFUSED]:
-            S[DeviceSlot.REFUSED] = need
-        return False
-    if need > S[DeviceSlot.PASSED]:
-        S[DeviceSlot.PASSED] = need
-    return True
+    """The bound test ``need <= bound`` (bytes; 0: unbounded), where the bound enters a replay."""
+    return limit_test.passes(S, need, bound, DeviceSlot.ASKED, DeviceSlot.PASSED, DeviceSlot.REFUSED)
 
 
 @njit(cache=True, error_model="numpy")

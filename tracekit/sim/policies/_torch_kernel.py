@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from tracekit.sim import chunks as ck
+from tracekit.sim import limit_test
 from tracekit.sim import segments as sg
 from tracekit.sim.codes import Field as F
 from tracekit.sim.codes import Kind, Op, Slot, Stat, Status, TorchPool, Tree
@@ -105,16 +106,10 @@ def _pages(S, cfg, s):  # pragma: no cover - compiled
 @njit(cache=True, error_model="numpy")
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
-    limit = cfg[T.CAPACITY]
-    asked = S[Slot.RESERVED] + seg  # the limit test's own sum, whatever the limit
-    if asked > S[Slot.ASKED]:
-        S[Slot.ASKED] = asked
-    if limit > 0 and asked > limit:
-        if S[Slot.REFUSED] == 0 or asked < S[Slot.REFUSED]:
-            S[Slot.REFUSED] = asked
+    # The capacity's limit test (``limit_test``): with no GC threshold the only place it enters.
+    if not limit_test.passes(S, S[Slot.RESERVED] + seg, cfg[T.CAPACITY], Slot.ASKED, Slot.PASSED,
+                             Slot.REFUSED):
         return -1
-    if asked > S[Slot.PASSED]:
-        S[Slot.PASSED] = asked
     if cfg[T.EXPANDABLE] != 0:
         return xp.try_allocate(C, S, R, i, g, s, cfg[T.DEVICE_TOTAL], stream, X, hints)
     if cfg[T.DEVICE_TOTAL] > 0 and S[Slot.DEV_USED] + sg.device_cost(seg) > cfg[T.DEVICE_TOTAL]:
