@@ -189,9 +189,9 @@ class WhatIfResult:
         return "\n".join(lines)
 
 
-def lower_bound(trace: Trace) -> int:
-    """Peak of Σ ⌈requested/512⌉·512 over live requests (``live_curve``)."""
-    live = live_curve(trace)
+def lower_bound(trace: Trace, live: np.ndarray | None = None) -> int:
+    """Peak of Σ ⌈requested/512⌉·512 over live requests (``live_curve``; ``live``: it, where had)."""
+    live = live_curve(trace) if live is None else live
     return int(max(0, live.max())) if len(live) else 0
 
 

@@ -72,10 +72,12 @@ def pick_limit(trace: Trace, limit: int | None, device_total: int | None) -> int
     raise UsageError(f"{where}the trace records no limit and no device size; give --limit SIZE")
 
 
-def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode()) -> tuple[SiteBytes, ...]:
+def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
+                      live: np.ndarray | None = None) -> tuple[SiteBytes, ...]:
     """Call-sites (labels: the user's line and the request's, ``tracekit.trace.callsite``) holding
-    the most live bytes at the peak of live bytes (the fatal request counts)."""
-    live = live_curve(trace)
+    the most live bytes at the peak of live bytes (the fatal request counts); ``live``: the
+    trace's ``live_curve`` where the caller has it (one pass over the events fewer)."""
+    live = live_curve(trace) if live is None else live
     if len(live) == 0:
         return ()
     ev, k = trace.events, int(np.argmax(live))
@@ -168,7 +170,8 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         asked.append(f"--limit {limit} asked instead of the room the device left: {room.sentence()}")
         room = None
     cap = room.bytes if room is not None else pick_limit(trace, limit, device_total)
-    lb = lower_bound(trace)
+    live = live_curve(trace)  # once: the lower bound and the sites at the peak both read it
+    lb = lower_bound(trace, live)
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
     from tracekit.sim import policies as registry
 
@@ -222,7 +225,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         failing_seq=int(trace.events.seq[ooms[0]]) if len(ooms) else None, tried=tuple(tried), fits=fits,
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
         fit_capacity=at_margin.capacity if at_margin is not None else None,
-        top_sites=top_sites_at_peak(trace, user_code),
+        top_sites=top_sites_at_peak(trace, user_code, live),
         command=trace.meta.command if kind == Allocator.TORCH else None,
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )

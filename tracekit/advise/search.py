@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracekit.advise import candidates as cands
 from tracekit.advise.candidates import Candidate, Kind
@@ -29,6 +29,9 @@ from tracekit.handoff import Shared, attach, release, share
 from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
 from tracekit.workers import Measured, Pool
+
+if TYPE_CHECKING:
+    from tracekit.sim.policies.torch_caching import InertFacts
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Runner:
         self.counterfactual = counterfactual
         self.done: dict[Task, Outcome | PolicyFit] = {}
         self.shared: Shared | None = None
+        self.facts: InertFacts | None = None  # ``_same_as``'s reading of the trace, once
         if jobs == 1 or measure:
             _init(None, trace, counterfactual, None)
         if jobs == 1:
@@ -149,9 +153,11 @@ class Runner:
             return task
         from dataclasses import replace
 
-        from tracekit.sim.policies.torch_caching import inert_keys
+        from tracekit.sim.policies.torch_caching import inert_facts, inert_keys
 
-        drop = inert_keys(self.trace, c.opts)
+        if self.facts is None:  # the trace's side, read once for every setting asked about
+            self.facts = inert_facts(self.trace)
+        drop = inert_keys(self.trace, c.opts, self.facts)
         if not drop:
             return task
         return replace(task, candidate=replace(c, options=tuple(kv for kv in c.options if kv[0] not in drop)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -269,7 +270,27 @@ class TorchCaching:
         return pack(addr, status, packed, R, S, stats), C, S
 
 
-def inert_keys(trace: Trace, options: Mapping[str, str]) -> frozenset[str]:
+@dataclass(frozen=True)
+class InertFacts:
+    """What ``inert_keys`` reads of a trace, whatever the setting (bytes)."""
+
+    biggest_request: int  # the largest malloc or oom request, 0 for none
+    biggest_start_segment: int  # the largest segment of the starting state, 0 for none
+    starts_outside_expandable: bool  # a starting segment that is not an expandable one
+
+
+def inert_facts(trace: Trace) -> InertFacts:
+    """The trace's side of ``inert_keys``: read once per trace by a caller asking for many settings."""
+    inp = prepare_input(trace)
+    ev = trace.events
+    req = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
+    start = inp.initial & (ev.op == Op.SEGMENT_ALLOC)
+    return InertFacts(int(inp.size[req].max()) if req.any() else 0,
+                      int(ev.size[start].max()) if start.any() else 0,
+                      bool((start & ~inp.expandable).any()))
+
+
+def inert_keys(trace: Trace, options: Mapping[str, str], facts: InertFacts | None = None) -> frozenset[str]:
     """The keys of ``options`` that the model provably ignores on ``trace``: replaying it with them
     and without them makes every step alike (``options`` as the whole setting: a prepared
     recording's, whose recorded settings are dropped). Two rules, read off ``_torch_kernel``:
@@ -290,20 +311,15 @@ def inert_keys(trace: Trace, options: Mapping[str, str]) -> frozenset[str]:
       empty, so collecting frees nothing; its lookup counter is read by collecting alone.
     """
     st = settings(options)
-    inp = prepare_input(trace)
-    ev = trace.events
+    f = inert_facts(trace) if facts is None else facts
     out = set()
     if "max_split_size_mb" in options and not st.expandable_segments:
-        req = (ev.op == Op.MALLOC) | (ev.op == Op.OOM)
-        biggest = int(inp.size[req].max()) if req.any() else 0
-        block = int(segment_sizes(round_sizes(np.array([biggest], np.int64), st.roundup_power2_divisions))[0])
-        start = inp.initial & (ev.op == Op.SEGMENT_ALLOC)
-        if start.any():
-            block = max(block, int(ev.size[start].max()))
-        if block < st.max_split_size:
+        biggest = np.array([f.biggest_request], np.int64)
+        block = int(segment_sizes(round_sizes(biggest, st.roundup_power2_divisions))[0])
+        if max(block, f.biggest_start_segment) < st.max_split_size:
             out.add("max_split_size_mb")
-    outside = inp.initial & ~inp.expandable & (ev.op == Op.SEGMENT_ALLOC)
-    if "garbage_collection_threshold" in options and st.expandable_segments and not outside.any():
+    gc = "garbage_collection_threshold" in options
+    if gc and st.expandable_segments and not f.starts_outside_expandable:
         out.add("garbage_collection_threshold")
     return frozenset(out)
 
