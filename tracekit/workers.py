@@ -216,6 +216,11 @@ class Pool:
         self._pool: ProcessPoolExecutor | None = None
         self._generation = 0  # counts rebuilt pools, so one break rebuilds once
 
+    @property
+    def started(self) -> bool:
+        """Whether worker processes run now (tasks go to them rather than to this process)."""
+        return self._pool is not None
+
     def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
         """``fn(t)`` for every task, in order; each finished task is reported to ``progress``
         (in this process a task's own reports fill its part of the bar). A worker that dies
