@@ -36,6 +36,7 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
+from tracekit.advise.bisection import Bisection, Found, Probe, Same, Unbounded
 from tracekit.errors import InputError, TracekitError
 from tracekit.handoff import Shared, attach, release, share
 from tracekit.trace.devices import device_ids, select_device
@@ -212,10 +213,6 @@ def live_curve(trace: Trace) -> np.ndarray:
     return live_bytes(req, needed_requests(trace), paired_frees(ev.op, trace.mate), trace.mate)
 
 
-Unbounded = tuple[int, int, bool]  # an unbounded replay: (peak reserved, its Stat.ASKED, ran out)
-Same = tuple[int, int, bool]  # a bounded replay: its Stat.SAME_FROM and Stat.SAME_BELOW, and it ran out
-
-
 def same_of(stats: np.ndarray, ran_out: bool) -> Same | None:
     """The capacities at which a replay (its ``stats``) replays alike, with its answer; None: not known."""
     from tracekit.sim.codes import Stat
@@ -224,11 +221,25 @@ def same_of(stats: np.ndarray, ran_out: bool) -> Same | None:
     return (lo, below, ran_out) if 0 <= lo < below else None
 
 
+def probe(trace: Trace, policy: str, capacity: int | None, options: Mapping[str, str] | None = None,
+          counterfactual: bool = False) -> Probe:
+    """One replay of the search (``tracekit.advise.bisection``) at ``capacity`` (None: unbounded),
+    under the policy's settings ``options``; ``counterfactual`` as ``search`` takes it."""
+    from tracekit.sim.base import SimConfig
+    from tracekit.sim.codes import Stat
+
+    res = _replayer(trace, policy, counterfactual)(SimConfig(capacity=capacity, options=dict(options or {})))
+    stats = res.run.stats
+    return Probe(capacity, res.ran_out, res.summary.peak_reserved_bytes, int(stats[Stat.ASKED]),
+                 same_of(stats, res.ran_out))
+
+
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,
            lb: int | None = None, options: Mapping[str, str] | None = None,
            counterfactual: bool = False, reuse: bool = False, known: Unbounded | None = None,
            seen: Sequence[Same] = ()) -> PolicyFit:
-    """Bisection for one policy (see the module docstring); ``options`` are the policy's settings.
+    """Bisection for one policy (see the module docstring), one replay at a time
+    (``tracekit.advise.bisection``); ``options`` are the policy's settings.
 
     ``counterfactual``: ``trace`` is a prepared recording (``advise.counterfactual.prepare``)
     and every replay goes through ``counterfactual_replay``, the prediction ``replay``,
@@ -242,60 +253,19 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
     of the same input and setting, at a capacity and no device total, made elsewhere).
     ``replays`` counts the replays made.
     """
-    from tracekit.sim.base import SimConfig
-    from tracekit.sim.codes import Stat
-
-    run = _replayer(trace, policy, counterfactual)
     lb = lower_bound(trace) if lb is None else lb
     limit = max_capacity if max_capacity is not None else _LIMIT
-    opts = dict(options or {})
-    skipped = 0
-    runs = list(seen)
+    b = Bisection(lb, step, limit, known, seen, reuse)
+    while wanted := b.wanted():
+        b.learn(probe(trace, policy, wanted[0], options, counterfactual))
+    return fit_of(b, policy)
 
-    if known is None:
-        first = run(SimConfig(options=opts))
-        known = first.summary.peak_reserved_bytes, int(first.run.stats[Stat.ASKED]), first.ran_out
-    else:
-        skipped += 1
-    unbounded, asked, out = known
 
-    def fits(cap: int) -> bool:
-        nonlocal skipped
-        if reuse and 0 <= asked <= cap:
-            skipped += 1
-            return not out
-        alike = next((r for r in runs if r[0] <= cap < r[1]), None) if reuse and cap > 0 else None
-        if alike is not None:
-            skipped += 1
-            return not alike[2]
-        res = run(SimConfig(capacity=cap, options=opts))
-        mine = same_of(res.run.stats, res.ran_out)
-        if mine is not None:
-            runs.append(mine)
-        return not res.ran_out
-
-    replays = 1
-    lo = (lb - 1) // step * step if lb > 0 else -step  # largest multiple of step below lb: fails
-    hi = max(round_up(max(unbounded, 1), step), lo + step)
-    while True:
-        if hi > limit:
-            hi = limit // step * step
-            replays += 1
-            if hi <= lo or not fits(hi):
-                return PolicyFit(policy, None, lb, unbounded, replays - skipped, limit)
-            break
-        replays += 1
-        if fits(hi):
-            break
-        lo, hi = hi, hi * 2
-    while hi - lo > step:
-        mid = (lo + hi) // 2 // step * step
-        replays += 1
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return PolicyFit(policy, max(hi, 0), lb, unbounded, replays - skipped, limit)
+def fit_of(b: Bisection, policy: str) -> PolicyFit:
+    """The ``PolicyFit`` of a search whose walk has ended (``b.wanted()`` empty)."""
+    end = b.walk()
+    assert isinstance(end, Found)
+    return PolicyFit(policy, end.min_capacity, b.lb, end.unbounded_peak_reserved, end.replays, b.limit)
 
 
 def _replayer(trace: Trace, policy: str, counterfactual: bool) -> Callable[[Any], Any]:
