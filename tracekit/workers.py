@@ -90,6 +90,7 @@ class Measured:
         self.start_s = start_seconds(events)
         self.first = True
         self.took: list[float] = []  # seconds of this batch's timed tasks
+        self.history: list[float] = []  # seconds of every timed task
 
     def batch(self) -> None:
         self.took = []
@@ -99,6 +100,16 @@ class Measured:
             self.first = False
         else:
             self.took.append(seconds)
+            self.history.append(seconds)
+
+    def would_pay(self, tasks: int, jobs: int) -> bool:
+        """Whether a batch of ``tasks`` tasks of the mean time so far would start the workers
+        (its first task, run here and timed, then ``pays`` for the rest)."""
+        workers = min(jobs, tasks - 1)
+        if workers < 2 or not self.history:
+            return False
+        mean = sum(self.history) / len(self.history)
+        return mean * (tasks - 1) * (1 - 1 / workers) > self.start_s
 
     def pays(self, remaining: int, jobs: int) -> bool:
         """Whether ``remaining`` tasks on ``min(jobs, remaining)`` workers save more than a start."""
@@ -220,6 +231,13 @@ class Pool:
     def started(self) -> bool:
         """Whether worker processes run now (tasks go to them rather than to this process)."""
         return self._pool is not None
+
+    def parallel(self, tasks: int) -> bool:
+        """Whether a ``map`` of ``tasks`` tasks would run them side by side (on workers running,
+        or started for it), not one after another in this process."""
+        if self.jobs == 1 or tasks < 2:
+            return False
+        return self.started or self.measured is None or self.measured.would_pay(tasks, self.jobs)
 
     def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
         """``fn(t)`` for every task, in order; each finished task is reported to ``progress``

@@ -261,6 +261,14 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
     return fit_of(b, policy)
 
 
+def bisection_for(lb: int, max_capacity: int | None, known: Unbounded | None = None,
+                  seen: Sequence[Same] = ()) -> Bisection:
+    """Advise's search of one setting's smallest capacity (2 MiB steps, answers from what replays
+    know: ``search`` with ``reuse``), its replays made by the caller (``advise.search.Runner``)."""
+    limit = max_capacity if max_capacity is not None else _LIMIT
+    return Bisection(lb, STEP, limit, known, seen, reuse=True)
+
+
 def fit_of(b: Bisection, policy: str) -> PolicyFit:
     """The ``PolicyFit`` of a search whose walk has ended (``b.wanted()`` empty)."""
     end = b.walk()

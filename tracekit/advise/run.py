@@ -194,8 +194,8 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         tried += [o.judged(margin) for o in outcomes(runner.map([Task(c, cap, device_total) for c in more]))]
         ranked = sorted(tried, key=lambda o: (not o.fits, rank_key(o) if o.fits else o.progress()))
         tasks = bisect_tasks(kind, ranked, lb, device_total)
-        found = [(t.candidate, r) for t, r in zip(tasks, runner.map(tasks), strict=True)
-                 if isinstance(r, PolicyFit) and r.min_capacity is not None]
+        found = [(t.candidate, r) for t, r in zip(tasks, runner.bisect(tasks), strict=True)
+                 if r.min_capacity is not None]
         pool_fit = next((r for c, r in found if c.kind == Kind.CUPY_POOL), None)
         if room is not None and report is not None:  # the device ran out: its room cannot be raised
             room_advice = _room_advice(runner, trace, kind, report, room, found, lb, device_total, margin)
@@ -301,8 +301,8 @@ def _room_advice(runner: Runner, trace: Trace, kind: str, report: OOMReport, roo
     base = overhead.recorded(kind)
     need = next((r.min_capacity for c, r in found if c == base), None)
     if need is None:
-        (fit,) = runner.map([Task(base, None, device_total, True, lb)])
-        need = fit.min_capacity if isinstance(fit, PolicyFit) else None
+        (fit,) = runner.bisect([Task(base, None, device_total, True, lb)])
+        need = fit.min_capacity
     room = dataclasses.replace(room, need=need)
     cures = overhead.cures(trace, kind, report)
     chosen = overhead.smallest_set(cures, need - room.bytes) if need is not None else None

@@ -9,9 +9,12 @@ is the trace the parent read, and prepares the counterfactual input once):
    registry policy, of which the heaps are kept);
 2. PyTorch only: combinations of the keys whose best value did better alone than the
    defaults (fits, fails later, or peaks lower), ``candidates.combine_torch``;
-3. bisection (``tracekit.advise.capacity.search``, 2 MiB steps from the live-bytes lower
+3. bisection (``tracekit.advise.bisection``, 2 MiB steps from the live-bytes lower
    bound) of the smallest capacity: under the recommended candidate when one fits, else
-   under the three that got furthest; for CuPy also the smallest ``set_limit``.
+   under the three that got furthest; for CuPy also the smallest ``set_limit``. Its replays
+   go over the pool in rounds (``Runner.bisect``): with workers, each round makes the replays
+   of the next halvings too, whichever way they answer, so a search of ten halvings takes
+   three or four rounds on 16 workers, with the answer of one replay at a time.
 """
 
 from __future__ import annotations
@@ -21,9 +24,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tracekit.advise import candidates as cands
+from tracekit.advise.bisection import Probe, Same, Unbounded
 from tracekit.advise.candidates import Candidate, Kind
-from tracekit.advise.capacity import Fingerprint, PolicyFit, Same, Unbounded, reread, worker_input
-from tracekit.advise.capacity import search as bisect
+from tracekit.advise.capacity import (
+    Fingerprint,
+    PolicyFit,
+    bisection_for,
+    fit_of,
+    probe,
+    reread,
+    worker_input,
+)
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
 from tracekit.handoff import Shared, attach, release, share
 from tracekit.sim.base import Allocator
@@ -36,7 +47,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Task:
-    """``evaluate`` the candidate at ``capacity``, or (``bisect``) search its smallest capacity."""
+    """``evaluate`` the candidate at ``capacity``; (``bisect``) search its smallest capacity
+    (``Runner.bisect``); (``probe``) one replay of such a search."""
 
     candidate: Candidate
     capacity: int | None
@@ -45,6 +57,7 @@ class Task:
     lower_bound: int = 0
     known: Unbounded | None = None  # bisect: the unbounded replay's figures, when already had
     seen: tuple[Same, ...] = ()  # bisect: replays of the setting already made (``capacity.same_of``)
+    probe: bool = False  # one replay of a bisection at ``capacity`` (None: unbounded), no device total
 
 
 _STATE: dict[str, Any] = {}
@@ -81,20 +94,19 @@ def _input(trace: Trace, counterfactual: bool) -> Trace:
     return prepare(trace) if counterfactual else trace
 
 
-def _run(task: Task) -> Outcome | PolicyFit:
+def _run(task: Task) -> Outcome | Probe:
     trace = _trace()  # outside the try: a file that changed ends the whole command
     c = task.candidate
     try:
-        if task.bisect:
+        if task.probe:
             assert c.policy is not None
-            return bisect(input_for(c, trace), c.policy, lb=task.lower_bound, options=c.opts,
-                          max_capacity=task.device_total, reuse=True, known=task.known, seen=task.seen,
-                          counterfactual=bool(_STATE["counterfactual"]) and c.kind != Kind.FREE_LIST)
+            return probe(input_for(c, trace), c.policy, task.capacity, c.opts,
+                         counterfactual=bool(_STATE["counterfactual"]) and c.kind != Kind.FREE_LIST)
         return evaluate(c, trace, task.capacity, task.device_total)
     except Exception as e:  # one candidate failing must not hide the others' answers
         why = f"{type(e).__name__}: {e}"
-        if task.bisect:
-            return PolicyFit(c.policy or "", None, task.lower_bound, None, 0, 0, error=why)
+        if task.probe:
+            return Probe(task.capacity, True, 0, -1, None, error=why)
         return Outcome(c, task.capacity, False, 0, 0, 0, None, True, error=why)
 
 
@@ -111,7 +123,7 @@ class Runner:
         self.jobs = jobs
         self.trace = trace
         self.counterfactual = counterfactual
-        self.done: dict[Task, Outcome | PolicyFit] = {}
+        self.done: dict[Task, Outcome | Probe] = {}
         self.shared: Shared | None = None
         self.facts: InertFacts | None = None  # ``_same_as``'s reading of the trace, once
         if jobs == 1 or measure:
@@ -135,12 +147,34 @@ class Runner:
         path, whole, expected = worker_input(self.trace)
         return path, whole, self.counterfactual, expected
 
-    def map(self, tasks: Sequence[Task]) -> list[Outcome | PolicyFit]:
+    def map(self, tasks: Sequence[Task]) -> list[Outcome | Probe]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
         same = [self._same_as(t) for t in tasks]
         todo = list(dict.fromkeys(t for t in same if t not in self.done))
         self.done.update(zip(todo, self.pool.map(_run, todo), strict=True))
         return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
+
+    def bisect(self, tasks: Sequence[Task]) -> list[PolicyFit]:
+        """The bisections ``tasks`` (``bisect_tasks``), their replays made in rounds by this runner:
+        in a round each search asks for its next replay, and, where the round runs side by side
+        (``Pool.parallel``), for the replays of its next halvings too, up to the workers it has
+        (``tracekit.advise.bisection``: the answers are those of one replay at a time)."""
+        searches = [bisection_for(t.lower_bound, t.device_total, t.known, t.seen) for t in tasks]
+        while active := [i for i, b in enumerate(searches) if b.error is None and b.wanted()]:
+            width = max(1, self.jobs // len(active))
+            if not self.pool.parallel(len(active) * width):
+                width = 1
+            probes = [(i, Task(tasks[i].candidate, cap, None, probe=True))
+                      for i in active for cap in searches[i].wanted(width)]
+            for (i, _), got in zip(probes, self.map([t for _, t in probes]), strict=True):
+                assert isinstance(got, Probe)
+                searches[i].learn(got)
+        out = []
+        for t, b in zip(tasks, searches, strict=True):
+            policy = t.candidate.policy or ""
+            out.append(fit_of(b, policy) if b.error is None else
+                       PolicyFit(policy, None, t.lower_bound, None, 0, 0, error=b.error))
+        return out
 
     def _same_as(self, task: Task) -> Task:
         """The task whose answer is ``task``'s: itself, or the same PyTorch setting less the keys
@@ -170,7 +204,7 @@ class Runner:
             _STATE.clear()  # do not keep the trace alive in this process
 
 
-def _as(result: Outcome | PolicyFit, candidate: Candidate) -> Outcome | PolicyFit:
+def _as(result: Outcome | Probe, candidate: Candidate) -> Outcome | Probe:
     """``result`` as the answer for ``candidate`` (a bisection's answer names only the policy)."""
     if isinstance(result, Outcome) and result.candidate != candidate:
         from dataclasses import replace
@@ -179,7 +213,7 @@ def _as(result: Outcome | PolicyFit, candidate: Candidate) -> Outcome | PolicyFi
     return result
 
 
-def outcomes(results: Sequence[Outcome | PolicyFit]) -> list[Outcome]:
+def outcomes(results: Sequence[Outcome | Probe]) -> list[Outcome]:
     return [r for r in results if isinstance(r, Outcome)]
 
 

@@ -1,0 +1,93 @@
+"""The bisection as a plan of probes (``tracekit.advise.bisection``): made several at a time, its
+answer is the one-at-a-time answer, whatever the replays say (fitting need not be monotone), in
+fewer rounds; and its ranges answer without a replay only what a replay would have."""
+
+from __future__ import annotations
+
+import bisect as sorted_search
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tracekit.advise.bisection import Bisection, Found, Probe
+
+STEP = 2 << 20
+NO_REFUSAL = 1 << 62
+
+
+class Oracle:
+    """Replays of a setting whose steps change only at ``cuts`` (bytes): between two cuts every
+    capacity replays alike, and ``out[k]`` says whether that run ran out (not monotone)."""
+
+    def __init__(self, cuts: list[int], out: list[bool], peak: int, ranges: bool) -> None:
+        self.cuts, self.out, self.peak, self.ranges = cuts, out, peak, ranges
+        self.made = 0
+
+    def __call__(self, cap: int | None) -> Probe:
+        self.made += 1
+        if cap is None or cap >= self.cuts[-1]:  # from the last cut up: the unbounded run
+            same = (self.cuts[-1], NO_REFUSAL, False) if self.ranges else None
+            return Probe(cap, False, self.peak, self.cuts[-1] if self.ranges else -1, same)
+        k = sorted_search.bisect_right(self.cuts, cap) - 1
+        lo = self.cuts[k] if k >= 0 else 1
+        hi = self.cuts[k + 1]
+        ran_out = self.out[k + 1]
+        return Probe(cap, ran_out, self.peak, NO_REFUSAL, (lo, hi, ran_out) if self.ranges else None)
+
+
+def _run(b: Bisection, oracle: Oracle, width: int) -> tuple[Found, int]:
+    rounds = 0
+    while wanted := b.wanted(width):
+        assert len(wanted) <= width and len(set(wanted)) == len(wanted)
+        rounds += 1
+        for cap in wanted:
+            b.learn(oracle(cap))
+    end = b.walk()
+    assert isinstance(end, Found)
+    return end, rounds
+
+
+@st.composite
+def oracles(draw: st.DrawFn) -> tuple[int, Oracle, Oracle]:
+    lb_steps = draw(st.integers(1, 40))
+    cuts = sorted(set(draw(st.lists(st.integers(1, 300), min_size=1, max_size=12))))
+    cuts = [c * STEP // 3 + draw(st.integers(0, 4)) * 512 for c in cuts]
+    cuts = sorted(set(cuts))
+    out = draw(st.lists(st.booleans(), min_size=len(cuts) + 1, max_size=len(cuts) + 1))
+    out[-1] = False  # the unbounded run fits
+    peak = cuts[-1] + draw(st.integers(0, 8)) * STEP
+    ranges = draw(st.booleans())
+    return lb_steps * STEP - draw(st.integers(0, 3)) * 512, Oracle(cuts, out, peak, ranges), \
+        Oracle(cuts, out, peak, ranges)
+
+
+@settings(max_examples=300, deadline=None)
+@given(oracles(), st.sampled_from([2, 3, 7, 15, 40]), st.booleans(), st.booleans())
+def test_several_at_once_answer_as_one_at_a_time(o: tuple[int, Oracle, Oracle], width: int,
+                                                  reuse: bool, limited: bool) -> None:
+    lb, one, many = o
+    limit = (one.peak // 2) if limited else 1 << 50
+    a, rounds_one = _run(Bisection(lb, STEP, limit, reuse=reuse), one, 1)
+    b, rounds_many = _run(Bisection(lb, STEP, limit, reuse=reuse), many, width)
+    assert b.min_capacity == a.min_capacity
+    assert b.unbounded_peak_reserved == a.unbounded_peak_reserved
+    assert rounds_many <= rounds_one
+    # One at a time the count is the replays made, and one more where the limit is at or below
+    # the largest failing capacity (counted as the search has always counted it, not replayed).
+    assert a.replays == one.made or (limited and a.min_capacity is None and a.replays == one.made + 1)
+    if width >= 7 and rounds_one >= 6:
+        assert rounds_many < rounds_one
+
+
+def test_a_worked_search() -> None:
+    """Fits from 10 steps up, bound at 3 steps, the unbounded run peaks at 16 steps: the walk
+    replays unbounded, then 8 (fails), 12, 10 (fit), 9 (fails): 10 steps, five replays; with
+    seven at a time, two rounds: the unbounded run, then 8, 12, 4 (or 6), 10, 14, ...."""
+    cuts = [10 * STEP]
+    one = Oracle(cuts, [True, False], 16 * STEP, False)
+    end, rounds = _run(Bisection(3 * STEP, STEP, 1 << 50), one, 1)
+    assert (end.min_capacity, end.replays, rounds) == (10 * STEP, 5, 5)
+    many = Oracle(cuts, [True, False], 16 * STEP, False)
+    end7, rounds7 = _run(Bisection(3 * STEP, STEP, 1 << 50), many, 7)
+    assert end7.min_capacity == 10 * STEP
+    assert rounds7 == 3  # unbounded; three levels (8, 12, 10); the last (9)
