@@ -13,17 +13,19 @@ step "compile the kernels once (as pip install does)"
 run precompile 200 python3 -m tracekit.cli.precompile
 
 step "whole replay and analyze against the C++ process, 10M events"
-run whole 150 python3 scripts/bench_whole.py --events 10000000 --runs 3 --json "$R/whole.json"
+[ "${WHOLE:-1}" = 1 ] && run whole 150 python3 scripts/bench_whole.py --events 10000000 --runs 3 --json "$R/whole.json"
 pack
 
 step "start-up to the first read"
-run startup 40 python3 scripts/bench_startup.py --runs 5
+[ "${STARTUP:-1}" = 1 ] && run startup 40 python3 scripts/bench_startup.py --runs 5
 pack
 
 step "advise at 10M events against one replay"
-for kind in raw torch cupy; do
+for kind in ${ADVISE_KINDS:-raw torch cupy}; do
   run "advise-$kind" 150 python3 scripts/bench_advise.py --events 10000000 --kinds "$kind" --replay 1 \
     --keep /tmp/advise-bench
+  run "profile-advise-$kind" 90 python3 scripts/profile_advise.py \
+    "/tmp/advise-bench/training-10000000-$kind.parquet" --json "$R/profile-advise-$kind.json"
   pack
 done
 step done
