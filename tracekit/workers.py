@@ -120,6 +120,19 @@ class Measured:
         return mean * remaining * (1 - 1 / workers) > self.start_s
 
 
+def starts_early(jobs: int, events: int, replays: int) -> bool:
+    """Whether ``jobs`` workers for ``replays`` replays of ``events`` events (every one whole, the
+    most the work can be) are worth starting at once rather than once measured: on a machine of
+    at least ``EARLY_JOBS`` CPUs, when that work is ``EARLY_FACTOR`` worker starts or more. Where
+    it is less the tasks' times decide (``Measured``): starting workers on a few cores that the
+    work does not need costs more than it saves (2-core machine, issue 45)."""
+    return jobs >= EARLY_JOBS and serial_seconds(events, replays) >= EARLY_FACTOR * start_seconds(events)
+
+
+EARLY_JOBS = 4
+EARLY_FACTOR = 4.0
+
+
 def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:
     """Processes for ``tasks`` tasks totalling ``replays`` replays of ``events`` events.
 
@@ -231,6 +244,15 @@ class Pool:
     def started(self) -> bool:
         """Whether worker processes run now (tasks go to them rather than to this process)."""
         return self._pool is not None
+
+    def start_now(self, warm: Callable[[], object]) -> None:
+        """Start every worker now, each running ``warm`` (its set-up: say, the trace made ready)
+        as its first task, so that the work given to ``map`` later finds them ready; ``map``
+        then sends every task to them. Nothing where ``jobs`` is 1."""
+        if self.jobs > 1 and self._pool is None:
+            executor = self._executor()
+            for _ in range(self.jobs):  # one spawn per task waiting (forkserver, spawn)
+                executor.submit(warm)
 
     def parallel(self, tasks: int) -> bool:
         """Whether a ``map`` of ``tasks`` tasks would run them side by side (on workers running,

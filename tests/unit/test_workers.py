@@ -165,3 +165,25 @@ def test_a_measured_pool_runs_in_process_until_workers_pay(monkeypatch) -> None:
     assert list(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]  # all here, no executor made
     monkeypatch.setattr(m, "pays", lambda remaining, jobs: remaining <= 2)
     assert list(pool.map(abs, [-1, -2, -3])) == [1, ("worker", 2), ("worker", 3)]
+
+
+def test_workers_started_early_run_their_set_up_first_and_then_every_task() -> None:
+    with workers.Pool(2, initializer=_set_base, initargs=(100,)) as pool:
+        assert not pool.started and pool.parallel(3)  # none measured: a map would start them
+        pool.start_now(_warm_up)
+        assert pool.started and pool.parallel(2) and not pool.parallel(1)
+        assert list(pool.map(_plus_base, [1, 2, 3])) == [101, 102, 103]
+    with workers.Pool(2, measured=workers.Measured(1_000_000)) as measured:
+        assert not measured.parallel(3)  # nothing timed yet: the tasks would run here, one by one
+
+
+def _warm_up() -> None:
+    assert _STATE["base"] == 100  # the initializer ran before the worker's first task
+
+
+def test_early_start_is_for_many_cores_and_work_of_several_starts() -> None:
+    big = 50_000_000  # events: one replay about 3 s on one core
+    assert workers.starts_early(16, big, 40)
+    assert not workers.starts_early(2, big, 40)  # a few cores: the tasks' times decide
+    assert not workers.starts_early(16, 10_000, 40)  # a small trace: in process
+    assert workers.Measured(big).would_pay(16, 16) is False  # nothing timed yet: not known to pay

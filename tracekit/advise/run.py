@@ -46,7 +46,7 @@ from tracekit.trace.devices import split_devices
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import UserCode
-from tracekit.workers import BISECT_REPLAYS, default_jobs
+from tracekit.workers import BISECT_REPLAYS, cap_workers, default_jobs, starts_early
 
 TOP_SITES = 5
 
@@ -96,6 +96,12 @@ def _site_of_failure(trace: Trace) -> str | None:
         return None
     return ev.sites[ev.site[ooms[0]]]
 
+
+BISECT_WIDTH = 15  # workers a bisection's round uses at most: four halvings (1 + 2 + 4 + 8 replays)
+# A worker's memory: its interpreter and kernels, and per event its prepared input and a replay's
+# arrays (the events themselves are shared: ``tracekit.handoff``); bytes, an upper estimate.
+WORKER_BASE_BYTES = 256 << 20
+WORKER_EVENT_BYTES = 96
 
 RAISES = 3  # replays at most, raising a capacity that gets through until it fits with the margin
 STEP = 2 << 20  # bytes: capacities are raised in whole device pages
@@ -182,8 +188,13 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     # work there can be. Over the threshold, and no --jobs, the tasks' times decide (Measured).
     work = 2 * len(singles) + 3 * BISECT_REPLAYS
     source = dataclasses.replace(trace, path=None) if detached else trace
-    runner = Runner(source, default_jobs(jobs, tasks=len(singles), events=len(trace.events), replays=work),
-                    counterfactual=kind != "raw", measure=jobs is None)
+    # Workers for the singles, or for a bisection's rounds (``Runner.bisect``: up to four halvings
+    # a round on 15), whichever is more; as many as the memory holds.
+    n = len(trace.events)
+    want = default_jobs(jobs, tasks=max(len(singles), BISECT_WIDTH), events=n, replays=work)
+    workers = cap_workers(want, tasks=want, worker_bytes=WORKER_BASE_BYTES + WORKER_EVENT_BYTES * n)
+    runner = Runner(source, workers, counterfactual=kind != "raw", measure=jobs is None,
+                    early=jobs is None and starts_early(workers, n, work))
     room_advice = None
     try:
         first = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))

@@ -94,6 +94,11 @@ def _input(trace: Trace, counterfactual: bool) -> Trace:
     return prepare(trace) if counterfactual else trace
 
 
+def _ready() -> None:
+    """A worker's first task where the workers start early (``Runner``): its input made ready."""
+    _trace()
+
+
 def _run(task: Task) -> Outcome | Probe:
     trace = _trace()  # outside the try: a file that changed ends the whole command
     c = task.candidate
@@ -119,7 +124,8 @@ class Runner:
     to replay as another's (``_same_as``), takes that one's answer instead of replaying.
     """
 
-    def __init__(self, trace: Trace, jobs: int, counterfactual: bool, measure: bool = False) -> None:
+    def __init__(self, trace: Trace, jobs: int, counterfactual: bool, measure: bool = False,
+                 early: bool = False) -> None:
         self.jobs = jobs
         self.trace = trace
         self.counterfactual = counterfactual
@@ -134,6 +140,8 @@ class Runner:
         self.pool = Pool(jobs, what=f"{trace.path or 'the trace'}: an advise", initializer=_init,
                          initargs=self._worker_args,
                          measured=Measured(len(trace.events)) if measure else None)
+        if early:  # the workers start now, each making its input ready while the first tasks wait
+            self.pool.start_now(_ready)
 
     def _worker_args(self) -> tuple[Any, ...]:
         """The workers' start, made when the first one starts: the trace in shared memory

@@ -1,0 +1,39 @@
+"""Advise's runner (``tracekit.advise.search.Runner``) gives the answers of one process whether its
+workers start early (many cores, much work) and whether its bisections' rounds run side by side."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tracekit.advise import candidates as cands
+from tracekit.advise.capacity import lower_bound
+from tracekit.advise.search import Runner, Task
+from tracekit.trace.reader import read_trace
+from tracekit.trace.schema import Source
+
+DATA = Path(__file__).resolve().parent / "data" / "advise_frozen"
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["measured", "early"])
+def test_workers_answer_as_one_process(early: bool) -> None:
+    t = read_trace(DATA / "synth-training-10k.parquet")
+    t = replace(t, meta=replace(t.meta, source=Source.CUPY, pool_limit_bytes=None))
+    limit = lower_bound(t) * 102 // 100 // 512 * 512
+    singles = cands.cupy(None)
+    searches = [Task(c, None, None, True, lower_bound(t)) for c in singles if c.policy is not None]
+
+    def answers(r: Runner) -> tuple[object, ...]:
+        try:
+            first = r.map([Task(c, limit, None) for c in singles])
+            fits = r.bisect(searches)
+        finally:
+            r.close()
+        return (tuple((o.fits, o.peak_reserved) for o in first),  # type: ignore[union-attr]
+                tuple((f.min_capacity, f.unbounded_peak_reserved, f.error) for f in fits))
+
+    alone = answers(Runner(t, 1, counterfactual=True))
+    assert answers(Runner(t, 2, counterfactual=True, measure=not early, early=early)) == alone
+    assert all(f[0] is not None for f in alone[1])  # every search found a capacity
