@@ -197,7 +197,13 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
                     early=jobs is None and starts_early(workers, n, work))
     room_advice = None
     try:
-        first = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))
+        # Workers the singles leave idle make, ahead, the unbounded replays their bisections start
+        # from (a raw trace's heaps alone: only those are searched); kept by the runner, not redone.
+        searchable = [c for c in singles
+                      if c.policy is not None and (kind != "raw" or registry.is_heap(c.policy))]
+        idle = max(0, runner.idle_beside(len(singles)))
+        ahead = [Task(c, None, None, probe=True) for c in searchable][:idle]
+        first = outcomes(runner.map([Task(c, cap, device_total) for c in singles] + ahead))
         tried = [o.judged(margin) for o in first]
         if kind == "raw":
             tried = [o for o in tried if o.heap]

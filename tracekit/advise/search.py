@@ -162,6 +162,11 @@ class Runner:
         self.done.update(zip(todo, self.pool.map(_run, todo), strict=True))
         return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
 
+    def idle_beside(self, tasks: int) -> int:
+        """Workers a batch of ``tasks`` tasks running side by side would leave idle (0 where the
+        batch would run one task after another in this process)."""
+        return self.jobs - tasks if self.pool.parallel(self.jobs) else 0
+
     def bisect(self, tasks: Sequence[Task]) -> list[PolicyFit]:
         """The bisections ``tasks`` (``bisect_tasks``), their replays made in rounds by this runner:
         in a round each search asks for its next replay, and, where the round runs side by side
