@@ -239,6 +239,12 @@ class Pool:
         self._start_args: tuple[Any, ...] | None = None  # (imports, initializer, initargs) once made
         self._pool: ProcessPoolExecutor | None = None
         self._generation = 0  # counts rebuilt pools, so one break rebuilds once
+        self._warming: list[Future[object]] = []  # ``start_now``'s set-ups, while any is running
+
+    def _ready(self) -> bool:
+        """Whether no worker is still setting up (``start_now``)."""
+        self._warming = [f for f in self._warming if not f.done()]
+        return not self._warming
 
     @property
     def started(self) -> bool:
@@ -247,19 +253,22 @@ class Pool:
 
     def start_now(self, warm: Callable[[], object]) -> None:
         """Start every worker now, each running ``warm`` (its set-up: say, the trace made ready)
-        as its first task, so that the work given to ``map`` later finds them ready; ``map``
-        then sends every task to them. Nothing where ``jobs`` is 1."""
+        as its first task, so that the work given to ``map`` later finds them ready. Until they
+        all are, a ``map`` of a measured pool runs tasks in this process (as set up by the caller),
+        one at a time; then it sends the rest to them. Nothing where ``jobs`` is 1."""
         if self.jobs > 1 and self._pool is None:
             executor = self._executor()
-            for _ in range(self.jobs):  # one spawn per task waiting (forkserver, spawn)
-                executor.submit(warm)
+            # one spawn per task waiting (forkserver, spawn)
+            self._warming = [executor.submit(warm) for _ in range(self.jobs)]
 
     def parallel(self, tasks: int) -> bool:
         """Whether a ``map`` of ``tasks`` tasks would run them side by side (on workers running,
         or started for it), not one after another in this process."""
         if self.jobs == 1 or tasks < 2:
             return False
-        return self.started or self.measured is None or self.measured.would_pay(tasks, self.jobs)
+        if self.started:  # run by them once set up; until then here, one after another
+            return self.measured is None or self._ready()
+        return self.measured is None or self.measured.would_pay(tasks, self.jobs)
 
     def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
         """``fn(t)`` for every task, in order; each finished task is reported to ``progress``
@@ -271,6 +280,16 @@ class Pool:
                     yield fn(t)
             return
         here = 0  # tasks run in this process
+        while self.measured is not None and here < len(tasks) and not self._ready():
+            # workers started early and still setting up: this process works meanwhile
+            start = time.perf_counter()
+            with progress.part(here, len(tasks)):
+                r = fn(tasks[here])
+            self.measured.timed(time.perf_counter() - start)
+            here += 1
+            yield r
+        if here == len(tasks):
+            return
         if self.measured is not None and self._pool is None:
             self.measured.batch()
             while here < len(tasks) and not self.measured.pays(len(tasks) - here, self.jobs):
