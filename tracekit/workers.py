@@ -280,27 +280,29 @@ class Pool:
                     yield fn(t)
             return
         here = 0  # tasks run in this process
-        while self.measured is not None and here < len(tasks) and not self._ready():
-            # workers started early and still setting up: this process works meanwhile
+        measured = self.measured
+        if measured is not None:
+            measured.batch()
+
+        def stay() -> bool:
+            """Whether the next task runs in this process: while workers started early are
+            still setting up, or, none started, until the timed tasks say they pay."""
+            if measured is None:
+                return False
+            if self._pool is not None:
+                return not self._ready()
+            return not measured.pays(len(tasks) - here, self.jobs)
+
+        while here < len(tasks) and stay():
+            assert measured is not None
             start = time.perf_counter()
             with progress.part(here, len(tasks)):
                 r = fn(tasks[here])
-            self.measured.timed(time.perf_counter() - start)
+            measured.timed(time.perf_counter() - start)
             here += 1
             yield r
         if here == len(tasks):
             return
-        if self.measured is not None and self._pool is None:
-            self.measured.batch()
-            while here < len(tasks) and not self.measured.pays(len(tasks) - here, self.jobs):
-                start = time.perf_counter()
-                with progress.part(here, len(tasks)):
-                    r = fn(tasks[here])
-                self.measured.timed(time.perf_counter() - start)
-                here += 1
-                yield r
-            if here == len(tasks):
-                return
         from concurrent.futures.process import BrokenProcessPool
 
         try:
