@@ -239,12 +239,6 @@ class Pool:
         self._start_args: tuple[Any, ...] | None = None  # (imports, initializer, initargs) once made
         self._pool: ProcessPoolExecutor | None = None
         self._generation = 0  # counts rebuilt pools, so one break rebuilds once
-        self._warming: list[Future[object]] = []  # ``start_now``'s set-ups, while any is running
-
-    def _ready(self) -> bool:
-        """Whether no worker is still setting up (``start_now``)."""
-        self._warming = [f for f in self._warming if not f.done()]
-        return not self._warming
 
     @property
     def started(self) -> bool:
@@ -253,22 +247,19 @@ class Pool:
 
     def start_now(self, warm: Callable[[], object]) -> None:
         """Start every worker now, each running ``warm`` (its set-up: say, the trace made ready)
-        as its first task, so that the work given to ``map`` later finds them ready. Until they
-        all are, a ``map`` of a measured pool runs tasks in this process (as set up by the caller),
-        one at a time; then it sends the rest to them. Nothing where ``jobs`` is 1."""
+        as its first task, so that the work given to ``map`` later finds them ready; ``map``
+        then sends every task to them. Nothing where ``jobs`` is 1."""
         if self.jobs > 1 and self._pool is None:
             executor = self._executor()
-            # one spawn per task waiting (forkserver, spawn)
-            self._warming = [executor.submit(warm) for _ in range(self.jobs)]
+            for _ in range(self.jobs):  # one spawn per task waiting (forkserver, spawn)
+                executor.submit(warm)
 
     def parallel(self, tasks: int) -> bool:
         """Whether a ``map`` of ``tasks`` tasks would run them side by side (on workers running,
         or started for it), not one after another in this process."""
         if self.jobs == 1 or tasks < 2:
             return False
-        if self.started:  # run by them once set up; until then here, one after another
-            return self.measured is None or self._ready()
-        return self.measured is None or self.measured.would_pay(tasks, self.jobs)
+        return self.started or self.measured is None or self.measured.would_pay(tasks, self.jobs)
 
     def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
         """``fn(t)`` for every task, in order; each finished task is reported to ``progress``
@@ -285,12 +276,12 @@ class Pool:
             measured.batch()
 
         def stay() -> bool:
-            """Whether the next task runs in this process: while workers started early are
-            still setting up, or, none started, until the timed tasks say they pay."""
-            if measured is None:
+            """Whether the next task runs in this process: none started, until the timed tasks
+            say they pay. Workers started early take every task, queued while they set up: a
+            task run here meanwhile holds the rest back until it ends (tried on the 16-core host,
+            2026-12-06: not faster, docs/performance.md)."""
+            if measured is None or self._pool is not None:
                 return False
-            if self._pool is not None:
-                return not self._ready()
             return not measured.pays(len(tasks) - here, self.jobs)
 
         while here < len(tasks) and stay():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -188,20 +187,3 @@ def test_early_start_is_for_many_cores_and_work_of_several_starts() -> None:
     assert not workers.starts_early(2, big, 40)  # a few cores: the tasks' times decide
     assert not workers.starts_early(16, 10_000, 40)  # a small trace: in process
     assert workers.Measured(big).would_pay(16, 16) is False  # nothing timed yet: not known to pay
-
-
-def _slow_warm_up() -> None:
-    time.sleep(1.5)
-
-
-def test_a_measured_pool_works_here_while_its_early_workers_set_up() -> None:
-    _set_base(1000)  # this process's state: its answers say where a task ran
-    with workers.Pool(2, initializer=_set_base, initargs=(500,),
-                      measured=workers.Measured(1_000_000)) as pool:
-        pool.start_now(_slow_warm_up)
-        assert not pool.parallel(2)  # setting up: a round would run here, one after another
-        assert list(pool.map(_plus_base, [1, 2, 3])) == [1001, 1002, 1003]
-        deadline = time.monotonic() + 60
-        while not pool.parallel(2) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert list(pool.map(_plus_base, [4, 5])) == [504, 505]  # set up: on the workers
