@@ -34,8 +34,8 @@ def main() -> int:
     def timed(self: search.Runner, tasks):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
         out = plain(self, tasks)
-        kinds = sorted({("bisect " if x.bisect else "") + (x.candidate.policy or "?") for x in tasks})
-        batches.append({"tasks": len(tasks), "bisect": sum(x.bisect for x in tasks), "what": kinds,
+        kinds = sorted({("probe " if x.probe else "") + (x.candidate.policy or "?") for x in tasks})
+        batches.append({"tasks": len(tasks), "probes": sum(x.probe for x in tasks), "what": kinds,
                         "seconds": round(time.perf_counter() - t, 3),
                         "workers_after": self.pool.started})
         print(f"batch {len(batches)}: {len(tasks)} task(s) {kinds}: {batches[-1]['seconds']} s"

@@ -91,3 +91,28 @@ def test_a_worked_search() -> None:
     end7, rounds7 = _run(Bisection(3 * STEP, STEP, 1 << 50), many, 7)
     assert end7.min_capacity == 10 * STEP
     assert rounds7 == 3  # unbounded; three levels (8, 12, 10); the last (9)
+
+
+def test_a_replay_made_ahead_that_failed_is_not_the_search_s_failure() -> None:
+    """One capacity's replay fails (an error, not an OOM): one at a time the search never makes
+    it, so several at a time its failure must not end the search either."""
+
+    class Failing(Oracle):
+        def __call__(self, cap: int | None) -> Probe:
+            if cap == 7 * STEP:
+                self.made += 1
+                return Probe(cap, True, 0, -1, None, error="ValueError: boom")
+            return super().__call__(cap)
+
+    one = Failing([10 * STEP], [True, False], 16 * STEP, False)
+    end, _ = _run(Bisection(3 * STEP, STEP, 1 << 50), one, 1)
+    many = Failing([10 * STEP], [True, False], 16 * STEP, False)
+    b = Bisection(3 * STEP, STEP, 1 << 50)
+    end7, _ = _run(b, many, 7)
+    assert 7 * STEP in b.probes and b.error is None  # made ahead, not on the path
+    assert end7.min_capacity == end.min_capacity == 10 * STEP
+    reached = Bisection(3 * STEP, STEP, 1 << 50)  # a failure on the path ends the search
+    reached.learn(Probe(None, False, 16 * STEP, -1, None))
+    reached.learn(Probe(16 * STEP, False, 16 * STEP, -1, None))  # the upper end fits
+    reached.learn(Probe(9 * STEP, True, 0, -1, None, error="ValueError: boom"))
+    assert reached.error == "ValueError: boom" and reached.wanted(7) == []

@@ -57,6 +57,14 @@ class _Missing(Exception):
         self.capacity, self.halving = capacity, halving
 
 
+class _Failed(Exception):
+    """The walk reached a replay that failed ("Type: message")."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class Bisection:
     """One policy's search (see the module docstring): ``lb`` the lower bound (bytes), ``limit``
     where the doubling gives up, ``known`` the unbounded replay's figures where had, ``seen``
@@ -74,20 +82,23 @@ class Bisection:
 
     @property
     def error(self) -> str | None:
-        """The first failed replay's "Type: message": the search has no answer then."""
-        return next((p.error for p in self.probes.values() if p.error is not None), None)
+        """The "Type: message" of a failed replay the walk reached: the search has no answer then
+        (one made ahead that the walk does not reach is no answer of the search's)."""
+        end = self.walk()
+        return end.error if isinstance(end, _Failed) else None
 
-    def walk(self) -> Found | _Missing:
-        """The search, every replay looked up: its answer, or the first replay it lacks."""
+    def walk(self) -> Found | _Missing | _Failed:
+        """The search, every replay looked up: its answer, the first replay it lacks, or the
+        failed replay it reached."""
         try:
             return self._walk()
-        except _Missing as missing:
-            return missing
+        except (_Missing, _Failed) as stop:
+            return stop
 
     def wanted(self, width: int = 1) -> list[int | None]:
         """Up to ``width`` capacities (None: unbounded) to replay next; empty once the walk ends."""
         end = self.walk()
-        if isinstance(end, Found):
+        if not isinstance(end, _Missing):
             return []
         out: list[int | None] = [end.capacity]
         level = [end.halving] if end.halving is not None else []
@@ -134,8 +145,11 @@ class Bisection:
         step, skipped = self.step, 0
         runs = list(self.seen)  # the ranges of the walk's own replays, as the sequential search has them
         if self.known is None:
-            if None not in self.probes:
+            first = self.probes.get(None)
+            if first is None:
                 raise _Missing(None, None)
+            if first.error is not None:
+                raise _Failed(first.error)
         else:
             skipped += 1
         unbounded = self._unbounded_or_none()
@@ -155,6 +169,8 @@ class Bisection:
                 if answer is not None:
                     return answer
                 raise _Missing(cap, halving)
+            if p.error is not None:  # one at a time, the search would have made it and failed
+                raise _Failed(p.error)
             if p.same is not None:
                 runs.append(p.same)
             return not p.ran_out

@@ -272,7 +272,7 @@ def bisection_for(lb: int, max_capacity: int | None, known: Unbounded | None = N
 def fit_of(b: Bisection, policy: str) -> PolicyFit:
     """The ``PolicyFit`` of a search whose walk has ended (``b.wanted()`` empty)."""
     end = b.walk()
-    assert isinstance(end, Found)
+    assert isinstance(end, Found), "fit_of: the walk has not ended in an answer"
     return PolicyFit(policy, end.min_capacity, b.lb, end.unbounded_peak_reserved, end.replays, b.limit)
 
 

@@ -102,6 +102,7 @@ def _ready() -> None:
 def _run(task: Task) -> Outcome | Probe:
     trace = _trace()  # outside the try: a file that changed ends the whole command
     c = task.candidate
+    assert not task.bisect, "a search's replays are probes (Runner.bisect)"
     try:
         if task.probe:
             assert c.policy is not None
@@ -177,6 +178,8 @@ class Runner:
             width = max(1, self.jobs // len(active))
             if not self.pool.parallel(len(active) * width):
                 width = 1
+            elif not self.pool.started:  # a round made ahead must run side by side, not one by one here
+                self.pool.start_now(_ready)
             probes = [(i, Task(tasks[i].candidate, cap, None, probe=True))
                       for i in active for cap in searches[i].wanted(width)]
             for (i, _), got in zip(probes, self.map([t for _, t in probes]), strict=True):

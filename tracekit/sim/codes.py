@@ -67,9 +67,11 @@ class Stat(IntEnum):
     OOM_RESERVED = 10  # at the first OOM: reserved bytes
     OOM_ROUNDED = 11  # at the first OOM: the request after the policy's rounding
     HANDLED = 12  # count of handled requests (``Kind.TRY``) that failed again: the program went on
-    # The capacity from which this run is the same as unbounded: at every capacity >= ASKED (and at
-    # none) the same steps, other settings alike; -1: not known (a policy that does not say, or one
-    # whose rules read the capacity elsewhere). PyTorch's model: the most reserved + segment asked.
+    # The most this run's limit tests were asked: for a run they refused nothing (ASKED <= its
+    # capacity, or none), the capacity from which it is the run without a limit (at every capacity
+    # >= ASKED, and at none, the same steps, other settings alike); -1: not known (a policy that
+    # does not say, or one whose rules read the capacity elsewhere). PyTorch's model: the most
+    # reserved + segment asked; CuPy's pool and the device models: ``tracekit.sim.limit_test``.
     ASKED = 13
     # The capacities at which this run itself replays step by step alike: every capacity c with
     # SAME_FROM <= c < SAME_BELOW; -1 (both): not known. PyTorch's model: the most reserved +

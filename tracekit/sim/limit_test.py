@@ -4,9 +4,11 @@ device allocators, PyTorch's caching allocator without a GC threshold).
 Each test notes what it saw in the kernel's state vector: the most it was asked (``asked``), the
 most it let through (``passed``) and the least it refused (``refused``, 0 while none was). At
 every limit from ``passed`` up to below ``refused`` every test of the run has the same outcome, so
-the run is step by step the same there; from ``asked`` up it is the run without a limit. Those
-become ``Stat.ASKED``, ``Stat.SAME_FROM`` and ``Stat.SAME_BELOW``, from which advise's bisections
-take answers without replaying (``tracekit.advise.capacity.search``).
+the run makes the same steps there (what a device model reports of the free space at an OOM is
+measured against the limit itself, and differs); a run that refused nothing is, from ``asked``
+up, the run without a limit. Those become ``Stat.ASKED``, ``Stat.SAME_FROM`` and
+``Stat.SAME_BELOW``, from which advise's bisections take answers without replaying
+(``tracekit.advise.bisection``).
 """
 
 from __future__ import annotations
