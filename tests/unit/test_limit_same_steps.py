@@ -98,3 +98,81 @@ def test_a_recording_s_limit_tests_are_its_own() -> None:
     assert 0 < lo <= cap < below
     assert _steps(_replay(p, lo)) == _steps(r)
     assert _steps(_replay(p, min(below - 1, 1 << 50))) == _steps(r)
+
+
+HEAPS = ("first-fit", "best-fit")
+
+
+@cache
+def _raw(name: str) -> Trace:
+    return read_trace(DATA / f"synth-{name}-10k.parquet")
+
+
+def _heap(t: Trace, cap: int | None, policy: str):  # type: ignore[no-untyped-def]
+    from tracekit.sim.engine import replay
+
+    return replay(t, policy, SimConfig(capacity=cap, alike=True))
+
+
+def _placed(r) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
+    """A heap replay's steps: where each request went, what happened to each event, where it
+    stopped, the highest end address (the heap's own row is its capacity and differs)."""
+    run, oom = r.run, r.summary.oom
+    return (run.addr.tolist(), run.status.tolist(), None if oom is None else oom.seq,
+            r.summary.oom_count, int(run.stats[Stat.PEAK_EXTENT]))
+
+
+@pytest.mark.parametrize("policy", HEAPS)
+@pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
+@settings(max_examples=8, deadline=None)
+@given(ratio=st.floats(0.98, 1.4))
+def test_a_heap_replay_is_alike_where_it_says(policy: str, name: str, ratio: float) -> None:
+    """The capacity enters a first- or best-fit heap only through its top free block: a replay
+    says at which capacities each placement is the same (``_freelist_kernel._note_choice``)."""
+    t = _raw(name)
+    cap = int(lower_bound(t) * ratio) // 512 * 512
+    r = _heap(t, cap, policy)
+    lo, below = int(r.run.stats[Stat.SAME_FROM]), int(r.run.stats[Stat.SAME_BELOW])
+    assert 0 < lo <= cap < below
+    for other in {lo, min(below - 1, 1 << 50), (lo + cap) // 2}:
+        assert _placed(_heap(t, other, policy)) == _placed(r), other
+    if below < NO_REFUSAL:  # from there a placement is another (or a refused request is served)
+        assert _placed(_heap(t, below, policy)) != _placed(r)
+
+
+@pytest.mark.parametrize("policy", HEAPS)
+@pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
+def test_an_unbounded_heap_is_alike_from_what_it_asked(policy: str, name: str) -> None:
+    t = _raw(name)
+    r = _heap(t, None, policy)
+    asked = int(r.run.stats[Stat.ASKED])
+    assert int(r.run.stats[Stat.SAME_FROM]) == asked >= int(r.run.stats[Stat.PEAK_EXTENT]) > 0
+    assert int(r.run.stats[Stat.SAME_BELOW]) == NO_REFUSAL
+    assert _placed(_heap(t, asked, policy)) == _placed(r)
+    if policy == "first-fit":  # first fit asks no more than its highest end address
+        assert asked == int(r.run.stats[Stat.PEAK_EXTENT])
+
+
+@pytest.mark.parametrize("policy", HEAPS)
+@pytest.mark.parametrize("name", ["training", "fragmenting"])
+def test_a_heap_bisection_answers_as_without_the_ranges(policy: str, name: str) -> None:
+    t = _raw(name)
+    lb = lower_bound(t)
+    plain = search(t, policy, lb=lb)
+    quick = search(t, policy, lb=lb, reuse=True)
+    assert (quick.min_capacity, quick.unbounded_peak_reserved) == (plain.min_capacity,
+                                                                    plain.unbounded_peak_reserved)
+    assert quick.replays <= plain.replays
+
+
+@pytest.mark.parametrize("policy", HEAPS)
+def test_a_plain_heap_replay_does_not_say_nor_pay_for_it(policy: str) -> None:
+    """``replay --sim`` asks nothing of the kind: the heap's stats say "not known" (-1) and its
+    steps are those of a replay that says (the bookkeeping changes no placement)."""
+    from tracekit.sim.engine import replay
+
+    t = _raw("fragmenting")
+    cap = int(lower_bound(t) * 1.1) // 512 * 512
+    plain = replay(t, policy, SimConfig(capacity=cap))
+    assert [int(plain.run.stats[k]) for k in (Stat.ASKED, Stat.SAME_FROM, Stat.SAME_BELOW)] == [-1, -1, -1]
+    assert _placed(plain) == _placed(_heap(t, cap, policy))

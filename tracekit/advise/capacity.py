@@ -222,13 +222,16 @@ def same_of(stats: np.ndarray, ran_out: bool) -> Same | None:
 
 
 def probe(trace: Trace, policy: str, capacity: int | None, options: Mapping[str, str] | None = None,
-          counterfactual: bool = False) -> Probe:
+          counterfactual: bool = False, alike: bool = True) -> Probe:
     """One replay of the search (``tracekit.advise.bisection``) at ``capacity`` (None: unbounded),
-    under the policy's settings ``options``; ``counterfactual`` as ``search`` takes it."""
+    under the policy's settings ``options``; ``counterfactual`` as ``search`` takes it; ``alike``:
+    where the replay is alike, said at any cost (``SimConfig.alike``; a search without reuse
+    does not read it)."""
     from tracekit.sim.base import SimConfig
     from tracekit.sim.codes import Stat
 
-    res = _replayer(trace, policy, counterfactual)(SimConfig(capacity=capacity, options=dict(options or {})))
+    config = SimConfig(capacity=capacity, options=dict(options or {}), alike=alike)
+    res = _replayer(trace, policy, counterfactual)(config)
     stats = res.run.stats
     return Probe(capacity, res.ran_out, res.summary.peak_reserved_bytes, int(stats[Stat.ASKED]),
                  same_of(stats, res.ran_out))
@@ -257,7 +260,7 @@ def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | N
     limit = max_capacity if max_capacity is not None else _LIMIT
     b = Bisection(lb, step, limit, known, seen, reuse)
     while wanted := b.wanted():
-        b.learn(probe(trace, policy, wanted[0], options, counterfactual))
+        b.learn(probe(trace, policy, wanted[0], options, counterfactual, alike=reuse))
     return fit_of(b, policy)
 
 

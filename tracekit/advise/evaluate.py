@@ -116,7 +116,7 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     """``cand`` at ``capacity``; ``trace`` is the counterfactual input (raw traces: as read)."""
     assert cand.policy is not None
     src = input_for(cand, trace)
-    cfg = SimConfig(capacity=capacity, device_total=device_total, options=cand.opts)
+    cfg = SimConfig(capacity=capacity, device_total=device_total, options=cand.opts, alike=True)
     if cand.kind == Kind.FREE_LIST:
         res = replay(src, cand.policy, cfg)
     else:

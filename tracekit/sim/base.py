@@ -82,6 +82,9 @@ class SimConfig:
     ``options``: policy-specific settings, e.g. PyTorch's allocator config keys.
     ``stop_at_first_oom``: a request the program survived (a handled ``oom`` row, which a
     replay otherwise tries and goes on from, as the program did) stops the replay too.
+    ``alike``: say at which capacities the replay is alike (``Stat.ASKED``, ``SAME_FROM``,
+    ``SAME_BELOW``) also where that costs the replay time (first- and best-fit heaps: about
+    15 %); the pool models whose limit enters only their limit test always say.
     """
 
     capacity: int | None = None
@@ -89,6 +92,7 @@ class SimConfig:
     continue_on_oom: bool = False
     options: Mapping[str, str] = field(default_factory=dict)
     stop_at_first_oom: bool = False  # replay the requests the program survived as fatal ones too
+    alike: bool = False  # advise's searches: where the replay is alike, at any cost
 
 
 @dataclass(frozen=True, eq=False)

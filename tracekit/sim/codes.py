@@ -101,6 +101,11 @@ class HeapSlot(IntEnum):
     FIT = 6  # a ``Fit``
     STOPPED = 7  # 1 once the replay stopped at an OOM
     GROWS = 8  # 1 for an unbounded heap (grows only when nothing below its top fits)
+    TOP = 9  # where the free block running to the heap's end starts (CAP when there is none)
+    ASKED = 10  # first and best fit: capacity from which the run is the unbounded one (``Stat.ASKED``)
+    PASSED = 11  # the least capacity at which every placement so far is the same (``Stat.SAME_FROM``)
+    REFUSED = 12  # the capacity from which one is not, 0 while none (``Stat.SAME_BELOW``)
+    SAYS = 13  # 1: keep TOP and the three above (first and best fit, ``SimConfig.alike``)
 
 
 class ListField(IntEnum):

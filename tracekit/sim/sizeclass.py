@@ -170,6 +170,19 @@ def best(T, roots, bm, r):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def after(T, roots, bm, x):  # pragma: no cover - compiled
+    """The free block next after x in (size, address) order, or -1 (x is in the index)."""
+    c = klass(T[x, SZ])
+    y = treap.successor(T, x, AT)
+    if y >= 0:
+        return y
+    c = next_class(bm, c + 1)
+    if c < 0:
+        return -1
+    return treap.leftmost(T, roots[c], AT)
+
+
+@njit(cache=True)
 def largest(T, roots, bm):  # pragma: no cover - compiled
     c = last_class(bm)
     if c < 0:

@@ -155,7 +155,7 @@ def _unlink(T, st, x):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
-    """Free used block x, coalescing with free address neighbours."""
+    """Free used block x, coalescing with free address neighbours; the free block it is now in."""
     p = T[x, F.PREV]
     n = T[x, F.NEXT]
     pf = p >= 0 and T[p, F.ISFREE] == 1
@@ -172,7 +172,7 @@ def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
             _unlink(T, st, n)
         T[x, F.ISFREE] = 1
         _sized_add(T, st, roots, bm, x)
-        return
+        return x
     # Keyed by address: a merged block keeps the place of its lowest free part.
     if pf:
         grown = T[p, SZ] + T[x, SZ]
@@ -182,16 +182,84 @@ def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
             _unlink(T, st, n)
         _unlink(T, st, x)
         treap.rekey(T, p, T[p, F.ADDR], grown, AT)
-    elif nf:
+        return p
+    if nf:
         a = T[x, F.ADDR]
         grown = T[n, SZ] + T[x, SZ]
         _unlink(T, st, x)
         T[n, F.ADDR] = a
         treap.rekey(T, n, a, grown, AT)
-    else:
-        T[x, F.ISFREE] = 1
-        _key(T, x, False)
-        st[H.ROOT] = treap.insert(T, st[H.ROOT], x, True, AT)
+        return n
+    T[x, F.ISFREE] = 1
+    _key(T, x, False)
+    st[H.ROOT] = treap.insert(T, st[H.ROOT], x, True, AT)
+    return x
+
+
+@njit(cache=True, inline="always")
+def _freed(T, st, roots, bm, x, says):  # pragma: no cover - compiled
+    """Free used block x (``_release``); with ``says``, keeping where the free block at the heap's
+    end starts."""
+    m = _release(T, st, roots, bm, x)
+    if says and T[m, F.ADDR] + T[m, SZ] == st[H.CAP]:
+        st[H.TOP] = T[m, F.ADDR]
+
+
+@njit(cache=True, inline="always")
+def _same_from(st, c):  # pragma: no cover - compiled
+    """Every capacity from c up makes this placement alike (and the unbounded heap does)."""
+    if c > st[H.PASSED]:
+        st[H.PASSED] = c
+    if c > st[H.ASKED]:
+        st[H.ASKED] = c
+
+
+@njit(cache=True, inline="always")
+def _same_below(st, c):  # pragma: no cover - compiled
+    """No capacity from c up makes this placement alike."""
+    if st[H.REFUSED] == 0 or c < st[H.REFUSED]:
+        st[H.REFUSED] = c
+
+
+@njit(cache=True, inline="always")
+def _note_choice(T, st, roots, bm, x, r):  # pragma: no cover - compiled
+    """First and best fit: at which capacities this request of r bytes gets block x (-1: none)
+    as it does here. The capacity enters only through the free block at the heap's end (the top,
+    from ``st[H.TOP]`` to the capacity; none when TOP is CAP), the last of all blocks by address:
+
+    - first fit takes the top only when no block below it fits: alike at every capacity where
+      the top fits, top + r up;
+    - best fit takes the smallest block that fits, ties to the lowest address (never the top):
+      a block x below the top is taken alike where the top is at least its size (top + size up)
+      or does not fit (below top + r); the top, from top + r up to below top + the size of the
+      next fitting block (none in an unbounded heap: it grows only when nothing else fits);
+    - none fits: alike below top + r.
+
+    ``ASKED`` takes every capacity from which a placement is the unbounded heap's (so it exceeds
+    the capacity of a run that placed any request otherwise: no such run is taken as unbounded)."""
+    cap, top = st[H.CAP], st[H.TOP]
+    if x < 0:
+        _same_below(st, top + r)
+        if top + r > st[H.ASKED]:
+            st[H.ASKED] = top + r
+        return
+    if T[x, F.ADDR] == top and top < cap:  # the top itself
+        _same_from(st, top + r)
+        if st[H.FIT] == Fit.BEST and st[H.GROWS] == 0:
+            y = sizeclass.after(T, roots, bm, x)
+            if y >= 0:  # a block below fits too: from top + its size the top is not the smallest
+                _same_below(st, top + T[y, SZ])
+                if top + T[y, SZ] > st[H.ASKED]:
+                    st[H.ASKED] = top + T[y, SZ]
+        return
+    if st[H.FIT] == Fit.BEST:
+        size = T[x, SZ]
+        if cap - top >= size:
+            _same_from(st, top + size)
+        else:  # the top did not fit: it would be taken from top + r up to below top + size
+            _same_below(st, top + r)
+            if top + size > st[H.ASKED]:
+                st[H.ASKED] = top + size
 
 
 @njit(cache=True)
@@ -210,6 +278,7 @@ def _largest(T, st, roots, bm):  # pragma: no cover - compiled
 def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, node_of, addr_out, status,
               stats, lo, hi, cont):
     # pragma: no cover - compiled
+    says = st[H.SAYS] == 1  # where the run is alike (_note_choice), the top kept (``SimConfig.alike``)
     for i in range(lo, hi):
         k = kind[i]
         h = stand_in(kind, rep, holder, i)
@@ -223,6 +292,8 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, n
             r = max(((size[i] + 511) >> 9) << 9, 512)  # 512-byte units, at least one
             rounded[i] = r
             x = _find(T, st, stack, roots, bm, r)
+            if says:
+                _note_choice(T, st, roots, bm, x, r)
             if x < 0 and k == Kind.TRY:  # the program survived this failure: it goes on
                 status[i] = Status.OOM
                 stats[Stat.HANDLED] += 1
@@ -241,13 +312,16 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, n
                     st[H.STOPPED] = 1
                     return
                 continue
+            at_top = says and T[x, F.ADDR] == st[H.TOP]
             y = _place(T, st, roots, bm, x, r)
             a = T[y, F.ADDR]
+            if at_top:  # the rest of the top is the top (none when it was all taken)
+                st[H.TOP] = a + r if a + r < st[H.CAP] else st[H.CAP]
             if k == Kind.TRY and rep[i] < 0:  # served; nothing replaced it: released at once
                 if a + r > stats[Stat.PEAK_EXTENT]:
                     stats[Stat.PEAK_EXTENT] = a + r
                 st[H.ROVER] = a + r
-                _release(T, st, roots, bm, y)
+                _freed(T, st, roots, bm, y, says)
                 status[i] = Status.TRIED
                 continue
             node_of[i] = y
@@ -271,7 +345,7 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, n
                 continue
             y = node_of[m]
             st[H.LIVE] -= T[y, SZ]
-            _release(T, st, roots, bm, y)
+            _freed(T, st, roots, bm, y, says)
             status[i] = Status.DONE
 
 
@@ -279,6 +353,7 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, n
 def seed(T, st, roots, bm, cap):  # pragma: no cover - compiled
     """Node 0: the whole heap [0, cap), free (no node for an empty heap)."""
     st[H.ROOT] = -1
+    st[H.TOP] = 0 if cap > 0 else cap
     if cap <= 0:
         return
     T[0, SZ] = cap

@@ -32,7 +32,7 @@ import numpy as np
 from tracekit import progress
 from tracekit.errors import UsageError
 from tracekit.sim.base import PolicyRun, PolicyTraits, SimConfig
-from tracekit.sim.codes import LIST_WIDTH, Fit, HeapSlot, named_vector
+from tracekit.sim.codes import LIST_WIDTH, NO_REFUSAL, Fit, HeapSlot, Stat, named_vector
 from tracekit.sim.heap import UNBOUNDED, heap_run, heap_stats
 from tracekit.trace.reader import Trace
 
@@ -46,6 +46,11 @@ class FreeListModel:
     description: ClassVar[str]
     traits: ClassVar[PolicyTraits]
     fit: ClassVar[Fit]
+
+    def says(self, config: SimConfig) -> bool:
+        """Whether the replay says where it is alike: first and best fit, when asked (it costs
+        about 15 % of the replay: ``SimConfig.alike``)."""
+        return config.alike and self.fit in (Fit.FIRST, Fit.BEST)
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
         if config.options:
@@ -64,7 +69,8 @@ class FreeListModel:
         st = named_vector(HeapSlot, {
             HeapSlot.ROOT: -1, HeapSlot.RECYCLE: -1, HeapSlot.NEXT_ID: 1, HeapSlot.ROVER: 0,
             HeapSlot.LIVE: 0, HeapSlot.CAP: cap, HeapSlot.FIT: self.fit, HeapSlot.STOPPED: 0,
-            HeapSlot.GROWS: config.capacity is None,
+            HeapSlot.GROWS: config.capacity is None, HeapSlot.TOP: 0, HeapSlot.ASKED: 0,
+            HeapSlot.PASSED: 0, HeapSlot.REFUSED: 0, HeapSlot.SAYS: self.says(config),
         })
         stats = heap_stats()
         if self.fit == Fit.BEST:
@@ -83,4 +89,8 @@ class FreeListModel:
                         node_of, addr, status, stats, lo, hi, config.continue_on_oom)
             if st[HeapSlot.STOPPED]:
                 break
+        if self.says(config):  # where the run is alike (_freelist_kernel._note_choice)
+            stats[Stat.ASKED] = st[HeapSlot.ASKED]
+            stats[Stat.SAME_FROM] = st[HeapSlot.PASSED]
+            stats[Stat.SAME_BELOW] = st[HeapSlot.REFUSED] if st[HeapSlot.REFUSED] > 0 else NO_REFUSAL
         return heap_run(config, addr, status, rounded, stats)
