@@ -163,19 +163,21 @@ def best(T, roots, bm, r):  # pragma: no cover - compiled
         x = treap.lower_bound(T, roots[c], r, 0, 0, AT)
         if x >= 0:
             return x
-    c = next_class(bm, c + 1)
-    if c < 0:
-        return -1
-    return treap.leftmost(T, roots[c], AT)
+    return _first_above(T, roots, bm, c)
 
 
 @njit(cache=True)
 def after(T, roots, bm, x):  # pragma: no cover - compiled
     """The free block next after x in (size, address) order, or -1 (x is in the index)."""
-    c = klass(T[x, SZ])
     y = treap.successor(T, x, AT)
     if y >= 0:
         return y
+    return _first_above(T, roots, bm, klass(T[x, SZ]))
+
+
+@njit(cache=True, inline="always")
+def _first_above(T, roots, bm, c):  # pragma: no cover - compiled
+    """The smallest block of the first non-empty class above class c, or -1."""
     c = next_class(bm, c + 1)
     if c < 0:
         return -1
