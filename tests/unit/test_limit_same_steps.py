@@ -53,14 +53,22 @@ def _steps(r) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
 def test_a_replay_is_alike_where_it_says(policy: str, name: str, ratio: float) -> None:
     t = _prepared(name)
     cap = int(lower_bound(t) * ratio) // 512 * 512
-    r = _replay(t, cap, policy)
+    r, below = _alike_where_it_says(lambda c: _replay(t, c, policy), _steps, cap)
+    if below < NO_REFUSAL:  # a test it refused: from that limit up the run is another
+        assert r.run.stats[Stat.ASKED] >= below
+
+
+def _alike_where_it_says(replay_at, steps, cap: int):  # type: ignore[no-untyped-def]
+    """The replay at ``cap`` and its ``Stat.SAME_BELOW``, having replayed at its range's ends and
+    middle (alike: the same ``steps``) and at the range's end (another run, where it has one)."""
+    r = replay_at(cap)
     lo, below = int(r.run.stats[Stat.SAME_FROM]), int(r.run.stats[Stat.SAME_BELOW])
     assert 0 < lo <= cap < below
     for other in {lo, min(below - 1, 1 << 50), (lo + cap) // 2}:
-        assert _steps(_replay(t, other, policy)) == _steps(r), other
-    if below < NO_REFUSAL:  # a test it refused: from that limit up the run is another
-        assert r.run.stats[Stat.ASKED] >= below
-        assert _steps(_replay(t, below, policy)) != _steps(r)
+        assert steps(replay_at(other)) == steps(r), other
+    if below < NO_REFUSAL:
+        assert steps(replay_at(below)) != steps(r)
+    return r, below
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -131,13 +139,8 @@ def test_a_heap_replay_is_alike_where_it_says(policy: str, name: str, ratio: flo
     says at which capacities each placement is the same (``_freelist_kernel._note_choice``)."""
     t = _raw(name)
     cap = int(lower_bound(t) * ratio) // 512 * 512
-    r = _heap(t, cap, policy)
-    lo, below = int(r.run.stats[Stat.SAME_FROM]), int(r.run.stats[Stat.SAME_BELOW])
-    assert 0 < lo <= cap < below
-    for other in {lo, min(below - 1, 1 << 50), (lo + cap) // 2}:
-        assert _placed(_heap(t, other, policy)) == _placed(r), other
-    if below < NO_REFUSAL:  # from there a placement is another (or a refused request is served)
-        assert _placed(_heap(t, below, policy)) != _placed(r)
+    # from SAME_BELOW up a placement is another (or a refused request is served)
+    _alike_where_it_says(lambda c: _heap(t, c, policy), _placed, cap)
 
 
 @pytest.mark.parametrize("policy", HEAPS)
