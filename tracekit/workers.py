@@ -125,12 +125,17 @@ def starts_early(jobs: int, events: int, replays: int) -> bool:
     most the work can be) are worth starting at once rather than once measured: on a machine of
     at least ``EARLY_JOBS`` CPUs, when that work is ``EARLY_FACTOR`` worker starts or more. Where
     it is less the tasks' times decide (``Measured``): starting workers on a few cores that the
-    work does not need costs more than it saves (2-core machine, issue 45)."""
+    work does not need costs more than it saves (2-core machine, issue 45). The estimate counts
+    every replay whole, where most of advise's stop at their first OOM or are answered from
+    another's range: a 1M-event PyTorch advise takes 1.2 s in one process (2-core machine),
+    less than 15 workers take to start (2.1 s on the 16-core host), so the factor leaves traces
+    under about 3M events to the measured tasks (10M events on 16 cores: CuPy 4.6x -> 2.6x one
+    replay with workers at once, docs/performance.md)."""
     return jobs >= EARLY_JOBS and serial_seconds(events, replays) >= EARLY_FACTOR * start_seconds(events)
 
 
 EARLY_JOBS = 4
-EARLY_FACTOR = 4.0
+EARLY_FACTOR = 10.0
 
 
 def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:
