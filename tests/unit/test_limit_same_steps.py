@@ -71,15 +71,23 @@ def _alike_where_it_says(replay_at, steps, cap: int):  # type: ignore[no-untyped
     return r, below
 
 
+def _unbounded_alike_from_asked(replay_at, steps):  # type: ignore[no-untyped-def]
+    """The unbounded replay and its ``Stat.ASKED``, having checked that it says it is alike from
+    there up (``SAME_FROM`` = ``ASKED``, nothing refused) and is, replayed at that capacity."""
+    r = replay_at(None)
+    asked = int(r.run.stats[Stat.ASKED])
+    assert int(r.run.stats[Stat.SAME_FROM]) == asked
+    assert int(r.run.stats[Stat.SAME_BELOW]) == NO_REFUSAL
+    assert steps(replay_at(asked)) == steps(r)
+    return r, asked
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
 def test_an_unbounded_replay_is_alike_from_what_it_asked(policy: str, name: str) -> None:
     t = _prepared(name)
-    r = _replay(t, None, policy)
-    asked = int(r.run.stats[Stat.ASKED])
-    assert int(r.run.stats[Stat.SAME_FROM]) == asked > 0
-    assert int(r.run.stats[Stat.SAME_BELOW]) == NO_REFUSAL
-    assert _steps(_replay(t, asked, policy)) == _steps(r)
+    r, asked = _unbounded_alike_from_asked(lambda c: _replay(t, c, policy), _steps)
+    assert asked > 0
     assert _steps(_replay(t, asked - 512, policy)) != _steps(r)  # one test refused: another run
 
 
@@ -147,11 +155,8 @@ def test_a_heap_replay_is_alike_where_it_says(policy: str, name: str, ratio: flo
 @pytest.mark.parametrize("name", ["training", "random", "fragmenting"])
 def test_an_unbounded_heap_is_alike_from_what_it_asked(policy: str, name: str) -> None:
     t = _raw(name)
-    r = _heap(t, None, policy)
-    asked = int(r.run.stats[Stat.ASKED])
-    assert int(r.run.stats[Stat.SAME_FROM]) == asked >= int(r.run.stats[Stat.PEAK_EXTENT]) > 0
-    assert int(r.run.stats[Stat.SAME_BELOW]) == NO_REFUSAL
-    assert _placed(_heap(t, asked, policy)) == _placed(r)
+    r, asked = _unbounded_alike_from_asked(lambda c: _heap(t, c, policy), _placed)
+    assert asked >= int(r.run.stats[Stat.PEAK_EXTENT]) > 0
     if policy == "first-fit":  # first fit asks no more than its highest end address
         assert asked == int(r.run.stats[Stat.PEAK_EXTENT])
 

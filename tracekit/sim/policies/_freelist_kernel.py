@@ -206,12 +206,18 @@ def _freed(T, st, roots, bm, x, says):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _asks(st, c):  # pragma: no cover - compiled
+    """The unbounded heap's placement is made alike only from capacity c up."""
+    if c > st[H.ASKED]:
+        st[H.ASKED] = c
+
+
+@njit(cache=True, inline="always")
 def _same_from(st, c):  # pragma: no cover - compiled
     """Every capacity from c up makes this placement alike (and the unbounded heap does)."""
     if c > st[H.PASSED]:
         st[H.PASSED] = c
-    if c > st[H.ASKED]:
-        st[H.ASKED] = c
+    _asks(st, c)
 
 
 @njit(cache=True, inline="always")
@@ -240,8 +246,7 @@ def _note_choice(T, st, roots, bm, x, r):  # pragma: no cover - compiled
     cap, top = st[H.CAP], st[H.TOP]
     if x < 0:
         _same_below(st, top + r)
-        if top + r > st[H.ASKED]:
-            st[H.ASKED] = top + r
+        _asks(st, top + r)
         return
     if T[x, F.ADDR] == top and top < cap:  # the top itself
         _same_from(st, top + r)
@@ -249,8 +254,7 @@ def _note_choice(T, st, roots, bm, x, r):  # pragma: no cover - compiled
             y = sizeclass.after(T, roots, bm, x)
             if y >= 0:  # a block below fits too: from top + its size the top is not the smallest
                 _same_below(st, top + T[y, SZ])
-                if top + T[y, SZ] > st[H.ASKED]:
-                    st[H.ASKED] = top + T[y, SZ]
+                _asks(st, top + T[y, SZ])
         return
     if st[H.FIT] == Fit.BEST:
         size = T[x, SZ]
@@ -258,8 +262,7 @@ def _note_choice(T, st, roots, bm, x, r):  # pragma: no cover - compiled
             _same_from(st, top + size)
         else:  # the top did not fit: it would be taken from top + r up to below top + size
             _same_below(st, top + r)
-            if top + size > st[H.ASKED]:
-                st[H.ASKED] = top + size
+            _asks(st, top + size)
 
 
 @njit(cache=True)
