@@ -102,21 +102,22 @@ class Measured:
             self.took.append(seconds)
             self.history.append(seconds)
 
+    def pays(self, remaining: int, jobs: int) -> bool:
+        """Whether ``remaining`` tasks on ``min(jobs, remaining)`` workers save more than a start."""
+        return self._saves(self.took, remaining, jobs)
+
     def would_pay(self, tasks: int, jobs: int) -> bool:
         """Whether a batch of ``tasks`` tasks of the mean time so far would start the workers
         (its first task, run here and timed, then ``pays`` for the rest)."""
-        workers = min(jobs, tasks - 1)
-        if workers < 2 or not self.history:
-            return False
-        mean = sum(self.history) / len(self.history)
-        return mean * (tasks - 1) * (1 - 1 / workers) > self.start_s
+        return self._saves(self.history, tasks - 1, jobs)
 
-    def pays(self, remaining: int, jobs: int) -> bool:
-        """Whether ``remaining`` tasks on ``min(jobs, remaining)`` workers save more than a start."""
+    def _saves(self, times: list[float], remaining: int, jobs: int) -> bool:
+        """``remaining`` tasks of the mean of ``times`` (s), spread over ``min(jobs, remaining)``
+        workers, save more than a worker's start."""
         workers = min(jobs, remaining)
-        if workers < 2 or not self.took:
+        if workers < 2 or not times:
             return False
-        mean = sum(self.took) / len(self.took)
+        mean = sum(times) / len(times)
         return mean * remaining * (1 - 1 / workers) > self.start_s
 
 
