@@ -44,9 +44,9 @@ def _flat(trace: Path, data: Path) -> None:
             f.write(np.ascontiguousarray(arr).tobytes())
 
 
-def _timed(cmd: list[str]) -> tuple[float, str]:
+def _timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return time.perf_counter() - t0, p.stdout
 
 
@@ -56,6 +56,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here as JSON")
+    ap.add_argument("--head-start-ab", action="store_true",
+                    help="also replay with the head start off (TRACEKIT_HEAD_START=0) and on (=1)")
     a = ap.parse_args()
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
@@ -77,13 +79,18 @@ def main() -> int:
             "replay": [sys.executable, "-m", "tracekit", "replay", str(trace), "--sim", "best-fit", "--json"],
             "analyze": [sys.executable, "-m", "tracekit", "analyze", str(trace), "--json"],
         }
-        for cmd in cmds.values():  # warm: the page cache, numba's cache
-            subprocess.run(cmd, capture_output=True, check=True)
+        envs: dict[str, dict[str, str]] = {}
+        if a.head_start_ab:
+            for name, on in (("replay_head_off", "0"), ("replay_head_on", "1")):
+                cmds[name] = cmds["replay"]
+                envs[name] = {**os.environ, "TRACEKIT_HEAD_START": on}
+        for k, cmd in cmds.items():  # warm: the page cache, numba's cache
+            subprocess.run(cmd, capture_output=True, check=True, env=envs.get(k))
         walls: dict[str, list[float]] = {k: [] for k in cmds}
         outs: dict[str, str] = {}
         for _ in range(a.runs):
             for k, cmd in cmds.items():
-                w, outs[k] = _timed(cmd)
+                w, outs[k] = _timed(cmd, envs.get(k))
                 walls[k].append(w)
         cpp_peak = int(outs["cpp"].split()[1])
         ours_peak = int(json.loads(outs["replay"])["peak_live_bytes"])
@@ -101,6 +108,11 @@ def main() -> int:
             "analyze_time_vs_cpp_median": round(med["analyze"] / med["cpp"], 3),
             "same_peak_live": cpp_peak == ours_peak,
         }
+        for k in ("replay_head_off", "replay_head_on"):
+            if k in lo:
+                res[f"{k}_speed_vs_cpp_min"] = round(lo["cpp"] / lo[k], 3)
+                res[f"{k}_speed_vs_cpp_median"] = round(med["cpp"] / med[k], 3)
+                res[f"{k}_same_output"] = outs[k] == outs["replay"]
     print(json.dumps(res, indent=1))
     if a.json is not None:
         a.json.write_text(json.dumps(res, indent=1) + "\n")

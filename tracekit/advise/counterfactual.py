@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,9 @@ from tracekit.trace.events import Events, segment_delta
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 from tracekit.trace.validate import remap_mate
+
+if TYPE_CHECKING:
+    from tracekit.sim.head_start import HeadStart
 
 SETTINGS_KEY = "torch_allocator_settings"
 PAGE = 2 << 20
@@ -251,13 +254,16 @@ def setting(trace: Trace, policy: str, options: Mapping[str, str]) -> dict[str, 
     return dict(options)
 
 
-def predict(trace: Trace, policy: str, config: SimConfig) -> tuple[Trace, Any]:
+def predict(trace: Trace, policy: str, config: SimConfig,
+            started: HeadStart | None = None) -> tuple[Trace, Any]:
     """The prediction for ``trace`` under ``policy`` and ``config`` (see the module docstring):
-    (the trace that was replayed, its ``ReplayResult``)."""
+    (the trace that was replayed, its ``ReplayResult``). ``started``: the replay of ``trace``
+    as read, begun during the read (``tracekit.sim.head_start``), used where the trace is replayed
+    as it is."""
     from tracekit.sim.engine import replay
 
     if not uses_counterfactual(trace, policy):
-        return trace, replay(trace, policy, config)
+        return trace, replay(trace, policy, config, started)
     whole = replace(config, options=setting(trace, policy, config.options))
     return counterfactual_replay(prepare(trace), policy, whole)
 

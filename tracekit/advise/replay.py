@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from tracekit import progress
 from tracekit.outputs import check_output
 from tracekit.sim import policies
+from tracekit.sim.head_start import head_start
 from tracekit.trace.reader import read_trace
 
 if TYPE_CHECKING:
@@ -42,21 +43,24 @@ def replay_file(
     every hint kept. The policy name and the output path are checked before the trace is
     read, so a typo costs nothing on a large file; an existing output is refused unless ``force``.
     """
-    policies.get(policy)
+    model = policies.get(policy)
     if output is not None:
         check_output(Path(output), (Path(path),), force=force)
-    trace = read_trace(path)  # extras too: policies start from an imported `initial` state
-    # Imported once the trace is read (issue 45: nothing a verb needs only after reading is loaded
-    # before it); the counterfactual preparation only where it is used.
-    from tracekit.sim.engine import replay, write_replay
+    # A policy that replays in steps starts on the rows read while the reader reads the next ones.
+    with head_start(model, config) as head:
+        # extras too: policies start from an imported `initial` state
+        trace = read_trace(path, on_window=head.take if head is not None else None)
+        # Imported once the trace is read (issue 45: nothing a verb needs only after reading is loaded
+        # before it); the counterfactual preparation only where it is used.
+        from tracekit.sim.engine import replay, write_replay
 
-    with progress.reporting(on_progress):
-        if as_recorded:
-            replayed, result = trace, replay(trace, policy, config)
-        else:
-            from tracekit.advise.counterfactual import predict
+        with progress.reporting(on_progress):
+            if as_recorded:
+                replayed, result = trace, replay(trace, policy, config, head)
+            else:
+                from tracekit.advise.counterfactual import predict
 
-            replayed, result = predict(trace, policy, config)
+                replayed, result = predict(trace, policy, config, head)
     if output is not None:
         write_replay(result, replayed, output, command=command)
     skipped = tuple(f"skipped {i.describe()}" for i in trace.issues)

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tracekit.sim.head_start import SWITCH
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ("cupy-oom-frag", "torch-wrap", "torch-expandable", "torch-record-oom", "torch-maxsplit")
@@ -85,6 +88,19 @@ def _runs(tmp: Path, folder: Path) -> Iterator[list[str]]:
             yield ["import", "torch", str(snap), "-o", str(tmp / f"import-{name}.parquet")]
 
 
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
 def precompile(verbose: bool = True, traces: Path | None = None) -> list[tuple[str, str]]:
     """Run every verb once (see the module docstring); the (verb, reason) pairs that could not run.
 
@@ -97,6 +113,11 @@ def precompile(verbose: bool = True, traces: Path | None = None) -> list[tuple[s
             why = _verb(args)
             if why is not None:
                 failed.append((" ".join(args[:2]), why))
+        # A replay begun during the read (tracekit.sim.head_start: on 4 cores or more, 1M events or
+        # more): its own kernels, and the free lists' with its arrays, on a small trace here.
+        with _environ(SWITCH, "1"):
+            if (why := _verb(["replay", str(Path(tmp) / "random.parquet"), "--sim", "best-fit"])) is not None:
+                failed.append(("replay (head start)", why))
     if verbose:
         print(f"tracekit: compiled the kernels in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         for verb, why in failed:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracekit import interrupts
 from tracekit.sim import policies
@@ -26,12 +27,20 @@ from tracekit.sim.base import PolicyRun, SimConfig, Stat
 from tracekit.sim.result import OOMInfo, ReplayResult, ReplaySummary
 from tracekit.trace.reader import Trace
 
+if TYPE_CHECKING:
+    from tracekit.sim.head_start import HeadStart
 
-def replay(trace: Trace, policy: str, config: SimConfig | None = None) -> ReplayResult:
-    """Replay ``trace`` through the policy named ``policy`` (UsageError if unknown)."""
+
+def replay(trace: Trace, policy: str, config: SimConfig | None = None,
+           started: HeadStart | None = None) -> ReplayResult:
+    """Replay ``trace`` through the policy named ``policy`` (UsageError if unknown); ``started``:
+    the replay of the same policy and config begun while ``trace`` was read, taken where it agrees
+    with the trace (``tracekit.sim.head_start``)."""
     config = config or SimConfig()
     with interrupts.deferred():  # a signal inside the compiled kernel's glue would crash it
-        run = policies.get(policy).run(trace, config)
+        run = started.finish(trace) if started is not None else None
+        if run is None:
+            run = policies.get(policy).run(trace, config)
     warnings: tuple[str, ...] = ()
     dev = trace.events.device
     if len(dev) and dev.min() != dev.max():

@@ -14,13 +14,15 @@ without nulls, one copy otherwise, the null slots written with a filler and thei
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["Columns", "as_numpy", "is_text", "text_column"]
+__all__ = ["Columns", "Window", "as_numpy", "is_text", "text_column"]
 
 
 def is_text(t: pa.DataType) -> bool:
@@ -52,6 +54,21 @@ def text_column(p: Path, pf: pq.ParquetFile, name: str) -> pa.ChunkedArray:
 WINDOW_ROWS = 1 << 21
 
 
+@dataclass(frozen=True, eq=False)
+class Window:
+    """One window of rows as ``Columns`` has just read it, for a reader's ``on_window``: rows
+    ``at`` to ``at + rows`` of ``total``. ``table``: the window's Arrow table (text columns as
+    dictionaries); ``ints``: the integer columns' whole-file NumPy arrays (of the file's types),
+    filled up to ``at + rows``, a null's slot holding a filler (0). Nothing is checked yet: the
+    reader checks the whole file after."""
+
+    table: pa.Table
+    at: int
+    rows: int
+    total: int
+    ints: Mapping[str, np.ndarray]
+
+
 class Columns:
     """The columns ``names`` of an open trace, read at once where the file allows (see the module).
 
@@ -60,8 +77,10 @@ class Columns:
     extras) are kept as Arrow chunks (``take``, ``get``).
     """
 
-    def __init__(self, p: Path, pf: pq.ParquetFile, names: list[str], ints: list[str]) -> None:
+    def __init__(self, p: Path, pf: pq.ParquetFile, names: list[str], ints: list[str],
+                 on_window: Callable[[Window], None] | None = None) -> None:
         self.path, self.pf = p, pf
+        self._on_window = on_window
         self._held: dict[str, pa.ChunkedArray] = {}
         self._ints: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
         schema = pf.schema_arrow
@@ -95,6 +114,8 @@ class Columns:
                     col = table.column(name)
                     types[name] = col.type
                     chunks.extend(col.chunks)
+                if self._on_window is not None:
+                    self._on_window(Window(table, at, m, n, out))
                 at += m
                 del table
         self._ints = {name: (values, null.get(name)) for name, values in out.items()}

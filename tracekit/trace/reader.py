@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
-from tracekit.trace.columns import Columns, as_numpy, is_text
+from tracekit.trace.columns import Columns, Window, as_numpy, is_text
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.finishing import wait_for
@@ -236,17 +237,21 @@ def _meta_of(p: Path, pf: pq.ParquetFile) -> TraceMeta:
 
 
 def read_trace(
-    path: str | os.PathLike[str], *, strict: bool = False, extras: bool = True
+    path: str | os.PathLike[str], *, strict: bool = False, extras: bool = True,
+    on_window: Callable[[Window], None] | None = None,
 ) -> Trace:
-    """Read and validate a v1 trace. See the module docstring for what is checked."""
+    """Read and validate a v1 trace. See the module docstring for what is checked. ``on_window``
+    is handed each window of rows as it is read, before any check (``columns.Window``; a replay
+    started during the read, ``tracekit.sim.head_start``)."""
     p, pf = open_parquet(path)
     try:
-        return _read_open(p, pf, strict, extras)
+        return _read_open(p, pf, strict, extras, on_window)
     finally:
         close_parquet(pf)
 
 
-def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace:
+def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
+               on_window: Callable[[Window], None] | None = None) -> Trace:
     meta = _meta_of(p, pf)
     schema = pf.schema_arrow
     names = set(schema.names)
@@ -259,7 +264,7 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool) -> Trace
     loading = _load_pass()
     try:
         src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
-                              or n in wanted], [*_INT_COLUMNS, STACK_FIELD.name])
+                              or n in wanted], [*_INT_COLUMNS, STACK_FIELD.name], on_window)
         loading.join()
         ev, pairing, found = _read_events(p, src, schema, stacks)
         ev = _with_kinds(ev, meta)

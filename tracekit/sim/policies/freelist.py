@@ -36,7 +36,7 @@ from tracekit.sim.codes import LIST_WIDTH, NO_REFUSAL, Fit, HeapSlot, Stat, name
 from tracekit.sim.heap import UNBOUNDED, heap_run, heap_stats
 from tracekit.trace.reader import Trace
 
-__all__ = ["Fit", "FreeListModel"]
+__all__ = ["Fit", "FreeListModel", "HeapSteps"]
 
 
 class FreeListModel:
@@ -53,44 +53,95 @@ class FreeListModel:
         return config.alike and self.fit in (Fit.FIRST, Fit.BEST)
 
     def run(self, trace: Trace, config: SimConfig) -> PolicyRun:
-        if config.options:
-            raise UsageError(f"policy {self.name} takes no options (got {', '.join(config.options)})")
         # Compiled, on first use (the registry's convention: importing a policy module loads no kernel).
-        from tracekit.sim import sizeclass
-        from tracekit.sim.policies import _freelist_kernel as k
         from tracekit.sim.prepare import attempt_kinds, holders, prepare
 
+        self._no_options(config)
         inp = prepare(trace)
-        n = len(inp)
-        cap = UNBOUNDED if config.capacity is None else int(config.capacity)
-        rounded = np.zeros(n, np.int64)  # filled by the kernel at allocation attempts
-        rows = 2 * inp.max_live + 2  # no two free blocks are adjacent
-        T = np.zeros((rows, LIST_WIDTH), np.int64)
-        st = named_vector(HeapSlot, {
-            HeapSlot.ROOT: -1, HeapSlot.RECYCLE: -1, HeapSlot.NEXT_ID: 1, HeapSlot.ROVER: 0,
-            HeapSlot.LIVE: 0, HeapSlot.CAP: cap, HeapSlot.FIT: self.fit, HeapSlot.STOPPED: 0,
-            HeapSlot.GROWS: config.capacity is None, HeapSlot.TOP: 0, HeapSlot.ASKED: 0,
-            HeapSlot.PASSED: 0, HeapSlot.REFUSED: 0, HeapSlot.SAYS: self.says(config),
-        })
-        stats = heap_stats()
-        if self.fit == Fit.BEST:
-            roots, bm = sizeclass.new_tables()
-        else:
-            roots, bm = np.full(1, -1, np.int64), np.zeros(1, np.int64)
-        k.seed(T, st, roots, bm, cap)
-        stack = np.empty(4096, np.int64)
-        node_of = np.empty(n, np.int32)
-        addr = np.zeros(n, np.uint64)
-        status = np.zeros(n, np.int8)
+        heap = self.stepper(config, len(inp), inp.max_live)
         kind = attempt_kinds(inp, config.stop_at_first_oom)
         holder = holders(inp)
-        for lo, hi in progress.chunks(n):
-            k.run_chunk(T, st, stack, roots, bm, kind, inp.size, inp.mate, inp.replaced_by, holder, rounded,
-                        node_of, addr, status, stats, lo, hi, config.continue_on_oom)
-            if st[HeapSlot.STOPPED]:
+        for lo, hi in progress.chunks(len(inp)):
+            if heap.step(kind, inp.size, inp.mate, inp.replaced_by, holder, lo, hi):
                 break
-        if self.says(config):  # where the run is alike (_freelist_kernel._note_choice)
+        return heap.finish()
+
+    def _no_options(self, config: SimConfig) -> None:
+        if config.options:
+            raise UsageError(f"policy {self.name} takes no options (got {', '.join(config.options)})")
+
+    def stepper(self, config: SimConfig, n: int, max_live: int) -> HeapSteps:
+        """The replay of ``n`` events as steps over ranges of them (``HeapSteps``): ``run`` and a
+        replay started while the trace is still read (``tracekit.sim.head_start``)."""
+        self._no_options(config)
+        return HeapSteps(self.fit, self.says(config), config, n, max_live)
+
+
+class HeapSteps:
+    """One free-list replay of ``n`` events, run a range of events at a time (``step``), in order.
+
+    Its tables are sized for ``max_live`` requests live at once (``grow`` raises that bound before
+    a step that may need more: no two free blocks are adjacent, so 2 × live + 2 nodes suffice);
+    the placements do not depend on the tables' size, so a replay grown on the way places every
+    block where one sized at once does.
+    """
+
+    def __init__(self, fit: Fit, says: bool, config: SimConfig, n: int, max_live: int) -> None:
+        from tracekit.sim import sizeclass
+        from tracekit.sim.policies import _freelist_kernel as k
+
+        self._k, self.fit, self.says, self.config = k, fit, says, config
+        cap = UNBOUNDED if config.capacity is None else int(config.capacity)
+        self.rounded = np.zeros(n, np.int64)  # filled by the kernel at allocation attempts
+        self.T = np.zeros((self._rows(max_live), LIST_WIDTH), np.int64)
+        self.st = named_vector(HeapSlot, {
+            HeapSlot.ROOT: -1, HeapSlot.RECYCLE: -1, HeapSlot.NEXT_ID: 1, HeapSlot.ROVER: 0,
+            HeapSlot.LIVE: 0, HeapSlot.CAP: cap, HeapSlot.FIT: fit, HeapSlot.STOPPED: 0,
+            HeapSlot.GROWS: config.capacity is None, HeapSlot.TOP: 0, HeapSlot.ASKED: 0,
+            HeapSlot.PASSED: 0, HeapSlot.REFUSED: 0, HeapSlot.SAYS: says,
+        })
+        self.stats = heap_stats()
+        if fit == Fit.BEST:
+            self.roots, self.bm = sizeclass.new_tables()
+        else:
+            self.roots, self.bm = np.full(1, -1, np.int64), np.zeros(1, np.int64)
+        k.seed(self.T, self.st, self.roots, self.bm, cap)
+        self.stack = np.empty(4096, np.int64)
+        self.node_of = np.empty(n, np.int32)
+        self.addr = np.zeros(n, np.uint64)
+        self.status = np.zeros(n, np.int8)
+
+    @staticmethod
+    def _rows(max_live: int) -> int:
+        return 2 * max_live + 2  # no two free blocks are adjacent
+
+    @property
+    def stopped(self) -> bool:
+        """The replay stopped at its first failed request (``SimConfig.continue_on_oom`` off)."""
+        return bool(self.st[HeapSlot.STOPPED])
+
+    def grow(self, max_live: int) -> None:
+        """Room for ``max_live`` requests live at once (the nodes kept, the new ones zero)."""
+        rows = self._rows(max_live)
+        if rows > len(self.T):
+            T = np.zeros((max(rows, 2 * len(self.T)), LIST_WIDTH), np.int64)
+            T[:len(self.T)] = self.T
+            self.T = T
+
+    def step(self, kind: np.ndarray, size: np.ndarray, mate: np.ndarray, rep: np.ndarray, holder: np.ndarray,
+             lo: int, hi: int) -> bool:
+        """Replay events ``lo`` to ``hi`` (``ReplayInput``'s arrays; ``holders``); True once stopped."""
+        if not self.stopped:
+            self._k.run_chunk(self.T, self.st, self.stack, self.roots, self.bm, kind, size, mate, rep, holder,
+                              self.rounded, self.node_of, self.addr, self.status, self.stats, lo, hi,
+                              self.config.continue_on_oom)
+        return self.stopped
+
+    def finish(self) -> PolicyRun:
+        """The run of the events stepped so far."""
+        stats, st = self.stats, self.st
+        if self.says:  # where the run is alike (_freelist_kernel._note_choice)
             stats[Stat.ASKED] = st[HeapSlot.ASKED]
             stats[Stat.SAME_FROM] = st[HeapSlot.PASSED]
             stats[Stat.SAME_BELOW] = st[HeapSlot.REFUSED] if st[HeapSlot.REFUSED] > 0 else NO_REFUSAL
-        return heap_run(config, addr, status, rounded, stats)
+        return heap_run(self.config, self.addr, self.status, self.rounded, stats)
