@@ -221,5 +221,9 @@ def test_the_stream_comes_from_cupys_c_function_where_given(lib: types.ModuleTyp
         make(lib, "none", True, monkeypatch, stream_ptr=object())
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(stream=types.SimpleNamespace(
         __pyx_capi__={"get_current_stream_ptr": "capsule"})))
+    monkeypatch.delitem(sys.modules, "cupy_backends.cuda.stream", raising=False)
     assert hook_mod.stream_capsule(fake) == "capsule"
     assert hook_mod.stream_capsule(types.SimpleNamespace(cuda=types.SimpleNamespace())) is None
+    backends = types.SimpleNamespace(__pyx_capi__={"get_current_stream_ptr": "backends' capsule"})
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.stream", backends)  # loaded by CuPy: one lookup less
+    assert hook_mod.stream_capsule(fake) == "backends' capsule"
