@@ -112,6 +112,10 @@ class HeadStart:
         self.done = 0  # rows replayed (all inputs agreed up to here, as far as the windows tell)
         self.steps: Steps | None = None
         self.error: BaseException | None = None
+        # numba and the kernels loaded (from numba's cache) while the reader reads its first window:
+        # a kernel's first call in a thread otherwise loads them then, holding the GIL (0.35 s of the
+        # first step on the 16-core host, the pairing beside it waiting)
+        threading.Thread(target=_load_kernels, args=(model, config), name="tracekit-head-load", daemon=True).start()
 
     # -- the reader's side -------------------------------------------------------------------------
 
@@ -232,6 +236,19 @@ class HeadStart:
                 if hi > p and steps.step(kind, inp.size, inp.mate, inp.replaced_by, holder, max(lo, p), hi):
                     break
         return steps.finish()
+
+
+def _load_kernels(model: Stepped, config: SimConfig) -> None:
+    """Call the pairing and the model's step on no rows, with the argument types of the real calls
+    (so numba loads the same compiled versions)."""
+    with contextlib.suppress(Exception):  # anything amiss shows again in the real calls
+        from tracekit.sim import _head_kernel as k
+
+        none = np.zeros(0, np.int64)
+        keys, devs, vals = k.new_table()
+        k.pair(np.zeros(0, np.int8), np.zeros(0, np.uint64), np.zeros(0, np.int16), none.copy(), 0, 0,
+               np.zeros(0, np.int8), none.copy(), keys, devs, vals, np.zeros(4, np.int64))
+        model.stepper(config, 0, 0).step(np.zeros(0, np.int8), none.copy(), none.copy(), none, none, 0, 0)
 
 
 def _columns(window: Window, op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -17,9 +17,13 @@ from tracekit.trace.schema import Op
 
 # The pairing table: open addressing over (key, tag) slots, linear probing. A tag is
 # device · N_CLASSES + class (``BLOCK`` or ``SEGMENT``), so blocks and segments of one address
-# are separate keys; a slot's value is the index of the live malloc / segment_alloc, or FREED.
+# are separate keys; a slot's value is the index of the live malloc / segment_alloc. A free
+# empties its slot (the run after it shifted back, ``_remove``): the table holds the live
+# allocations only, a few thousand where a trace has millions of blocks at addresses of their own
+# (10M events: 1.32 s of pairing with every address kept, 16M slots; 0.3 s so), so it stays in the
+# cache. Whether a free of no live allocation frees an address allocated before (a double free) or
+# one never allocated is decided after the pass, for those frees alone (``_classify_unpaired``).
 EMPTY = -1  # the tag of an unused slot
-FREED = -1  # the value of a key whose last allocation was freed (a second free is a double free)
 BLOCK, SEGMENT, N_CLASSES = 0, 1, 2
 INITIAL_SLOTS = 1 << 12  # a power of two: the slot index is the hash masked by slots − 1
 # Fibonacci hashing: h = ((addr >> ADDR_SHIFT) · ⌊2^64/φ⌋ mod 2^64) >> HASH_SHIFT. Device
@@ -34,11 +38,35 @@ HASH_SHIFT = 20
 def _slot(keys, tags, addr, tag, mask):  # pragma: no cover - compiled
     """The slot of (addr, tag): where it is, or the empty slot where it goes (linear probing
     from h & mask, h the Fibonacci hash of the address)."""
-    h = ((addr >> np.uint64(ADDR_SHIFT)) * np.uint64(GOLDEN)) >> np.uint64(HASH_SHIFT)
-    j = np.int64(h & np.uint64(mask))
+    j = _home(addr, mask)
     while tags[j] != EMPTY and (keys[j] != addr or tags[j] != tag):
         j = (j + 1) & mask
     return j
+
+
+@njit(cache=True)
+def _home(addr, mask):  # pragma: no cover - compiled
+    """The first slot of an address's probe run."""
+    h = ((addr >> np.uint64(ADDR_SHIFT)) * np.uint64(GOLDEN)) >> np.uint64(HASH_SHIFT)
+    return np.int64(h & np.uint64(mask))
+
+
+@njit(cache=True)
+def _remove(keys, tags, vals, j, mask):  # pragma: no cover - compiled
+    """Empty slot j, moving back each later slot of its probe run that may take the place (linear
+    probing's deletion without tombstones: every key stays reachable from its home slot)."""
+    k = j
+    while True:
+        k = (k + 1) & mask
+        if tags[k] == EMPTY:
+            break
+        home = _home(keys[k], mask)
+        if (j <= k and (home <= j or home > k)) or (j > k and home <= j and home > k):
+            keys[j] = keys[k]
+            tags[j] = tags[k]
+            vals[j] = vals[k]
+            j = k
+    tags[j] = EMPTY
 
 
 @njit(cache=True)
@@ -105,7 +133,8 @@ def _found(found, what, i):  # pragma: no cover - compiled
 def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, first, found,
               max_request, limit, checks):  # pragma: no cover - compiled
     """One pass in event order over the pairing table: an allocation claims its key (value := i),
-    a free pairs with the value (mate both ways, value := FREED); the rest is flagged; ``keep`` (all
+    a free pairs with the value (mate both ways) and empties the slot; the rest is flagged (a free
+    of no live allocation by ``_classify_unpaired`` after the pass); ``keep`` (all
     True) and ``mate`` (all -1) are initialized here, event by event. With
     ``checks``, also every per-event check of the reader, each fault's first event index written
     to ``found`` (indexed by ``Found``; -1: none); without, ``t_ns``, ``size``, ``rounded`` and
@@ -121,6 +150,7 @@ def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, fi
     keys, tags, vals = _new_table()
     cap = keys.shape[0]
     used = 0
+    unpaired = 0  # frees of no live allocation: counted by kind after the pass
     live_bytes = np.int64(0)  # int64 throughout: uint64 + int64 would make float64 in numba
     reserved = np.int64(0)
     counting = checks  # the totals stop at their first step past the limit (exact up to it)
@@ -144,26 +174,26 @@ def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, fi
         seg = o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE
         tag = np.int32(device[i]) * N_CLASSES + (SEGMENT if seg else BLOCK)
         j = _slot(keys, tags, addr[i], tag, cap - 1)
-        seen = tags[j] != EMPTY
-        live = seen and vals[j] != FREED
+        live = tags[j] != EMPTY
         if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:
             if live:
                 _flag(keep, counts, first, _live_again(seg), i)
                 continue
-            if not seen:
-                keys[j] = addr[i]
-                tags[j] = tag
-                used += 1
+            keys[j] = addr[i]
+            tags[j] = tag
             vals[j] = i
+            used += 1
             if _too_full(used, cap):
                 keys, tags, vals = _grow(keys, tags, vals)
                 cap = keys.shape[0]
         elif live:  # free / segment_free of a live allocation
             mate[i] = vals[j]
             mate[vals[j]] = i
-            vals[j] = FREED
+            _remove(keys, tags, vals, j, cap - 1)
+            used -= 1
         else:
-            _flag(keep, counts, first, _unpaired_free(seg, seen), i)
+            keep[i] = False  # counted once the pass knows every allocation before it
+            unpaired += 1
             continue
         if not checks:
             continue
@@ -183,6 +213,46 @@ def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, fi
             counting = False
         if length > 0 and length - np.uint64(1) > top - addr[i]:
             _found(found, Found.PAST_END, i)
+    if unpaired:
+        _classify_unpaired(op, addr, device, keep, counts, first)
+
+
+@njit(cache=True)
+def _classify_unpaired(op, addr, device, keep, counts, first):  # pragma: no cover - compiled
+    """Count each free of no live allocation (dropped by the pass) as a double free where its
+    address was allocated before it (on its device, of its class), else as a free of an address
+    never allocated: a table of those frees' addresses, then one scan in event order that marks an
+    address allocated from its first allocation on."""
+    keys, tags, vals = _new_table()
+    cap = keys.shape[0]
+    used = 0
+    for i in range(op.shape[0]):  # the unpaired frees' addresses, value 0: not allocated yet
+        o = op[i]
+        if keep[i] or not (o == Op.FREE or o == Op.SEGMENT_FREE):
+            continue
+        tag = np.int32(device[i]) * N_CLASSES + (SEGMENT if o == Op.SEGMENT_FREE else BLOCK)
+        j = _slot(keys, tags, addr[i], tag, cap - 1)
+        if tags[j] == EMPTY:
+            keys[j] = addr[i]
+            tags[j] = tag
+            vals[j] = 0
+            used += 1
+            if _too_full(used, cap):
+                keys, tags, vals = _grow(keys, tags, vals)
+                cap = keys.shape[0]
+    for i in range(op.shape[0]):
+        o = op[i]
+        if o == Op.OOM:
+            continue
+        seg = o == Op.SEGMENT_ALLOC or o == Op.SEGMENT_FREE
+        tag = np.int32(device[i]) * N_CLASSES + (SEGMENT if seg else BLOCK)
+        j = _slot(keys, tags, addr[i], tag, cap - 1)
+        if tags[j] == EMPTY:
+            continue  # not the address of an unpaired free
+        if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:
+            vals[j] = 1  # allocated from here on
+        elif not keep[i]:
+            _flag(keep, counts, first, _unpaired_free(seg, vals[j] == 1), i)
 
 
 @njit(cache=True)
