@@ -20,8 +20,10 @@ from tracekit.trace.schema import Op
 FREED = -1
 
 
-def _reference(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> tuple[list[bool], list[int], dict[int, int],
-                                                                                  dict[int, int]]:
+Pairing = tuple[list[bool], list[int], dict[int, int], dict[int, int]]  # keep, mate, counts, first
+
+
+def _reference(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> Pairing:
     n = len(op)
     keep, mate = [True] * n, [-1] * n
     counts: dict[int, int] = {}
@@ -56,21 +58,20 @@ def _reference(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> tuple[li
     return keep, mate, counts, first
 
 
-def _compiled(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> tuple[list[bool], list[int], dict[int, int],
-                                                                                 dict[int, int]]:
+def _compiled(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> Pairing:
     n = len(op)
     keep, mate = np.empty(n, np.bool_), np.empty(n, np.int64)
     counts, first = np.zeros(len(IssueKind), np.int64), np.full(len(IssueKind), -1, np.int64)
     none = np.zeros(0, np.uint64)
-    read_pass(op, np.arange(n, dtype=np.uint64), none.view(np.int64), addr, none, none, device, keep, mate, counts,
-              first, np.zeros(0, np.int64), np.uint64(0), np.int64(0), False)
+    read_pass(op, np.arange(n, dtype=np.uint64), none.view(np.int64), addr, none, none, device, keep, mate,
+              counts, first, np.zeros(0, np.int64), np.uint64(0), np.int64(0), False)
     return (keep.tolist(), mate.tolist(), {k: int(counts[k]) for k in IssueKind if counts[k]},
             {k: int(first[k]) for k in IssueKind if first[k] >= 0})
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), addresses=st.sampled_from([4, 64, 5000, 10**6]),
-       devices=st.integers(1, 3), segments=st.booleans())
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000),
+       addresses=st.sampled_from([4, 64, 5000, 10**6]), devices=st.integers(1, 3), segments=st.booleans())
 def test_the_pass_pairs_and_flags_as_the_reference(seed: int, n: int, addresses: int, devices: int,
                                                    segments: bool) -> None:
     """Random rows over a pool of ``addresses`` addresses (few: many double frees and mallocs at

@@ -115,7 +115,8 @@ class HeadStart:
         # numba and the kernels loaded (from numba's cache) while the reader reads its first window:
         # a kernel's first call in a thread otherwise loads them then, holding the GIL (0.35 s of the
         # first step on the 16-core host, the pairing beside it waiting)
-        threading.Thread(target=_load_kernels, args=(model, config), name="tracekit-head-load", daemon=True).start()
+        threading.Thread(target=_load_kernels, args=(model, config), name="tracekit-head-load",
+                         daemon=True).start()
 
     # -- the reader's side -------------------------------------------------------------------------
 
