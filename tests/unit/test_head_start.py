@@ -218,3 +218,22 @@ def test_off_on_few_cores_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert hs.wanted()
     monkeypatch.setenv(hs.SWITCH, "0")
     assert not hs.wanted()
+
+
+def test_a_signal_while_the_answer_waits_stops_the_replay(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal held back while ``finish`` waits for the threads is raised there (as between a
+    replay's steps), and the threads are stopped and joined on the way out."""
+    path = _write(tmp_path, "signal", _program(8, 4000, 0.0, 0.0, False, 1, False))
+    model = policies.get("best-fit")
+
+    def held() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), hs.head_start(model, SimConfig()) as head:
+        assert head is not None
+        trace = read_trace(path, on_window=head.take)
+        monkeypatch.setattr(hs.interrupts, "check", held)
+        monkeypatch.setattr(hs, "_STEP", 1)  # a step a row: the threads are still at work when it waits
+        head.finish(trace)
+    assert head._threads == []

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import pyarrow as pa
 
+from tracekit import interrupts
 from tracekit.trace.columns import Window
 from tracekit.trace.schema import OP_NAMES
 
@@ -141,11 +142,16 @@ class HeadStart:
         self._abandon = True
         self._join()
 
-    def _join(self) -> None:
+    def _join(self, signals: bool = False) -> None:
+        """Wait for the threads (``signals``: raising a signal held back meanwhile, as a replay does
+        between its steps: ``interrupts.check``)."""
         if self._threads:
             self._windows.put(None)
             for t in self._threads:
-                t.join()
+                while t.is_alive():
+                    t.join(0.05)
+                    if signals:
+                        interrupts.check()
             self._threads = []
 
     # -- the threads: one pairs each window's frees, one replays the rows paired -------------------
@@ -221,7 +227,7 @@ class HeadStart:
         from tracekit.sim._head_kernel import agrees
         from tracekit.sim.prepare import attempt_kinds, holders, prepare
 
-        self._join()
+        self._join(signals=True)
         steps = self.steps
         if steps is None or self.error is not None or len(trace.events) != self.n or self._abandon:
             return None
