@@ -45,7 +45,7 @@ MIN_CORES = 4  # on fewer, the reader's own threads hold the cores: the overlap 
 # 3.7-3.9 s against 3.1-3.3 s for 10M events read, then replayed)
 SWITCH = "TRACEKIT_HEAD_START"  # "0": off; "1": on whatever the cores and the size (benchmarks compare
 # the two; the package's precompile step compiles the head start's kernels on a small trace)
-MIN_EVENTS = 1 << 20  # below, the thread's start and checks are not worth it (a trace of 2M rows or
+MIN_EVENTS = 1 << 20  # below, the threads' start and checks are not worth it (a trace of 1M rows or
 # fewer is read in one window: only the reader's checks after it overlap)
 
 
