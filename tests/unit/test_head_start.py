@@ -237,3 +237,21 @@ def test_a_signal_while_the_answer_waits_stops_the_replay(tmp_path: Path,
         monkeypatch.setattr(hs, "_STEP", 1)  # a step a row: the threads are still at work when it waits
         head.finish(trace)
     assert head._threads == []
+
+
+@pytest.mark.parametrize("policy", HEAPS)
+@pytest.mark.parametrize("capacity", [None, 300 * MiB])
+@pytest.mark.parametrize("cont", [False, True])
+def test_a_summary_alone_is_the_same_summary(tmp_path: Path, policy: str, capacity: int | None,
+                                             cont: bool) -> None:
+    """``SimConfig.per_event`` off (``replay`` without ``-o``): no per-event addresses or roundings,
+    the same summary, statuses and stats, with and without the head start."""
+    from tracekit.sim.engine import replay
+
+    trace = read_trace(_write(tmp_path, "summary", _program(9, 3000, 0.002, 0.0, True, 1, False)))
+    whole = replay(trace, policy, SimConfig(capacity=capacity, continue_on_oom=cont))
+    alone = replay(trace, policy, SimConfig(capacity=capacity, continue_on_oom=cont, per_event=False))
+    assert alone.summary == whole.summary
+    assert np.array_equal(alone.run.status, whole.run.status)
+    assert np.array_equal(alone.run.stats, whole.run.stats)
+    assert len(alone.run.addr) == 0 and alone.run.rounded is None and len(whole.run.addr) == 3000

@@ -146,6 +146,7 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
         continue_on_oom=continue_on_oom,
         options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
         stop_at_first_oom=stop_at_first_oom,
+        per_event=output is not None,  # printed: the summary alone
     )
     require_single_device_file(trace, "a simulated replay")
     bar = Progress("replaying", enabled=sys.stderr.isatty(), min_total=PROGRESS_MIN_EVENTS)

@@ -85,6 +85,9 @@ class SimConfig:
     ``alike``: say at which capacities the replay is alike (``Stat.ASKED``, ``SAME_FROM``,
     ``SAME_BELOW``) also where that costs the replay time (first- and best-fit heaps: about
     15 %); the pool models whose limit enters only their limit test always say.
+    ``per_event``: the run's per-event addresses and roundings (``PolicyRun.addr``, ``rounded``);
+    off where only the summary is wanted (``replay`` without ``-o``): a policy may then leave them
+    empty (the free lists do: 160 MB of fresh memory fewer for 10M events).
     """
 
     capacity: int | None = None
@@ -93,6 +96,7 @@ class SimConfig:
     options: Mapping[str, str] = field(default_factory=dict)
     stop_at_first_oom: bool = False  # replay the requests the program survived as fatal ones too
     alike: bool = False  # advise's searches: where the replay is alike, at any cost
+    per_event: bool = True  # PolicyRun.addr and rounded filled (off: the summary alone is wanted)
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +104,8 @@ class PolicyRun:
     """Raw result of one policy over n input events.
 
     Per input event: ``addr`` (uint64, the simulated address of a placed
-    malloc, 0 elsewhere) and ``status`` (int8, ``Status``). Allocator rows the
+    malloc, 0 elsewhere; empty where ``SimConfig.per_event`` was off and the policy honours it) and
+    ``status`` (int8, ``Status``). Allocator rows the
     policy emitted (``segment_alloc``, ``segment_free``) are parallel arrays:
     ``rows_before`` (int64, the input index the row is inserted before; n = at
     the end), ``rows_op`` (int8, ``Op`` code), ``rows_addr``, ``rows_size``,

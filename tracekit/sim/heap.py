@@ -52,5 +52,5 @@ def heap_run(config: SimConfig, addr: np.ndarray, status: np.ndarray, rounded: n
         rows_size=np.array([heap], np.uint64),
         rows_stream=np.zeros(1, np.uint64),
         stats=stats,
-        rounded=rounded.view(np.uint64),
+        rounded=rounded.view(np.uint64) if len(rounded) or not len(status) else None,  # none: not asked for
     )

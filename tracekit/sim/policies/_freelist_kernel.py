@@ -282,18 +282,21 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, n
               stats, lo, hi, cont):
     # pragma: no cover - compiled
     says = st[H.SAYS] == 1  # where the run is alike (_note_choice), the top kept (``SimConfig.alike``)
+    outputs = addr_out.shape[0] > 0  # the per-event addresses and roundings (``SimConfig.per_event``)
     for i in range(lo, hi):
         k = kind[i]
         h = stand_in(kind, rep, holder, i)
         if h >= 0:  # a served handled attempt stands in for this malloc: its block
             node_of[i] = node_of[h]
-            addr_out[i] = addr_out[h]
+            if outputs:
+                addr_out[i] = addr_out[h]
         if h != -1:
             status[i] = Status.DONE if h >= 0 else Status.TRIED
             continue
         if k == Kind.ALLOC or k == Kind.TRY:
             r = max(((size[i] + 511) >> 9) << 9, 512)  # 512-byte units, at least one
-            rounded[i] = r
+            if outputs:
+                rounded[i] = r
             x = _find(T, st, stack, roots, bm, r)
             if says:
                 _note_choice(T, st, roots, bm, x, r)
@@ -328,7 +331,8 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, n
                 status[i] = Status.TRIED
                 continue
             node_of[i] = y
-            addr_out[i] = a
+            if outputs:
+                addr_out[i] = a
             status[i] = Status.DONE
             if k == Kind.TRY:  # served: it lives in place of the retry that replaced it
                 status[i] = Status.TRIED

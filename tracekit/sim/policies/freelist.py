@@ -92,7 +92,8 @@ class HeapSteps:
 
         self._k, self.fit, self.says, self.config = k, fit, says, config
         cap = UNBOUNDED if config.capacity is None else int(config.capacity)
-        self.rounded = np.zeros(n, np.int64)  # filled by the kernel at allocation attempts
+        out = n if config.per_event else 0  # the per-event outputs: none where only the summary is wanted
+        self.rounded = np.zeros(out, np.int64)  # filled by the kernel at allocation attempts
         self.T = np.zeros((self._rows(max_live), LIST_WIDTH), np.int64)
         self.st = named_vector(HeapSlot, {
             HeapSlot.ROOT: -1, HeapSlot.RECYCLE: -1, HeapSlot.NEXT_ID: 1, HeapSlot.ROVER: 0,
@@ -108,7 +109,7 @@ class HeapSteps:
         k.seed(self.T, self.st, self.roots, self.bm, cap)
         self.stack = np.empty(4096, np.int64)
         self.node_of = np.empty(n, np.int32)
-        self.addr = np.zeros(n, np.uint64)
+        self.addr = np.zeros(out, np.uint64)
         self.status = np.zeros(n, np.int8)
 
     @staticmethod
