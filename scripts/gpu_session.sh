@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine, one call: the recorder's overhead as issue 39 measures it (bench_record_fresh.py
 # --shuffle, wall and, with waits sleeping, the thread's CPU), the recorder's stream GPU test, then
-# the head start's whole-command A/B on the host's CPUs (gpu_head_start.sh's steps).
+# the head start's whole-command A/B on the host's CPUs (bench_whole.py --head-start-ab, profile_head_start.py).
 # ONE tarball $OUT/session.tar.gz.
 #   OUT=/some/empty/dir BUDGET_S=580 bash scripts/gpu_session.sh
 NAME=session
