@@ -4,12 +4,12 @@
 then replays it; on a 10M-event trace each takes about as long as the other. A policy that replays
 in steps over ranges of events (``Stepped``: the free lists' ``HeapSteps``) can start on the events
 the reader has copied while it reads the next ones. ``HeadStart`` takes each window of rows the
-reader hands over (``tracekit.trace.columns.Window``) and, in a thread of its own (the kernels let
-go of the GIL), pairs its frees with their mallocs in a small table of the live blocks and replays
-it, up to the first row whose input only the whole trace can give: an ``oom`` row (handled or
-fatal is known at the end), a malloc at a live address or a free of none (the reader drops or
-flags those), a request of 2^62 bytes or more (clamped by ``prepare``), an op or a column of a
-type the format does not have.
+reader hands over (``tracekit.trace.columns.Window``); in threads of its own (the kernels let go
+of the GIL) one pairs the window's frees with their mallocs in a small table of the live blocks,
+the other replays the rows paired, up to the first row whose input only the whole trace can give:
+an ``oom`` row (handled or fatal is known at the end), a malloc at a live address or a free of
+none (the reader drops or flags those), a request of 2^62 bytes or more (clamped by ``prepare``),
+an op or a column of a type the format does not have.
 
 What it replayed counts only where the finished read agrees: ``finish(trace)`` compares, row by
 row, the kinds, the requested sizes and the frees' mallocs it replayed with those of the trace as
@@ -71,8 +71,9 @@ class Stepped(Protocol):
 
 @contextlib.contextmanager
 def head_start(model: object, config: SimConfig) -> Iterator[HeadStart | None]:
-    """A ``HeadStart`` for ``model`` (None where the policy does not replay in steps); its thread
-    is stopped and joined when the block ends, however it ends."""
+    """A ``HeadStart`` for ``model`` (None where the policy does not replay in steps, or on fewer
+    than ``MIN_CORES`` cores unless ``TRACEKIT_HEAD_START`` says otherwise); its threads are stopped
+    and joined when the block ends, however it ends."""
     if not (wanted() and callable(getattr(model, "stepper", None))):
         yield None
         return
@@ -101,7 +102,8 @@ _STEP = 1 << 20  # rows a kernel call replays: the stop flag is read between cal
 
 
 class HeadStart:
-    """Takes the reader's windows (``take``) and replays them in its own thread (see the module)."""
+    """Takes the reader's windows (``take``), pairs and replays them in threads of its own (see
+    the module); ``finish`` answers once the read is done."""
 
     def __init__(self, model: Stepped, config: SimConfig, min_events: int = MIN_EVENTS) -> None:
         self.model, self.config, self.min_events = model, config, min_events
