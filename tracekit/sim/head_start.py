@@ -254,7 +254,7 @@ def _load_kernels(model: Stepped, config: SimConfig) -> None:
         from tracekit.sim import _head_kernel as k
 
         none = np.zeros(0, np.int64)
-        keys, devs, vals = k.new_table()
+        keys, devs, vals = k.grown(*k.new_table())  # the rehash too: a table outgrows its first slots
         k.pair(np.zeros(0, np.int8), np.zeros(0, np.uint64), np.zeros(0, np.int16), none.copy(), 0, 0,
                np.zeros(0, np.int8), none.copy(), keys, devs, vals, np.zeros(4, np.int64))
         model.stepper(config, 0, 0).step(np.zeros(0, np.int8), none.copy(), none.copy(), none, none, 0, 0)
