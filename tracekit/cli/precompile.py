@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 from tracekit.sim.head_start import SWITCH
 
@@ -88,19 +89,6 @@ def _runs(tmp: Path, folder: Path) -> Iterator[list[str]]:
             yield ["import", "torch", str(snap), "-o", str(tmp / f"import-{name}.parquet")]
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
-
-
 def precompile(verbose: bool = True, traces: Path | None = None) -> list[tuple[str, str]]:
     """Run every verb once (see the module docstring); the (verb, reason) pairs that could not run.
 
@@ -115,7 +103,7 @@ def precompile(verbose: bool = True, traces: Path | None = None) -> list[tuple[s
                 failed.append((" ".join(args[:2]), why))
         # A replay begun during the read (tracekit.sim.head_start: on 4 cores or more, 1M events or
         # more): its own kernels, and the free lists' with its arrays, on a small trace here.
-        with _environ(SWITCH, "1"):
+        with mock.patch.dict(os.environ, {SWITCH: "1"}):
             if (why := _verb(["replay", str(Path(tmp) / "random.parquet"), "--sim", "best-fit"])) is not None:
                 failed.append(("replay (head start)", why))
     if verbose:

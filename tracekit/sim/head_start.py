@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from tracekit import interrupts
 from tracekit.trace.columns import Window
-from tracekit.trace.schema import OP_NAMES
+from tracekit.trace.schema import op_codes
 
 if TYPE_CHECKING:  # the kernels (numba) load in the head start's thread, during the read
     from tracekit.sim.base import PolicyRun, SimConfig
@@ -164,37 +164,32 @@ class HeadStart:
         except BaseException as e:  # kept: finish() then replays as before
             self.error = e
             self._abandon = True
-        finally:
-            if run == self._pair_windows:
-                self._paired.put(None)  # the replay's thread ends with the pairing's, however it ends
 
     def _pair_windows(self) -> None:
         """Pair each window's frees with their mallocs and hand the rows paired on, with the most
         requests live so far, up to the first row the head start cannot replay."""
-        from tracekit.sim import _head_kernel as k
+        try:
+            from tracekit.sim._head_kernel import pair
+            from tracekit.trace.live_table import new_table
 
-        keys, devs, vals = k.new_table()
-        state = np.zeros(4, np.int64)
-        op, kind, mate = self.op, self.kind, self.mate
-        while (window := self._windows.get()) is not None:
-            if self._abandon:
-                continue
-            cols = _columns(window, op)
-            if cols is None:
-                self._drain_windows()
-                continue
-            addr, device, size = cols
-            self.size = size
-            lo, hi = window.at, window.at + window.rows
-            while True:
-                stop = k.pair(op, addr, device, size, lo, hi, kind, mate, keys, devs, vals, state)
-                if stop != k.GROW:
-                    break
-                keys, devs, vals = k.grown(keys, devs, vals)
-                lo = int(state[3])
-            self._paired.put((hi if stop < 0 else int(stop), int(state[1])))
-            if stop >= 0:
-                self._drain_windows()
+            keys, tags, vals = new_table()
+            state = np.zeros(3, np.int64)
+            while (window := self._windows.get()) is not None:
+                if self._abandon:
+                    continue
+                cols = _columns(window, self.op)
+                if cols is None:
+                    self._drain_windows()
+                    continue
+                addr, device, self.size = cols
+                hi = window.at + window.rows
+                stop, keys, tags, vals = pair(self.op, addr, device, self.size, window.at, hi, self.kind,
+                                              self.mate, keys, tags, vals, state)
+                self._paired.put((hi if stop < 0 else int(stop), int(state[1])))
+                if stop >= 0:
+                    self._drain_windows()
+        finally:
+            self._paired.put(None)  # the replay's thread ends with the pairing's, however it ends
 
     def _drain_windows(self) -> None:
         """No more rows to hand on: the windows still coming are only taken off the queue."""
@@ -251,12 +246,13 @@ def _load_kernels(model: Stepped, config: SimConfig) -> None:
     """Call the pairing and the model's step on no rows, with the argument types of the real calls
     (so numba loads the same compiled versions)."""
     with contextlib.suppress(Exception):  # anything amiss shows again in the real calls
-        from tracekit.sim import _head_kernel as k
+        from tracekit.sim._head_kernel import pair
+        from tracekit.trace.live_table import new_table
 
         none = np.zeros(0, np.int64)
-        keys, devs, vals = k.grown(*k.new_table())  # the rehash too: a table outgrows its first slots
-        k.pair(np.zeros(0, np.int8), np.zeros(0, np.uint64), np.zeros(0, np.int16), none.copy(), 0, 0,
-               np.zeros(0, np.int8), none.copy(), keys, devs, vals, np.zeros(4, np.int64))
+        keys, tags, vals = new_table()
+        pair(np.zeros(0, np.int8), np.zeros(0, np.uint64), np.zeros(0, np.int16), none.copy(), 0, 0,
+             np.zeros(0, np.int8), none.copy(), keys, tags, vals, np.zeros(3, np.int64))
         model.stepper(config, 0, 0).step(np.zeros(0, np.int8), none.copy(), none.copy(), none, none, 0, 0)
 
 
@@ -286,8 +282,7 @@ def _op_codes(window: Window, out: np.ndarray) -> bool:
     for chunk in col.chunks:
         m = len(chunk)
         if pa.types.is_dictionary(chunk.type):
-            names = chunk.dictionary.to_pylist()
-            lut = np.array([OP_NAMES.index(s) if s in OP_NAMES else -1 for s in names] or [-1], np.int8)
+            lut = op_codes(chunk.dictionary.to_pylist())
             out[at:at + m] = lut[chunk.indices.to_numpy(zero_copy_only=False)]
         else:
             return False

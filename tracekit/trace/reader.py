@@ -37,7 +37,7 @@ from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.finishing import wait_for
 from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
-from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, STACK_FIELD, Op, TraceMeta
+from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, STACK_FIELD, Op, TraceMeta, op_codes
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
 from tracekit.trace.stacks import StackTable, from_json, with_kinds
 from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals, over_error, past_end_error
@@ -504,7 +504,7 @@ def _read_op(src: Columns) -> np.ndarray:
     dictionary, idx = _text_dictionary(src, "op")
     names = dictionary.to_pylist()
     # One slot per dictionary entry plus a last one for nulls: -1 unknown, -2 null.
-    lut = np.array([OP_NAMES.index(s) if s in OP_NAMES else -1 for s in names] + [-2], np.int8)
+    lut = np.append(op_codes(names), np.int8(-2))
     index, _ = as_numpy(idx, len(names))
     codes = lut[index]
     bad = np.flatnonzero(codes < 0)

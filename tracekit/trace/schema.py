@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from functools import cached_property
 from typing import Any, TypedDict
 
+import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
@@ -49,6 +50,12 @@ class Op(IntEnum):
 
 
 OP_NAMES: tuple[str, ...] = tuple(op.label for op in Op)
+
+
+def op_codes(names: Sequence[str | None]) -> np.ndarray:
+    """The ``Op`` code of each on-disk op name (int8), -1 for a name the format does not have: the
+    look-up table of an ``op`` column's dictionary."""
+    return np.array([OP_NAMES.index(s) if s in OP_NAMES else -1 for s in names], np.int8)
 
 
 class Source(StrEnum):
