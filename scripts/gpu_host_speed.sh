@@ -22,9 +22,9 @@ pack
 
 step "advise at 10M events against one replay"
 for kind in ${ADVISE_KINDS:-raw torch cupy}; do
-  run "advise-$kind" 150 python3 scripts/bench_advise.py --events 10000000 --kinds "$kind" --replay 1 \
-    --keep /tmp/advise-bench
-  run "profile-advise-$kind" 90 python3 scripts/profile_advise.py \
+  run "advise-$kind" 150 python3 scripts/bench_advise.py --events 10000000 --kinds "$kind" \
+    --replay "${ADVISE_REPLAY:-1}" --keep /tmp/advise-bench
+  [ "${PROFILE:-1}" = 1 ] && run "profile-advise-$kind" 90 python3 scripts/profile_advise.py \
     "/tmp/advise-bench/training-10000000-$kind.parquet" --json "$R/profile-advise-$kind.json"
   pack
 done

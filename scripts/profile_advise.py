@@ -37,9 +37,9 @@ def main() -> int:
         kinds = sorted({("probe " if x.probe else "") + (x.candidate.policy or "?") for x in tasks})
         batches.append({"tasks": len(tasks), "probes": sum(x.probe for x in tasks), "what": kinds,
                         "seconds": round(time.perf_counter() - t, 3),
-                        "workers_after": self.pool.started})
+                        "threads": self.jobs})
         print(f"batch {len(batches)}: {len(tasks)} task(s) {kinds}: {batches[-1]['seconds']} s"
-              f"{' (workers running)' if self.pool.started else ''}",
+              f" on {self.jobs} thread(s)",
               file=sys.stderr, flush=True)
         return out
 

@@ -45,8 +45,9 @@ _depth = 0
 
 
 def check() -> None:
-    """Raise the first signal received inside ``deferred()`` (no-op when none)."""
-    if _pending:
+    """Raise the first signal received inside ``deferred()`` (no-op when none, and in any thread
+    but the main one: the signal is the main thread's to raise, a task's thread only runs on)."""
+    if _pending and _in_main():
         signum = _pending[0]
         _pending.clear()
         raise Interrupted(signum)

@@ -9,25 +9,20 @@ the free lists somewhat fewer). Work whose serial estimate,
 a pool would add more start-up than it saves (``whatif`` on a 20k-event trace: 1.3 s in
 process, 2.0 s with two workers). Above that, one worker per CPU, at most one per task.
 
-``serial_s`` counts every replay as a whole one; most of advise's replays at the limit stop at
-their first OOM, early or late (a recording's fatal OOM ends its trace; a limit 2 % above the
-live peak fails a 1M-event trace within its first thousand events), so no count of replays
-says how long they take. Where the estimate is over the threshold, advise therefore measures
-(``Measured``): it runs tasks in this process and starts the workers for a batch's remaining
-tasks once the tasks it timed say they would save more than a worker's start
-(``start_seconds``), and keeps them for later batches. On the 2-core machine a 1M-event
-PyTorch search then stays in this process (1.3 s of work, each worker 0.8 s to start and its
-own setup); on a 16-core host a 10M-event trace whose replays run seconds each moves to
-workers after its second task.
+``advise`` runs its replays in threads of its own process instead (``Pool(threads=True)``):
+every replay kernel lets the GIL go, so a thread costs no start and shares the input this
+process prepared; ``default_threads`` takes one per CPU once the work is more than a moment.
+(Worker processes there cost 2.1 s to start 15 on the 16-core host, and each set the trace up
+again before its first replay; docs/performance.md.)
 
 However many are asked for (``--jobs``), no more workers start than there are tasks, usable
 CPUs (more only share them, each with its own memory: ``fleet --jobs 100`` on 2 CPUs took 7 GB
 for nothing) and workers that fit the memory available (``cap_workers``); ``--jobs`` of any size,
 ``99999999999`` included, is a request, not an overflow.
 
-``Pool`` is the one way tracekit runs work on several processes (``whatif``, ``advise``,
-``fleet``): in this process for one job, else ``jobs`` workers started by ``process_context``
-(forkserver; never fork, which the report's figure child alone uses, see
+``Pool`` is the one way tracekit runs work on several processes or threads (``whatif``,
+``fleet``; ``advise`` on threads): in this process for one job, else ``jobs`` workers started
+by ``process_context`` (forkserver; never fork, which the report's figure child alone uses, see
 ``tracekit.report.render``). A worker that dies breaks the whole pool: ``map`` then ends the
 command in one sentence; ``each`` rebuilds the pool and retries the tasks that shared it, each
 alone, so only the task that kills its worker again fails.
@@ -39,7 +34,6 @@ import importlib
 import multiprocessing
 import os
 import tempfile
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -48,7 +42,7 @@ from tracekit import progress
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts: most verbs never start one
-    from concurrent.futures import Future, ProcessPoolExecutor
+    from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -80,65 +74,6 @@ def start_seconds(events: int) -> float:
     return BARE_START_S + events / READ_EVENTS_PER_S
 
 
-class Measured:
-    """When a ``Pool`` of several jobs starts its workers: once the tasks of a batch timed in
-    this process say that the batch's remaining ones, spread over the workers, would save
-    more than a worker's start. The first task this process ever runs is not timed: it pays the
-    setup that each worker pays again (within ``start_seconds``)."""
-
-    def __init__(self, events: int) -> None:
-        self.start_s = start_seconds(events)
-        self.first = True
-        self.took: list[float] = []  # seconds of this batch's timed tasks
-        self.history: list[float] = []  # seconds of every timed task
-
-    def batch(self) -> None:
-        self.took = []
-
-    def timed(self, seconds: float) -> None:
-        if self.first:
-            self.first = False
-        else:
-            self.took.append(seconds)
-            self.history.append(seconds)
-
-    def pays(self, remaining: int, jobs: int) -> bool:
-        """Whether ``remaining`` tasks on ``min(jobs, remaining)`` workers save more than a start."""
-        return self._saves(self.took, remaining, jobs)
-
-    def would_pay(self, tasks: int, jobs: int) -> bool:
-        """Whether a batch of ``tasks`` tasks of the mean time so far would start the workers
-        (its first task, run here and timed, then ``pays`` for the rest)."""
-        return self._saves(self.history, tasks - 1, jobs)
-
-    def _saves(self, times: list[float], remaining: int, jobs: int) -> bool:
-        """``remaining`` tasks of the mean of ``times`` (s), spread over ``min(jobs, remaining)``
-        workers, save more than a worker's start."""
-        workers = min(jobs, remaining)
-        if workers < 2 or not times:
-            return False
-        mean = sum(times) / len(times)
-        return mean * remaining * (1 - 1 / workers) > self.start_s
-
-
-def starts_early(jobs: int, events: int, replays: int) -> bool:
-    """Whether ``jobs`` workers for ``replays`` replays of ``events`` events (every one whole, the
-    most the work can be) are worth starting at once rather than once measured: on a machine of
-    at least ``EARLY_JOBS`` CPUs, when that work is ``EARLY_FACTOR`` worker starts or more. Where
-    it is less the tasks' times decide (``Measured``): starting workers on a few cores that the
-    work does not need costs more than it saves (2-core machine, issue 45). The estimate counts
-    every replay whole, where most of advise's stop at their first OOM or are answered from
-    another's range: a 1M-event PyTorch advise takes 1.2 s in one process (2-core machine),
-    less than 15 workers take to start (2.1 s on the 16-core host), so the factor leaves traces
-    under about 3M events to the measured tasks (10M events on 16 cores: CuPy 4.6x -> 2.6x one
-    replay with workers at once, docs/performance.md)."""
-    return jobs >= EARLY_JOBS and serial_seconds(events, replays) >= EARLY_FACTOR * start_seconds(events)
-
-
-EARLY_JOBS = 4
-EARLY_FACTOR = 10.0
-
-
 def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:
     """Processes for ``tasks`` tasks totalling ``replays`` replays of ``events`` events.
 
@@ -152,6 +87,21 @@ def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> 
     if serial_seconds(events, replays) < 2 * START_S:
         return 1
     return max(1, min(usable_cpus(), cap))
+
+
+THREADS_FROM_S = 0.25  # serial seconds of replays from which advise takes a thread per CPU
+
+
+def default_threads(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:
+    """Threads for ``tasks`` tasks totalling ``replays`` replays of ``events`` events (every one
+    whole, the most the work can be). ``jobs`` given: that many, at most one per task and one per
+    usable CPU. Otherwise 1 (this thread) when ``serial_seconds(events, replays)`` is under
+    ``THREADS_FROM_S`` (the Python around each replay would be most of the work), else one per
+    usable CPU, at most one per task."""
+    cap = max(1, min(tasks, usable_cpus()))
+    if jobs is not None:
+        return max(1, min(jobs, cap))
+    return 1 if serial_seconds(events, replays) < THREADS_FROM_S else cap
 
 
 # The memory one verb (or one worker doing one verb's work) takes at most: 512 MiB plus 64 bytes
@@ -226,46 +176,32 @@ def _start(imports: Sequence[str], initializer: Callable[..., None] | None,
 
 class Pool:
     """``jobs`` worker processes (none when ``jobs`` is 1: tasks run in this process), started on
-    first use. ``what`` starts the sentence a broken pool ends with (``map``), up to "worker":
+    first use; with ``threads``, ``jobs`` threads of this process instead (``map`` only), for
+    tasks whose time is in compiled code that lets the GIL go (the replay kernels, ``nogil``):
+    no start, no copy of the input, whatever this process has prepared shared by every task.
+
+    ``what`` starts the sentence a broken pool ends with (``map``), up to "worker":
     ``"t.parquet: a what-if"`` gives "t.parquet: a what-if worker process ended abruptly (...)".
     ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported;
     ``initargs`` may be a function giving them, called once, when the first worker starts (what
     only workers need is made only if they start: ``tracekit.handoff.share``).
-    The in-process case runs no initializer: the caller sets its own state up. ``measured``
-    (``map`` only): tasks run in this process too, as the caller set it up, until ``Measured``
-    says the workers pay."""
+    The in-process case runs no initializer: the caller sets its own state up."""
 
     def __init__(self, jobs: int, *, what: str = "a tracekit", initializer: Callable[..., None] | None = None,
                  initargs: tuple[Any, ...] | Callable[[], tuple[Any, ...]] = (), imports: Sequence[str] = (),
-                 measured: Measured | None = None) -> None:
+                 threads: bool = False) -> None:
         self.jobs = max(1, jobs)
-        self.measured = measured if self.jobs > 1 else None
+        self.threads = threads
+        self._threads: ThreadPoolExecutor | None = None
         self.what = what
         self._imports, self._initializer, self._initargs = tuple(imports), initializer, initargs
         self._start_args: tuple[Any, ...] | None = None  # (imports, initializer, initargs) once made
         self._pool: ProcessPoolExecutor | None = None
         self._generation = 0  # counts rebuilt pools, so one break rebuilds once
 
-    @property
-    def started(self) -> bool:
-        """Whether worker processes run now (tasks go to them rather than to this process)."""
-        return self._pool is not None
-
-    def start_now(self, warm: Callable[[], object]) -> None:
-        """Start every worker now, each running ``warm`` (its set-up: say, the trace made ready)
-        as its first task, so that the work given to ``map`` later finds them ready; ``map``
-        then sends every task to them. Nothing where ``jobs`` is 1."""
-        if self.jobs > 1 and self._pool is None:
-            executor = self._executor()
-            for _ in range(self.jobs):  # one spawn per task waiting (forkserver, spawn)
-                executor.submit(warm)
-
     def parallel(self, tasks: int) -> bool:
-        """Whether a ``map`` of ``tasks`` tasks would run them side by side (on workers running,
-        or started for it), not one after another in this process."""
-        if self.jobs == 1 or tasks < 2:
-            return False
-        return self.started or self.measured is None or self.measured.would_pay(tasks, self.jobs)
+        """Whether a ``map`` of ``tasks`` tasks runs them side by side, not one after another."""
+        return self.jobs > 1 and tasks >= 2
 
     def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
         """``fn(t)`` for every task, in order; each finished task is reported to ``progress``
@@ -276,34 +212,15 @@ class Pool:
                 with progress.part(i, len(tasks)):
                     yield fn(t)
             return
-        here = 0  # tasks run in this process
-        measured = self.measured
-        if measured is not None:
-            measured.batch()
-
-        def stay() -> bool:
-            """Whether the next task runs in this process: none started, until the timed tasks
-            say they pay. Workers started early take every task, queued while they set up: a
-            task run here meanwhile holds the rest back until it ends (tried on the 16-core host,
-            2026-12-06: not faster, docs/performance.md)."""
-            if measured is None or self._pool is not None:
-                return False
-            return not measured.pays(len(tasks) - here, self.jobs)
-
-        while here < len(tasks) and stay():
-            assert measured is not None
-            start = time.perf_counter()
-            with progress.part(here, len(tasks)):
-                r = fn(tasks[here])
-            measured.timed(time.perf_counter() - start)
-            here += 1
-            yield r
-        if here == len(tasks):
+        if self.threads:  # a task's own reports go nowhere in its thread (no receiver there)
+            for done, r in enumerate(self._thread_pool().map(fn, tasks), 1):
+                progress.report(done, len(tasks))
+                yield r
             return
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            for done, r in enumerate(self._executor().map(fn, tasks[here:]), here + 1):
+            for done, r in enumerate(self._executor().map(fn, tasks), 1):
                 progress.report(done, len(tasks))
                 yield r
         except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
@@ -322,6 +239,7 @@ class Pool:
         and alone gets ``on_error(i, exception)``; the others, often killed only because they
         shared the machine's memory, finish.
         """
+        assert not self.threads, "each runs its tasks on processes (a task may die there)"
         if self.jobs == 1:  # the sequential baseline, and no pool to start for tests
             for i, a in enumerate(args):
                 yield i, fn(*a)
@@ -391,8 +309,19 @@ class Pool:
                                              initargs=self._start_args)
         return self._pool
 
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._threads = ThreadPoolExecutor(self.jobs, thread_name_prefix="tracekit-task")
+        return self._threads
+
     def close(self) -> None:
-        """Stop the workers (tasks not started are dropped)."""
+        """Stop the workers (tasks not started are dropped; a thread's task running, after a
+        signal, ends on its own: a compiled replay cannot be stopped from outside)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None

@@ -170,22 +170,6 @@ def test_a_trace_replaced_while_whatif_runs_ends_in_one_sentence(hole_trace: Pat
         whatif(tr, ["first-fit", "cupy"], jobs=2)
 
 
-def test_a_trace_replaced_while_advise_runs_ends_in_one_sentence(hole_trace: Path, tmp_path: Path):
-    from tracekit.advise.candidates import Candidate, Kind
-    from tracekit.advise.search import Runner, Task
-    from tracekit.errors import InputError
-
-    tr = read_trace(hole_trace)
-    (tmp_path / "junk.parquet").write_bytes(b"not a trace at all")
-    _replaced(hole_trace, tmp_path / "junk.parquet")
-    runner = Runner(tr, 2, counterfactual=False)
-    try:
-        with pytest.raises(InputError, match="changed while the command ran"):
-            runner.map([Task(Candidate(Kind.FREE_LIST, "first-fit"), 8 * MiB, None)] * 2)
-    finally:
-        runner.close()
-
-
 def test_one_worker_pool_for_every_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Two devices, two policies, two workers: one pool, four searches, each device on its own."""
     import concurrent.futures as futures

@@ -139,51 +139,31 @@ def _has_module(name: str) -> bool:
     return name in sys.modules
 
 
-def test_measured_starts_workers_only_where_the_timed_tasks_say_they_pay() -> None:
-    m = workers.Measured(1_000_000)  # a start: 0.6 s + 1M / 5M events/s = 0.8 s
-    assert m.start_s == pytest.approx(workers.start_seconds(1_000_000)) == pytest.approx(0.8)
-    m.batch()
-    m.timed(5.0)  # the first task this process runs pays the setup: not timed
-    assert not m.pays(10, 2)
-    m.timed(0.1)  # 2-core machine, 1M-event PyTorch search: 0.1 s tasks, 5 left on 2 workers
-    assert not m.pays(5, 2)  # 0.1 x 5 x 1/2 = 0.25 s < 0.8 s
-    m.batch()
-    m.timed(3.0)  # a 10M-event trace on 16 cores: a task of 3 s, 5 left
-    assert m.pays(5, 16)
-    assert not m.pays(1, 16)  # one task left: no worker runs it sooner
+def test_threads_run_every_task_side_by_side_in_this_process() -> None:
+    import threading
+
+    seen: set[str] = set()
+
+    def where(x: int) -> int:
+        seen.add(threading.current_thread().name)
+        return -x
+
+    pool = workers.Pool(3, threads=True)
+    try:
+        assert pool.parallel(2) and not pool.parallel(1)
+        assert list(pool.map(where, range(40))) == [-x for x in range(40)]  # in order
+    finally:
+        pool.close()
+    assert seen and all(name.startswith("tracekit-task") for name in seen)
+    one = workers.Pool(1, threads=True)
+    assert not one.parallel(5) and list(one.map(abs, [-1, -2])) == [1, 2]
 
 
-def test_a_measured_pool_runs_in_process_until_workers_pay(monkeypatch) -> None:
-    class Executor:
-        def map(self, fn, tasks):  # type: ignore[no-untyped-def]
-            return [("worker", fn(t)) for t in tasks]
+def test_threads_take_one_per_cpu_once_the_work_is_more_than_a_moment(monkeypatch) -> None:
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 16)
+    assert workers.default_threads(None, tasks=15, events=10_000, replays=60) == 1  # 0.04 s of work
+    assert workers.default_threads(None, tasks=15, events=10_000_000, replays=60) == 15
+    assert workers.default_threads(None, tasks=40, events=10_000_000, replays=60) == 16  # one per CPU
+    assert workers.default_threads(4, tasks=15, events=10_000, replays=60) == 4  # asked for
+    assert workers.default_threads(99999999999, tasks=3, events=10, replays=1) == 3  # at most one a task
 
-    m = workers.Measured(0)
-    pool = workers.Pool(4, measured=m)
-    monkeypatch.setattr(pool, "_executor", Executor)
-    monkeypatch.setattr(m, "pays", lambda remaining, jobs: False)
-    assert list(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]  # all here, no executor made
-    monkeypatch.setattr(m, "pays", lambda remaining, jobs: remaining <= 2)
-    assert list(pool.map(abs, [-1, -2, -3])) == [1, ("worker", 2), ("worker", 3)]
-
-
-def test_workers_started_early_run_their_set_up_first_and_then_every_task() -> None:
-    with workers.Pool(2, initializer=_set_base, initargs=(100,)) as pool:
-        assert not pool.started and pool.parallel(3)  # none measured: a map would start them
-        pool.start_now(_warm_up)
-        assert pool.started and pool.parallel(2) and not pool.parallel(1)
-        assert list(pool.map(_plus_base, [1, 2, 3])) == [101, 102, 103]
-    with workers.Pool(2, measured=workers.Measured(1_000_000)) as measured:
-        assert not measured.parallel(3)  # nothing timed yet: the tasks would run here, one by one
-
-
-def _warm_up() -> None:
-    assert _STATE["base"] == 100  # the initializer ran before the worker's first task
-
-
-def test_early_start_is_for_many_cores_and_work_of_several_starts() -> None:
-    big = 50_000_000  # events: one replay about 3 s on one core
-    assert workers.starts_early(16, big, 40)
-    assert not workers.starts_early(2, big, 40)  # a few cores: the tasks' times decide
-    assert not workers.starts_early(16, 10_000, 40)  # a small trace: in process
-    assert workers.Measured(big).would_pay(16, 16) is False  # nothing timed yet: not known to pay

@@ -46,7 +46,7 @@ from tracekit.trace.devices import split_devices
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import UserCode
-from tracekit.workers import BISECT_REPLAYS, cap_workers, default_jobs, starts_early
+from tracekit.workers import BISECT_REPLAYS, cap_workers, default_threads
 
 TOP_SITES = 5
 
@@ -97,11 +97,10 @@ def _site_of_failure(trace: Trace) -> str | None:
     return ev.sites[ev.site[ooms[0]]]
 
 
-BISECT_WIDTH = 15  # workers a bisection's round uses at most: four halvings (1 + 2 + 4 + 8 replays)
-# A worker's memory: its interpreter and kernels, and per event its prepared input and a replay's
-# arrays (the events themselves are shared: ``tracekit.handoff``); bytes, an upper estimate.
-WORKER_BASE_BYTES = 256 << 20
-WORKER_EVENT_BYTES = 96
+BISECT_WIDTH = 15  # threads a bisection's round uses at most: four halvings (1 + 2 + 4 + 8 replays)
+# A thread's memory per event: a replay's arrays and its setting's copies of the input (the
+# events and the prepared input are shared by every thread); bytes, an upper estimate.
+THREAD_EVENT_BYTES = 96
 
 RAISES = 3  # replays at most, raising a capacity that gets through until it fits with the margin
 STEP = 2 << 20  # bytes: capacities are raised in whole device pages
@@ -139,8 +138,8 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
     reports = _reported_ooms(trace, user_code)
     if len(parts) == 1:
         d, sub = parts[0]
-        return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code, detached=False)
-    results = [_advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code, detached=True)
+        return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code)
+    results = [_advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code)
                for d, sub in parts]
     from tracekit.trace.outcome import fatal_seq
 
@@ -164,9 +163,8 @@ def _reported_ooms(trace: Trace, user_code: UserCode) -> dict[int, OOMReport]:
 
 
 def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: int | None,
-                   device_total: int | None, jobs: int | None, user_code: UserCode, *, detached: bool
-                   ) -> AdviseResult:
-    """One device's search; ``detached``: ``trace`` is a cut of a file, so workers get the events."""
+                   device_total: int | None, jobs: int | None, user_code: UserCode) -> AdviseResult:
+    """One device's search."""
     kind = trace_kind(trace)
     room = None
     if report is not None and kind != "raw":
@@ -185,16 +183,14 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     names = registry.names() if kind == "raw" else []
     singles = single_candidates(kind, _site_of_failure(trace), names)
     # The singles, about as many combinations, and three bisections, every replay whole: the most
-    # work there can be. Over the threshold, and no --jobs, the tasks' times decide (Measured).
+    # work there can be.
     work = 2 * len(singles) + 3 * BISECT_REPLAYS
-    source = dataclasses.replace(trace, path=None) if detached else trace
-    # Workers for the singles, or for a bisection's rounds (``Runner.bisect``: up to four halvings
+    # Threads for the singles, or for a bisection's rounds (``Runner.bisect``: up to four halvings
     # a round on 15), whichever is more; as many as the memory holds.
     n = len(trace.events)
-    want = default_jobs(jobs, tasks=max(len(singles), BISECT_WIDTH), events=n, replays=work)
-    workers = cap_workers(want, tasks=want, worker_bytes=WORKER_BASE_BYTES + WORKER_EVENT_BYTES * n)
-    runner = Runner(source, workers, counterfactual=kind != "raw", measure=jobs is None,
-                    early=jobs is None and starts_early(workers, n, work))
+    want = default_threads(jobs, tasks=max(len(singles), BISECT_WIDTH), events=n, replays=work)
+    runner = Runner(trace, cap_workers(want, tasks=want, worker_bytes=THREAD_EVENT_BYTES * n),
+                    counterfactual=kind != "raw")
     room_advice = None
     try:
         # Workers the singles leave idle make, ahead, the unbounded replays their bisections start

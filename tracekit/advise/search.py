@@ -1,7 +1,6 @@
-"""The advise search: candidates replayed in parallel processes, the grid pruned, capacity bisected.
+"""The advise search: candidates replayed side by side in threads, the grid pruned, capacity bisected.
 
-Stages (each one ``map`` over a process pool; every worker reads the trace once, checks it
-is the trace the parent read, and prepares the counterfactual input once):
+Stages (each one ``Runner.map`` over its threads, on the input the runner prepared once):
 
 1. every single candidate at the limit (PyTorch: the defaults and each key alone; CuPy:
    its pool, ``free_all_blocks()`` at the failing call-site, the async pool, cudaMalloc;
@@ -21,25 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 from tracekit.advise import candidates as cands
 from tracekit.advise.bisection import Probe, Same, Unbounded
 from tracekit.advise.candidates import Candidate, Kind
-from tracekit.advise.capacity import (
-    Fingerprint,
-    PolicyFit,
-    bisection_for,
-    fit_of,
-    probe,
-    reread,
-    worker_input,
-)
+from tracekit.advise.capacity import PolicyFit, bisection_for, fit_of, probe
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
-from tracekit.handoff import Shared, attach, release, share
 from tracekit.sim.base import Allocator
 from tracekit.trace.reader import Trace
-from tracekit.workers import Measured, Pool
+from tracekit.workers import Pool
 
 if TYPE_CHECKING:
     from tracekit.sim.policies.torch_caching import InertFacts
@@ -60,33 +51,6 @@ class Task:
     probe: bool = False  # one replay of a bisection at ``capacity`` (None: unbounded), no device total
 
 
-_STATE: dict[str, Any] = {}
-
-
-def _init(path: str | None, trace: Trace | None, counterfactual: bool, expected: Fingerprint | None,
-          shared: Shared | None = None, prepared: bool = False) -> None:
-    _STATE.clear()
-    _STATE.update(path=path, trace=trace, counterfactual=counterfactual, expected=expected, ready=False,
-                  shared=shared, prepared=prepared)
-
-
-def _trace() -> Trace:
-    """The worker's input, prepared once: the parent's trace mapped from shared memory
-    (``tracekit.handoff``; ``prepared``: as the parent prepared it), else the trace the parent read
-    (a worker reading the file checks it is still that trace: ``whatif.reread``)."""
-    if not _STATE["ready"]:
-        if _STATE["shared"] is not None:
-            mapped = attach(_STATE["shared"])
-            _STATE.update(trace=mapped if _STATE["prepared"] else _input(mapped, _STATE["counterfactual"]),
-                          ready=True)
-        else:
-            _STATE.update(trace=_input(_STATE["trace"] if _STATE["trace"] is not None
-                                       else reread(_STATE["path"], _STATE["expected"]),
-                                       _STATE["counterfactual"]), ready=True)
-    trace: Trace = _STATE["trace"]
-    return trace
-
-
 def _input(trace: Trace, counterfactual: bool) -> Trace:
     """What the tasks replay: the counterfactual input of a recording, else the trace."""
     from tracekit.advise.counterfactual import prepare
@@ -94,20 +58,15 @@ def _input(trace: Trace, counterfactual: bool) -> Trace:
     return prepare(trace) if counterfactual else trace
 
 
-def _ready() -> None:
-    """A worker's first task where the workers start early (``Runner``): its input made ready."""
-    _trace()
-
-
-def _run(task: Task) -> Outcome | Probe:
-    trace = _trace()  # outside the try: a file that changed ends the whole command
+def _run(trace: Trace, counterfactual: bool, task: Task) -> Outcome | Probe:
+    """``task`` on ``trace`` (the runner's input, prepared), in whichever thread runs it."""
     c = task.candidate
     assert not task.bisect, "a search's replays are probes (Runner.bisect)"
     try:
         if task.probe:
             assert c.policy is not None
             return probe(input_for(c, trace), c.policy, task.capacity, c.opts,
-                         counterfactual=bool(_STATE["counterfactual"]) and c.kind != Kind.FREE_LIST)
+                         counterfactual=counterfactual and c.kind != Kind.FREE_LIST)
         return evaluate(c, trace, task.capacity, task.device_total)
     except Exception as e:  # one candidate failing must not hide the others' answers
         why = f"{type(e).__name__}: {e}"
@@ -117,50 +76,30 @@ def _run(task: Task) -> Outcome | Probe:
 
 
 class Runner:
-    """A ``Pool`` of ``jobs`` processes over one trace (in-process when ``jobs`` is 1; with
-    ``measure``, in this process too until the tasks' times say the workers pay:
-    ``tracekit.workers.Measured``).
+    """``jobs`` threads over one trace (in this thread when ``jobs`` is 1: ``workers.Pool``). Every
+    replay kernel lets the GIL go (``nogil``), so the settings replay side by side on the one
+    input this process prepared, with no worker process to start and nothing copied or read
+    again: on the 16-core host a 10M-event advise's 15 worker processes took 2.1 s to start and
+    each set the trace up again before its first replay (docs/performance.md).
 
     A task is run once: a task equal to one run before, or one whose setting the model proves
     to replay as another's (``_same_as``), takes that one's answer instead of replaying.
     """
 
-    def __init__(self, trace: Trace, jobs: int, counterfactual: bool, measure: bool = False,
-                 early: bool = False) -> None:
+    def __init__(self, trace: Trace, jobs: int, counterfactual: bool) -> None:
         self.jobs = jobs
         self.trace = trace
         self.counterfactual = counterfactual
         self.done: dict[Task, Outcome | Probe] = {}
-        self.shared: Shared | None = None
         self.facts: InertFacts | None = None  # ``_same_as``'s reading of the trace, once
-        if jobs == 1 or measure:
-            _init(None, trace, counterfactual, None)
-        if jobs == 1:
-            self.pool = Pool(1)
-            return
-        self.pool = Pool(jobs, what=f"{trace.path or 'the trace'}: an advise", initializer=_init,
-                         initargs=self._worker_args,
-                         measured=Measured(len(trace.events)) if measure else None)
-        if early:  # the workers start now, each making its input ready while the first tasks wait
-            self.pool.start_now(_ready)
-
-    def _worker_args(self) -> tuple[Any, ...]:
-        """The workers' start, made when the first one starts: the trace in shared memory
-        (``tracekit.handoff``), as this process prepared it where it has (it ran tasks itself
-        first), else as read (each worker prepares its own, in parallel); else the file to read
-        again (or the trace, pickled, where it has no file)."""
-        prepared = bool(_STATE.get("ready"))
-        self.shared = share(_STATE["trace"] if prepared else self.trace)
-        if self.shared is not None:
-            return None, None, self.counterfactual, None, self.shared, prepared
-        path, whole, expected = worker_input(self.trace)
-        return path, whole, self.counterfactual, expected
+        self._run = partial(_run, _input(trace, counterfactual), counterfactual)  # prepared here, once
+        self.pool = Pool(jobs, threads=True)
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | Probe]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
         same = [self._same_as(t) for t in tasks]
         todo = list(dict.fromkeys(t for t in same if t not in self.done))
-        self.done.update(zip(todo, self.pool.map(_run, todo), strict=True))
+        self.done.update(zip(todo, self.pool.map(self._run, todo), strict=True))
         return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
 
     def idle_beside(self, tasks: int) -> int:
@@ -178,8 +117,6 @@ class Runner:
             width = max(1, self.jobs // len(active))
             if not self.pool.parallel(len(active) * width):
                 width = 1
-            elif not self.pool.started:  # a round made ahead must run side by side, not one by one here
-                self.pool.start_now(_ready)
             probes = [(i, Task(tasks[i].candidate, cap, None, probe=True))
                       for i in active for cap in searches[i].wanted(width)]
             for (i, _), got in zip(probes, self.map([t for _, t in probes]), strict=True):
@@ -213,11 +150,7 @@ class Runner:
         return replace(task, candidate=replace(c, options=tuple(kv for kv in c.options if kv[0] not in drop)))
 
     def close(self) -> None:
-        try:
-            self.pool.close()
-        finally:
-            release(self.shared)
-            _STATE.clear()  # do not keep the trace alive in this process
+        self.pool.close()
 
 
 def _as(result: Outcome | Probe, candidate: Candidate) -> Outcome | Probe:

@@ -18,7 +18,8 @@ def advise(
         None, "--device-total", help="The device under the pool (default: unbounded)."
     ),
     jobs: int | None = typer.Option(
-        None, "--jobs", "-j", min=1, help="Worker processes (default: one per CPU; none for short work)."),
+        None, "--jobs", "-j", min=1,
+        help="Threads replaying settings side by side (default: one per CPU; one for short work)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     verify_on_device: int | None = typer.Option(
         None, "--verify-on-device", min=0, help="Re-check the top settings through a real allocator on GPU N."

@@ -17,6 +17,7 @@ policies (the what-if search) pays for them once.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -136,11 +137,22 @@ def stream_groups(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _CACHE: weakref.WeakKeyDictionary[Trace, ReplayInput] = weakref.WeakKeyDictionary()
 
 
+_LOCK = threading.Lock()  # advise's threads ask at once: one of them prepares, the rest wait for it
+
+
 def prepare(trace: Trace) -> ReplayInput:
     """The ``ReplayInput`` of ``trace`` (cached for the trace object's lifetime)."""
     hit = _CACHE.get(trace)
     if hit is not None:
         return hit
+    with _LOCK:
+        hit = _CACHE.get(trace)
+        if hit is None:
+            hit = _CACHE[trace] = _prepare(trace)
+    return hit
+
+
+def _prepare(trace: Trace) -> ReplayInput:
     ev = trace.events
     # Kernels read mate only at frees (a free without a malloc, mate -1, frees nothing).
     from tracekit.trace.outcome import handled_rows
@@ -160,7 +172,6 @@ def prepare(trace: Trace) -> ReplayInput:
         expandable=_bool_column(trace, "expandable"), pool=_pool_column(trace),
         segment_small=_segment_small(trace), replaced_by=replacements(ev, handled),
     )
-    _CACHE[trace] = out
     return out
 
 

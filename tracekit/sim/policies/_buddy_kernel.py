@@ -60,7 +60,7 @@ def _largest_order(roots):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: advise replays settings in threads (workers.Pool)
 def run_chunk(T, st, roots, kind, order, mate, rep, holder, addr_out, status, stats, lo, hi, cont):
     # pragma: no cover - compiled
     for i in range(lo, hi):

@@ -52,7 +52,7 @@ def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - 
     return True
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
 def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
                 C, R, S, stats):  # pragma: no cover - compiled
     limit = cfg[CupySetting.LIMIT]

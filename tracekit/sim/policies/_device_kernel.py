@@ -184,7 +184,7 @@ def _serve(S, kd, rep, holder, addr, status, charge, stats, i, r, c, pooled):  #
     status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
 def run_chunk(kind, rep, holder, size, mate, cfg, S, addr, status, rounded, charge, stats,
               lo, hi):  # pragma: no cover - compiled
     """Replay events [lo, hi) (see the module docstring); ``charge`` holds each block's cost."""

@@ -277,7 +277,7 @@ def _largest(T, st, roots, bm):  # pragma: no cover - compiled
     return T[root, MX]
 
 
-@njit(cache=True, nogil=True)  # nogil: a replay may run beside the trace's read (head_start)
+@njit(cache=True, nogil=True)  # nogil: beside the read (head_start), settings in threads (advise)
 def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, node_of, addr_out, status,
               stats, lo, hi, cont):
     # pragma: no cover - compiled

@@ -207,7 +207,7 @@ def get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, group_stream, found
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
 def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, cfg, C, R, S, stats,
                found):  # pragma: no cover - compiled
     """Replay every input row (``Kind``) through the pool; per row the address given, the

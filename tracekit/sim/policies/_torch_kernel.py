@@ -253,7 +253,7 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: n
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
 def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_exp, init_addr, rel, retry,
                  hints, stream, cfg, C, R, S, X, stats):  # pragma: no cover - compiled
     """Replay every event; ``cfg`` is the ``TorchSetting`` vector.

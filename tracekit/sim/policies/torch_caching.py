@@ -15,6 +15,7 @@ loaded first at their recorded addresses; new segments get invented addresses.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -144,67 +145,76 @@ class _Setup:
         self._kinds: dict[bool, np.ndarray] = {}
         self._releases: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
         self._hints: dict[bool, np.ndarray] = {}
+        self._lock = threading.RLock()  # advise's threads share one setup: each part is made once
 
     def kinds(self, stop_at_first_oom: bool) -> np.ndarray:
         from tracekit.sim.prepare import attempt_kinds
 
-        if stop_at_first_oom not in self._kinds:
-            self._kinds[stop_at_first_oom] = attempt_kinds(self.inp, stop_at_first_oom)
-        return self._kinds[stop_at_first_oom]
+        with self._lock:
+            if stop_at_first_oom not in self._kinds:
+                self._kinds[stop_at_first_oom] = attempt_kinds(self.inp, stop_at_first_oom)
+            return self._kinds[stop_at_first_oom]
 
     def sized(self, trace: Trace, divisions: tuple[int, ...], stop_at_first_oom: bool
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rounded size, group, the rounded sizes a run reports) per event, under ``divisions``."""
         key = (divisions, stop_at_first_oom)
-        if key not in self._sized:
-            if divisions not in self._rounded:
-                from tracekit.sim.policies._torch_kernel import round_sizes as compiled_round_sizes
+        with self._lock:
+            if key not in self._sized:
+                if divisions not in self._rounded:
+                    from tracekit.sim.policies._torch_kernel import round_sizes as compiled_round_sizes
 
-                inp, ev = self.inp, trace.events
-                rounded = compiled_round_sizes(inp.size, np.asarray(divisions, dtype=np.uint64))
-                # A live block at the start keeps the size PyTorch gave it (slack included).
-                held = inp.initial & (ev.op == Op.MALLOC) & (ev.rounded > 0)
-                rounded = np.where(held, ev.rounded.view(np.int64), rounded)
-                group = _pools(trace, inp, rounded) * len(inp.streams) + inp.stream_index
-                self._rounded[divisions] = rounded, group
-            rounded, group = self._rounded[divisions]
-            kind = self.kinds(stop_at_first_oom)
-            packed = np.where((kind == Kind.ALLOC) | (kind == Kind.TRY), rounded, 0)
-            self._sized[key] = rounded, group, packed
-        return self._sized[key]
+                    inp, ev = self.inp, trace.events
+                    rounded = compiled_round_sizes(inp.size, np.asarray(divisions, dtype=np.uint64))
+                    # A live block at the start keeps the size PyTorch gave it (slack included).
+                    held = inp.initial & (ev.op == Op.MALLOC) & (ev.rounded > 0)
+                    rounded = np.where(held, ev.rounded.view(np.int64), rounded)
+                    group = _pools(trace, inp, rounded) * len(inp.streams) + inp.stream_index
+                    self._rounded[divisions] = rounded, group
+                rounded, group = self._rounded[divisions]
+                kind = self.kinds(stop_at_first_oom)
+                packed = np.where((kind == Kind.ALLOC) | (kind == Kind.TRY), rounded, 0)
+                self._sized[key] = rounded, group, packed
+            return self._sized[key]
 
     def releases(self, trace: Trace, at_trace_frees: bool) -> tuple[np.ndarray, np.ndarray]:
         """``retry_releases`` (``at_trace_frees``), or none: (release before the row, bytes refused)."""
         from tracekit.sim.pool_run import retry_releases
 
-        if at_trace_frees not in self._releases:
-            n = len(trace.events)
-            none = np.zeros(n, np.bool_), np.zeros(n, np.int64)
-            self._releases[at_trace_frees] = (retry_releases(trace.events.op, self.inp.size, self.inp.initial)
-                                              if at_trace_frees else none)
-        return self._releases[at_trace_frees]
+        with self._lock:
+            if at_trace_frees not in self._releases:
+                n = len(trace.events)
+                none = np.zeros(n, np.bool_), np.zeros(n, np.int64)
+                op, size, initial = trace.events.op, self.inp.size, self.inp.initial
+                self._releases[at_trace_frees] = retry_releases(op, size, initial) if at_trace_frees else none
+            return self._releases[at_trace_frees]
 
     def hints(self, trace: Trace, recorded_addresses: bool) -> np.ndarray:
         """``address_hints``, a fresh copy (the kernel marks the hints it takes)."""
         from tracekit.sim.pool_run import address_hints
 
-        if recorded_addresses not in self._hints:
-            self._hints[recorded_addresses] = address_hints(trace, self.inp.initial, recorded_addresses)
-        return self._hints[recorded_addresses].copy()
+        with self._lock:
+            if recorded_addresses not in self._hints:
+                self._hints[recorded_addresses] = address_hints(trace, self.inp.initial, recorded_addresses)
+            return self._hints[recorded_addresses].copy()
 
 
 _SETUPS: weakref.WeakKeyDictionary[Trace, _Setup] = weakref.WeakKeyDictionary()
 _KEEP = 4  # traces whose setup is kept at once (advise: the prepared trace and its address layouts)
 
 
+_SETUPS_LOCK = threading.Lock()  # advise's threads ask at once: one setup made per trace
+
+
 def _setup(trace: Trace) -> _Setup:
     """The ``_Setup`` of ``trace``, cached as ``tracekit.sim.prepare.prepare`` caches its input."""
-    hit = _SETUPS.get(trace)
-    if hit is None:
-        if len(_SETUPS) >= _KEEP:  # the oldest first (dicts keep insertion order)
-            del _SETUPS[next(iter(_SETUPS.keys()))]
-        hit = _SETUPS[trace] = _Setup(trace)
-    return hit
+    with _SETUPS_LOCK:
+        hit = _SETUPS.get(trace)
+        if hit is None:
+            if len(_SETUPS) >= _KEEP:  # the oldest first (dicts keep insertion order)
+                del _SETUPS[next(iter(_SETUPS.keys()))]
+            hit = _SETUPS[trace] = _Setup(trace)
+        return hit
 
 
 class TorchCaching:
