@@ -12,6 +12,10 @@ step "machine"
 step "compile the kernels once (as pip install does)"
 run precompile 200 python3 -m tracekit.cli.precompile
 
+step "the best-fit kernel's speed by numba's CPU target"
+[ "${PROBE:-1}" = 1 ] && run probe 150 python3 scripts/probe_kernel_target.py
+pack
+
 step "whole replay and analyze against the C++ process, 10M events"
 [ "${WHOLE:-1}" = 1 ] && run whole 150 python3 scripts/bench_whole.py --events 10000000 --runs 3 --json "$R/whole.json"
 pack

@@ -3,6 +3,7 @@
 # --shuffle, wall and, with waits sleeping, the thread's CPU), the recorder's stream GPU test, then
 # the head start's whole-command A/B on the host's CPUs (bench_whole.py --head-start-ab, profile_head_start.py).
 # ONE tarball $OUT/session.tar.gz.
+# BLOCKING=0 skips the run with waits sleeping, HEAD_AB=0 the head start's A/B.
 #   OUT=/some/empty/dir BUDGET_S=580 bash scripts/gpu_session.sh
 NAME=session
 source "$(dirname "$0")/gpu_common.sh"
@@ -19,9 +20,10 @@ run fresh "${FRESH_S:-130}" python3 scripts/bench_record_fresh.py --processes "$
   --repeats "${REPEATS:-6}" --shuffle --json "$R/fresh.json"
 pack
 step "fresh processes, waits sleeping"
-run blocking "${BLOCKING_S:-130}" python3 scripts/bench_record_fresh.py --processes "${PROCS:-3}" --steps "${STEPS:-300}" \
+[ "${BLOCKING:-1}" = 1 ] && run blocking "${BLOCKING_S:-130}" python3 scripts/bench_record_fresh.py --processes "${PROCS:-3}" --steps "${STEPS:-300}" \
   --repeats "${REPEATS:-6}" --shuffle --blocking-sync --json "$R/blocking.json"
 pack
+[ "${HEAD_AB:-1}" = 1 ] || exit 0
 step synth
 run synth 60 python3 -m tracekit synth --pattern random --events 10000000 --seed 1 -o "$WORK/random.parquet"
 step compile

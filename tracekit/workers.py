@@ -184,7 +184,7 @@ class Pool:
     ``"t.parquet: a what-if"`` gives "t.parquet: a what-if worker process ended abruptly (...)".
     ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported;
     ``initargs`` may be a function giving them, called once, when the first worker starts (what
-    only workers need is made only if they start: ``tracekit.handoff.share``).
+    only workers need is made only if they start).
     The in-process case runs no initializer: the caller sets its own state up."""
 
     def __init__(self, jobs: int, *, what: str = "a tracekit", initializer: Callable[..., None] | None = None,

@@ -19,9 +19,8 @@ capacity is assumed never to hurt; the two replays next to the answer check
 it locally). LB is a floor for every allocator, so the search never goes
 below it, also for a trace that starts from an imported pool state (PyTorch
 snapshots: the ``initial`` extra column), whose starting blocks a replay does
-not re-check against the capacity. ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. Policies
-run in parallel worker processes, one pool for every device; each worker reads the trace once
-and checks it is the trace the parent read (``reread``).
+not re-check against the capacity. ``overhead`` = C − LB, ``overhead_ratio`` = C / LB − 1. The
+searches run side by side in threads of this process, on the trace it read (``_run``).
 
 A trace of several devices is searched per device (each device's events alone, its own
 bound and capacities): devices never share one simulated address space.
@@ -31,20 +30,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from tracekit.advise.bisection import Bisection, Found, Probe, Same, Unbounded
-from tracekit.errors import InputError, TracekitError
-from tracekit.handoff import Shared, attach, release, share
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.live import live_bytes, paired_frees, round_up
-from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
-from tracekit.workers import BISECT_REPLAYS, Pool, default_jobs
+from tracekit.workers import BISECT_REPLAYS, Pool, default_threads
 
 STEP = 2 << 20
 LOWER_BOUND_DESCRIPTION = (
@@ -290,34 +286,6 @@ def _replayer(trace: Trace, policy: str, counterfactual: bool) -> Callable[[Any]
     return lambda cfg: replay(trace, policy, cfg)
 
 
-Fingerprint = tuple[int, ...]
-
-
-def fingerprint(trace: Trace) -> Fingerprint:
-    """What a worker checks its own read of the file against: the event count and the
-    wrapping uint64 sums of seq, op, addr, size and t_ns (one pass per column, no copy kept)."""
-    ev = trace.events
-    cols = (ev.seq, ev.op, ev.addr, ev.size, ev.t_ns)
-    return (len(ev), *(int(np.sum(c, dtype=np.uint64)) for c in cols))
-
-
-def reread(path: str, expected: Fingerprint) -> Trace:
-    """The trace at ``path`` as a worker reads it, when it is the trace the parent read.
-
-    A file replaced or changed while the command runs (an atomic ``mv`` by a sync) would mix
-    two traces' numbers in one answer: it ends the command in one sentence instead.
-    """
-    try:
-        trace = read_trace(path)
-    except (TracekitError, OSError) as e:
-        raise InputError(f"{path}: the file changed while the command ran and is no longer the trace "
-                         f"that was read ({e}); run the command again") from None
-    if fingerprint(trace) != expected:
-        raise InputError(f"{path}: the file changed while the command ran and is no longer the trace "
-                         "that was read; run the command again")
-    return trace
-
-
 @dataclass(frozen=True)
 class _Task:
     """One policy's search on one device (``device`` None: the trace has one device)."""
@@ -329,39 +297,35 @@ class _Task:
     lb: int
 
 
-_WORKER: dict[str, Any] = {}
+class _Inputs:
+    """What each search replays, made once in this thread before any search's thread asks: per
+    device, its part of the trace, and its prepared form where a policy replays a recording through
+    the counterfactual prediction (with the policy's recorded setting)."""
+
+    def __init__(self, trace: Trace, tasks: Sequence[_Task]) -> None:
+        from tracekit.advise.counterfactual import prepare, setting, uses_counterfactual
+
+        self._made: dict[tuple[int | None, str], tuple[Trace, bool, dict[str, str]]] = {}
+        parts: dict[int | None, Trace] = {}
+        prepared: dict[int | None, Trace] = {}
+        for t in tasks:
+            if t.device not in parts:
+                parts[t.device] = select_device(trace, t.device) if t.device is not None else trace
+            part = parts[t.device]
+            if not uses_counterfactual(part, t.policy):
+                self._made[t.device, t.policy] = part, False, {}
+                continue
+            if t.device not in prepared:
+                prepared[t.device] = prepare(part)
+            self._made[t.device, t.policy] = prepared[t.device], True, setting(part, t.policy, {})
+
+    def of(self, task: _Task) -> tuple[Trace, bool, dict[str, str]]:
+        """(the trace ``task`` searches, whether it is a prepared recording, the policy's options)."""
+        return self._made[task.device, task.policy]
 
 
-def _init_worker(path: str | None, trace: Trace | None, expected: Fingerprint | None,
-                 shared: Shared | None = None) -> None:
-    _WORKER.clear()
-    _WORKER.update(path=path, trace=trace, expected=expected, shared=shared)
-
-
-def _device_input(device: int | None, policy: str) -> tuple[Trace, bool, dict[str, str]]:
-    """The trace a task searches, whether it is a prepared recording, and the policy's options
-    (the recorded setting); the whole trace is read once per worker, each device's part and
-    its prepared form once per device."""
-    from tracekit.advise.counterfactual import prepare, setting, uses_counterfactual
-
-    if _WORKER.get("trace") is None:  # the parent's, mapped (tracekit.handoff), else the file again
-        shared = _WORKER.get("shared")
-        _WORKER["trace"] = (attach(shared) if shared is not None
-                            else reread(_WORKER["path"], _WORKER["expected"]))
-    parts = _WORKER.setdefault("parts", {})
-    if device not in parts:
-        whole = _WORKER["trace"]
-        parts[device] = [select_device(whole, device) if device is not None else whole, None]
-    part = parts[device]
-    if not uses_counterfactual(part[0], policy):
-        return part[0], False, {}
-    if part[1] is None:
-        part[1] = prepare(part[0])
-    return part[1], True, setting(part[0], policy, {})
-
-
-def _work(task: _Task) -> PolicyFit:
-    trace, counterfactual, options = _device_input(task.device, task.policy)  # a changed file ends all
+def _work(inputs: _Inputs, task: _Task) -> PolicyFit:
+    trace, counterfactual, options = inputs.of(task)
     try:
         return search(trace, task.policy, step=task.step, max_capacity=task.max_capacity, lb=task.lb,
                       options=options, counterfactual=counterfactual)
@@ -378,9 +342,9 @@ def whatif(
     step: int = STEP,
     jobs: int | None = None,
 ) -> WhatIfResult:
-    """Smallest capacity per policy (per device); every (device, policy) search runs in one pool
-    of up to ``jobs`` processes (default: ``tracekit.workers.default_jobs``, in this process
-    when the work is small). A recording searched under a pool policy goes through the
+    """Smallest capacity per policy (per device); the (device, policy) searches run side by side on
+    up to ``jobs`` threads (default: ``tracekit.workers.default_threads``, this thread alone when
+    the work is small). A recording searched under a pool policy goes through the
     counterfactual prediction ``replay`` and ``advise`` make too, under its recorded setting;
     recorded settings that cannot be used end the command (``InputError``) before any search."""
     from tracekit.advise.counterfactual import setting, uses_counterfactual
@@ -395,8 +359,8 @@ def whatif(
     keys: list[int | None] = list(devs) if len(devs) > 1 else [None]
     bounds = {d: lower_bound(select_device(trace, d) if d is not None else trace) for d in keys}
     tasks = [_Task(d, p, step, max_capacity, bounds[d]) for d in keys for p in names]
-    fits = _run(trace, tasks, default_jobs(jobs, tasks=len(tasks), events=len(trace.events),
-                                           replays=len(tasks) * BISECT_REPLAYS))
+    fits = _run(trace, tasks, default_threads(jobs, tasks=len(tasks), events=len(trace.events),
+                                              replays=len(tasks) * BISECT_REPLAYS))
     path = str(trace.path) if trace.path else None
     parts = []
     for d in keys:
@@ -409,34 +373,12 @@ def whatif(
 
 
 def _run(trace: Trace, tasks: list[_Task], jobs: int) -> list[PolicyFit]:
-    """The searches, in order: in this process, or on one ``Pool`` of ``jobs`` workers."""
-    if jobs == 1:
-        _init_worker(None, trace, None)
-    shared: list[Shared] = []
+    """The searches, in order: in this thread, or side by side on ``jobs`` threads (every replay
+    kernel lets the GIL go; the inputs are made once, here, and shared)."""
+    from functools import partial
 
-    def start() -> tuple[Any, ...]:  # when the first worker starts: the trace in shared memory
-        handle = share(trace)
-        if handle is None:
-            return worker_input(trace)
-        shared.append(handle)
-        return None, None, None, handle
-
-    pool = Pool(jobs, what=f"{trace.path or 'the trace'}: a what-if", initializer=_init_worker,
-                initargs=start if jobs > 1 else ())
+    pool = Pool(jobs, threads=True)
     try:
-        return list(pool.map(_work, tasks))
+        return list(pool.map(partial(_work, _Inputs(trace, tasks)), tasks))
     finally:
-        try:
-            pool.close()
-        finally:
-            for handle in shared:
-                release(handle)
-            _init_worker(None, None, None)  # do not keep the trace alive in this process
-
-
-def worker_input(trace: Trace) -> tuple[str | None, Trace | None, Fingerprint | None]:
-    """What a worker starts from: the file's path and the fingerprint it must match (``reread``),
-    or, for a trace with no file, the trace itself (pickled to each worker). Reading the file
-    is cheaper than pickling the events."""
-    path = str(trace.path) if trace.path is not None and Path(trace.path).exists() else None
-    return (path, None, fingerprint(trace)) if path else (None, trace, None)
+        pool.close()
