@@ -19,7 +19,8 @@ def whatif(
         None, "--max-capacity", help="Search no higher than this (e.g. 80GiB); default: unbounded."
     ),
     jobs: int | None = typer.Option(
-        None, "--jobs", "-j", min=1, help="Worker processes (default: one per CPU; none for short work)."),
+        None, "--jobs", "-j", min=1,
+        help="Threads searching side by side (default: one per CPU; one for short work)."),
 ) -> None:
     """Find, per allocator policy, the smallest capacity (to 2 MiB) that replays TRACE without OOM."""
     skip_teardown()  # tracekit's own code only: the process may end without the interpreter's teardown
