@@ -34,6 +34,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from types import FrameType
 from typing import Any
 
@@ -44,10 +45,30 @@ _pending: list[int] = []  # signals received inside the innermost deferred() blo
 _depth = 0
 
 
+_STOP: ContextVar[threading.Event | None] = ContextVar("tracekit_stop", default=None)
+
+
+class Cancelled(BaseException):
+    """A task's thread told to stop (``workers.Pool`` closed its threads, as after a signal): the
+    task ends at its next ``check()``. Not an ``Exception``: a task's own ``except Exception``, which
+    turns one setting's failure into its answer, lets it through."""
+
+
+def stop_when(event: threading.Event) -> None:
+    """In a task's thread: ``check()`` raises ``Cancelled`` there once ``event`` is set."""
+    _STOP.set(event)
+
+
 def check() -> None:
-    """Raise the first signal received inside ``deferred()`` (no-op when none, and in any thread
-    but the main one: the signal is the main thread's to raise, a task's thread only runs on)."""
-    if _pending and _in_main():
+    """Raise the first signal received inside ``deferred()`` (no-op when none). In any other thread
+    than the main one, which a signal never reaches: ``Cancelled`` once its pool says stop
+    (``stop_when``), else nothing (a held signal is the main thread's to raise)."""
+    if not _in_main():
+        stop = _STOP.get()
+        if stop is not None and stop.is_set():
+            raise Cancelled
+        return
+    if _pending:
         signum = _pending[0]
         _pending.clear()
         raise Interrupted(signum)
@@ -73,6 +94,8 @@ def deferred() -> Iterator[Held]:
     global _depth
     if not _in_main() or _depth:
         yield Held()
+        if not _in_main():
+            check()  # a task's thread: its pool may have said stop (a replay ends here)
         return
 
     def _mark(signum: int, frame: FrameType | None) -> None:

@@ -34,11 +34,13 @@ import importlib
 import multiprocessing
 import os
 import tempfile
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tracekit import progress
+from tracekit import interrupts, progress
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts: most verbs never start one
@@ -165,6 +167,13 @@ def process_context() -> Any:
 WINDOW_PER_WORKER = 4  # tasks in flight per worker in ``Pool.each``: bounded pending results
 
 
+def _stoppable(stop: threading.Event, fn: Callable[[T], R], task: T) -> R:
+    """``fn(task)`` in a pool's thread, told to stop (``interrupts.Cancelled``) once ``stop`` is set."""
+    interrupts.stop_when(stop)
+    interrupts.check()  # queued behind a task that ran while the pool was closed
+    return fn(task)
+
+
 def _start(imports: Sequence[str], initializer: Callable[..., None] | None,
            initargs: tuple[Any, ...]) -> None:
     """A worker's start: import ``imports`` (warming what they load), then the pool's initializer."""
@@ -193,6 +202,7 @@ class Pool:
         self.jobs = max(1, jobs)
         self.threads = threads
         self._threads: ThreadPoolExecutor | None = None
+        self._stop = threading.Event()  # set by ``close``: the threads' tasks end at their next check
         self.what = what
         self._imports, self._initializer, self._initargs = tuple(imports), initializer, initargs
         self._start_args: tuple[Any, ...] | None = None  # (imports, initializer, initargs) once made
@@ -213,7 +223,7 @@ class Pool:
                     yield fn(t)
             return
         if self.threads:  # a task's own reports go nowhere in its thread (no receiver there)
-            for done, r in enumerate(self._thread_pool().map(fn, tasks), 1):
+            for done, r in enumerate(self._thread_pool().map(partial(_stoppable, self._stop, fn), tasks), 1):
                 progress.report(done, len(tasks))
                 yield r
             return
@@ -313,13 +323,16 @@ class Pool:
         if self._threads is None:
             from concurrent.futures import ThreadPoolExecutor
 
+            self._stop = threading.Event()
             self._threads = ThreadPoolExecutor(self.jobs, thread_name_prefix="tracekit-task")
         return self._threads
 
     def close(self) -> None:
-        """Stop the workers (tasks not started are dropped; a thread's task running, after a
-        signal, ends on its own: a compiled replay cannot be stopped from outside)."""
+        """Stop the workers: tasks not started are dropped; a thread's running task ends at its
+        next ``interrupts.check()`` (at the latest when its current replay ends: a compiled kernel
+        cannot be stopped from outside), raising ``interrupts.Cancelled`` there."""
         if self._threads is not None:
+            self._stop.set()
             self._threads.shutdown(wait=False, cancel_futures=True)
             self._threads = None
         if self._pool is not None:

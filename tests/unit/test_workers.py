@@ -167,3 +167,48 @@ def test_threads_take_one_per_cpu_once_the_work_is_more_than_a_moment(monkeypatc
     assert workers.default_threads(4, tasks=15, events=10_000, replays=60) == 4  # asked for
     assert workers.default_threads(99999999999, tasks=3, events=10, replays=1) == 3  # at most one a task
 
+
+
+def test_closing_a_pool_of_threads_ends_its_running_tasks_at_their_next_check() -> None:
+    """After a signal the command closes its pool: the tasks running stop at their next
+    ``interrupts.check()`` (the end of a replay), the ones queued never start."""
+    import threading
+    import time
+
+    from tracekit import interrupts
+
+    running = threading.Barrier(3)
+    ended: list[int] = []
+
+    def task(x: int) -> int:
+        running.wait(timeout=10)
+        try:
+            while True:
+                interrupts.check()
+                time.sleep(0.005)
+        except interrupts.Cancelled:
+            ended.append(x)
+            raise
+
+    pool = workers.Pool(2, threads=True)
+    results = pool.map(task, [1, 2, 3])
+    got: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            list(results)
+        except BaseException as e:  # the first task's Cancelled, as the main thread would see it
+            got.append(e)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    running.wait(timeout=10)  # both threads inside their tasks
+    t0 = time.monotonic()
+    pool.close()
+    consumer.join(timeout=10)
+    while len(ended) < 2 and time.monotonic() - t0 < 10:  # the other thread's check comes soon after
+        time.sleep(0.01)
+    assert not consumer.is_alive() and time.monotonic() - t0 < 2
+    assert isinstance(got[0], interrupts.Cancelled)
+    time.sleep(0.1)
+    assert sorted(ended) == [1, 2]  # task 3, queued, never ran

@@ -17,14 +17,13 @@ policies (the what-if search) pays for them once.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from tracekit.sim.codes import Kind, Op
+from tracekit.sim.trace_cache import TraceCache
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 
@@ -134,22 +133,12 @@ def stream_groups(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return streams, index.astype(np.int64)
 
 
-_CACHE: weakref.WeakKeyDictionary[Trace, ReplayInput] = weakref.WeakKeyDictionary()
-
-
-_LOCK = threading.Lock()  # advise's threads ask at once: one of them prepares, the rest wait for it
+_CACHE: TraceCache[ReplayInput] = TraceCache()
 
 
 def prepare(trace: Trace) -> ReplayInput:
     """The ``ReplayInput`` of ``trace`` (cached for the trace object's lifetime)."""
-    hit = _CACHE.get(trace)
-    if hit is not None:
-        return hit
-    with _LOCK:
-        hit = _CACHE.get(trace)
-        if hit is None:
-            hit = _CACHE[trace] = _prepare(trace)
-    return hit
+    return _CACHE.get(trace, _prepare)
 
 
 def _prepare(trace: Trace) -> ReplayInput:

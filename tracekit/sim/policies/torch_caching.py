@@ -16,7 +16,6 @@ loaded first at their recorded addresses; new segments get invented addresses.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -45,6 +44,7 @@ from tracekit.sim.torch_rules import (
     segment_sizes,
     settings,
 )
+from tracekit.sim.trace_cache import TraceCache
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 
@@ -199,22 +199,14 @@ class _Setup:
             return self._hints[recorded_addresses].copy()
 
 
-_SETUPS: weakref.WeakKeyDictionary[Trace, _Setup] = weakref.WeakKeyDictionary()
-_KEEP = 4  # traces whose setup is kept at once (advise: the prepared trace and its address layouts)
-
-
-_SETUPS_LOCK = threading.Lock()  # advise's threads ask at once: one setup made per trace
+# Setups kept at once: advise's prepared trace, which every setting replays, stays (least recently
+# used dropped first) while the traces each counterfactual round makes come and go.
+_SETUPS: TraceCache[_Setup] = TraceCache(keep=4)
 
 
 def _setup(trace: Trace) -> _Setup:
-    """The ``_Setup`` of ``trace``, cached as ``tracekit.sim.prepare.prepare`` caches its input."""
-    with _SETUPS_LOCK:
-        hit = _SETUPS.get(trace)
-        if hit is None:
-            if len(_SETUPS) >= _KEEP:  # the oldest first (dicts keep insertion order)
-                del _SETUPS[next(iter(_SETUPS.keys()))]
-            hit = _SETUPS[trace] = _Setup(trace)
-        return hit
+    """The ``_Setup`` of ``trace``, made once per trace (``tracekit.sim.trace_cache``)."""
+    return _SETUPS.get(trace, _Setup)
 
 
 class TorchCaching:
