@@ -9,7 +9,7 @@ settings tried and how many fit, and the recommendation.
     PYTHONPATH=. python scripts/bench_advise.py [--events 1000000] [--jobs 2] [--kinds torch,cupy,raw]
         [--pattern training|random|fragmenting]
 
-Without ``--jobs`` advise runs plain, choosing its own workers (``tracekit.workers.default_jobs``),
+Without ``--jobs`` advise runs plain, choosing its own threads (``tracekit.workers.default_threads``),
 as a user runs it.
 """
 

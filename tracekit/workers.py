@@ -1,28 +1,23 @@
-"""How many worker processes a parallel search starts when the user does not say (``--jobs``).
+"""How many threads or worker processes a command runs its work on, and the one pool that runs it.
 
-A worker is a fresh interpreter: it imports numpy, pyarrow and numba's compiled kernels
-and reads the trace before its first task, about ``START_S`` seconds (0.7-1.0 s measured on
-the 2-core development machine, 2026-12-01). One replay of an n-event trace takes about
-n / ``EVENTS_PER_S`` seconds on one core (the CuPy and PyTorch models replay 18-19 M events/s,
-the free lists somewhat fewer). Work whose serial estimate,
-``serial_s = replays x events / EVENTS_PER_S``, is under ``2 x START_S`` runs in this process:
-a pool would add more start-up than it saves (``whatif`` on a 20k-event trace: 1.3 s in
-process, 2.0 s with two workers). Above that, one worker per CPU, at most one per task.
-
-``advise`` runs its replays in threads of its own process instead (``Pool(threads=True)``):
-every replay kernel lets the GIL go, so a thread costs no start and shares the input this
-process prepared; ``default_threads`` takes one per CPU once the work is more than a moment.
-(Worker processes there cost 2.1 s to start 15 on the 16-core host, and each set the trace up
-again before its first replay; docs/performance.md.)
+``advise`` and ``whatif`` replay on threads of their own process (``Pool(threads=True)``): every
+replay kernel lets the GIL go, so a thread costs no start and shares the input this process
+prepared once. One replay of an n-event trace takes about n / ``EVENTS_PER_S`` seconds on one
+core (the CuPy and PyTorch models replay 18-19 M events/s, the free lists somewhat fewer);
+``default_threads`` keeps work whose serial estimate, ``serial_s = replays x events /
+EVENTS_PER_S``, is under ``THREADS_FROM_S`` in the calling thread (the Python around each replay
+would be most of it), and gives the rest one thread per CPU, at most one per task. (Worker
+processes cost 2.1 s to start 15 on the 16-core host, and each set the trace up again before its
+first replay; docs/performance.md.) ``fleet`` runs whole traces on worker processes.
 
 However many are asked for (``--jobs``), no more workers start than there are tasks, usable
 CPUs (more only share them, each with its own memory: ``fleet --jobs 100`` on 2 CPUs took 7 GB
 for nothing) and workers that fit the memory available (``cap_workers``); ``--jobs`` of any size,
 ``99999999999`` included, is a request, not an overflow.
 
-``Pool`` is the one way tracekit runs work on several processes or threads (``whatif``,
-``fleet``; ``advise`` on threads): in this process for one job, else ``jobs`` workers started
-by ``process_context`` (forkserver; never fork, which the report's figure child alone uses, see
+``Pool`` is the one way tracekit runs work on several threads (``advise``, ``whatif``) or
+processes (``fleet``): in this process for one job, else ``jobs`` workers started by
+``process_context`` (forkserver; never fork, which the report's figure child alone uses, see
 ``tracekit.report.render``). A worker that dies breaks the whole pool: ``map`` then ends the
 command in one sentence; ``each`` rebuilds the pool and retries the tasks that shared it, each
 alone, so only the task that kills its worker again fails.
@@ -50,9 +45,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 OnError = Callable[[int, Exception], Any]
 
-START_S = 1.0  # seconds to start one worker and read the trace
-BARE_START_S = 0.6  # of which the interpreter, its imports and the kernels' cache (2-core machine)
-READ_EVENTS_PER_S = 5e6  # a worker's read, check and replay setup of the trace, events per second
 EVENTS_PER_S = 15e6  # events replayed per second on one core, rounded down
 BISECT_REPLAYS = 12  # replays of one capacity bisection, typical (2 MiB steps)
 
@@ -70,28 +62,7 @@ def serial_seconds(events: int, replays: int) -> float:
     return replays * events / EVENTS_PER_S
 
 
-def start_seconds(events: int) -> float:
-    """Estimated seconds before a worker's first task on an ``events``-event trace: the
-    interpreter and its imports, then the trace read, checked and set up for replays."""
-    return BARE_START_S + events / READ_EVENTS_PER_S
-
-
-def default_jobs(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:
-    """Processes for ``tasks`` tasks totalling ``replays`` replays of ``events`` events.
-
-    ``jobs`` given: that many, at most one per task and one per usable CPU. Otherwise 1 (in this
-    process) when ``serial_seconds(events, replays) < 2 * START_S``, else the CPU count, at most
-    one per task.
-    """
-    cap = max(1, tasks)
-    if jobs is not None:
-        return max(1, min(jobs, cap, usable_cpus()))
-    if serial_seconds(events, replays) < 2 * START_S:
-        return 1
-    return max(1, min(usable_cpus(), cap))
-
-
-THREADS_FROM_S = 0.25  # serial seconds of replays from which advise takes a thread per CPU
+THREADS_FROM_S = 0.25  # serial seconds of replays from which advise and whatif take a thread per CPU
 
 
 def default_threads(jobs: int | None, *, tasks: int, events: int, replays: int) -> int:

@@ -1,4 +1,5 @@
-"""How many worker processes a search starts: the rule in tracekit.workers, worked by hand."""
+"""How many threads a search takes and how the one pool runs work: the rules in tracekit.workers,
+worked by hand."""
 
 from __future__ import annotations
 
@@ -7,34 +8,34 @@ import os
 import pytest
 
 from tracekit import workers
-from tracekit.workers import BISECT_REPLAYS, EVENTS_PER_S, START_S, default_jobs, serial_seconds
+from tracekit.workers import BISECT_REPLAYS, EVENTS_PER_S, THREADS_FROM_S, default_threads, serial_seconds
 
 
 def test_serial_estimate_is_replays_times_events_over_the_rate() -> None:
     assert serial_seconds(int(EVENTS_PER_S), 3) == pytest.approx(3.0)
 
 
-def test_a_committed_size_trace_runs_in_process(monkeypatch) -> None:
+def test_a_committed_size_trace_runs_in_this_thread(monkeypatch) -> None:
     monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
-    # whatif, 7 policies, 20k events: 7 x 12 x 20k / 15M/s = 0.11 s, well under 2 x START_S
-    assert default_jobs(None, tasks=7, events=20_000, replays=7 * BISECT_REPLAYS) == 1
+    # whatif, 7 policies, 20k events: 7 x 12 x 20k / 15M/s = 0.11 s, under THREADS_FROM_S
+    assert default_threads(None, tasks=7, events=20_000, replays=7 * BISECT_REPLAYS) == 1
 
 
-def test_large_work_gets_one_worker_per_cpu_at_most_one_per_task(monkeypatch) -> None:
+def test_work_from_the_threshold_gets_one_thread_per_cpu_at_most_one_per_task(monkeypatch) -> None:
     monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
-    events = int(2 * START_S * EVENTS_PER_S)  # one replay alone is exactly at the threshold
-    assert default_jobs(None, tasks=7, events=events, replays=1) == 7
-    assert default_jobs(None, tasks=20, events=events, replays=1) == 8
-    assert default_jobs(None, tasks=20, events=events - 1, replays=1) == 1
+    events = int(THREADS_FROM_S * EVENTS_PER_S)  # one replay alone is exactly at the threshold
+    assert default_threads(None, tasks=7, events=events, replays=1) == 7
+    assert default_threads(None, tasks=20, events=events, replays=1) == 8
+    assert default_threads(None, tasks=20, events=events - 1, replays=1) == 1
 
 
 def test_jobs_given_are_kept_but_never_more_than_the_tasks_or_the_cpus(monkeypatch) -> None:
     monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
-    assert default_jobs(3, tasks=7, events=10, replays=1) == 3
-    assert default_jobs(16, tasks=7, events=10, replays=1) == 7
-    assert default_jobs(2, tasks=0, events=10, replays=1) == 1
-    assert default_jobs(16, tasks=20, events=10, replays=1) == 8
-    assert default_jobs(99_999_999_999, tasks=20, events=10, replays=1) == 8
+    assert default_threads(3, tasks=7, events=10, replays=1) == 3
+    assert default_threads(16, tasks=7, events=10, replays=1) == 7
+    assert default_threads(2, tasks=0, events=10, replays=1) == 1
+    assert default_threads(16, tasks=20, events=10, replays=1) == 8
+    assert default_threads(99_999_999_999, tasks=20, events=10, replays=1) == 8
 
 
 def test_workers_are_capped_by_cpus_tasks_and_memory(monkeypatch) -> None:
@@ -157,16 +158,6 @@ def test_threads_run_every_task_side_by_side_in_this_process() -> None:
     assert seen and all(name.startswith("tracekit-task") for name in seen)
     one = workers.Pool(1, threads=True)
     assert not one.parallel(5) and list(one.map(abs, [-1, -2])) == [1, 2]
-
-
-def test_threads_take_one_per_cpu_once_the_work_is_more_than_a_moment(monkeypatch) -> None:
-    monkeypatch.setattr(workers, "usable_cpus", lambda: 16)
-    assert workers.default_threads(None, tasks=15, events=10_000, replays=60) == 1  # 0.04 s of work
-    assert workers.default_threads(None, tasks=15, events=10_000_000, replays=60) == 15
-    assert workers.default_threads(None, tasks=40, events=10_000_000, replays=60) == 16  # one per CPU
-    assert workers.default_threads(4, tasks=15, events=10_000, replays=60) == 4  # asked for
-    assert workers.default_threads(99999999999, tasks=3, events=10, replays=1) == 3  # at most one a task
-
 
 
 def test_closing_a_pool_of_threads_ends_its_running_tasks_at_their_next_check() -> None:
