@@ -34,8 +34,8 @@ def main() -> int:
                         str(a.events), "--seed", "1", "-o", str(trace)], check=True, cwd=ROOT)
         code = ("import sys; from pathlib import Path; sys.path.insert(0, 'scripts'); import bench_sim; "
                 f"bench_sim.cpp_bar(Path({str(trace)!r}), Path({tmp!r}), 3)")
-        for label, extra in (("host target", {}),
-                             ("generic target", {"NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": f"{tmp}/nb"})):
+        generic = {"NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": f"{tmp}/nb"}
+        for label, extra in (("host target", {}), ("generic target", generic)):
             out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                                  env={**os.environ, **extra})
             print(label + ":", (out.stdout + out.stderr).strip().splitlines()[-1:])
