@@ -62,7 +62,8 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
     rounded = np.zeros(n, dtype=np.int64)
-    blk = np.full(n, -1, dtype=np.int64)
+    # Each row's block where its malloc is DONE (-1: none), read only there: untouched until written.
+    blk = np.empty(n, dtype=np.int64)
     # Starting state (rows marked initial): device allocations first, then live blocks; the rows
     # found in one tight pass (a loop over every row that may grow C and R costs tens of ns a row).
     start = np.flatnonzero(init)
@@ -104,6 +105,7 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
             rounded[i] = s
             if s == 0:  # CuPy returns a null pointer without touching the pool
                 status[i] = Status.DONE
+                blk[i] = -1
                 continue
             C = ck.room(C, S, 4)
             R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)

@@ -217,7 +217,8 @@ def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, 
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
     rounded = np.zeros(n, dtype=np.int64)
-    blk = np.full(n, -1, dtype=np.int64)
+    # Each row's block where its malloc is DONE (-1: none), read only there: untouched until written.
+    blk = np.empty(n, dtype=np.int64)
     maximum = cfg[RmmSetting.MAXIMUM]
     dev_total = cfg[RmmSetting.DEVICE_TOTAL]
     if cfg[RmmSetting.INITIAL] > 0:  # initialize_pool: one upstream block on the legacy stream's list
@@ -238,6 +239,7 @@ def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, 
         if kd == Kind.ALLOC or kd == Kind.TRY:
             if size[i] == 0:  # stream_ordered_memory_resource::allocate returns nullptr
                 status[i] = Status.DONE
+                blk[i] = -1
                 continue
             s = align_up(size[i])
             rounded[i] = s
