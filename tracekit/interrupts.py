@@ -22,9 +22,13 @@ polls ``check()`` where it is safe (between kernel chunks, see
 ``tracekit.progress``) and, at the latest, the signal is raised as
 ``Interrupted`` when the block ends: exit 130 for SIGINT, 143 for SIGTERM.
 A block that ends by raising lets its exception through and forgets a held
-signal, so a later block does not raise a stale one. Outside the main thread
-(signals cannot be caught there) the block runs as is. A device loop polls the handle the
+signal, so a later block does not raise a stale one. A device loop polls the handle the
 block yields (``Held.check``) every few hundred requests, where no pointer is in flight.
+
+Outside the main thread (signals cannot be caught there) a block holds nothing back; there
+``check()`` raises ``Cancelled`` once the thread's pool has said stop (``stop_when``: set by
+``workers.Pool`` for its threads, so advise's and whatif's replays end at the end of their
+current replay or chunk after a signal), and ``deferred()`` checks as it ends.
 """
 
 from __future__ import annotations

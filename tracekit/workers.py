@@ -161,7 +161,7 @@ class Pool:
     no start, no copy of the input, whatever this process has prepared shared by every task.
 
     ``what`` starts the sentence a broken pool ends with (``map``), up to "worker":
-    ``"t.parquet: a what-if"`` gives "t.parquet: a what-if worker process ended abruptly (...)".
+    ``"a fleet"`` gives "a fleet worker process ended abruptly (...)".
     ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported;
     ``initargs`` may be a function giving them, called once, when the first worker starts (what
     only workers need is made only if they start).

@@ -254,10 +254,10 @@ def test_a_tmpdir_too_long_for_the_forkserver_socket(tmp_path: Path) -> None:
 
     deep = tmp_path / ("d" * 100) / ("e" * 100)
     deep.mkdir(parents=True)
-    src = small_trace(tmp_path / "t.parquet")
-    r = tracekit("whatif", src, "--jobs", "2", "--policies", "best-fit,cupy", env={"TMPDIR": str(deep)})
+    one, two = small_trace(tmp_path / "t.parquet"), small_trace(tmp_path / "u.parquet")
+    r = tracekit("fleet", one, two, "--jobs", "2", "--json", env={"TMPDIR": str(deep)})  # worker processes
     assert r.returncode == 0, r.stderr.decode()
-    assert b"cupy" in r.stdout
+    assert b"u.parquet" in r.stdout
     old = tempfile.tempdir
     try:
         tempfile.tempdir = str(deep)

@@ -3,7 +3,7 @@
 Each verb runs in a child of a small wrapper process, which reports the
 child's peak resident set (``getrusage(RUSAGE_CHILDREN).ru_maxrss``: the
 largest of the verb and any process it waited for, a report's drawing
-child or advise's workers). Inputs, generated here with Arrow buffers (no
+child). Inputs, generated here with Arrow buffers (no
 Python string per value, so the test itself stays small):
 
 - one call-site of 256 MiB in an 11 kB file (was 2.3 GB to analyze);

@@ -66,7 +66,7 @@ def test_every_file_layout_reaches_the_same_kernels(tmp_path: Path) -> None:
 
 
 def test_events_stay_read_only_across_a_pickle() -> None:
-    # Workers given an in-memory trace unpickle it: its columns must reach the kernels read-only.
+    # A trace pickled (to a worker process, a Ray task) must reach the kernels read-only again.
     import pickle
 
     import numpy as np

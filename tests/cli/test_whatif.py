@@ -103,7 +103,7 @@ def test_real_oom_traces_need_more_than_the_limit_they_failed_under(name: str, p
 
 def test_torch_answer_is_the_smallest_capacity_replay_accepts():
     """torch-wrap starts from an imported pool state (the `initial` and `expandable` extra columns):
-    whatif must replay what `replay --sim torch` replays, with one worker process or several."""
+    whatif must replay what `replay --sim torch` replays, on one thread or several."""
     from tracekit.advise.capacity import STEP
     from tracekit.advise.replay import replay_file
     from tracekit.sim.base import SimConfig

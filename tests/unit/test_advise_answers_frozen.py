@@ -5,8 +5,8 @@ handled ones included), some of them relabelled as raw traces or asked under a l
 user's, and three synthetic traces (``data/advise_frozen``) relabelled as PyTorch, CuPy and
 raw traces limited 2 % above their live peak (the worst case: little fits and the bisections
 run) go through ``advise``; its whole ``--json`` document must equal the one the code gave
-when the golden file was written. One case runs with two worker processes (the workers'
-input must give the answers of the search in this process).
+when the golden file was written. One case runs on two threads (side by side, the answers
+must be those of the search in one thread).
 
 To regenerate the golden (only for a change that is meant to change answers, said in the
 commit): ``TRACEKIT_FREEZE_ADVISE=1 .venv/bin/python -m pytest -q -p no:cacheprovider

@@ -1,5 +1,5 @@
 """The bisection of a policy's smallest capacity as a plan of replays ("probes"), so that one search
-runs one replay at a time (``capacity.search``) or several at once (advise's workers), with the
+runs one replay at a time (``capacity.search``) or several at once (advise's threads), with the
 same answer either way.
 
 The search itself (``Bisection.walk``) is the one ``capacity.search`` documents: the unbounded

@@ -297,6 +297,16 @@ class _Task:
     lb: int
 
 
+@dataclass(frozen=True)
+class _Input:
+    """What one search replays: the trace (a device's part, prepared where ``counterfactual``) and
+    the policy's options (the recorded setting)."""
+
+    trace: Trace
+    counterfactual: bool
+    options: Mapping[str, str]
+
+
 class _Inputs:
     """What each search replays, made once in this thread before any search's thread asks: per
     device, its part of the trace, and its prepared form where a policy replays a recording through
@@ -305,7 +315,7 @@ class _Inputs:
     def __init__(self, trace: Trace, tasks: Sequence[_Task]) -> None:
         from tracekit.advise.counterfactual import prepare, setting, uses_counterfactual
 
-        self._made: dict[tuple[int | None, str], tuple[Trace, bool, dict[str, str]]] = {}
+        self._made: dict[tuple[int | None, str], _Input] = {}
         parts: dict[int | None, Trace] = {}
         prepared: dict[int | None, Trace] = {}
         for t in tasks:
@@ -313,22 +323,22 @@ class _Inputs:
                 parts[t.device] = select_device(trace, t.device) if t.device is not None else trace
             part = parts[t.device]
             if not uses_counterfactual(part, t.policy):
-                self._made[t.device, t.policy] = part, False, {}
+                self._made[t.device, t.policy] = _Input(part, False, {})
                 continue
             if t.device not in prepared:
                 prepared[t.device] = prepare(part)
-            self._made[t.device, t.policy] = prepared[t.device], True, setting(part, t.policy, {})
+            self._made[t.device, t.policy] = _Input(prepared[t.device], True, setting(part, t.policy, {}))
 
-    def of(self, task: _Task) -> tuple[Trace, bool, dict[str, str]]:
-        """(the trace ``task`` searches, whether it is a prepared recording, the policy's options)."""
+    def of(self, task: _Task) -> _Input:
+        """What ``task`` searches."""
         return self._made[task.device, task.policy]
 
 
 def _work(inputs: _Inputs, task: _Task) -> PolicyFit:
-    trace, counterfactual, options = inputs.of(task)
+    made = inputs.of(task)
     try:
-        return search(trace, task.policy, step=task.step, max_capacity=task.max_capacity, lb=task.lb,
-                      options=options, counterfactual=counterfactual)
+        return search(made.trace, task.policy, step=task.step, max_capacity=task.max_capacity, lb=task.lb,
+                      options=made.options, counterfactual=made.counterfactual)
     except Exception as e:  # one policy failing must not hide the others' answers
         return PolicyFit(task.policy, None, task.lb, None, 0, task.max_capacity or _LIMIT,
                          error=f"{type(e).__name__}: {e}")

@@ -193,7 +193,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
                     counterfactual=kind != "raw")
     room_advice = None
     try:
-        # Workers the singles leave idle make, ahead, the unbounded replays their bisections start
+        # Threads the singles leave idle make, ahead, the unbounded replays their bisections start
         # from (a raw trace's heaps alone: only those are searched); kept by the runner, not redone.
         searchable = [c for c in singles
                       if c.policy is not None and (kind != "raw" or registry.is_heap(c.policy))]

@@ -11,9 +11,9 @@ Stages (each one ``Runner.map`` over its threads, on the input the runner prepar
 3. bisection (``tracekit.advise.bisection``, 2 MiB steps from the live-bytes lower
    bound) of the smallest capacity: under the recommended candidate when one fits, else
    under the three that got furthest; for CuPy also the smallest ``set_limit``. Its replays
-   go over the pool in rounds (``Runner.bisect``): with workers, each round makes the replays
+   go over the threads in rounds (``Runner.bisect``): with several, each round makes the replays
    of the next halvings too, whichever way they answer, so a search of ten halvings takes
-   three or four rounds on 16 workers, with the answer of one replay at a time.
+   three or four rounds on 15 threads, with the answer of one replay at a time.
 """
 
 from __future__ import annotations
@@ -103,14 +103,14 @@ class Runner:
         return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
 
     def idle_beside(self, tasks: int) -> int:
-        """Workers a batch of ``tasks`` tasks running side by side would leave idle (0 where the
+        """Threads a batch of ``tasks`` tasks running side by side would leave idle (0 where the
         batch would run one task after another in this process)."""
         return self.jobs - tasks if self.pool.parallel(self.jobs) else 0
 
     def bisect(self, tasks: Sequence[Task]) -> list[PolicyFit]:
         """The bisections ``tasks`` (``bisect_tasks``), their replays made in rounds by this runner:
         in a round each search asks for its next replay, and, where the round runs side by side
-        (``Pool.parallel``), for the replays of its next halvings too, up to the workers it has
+        (``Pool.parallel``), for the replays of its next halvings too, up to the threads it has
         (``tracekit.advise.bisection``: the answers are those of one replay at a time)."""
         searches = [bisection_for(t.lower_bound, t.device_total, t.known, t.seen) for t in tasks]
         while active := [i for i, b in enumerate(searches) if b.error is None and b.wanted()]:

@@ -31,6 +31,8 @@ class TraceCache(Generic[V]):
         self._lock = threading.Lock()  # held for dictionary updates only, never while a value is made
 
     def get(self, trace: Trace, make: Callable[[Trace], V]) -> V:
+        """The value for ``trace``: held, else ``make(trace)``, made here or by the thread already
+        making it (this one then waits for it)."""
         with self._lock:
             hit = self._used(trace)
             if hit is not None:

@@ -62,7 +62,8 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
     rounded = np.zeros(n, dtype=np.int64)
-    # Each row's block where its malloc is DONE (-1: none), read only there: untouched until written.
+    # Each row's block where its malloc is DONE (-1: none), read only there (a free's mate is always
+    # a malloc row): untouched until written (``_torch_kernel.torch_replay`` says why).
     blk = np.empty(n, dtype=np.int64)
     # Starting state (rows marked initial): device allocations first, then live blocks; the rows
     # found in one tight pass (a loop over every row that may grow C and R costs tens of ns a row).

@@ -217,7 +217,8 @@ def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, 
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
     rounded = np.zeros(n, dtype=np.int64)
-    # Each row's block where its malloc is DONE (-1: none), read only there: untouched until written.
+    # Each row's block where its malloc is DONE (-1: none), read only there (a free's mate is always
+    # a malloc row): untouched until written (``_torch_kernel.torch_replay`` says why).
     blk = np.empty(n, dtype=np.int64)
     maximum = cfg[RmmSetting.MAXIMUM]
     dev_total = cfg[RmmSetting.DEVICE_TOTAL]

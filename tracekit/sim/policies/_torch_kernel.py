@@ -265,7 +265,8 @@ def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_e
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
-    # Each row's block where its malloc is DONE (-1: none), read only there: np.empty touches no
+    # Each row's block where its malloc is DONE (-1: none), read only there (a free reads its mate's,
+    # and a free's mate is always a malloc row: the reader pairs by address): np.empty touches no
     # memory (numba's np.zeros and np.full write every byte), so a replay that stops early pays
     # nothing for the rows it never reaches.
     blk = np.empty(n, dtype=np.int64)
