@@ -181,8 +181,17 @@ def test_closing_a_pool_of_threads_ends_its_running_tasks_at_their_next_check() 
             ended.append(x)
             raise
 
+    submitted = threading.Event()
+
+    class Tasks(list[int]):
+        """The tasks, saying when the pool has taken the last (every one submitted)."""
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            yield from list.__iter__(self)
+            submitted.set()
+
     pool = workers.Pool(2, threads=True)
-    results = pool.map(task, [1, 2, 3])
+    results = pool.map(task, Tasks([1, 2, 3]))
     got: list[BaseException] = []
 
     def consume() -> None:
@@ -194,6 +203,7 @@ def test_closing_a_pool_of_threads_ends_its_running_tasks_at_their_next_check() 
     consumer = threading.Thread(target=consume)
     consumer.start()
     running.wait(timeout=10)  # both threads inside their tasks
+    assert submitted.wait(timeout=10)  # and the third queued behind them
     t0 = time.monotonic()
     pool.close()
     consumer.join(timeout=10)
