@@ -1,6 +1,6 @@
 """How many threads or worker processes a command runs its work on, and the one pool that runs it.
 
-``advise`` and ``whatif`` replay on threads of their own process (``Pool(threads=True)``): every
+``advise`` and ``whatif`` replay on threads of their own process (``Pool.map``): every
 replay kernel lets the GIL go, so a thread costs no start and shares the input this process
 prepared once. One replay of an n-event trace takes about n / ``EVENTS_PER_S`` seconds on one
 core (the CuPy and PyTorch models replay 18-19 M events/s, the free lists somewhat fewer);
@@ -15,12 +15,12 @@ CPUs (more only share them, each with its own memory: ``fleet --jobs 100`` on 2 
 for nothing) and workers that fit the memory available (``cap_workers``); ``--jobs`` of any size,
 ``99999999999`` included, is a request, not an overflow.
 
-``Pool`` is the one way tracekit runs work on several threads (``advise``, ``whatif``) or
-processes (``fleet``): in this process for one job, else ``jobs`` workers started by
-``process_context`` (forkserver; never fork, which the report's figure child alone uses, see
-``tracekit.report.render``). A worker that dies breaks the whole pool: ``map`` then ends the
-command in one sentence; ``each`` rebuilds the pool and retries the tasks that shared it, each
-alone, so only the task that kills its worker again fails.
+``Pool`` is the one way tracekit runs work on several threads (``map``: ``advise``, ``whatif``) or
+processes (``each``: ``fleet``): in the calling thread for one job, else ``jobs`` threads, or
+``jobs`` workers started by ``process_context`` (forkserver; never fork, which the report's figure
+child alone uses, see ``tracekit.report.render``). A worker process that dies breaks the whole
+pool: ``each`` rebuilds it and retries the tasks that shared it, each alone, so only the task that
+kills its worker again fails.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracekit import interrupts, progress
-from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts: most verbs never start one
     from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -145,38 +144,25 @@ def _stoppable(stop: threading.Event, fn: Callable[[T], R], task: T) -> R:
     return fn(task)
 
 
-def _start(imports: Sequence[str], initializer: Callable[..., None] | None,
-           initargs: tuple[Any, ...]) -> None:
-    """A worker's start: import ``imports`` (warming what they load), then the pool's initializer."""
+def _start(imports: Sequence[str]) -> None:
+    """A worker process's start: import ``imports`` (warming what they load)."""
     for name in imports:
         importlib.import_module(name)
-    if initializer is not None:
-        initializer(*initargs)
 
 
 class Pool:
-    """``jobs`` worker processes (none when ``jobs`` is 1: tasks run in this process), started on
-    first use; with ``threads``, ``jobs`` threads of this process instead (``map`` only), for
-    tasks whose time is in compiled code that lets the GIL go (the replay kernels, ``nogil``):
-    no start, no copy of the input, whatever this process has prepared shared by every task.
+    """``jobs`` workers, started on first use; none when ``jobs`` is 1 (tasks run in the calling
+    thread). ``map`` runs its tasks on ``jobs`` threads of this process: for tasks whose time is in
+    compiled code that lets the GIL go (the replay kernels, ``nogil``): no start, no copy of the
+    input, whatever this process has prepared shared by every task. ``each`` runs them on ``jobs``
+    worker processes (``process_context``), each importing ``imports`` first: for whole tasks
+    that read their own input and may die (``fleet``)."""
 
-    ``what`` starts the sentence a broken pool ends with (``map``), up to "worker":
-    ``"a fleet"`` gives "a fleet worker process ended abruptly (...)".
-    ``initializer(*initargs)`` runs once in each worker after ``imports`` are imported;
-    ``initargs`` may be a function giving them, called once, when the first worker starts (what
-    only workers need is made only if they start).
-    The in-process case runs no initializer: the caller sets its own state up."""
-
-    def __init__(self, jobs: int, *, what: str = "a tracekit", initializer: Callable[..., None] | None = None,
-                 initargs: tuple[Any, ...] | Callable[[], tuple[Any, ...]] = (), imports: Sequence[str] = (),
-                 threads: bool = False) -> None:
+    def __init__(self, jobs: int, *, imports: Sequence[str] = ()) -> None:
         self.jobs = max(1, jobs)
-        self.threads = threads
+        self._imports = tuple(imports)
         self._threads: ThreadPoolExecutor | None = None
         self._stop = threading.Event()  # set by ``close``: the threads' tasks end at their next check
-        self.what = what
-        self._imports, self._initializer, self._initargs = tuple(imports), initializer, initargs
-        self._start_args: tuple[Any, ...] | None = None  # (imports, initializer, initargs) once made
         self._pool: ProcessPoolExecutor | None = None
         self._generation = 0  # counts rebuilt pools, so one break rebuilds once
 
@@ -185,29 +171,17 @@ class Pool:
         return self.jobs > 1 and tasks >= 2
 
     def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
-        """``fn(t)`` for every task, in order; each finished task is reported to ``progress``
-        (in this process a task's own reports fill its part of the bar). A worker that dies
-        ends the command: ``TracekitError`` in one sentence, no traceback."""
+        """``fn(t)`` for every task, in order, on the pool's threads; each finished task is reported
+        to ``progress`` (in the calling thread a task's own reports fill its part of the bar; in a
+        pool's thread they go nowhere: no receiver there)."""
         if self.jobs == 1:
             for i, t in enumerate(tasks):
                 with progress.part(i, len(tasks)):
                     yield fn(t)
             return
-        if self.threads:  # a task's own reports go nowhere in its thread (no receiver there)
-            for done, r in enumerate(self._thread_pool().map(partial(_stoppable, self._stop, fn), tasks), 1):
-                progress.report(done, len(tasks))
-                yield r
-            return
-        from concurrent.futures.process import BrokenProcessPool
-
-        try:
-            for done, r in enumerate(self._executor().map(fn, tasks), 1):
-                progress.report(done, len(tasks))
-                yield r
-        except BrokenProcessPool:  # a worker killed (the OOM killer, a signal): say so, no traceback
-            self._drop(self._generation)
-            raise TracekitError(f"{self.what} worker process ended abruptly "
-                                "(out of memory or killed)") from None
+        for done, r in enumerate(self._thread_pool().map(partial(_stoppable, self._stop, fn), tasks), 1):
+            progress.report(done, len(tasks))
+            yield r
 
     def each(self, fn: Callable[..., R], args: Sequence[tuple[Any, ...]],
              on_error: OnError) -> Iterator[tuple[int, R]]:
@@ -220,7 +194,6 @@ class Pool:
         and alone gets ``on_error(i, exception)``; the others, often killed only because they
         shared the machine's memory, finish.
         """
-        assert not self.threads, "each runs its tasks on processes (a task may die there)"
         if self.jobs == 1:  # the sequential baseline, and no pool to start for tests
             for i, a in enumerate(args):
                 yield i, fn(*a)
@@ -283,11 +256,8 @@ class Pool:
         if self._pool is None:
             from concurrent.futures import ProcessPoolExecutor
 
-            if self._start_args is None:
-                made = self._initargs() if callable(self._initargs) else self._initargs
-                self._start_args = (self._imports, self._initializer, made)
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=process_context(), initializer=_start,
-                                             initargs=self._start_args)
+                                             initargs=(self._imports,))
         return self._pool
 
     def _thread_pool(self) -> ThreadPoolExecutor:

@@ -1,4 +1,4 @@
-"""A signal while ``whatif`` and ``advise`` replay on their threads (``workers.Pool(threads=True)``):
+"""A signal while ``whatif`` and ``advise`` replay on their threads (``workers.Pool.map``):
 the command ends at once with the signal's exit code and one line, whatever the threads were doing
 (a thread's running kernel is not waited for)."""
 

@@ -65,45 +65,11 @@ def test_available_memory_is_known_on_linux_and_below_the_machine() -> None:
 
 
 # The one worker pool: tasks at module level, so a worker process can import them.
-_STATE: dict[str, int] = {}
-
-
-def _set_base(base: int) -> None:
-    _STATE["base"] = base
-
-
-def _plus_base(x: int) -> int:
-    return _STATE["base"] + x
-
-
 def _die_on(k: int, x: int) -> int:
     """A task whose worker dies on ``x == k`` (as one killed for memory would)."""
     if x == k:
         os._exit(9)
     return x * 10
-
-
-def test_map_runs_in_process_for_one_job_and_in_order_on_workers() -> None:
-    """One job: in this process, the caller's own state; two: each worker's initializer sets it."""
-    _set_base(1000)
-    with workers.Pool(1) as local:
-        assert list(local.map(_plus_base, [3, 1, 2])) == [1003, 1001, 1002]
-    with workers.Pool(2, initializer=_set_base, initargs=(500,)) as pool:
-        assert list(pool.map(_plus_base, [3, 1, 2, 7])) == [503, 501, 502, 507]
-
-
-def test_a_worker_that_dies_in_map_ends_in_one_sentence() -> None:
-    from tracekit.errors import TracekitError
-
-    with workers.Pool(2, what="t.parquet: a what-if") as pool, pytest.raises(TracekitError) as e:
-        list(pool.map(_plus_one_or_die, [1, 2, -1, 4]))
-    assert str(e.value) == "t.parquet: a what-if worker process ended abruptly (out of memory or killed)"
-
-
-def _plus_one_or_die(x: int) -> int:
-    if x < 0:
-        os._exit(9)
-    return x + 1
 
 
 def test_each_fails_only_the_task_that_kills_its_worker_and_rebuilds_the_pool() -> None:
@@ -121,8 +87,8 @@ def test_workers_import_their_modules_and_the_fork_server_preload_is_left_alone(
 
     before = list(fs._forkserver._preload_modules)  # type: ignore[attr-defined]
     with workers.Pool(2, imports=["json.tool"]) as pool:
-        loaded = list(pool.map(_has_module, ["json.tool", "json.tool"]))
-    assert loaded == [True, True]
+        loaded = dict(pool.each(_has_module, [("json.tool",), ("json.tool",)], lambda i, e: None))
+    assert loaded == {0: True, 1: True}
     from tracekit.fleet.engines import LocalRunner
 
     fleet = LocalRunner(2)  # its workers import the analyzer's warm-up themselves
@@ -149,14 +115,14 @@ def test_threads_run_every_task_side_by_side_in_this_process() -> None:
         seen.add(threading.current_thread().name)
         return -x
 
-    pool = workers.Pool(3, threads=True)
+    pool = workers.Pool(3)
     try:
         assert pool.parallel(2) and not pool.parallel(1)
         assert list(pool.map(where, range(40))) == [-x for x in range(40)]  # in order
     finally:
         pool.close()
     assert seen and all(name.startswith("tracekit-task") for name in seen)
-    one = workers.Pool(1, threads=True)
+    one = workers.Pool(1)
     assert not one.parallel(5) and list(one.map(abs, [-1, -2])) == [1, 2]
 
 
@@ -190,7 +156,7 @@ def test_closing_a_pool_of_threads_ends_its_running_tasks_at_their_next_check() 
             yield from list.__iter__(self)
             submitted.set()
 
-    pool = workers.Pool(2, threads=True)
+    pool = workers.Pool(2)
     results = pool.map(task, Tasks([1, 2, 3]))
     got: list[BaseException] = []
 

@@ -387,7 +387,7 @@ def _run(trace: Trace, tasks: list[_Task], jobs: int) -> list[PolicyFit]:
     kernel lets the GIL go; the inputs are made once, here, and shared)."""
     from functools import partial
 
-    pool = Pool(jobs, threads=True)
+    pool = Pool(jobs)
     try:
         return list(pool.map(partial(_work, _Inputs(trace, tasks)), tasks))
     finally:

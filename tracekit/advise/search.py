@@ -93,7 +93,7 @@ class Runner:
         self.done: dict[Task, Outcome | Probe] = {}
         self.facts: InertFacts | None = None  # ``_same_as``'s reading of the trace, once
         self._run = partial(_run, _input(trace, counterfactual), counterfactual)  # prepared here, once
-        self.pool = Pool(jobs, threads=True)
+        self.pool = Pool(jobs)
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | Probe]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""

@@ -66,7 +66,7 @@ class LocalRunner:
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
-        self._pool = Pool(jobs, what="a fleet", imports=["tracekit.fleet.preload"])
+        self._pool = Pool(jobs, imports=["tracekit.fleet.preload"])
 
     def map(self, fn: Callable[..., T], args: Sequence[tuple[Any, ...]],
             on_error: OnError) -> Iterator[tuple[int, T]]:

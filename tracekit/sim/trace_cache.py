@@ -2,7 +2,7 @@
 
 ``TraceCache.get(trace, make)`` returns ``make(trace)``, made once for that trace object (traces
 are compared by identity) and held weakly: it goes with the trace. Several threads asking for the
-same trace at once (advise's and whatif's, ``tracekit.workers.Pool(threads=True)``) wait for the
+same trace at once (advise's and whatif's, ``tracekit.workers.Pool.map``) wait for the
 one that makes it; threads asking for different traces do not wait for each other. With ``keep``,
 at most that many values are held, the least recently used dropped first: a value of a trace that
 is asked for again and again (the prepared input every setting replays) stays while the traces
