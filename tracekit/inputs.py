@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shlex
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,16 @@ def safe_text(text: object, *, lines: bool = False) -> str:
     if s.isprintable() or (lines and s.replace("\n", "").isprintable()):
         return s
     return "\n".join(_escape(part) for part in s.split("\n")) if lines else _escape(s)
+
+
+def shell_word(text: str) -> str:
+    """``text`` (a path) as one word a POSIX shell reads back as it is: quoted where it needs it, a
+    relative path starting with ``-`` behind ``./`` (no command reads it as an option), and, as
+    ``safe_text`` escapes them, the characters a terminal would act on (so a newline in a file name
+    shows as ``\\n``, never as a line break)."""
+    if text.startswith("-"):
+        text = "./" + text
+    return safe_text(shlex.quote(text))
 
 
 def _escape(s: str) -> str:

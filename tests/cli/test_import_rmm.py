@@ -83,6 +83,24 @@ def test_a_malformed_log_is_one_sentence_and_exit_1(tmp_path: Path) -> None:
         assert r.exit_code == 1
 
 
+@pytest.mark.parametrize("body, said", [
+    # a line of 7 fields whose text is not UTF-8: Arrow cannot hand it to the row handler
+    (b"1,10:00:00.000002,allocate,0x20,100,0,caf\xe9\n",
+     "line 3: expected the 6 fields Thread,Time,Action,Pointer,Size,Stream, got 7"),
+    # a block no reader would take: it runs past the end of the address space
+    (b"1,10:00:00.000002,allocate,0xffffffffffffffff,100,0\n",
+     "line 3: a block of 256 bytes at 0xffffffffffffffff would run past the end of the 64-bit address space"),
+])
+def test_a_line_no_trace_can_hold_is_named(tmp_path: Path, body: bytes, said: str) -> None:
+    log = tmp_path / "odd.dev0.csv"
+    log.write_bytes(HEADER.encode() + b"1,10:00:00.000001,allocate,0x10,100,0\n" + body)
+    p = subprocess.run([sys.executable, "-m", "tracekit", "import", "rmm", str(log)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "Exception ignored" not in p.stderr
+    assert p.stderr.strip() == f"tracekit: error: {log}: {said}"
+    assert not (tmp_path / "odd.dev0.parquet").exists()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("rmm") is not None, reason="RMM is installed here")
 def test_the_device_replay_of_rmm_pool_without_rmm_says_how_to_get_it(tmp_path: Path) -> None:
     log = _log(tmp_path / "a.csv", 2)

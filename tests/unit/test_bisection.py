@@ -27,12 +27,15 @@ class Oracle:
         self.made += 1
         if cap is None or cap >= self.cuts[-1]:  # from the last cut up: the unbounded run
             same = (self.cuts[-1], NO_REFUSAL, False) if self.ranges else None
-            return Probe(cap, False, self.peak, self.cuts[-1] if self.ranges else -1, same)
+            peak = self.peak if cap is None else min(self.peak, cap)
+            return Probe(cap, False, peak, self.cuts[-1] if self.ranges else -1, same)
         k = sorted_search.bisect_right(self.cuts, cap) - 1
         lo = self.cuts[k] if k >= 0 else 1
         hi = self.cuts[k + 1]
         ran_out = self.out[k + 1]
-        return Probe(cap, ran_out, self.peak, NO_REFUSAL, (lo, hi, ran_out) if self.ranges else None)
+        # a bounded replay's peak reserved stays within its capacity (the allocator's limit test)
+        same = (lo, hi, ran_out) if self.ranges else None
+        return Probe(cap, ran_out, min(self.peak, cap), NO_REFUSAL, same)
 
 
 def _run(b: Bisection, oracle: Oracle, width: int) -> tuple[Found, int]:
@@ -116,3 +119,21 @@ def test_a_replay_made_ahead_that_failed_is_not_the_search_s_failure() -> None:
     reached.learn(Probe(16 * STEP, False, 16 * STEP, -1, None))  # the upper end fits
     reached.learn(Probe(9 * STEP, True, 0, -1, None, error="ValueError: boom"))
     assert reached.error == "ValueError: boom" and reached.wanted(7) == []
+
+
+def test_a_replay_that_gets_through_above_its_capacity_is_no_fit() -> None:
+    """Expandable segments map whole pages past the limit test's request: a replay at 10 steps that
+    gets through at a peak of 11 is no fit there (its headroom, and verdict, would be negative), so
+    the smallest capacity is the first whose replay's peak is within it; a range such a replay is
+    alike in answers only from its peak up."""
+    class Overshoot(Oracle):
+        def __call__(self, cap: int | None) -> Probe:
+            self.made += 1
+            if cap is None or cap >= 10 * STEP:  # from 10 steps up: the same steps, peak 11 steps
+                return Probe(cap, False, 11 * STEP, 10 * STEP, (10 * STEP, NO_REFUSAL, False))
+            return Probe(cap, True, cap, NO_REFUSAL, None)
+
+    for width in (1, 7):
+        end, _ = _run(Bisection(3 * STEP, STEP, 1 << 50, reuse=True), Overshoot([10 * STEP], [True, False],
+                                                                                 11 * STEP, True), width)
+        assert end.min_capacity == 11 * STEP

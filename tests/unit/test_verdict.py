@@ -42,6 +42,17 @@ def test_workload_kinds_of_committed_traces() -> None:
     # A transformer language model: requests fixed by the program.
     assert workload_of(read_trace(TRACES / "torch-gpt2-lengths.parquet"))[0] == Workload.STEADY
     cupy = margin_for("cupy", read_trace(TRACES / "cupy-oom-frag.parquet"))
-    assert cupy.workload == Workload.STEADY and cupy.bytes_at(256 * MIB) == 1
+    assert cupy.workload == Workload.STEADY and cupy.bytes_at(256 * MIB) == 0  # any headroom above 0
     raw = margin_for("raw", read_trace(TRACES / "cupy-oom-frag.parquet"))
-    assert raw.fraction == 0 and raw.floor == 1
+    assert raw.fraction == 0 and raw.floor == 0
+    assert decide(True, None, 1, 256 * MIB, cupy) == Verdict.FITS  # one byte of headroom is above 0
+    assert decide(True, None, 0, 256 * MIB, cupy) == Verdict.BORDERLINE
+
+
+def test_a_torch_trace_without_call_sites_keeps_the_reactive_margin() -> None:
+    """Without call-sites nothing shows that no cuDNN convolution chose its workspace at run time:
+    the same ResNet recorded with stacks is reactive, so without them the margin stays reactive."""
+    bare = read_trace(TRACES / "torch-ends-os_exit.parquet")
+    assert not (bare.events.site >= 0).any()
+    assert margin_for("torch", bare).workload == Workload.REACTIVE
+    assert workload_of(bare)[0] == Workload.STEADY  # no allocator named: nothing to be careful for

@@ -27,6 +27,17 @@ Same = tuple[int, int, bool]  # a bounded replay: its Stat.SAME_FROM and Stat.SA
 Unbounded = tuple[int, int, bool]  # an unbounded replay: (peak reserved, its Stat.ASKED, ran out)
 
 
+def alike(lo: int, below: int, ran_out: bool, peak: int) -> Same | None:
+    """The capacities ``[lo, below)`` at which a replay replays alike (the same steps, so the same
+    peak reserved ``peak``), as the search reads them: where it ran out none of them fits; where it
+    got through only those at or above its peak do (below it the headroom, and so the verdict, would
+    be negative: expandable segments map whole pages past the limit test's request), so the range
+    is cut there. None: no such capacity is known."""
+    if not ran_out:
+        lo = max(lo, peak)
+    return (lo, below, ran_out) if 0 <= lo < below else None
+
+
 @dataclass(frozen=True)
 class Probe:
     """One replay of the searched setting: at ``capacity`` (None: unbounded)."""
@@ -127,7 +138,7 @@ class Bisection:
             return None
         unbounded = self._unbounded_or_none()
         if unbounded is not None and 0 <= unbounded[1] <= cap:
-            return not unbounded[2]
+            return not unbounded[2] and unbounded[0] <= cap
         if cap > 0:
             alike = next((r for r in ranges if r[0] <= cap < r[1]), None)
             if alike is not None:
@@ -173,7 +184,7 @@ class Bisection:
                 raise _Failed(p.error)
             if p.same is not None:
                 runs.append(p.same)
-            return not p.ran_out
+            return not p.ran_out and p.peak_reserved <= cap  # a fit: got through, peak within it
 
         replays = 1
         lo = (self.lb - 1) // step * step if self.lb > 0 else -step  # the largest multiple below lb: fails

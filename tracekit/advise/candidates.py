@@ -38,6 +38,7 @@ from pathlib import PurePosixPath
 from typing import TypedDict
 
 from tracekit.analysis.oom_budget import How  # how a cure's bytes were had, as the budget says
+from tracekit.inputs import safe_text, shell_word
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator
 
@@ -156,7 +157,7 @@ class Candidate:
             return f"{self.policy} free list"
         return {
             Kind.CUPY_POOL: "CuPy default pool", Kind.CUPY_LIMIT: "CuPy pool, set_limit",
-            Kind.CUPY_RELEASE: f"free_all_blocks() before {PurePosixPath(self.site or '').name}",
+            Kind.CUPY_RELEASE: f"free_all_blocks() before {safe_text(PurePosixPath(self.site or '').name)}",
             Kind.CUPY_ASYNC: "MemoryAsyncPool (modelled as the device allocator)",
             Kind.CUDA_MALLOC: "plain cudaMalloc (modelled as the device allocator)",
             Kind.RMM_POOL: "RMM pool, maximum_pool_size",
@@ -177,7 +178,8 @@ class Candidate:
         if self.kind == Kind.CUPY_POOL:
             return f"cupy.get_default_memory_pool().set_limit(size={cap})"
         if self.kind == Kind.CUPY_RELEASE:
-            return f"cupy.get_default_memory_pool().free_all_blocks()  # at {self.site}, before allocating"
+            return (f"cupy.get_default_memory_pool().free_all_blocks()  # at {safe_text(self.site)}, "
+                    "before allocating")
         if self.kind == Kind.CUPY_ASYNC:
             return "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)"
         if self.kind == Kind.CUDA_MALLOC:
@@ -190,7 +192,8 @@ class Candidate:
             return "rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource())"
         if self.kind == Kind.RMM_CUDA:
             return "rmm.reinitialize(pool_allocator=False)"
-        return f"tracekit replay {trace} --sim {self.policy} --capacity {cap}"
+        where = shell_word(trace) if trace != "TRACE" else trace
+        return f"tracekit replay {where} --sim {self.policy} --capacity {cap}"
 
 
 def conf_text(opts: Mapping[str, str]) -> str:

@@ -34,7 +34,7 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-from tracekit.advise.bisection import Bisection, Found, Probe, Same, Unbounded
+from tracekit.advise.bisection import Bisection, Found, Probe, Same, Unbounded, alike
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.live import live_bytes, paired_frees, round_up
 from tracekit.trace.reader import Trace
@@ -209,12 +209,12 @@ def live_curve(trace: Trace) -> np.ndarray:
     return live_bytes(req, needed_requests(trace), paired_frees(ev.op, trace.mate), trace.mate)
 
 
-def same_of(stats: np.ndarray, ran_out: bool) -> Same | None:
-    """The capacities at which a replay (its ``stats``) replays alike, with its answer; None: not known."""
+def same_of(stats: np.ndarray, ran_out: bool, peak: int) -> Same | None:
+    """The capacities at which a replay (its ``stats``, its peak reserved ``peak``) replays alike, with
+    its answer (``bisection.alike``); None: not known."""
     from tracekit.sim.codes import Stat
 
-    lo, below = int(stats[Stat.SAME_FROM]), int(stats[Stat.SAME_BELOW])
-    return (lo, below, ran_out) if 0 <= lo < below else None
+    return alike(int(stats[Stat.SAME_FROM]), int(stats[Stat.SAME_BELOW]), ran_out, peak)
 
 
 def probe(trace: Trace, policy: str, capacity: int | None, options: Mapping[str, str] | None = None,
@@ -230,7 +230,7 @@ def probe(trace: Trace, policy: str, capacity: int | None, options: Mapping[str,
     res = _replayer(trace, policy, counterfactual)(config)
     stats = res.run.stats
     return Probe(capacity, res.ran_out, res.summary.peak_reserved_bytes, int(stats[Stat.ASKED]),
-                 same_of(stats, res.ran_out))
+                 same_of(stats, res.ran_out, res.summary.peak_reserved_bytes))
 
 
 def search(trace: Trace, policy: str, *, step: int = STEP, max_capacity: int | None = None,

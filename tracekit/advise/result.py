@@ -29,6 +29,7 @@ from tracekit.advise.overhead import Room, RoomDict
 from tracekit.advise.rerun import Rerun, RerunDict
 from tracekit.advise.verdict import ORDER, WORDS, Margin, Verdict
 from tracekit.analysis.leaks import SiteBytes
+from tracekit.inputs import safe_text, shell_word
 from tracekit.units import format_size
 
 RECORDED_PART = "verified through the failing request; the run past it was not recorded"
@@ -187,7 +188,7 @@ class AdviseResult:
     def line(self, cand: Candidate, capacity: int | None) -> str:
         text = cand.line(capacity, self.trace or "TRACE")
         if cand.kind == Kind.TORCH_CONF and self.command:
-            text += f" {self.command}"
+            text += f" {safe_text(self.command)}"  # one line, whatever the recorded command held
         return text
 
     def recommendation(self) -> str:
@@ -199,7 +200,7 @@ class AdviseResult:
                 where = f"within the room the process had ({format_size(self.limit)})"
             model = "" if o.verified_by_replay else " (by the device-allocator model, not a replay)"
             return (f"{o.label()} fits {where}{model}, peak reserved "
-                    f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom "
+                    f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom"
                     f"{_margin_said(o)}{self._fallbacks(o)}; "
                     f"rerun with: {self.line(o.candidate, o.capacity)}")
         if self.room is not None:
@@ -214,7 +215,8 @@ class AdviseResult:
                      f"{format_size(b.peak_reserved)}, {format_size(b.headroom or 0)} headroom, within the "
                      f"{format_size(b.margin or 0)} a real run of this workload can exceed the replay by"
                      f"{self._fallbacks(b)}: try it for real before relying on it (tracekit advise "
-                     f"{self.trace or 'TRACE'} --rerun 1, or: {self.line(b.candidate, b.capacity)})")
+                     f"{shell_word(self.trace) if self.trace else 'TRACE'} --rerun 1, or: "
+                     f"{self.line(b.candidate, b.capacity)})")
         if self.min_capacity is not None and self.min_capacity_setting is not None:
             c = self.min_capacity_setting
             fit = self.fit_capacity
@@ -222,9 +224,16 @@ class AdviseResult:
                 text += (f"; with {c.label()} the replay gets through from {format_size(self.min_capacity)}, "
                          f"and it fits with the margin ({format_size(self.margin.bytes_at(fit))} there) from "
                          f"{format_size(fit)}: {self.line(c, fit)}{_torch_room(c, fit)}")
+            elif fit is None and self.margin is not None and self.margin.explains:
+                # no capacity is offered as the fix: the smallest one the replay gets through has
+                # no headroom over the margin, and none raised from it got the margin either
+                text += (f"; with {c.label()} the replay gets through from {format_size(self.min_capacity)}, "
+                         "within the margin there, and no capacity tried above it fits with the margin "
+                         "(a handled OOM served as the capacity grows, or a peak that grows with it): no "
+                         "capacity is recommended")
             else:
                 text += (f"; the smallest capacity is {format_size(self.min_capacity)} with {c.label()} "
-                         f"({self.line(c, self.min_capacity)})")
+                         f"({self.line(c, self.min_capacity)}{_torch_room(c, self.min_capacity)})")
         text += f"; the live bytes alone need {format_size(self.lower_bound)}"
         if self.top_sites:
             s = self.top_sites[0]
@@ -381,7 +390,7 @@ class AdviseResult:
 
 
 def _margin_said(o: Outcome) -> str:
-    return f" (more than the {format_size(o.margin)} margin)" if o.margin and o.margin > 1 else ""
+    return f" (more than the {format_size(o.margin)} margin)" if o.margin else ""
 
 
 def rerun_lines(reruns: Sequence[Rerun]) -> list[str]:

@@ -87,14 +87,28 @@ def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
     return by_label(stack_ids(ev)[b], ev.size[b], CallSites.of(stack_table(ev), user_code), TOP_SITES)
 
 
+def _failing_row(trace: Trace) -> int | None:
+    """The row of the request the run failed at: the fatal OOM (``trace.outcome.fatal_seq``), else,
+    where the program survived every OOM, the first one; None without OOMs."""
+    from tracekit.trace.outcome import fatal_seq
+
+    ev = trace.events
+    ooms = np.flatnonzero(ev.op == Op.OOM)
+    if len(ooms) == 0:
+        return None
+    fatal = fatal_seq(ev, trace.meta.recorded)
+    at = ooms[ev.seq[ooms] == np.uint64(fatal)] if fatal is not None else ooms[:0]
+    return int(at[0]) if len(at) else int(ooms[0])
+
+
 def _site_of_failure(trace: Trace) -> str | None:
     """The failing request's recorded one-frame ``site`` (where ``free_all_blocks()`` would go:
     the candidate's evaluation finds the rows by that name)."""
     ev = trace.events
-    ooms = np.flatnonzero(ev.op == Op.OOM)
-    if len(ooms) == 0 or ev.site[ooms[0]] < 0:
+    row = _failing_row(trace)
+    if row is None or ev.site[row] < 0:
         return None
-    return ev.sites[ev.site[ooms[0]]]
+    return ev.sites[ev.site[row]]
 
 
 BISECT_WIDTH = 15  # threads a bisection's round uses at most: four halvings (1 + 2 + 4 + 8 replays)
@@ -102,8 +116,17 @@ BISECT_WIDTH = 15  # threads a bisection's round uses at most: four halvings (1 
 # events and the prepared input are shared by every thread); bytes, an upper estimate.
 THREAD_EVENT_BYTES = 96
 
-RAISES = 3  # replays at most, raising a capacity that gets through until it fits with the margin
+RAISES = 4  # replays at most, raising a capacity that gets through until it fits with the margin
 STEP = 2 << 20  # bytes: capacities are raised in whole device pages
+
+
+def clearing(peak: int, margin: Margin) -> int:
+    """The smallest capacity (whole ``STEP``s) whose headroom over ``peak`` exceeds the margin there:
+    ``cap - peak > margin.bytes_at(cap)``, the margin being a fraction of the capacity itself."""
+    cap = -(-(peak + margin.bytes_at(peak) + 1) // STEP) * STEP
+    while cap - peak <= margin.bytes_at(cap):  # the margin grew with the capacity: a step or two more
+        cap += STEP
+    return cap
 
 
 def _with_margin(cand: Candidate, fit: PolicyFit | None, runner: Runner, device_total: int | None,
@@ -112,9 +135,11 @@ def _with_margin(cand: Candidate, fit: PolicyFit | None, runner: Runner, device_
 
     The search starts at the smallest capacity its replay gets through (``fit``, bisected), where
     the headroom is near 0 and the verdict at best ``BORDERLINE``: a real run of a reactive workload
-    there fails (``docs/fidelity.md``). While the verdict is ``BORDERLINE`` the capacity is raised
-    by the margin (in 2 MiB steps) and replayed again (the peak can move with the capacity), for at
-    most ``RAISES`` replays; a replay that fails there (fitting need not be monotone) ends it.
+    there fails (``docs/fidelity.md``). Until the verdict is ``FITS`` the capacity is raised to the
+    one that clears the margin over the peak just replayed (``clearing``), or, where the replay
+    failed there (fitting need not be monotone: handled OOMs are served as the capacity grows), by
+    the margin, and replayed again (the peak can move with the capacity), for at most ``RAISES``
+    replays. None: no capacity tried fits with the margin; nothing else is offered as a fit.
     """
     if fit is None or fit.min_capacity is None or not margin.explains:
         return None
@@ -122,9 +147,12 @@ def _with_margin(cand: Candidate, fit: PolicyFit | None, runner: Runner, device_
     for _ in range(RAISES):
         (o,) = outcomes(runner.map([Task(cand, cap, device_total)]))
         o = o.judged(margin)
-        if o.verdict != Verdict.BORDERLINE:
-            return o if o.ok else None
-        cap += -(-margin.bytes_at(cap) // STEP) * STEP
+        if o.verdict == Verdict.FITS:
+            return o
+        if o.verdict == Verdict.ERROR:
+            return None
+        raised = clearing(o.peak_reserved, margin) if o.fits else cap + margin.bytes_at(cap)
+        cap = max(-(-raised // STEP) * STEP, cap + STEP)
     return None
 
 
@@ -144,8 +172,9 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
     from tracekit.trace.outcome import fatal_seq
 
     fatal = fatal_seq(trace.events, trace.meta.recorded)
+    ran_out = [r for (_, sub), r in zip(parts, results, strict=True) if np.any(sub.events.op == Op.OOM)]
     main = next((r for r in results if fatal is not None and r.failing_seq == fatal),
-                next((r for r in results if r.failing_seq is not None), results[0]))
+                ran_out[0] if ran_out else results[0])
     return dataclasses.replace(main, devices=tuple(results))
 
 
@@ -218,7 +247,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
             if raised is not None:
                 tried.append(raised)
         if room is None and limit is None and len(ooms):
-            unexplained = _unexplained(trace, kind, tried, cap)
+            unexplained = _unexplained(trace, kind, tried, cap, runner, device_total, margin)
             if unexplained is not None:
                 margin = dataclasses.replace(margin, explains=False, why=unexplained)
                 tried = [o.judged(margin) for o in tried]
@@ -233,9 +262,11 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     borderline = tuple(sorted((o for o in tried if o.verdict == Verdict.BORDERLINE and not o.candidate.cures),
                               key=lambda o: (-(o.headroom or 0), rank_key(o))))
     notes = _notes(trace, kind, tried) + (room_advice.notes if room_advice is not None else ()) + tuple(asked)
+    from tracekit.trace.outcome import fatal_seq
+
     return AdviseResult(
         trace=str(trace.path) if trace.path else None, kind=kind, limit=cap,
-        failing_seq=int(trace.events.seq[ooms[0]]) if len(ooms) else None, tried=tuple(tried), fits=fits,
+        failing_seq=fatal_seq(trace.events, trace.meta.recorded), tried=tuple(tried), fits=fits,
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
         fit_capacity=at_margin.capacity if at_margin is not None else None,
         top_sites=top_sites_at_peak(trace, user_code, live),
@@ -266,17 +297,24 @@ def recorded_setting(trace: Trace, kind: str) -> Candidate | None:
     return cupy_pool() if kind == Allocator.CUPY else None
 
 
-def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int) -> str | None:
+def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int, runner: Runner,
+                 device_total: int | None, margin: Margin) -> str | None:
     """Why no headroom of this trace is evidence, or None. The recorded setting's prediction at the
     recorded limit gets through the failing request or serves OOMs the program met: when the
     recording replayed exactly as recorded does so too, the trace does not explain the failure;
-    else the prediction departs from the recording for its own setting."""
+    else the prediction departs from the recording for its own setting. The recorded setting is
+    replayed here where the search did not try it (a setting off the candidates' grid)."""
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay
     from tracekit.trace.outcome import fatal_seq, handled_rows
 
     base = recorded_setting(trace, kind)
-    rec = next((o for o in tried if base is not None and o.candidate == base and not o.candidate.cures), None)
+    if base is None:
+        return None
+    rec = next((o for o in tried if o.candidate == base and not o.candidate.cures), None)
+    if rec is None:
+        (got,) = outcomes(runner.map([Task(base, cap, device_total)]))
+        rec = got.judged(margin)
     died = fatal_seq(trace.events, trace.meta.recorded) is not None
     if rec is None or rec.error is not None or not ((died and rec.fits) or rec.handled_served):
         return None

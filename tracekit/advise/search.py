@@ -24,7 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from tracekit.advise import candidates as cands
-from tracekit.advise.bisection import Probe, Same, Unbounded
+from tracekit.advise.bisection import Probe, Same, Unbounded, alike
 from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.capacity import PolicyFit, bisection_for, fit_of, probe
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
@@ -209,9 +209,10 @@ def _seen(o: Outcome, device_total: int | None) -> tuple[Same, ...]:
     """``o``'s replay as the search's replays would make it (same input, setting, no device total):
     the capacities at which they would replay alike (``capacity.same_of``), when known."""
     lo, below = o.same
-    if device_total is not None or o.error is not None or o.capacity is None or not 0 <= lo < below:
+    if device_total is not None or o.error is not None or o.capacity is None:
         return ()
-    return ((lo, below, not o.fits),)
+    same = alike(lo, below, not o.fits, o.peak_reserved)
+    return (same,) if same is not None else ()
 
 
 def bisect_tasks(kind: str, ranked: Sequence[Outcome], lb: int, device_total: int | None) -> list[Task]:

@@ -32,6 +32,7 @@ import numpy as np
 from tracekit.sim.base import Allocator
 from tracekit.trace.outcome import handled_rows
 from tracekit.trace.reader import Trace
+from tracekit.trace.schema import Op
 from tracekit.units import format_size
 
 PAGE = 2 << 20  # one device page: no model is closer than the driver's granularity
@@ -73,7 +74,7 @@ MODEL_ERRORS: tuple[ModelError, ...] = (
     ModelError(Allocator.TORCH, Workload.REACTIVE, 0.02, PAGE,
                "ResNet-50 with cuDNN fallbacks, real runs at two caps"),
     # CuPy's pool: every counterfactual run exact to the byte (docs/fidelity.md): any headroom above 0.
-    ModelError(Allocator.CUPY, Workload.STEADY, 0.0, 1, "the CuPy oom workload at three set_limit values"),
+    ModelError(Allocator.CUPY, Workload.STEADY, 0.0, 0, "the CuPy oom workload at three set_limit values"),
     # No CuPy program with handled OOMs was run under other settings: PyTorch's reactive figure.
     ModelError(Allocator.CUPY, Workload.REACTIVE, 0.02, PAGE,
                "not measured for CuPy: PyTorch's reactive figure"),
@@ -102,14 +103,15 @@ class Margin:
         return max(self.floor, int(self.fraction * capacity))
 
     def sentence(self, capacity: int) -> str:
-        if self.fraction == 0 and self.floor <= 1:
+        if self.fraction == 0 and self.floor == 0:
             return f"margin 0 (any headroom above 0): {self.why}"
         return (f"margin {format_size(self.bytes_at(capacity))} ({self.fraction:.1%} of the limit, at least "
                 f"{format_size(self.floor)}): {self.why}")
 
 
-def workload_of(trace: Trace) -> tuple[Workload, str]:
-    """The trace's workload kind and the reason, in words."""
+def workload_of(trace: Trace, kind: str | None = None) -> tuple[Workload, str]:
+    """The trace's workload kind and the reason, in words; ``kind``: the allocator it is replayed
+    through (a PyTorch trace without call-sites cannot show it holds no cuDNN convolution: reactive)."""
     ev = trace.events
     handled = int(np.count_nonzero(handled_rows(ev, trace.meta.recorded)))
     if handled:
@@ -119,16 +121,19 @@ def workload_of(trace: Trace) -> tuple[Workload, str]:
     if any(s.split(":", 1)[0].endswith(CONV_FILE) for s in ev.sites):
         return Workload.REACTIVE, ("cuDNN convolutions choose their workspaces at run time "
                                    "(cudnn.benchmark times them), so a real run's requests vary")
+    if kind == Allocator.TORCH and not np.any(ev.site[ev.op == Op.MALLOC] >= 0):
+        return Workload.REACTIVE, ("the trace holds no call-sites, so whether cuDNN chooses workspaces at "
+                                   "run time cannot be told: the margin of a reactive workload is kept")
     return Workload.STEADY, "the program's requests do not depend on memory"
 
 
 def margin_for(kind: str, trace: Trace) -> Margin:
     """The margin of ``trace`` replayed through ``kind``'s allocator ("raw": a simulated heap,
     which is the allocator itself: any headroom above 0 fits)."""
-    workload, reason = workload_of(trace)
+    workload, reason = workload_of(trace, kind)
     err = next((e for e in MODEL_ERRORS if e.allocator == kind and e.workload == workload), None)
     if err is None:
-        return Margin(workload, 0.0, 1, "a simulated heap is the allocator itself")
+        return Margin(workload, 0.0, 0, "a simulated heap is the allocator itself")
     return Margin(workload, err.fraction, err.floor, f"{reason}; measured on the H200: {err.measured}")
 
 

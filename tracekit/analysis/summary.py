@@ -224,7 +224,7 @@ class Summary:
             return "\n\n".join([head, *(f"== device {p.device} ==\n{p.to_text()}" for p in self.devices)])
         sz = format_size
         rows = [
-            ("trace", self.path or "(in memory)"),
+            ("trace", safe_text(self.path) if self.path else "(in memory)"),
             ("events", f"{self.events:,} over {self.duration_s:.3f} s"
              + ("  (raw device: no segment rows, reserved = live)" if self.raw_device else "")),
             ("peak live", f"{sz(self.peak_live_bytes)} at seq {_opt(self.peak_live_seq)}"),
@@ -237,7 +237,7 @@ class Summary:
         ]
         c = self.context
         if c.device_total is not None:
-            rows.append(("device", f"{c.device_name or 'n/a'}: total {sz(c.device_total)}, "
+            rows.append(("device", f"{safe_text(c.device_name or 'n/a')}: total {sz(c.device_total)}, "
                          f"free at start {sz(c.free_at_start)}, overhead {sz(c.overhead)}"))
         for label, b in c.overhead_parts():
             rows.append(("  " + label, sz(b)))

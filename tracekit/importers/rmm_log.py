@@ -29,12 +29,15 @@ A malformed log is refused with one sentence naming the file, the line and the f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -290,11 +293,55 @@ class _BadRow:
         return InputError(f"{where}: line {self.line}: expected the {len(HEADER)} fields {','.join(HEADER)}, "
                           f"got {self.fields}")
 
+    def learn(self, e: BaseException) -> bool:
+        """Arrow's own "Row #N: Expected a columns, got b" for a row it could not hand to the handler
+        (its text is not UTF-8: Arrow fails to decode it before calling): True where it was that."""
+        m = _ROW_COUNT.search(str(e))
+        if m is None:
+            return False
+        if self.line < 0:
+            self.line, self.fields = int(m.group(1)), int(m.group(2))
+        return True
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """While reading: Arrow reports its own failure to decode a bad row's text for the handler
+        as an unraisable exception (a traceback on stderr); that row's error is ``learn``'s."""
+        before = sys.unraisablehook
+
+        def hook(u: Any) -> None:
+            if u.object is not self:
+                before(u)
+
+        sys.unraisablehook = hook
+        try:
+            yield
+        finally:
+            sys.unraisablehook = before
+
+
+def _has_header(path: Path) -> bool:
+    """The file's first line is an RMM log's header (a bad row's line number is then the log's)."""
+    try:
+        with open(path, "rb") as f:
+            return f.readline(4096).rstrip(b"\r\n") == ",".join(HEADER).encode()
+    except OSError:
+        return False
+
+
+MAX_U64 = (1 << 64) - 1
+_ROW_COUNT = re.compile(r"Row #(\d+): Expected \d+ columns, got (\d+)")
+
 
 def read_log(path: Path) -> LogColumns:
     """Every data line of the log at ``path`` converted (InputError naming the line otherwise)."""
-    where = safe_text(path)
     bad = _BadRow()
+    with bad.quiet():
+        return _read_log(path, bad)
+
+
+def _read_log(path: Path, bad: _BadRow) -> LogColumns:
+    where = safe_text(path)
     name = utf8_name(path)
     try:
         source: str | pa.NativeFile = name if name is not None else pa.OSFile(os.fsencode(path))
@@ -312,6 +359,8 @@ def read_log(path: Path) -> LogColumns:
                                                 quoted_strings_can_be_null=False),
         )
     except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+        if _has_header(path) and bad.learn(e):  # the first block's bad row, its text not UTF-8
+            raise bad.error(where) from None
         raise InputError(f"{where}: line 1: not an RMM log ({_arrow_cause(e)})") from None
     except OSError as e:
         raise InputError(f"{where}: cannot read the RMM log ({os_cause(e)})") from None
@@ -330,6 +379,8 @@ def read_log(path: Path) -> LogColumns:
         except StopIteration:
             break
         except pa.ArrowInvalid as e:  # not UTF-8, a line past Arrow's limits
+            if bad.learn(e):
+                raise bad.error(where) from None
             raise InputError(f"{where}: after line {rows + 1}: not an RMM log ({_arrow_cause(e)})") from None
         except OSError as e:
             raise InputError(f"{where}: cannot read the RMM log ({os_cause(e)})") from None
@@ -417,6 +468,13 @@ def convert(cols: LogColumns, where: Path, device: int) -> Converted:
     """The trace of a read log (``read_log``) on ``device``."""
     t_ns, back, midnights = _times(cols.t_ns)
     ev, thread, keep = log_events(cols, device, t_ns)
+    # A block that would run past the end of the address space: no reader would take the trace
+    held = np.maximum(ev.size, ev.rounded)
+    past = np.flatnonzero((ev.op != Op.OOM) & (ev.addr > np.uint64(MAX_U64) - held))
+    if len(past):
+        line = int(np.flatnonzero(keep)[past[0]]) + 2  # the header is line 1
+        raise InputError(f"{safe_text(where)}: line {line}: a block of {int(held[past[0]])} bytes at "
+                         f"{hex(int(ev.addr[past[0]]))} would run past the end of the 64-bit address space")
     nulls = len(keep) - len(ev)
     info = ImportInfoJSON(
         log=where.name, rows=len(cols.action), null_pointer_rows=nulls,

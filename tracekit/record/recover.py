@@ -473,6 +473,8 @@ def default_output(spool: Path) -> Path:
 
 def recover(path: Path, output: Path | None = None, *, force: bool = False) -> Path:
     """Make a trace from the spool of an unfinished recording (``path`` or ``path``.spool)."""
+    if not path.name:  # "." or "/": no file name to find a spool beside
+        raise InputError(f"{safe_text(path)}: is a folder, not a spool or a trace file")
     spool = path if path.name.endswith(".spool") else path.with_name(path.name + ".spool")
     if stat_or_none(spool, "spool") is None:
         raise InputError(f"{safe_text(path)}: no spool beside it ({safe_text(spool)}); nothing to recover")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.inputs import safe_text
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
@@ -45,19 +46,20 @@ class TraceInfo:
         m = self.meta
         dev = m.get("device") or {}
         lines = [
-            f"trace        {self.path}",
+            f"trace        {safe_text(self.path)}",
             f"source       {m.get('source')}  (schema v{m.get('schema_version')}, "
             f"created {m.get('created_utc') or 'n/a'})",
         ]
         if dev:
             lines.append(
-                f"device       {dev.get('name') or 'n/a'}: total {format_size(dev.get('total_bytes'))},"
+                f"device       {safe_text(dev.get('name') or 'n/a')}: "
+                f"total {format_size(dev.get('total_bytes'))},"
                 f" free at start {format_size(dev.get('free_bytes'))}"
             )
         if m.get("pool_limit_bytes") is not None:
             lines.append(f"pool limit   {format_size(m['pool_limit_bytes'])}")
         if m.get("command"):
-            lines.append(f"command      {m['command']}")
+            lines.append(f"command      {safe_text(m['command'])}")
         lines.append(f"events       {self.events:,} over {self.duration_s:.3f} s")
         for op, c in self.ops.items():
             lines.append(f"  {op:<14}{c:>14,}")

@@ -50,10 +50,11 @@ def fatal_seq(ev: Events, recorded: RecordedMeta | Mapping[str, Any]) -> int | N
     typed = RecordedMeta.of(recorded)
     ex = typed.exit
     if ex is not None:
-        for s in (ex.oom_seq, v1_oom_seq(typed, ex)):
-            if s is not None and s >= 0 and np.any(seqs == np.uint64(s)):
+        named = [s for s in (ex.oom_seq, v1_oom_seq(typed, ex)) if s is not None and s >= 0]
+        for s in named:
+            if np.any(seqs == np.uint64(s)):
                 return s
-        if ex.survived:
+        if ex.survived or named:  # named but not among these rows: another device's part holds it
             return None
     stuck = ooms[~_went_on(ev, ooms)]
     return int(ev.seq[stuck[-1]]) if len(stuck) else None

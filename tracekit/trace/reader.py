@@ -71,10 +71,11 @@ class Trace:
 def open_parquet(path: str | os.PathLike[str]) -> tuple[Path, pq.ParquetFile]:
     """Open ``path`` as Parquet, or raise InputError with a one-sentence cause."""
     p = Path(path)
-    spool = p if p.suffix == ".spool" else p.with_name(p.name + ".spool")
+    # "." or "/" has no name to put a spool beside: the checks below say what it is
+    spool = p if p.suffix == ".spool" else p.with_name(p.name + ".spool") if p.name else None
     if p != spool and stat_or_none(p, "trace") is None:
         wait_for(p)  # a recording's watcher may be writing it this moment (tracekit.trace.finishing)
-    if _spool_there(spool) and (p == spool or stat_or_none(p, "trace") is None):
+    if spool is not None and _spool_there(spool) and (p == spool or stat_or_none(p, "trace") is None):
         raise InputError(f"{safe_text(p)}: this recording did not finish; run "
                          f"'tracekit recover {safe_text(spool)}' to turn it into a trace")
     if (file_bytes := check_regular(p, "trace").st_size) == 0:
