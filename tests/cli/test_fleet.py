@@ -385,3 +385,15 @@ def test_a_worst_trace_that_cannot_be_drawn_leaves_its_reason_on_the_page(fleet_
     assert isinstance(why, str) and "corrupt.parquet" in why
     (section,) = _worst_sections([(str(fleet_dir / "corrupt.parquet"), why)])
     assert "could not be drawn" in section and 'id="worst-1"' in section
+
+
+def test_a_second_fleet_over_the_folder_passes_its_first_table_by(tmp_path: Path) -> None:
+    cli_app = app
+    for name in ("cupy-oom-frag.parquet", "torch-oom.parquet"):
+        shutil.copy(ROOT / "traces" / name, tmp_path / name)
+    for out in ("fleet.parquet", "fleet2.parquet"):
+        r = CliRunner().invoke(cli_app, ["fleet", str(tmp_path), "-o", str(tmp_path / out), "--jobs", "1"])
+        assert r.exit_code == 0, r.output
+        assert "2 traces: 2 analyzed" in r.output
+    r = CliRunner().invoke(cli_app, ["fleet", str(tmp_path / "*.parquet"), "--jobs", "1"])
+    assert r.exit_code == 0 and "2 traces: 2 analyzed" in r.output, r.output

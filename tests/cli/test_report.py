@@ -700,3 +700,34 @@ def test_report_advise_limit_and_the_note_when_advise_cannot_run(tmp_path):
     assert "What to change" in (tmp_path / "b.html").read_text()
     r = CliRunner().invoke(app, ["report", str(raw), "-o", str(tmp_path / "c.html"), "--limit", "64MiB"])
     assert r.exit_code == 2 and "--advise" in r.output
+
+
+def _traces() -> Path:
+    return Path(__file__).resolve().parents[2] / "traces"
+
+
+def test_saved_whatif_of_another_trace_is_refused(tmp_path: Path) -> None:
+    from tracekit.cli.app import app
+
+    saved = tmp_path / "w.json"
+    r = CliRunner().invoke(app, ["whatif", str(_traces() / "torch-oom.parquet"), "--json",
+                                 "--policies", "best-fit"])
+    assert r.exit_code == 0, r.output
+    saved.write_text(r.stdout)
+    page = tmp_path / "p.html"
+    frag = str(_traces() / "cupy-oom-frag.parquet")
+    r = CliRunner().invoke(app, ["report", frag, "--whatif-json", str(saved), "-o", str(page)])
+    assert r.exit_code == 1 and "holds the what-if of" in r.output and not page.exists()
+    (tmp_path / "e.json").write_text("{}")
+    r = CliRunner().invoke(app, ["report", str(_traces() / "cupy-oom-frag.parquet"), "--whatif-json",
+                                 str(tmp_path / "e.json"), "-o", str(page)])
+    assert r.exit_code == 1 and "holds no what-if result" in r.output and not page.exists()
+
+
+def test_the_page_and_a_figure_at_one_path_are_refused(tmp_path: Path) -> None:
+    from tracekit.cli.app import app
+
+    r = CliRunner().invoke(app, ["report", str(_traces() / "cupy-oom-frag.parquet"), "-o",
+                                 str(tmp_path / "timeline.png"), "--png", str(tmp_path)])
+    assert r.exit_code == 1 and "both the page (-o) and a --png figure" in r.output
+    assert list(tmp_path.iterdir()) == []

@@ -238,3 +238,14 @@ def test_replay_whatif_and_advise_give_one_prediction(name: str, options: dict[s
     r = CliRunner().invoke(app, ["whatif", str(path), "--policies", policy, "--json", "-j", "1"])
     if not options:  # whatif searches the recorded setting: the same answer
         assert json.loads(r.stdout)["policies"][0]["min_capacity_bytes"] == fit.min_capacity
+
+
+def test_a_trace_holding_nothing_is_answered_in_text(tmp_path):
+    """Zero events: every smallest capacity is 0 over a bound of 0, with no ratio to print."""
+    from tracekit.trace import Events, Source, TraceMeta, write_trace
+
+    path = write_trace(tmp_path / "empty.parquet", TraceMeta.new(Source.SYNTHETIC),
+                       Events.build(np.zeros(0, np.int8), np.zeros(0, np.uint64)))
+    r = CliRunner().invoke(app, ["whatif", str(path), "--policies", "best-fit,torch"])
+    assert r.exit_code == 0, r.output
+    assert "best-fit" in r.stdout and "+0 bytes" in r.stdout

@@ -171,9 +171,11 @@ class WhatIfResult:
             elif f.min_capacity is None:
                 rows.append((f.policy, f"> {format_size(f.searched_up_to)}", "n/a", str(f.replays)))
             else:
-                assert f.overhead is not None and f.overhead_ratio is not None
+                assert f.overhead is not None
                 sign = "+" if f.overhead >= 0 else "-"
-                over = f"{sign}{format_size(abs(f.overhead))} ({f.overhead_ratio:+.1%})"
+                # no ratio over a bound of 0 (a trace that holds nothing live)
+                ratio = f" ({f.overhead_ratio:+.1%})" if f.overhead_ratio is not None else ""
+                over = f"{sign}{format_size(abs(f.overhead))}{ratio}"
                 rows.append((f.policy, format_size(f.min_capacity), over, str(f.replays)))
         w = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [f"lower bound (peak live bytes, 512 B rounded): {format_size(self.lower_bound)}"]

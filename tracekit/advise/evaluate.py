@@ -87,7 +87,9 @@ class Outcome:
             "capacity_bytes": self.capacity, "fits": self.ok,
             "verdict": (self.verdict or (Verdict.FITS if self.fits else Verdict.NO)).value,
             "gets_through": self.fits, "margin_bytes": self.margin, "handled_served": self.handled_served,
-            "peak_reserved_bytes": self.peak_reserved, "headroom_bytes": self.headroom,
+            # no headroom where the replay did not get through (its peak is where it stopped), as the
+            # table and the report leave it blank
+            "peak_reserved_bytes": self.peak_reserved, "headroom_bytes": self.headroom if self.fits else None,
             "device_allocs": self.device_allocs, "device_frees": self.device_frees, "price": self.price,
             "verified_by_replay": self.verified_by_replay,
         }

@@ -12,7 +12,8 @@ from tracekit.cli.quick_exit import skip_teardown
 def advise(
     trace: Path = typer.Argument(..., help="A trace (.parquet): a CuPy recording, a PyTorch import, or raw."),
     limit: str | None = typer.Option(
-        None, "--limit", help="The limit to fit under (default: the recorded pool limit, or the device)."
+        None, "--limit", help="The limit to fit under (default: where the device ran out and its free memory "
+        "was measured, the room the process had; else the recorded pool limit, else the device)."
     ),
     device_total: str | None = typer.Option(
         None, "--device-total", help="The device under the pool (default: unbounded)."

@@ -10,7 +10,7 @@ from tracekit.cli.quick_exit import skip_teardown
 
 
 def report(
-    trace: Path = typer.Argument(..., help="A trace (.parquet, format 1 or 2); each device on its own."),
+    trace: Path = typer.Argument(..., help="A trace (.parquet, formats 1 to 3); each device on its own."),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="HTML file to write (default: TRACE with the suffix .html)."
     ),
@@ -31,7 +31,7 @@ def report(
         False, "--advise", help="Also add `tracekit advise`: the settings that fit (slower)."
     ),
     limit: str | None = typer.Option(
-        None, "--limit", help="With --advise: the limit to fit under (default: the recorded pool limit)."),
+        None, "--limit", help="With --advise: the limit to fit under (default: as advise chooses it)."),
     user_code: list[str] = typer.Option(
         [], "--user-code", metavar="PATH",
         help="Frames under PATH are your code (repeatable; default: frames outside installed "

@@ -10,9 +10,10 @@ from tracekit.cli.quick_exit import skip_teardown
 
 
 def whatif(
-    trace: Path = typer.Argument(..., help="A trace (.parquet, format 1 or 2); each device on its own."),
+    trace: Path = typer.Argument(..., help="A trace (.parquet, formats 1 to 3); each device on its own."),
     policies: str | None = typer.Option(
-        None, "--policies", help="Comma-separated policies (default: every simulated policy)."
+        None, "--policies", help="Comma-separated policies (default: the four free-list heaps, buddy, cupy "
+        "and torch; cuda, cupy-async and rmm-pool only when named)."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     max_capacity: str | None = typer.Option(

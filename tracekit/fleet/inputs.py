@@ -73,19 +73,35 @@ def _expand_one(arg: str) -> Iterable[Path]:
     if st is not None and stat.S_ISDIR(st.st_mode):
         try:  # scandir, not Path.glob: glob says nothing of a folder one may not read
             with os.scandir(p) as entries:
-                found = sorted(Path(e.path) for e in entries
-                               if e.name.endswith(".parquet") and _is_file(e.path))
+                found = sorted(Path(e.path) for e in entries if e.name.endswith(".parquet")
+                               and _is_file(e.path) and not is_fleet_table(e.path))
         except OSError as e:
             raise InputError(f"{safe_text(p)}: cannot list the folder ({os_cause(e)})") from None
         if not found:
             raise InputError(f"{safe_text(p)}: the folder holds no .parquet trace")
         return found
     if st is None and _GLOB_CHARS & set(arg):
-        matched = sorted(Path(m) for m in glob.glob(arg, recursive=True) if _is_file(m))
+        matched = sorted(Path(m) for m in glob.glob(arg, recursive=True)
+                         if _is_file(m) and not is_fleet_table(m))
         if not matched:
             raise InputError(f"{safe_text(arg)}: no file matches this pattern")
         return matched
     return [p]
+
+
+FLEET_KEY = b"tracekit.fleet"  # in the schema metadata of a table fleet wrote (``fleet.table``)
+
+
+def is_fleet_table(path: str | Path) -> bool:
+    """A table an earlier fleet wrote (its footer says so): a folder's or pattern's trace it is not.
+    A file that cannot be read as Parquet is no fleet table: its member row says what it is."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:  # anything Arrow raises on a file that is no Parquet: not a fleet table
+        return False
+    return FLEET_KEY in meta
 
 
 def check_outputs(members: Sequence[Path], outputs: Iterable[tuple[Path | None, str]], *,

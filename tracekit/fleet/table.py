@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
+from tracekit.fleet.inputs import FLEET_KEY
 from tracekit.fleet.row import TraceRow
 from tracekit.outputs import Staged, cannot_write
 
@@ -92,10 +93,13 @@ def _admitted(row: TraceRow) -> TraceRow:
 
 
 def write_parquet(df: pl.DataFrame, path: Path) -> Path:
-    """Write ``df`` as zstd Parquet at ``path``, atomically (``tracekit.outputs``)."""
+    """Write ``df`` as zstd Parquet at ``path``, atomically (``tracekit.outputs``), marked as a fleet
+    table (``FLEET_KEY``): a later fleet over the same folder passes it by."""
     with Staged(path) as staged:
         try:  # through Arrow, whose failed write keeps the errno (polars' says only "transport error")
-            pq.write_table(df.to_arrow(), staged.tmp, compression="zstd")
+            table = df.to_arrow()
+            marked = table.replace_schema_metadata({**(table.schema.metadata or {}), FLEET_KEY: b"1"})
+            pq.write_table(marked, staged.tmp, compression="zstd")
         except OSError as e:
             raise cannot_write(path, e, "the fleet table") from None
     return path

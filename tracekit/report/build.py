@@ -12,6 +12,7 @@ leaves a half-written file and an input is never overwritten.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,7 @@ from matplotlib.figure import Figure
 from tracekit.analysis.analyze import AnalysisResult
 from tracekit.analysis.leaks import by_site, pool_state_at
 from tracekit.errors import OutputError
+from tracekit.inputs import safe_text
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.report import blocks as blk
 from tracekit.report import figures, html
@@ -196,6 +198,10 @@ def write_figures(
         rendered.append(html.Rendered("advise", TITLE, CAPTION, png_bytes(draw_advise(advise))))
     folder = Path(png_dir)
     pngs = [(folder / f"{r.key}.png", r.png) for r in rendered]
+    for p, _ in pngs:  # a figure at the page's own path would be overwritten by the page
+        if any(os.path.abspath(p) == os.path.abspath(o) for o in outputs):
+            raise OutputError(f"{safe_text(p)}: both the page (-o) and a --png figure; choose another -o "
+                              "or --png folder")
     _make_folder(folder)  # every output is checked and the folder made before anything is written
     for p, _ in pngs:
         check_output(p, (*inputs, *outputs), option="--png", force=force)

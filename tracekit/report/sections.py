@@ -53,6 +53,9 @@ def load_whatif(whatif: Any) -> dict[str, Any]:
         raise InputError(
             f"{path}: expected the JSON object `tracekit whatif --json` prints, found a {type(d).__name__}"
         )
+    if "policies" not in d and "devices" not in d:
+        raise InputError(f"{path}: holds no what-if result (no 'policies'), as `tracekit whatif --json` "
+                         "prints")
     pol = d.get("policies", [])
     if not isinstance(pol, list) or not all(isinstance(r, dict) for r in pol):
         raise InputError(f"{path}: 'policies' must be a list of objects, as `tracekit whatif --json` prints")

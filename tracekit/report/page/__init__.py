@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracekit import progress
-from tracekit.inputs import safe_text
+from tracekit.errors import InputError
+from tracekit.inputs import safe_text, shell_word
 from tracekit.outputs import check_folder, check_output, write_bytes
 from tracekit.trace import Trace, read_meta, read_trace
 from tracekit.trace.stacks import UserCode
@@ -68,7 +69,7 @@ def write_page(
         read_meta(baseline)
     wi: WhatIfResult | None = None
     if saved is not None:
-        wi = _load_whatif(saved)
+        wi = _load_whatif(saved, trace_path)
     elif whatif is not None and not isinstance(whatif, bool | str | os.PathLike):
         wi = whatif
     if trace is None:
@@ -103,12 +104,26 @@ def write_page(
     return output
 
 
-def _load_whatif(path: Path) -> WhatIfResult:
-    """Saved ``tracekit whatif --json`` output as its result (InputError naming the file when it is not)."""
+def _load_whatif(path: Path, trace_path: Path) -> WhatIfResult:
+    """Saved ``tracekit whatif --json`` output as its result (InputError naming the file when it is not,
+    or when it was made for another trace than ``trace_path``)."""
     from tracekit.advise.capacity import WhatIfResult
     from tracekit.report.sections import load_whatif
 
-    return WhatIfResult.from_dict(load_whatif(path))
+    d = load_whatif(path)
+    made_for = d.get("trace")
+    if isinstance(made_for, str) and not _same_trace(Path(made_for), trace_path):
+        raise InputError(f"{safe_text(path)}: holds the what-if of {safe_text(made_for)}, not of "
+                         f"{safe_text(trace_path)}; run tracekit whatif {shell_word(str(trace_path))} --json")
+    return WhatIfResult.from_dict(d)
+
+
+def _same_trace(a: Path, b: Path) -> bool:
+    """The same file where both are there (by device and inode), else the same file name."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return a.name == b.name
 
 
 def _advise(trace: Trace, limit: int | None, on_note: Callable[[str], None] | None) -> AdviseResult | str:
