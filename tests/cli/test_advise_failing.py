@@ -48,7 +48,8 @@ def _two_devices() -> Trace:
     ]
     meta = TraceMeta.new(Source.SYNTHETIC, device=DeviceInfo("H200", 140 * GiB, 139 * GiB)).with_extra(
         exit={"status": "exception", "exception": "OutOfMemoryError", "oom_seq": 6,
-              "message": "CUDA out of memory"})
+              "message": "CUDA out of memory"},
+        oom_states=[{"seq": 1, "device": 0}, {"seq": 6, "device": 1}])  # as the recorders note them
     return _trace(rows, meta)
 
 
@@ -60,6 +61,17 @@ def test_the_fatal_oom_named_by_the_exit_is_no_other_device_s():
     # Device 0's part does not hold the exit's OOM: none of its OOMs is fatal, however it looks.
     assert fatal_seq(zero.events, zero.meta.recorded) is None
     assert handled_rows(zero.events, zero.meta.recorded)[zero.events.op == Op.OOM].all()
+
+
+def test_an_exit_naming_a_row_the_trace_lacks_is_no_other_device_s_without_its_device():
+    """Where the recorder did not note which device the named OOM was on (or noted this one), a
+    named seq missing from the rows (a trace cut short) says nothing of other devices: the OOM no
+    successful request followed is the fatal one, as before."""
+    rows = [(Op.MALLOC, BASE, 8 * MiB, 0), (Op.MALLOC, BASE + 8 * MiB, 8 * MiB, 0), (Op.OOM, 0, GiB, 0)]
+    died = {"status": "exception", "exception": "OutOfMemoryError", "oom_seq": 7}
+    for extra in ({"exit": died}, {"exit": died, "oom_states": [{"seq": 7, "device": 0}]}):
+        t = _trace(rows, TraceMeta.new(Source.SYNTHETIC).with_extra(**extra))
+        assert fatal_seq(t.events, t.meta.recorded) == 2
 
 
 def test_advise_answers_for_the_device_that_died():
@@ -80,7 +92,7 @@ def test_the_margin_is_cleared_at_the_capacity_it_is_measured_at():
         assert cap - peak > reactive.bytes_at(cap)  # fits with the margin there
         assert cap - 2 * MiB - peak <= reactive.bytes_at(cap - 2 * MiB)  # a page less does not
     exact = Margin(Workload.STEADY, 0.0, 0, "test")
-    assert clearing(10 * MiB, exact) == 12 * MiB  # any headroom above 0, in whole pages
+    assert clearing(10 * MiB, exact) == 12 * MiB  # headroom above the margin, in whole pages
 
 
 def test_no_capacity_is_offered_without_the_margin():

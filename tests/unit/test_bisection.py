@@ -9,7 +9,7 @@ import bisect as sorted_search
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.advise.bisection import Bisection, Found, Probe
+from tracekit.advise.bisection import Bisection, Found, Probe, alike
 
 STEP = 2 << 20
 NO_REFUSAL = 1 << 62
@@ -137,3 +137,45 @@ def test_a_replay_that_gets_through_above_its_capacity_is_no_fit() -> None:
         end, _ = _run(Bisection(3 * STEP, STEP, 1 << 50, reuse=True), Overshoot([10 * STEP], [True, False],
                                                                                  11 * STEP, True), width)
         assert end.min_capacity == 11 * STEP
+
+
+class Overshooting:
+    """Replays whose steps change only at ``cuts``, each stretch with its own answer and peak, the
+    peak possibly above the capacity (expandable segments' pages); ranges as ``alike`` cuts them."""
+
+    def __init__(self, cuts: list[int], out: list[bool], peaks: list[int]) -> None:
+        self.cuts, self.out, self.peaks = cuts, out, peaks
+
+    def __call__(self, cap: int | None) -> Probe:
+        if cap is None or cap >= self.cuts[-1]:
+            peak = self.peaks[-1]
+            return Probe(cap, False, peak, self.cuts[-1], alike(self.cuts[-1], NO_REFUSAL, False, peak))
+        k = sorted_search.bisect_right(self.cuts, cap) - 1
+        lo = self.cuts[k] if k >= 0 else 1
+        ran_out, peak = self.out[k + 1], self.peaks[k + 1]
+        return Probe(cap, ran_out, peak, NO_REFUSAL, alike(lo, self.cuts[k + 1], ran_out, peak))
+
+
+@st.composite
+def overshooting(draw: st.DrawFn) -> tuple[int, list[int], list[bool], list[int]]:
+    cuts = sorted({c * STEP // 3 + draw(st.integers(0, 4)) * 512
+                   for c in draw(st.lists(st.integers(1, 300), min_size=1, max_size=12))})
+    out = draw(st.lists(st.booleans(), min_size=len(cuts) + 1, max_size=len(cuts) + 1))
+    out[-1] = False
+    peaks = [max(1, (cuts[k - 1] if k else 1) + draw(st.integers(-2, 6)) * STEP // 2
+                 + draw(st.integers(0, 3)) * 512) for k in range(len(cuts) + 1)]
+    return draw(st.integers(1, 40)) * STEP - draw(st.integers(0, 3)) * 512, cuts, out, peaks
+
+
+@settings(max_examples=300, deadline=None)
+@given(overshooting(), st.sampled_from([1, 3, 7, 15]), st.booleans())
+def test_peaks_above_the_capacity_answer_as_replays_would(s: tuple[int, list[int], list[bool], list[int]],
+                                                          width: int, limited: bool) -> None:
+    """With peaks above their capacity, answers taken from ranges and from the unbounded replay are
+    those a replay at each capacity gives: the search without reuse, one at a time, is the truth."""
+    lb, cuts, out, peaks = s
+    limit = peaks[-1] // 2 if limited else 1 << 50
+    truth, _ = _run(Bisection(lb, STEP, limit), Overshooting(cuts, out, peaks), 1)
+    for reuse in (False, True):
+        got, _ = _run(Bisection(lb, STEP, limit, reuse=reuse), Overshooting(cuts, out, peaks), width)
+        assert got.min_capacity == truth.min_capacity

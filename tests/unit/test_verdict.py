@@ -42,11 +42,12 @@ def test_workload_kinds_of_committed_traces() -> None:
     # A transformer language model: requests fixed by the program.
     assert workload_of(read_trace(TRACES / "torch-gpt2-lengths.parquet"))[0] == Workload.STEADY
     cupy = margin_for("cupy", read_trace(TRACES / "cupy-oom-frag.parquet"))
-    assert cupy.workload == Workload.STEADY and cupy.bytes_at(256 * MIB) == 0  # any headroom above 0
+    assert cupy.workload == Workload.STEADY and cupy.bytes_at(256 * MIB) == 0 and cupy.exact
     raw = margin_for("raw", read_trace(TRACES / "cupy-oom-frag.parquet"))
     assert raw.fraction == 0 and raw.floor == 0
-    assert decide(True, None, 1, 256 * MIB, cupy) == Verdict.FITS  # one byte of headroom is above 0
-    assert decide(True, None, 0, 256 * MIB, cupy) == Verdict.BORDERLINE
+    assert decide(True, None, 1, 256 * MIB, cupy) == Verdict.FITS
+    assert decide(True, None, 0, 256 * MIB, cupy) == Verdict.BORDERLINE  # 0 itself: never a fit
+    assert decide(True, None, -1, 256 * MIB, cupy) == Verdict.NO
 
 
 def test_a_torch_trace_without_call_sites_keeps_the_reactive_margin() -> None:

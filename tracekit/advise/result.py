@@ -132,6 +132,14 @@ class AdviseDict(TypedDict):
     devices: list[AdviseDict]
 
 
+def _record_again(c: Candidate, capacity: int) -> str:
+    """The command that records the program again under ``c`` at ``capacity`` (the script's own name
+    left to the user: a recording names its command, not always how to start it again)."""
+    if c.kind == Kind.TORCH_CONF:
+        return f"{c.line(capacity)} tracekit record --torch --limit {capacity} YOUR_SCRIPT.py"
+    return f"tracekit record --limit {capacity} YOUR_SCRIPT.py, with {c.line(capacity)}"
+
+
 def _torch_room(c: Candidate, capacity: int) -> str:
     """What a PyTorch setting's line cannot say: the capacity it needs (its line is the setting alone)."""
     if c.kind != Kind.TORCH_CONF:
@@ -224,13 +232,18 @@ class AdviseResult:
                 text += (f"; with {c.label()} the replay gets through from {format_size(self.min_capacity)}, "
                          f"and it fits with the margin ({format_size(self.margin.bytes_at(fit))} there) from "
                          f"{format_size(fit)}: {self.line(c, fit)}{_torch_room(c, fit)}")
-            elif fit is None and self.margin is not None and self.margin.explains:
+                if self.failing_seq is not None:  # the recording ends at the request that failed
+                    text += ("; that is checked through the failing request only: the trace ends there, "
+                             "and the program asks for more after it (on an H100 the ResNet-50 of "
+                             "docs/fidelity.md got past its failing request at such a capacity and ran out "
+                             f"a few requests later), so record the run again at {format_size(fit)} "
+                             f"({_record_again(c, fit)}) and advise on that trace")
+            elif fit is None and self.margin is not None and self.margin.explains and not self.margin.exact:
                 # no capacity is offered as the fix: the smallest one the replay gets through has
                 # no headroom over the margin, and none raised from it got the margin either
                 text += (f"; with {c.label()} the replay gets through from {format_size(self.min_capacity)}, "
-                         "within the margin there, and no capacity tried above it fits with the margin "
-                         "(a handled OOM served as the capacity grows, or a peak that grows with it): no "
-                         "capacity is recommended")
+                         "within the margin there, and no capacity tried above it fits with the margin: "
+                         "no capacity is recommended")
             else:
                 text += (f"; the smallest capacity is {format_size(self.min_capacity)} with {c.label()} "
                          f"({self.line(c, self.min_capacity)}{_torch_room(c, self.min_capacity)})")

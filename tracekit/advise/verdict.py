@@ -102,8 +102,15 @@ class Margin:
     def bytes_at(self, capacity: int) -> int:
         return max(self.floor, int(self.fraction * capacity))
 
+    @property
+    def exact(self) -> bool:
+        """No margin: the model is the allocator (a simulated heap) or was exact on every real run
+        (CuPy's pool): any headroom above 0 fits (0 itself is borderline: a model of a device
+        allocator, such as MemoryAsyncPool's, is optimistic at the limit)."""
+        return self.fraction == 0 and self.floor == 0
+
     def sentence(self, capacity: int) -> str:
-        if self.fraction == 0 and self.floor == 0:
+        if self.exact:
             return f"margin 0 (any headroom above 0): {self.why}"
         return (f"margin {format_size(self.bytes_at(capacity))} ({self.fraction:.1%} of the limit, at least "
                 f"{format_size(self.floor)}): {self.why}")

@@ -54,10 +54,22 @@ def fatal_seq(ev: Events, recorded: RecordedMeta | Mapping[str, Any]) -> int | N
         for s in named:
             if np.any(seqs == np.uint64(s)):
                 return s
-        if ex.survived or named:  # named but not among these rows: another device's part holds it
+        if ex.survived:
             return None
+        here = {int(d) for d in np.unique(ev.device[ooms])}
+        if any((d := _device_of(typed, s)) is not None and d not in here for s in named):
+            return None  # the program died of another device's OOM: these rows are another device's part
     stuck = ooms[~_went_on(ev, ooms)]
     return int(ev.seq[stuck[-1]]) if len(stuck) else None
+
+
+def _device_of(recorded: RecordedMeta, seq: int) -> int | None:
+    """The device of the OOM row ``seq`` as the recorder noted it (``oom_states``, else ``ooms``);
+    None where it did not."""
+    state = recorded.oom_states.get(seq)
+    if state is not None and state.device is not None:
+        return state.device
+    return next((o.device for o in recorded.ooms if o.seq == seq and o.device is not None), None)
 
 
 def _went_on(ev: Events, ooms: np.ndarray) -> np.ndarray:

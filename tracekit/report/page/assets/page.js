@@ -1036,8 +1036,8 @@
     const parts = [];
     if (A.setting) parts.push(A.setting + ": " + (A.verdict === "fits" ? "fits" : A.verdict));
     if (A.headroom_bytes !== null && A.headroom_bytes !== undefined) parts.push("headroom " + fmtBytes(A.headroom_bytes));
-    if (A.margin_bytes !== null && A.margin_bytes !== undefined)  // 1 B: the model is exact, any headroom above 0
-      parts.push(A.margin_bytes > 1 ? "margin " + fmtBytes(A.margin_bytes) : "margin: any headroom above 0");
+    if (A.margin_bytes !== null && A.margin_bytes !== undefined)  // 0 B: the model is exact
+      parts.push(A.margin_bytes > 0 ? "margin " + fmtBytes(A.margin_bytes) : "margin: any headroom above 0");
     parts.push(A.scope);
     $("answer-margin").textContent = parts.join("; ") + (A.margin_why ? ". Margin: " + A.margin_why + "." : ".");
     const checks = $("answer-checks");  // the replay (or model), the device, a real run: each done or not
