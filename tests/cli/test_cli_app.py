@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,3 +43,16 @@ def test_the_no_arguments_exception_is_the_one_typer_raises() -> None:
     home = sys.modules[NoArgsIsHelpError.__module__]
     assert home.__name__.endswith("click.exceptions")
     assert any(getattr(getattr(typer.core, m, None), "exceptions", None) is home for m in ("_click", "click"))
+
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "{t}", "--advise", "--limit", "0", "-o", "{o}"],  # as advise refuses --limit 0
+    ["whatif", "{t}", "--max-capacity", "0"],  # as replay refuses --capacity 0
+    ["replay", "{t}", "--sim", "cupy", "--continue-on-oom", "--stop-at-first-oom"],
+])
+def test_contradictory_or_empty_options_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    out = tmp_path / "p.html"
+    r = _tracekit(*[a.format(t=ROOT / "traces" / "cupy-oom-frag.parquet", o=out) for a in args])
+    assert r.returncode == 2 and r.stderr.startswith("tracekit: error:"), r.stderr
+    assert not out.exists()

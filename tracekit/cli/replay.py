@@ -86,6 +86,8 @@ def replay(
 
     if (sim is None) == (device is None):
         raise UsageError("give exactly one of --sim POLICY or --device N")
+    if continue_on_oom and stop_at_first_oom:
+        raise UsageError("--continue-on-oom and --stop-at-first-oom are exclusive: give one")
     if device is not None:
         if device_total is not None:
             raise UsageError("--device-total applies to --sim, not --device")

@@ -50,6 +50,8 @@ def report(
     if limit is not None and not advise:
         raise UsageError("--limit is advise's limit: give it with --advise")
     cap = parse_size(limit, "--limit") if limit is not None else None
+    if cap is not None and cap <= 0:  # as advise refuses it
+        raise UsageError(f"--limit {limit}: give a positive size (CuPy reads a limit of 0 as no limit)")
     if whatif and whatif_json is not None:
         raise UsageError("--whatif and --whatif-json are exclusive: give one")
     out = output if output is not None else trace.with_suffix(".html")

@@ -41,6 +41,8 @@ def whatif(
             f"unknown policy {unknown[0]!r} in --policies; choose from: {', '.join(registry.names())}"
         )
     cap = parse_size(max_capacity, "--max-capacity") if max_capacity is not None else None
+    if cap == 0:  # as replay refuses --capacity 0: no capacity to search below
+        raise UsageError("--max-capacity must be positive")
     with terminal_progress("whatif"):
         result = run_whatif(read_trace(trace), names, max_capacity=cap, jobs=jobs)
     if json_out:
