@@ -48,4 +48,7 @@ def test_the_real_run_at_the_named_capacity(run: dict) -> None:
     at = int(np.flatnonzero(real.events.seq == np.uint64(died))[0])
     after = int(np.count_nonzero(real.events.op[:at] == Op.MALLOC)) - need.mallocs_before
     assert 0 < after < 50
-    assert "checked through the failing request only" in answer.recommendation()
+    said = answer.recommendation()
+    assert "checked through the failing request only" in said
+    # with the command that records the program again there (its recorded script and arguments)
+    assert f"tracekit record --torch --limit {run['cap_bytes']} scripts/torch_workload_resnet.py" in said

@@ -17,9 +17,10 @@ the sentence says how many bytes are missing.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypedDict, cast
 
 from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
@@ -132,12 +133,20 @@ class AdviseDict(TypedDict):
     devices: list[AdviseDict]
 
 
-def _record_again(c: Candidate, capacity: int) -> str:
-    """The command that records the program again under ``c`` at ``capacity`` (the script's own name
-    left to the user: a recording names its command, not always how to start it again)."""
+def _record_again(c: Candidate, capacity: int, command: str | None) -> str:
+    """The command that records the program again under ``c`` at ``capacity``: the recorded command's
+    script and arguments where it was ``python SCRIPT ...`` or ``python -m MODULE ...``, else a
+    placeholder (a recording names its command, not always how to start it again)."""
+    program = "YOUR_SCRIPT.py"
+    try:
+        words = shlex.split(command or "")
+    except ValueError:  # unbalanced quotes: not a command line a shell would take
+        words = []
+    if len(words) > 1 and PurePosixPath(words[0]).name.startswith("python"):
+        program = safe_text(shlex.join(words[1:]))
     if c.kind == Kind.TORCH_CONF:
-        return f"{c.line(capacity)} tracekit record --torch --limit {capacity} YOUR_SCRIPT.py"
-    return f"tracekit record --limit {capacity} YOUR_SCRIPT.py, with {c.line(capacity)}"
+        return f"{c.line(capacity)} tracekit record --torch --limit {capacity} {program}"
+    return f"tracekit record --limit {capacity} {program}, with {c.line(capacity)}"
 
 
 def _torch_room(c: Candidate, capacity: int) -> str:
@@ -237,7 +246,7 @@ class AdviseResult:
                              "and the program asks for more after it (on an H100 the ResNet-50 of "
                              "docs/fidelity.md got past its failing request at such a capacity and ran out "
                              f"a few requests later), so record the run again at {format_size(fit)} "
-                             f"({_record_again(c, fit)}) and advise on that trace")
+                             f"({_record_again(c, fit, self.command)}) and advise on that trace")
             elif fit is None and self.margin is not None and self.margin.explains and not self.margin.exact:
                 # no capacity is offered as the fix: the smallest one the replay gets through has
                 # no headroom over the margin, and none raised from it got the margin either
