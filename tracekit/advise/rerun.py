@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TypedDict
 
 import numpy as np
@@ -46,7 +46,7 @@ from tracekit.advise.verdict import ORDER, Verdict
 from tracekit.errors import UsageError
 from tracekit.sim.base import Allocator
 from tracekit.trace.events import segment_delta
-from tracekit.trace.outcome import fatal_seq
+from tracekit.trace.outcome import fatal_row
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 
@@ -73,13 +73,26 @@ class Command:
             lim = extra.get("limit_bytes")
             return cls(tuple(str(a) for a in extra["argv"]), bool(extra.get("module")),
                        str(extra.get("cwd") or os.getcwd()), torch, int(lim) if lim else None, False)
-        words = shlex.split(trace.meta.command or "")
-        if len(words) < 2 or not words[0].startswith("python"):
+        program = program_of(trace.meta.command)
+        if program is None:
             where = f"{trace.path}: " if trace.path else ""
             raise UsageError(f"{where}the trace does not say how the program was run (no command recorded), "
                              "so --rerun cannot run it again")
-        module = words[1] == "-m"
-        return cls(tuple(words[2:] if module else words[1:]), module, os.getcwd(), torch, None, True)
+        argv, module = program
+        return cls(argv, module, os.getcwd(), torch, None, True)
+
+
+def program_of(command: str | None) -> tuple[tuple[str, ...], bool] | None:
+    """A recorded ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` command line as the program's
+    words (script or module first) and whether it ran as a module; None where it is not one."""
+    try:
+        words = shlex.split(command or "")
+    except ValueError:  # unbalanced quotes: no command line a shell would take
+        return None
+    if len(words) < 2 or not PurePosixPath(words[0]).name.startswith("python"):
+        return None
+    module = words[1] == "-m"
+    return tuple(words[2:] if module else words[1:]), module
 
 
 class RerunDict(TypedDict):
@@ -279,12 +292,7 @@ def past(failing: FailingRequest | None, t: Trace) -> bool | None:
 
 
 def _fatal_row(t: Trace) -> int | None:
-    ev = t.events
-    fatal = fatal_seq(ev, t.meta.recorded)
-    if fatal is None:
-        return None
-    at = np.flatnonzero(ev.seq == np.uint64(fatal))
-    return int(at[0]) if len(at) else None
+    return fatal_row(t.events, t.meta.recorded)
 
 
 def _frames(t: Trace, stack: int, sites: object | None = None) -> tuple[str, ...]:

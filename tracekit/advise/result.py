@@ -20,14 +20,14 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.on_device import DeviceCheck, DeviceCheckDict
 from tracekit.advise.overhead import Room, RoomDict
-from tracekit.advise.rerun import Rerun, RerunDict
+from tracekit.advise.rerun import Rerun, RerunDict, program_of
 from tracekit.advise.verdict import ORDER, WORDS, Margin, Verdict
 from tracekit.analysis.leaks import SiteBytes
 from tracekit.inputs import safe_text, shell_word
@@ -137,13 +137,8 @@ def _record_again(c: Candidate, capacity: int, command: str | None) -> str:
     """The command that records the program again under ``c`` at ``capacity``: the recorded command's
     script and arguments where it was ``python SCRIPT ...`` or ``python -m MODULE ...``, else a
     placeholder (a recording names its command, not always how to start it again)."""
-    program = "YOUR_SCRIPT.py"
-    try:
-        words = shlex.split(command or "")
-    except ValueError:  # unbalanced quotes: not a command line a shell would take
-        words = []
-    if len(words) > 1 and PurePosixPath(words[0]).name.startswith("python"):
-        program = safe_text(shlex.join(words[1:]))
+    got = program_of(command)
+    program = "YOUR_SCRIPT.py" if got is None else safe_text(shlex.join(("-m",) * got[1] + got[0]))
     if c.kind == Kind.TORCH_CONF:
         return f"{c.line(capacity)} tracekit record --torch --limit {capacity} {program}"
     return f"tracekit record --limit {capacity} {program}, with {c.line(capacity)}"

@@ -90,15 +90,14 @@ def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
 def _failing_row(trace: Trace) -> int | None:
     """The row of the request the run failed at: the fatal OOM (``trace.outcome.fatal_seq``), else,
     where the program survived every OOM, the first one; None without OOMs."""
-    from tracekit.trace.outcome import fatal_seq
+    from tracekit.trace.outcome import fatal_row
 
     ev = trace.events
     ooms = np.flatnonzero(ev.op == Op.OOM)
     if len(ooms) == 0:
         return None
-    fatal = fatal_seq(ev, trace.meta.recorded)
-    at = ooms[ev.seq[ooms] == np.uint64(fatal)] if fatal is not None else ooms[:0]
-    return int(at[0]) if len(at) else int(ooms[0])
+    row = fatal_row(ev, trace.meta.recorded)
+    return row if row is not None else int(ooms[0])
 
 
 def _site_of_failure(trace: Trace) -> str | None:

@@ -26,7 +26,7 @@ from tracekit.trace.events import Events
 from tracekit.trace.recorded import MAX_STATES, ExitInfo, RecordedMeta, as_int, as_text
 from tracekit.trace.schema import Op
 
-__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "fatal_seq", "handled_rows",
+__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "fatal_row", "fatal_seq", "handled_rows",
            "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
@@ -61,6 +61,15 @@ def fatal_seq(ev: Events, recorded: RecordedMeta | Mapping[str, Any]) -> int | N
             return None  # the program died of another device's OOM: these rows are another device's part
     stuck = ooms[~_went_on(ev, ooms)]
     return int(ev.seq[stuck[-1]]) if len(stuck) else None
+
+
+def fatal_row(ev: Events, recorded: RecordedMeta | Mapping[str, Any]) -> int | None:
+    """The row of the OOM the program died of (``fatal_seq``), or None."""
+    fatal = fatal_seq(ev, recorded)
+    if fatal is None:
+        return None
+    at = np.flatnonzero(ev.seq == np.uint64(fatal))
+    return int(at[0]) if len(at) else None
 
 
 def _device_of(recorded: RecordedMeta, seq: int) -> int | None:
