@@ -43,6 +43,7 @@ from tracekit.sim import policies
 from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
 from tracekit.trace.devices import split_devices
+from tracekit.trace.outcome import fatal_row, fatal_seq
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import UserCode
@@ -90,8 +91,6 @@ def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
 def _failing_row(trace: Trace) -> int | None:
     """The row of the request the run failed at: the fatal OOM (``trace.outcome.fatal_seq``), else,
     where the program survived every OOM, the first one; None without OOMs."""
-    from tracekit.trace.outcome import fatal_row
-
     ev = trace.events
     ooms = np.flatnonzero(ev.op == Op.OOM)
     if len(ooms) == 0:
@@ -168,8 +167,6 @@ def advise(trace: Trace, *, limit: int | None = None, device_total: int | None =
         return _advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code)
     results = [_advise_device(sub, d, reports.get(d), limit, device_total, jobs, user_code)
                for d, sub in parts]
-    from tracekit.trace.outcome import fatal_seq
-
     fatal = fatal_seq(trace.events, trace.meta.recorded)
     ran_out = [r for (_, sub), r in zip(parts, results, strict=True) if np.any(sub.events.op == Op.OOM)]
     main = next((r for r in results if fatal is not None and r.failing_seq == fatal),
@@ -261,8 +258,6 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     borderline = tuple(sorted((o for o in tried if o.verdict == Verdict.BORDERLINE and not o.candidate.cures),
                               key=lambda o: (-(o.headroom or 0), rank_key(o))))
     notes = _notes(trace, kind, tried) + (room_advice.notes if room_advice is not None else ()) + tuple(asked)
-    from tracekit.trace.outcome import fatal_seq
-
     return AdviseResult(
         trace=str(trace.path) if trace.path else None, kind=kind, limit=cap,
         failing_seq=fatal_seq(trace.events, trace.meta.recorded), tried=tuple(tried), fits=fits,
@@ -305,7 +300,7 @@ def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int, ru
     replayed here where the search did not try it (a setting off the candidates' grid)."""
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay
-    from tracekit.trace.outcome import fatal_seq, handled_rows
+    from tracekit.trace.outcome import handled_rows
 
     base = recorded_setting(trace, kind)
     if base is None:
@@ -315,7 +310,7 @@ def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int, ru
         (got,) = outcomes(runner.map([Task(base, cap, device_total)]))
         rec = got.judged(margin)
     died = fatal_seq(trace.events, trace.meta.recorded) is not None
-    if rec is None or rec.error is not None or not ((died and rec.fits) or rec.handled_served):
+    if rec.error is not None or not ((died and rec.fits) or rec.handled_served):
         return None
     assert rec.candidate.policy is not None
     what = ("gets through the request that failed" if died and rec.fits
