@@ -164,3 +164,22 @@ def test_progress_bar_only_on_a_terminal_and_long_traces() -> None:
     bar(3 << 20, 3 << 20)
     bar.close()
     assert "replaying" in err.getvalue() and "100.0%" in err.getvalue()
+
+
+def test_a_pool_stopped_by_its_limit_is_named_as_analyze_names_it() -> None:
+    """torch-oom: 1.95 GiB asked with 823 MiB free in the pool's blocks (the largest 226 MiB) and
+    1.81 GiB its limit left unreserved: enough together, in no one piece, so a new segment would
+    pass the limit. The replay says "limit" (not "exhausted": the bytes were there), as analyze says
+    of the recorded request; a heap, which reserves its whole capacity, is unchanged."""
+    trace = str(ROOT / "traces" / "torch-oom.parquet")
+    r = runner.invoke(app, ["replay", trace, "--sim", "torch", "--json"])
+    assert r.exit_code == 0, r.output
+    oom = json.loads(r.stdout)["oom"]
+    assert oom["free_bytes"] < oom["rounded"] and oom["cause"] == "limit"
+    a = runner.invoke(app, ["analyze", trace, "--json"])
+    assert json.loads(a.stdout)["oom"]["diagnosis"] == "limit"
+    text = runner.invoke(app, ["replay", trace, "--sim", "torch"]).stdout
+    assert "cause: limit (" in text
+    heap = runner.invoke(app, ["replay", str(ROOT / "traces" / "cupy-oom-frag.parquet"), "--sim", "buddy",
+                               "--capacity", "200MiB", "--json"])
+    assert json.loads(heap.stdout)["oom"]["cause"] == "exhausted"

@@ -67,6 +67,7 @@ def summarize(trace: Trace, policy: str, config: SimConfig, run: PolicyRun) -> R
             seq=int(ev.seq[first]), size=int(ev.size[first]), rounded=rounded,
             free_bytes=s[Stat.OOM_FREE], largest_free_block=s[Stat.OOM_LARGEST],
             live_bytes=s[Stat.OOM_LIVE], reserved_bytes=s[Stat.OOM_RESERVED],
+            room_bytes=max(0, config.capacity - s[Stat.OOM_RESERVED]) if config.capacity else None,
         )
     return ReplaySummary(
         policy=policy, capacity=config.capacity, device_total=config.device_total,

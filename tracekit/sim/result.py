@@ -29,7 +29,7 @@ own. ``ReplayResult`` is a simulated replay's summary with its raw
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypedDict, cast
 
 from tracekit.sim.base import PolicyRun, SimConfig
@@ -81,7 +81,11 @@ class ReplaySummaryDict(TypedDict):
 class OOMInfo:
     """The first failed request: its input ``seq``, requested and rounded bytes,
     and the allocator's state then (bytes). ``cause`` is ``fragmentation`` when
-    free_bytes >= rounded (enough memory, no block big enough), else ``exhausted``."""
+    free_bytes >= rounded (enough memory, no block big enough); ``limit`` when a pool's free
+    blocks and the bytes its limit left unreserved (``room_bytes``) together held it, but neither
+    in one piece (analyze's word for the same request: the pool's limit stopped it); else
+    ``exhausted``. ``room_bytes``: the capacity less the reserved bytes (None: no capacity; 0
+    for a heap, which reserves its whole capacity); not in the JSON, which has the capacity."""
 
     seq: int
     size: int
@@ -90,10 +94,16 @@ class OOMInfo:
     largest_free_block: int | None  # None where nothing reports it (a device replay)
     live_bytes: int
     reserved_bytes: int
+    room_bytes: int | None = field(default=None, compare=False)  # the capacity's, not the replay's steps
 
     @property
     def cause(self) -> str:
-        return "fragmentation" if self.free_bytes >= self.rounded else "exhausted"
+        if self.free_bytes >= self.rounded:
+            return "fragmentation"
+        room = self.room_bytes or 0
+        if room > 0 and self.free_bytes + room >= self.rounded:
+            return "limit"
+        return "exhausted"
 
     def to_dict(self) -> OOMInfoDict:
         return OOMInfoDict(
@@ -177,6 +187,10 @@ class ReplaySummary:
         ]
         if o.cause == "fragmentation":
             lines.append("  cause: fragmentation (enough bytes free, but no free block is large enough)")
+        elif o.cause == "limit":
+            lines.append(f"  cause: limit (the pool's free blocks and the {format_size(o.room_bytes)} its "
+                         "limit left unreserved held the request together, but not in one piece: a new "
+                         "segment would pass the limit)")
         else:
             lines.append("  cause: exhausted (fewer bytes free than requested)")
         if self.stopped:
