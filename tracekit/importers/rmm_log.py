@@ -48,6 +48,7 @@ from tracekit.errors import InputError
 from tracekit.inputs import check_regular, os_cause, safe_text, utf8_name
 from tracekit.outputs import check_output
 from tracekit.trace import Events, Op, Source, TraceMeta, write_trace
+from tracekit.trace.totals import first_past_end
 
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
 ALIGNMENT = 256  # rmm::CUDA_ALLOCATION_ALIGNMENT (rmm/aligned.hpp)
@@ -329,7 +330,6 @@ def _has_header(path: Path) -> bool:
         return False
 
 
-MAX_U64 = (1 << 64) - 1
 _ROW_COUNT = re.compile(r"Row #(\d+): Expected \d+ columns, got (\d+)")
 
 
@@ -469,12 +469,11 @@ def convert(cols: LogColumns, where: Path, device: int) -> Converted:
     t_ns, back, midnights = _times(cols.t_ns)
     ev, thread, keep = log_events(cols, device, t_ns)
     # A block that would run past the end of the address space: no reader would take the trace
-    held = np.maximum(ev.size, ev.rounded)
-    past = np.flatnonzero((ev.op != Op.OOM) & (ev.addr > np.uint64(MAX_U64) - held))
-    if len(past):
-        line = int(np.flatnonzero(keep)[past[0]]) + 2  # the header is line 1
-        raise InputError(f"{safe_text(where)}: line {line}: a block of {int(held[past[0]])} bytes at "
-                         f"{hex(int(ev.addr[past[0]]))} would run past the end of the 64-bit address space")
+    past = first_past_end(ev, np.ones(len(ev), bool))
+    if past is not None:
+        line = int(np.flatnonzero(keep)[past]) + 2  # the header is line 1
+        raise InputError(f"{safe_text(where)}: line {line}: a block of {int(ev.rounded[past])} bytes at "
+                         f"{hex(int(ev.addr[past]))} would run past the end of the 64-bit address space")
     nulls = len(keep) - len(ev)
     info = ImportInfoJSON(
         log=where.name, rows=len(cols.action), null_pointer_rows=nulls,

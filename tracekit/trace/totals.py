@@ -44,15 +44,23 @@ def over_error(p: Path, ev: Events, i: int, *, reserved: bool) -> TraceFormatErr
 
 
 def check_ranges(p: Path, ev: Events, keep: np.ndarray) -> None:
-    """Refuse ``p`` (TraceFormatError) if a kept block ``[addr, addr + rounded)`` or segment
-    ``[addr, addr + size)`` ends past 2^64 (``length - 1 > 2^64 - 1 - addr``, in uint64)."""
+    """Refuse ``p`` (TraceFormatError) if a kept block or segment ends past 2^64 (``first_past_end``)."""
+    i = first_past_end(ev, keep)
+    if i is not None:
+        raise past_end_error(p, ev, i)
+
+
+def first_past_end(ev: Events, keep: np.ndarray) -> int | None:
+    """The first kept event whose block ``[addr, addr + rounded)`` or segment ``[addr, addr + size)``
+    ends past 2^64 (``length - 1 > 2^64 - 1 - addr``, in uint64), or None."""
     for lo in range(0, len(ev), _CHUNK):
         sl = slice(lo, lo + _CHUNK)
         op, addr = ev.op[sl], ev.addr[sl]
         length = np.where(op == Op.SEGMENT_ALLOC, ev.size[sl], np.where(op == Op.MALLOC, ev.rounded[sl], 0))
         bad = np.flatnonzero(keep[sl] & (length > 0) & (length - np.uint64(1) > _TOP - addr))
         if len(bad):
-            raise past_end_error(p, ev, lo + int(bad[0]))
+            return lo + int(bad[0])
+    return None
 
 
 def past_end_error(p: Path, ev: Events, i: int) -> TraceFormatError:
