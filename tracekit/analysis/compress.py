@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.trace.schema import Op
 
 EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # free slot marker of the hash table
 
 
-@njit(cache=True)
+@plain
 def _shift_for(cap):  # pragma: no cover - compiled
     shift = np.uint64(64)
     while cap > 1:
@@ -25,7 +26,7 @@ def _shift_for(cap):  # pragma: no cover - compiled
     return shift
 
 
-@njit(cache=True)
+@plain
 def _probe(tab, key, shift, mask):  # pragma: no cover - compiled
     # Fibonacci hashing with linear probing: the slot holding key, or the empty slot for it.
     j = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
@@ -123,7 +124,7 @@ def opening_ranges(op, addr, size, rounded, mate):  # pragma: no cover - compile
     return rows, bounds
 
 
-@njit(cache=True)
+@plain
 def _opens(o, mate):  # pragma: no cover - compiled
     # A malloc or segment_alloc, or a free / segment_free whose opening row the trace lacks.
     if o == Op.MALLOC or o == Op.SEGMENT_ALLOC:

@@ -37,6 +37,7 @@ from enum import IntEnum
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.trace.schema import Op
 
 
@@ -110,13 +111,13 @@ LINE = 8  # int64 per 64-byte line: the alignment unit of the tree array
 PAD = 2 * LINE  # spare elements allocated so the aligned view always fits
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _parent(j):  # pragma: no cover - compiled
     """⌊(j − 1) / FAN⌋ for j ≥ 1 (a shift: j is never negative)."""
     return (j - 1) >> FAN_BITS
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _first_child(p):  # pragma: no cover - compiled
     """FAN·p + 1: the first of node p's FAN children (and of their sibling group)."""
     return FAN * p + 1
@@ -141,7 +142,7 @@ def _new_tree(m):  # pragma: no cover - compiled
     return raw[off:off + n], first
 
 
-@njit(cache=True)
+@plain
 def _set(tree, first, k, v):  # pragma: no cover - compiled
     """Leaf k := v; each ancestor := max of its children, climbing only while that changes."""
     j = first + k
@@ -159,7 +160,7 @@ def _set(tree, first, k, v):  # pragma: no cover - compiled
         j = p
 
 
-@njit(cache=True)
+@plain
 def _down(tree, first, j, rightmost):  # pragma: no cover - compiled
     """From node j, known to hold a gap, the rightmost (or leftmost) gap leaf below it."""
     while j < first:
@@ -176,7 +177,7 @@ def _down(tree, first, j, rightmost):  # pragma: no cover - compiled
     return j - first
 
 
-@njit(cache=True)
+@plain
 def _pred(tree, first, k):  # pragma: no cover - compiled
     """max{leaf s ≤ k : tree holds a gap at s}, or NONE."""
     j = first + k
@@ -191,7 +192,7 @@ def _pred(tree, first, k):  # pragma: no cover - compiled
     return NONE
 
 
-@njit(cache=True)
+@plain
 def _succ(tree, first, k):  # pragma: no cover - compiled
     """min{leaf s ≥ k : tree holds a gap at s}, or NONE."""
     j = first + k
@@ -217,7 +218,7 @@ def _new_records(pos):  # pragma: no cover - compiled
     return R
 
 
-@njit(cache=True)
+@plain
 def _add_gap(tree, size, R, s, e):  # pragma: no cover - compiled
     """Record the gap [s, e) of length p_e − p_s bytes (nothing when empty)."""
     length = R[e, Rec.POS] - R[s, Rec.POS]
@@ -227,14 +228,14 @@ def _add_gap(tree, size, R, s, e):  # pragma: no cover - compiled
         _set(tree, size, s, length)
 
 
-@njit(cache=True)
+@plain
 def _drop_gap(tree, size, R, s):  # pragma: no cover - compiled
     """Forget the gap starting at s."""
     R[R[s, Rec.GEND], Rec.GSOE] = NONE
     _set(tree, size, s, 0)
 
 
-@njit(cache=True)
+@plain
 def _carve(tree, size, R, a, b):  # pragma: no cover - compiled
     """Take [a, b) out of the gap [s, e) holding it, leaving [s, a) and [b, e); False if no gap
     holds all of it."""
@@ -250,7 +251,7 @@ def _carve(tree, size, R, a, b):  # pragma: no cover - compiled
     return True
 
 
-@njit(cache=True)
+@plain
 def _release(tree, size, R, merge_all, a, b):  # pragma: no cover - compiled
     """Return [a, b) as free, merged with the gap ending at a and the one starting at b unless a
     segment starts there (``merge_all``: always merged)."""
@@ -267,7 +268,7 @@ def _release(tree, size, R, merge_all, a, b):  # pragma: no cover - compiled
     _add_gap(tree, size, R, s, e)
 
 
-@njit(cache=True)
+@plain
 def _clear(tree, size, R, a, b):  # pragma: no cover - compiled
     """Drop every gap starting in [a, b) (a segment freed while blocks were still live)."""
     s = _succ(tree, size, a)
@@ -276,7 +277,7 @@ def _clear(tree, size, R, a, b):  # pragma: no cover - compiled
         s = _succ(tree, size, s)
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _segment_alloc(tree, size, R, merge_all, a, b):  # pragma: no cover - compiled
     """A segment [a, b) is mapped: a segment boundary at a, and the range is one new gap."""
     if a < b:
@@ -284,7 +285,7 @@ def _segment_alloc(tree, size, R, merge_all, a, b):  # pragma: no cover - compil
         _release(tree, size, R, merge_all, a, b)
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _segment_free(tree, size, R, a, b):  # pragma: no cover - compiled
     """A segment [a, b) is unmapped: its boundary goes, its gap is carved (or, under live blocks,
     every gap in it dropped)."""
@@ -305,7 +306,7 @@ def _new_stats():  # pragma: no cover - compiled
     return st, np.zeros(N_FSTATS, np.float64)
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _peaks(st, i, live, req, res):  # pragma: no cover - compiled
     """Fold event i's live/requested/reserved into the PEAK_* slots (the first event at a maximum)."""
     if live > st[Stat.PEAK_LIVE] or st[Stat.PEAK_LIVE_IDX] < 0:
@@ -325,7 +326,7 @@ def _peaks(st, i, live, req, res):  # pragma: no cover - compiled
         st[Stat.REQ_AT_PEAK_RES] = req
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _probe(probed, probes, p, i, live, req, res, lfb):  # pragma: no cover - compiled
     """Copy the state after event i into every ``probed`` row whose probe is i, from row p on;
     returns the next row to fill."""

@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit
 
 from tracekit.analysis.leaks import never_freed, pool_state_at
+from tracekit.compiled import plain
 from tracekit.inputs import safe_text
 from tracekit.trace.callsite import FrameRoles, nearest
 from tracekit.trace.events import Events
@@ -195,7 +196,7 @@ def _first_of_key(shown: np.ndarray, outer: np.ndarray, frame: np.ndarray, n_fra
     return canon
 
 
-@njit(cache=True)
+@plain
 def _roll_into_parents(parent: np.ndarray, is_node: np.ndarray, inc: np.ndarray,
                        incb: np.ndarray) -> None:  # pragma: no cover - numba
     """inc[parent[i]] += inc[i] (and blocks) for every node, children before parents: one

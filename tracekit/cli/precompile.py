@@ -106,6 +106,10 @@ def precompile(verbose: bool = True, traces: Path | None = None) -> list[tuple[s
         with mock.patch.dict(os.environ, {SWITCH: "1"}):
             if (why := _verb(["replay", str(Path(tmp) / "random.parquet"), "--sim", "best-fit"])) is not None:
                 failed.append(("replay (head start)", why))
+    from tracekit.compiled import check
+
+    if unsafe := check():  # every kernel compiled or loaded: each plain one returns no array
+        raise RuntimeError("kernels that break the rules of tracekit.compiled.plain: " + "; ".join(unsafe))
     if verbose:
         print(f"tracekit: compiled the kernels in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         for verb, why in failed:

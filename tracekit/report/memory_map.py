@@ -21,8 +21,8 @@ import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.report.blocks import AddressLayout, Spans
 from tracekit.report.style import GREY, RGB, Legend, Scale, TimeAxis, byte_scale
 
@@ -104,7 +104,7 @@ def map_data(
     )
 
 
-@njit(cache=True)
+@plain
 def _corners(x0, x1, y0, y1, layer, xmin, xscale, yscale, w, h, diff):  # pragma: no cover - compiled
     """Add each block's weight at the four corners of its cell rectangle (2-D difference array)."""
     for i in range(len(x0)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim.codes import Kind
 from tracekit.trace.live_table import EMPTY, grow, remove, slot, tag_of, too_full
 from tracekit.trace.schema import Op
@@ -54,7 +55,7 @@ def pair(op, addr, device, size, lo, hi, kind, mate, keys, tags, vals, state):  
     return -1, keys, tags, vals
 
 
-@njit(cache=True, nogil=True)
+@plain(nogil=True)
 def agrees(kind, size, mate, t_kind, t_size, t_mate, p):  # pragma: no cover - compiled
     """Rows 0..p replay alike from (kind, size, mate) and from the trace's (t_*): the same kinds,
     the same request sizes, the same malloc for every free."""

@@ -15,13 +15,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import chunks as ck
 from tracekit.sim.codes import Field as F
 from tracekit.sim.codes import Piece as P
 from tracekit.sim.codes import Slot, Tree
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _less(C, x, y, t):  # pragma: no cover - compiled
     """Piece x before piece y in tree t's order, from the pieces' own fields."""
     gx = C[x, F.GROUP]
@@ -36,7 +37,7 @@ def _less(C, x, y, t):  # pragma: no cover - compiled
     return C[x, F.ADDR] < C[y, F.ADDR]
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _tree_count(C, S, t):  # pragma: no cover - compiled
     x = ck.tree_first(C, S, t)
     k = 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import treap
 from tracekit.sim.codes import N_FIELDS, N_ROW, N_SLOTS, Op, Row, Slot, Stat, Status, Tree
 from tracekit.sim.codes import Field as F
@@ -34,12 +35,12 @@ KEY_MIN = -(1 << 62)  # below every key part (sizes and addresses are >= 0, grou
 KEY_MAX = 1 << 62
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@plain(error_model="numpy", inline="always")
 def _root(t):  # pragma: no cover - compiled
     return Slot.ROOT_FREE + t
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def tree_insert(C, S, x, t):  # pragma: no cover - compiled
     """Put piece x in tree t (a ``Tree``); the unmapped tree's key is a copy of (GROUP, ADDR)."""
     o = t * TREE_FIELDS
@@ -50,24 +51,24 @@ def tree_insert(C, S, x, t):  # pragma: no cover - compiled
     S[_root(t)] = treap.insert(C, S[_root(t)], x, False, o)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def tree_remove(C, S, x, t):  # pragma: no cover - compiled
     S[_root(t)] = treap.remove(C, S[_root(t)], x, False, t * TREE_FIELDS)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def lower_bound(C, S, g, s):  # pragma: no cover - compiled
     """Free tree: the first piece with (group, size) >= (g, s), or -1."""
     return treap.lower_bound(C, S[Slot.ROOT_FREE], g, s, KEY_MIN, 0)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def find_free(C, S, g, s, a):  # pragma: no cover - compiled
     """Free tree: the piece with key exactly (g, s, a), or -1."""
     return treap.find(C, S[Slot.ROOT_FREE], g, s, a, 0)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def first_in_group(C, S, g, t):  # pragma: no cover - compiled
     """The smallest key of group g in tree t, or -1."""
     o = t * TREE_FIELDS
@@ -77,7 +78,7 @@ def first_in_group(C, S, g, t):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def last_in_group(C, S, g, t):  # pragma: no cover - compiled
     """The largest key of group g in tree t (free tree: the largest free piece), or -1."""
     o = t * TREE_FIELDS
@@ -87,22 +88,22 @@ def last_in_group(C, S, g, t):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def tree_first(C, S, t):  # pragma: no cover - compiled
     return treap.leftmost(C, S[_root(t)], t * TREE_FIELDS)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def tree_last(C, S, t):  # pragma: no cover - compiled
     return treap.rightmost(C, S[_root(t)], t * TREE_FIELDS)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def succ(C, x, t):  # pragma: no cover - compiled
     return treap.successor(C, x, t * TREE_FIELDS)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def pred(C, x, t):  # pragma: no cover - compiled
     return treap.predecessor(C, x, t * TREE_FIELDS)
 
@@ -139,7 +140,7 @@ def rows_room(R, S, extra):  # pragma: no cover - compiled
     return out
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def emit(R, S, before, op, addr, size, stream):  # pragma: no cover - compiled
     k = S[Slot.NROWS]
     R[k, Row.BEFORE] = before
@@ -154,7 +155,7 @@ def emit(R, S, before, op, addr, size, stream):  # pragma: no cover - compiled
         S[Slot.SEGF] += 1
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def new_node(C, S, addr, size, group, state):  # pragma: no cover - compiled
     x = S[Slot.FREELIST]
     if x != -1:
@@ -174,7 +175,7 @@ def new_node(C, S, addr, size, group, state):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def kill(C, S, x):  # pragma: no cover - compiled
     C[x, F.STATE] = P.DEAD
     C[x, F.RECYCLED] = S[Slot.FREELIST]
@@ -182,7 +183,7 @@ def kill(C, S, x):  # pragma: no cover - compiled
     S[Slot.NALIVE] -= 1
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def insert_free(C, S, x):  # pragma: no cover - compiled
     """Put piece x in the free tree (and on the whole-allocation list if unsplit)."""
     C[x, F.STATE] = P.FREE
@@ -198,7 +199,7 @@ def insert_free(C, S, x):  # pragma: no cover - compiled
         S[Slot.WHEAD] = x
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def remove_free(C, S, x):  # pragma: no cover - compiled
     tree_remove(C, S, x, Tree.FREE)
     if C[x, F.INW] == 1:
@@ -213,7 +214,7 @@ def remove_free(C, S, x):  # pragma: no cover - compiled
         C[x, F.INW] = 0
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def link_after(C, x, r):  # pragma: no cover - compiled
     """Put node r right after x in x's address-ordered list."""
     nx = C[x, F.NEXT]
@@ -224,7 +225,7 @@ def link_after(C, x, r):  # pragma: no cover - compiled
     C[x, F.NEXT] = r
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def link_before(C, x, f):  # pragma: no cover - compiled
     """Put node f right before x in x's address-ordered list."""
     p = C[x, F.PREV]
@@ -235,7 +236,7 @@ def link_before(C, x, f):  # pragma: no cover - compiled
     C[x, F.PREV] = f
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def split_front(C, S, x, s):  # pragma: no cover - compiled
     """Cut x to its first s bytes; the rest becomes a free piece right after it."""
     r = new_node(C, S, C[x, F.ADDR] + s, C[x, F.SIZE] - s, C[x, F.GROUP], P.FREE)
@@ -246,7 +247,7 @@ def split_front(C, S, x, s):  # pragma: no cover - compiled
     return r
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def absorb_next(C, S, x):  # pragma: no cover - compiled
     """Merge x's next piece (already out of every tree) into x and drop it."""
     nx = C[x, F.NEXT]
@@ -258,7 +259,7 @@ def absorb_next(C, S, x):  # pragma: no cover - compiled
     kill(C, S, nx)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def free_merge(C, S, x):  # pragma: no cover - compiled
     """Return a used piece to the pool, merging with free (mapped) neighbours."""
     nx = C[x, F.NEXT]
@@ -274,14 +275,14 @@ def free_merge(C, S, x):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def add_live(S, size):  # pragma: no cover - compiled
     S[Slot.LIVE] += size
     if S[Slot.LIVE] > S[Slot.PEAK_LIVE]:
         S[Slot.PEAK_LIVE] = S[Slot.LIVE]
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def free_request(C, S, blk, status, mate, i):  # pragma: no cover - compiled
     """Input event i frees the block its malloc got: DONE, or SKIPPED when its malloc failed."""
     m = mate[i]
@@ -296,7 +297,7 @@ def free_request(C, S, blk, status, mate, i):  # pragma: no cover - compiled
     free_merge(C, S, x)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def note_oom(C, S, i, g, s, stats):  # pragma: no cover - compiled
     """Count a failed request of s bytes in group g; the first one also records the pool's state."""
     stats[Stat.OOMS] += 1

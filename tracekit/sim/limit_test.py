@@ -13,10 +13,10 @@ up, the run without a limit. Those become ``Stat.ASKED``, ``Stat.SAME_FROM`` and
 
 from __future__ import annotations
 
-from numba import njit
+from tracekit.compiled import plain
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def passes(S, value, limit, asked, passed, refused):  # pragma: no cover - compiled
     """Whether ``value`` bytes pass the test ``value <= limit`` (limit <= 0: no limit, all pass);
     ``asked``, ``passed``, ``refused``: the slots of ``S`` that note it."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim.codes import Kind, Op
 from tracekit.sim.trace_cache import TraceCache
 from tracekit.trace.events import Events
@@ -175,7 +176,7 @@ def attempt_kinds(inp: ReplayInput, stop_at_first_oom: bool) -> np.ndarray:
 SKIP = -2  # ``stand_in``: a handled attempt an earlier attempt of its chain already stood in for
 
 
-@njit(cache=True)
+@plain
 def stand_in(kind, rep, holder, i):  # pragma: no cover - compiled
     """What a kernel does with row i before placing it: ``SKIP`` (a handled attempt whose
     retry an earlier, served attempt already stands in for: the program would not have

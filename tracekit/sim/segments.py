@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import chunks as ck
 from tracekit.sim.chunks import MIB, PAGE
 from tracekit.sim.codes import Field as F
@@ -26,7 +27,7 @@ from tracekit.sim.codes import Piece as P
 from tracekit.sim.codes import Reservation as X_
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def device_cost(s):  # pragma: no cover - compiled
     """Device bytes a cudaMalloc of s takes: s up to 1 MiB (shared pages), else whole 2 MiB pages."""
     if s <= MIB:
@@ -34,7 +35,7 @@ def device_cost(s):  # pragma: no cover - compiled
     return (s + PAGE - 1) // PAGE * PAGE
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def add_segment(C, S, R, before, addr, size, group, stream):  # pragma: no cover - compiled
     """A new device allocation, wholly one used piece; addr < 0 invents the address."""
     if addr < 0:
@@ -56,7 +57,7 @@ def add_segment(C, S, R, before, addr, size, group, stream):  # pragma: no cover
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def overlaps(C, S, X, a, end):  # pragma: no cover - compiled
     """True if [a, end) meets a live device allocation or an expandable reservation."""
     h = S[Slot.HHEAD]
@@ -70,7 +71,7 @@ def overlaps(C, S, X, a, end):  # pragma: no cover - compiled
     return False
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def recorded_addr(C, S, X, i, s, hints, exact):  # pragma: no cover - compiled
     """The device address the recorded allocator got for this allocation, or -1 to invent one.
 
@@ -94,7 +95,7 @@ def recorded_addr(C, S, X, i, s, hints, exact):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def release_whole(C, S, R, before, x, stream):  # pragma: no cover - compiled
     """Give a free whole device allocation back to the device."""
     ck.remove_free(C, S, x)
@@ -153,7 +154,7 @@ def release_whole_in(C, S, R, before, stream, group):  # pragma: no cover - comp
     return k
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def place_at(C, S, R, before, addr, size, group, stream):  # pragma: no cover - compiled
     """Mark [addr, addr+size) used inside the free piece that holds it (initial state).
 

@@ -16,8 +16,8 @@ they are small, so each operation costs a handful of memory accesses.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import treap
 from tracekit.sim.treap import SZ
 
@@ -46,14 +46,14 @@ def new_tables() -> tuple[np.ndarray, np.ndarray]:
     return np.full(NCLASSES, -1, np.int64), np.zeros(BITMAP_WORDS, np.int64)
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _ctz(x):  # pragma: no cover - compiled
     """Index of the lowest set bit of a non-zero int64."""
     low = x & -x
     return _CTZ[((low * _DEBRUIJN) >> 58) & 63]
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _floor_log2(g):  # pragma: no cover - compiled
     e = 0
     for s in (32, 16, 8, 4, 2, 1):
@@ -63,7 +63,7 @@ def _floor_log2(g):  # pragma: no cover - compiled
     return e
 
 
-@njit(cache=True)
+@plain
 def klass(size):  # pragma: no cover - compiled
     """The class of a block (or request) of ``size`` bytes."""
     g = size >> 9
@@ -74,7 +74,7 @@ def klass(size):  # pragma: no cover - compiled
     return (1 << EXACT_BITS) + ((e - EXACT_BITS) << SUB_BITS) + sub
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _set(bm, c):  # pragma: no cover - compiled
     w = c >> 6
     if bm[OFF0 + w] == 0:
@@ -85,7 +85,7 @@ def _set(bm, c):  # pragma: no cover - compiled
     bm[OFF0 + w] |= np.int64(1) << (c & 63)
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _clear(bm, c):  # pragma: no cover - compiled
     w = c >> 6
     bm[OFF0 + w] &= ~(np.int64(1) << (c & 63))
@@ -96,7 +96,7 @@ def _clear(bm, c):  # pragma: no cover - compiled
             bm[0] &= ~(np.int64(1) << w1)
 
 
-@njit(cache=True)
+@plain
 def next_class(bm, c):  # pragma: no cover - compiled
     """The first non-empty class >= c, or -1."""
     if c >= NCLASSES:
@@ -123,7 +123,7 @@ def next_class(bm, c):  # pragma: no cover - compiled
     return (w << 6) + _ctz(bm[OFF0 + w])
 
 
-@njit(cache=True)
+@plain
 def last_class(bm):  # pragma: no cover - compiled
     """The highest non-empty class, or -1 (a scan: for rare queries only)."""
     for w in range(W0 - 1, -1, -1):
@@ -136,7 +136,7 @@ def last_class(bm):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
+@plain
 def add(T, roots, bm, x):  # pragma: no cover - compiled
     """Insert free block x (K1 = size, K2 = address, K3 = 0 already set)."""
     c = klass(T[x, SZ])
@@ -145,7 +145,7 @@ def add(T, roots, bm, x):  # pragma: no cover - compiled
     roots[c] = treap.insert(T, roots[c], x, False, AT)
 
 
-@njit(cache=True)
+@plain
 def drop(T, roots, bm, x):  # pragma: no cover - compiled
     c = klass(T[x, SZ])
     roots[c] = treap.remove(T, roots[c], x, False, AT)
@@ -153,7 +153,7 @@ def drop(T, roots, bm, x):  # pragma: no cover - compiled
         _clear(bm, c)
 
 
-@njit(cache=True)
+@plain
 def best(T, roots, bm, r):  # pragma: no cover - compiled
     """The free block with the smallest (size, address) whose size >= r, or -1."""
     c = klass(r)
@@ -166,7 +166,7 @@ def best(T, roots, bm, r):  # pragma: no cover - compiled
     return _first_above(T, roots, bm, c)
 
 
-@njit(cache=True)
+@plain
 def after(T, roots, bm, x):  # pragma: no cover - compiled
     """The free block next after x in (size, address) order, or -1 (x is in the index)."""
     y = treap.successor(T, x, AT)
@@ -175,7 +175,7 @@ def after(T, roots, bm, x):  # pragma: no cover - compiled
     return _first_above(T, roots, bm, klass(T[x, SZ]))
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _first_above(T, roots, bm, c):  # pragma: no cover - compiled
     """The smallest block of the first non-empty class above class c, or -1."""
     c = next_class(bm, c + 1)
@@ -184,7 +184,7 @@ def _first_above(T, roots, bm, c):  # pragma: no cover - compiled
     return treap.leftmost(T, roots[c], AT)
 
 
-@njit(cache=True)
+@plain
 def largest(T, roots, bm):  # pragma: no cover - compiled
     c = last_class(bm)
     if c < 0:

@@ -19,8 +19,8 @@ its (possibly new) root; -1 is the empty tree.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim.codes import NFIELDS, TREE_FIELDS
 
 K1, K2, K3, L, R, P, PR, SZ, MX = range(9)
@@ -28,7 +28,7 @@ assert TREE_FIELDS == PR + 1 and NFIELDS == MX + 1  # K1..PR: a tree without siz
 NIL = -1
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _less(T, a, b1, b2, b3, o):  # pragma: no cover - compiled
     """Key of node a < (b1, b2, b3)."""
     a1 = T[a, o + K1]
@@ -40,12 +40,12 @@ def _less(T, a, b1, b2, b3, o):  # pragma: no cover - compiled
     return T[a, o + K3] < b3
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _mx(T, x, o):  # pragma: no cover - compiled
     return T[x, o + MX] if x >= 0 else -1
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _pull(T, x, o):  # pragma: no cover - compiled
     m = T[x, o + SZ]
     a = _mx(T, T[x, o + L], o)
@@ -57,7 +57,7 @@ def _pull(T, x, o):  # pragma: no cover - compiled
     T[x, o + MX] = m
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _prio(k1, k2, k3):  # pragma: no cover - compiled
     # splitmix64 of the key: random with respect to key order, no state to carry.
     z = (np.uint64(k1) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(k2)) * np.uint64(0xD6E8FEB86659FD93)
@@ -68,7 +68,7 @@ def _prio(k1, k2, k3):  # pragma: no cover - compiled
     return np.int64(z >> np.uint64(1))
 
 
-@njit(cache=True)
+@plain
 def _rotate_up(T, root, x, aug, o):  # pragma: no cover - compiled
     p = T[x, o + P]
     g = T[p, o + P]
@@ -97,7 +97,7 @@ def _rotate_up(T, root, x, aug, o):  # pragma: no cover - compiled
     return root
 
 
-@njit(cache=True)
+@plain
 def insert(T, root, x, aug, o):  # pragma: no cover - compiled
     """Insert node x (its key, and SZ when ``aug``, set by the caller); keys must be unique."""
     T[x, o + L] = NIL
@@ -134,7 +134,7 @@ def insert(T, root, x, aug, o):  # pragma: no cover - compiled
     return root
 
 
-@njit(cache=True)
+@plain
 def remove(T, root, x, aug, o):  # pragma: no cover - compiled
     """Remove node x from the tree rooted at root."""
     while T[x, o + L] >= 0 and T[x, o + R] >= 0:
@@ -157,7 +157,7 @@ def remove(T, root, x, aug, o):  # pragma: no cover - compiled
     return root
 
 
-@njit(cache=True)
+@plain
 def fix_up(T, y, o):  # pragma: no cover - compiled
     """Recompute MX from y to the root after a size in y's subtree changed."""
     while y >= 0:
@@ -168,7 +168,7 @@ def fix_up(T, y, o):  # pragma: no cover - compiled
         y = T[y, o + P]
 
 
-@njit(cache=True)
+@plain
 def rekey(T, x, new_k1, new_sz, o):  # pragma: no cover - compiled
     """Change x's K1 and size in place (priority kept); the caller guarantees its order is unchanged."""
     T[x, o + K1] = new_k1
@@ -179,7 +179,7 @@ def rekey(T, x, new_k1, new_sz, o):  # pragma: no cover - compiled
         y = T[y, o + P]
 
 
-@njit(cache=True)
+@plain
 def lower_bound(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
     """The node with the smallest key >= (k1, k2, k3), or -1."""
     best = NIL
@@ -193,7 +193,7 @@ def lower_bound(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
     return best
 
 
-@njit(cache=True)
+@plain
 def find(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
     """The node with key exactly (k1, k2, k3), or -1."""
     y = lower_bound(T, root, k1, k2, k3, o)
@@ -202,7 +202,7 @@ def find(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
     return NIL
 
 
-@njit(cache=True)
+@plain
 def floor(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
     """The node with the largest key <= (k1, k2, k3), or -1."""
     best = NIL
@@ -217,7 +217,7 @@ def floor(T, root, k1, k2, k3, o):  # pragma: no cover - compiled
     return best
 
 
-@njit(cache=True)
+@plain
 def leftmost(T, root, o):  # pragma: no cover - compiled
     y = root
     if y < 0:
@@ -227,7 +227,7 @@ def leftmost(T, root, o):  # pragma: no cover - compiled
     return y
 
 
-@njit(cache=True)
+@plain
 def rightmost(T, root, o):  # pragma: no cover - compiled
     y = root
     if y < 0:
@@ -237,7 +237,7 @@ def rightmost(T, root, o):  # pragma: no cover - compiled
     return y
 
 
-@njit(cache=True)
+@plain
 def predecessor(T, x, o):  # pragma: no cover - compiled
     """The node just before x in key order, or -1."""
     if T[x, o + L] >= 0:
@@ -247,7 +247,7 @@ def predecessor(T, x, o):  # pragma: no cover - compiled
     return T[x, o + P]
 
 
-@njit(cache=True)
+@plain
 def successor(T, x, o):  # pragma: no cover - compiled
     """The node just after x in key order, or -1."""
     if T[x, o + R] >= 0:
@@ -257,7 +257,7 @@ def successor(T, x, o):  # pragma: no cover - compiled
     return T[x, o + P]
 
 
-@njit(cache=True)
+@plain
 def first_fit(T, root, size, o):  # pragma: no cover - compiled
     """The lowest-keyed node with SZ >= size, or -1 (augmented trees)."""
     y = root
@@ -273,7 +273,7 @@ def first_fit(T, root, size, o):  # pragma: no cover - compiled
             y = T[y, o + R]
 
 
-@njit(cache=True)
+@plain
 def first_fit_from(T, root, k1, size, stack, o):  # pragma: no cover - compiled
     """The lowest-keyed node with K1 >= k1 and SZ >= size, or -1 (augmented trees).
 

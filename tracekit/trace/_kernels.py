@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.trace.issues import Found, IssueKind
 from tracekit.trace.live_table import EMPTY, grow, new_table, remove, slot, tag_of, too_full
 from tracekit.trace.schema import Op
@@ -23,7 +24,7 @@ from tracekit.trace.schema import Op
 # frees alone (``_classify_unpaired``).
 
 
-@njit(cache=True)
+@plain
 def _flag(keep, counts, first, kind, i):  # pragma: no cover - compiled
     """Event i has issue ``kind``: readers skip it; count it, and keep the first such event."""
     keep[i] = False
@@ -32,13 +33,13 @@ def _flag(keep, counts, first, kind, i):  # pragma: no cover - compiled
         first[kind] = i
 
 
-@njit(cache=True)
+@plain
 def _live_again(seg):  # pragma: no cover - compiled
     """The issue of an allocation at an address that is still live."""
     return IssueKind.SEGMENT_ALLOC_LIVE if seg else IssueKind.MALLOC_LIVE
 
 
-@njit(cache=True)
+@plain
 def _unpaired_free(seg, seen):  # pragma: no cover - compiled
     """The issue of a free with no live allocation: a second free when the key was seen, else a
     free of an address never allocated."""
@@ -47,7 +48,7 @@ def _unpaired_free(seg, seen):  # pragma: no cover - compiled
     return IssueKind.DOUBLE_FREE if seen else IssueKind.FREE_NOT_LIVE
 
 
-@njit(cache=True)
+@plain
 def _found(found, what, i):  # pragma: no cover - compiled
     """The first event with fault ``what`` (a ``Found``) is i, unless one was found before."""
     if found[what] < 0:
@@ -180,7 +181,7 @@ def _classify_unpaired(op, addr, device, keep, counts, first):  # pragma: no cov
             _flag(keep, counts, first, _unpaired_free(seg, vals[j] == 1), i)
 
 
-@njit(cache=True)
+@plain
 def first_over(op, rounded, size, mate, keep, limit):  # pragma: no cover - compiled
     """(index, 0 for live bytes / 1 for reserved) of the first event whose running sum reaches
     ``limit``, or (-1, -1)."""

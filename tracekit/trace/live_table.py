@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
+
 EMPTY = -1  # the tag of an unused slot
 BLOCK, SEGMENT, N_CLASSES = 0, 1, 2
 INITIAL_SLOTS = 1 << 12  # a power of two: the slot index is the hash masked by slots − 1
@@ -36,20 +38,20 @@ def new_table():  # pragma: no cover - compiled
             np.zeros(INITIAL_SLOTS, np.int64))
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def tag_of(device, seg):  # pragma: no cover - compiled
     """The tag of an allocation of ``device``: a segment's (``seg``) or a block's."""
     return np.int32(device) * N_CLASSES + (SEGMENT if seg else BLOCK)
 
 
-@njit(cache=True)
+@plain
 def home(addr, mask):  # pragma: no cover - compiled
     """The first slot of an address's probe run."""
     h = ((addr >> np.uint64(ADDR_SHIFT)) * np.uint64(GOLDEN)) >> np.uint64(HASH_SHIFT)
     return np.int64(h & np.uint64(mask))
 
 
-@njit(cache=True)
+@plain
 def slot(keys, tags, addr, tag, mask):  # pragma: no cover - compiled
     """The slot of (addr, tag): where it is, or the empty slot where it goes (linear probing
     from its home slot)."""
@@ -59,7 +61,7 @@ def slot(keys, tags, addr, tag, mask):  # pragma: no cover - compiled
     return j
 
 
-@njit(cache=True)
+@plain
 def remove(keys, tags, vals, j, mask):  # pragma: no cover - compiled
     """Empty slot j, moving back each later slot of its probe run that may take the place (linear
     probing's deletion without tombstones: every key stays reachable from its home slot)."""
@@ -77,7 +79,7 @@ def remove(keys, tags, vals, j, mask):  # pragma: no cover - compiled
     tags[j] = EMPTY
 
 
-@njit(cache=True)
+@plain
 def too_full(used, slots):  # pragma: no cover - compiled
     """Load factor used / slots above 1/2: probe runs would grow long."""
     return used * 2 > slots

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import treap
 from tracekit.sim.codes import BUDDY_MAX_ORDER as MAX_ORDER
 from tracekit.sim.codes import BuddySlot as B
@@ -22,7 +23,7 @@ AT = 0  # the treap's columns start the row
 SPARE = 2 * MAX_ORDER  # free rows kept available before each event (one split makes <= 53)
 
 
-@njit(cache=True)
+@plain
 def _new(T, st, a, k):  # pragma: no cover - compiled
     x = st[B.RECYCLE]
     if x >= 0:
@@ -37,7 +38,7 @@ def _new(T, st, a, k):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True)
+@plain
 def _drop(T, st, x):  # pragma: no cover - compiled
     T[x, K2] = st[B.RECYCLE]
     st[B.RECYCLE] = x
@@ -52,7 +53,7 @@ def _grow(T, st):  # pragma: no cover - compiled
     return U
 
 
-@njit(cache=True)
+@plain
 def _largest_order(roots):  # pragma: no cover - compiled
     for j in range(MAX_ORDER, -1, -1):
         if roots[j] >= 0:
@@ -133,7 +134,7 @@ def run_chunk(T, st, roots, kind, order, mate, rep, holder, addr_out, status, st
     return T
 
 
-@njit(cache=True)
+@plain
 def _merge_free(T, st, roots, a, k):  # pragma: no cover - compiled
     """Return the block of order k at a, merged with its free buddies."""
     while k < MAX_ORDER:
@@ -149,7 +150,7 @@ def _merge_free(T, st, roots, a, k):  # pragma: no cover - compiled
     roots[k] = treap.insert(T, roots[k], y, False, AT)
 
 
-@njit(cache=True)
+@plain
 def seed_heap(T, st, roots, cap):  # pragma: no cover - compiled
     """Cut [0, cap) into the largest aligned power-of-two blocks, lowest address first."""
     a = np.int64(0)

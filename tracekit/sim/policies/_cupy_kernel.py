@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import chunks as ck
 from tracekit.sim import limit_test
 from tracekit.sim import segments as sg
@@ -30,7 +31,7 @@ NO_RELEASE = -2  # ``rel``: no release here; -1 releases every arena, k >= 0 are
 NO_X = np.zeros((0, len(Reservation)), dtype=np.int64)  # no expandable reservations in CuPy's pool
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _passes(S, value, limit):  # pragma: no cover - compiled
     return limit_test.passes(S, value, limit, Slot.ASKED, Slot.PASSED, Slot.REFUSED)
 

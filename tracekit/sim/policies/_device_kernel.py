@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from numba import njit
-
+from tracekit.compiled import plain
 from tracekit.sim import limit_test
 from tracekit.sim.chunks import ADDR_BASE, MIB, PAGE
 from tracekit.sim.codes import Kind, Stat, Status
@@ -58,13 +57,13 @@ def new_state() -> list[int]:
     return [0, 0, 0, ADDR_BASE, 0, 0, 0, 0]
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def pages(x):  # pragma: no cover - compiled
     """x bytes in whole 2 MiB pages: ⌈x / 2 MiB⌉ · 2 MiB."""
     return (x + PAGE - 1) // PAGE * PAGE
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def block_cost(s, pooled):  # pragma: no cover - compiled
     """Device bytes one block of s requested bytes is charged: r, or cudaMalloc's whole pages above 1 MiB."""
     if pooled or s <= MIB:
@@ -72,7 +71,7 @@ def block_cost(s, pooled):  # pragma: no cover - compiled
     return pages(s)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def largest_block(free):  # pragma: no cover - compiled
     """The largest request cudaMalloc could serve from ``free`` device bytes (whole pages above 1 MiB)."""
     p = free // PAGE * PAGE
@@ -81,7 +80,7 @@ def largest_block(free):  # pragma: no cover - compiled
     return min(free, MIB) // UNIT * UNIT
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _needed(S, r, c, pooled):  # pragma: no cover - compiled
     """Device bytes the allocator holds once a block (r live bytes, cost c) is added."""
     if pooled:
@@ -89,13 +88,13 @@ def _needed(S, r, c, pooled):  # pragma: no cover - compiled
     return S[DeviceSlot.USED] + c
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _fits(S, need, bound):  # pragma: no cover - compiled
     """The bound test ``need <= bound`` (bytes; 0: unbounded), where the bound enters a replay."""
     return limit_test.passes(S, need, bound, DeviceSlot.ASKED, DeviceSlot.PASSED, DeviceSlot.REFUSED)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _note_oom(S, i, r, bound, pooled, stats):  # pragma: no cover - compiled
     """Count a failed request; the first one also records the allocator's state (free: the pool's
     cached bytes for the async pool, the device's free bytes for cudaMalloc; -1 when unbounded)."""
@@ -117,7 +116,7 @@ def _note_oom(S, i, r, bound, pooled, stats):  # pragma: no cover - compiled
         stats[Stat.OOM_LARGEST] = largest_block(bound - S[DeviceSlot.USED])
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _place(S, c, pooled):  # pragma: no cover - compiled
     """An invented address for a block of cost c: 2 MiB-aligned above 1 MiB for cudaMalloc, else 512."""
     align = PAGE if (not pooled and c > MIB) else UNIT
@@ -126,7 +125,7 @@ def _place(S, c, pooled):  # pragma: no cover - compiled
     return a
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _take(S, r, c, pooled, stats):  # pragma: no cover - compiled
     S[DeviceSlot.LIVE] += r
     S[DeviceSlot.USED] += c
@@ -136,7 +135,7 @@ def _take(S, r, c, pooled, stats):  # pragma: no cover - compiled
         stats[Stat.PEAK_RESERVED] = S[DeviceSlot.RESERVED]
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _give(S, r, c, pooled):  # pragma: no cover - compiled
     """A block goes back: cudaFree returns its allocation; the async pool keeps its pages."""
     S[DeviceSlot.LIVE] -= r
@@ -145,7 +144,7 @@ def _give(S, r, c, pooled):  # pragma: no cover - compiled
         S[DeviceSlot.RESERVED] = S[DeviceSlot.USED]
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _free(S, status, rounded, charge, mate, i, pooled):  # pragma: no cover - compiled
     """Row i frees its malloc's block: DONE, or SKIPPED when that malloc was not placed."""
     m = mate[i]
@@ -156,7 +155,7 @@ def _free(S, status, rounded, charge, mate, i, pooled):  # pragma: no cover - co
     _give(S, rounded[m], charge[m], pooled)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _fail(S, status, stats, kd, i, r, bound, pooled, go_on):  # pragma: no cover - compiled
     """Row i cannot be served; True when that ends the replay (a fatal request, no ``CONTINUE``)."""
     status[i] = Status.OOM
@@ -167,7 +166,7 @@ def _fail(S, status, stats, kd, i, r, bound, pooled, go_on):  # pragma: no cover
     return not go_on
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _serve(S, kd, rep, holder, addr, status, charge, stats, i, r, c, pooled):  # pragma: no cover - compiled
     """Row i gets its block (r live bytes, cost c) at an invented address."""
     addr[i] = _place(S, c, pooled)
@@ -184,7 +183,7 @@ def _serve(S, kd, rep, holder, addr, status, charge, stats, i, r, c, pooled):  #
     status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
 
 
-@njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
+@plain(error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
 def run_chunk(kind, rep, holder, size, mate, cfg, S, addr, status, rounded, charge, stats,
               lo, hi):  # pragma: no cover - compiled
     """Replay events [lo, hi) (see the module docstring); ``charge`` holds each block's cost."""

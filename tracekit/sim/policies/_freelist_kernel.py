@@ -12,8 +12,7 @@ Scalar state lives in the int64 array ``st`` so a replay can run in chunks.
 
 from __future__ import annotations
 
-from numba import njit
-
+from tracekit.compiled import plain
 from tracekit.sim import sizeclass, treap
 from tracekit.sim.codes import Fit, Kind, Stat, Status
 from tracekit.sim.codes import HeapSlot as H
@@ -24,7 +23,7 @@ from tracekit.sim.treap import K1, K2, K3, MX, SZ
 AT = 0  # the treap's columns start the row
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _key(T, x, by_size):  # pragma: no cover - compiled
     T[x, K3] = 0
     if by_size:
@@ -35,13 +34,13 @@ def _key(T, x, by_size):  # pragma: no cover - compiled
         T[x, K2] = 0
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _is_top(T, st, x):  # pragma: no cover - compiled
     """Whether x is the free block running to the end of an unbounded heap."""
     return st[H.GROWS] == 1 and T[x, F.ADDR] + T[x, SZ] == st[H.CAP]
 
 
-@njit(cache=True)
+@plain
 def _find(T, st, stack, roots, bm, r):  # pragma: no cover - compiled
     fit = st[H.FIT]
     root = st[H.ROOT]
@@ -72,7 +71,7 @@ def _find(T, st, stack, roots, bm, r):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True)
+@plain
 def _new_node(T, st):  # pragma: no cover - compiled
     x = st[H.RECYCLE]
     if x >= 0:
@@ -83,13 +82,13 @@ def _new_node(T, st):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True)
+@plain
 def _drop_node(T, st, x):  # pragma: no cover - compiled
     T[x, F.NEXT] = st[H.RECYCLE]
     st[H.RECYCLE] = x
 
 
-@njit(cache=True)
+@plain
 def _sized_add(T, st, roots, bm, x):  # pragma: no cover - compiled
     """Insert free block x into the by-size index (best fit: size classes; worst fit: one tree)."""
     _key(T, x, True)
@@ -99,7 +98,7 @@ def _sized_add(T, st, roots, bm, x):  # pragma: no cover - compiled
         st[H.ROOT] = treap.insert(T, st[H.ROOT], x, False, AT)
 
 
-@njit(cache=True)
+@plain
 def _sized_drop(T, st, roots, bm, x):  # pragma: no cover - compiled
     if st[H.FIT] == Fit.BEST:
         sizeclass.drop(T, roots, bm, x)
@@ -107,7 +106,7 @@ def _sized_drop(T, st, roots, bm, x):  # pragma: no cover - compiled
         st[H.ROOT] = treap.remove(T, st[H.ROOT], x, False, AT)
 
 
-@njit(cache=True)
+@plain
 def _place(T, st, roots, bm, x, r):  # pragma: no cover - compiled
     """Take the low r bytes of free block x; return the node of the new used block."""
     by_size = st[H.FIT] == Fit.BEST or st[H.FIT] == Fit.WORST
@@ -141,7 +140,7 @@ def _place(T, st, roots, bm, x, r):  # pragma: no cover - compiled
     return y
 
 
-@njit(cache=True)
+@plain
 def _unlink(T, st, x):  # pragma: no cover - compiled
     """Remove node x from the address list and recycle it."""
     p = T[x, F.PREV]
@@ -153,7 +152,7 @@ def _unlink(T, st, x):  # pragma: no cover - compiled
     _drop_node(T, st, x)
 
 
-@njit(cache=True)
+@plain
 def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
     """Free used block x, coalescing with free address neighbours; the free block it is now in."""
     p = T[x, F.PREV]
@@ -196,7 +195,7 @@ def _release(T, st, roots, bm, x):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _freed(T, st, roots, bm, x, says):  # pragma: no cover - compiled
     """Free used block x (``_release``); with ``says``, keeping where the free block at the heap's
     end starts."""
@@ -205,14 +204,14 @@ def _freed(T, st, roots, bm, x, says):  # pragma: no cover - compiled
         st[H.TOP] = T[m, F.ADDR]
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _asks(st, c):  # pragma: no cover - compiled
     """The unbounded heap's placement is made alike only from capacity c up."""
     if c > st[H.ASKED]:
         st[H.ASKED] = c
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _same_from(st, c):  # pragma: no cover - compiled
     """Every capacity from c up makes this placement alike (and the unbounded heap does)."""
     if c > st[H.PASSED]:
@@ -220,14 +219,14 @@ def _same_from(st, c):  # pragma: no cover - compiled
     _asks(st, c)
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _same_below(st, c):  # pragma: no cover - compiled
     """No capacity from c up makes this placement alike."""
     if st[H.REFUSED] == 0 or c < st[H.REFUSED]:
         st[H.REFUSED] = c
 
 
-@njit(cache=True, inline="always")
+@plain(inline="always")
 def _note_choice(T, st, roots, bm, x, r):  # pragma: no cover - compiled
     """First and best fit: at which capacities this request of r bytes gets block x (-1: none)
     as it does here. The capacity enters only through the free block at the heap's end (the top,
@@ -265,7 +264,7 @@ def _note_choice(T, st, roots, bm, x, r):  # pragma: no cover - compiled
             _asks(st, top + size)
 
 
-@njit(cache=True)
+@plain
 def _largest(T, st, roots, bm):  # pragma: no cover - compiled
     if st[H.FIT] == Fit.BEST:
         return sizeclass.largest(T, roots, bm)
@@ -277,7 +276,7 @@ def _largest(T, st, roots, bm):  # pragma: no cover - compiled
     return T[root, MX]
 
 
-@njit(cache=True, nogil=True)  # nogil: beside the read (head_start), settings in threads (advise)
+@plain(nogil=True)  # nogil: beside the read (head_start), settings in threads (advise)
 def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, node_of, addr_out, status,
               stats, lo, hi, cont):
     # pragma: no cover - compiled
@@ -356,7 +355,7 @@ def run_chunk(T, st, stack, roots, bm, kind, size, mate, rep, holder, rounded, n
             status[i] = Status.DONE
 
 
-@njit(cache=True)
+@plain
 def seed(T, st, roots, bm, cap):  # pragma: no cover - compiled
     """Node 0: the whole heap [0, cap), free (no node for an empty heap)."""
     st[H.ROOT] = -1

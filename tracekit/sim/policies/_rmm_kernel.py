@@ -39,6 +39,7 @@ from enum import IntEnum
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import chunks as ck
 from tracekit.sim import segments as sg
 from tracekit.sim.chunks import PAGE
@@ -71,13 +72,13 @@ class Found(IntEnum):
     FAILED = 4  # out of memory
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def align_up(b):  # pragma: no cover - compiled
     """b bytes rounded up to a multiple of ``ALIGNMENT``."""
     return (b + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def size_to_grow(s, pool, maximum):  # pragma: no cover - compiled
     """``pool_memory_resource_impl::size_to_grow``: bytes to ask the upstream for, 0 = may not grow."""
     if maximum != NO_MAXIMUM:
@@ -89,7 +90,7 @@ def size_to_grow(s, pool, maximum):  # pragma: no cover - compiled
     return max(s, pool)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def best_fit(C, S, g, s):  # pragma: no cover - compiled
     """The smallest free piece of at least s bytes on list g (ties: lowest address), or -1."""
     x = ck.lower_bound(C, S, g, s)
@@ -98,7 +99,7 @@ def best_fit(C, S, g, s):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def free_into(C, S, x, g):  # pragma: no cover - compiled
     """Put piece x (in no tree) on list g, coalescing with its address neighbours free on g."""
     C[x, F.GROUP] = g
@@ -115,7 +116,7 @@ def free_into(C, S, x, g):  # pragma: no cover - compiled
     return x
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def merge_list(C, S, h, g):  # pragma: no cover - compiled
     """Move every free piece of list h onto list g (``merge_lists``), coalescing as they come."""
     while True:
@@ -126,7 +127,7 @@ def merge_list(C, S, h, g):  # pragma: no cover - compiled
         free_into(C, S, y, g)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def take(C, S, x, s):  # pragma: no cover - compiled
     """Use the low s bytes of free piece x; the rest stays free on x's list."""
     ck.remove_free(C, S, x)
@@ -135,7 +136,7 @@ def take(C, S, x, s):  # pragma: no cover - compiled
         ck.split_front(C, S, x, s)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def from_upstream(C, S, R, i, t, g, stream):  # pragma: no cover - compiled
     """``block_from_upstream``: a new device allocation of t bytes, one used piece on list g, at an
     invented address a page below every earlier one (``cudaMalloc`` hands out falling addresses)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import chunks as ck
 from tracekit.sim import segments as sg
 from tracekit.sim.codes import Field as F
@@ -27,7 +28,7 @@ from tracekit.sim.codes import Piece as P
 from tracekit.sim.codes import Reservation as X_
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def expandable_size(C, b):  # pragma: no cover - compiled
     """A free piece's size for best fit: plus the unmapped range right after it."""
     nx = C[b, F.NEXT]
@@ -35,7 +36,7 @@ def expandable_size(C, b):  # pragma: no cover - compiled
     return C[b, F.SIZE] + extra
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     """Reserve group g's segment on first use, at the recorded address when there is one."""
     if X[g, X_.MADE] != Reserve.NONE:
@@ -52,14 +53,14 @@ def _ensure(C, S, g, X, i, hints):  # pragma: no cover - compiled
     X[g, X_.MADE] = Reserve.DONE
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _emit_pages(R, S, i, op, a, size, pg, stream):  # pragma: no cover - compiled
     """One row per page, so every segment_free pairs with a segment_alloc of its address."""
     for p in range(a, a + size, pg):
         ck.emit(R, S, i, op, p, pg, stream)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compiled
     """Starting state: [a, a + size) of group g's segment is mapped (a recorded mapped range).
 
@@ -92,7 +93,7 @@ def map_initial(C, S, R, i, g, a, size, stream, X):  # pragma: no cover - compil
     return _map_front(C, S, R, i, c, size, X[g, X_.PAGE], stream[g])
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _map_front(C, S, R, i, x, size, page, st):  # pragma: no cover - compiled
     """Map the first ``size`` bytes of unmapped piece x (already out of the trees).
 
@@ -117,7 +118,7 @@ def _map_front(C, S, R, i, x, size, page, st):  # pragma: no cover - compiled
     return ck.free_merge(C, S, x)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _find(C, S, g, s, X, i, hints):  # pragma: no cover - compiled
     _ensure(C, S, g, X, i, hints)
     c = ck.first_in_group(C, S, g, Tree.UNMAPPED)
@@ -137,7 +138,7 @@ def _find(C, S, g, s, X, i, hints):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compiled
     """Map the pages covering the first sz bytes of unmapped piece x; -1 if the device is full."""
     g = C[x, F.GROUP]
@@ -151,7 +152,7 @@ def _map(C, S, R, i, x, sz, dev_total, stream, X):  # pragma: no cover - compile
     return _map_front(C, S, R, i, x, mapped, pg, stream[g])
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def try_allocate(C, S, R, i, g, s, dev_total, stream, X, hints):  # pragma: no cover - compiled
     """A free mapped piece of group g holding s bytes, out of every tree; -1 on failure."""
     c = _find(C, S, g, s, X, i, hints)
@@ -172,7 +173,7 @@ def try_allocate(C, S, R, i, g, s, dev_total, stream, X, hints):  # pragma: no c
     return c
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _unmap(C, S, R, i, b, stream, X):  # pragma: no cover - compiled
     g = C[b, F.GROUP]
     base = X[g, X_.BASE]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tracekit.compiled import plain
 from tracekit.sim import chunks as ck
 from tracekit.sim import limit_test
 from tracekit.sim import segments as sg
@@ -37,7 +38,7 @@ MIB = 1 << 20
 NO_LIMIT = 1 << 62  # max_split_size unset
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def segment_size(s):  # pragma: no cover - compiled
     """Bytes cudaMalloc'd on a miss: 2 MiB (<= 1 MiB), 20 MiB (< 10 MiB), else 2 MiB multiples."""
     if s <= MIB:
@@ -47,7 +48,7 @@ def segment_size(s):  # pragma: no cover - compiled
     return (s + 2 * MIB - 1) // (2 * MIB) * (2 * MIB)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _floor_log2(x):  # pragma: no cover - compiled
     """floor(log2 x) of a uint64 x >= 1, by halving the shift (32, 16, ..., 1)."""
     lg = 0
@@ -95,7 +96,7 @@ def round_sizes(size, div):  # pragma: no cover - compiled
     return out
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _pages(S, cfg, s):  # pragma: no cover - compiled
     """Most page rows one event can emit with expandable segments (unmap all, map s)."""
     if cfg[T.EXPANDABLE] == 0:
@@ -103,7 +104,7 @@ def _pages(S, cfg, s):  # pragma: no cover - compiled
     return (S[Slot.RESERVED] + segment_size(s)) // (2 * MIB) + 2
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no cover - compiled
     """cudaMalloc of one segment for group g (or a mapping for expandable segments)."""
     # The capacity's limit test (``limit_test``): with no GC threshold the only place it enters.
@@ -118,7 +119,7 @@ def _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints):  # pragma: no co
     return sg.add_segment(C, S, R, i, a, seg, g, stream[g])
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _release_available(C, S, R, i, g, s, M, stream):  # pragma: no cover - compiled
     """Release cached blocks >= M: one that covers max(s, M), else the largest first."""
     key = max(s, M)
@@ -191,7 +192,7 @@ def _garbage_collect(C, S, R, i, thr, n_streams, stream):  # pragma: no cover - 
                 sg.release_whole(C, S, R, i, x, stream)
 
 
-@njit(cache=True, error_model="numpy")
+@plain(error_model="numpy")
 def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
     """``get_free_block``: the cached block to use for s in group g, or -1."""
     it = ck.lower_bound(C, S, g, s)
