@@ -212,9 +212,23 @@ def _find(C, S, g, s, M, nsr, expandable):  # pragma: no cover - compiled
     return it
 
 
+@plain(error_model="numpy")
+def _cached(C, S, g, s, cfg):  # pragma: no cover - compiled
+    """``malloc``'s first step: the cached block for s in group g taken out of the cache, or -1."""
+    large = g // cfg[T.STREAMS] == TorchPool.LARGE
+    if cfg[T.GC_THRESHOLD] > 0 and large:
+        S[Slot.GCL] += 1  # get_free_blocks_call_count of the large pool
+    x = _find(C, S, g, s, cfg[T.MAX_SPLIT], cfg[T.MAX_NON_SPLIT], cfg[T.EXPANDABLE] != 0)
+    if x != -1:
+        ck.remove_free(C, S, x)
+    return x
+
+
 @njit(cache=True, error_model="numpy")
-def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: no cover - compiled
-    """``malloc``: a cached block, else a new segment, releasing cached memory before OOM.
+def _new_block(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: no cover - compiled
+    """``malloc`` where no cached block fits (``_cached`` gave -1): a new segment, releasing cached
+    memory before OOM (-1). The garbage collection and the unmapping make arrays, so this step
+    counts references (``tracekit.compiled``); a hit in the cache (``_cached``, ``_take``) does not.
 
     ``refused`` > 0: the recording shows the device refusing this request's
     first ``alloc_block`` and the allocator then releasing ``refused`` bytes,
@@ -223,26 +237,25 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: n
     follows, as in PyTorch.
     """
     M = cfg[T.MAX_SPLIT]
-    large = g // cfg[T.STREAMS] == TorchPool.LARGE
-    if cfg[T.GC_THRESHOLD] > 0 and large:
-        S[Slot.GCL] += 1  # get_free_blocks_call_count of the large pool
-    x = _find(C, S, g, s, M, cfg[T.MAX_NON_SPLIT], cfg[T.EXPANDABLE] != 0)
-    if x != -1:
-        ck.remove_free(C, S, x)
-    else:
-        if cfg[T.GC_THRESHOLD] > 0:
-            _garbage_collect(C, S, R, i, cfg[T.GC_THRESHOLD], cfg[T.STREAMS], stream)
-        if refused == 0:
+    if cfg[T.GC_THRESHOLD] > 0:
+        _garbage_collect(C, S, R, i, cfg[T.GC_THRESHOLD], cfg[T.STREAMS], stream)
+    x = -1
+    if refused == 0:
+        x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
+    if x == -1 and M < NO_LIMIT:
+        held = S[Slot.RESERVED]
+        if _release_available(C, S, R, i, g, s, M, stream) and held - S[Slot.RESERVED] >= refused:
             x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
-        if x == -1 and M < NO_LIMIT:
-            held = S[Slot.RESERVED]
-            if _release_available(C, S, R, i, g, s, M, stream) and held - S[Slot.RESERVED] >= refused:
-                x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
-        if x == -1:
-            release_cached(C, S, R, i, stream, X)
-            x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
-        if x == -1:
-            return -1
+    if x == -1:
+        release_cached(C, S, R, i, stream, X)
+        x = _alloc_block(C, S, R, i, g, s, seg, cfg, stream, X, hints)
+    return x
+
+
+@plain(error_model="numpy")
+def _take(C, S, x, g, s, cfg):  # pragma: no cover - compiled
+    """``malloc``'s last step: block x in use for s bytes, split where PyTorch splits it."""
+    M = cfg[T.MAX_SPLIT]
     C[x, F.STATE] = P.USED
     rem = C[x, F.SIZE] - s
     small = g // cfg[T.STREAMS] == TorchPool.SMALL
@@ -251,7 +264,6 @@ def _malloc(C, S, R, i, g, s, seg, cfg, stream, X, hints, refused):  # pragma: n
             ck.split_front(C, S, x, s)
     elif s < M and rem > MIB:
         ck.split_front(C, S, x, s)
-    return x
 
 
 @njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
@@ -261,7 +273,7 @@ def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_e
 
     ``rel``: the program released cached memory before this row
     (``release_cached_blocks``); ``retry``: bytes the recorded allocator
-    released while retrying this request (0: none), see ``_malloc``.
+    released while retrying this request (0: none), see ``_new_block``.
     """
     n = op.shape[0]
     addr = np.zeros(n, dtype=np.int64)
@@ -321,7 +333,12 @@ def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_e
                 # A cached block fits, so the recorded release was the program's own.
                 release_cached(C, S, R, i, stream, X)
                 refused = 0
-            x = _malloc(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints, refused)
+            # malloc: a cached block, else a new segment (releasing cached memory before OOM)
+            x = _cached(C, S, group[i], s, cfg)
+            if x == -1:
+                x = _new_block(C, S, R, i, group[i], s, segment_size(s), cfg, stream, X, hints, refused)
+            if x != -1:
+                _take(C, S, x, group[i], s, cfg)
             if x == -1 and kd == Kind.TRY:  # the program survived this failure: it goes on
                 status[i] = Status.OOM
                 stats[Stat.HANDLED] += 1
