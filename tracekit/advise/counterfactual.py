@@ -47,6 +47,7 @@ import pyarrow as pa
 from tracekit.sim.base import Layout, SimConfig
 from tracekit.sim.pool_run import release_points
 from tracekit.sim.prepare import prepare as replay_input
+from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.events import Events, segment_delta
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
@@ -300,11 +301,12 @@ def _insert(trace: Trace, rows: np.ndarray, op: np.ndarray, addr: np.ndarray, si
     if trace.extras is not None:
         idx = np.full(total, -1, dtype=np.int64)
         idx[old_at] = np.arange(n)
-        extras = trace.extras.take(pa.array(np.where(idx >= 0, idx, 0)))
+        extras = trace.extras.take(array_of(np.where(idx >= 0, idx, 0), pa.int64()))
         if "initial" in extras.column_names:  # an added row is never part of a starting state
-            col = np.asarray(extras.column("initial").fill_null(False).to_numpy(zero_copy_only=False), bool)
+            col = filled(extras.column("initial"), False).astype(np.bool_)
             col[new_at] = False
-            extras = extras.set_column(extras.column_names.index("initial"), "initial", pa.array(col))
+            at = extras.column_names.index("initial")
+            extras = extras.set_column(at, "initial", array_of(col, pa.bool_()))
     return replace(trace, events=events, mate=spread(mate, np.full(len(rows), -1, np.int64)),
                    extras=extras)
 
@@ -316,5 +318,5 @@ def _keep(trace: Trace, keep: np.ndarray) -> Trace:
         rounded=ev.rounded[keep], stream=ev.stream[keep], device=ev.device[keep], site=ev.site[keep],
         sites=ev.sites, stack=ev.stack[keep], stacks=ev.stacks,
     )
-    extras = trace.extras.filter(pa.array(keep)) if trace.extras is not None else None
+    extras = trace.extras.filter(array_of(keep, pa.bool_())) if trace.extras is not None else None
     return replace(trace, events=events, mate=remap_mate(trace.mate, keep), extras=extras)

@@ -29,6 +29,7 @@ from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
 from tracekit.analysis.tree import TreeInputs, TreeLimits, trees_of
 from tracekit.sim.torch_rules import segment_sizes
+from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table, unmatched
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
@@ -117,7 +118,7 @@ def _combine(parts: list[AnalysisResult]) -> AnalysisResult:
     table = None
     if len(tables) == len(parts):
         joined = pa.concat_tables(tables)
-        table = joined.take(pa.array(np.argsort(joined.column("seq").to_numpy(), kind="stable")))
+        table = joined.take(array_of(np.argsort(filled(joined.column("seq")), kind="stable"), pa.int64()))
     return AnalysisResult(summary=summary, timeline=table)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.trace.arrow import filled
 from tracekit.trace.reader import Trace
 from tracekit.trace.recorded import (
     DeviceLimits,
@@ -67,7 +68,7 @@ def extra_column(trace: Trace, name: str) -> np.ndarray | None:
     vals = _ints(t.column(name))
     if vals is None:
         return None
-    seq = t.column("seq").to_numpy()
+    seq = filled(t.column("seq"))
     if len(seq) == len(trace.events):
         return vals
     return vals[np.searchsorted(seq, trace.events.seq)]
@@ -79,7 +80,7 @@ def _ints(col: Any) -> np.ndarray | None:
     if not pa.types.is_integer(col.type):
         return None
     col = col.cast(pa.int64(), safe=False)  # uint64 values beyond int64 become negative: unknown
-    vals = np.asarray(col.fill_null(-1).to_numpy(), dtype=np.int64)
+    vals = filled(col, -1).astype(np.int64, copy=False)
     return np.where(vals < 0, -1, vals)
 
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from tracekit.analysis import largest_free as lf
 from tracekit.analysis.compress import compress, opening_ranges
+from tracekit.trace.arrow import array_of
 from tracekit.trace.events import Events
 from tracekit.trace.schema import Op
 
@@ -127,20 +128,24 @@ def timeline_table(ev: Events, scan: ScanResult, device_free_at_start: int | Non
     if device_free_at_start is None:
         dev_free = pa.nulls(len(ev), pa.int64())
     else:
-        dev_free = pa.array(np.int64(device_free_at_start) - scan.reserved, pa.int64())
+        dev_free = array_of(np.int64(device_free_at_start) - scan.reserved, pa.int64())
     return pa.table(
         {
-            "seq": pa.array(ev.seq, pa.uint64()),
-            "t_ns": pa.array(ev.t_ns, pa.int64()),
-            "live_bytes": scan.live,
-            "requested_bytes": scan.requested,
-            "reserved_bytes": scan.reserved,
-            "free_in_pool": free,
-            "largest_free_block": scan.largest_free,
-            "external_fragmentation": frag,
+            "seq": array_of(ev.seq, pa.uint64()),
+            "t_ns": array_of(ev.t_ns, pa.int64()),
+            "live_bytes": _column(scan.live),
+            "requested_bytes": _column(scan.requested),
+            "reserved_bytes": _column(scan.reserved),
+            "free_in_pool": _column(free),
+            "largest_free_block": _column(scan.largest_free),
+            "external_fragmentation": _column(frag),
             "device_free": dev_free,
-            "device": pa.array(ev.device, pa.int16()),
+            "device": array_of(ev.device, pa.int16()),
             "device_free_measured": (pa.nulls(len(ev), pa.int64()) if measured is None
-                                     else pa.array(measured, pa.int64(), mask=measured < 0)),
+                                     else array_of(measured, pa.int64(), mask=measured < 0)),
         }
     )
+
+
+def _column(values: np.ndarray) -> pa.Array:
+    return array_of(values, pa.from_numpy_dtype(values.dtype))

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from tracekit.report.envelope import Envelope, envelope
 from tracekit.report.style import Scale, TimeAxis, byte_scale, time_axis
+from tracekit.trace.arrow import filled, floats_of
 
 if TYPE_CHECKING:
     from tracekit.analysis.summary import Summary
@@ -62,7 +63,7 @@ def _col(table: pa.Table, name: str) -> np.ndarray | None:
     col = table.column(name)
     if col.null_count == len(col):
         return None
-    return np.asarray(col.to_numpy(), dtype=np.float64)  # nulls become NaN
+    return floats_of(col)  # nulls become NaN
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,8 @@ def timeline_data(
 
     ``by_index`` forces the event index on x (to compare two traces whose time axes differ).
     """
-    seq = table.column("seq").to_numpy()
-    t_ns = table.column("t_ns").to_numpy()
+    seq = filled(table.column("seq"))
+    t_ns = filled(table.column("t_ns"))
     axis = TimeAxis("event index", True, 0, 1.0) if by_index else time_axis(t_ns, seq)
     x = axis.x(t_ns, np.arange(len(seq)))
     series: dict[str, Envelope] = {}

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit import interrupts
+from tracekit.trace.arrow import filled
 from tracekit.trace.columns import Window
 from tracekit.trace.schema import op_codes
 
@@ -283,7 +284,7 @@ def _op_codes(window: Window, out: np.ndarray) -> bool:
         m = len(chunk)
         if pa.types.is_dictionary(chunk.type):
             lut = op_codes(chunk.dictionary.to_pylist())
-            out[at:at + m] = lut[chunk.indices.to_numpy(zero_copy_only=False)]
+            out[at:at + m] = lut[filled(chunk.indices)]
         else:
             return False
         at += m

@@ -28,6 +28,7 @@ from tracekit.outputs import check_output
 from tracekit.sim.base import PolicyRun, Status
 from tracekit.sim.codes import Kind
 from tracekit.sim.prepare import prepare
+from tracekit.trace.arrow import array_of
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source, TraceMeta
@@ -118,7 +119,7 @@ def write_replay_trace(result: ReplayResult, trace: Trace, path: Path, *, comman
     out, src = replay_events(result.run, trace)
     extras: dict[str, np.ndarray | pa.Array] = {}
     if trace.extras is not None and trace.extras.num_columns:
-        idx = pa.array(src, type=pa.int64(), mask=src < 0)
+        idx = array_of(src, pa.int64(), mask=src < 0)
         taken = trace.extras.take(idx)
         extras = {name: taken.column(name).combine_chunks() for name in taken.column_names}
         if "initial" in extras:

@@ -25,6 +25,7 @@ from numba import njit
 from tracekit.compiled import plain
 from tracekit.sim.codes import Kind, Op
 from tracekit.sim.trace_cache import TraceCache
+from tracekit.trace.arrow import filled
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 
@@ -99,16 +100,14 @@ def _bool_column(trace: Trace, name: str) -> np.ndarray:
     tbl = trace.extras
     if tbl is None or name not in tbl.column_names:
         return np.zeros(len(trace.events), np.bool_)
-    col = tbl.column(name).fill_null(False)
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return filled(tbl.column(name), False).astype(np.bool_, copy=False)
 
 
 def _pool_column(trace: Trace) -> np.ndarray:
     tbl = trace.extras
     if tbl is None or "pool" not in tbl.column_names:
         return np.zeros(len(trace.events), np.int64)
-    col = tbl.column("pool").fill_null(0)
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return filled(tbl.column("pool"), 0).astype(np.int64, copy=False)
 
 
 def _segment_small(trace: Trace) -> np.ndarray:

@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracekit.trace import arrow
+
 __all__ = ["Columns", "Window", "as_numpy", "is_text", "text_column"]
 
 
@@ -112,7 +114,8 @@ class Columns:
                     col = table.column(name)
                     if col.null_count and name not in null:
                         null[name] = np.zeros(n, np.bool_)
-                    _copy_into(col, values[at:at + m], null[name][at:at + m] if name in null else None, 0)
+                    nulls = null[name][at:at + m] if name in null else None
+                    arrow.copy_into(col, values[at:at + m], nulls, 0)
                 for name, chunks in kept.items():
                     col = table.column(name)
                     types[name] = col.type
@@ -158,30 +161,15 @@ def as_numpy(col: pa.ChunkedArray, filler: int) -> tuple[np.ndarray, np.ndarray 
     """An integer column as one NumPy array of its own type, each null as ``filler``; and, where
     the column has nulls, the bool mask of them (None where it has none).
 
-    One chunk without nulls: Arrow's memory itself (read-only). Otherwise one copy (``_copy_into``).
+    One chunk without nulls: Arrow's memory itself (read-only). Otherwise one copy (``arrow.copy_into``).
     """
+    if not col.null_count and col.num_chunks == 1:
+        return arrow.values_of(col.chunk(0)), None
     if not col.null_count:
-        return col.to_numpy(), None
+        out = np.empty(len(col), np.dtype(col.type.to_pandas_dtype()))
+        arrow.copy_into(col, out, None, filler)
+        return out, None
     out = np.empty(len(col), np.dtype(col.type.to_pandas_dtype()))
     null = np.zeros(len(col), np.bool_)
-    _copy_into(col, out, null, filler)
+    arrow.copy_into(col, out, null, filler)
     return out, null
-
-
-def _copy_into(col: pa.ChunkedArray, out: np.ndarray, null: np.ndarray | None, filler: int) -> None:
-    """``col`` (an integer column of ``out``'s type) into ``out``, chunk by chunk: the values
-    buffer, then ``filler`` and the mask ``null`` through the validity bitmap where a chunk has
-    nulls (``null`` is given wherever ``col`` has any)."""
-    at = 0
-    for chunk in col.chunks:
-        m, off = len(chunk), chunk.offset
-        if m == 0:
-            continue
-        validity, values = chunk.buffers()[:2]
-        out[at:at + m] = np.frombuffer(values, out.dtype, count=off + m)[off:]
-        if chunk.null_count:
-            assert null is not None
-            bits = np.unpackbits(np.frombuffer(validity, np.uint8), count=off + m, bitorder="little")[off:]
-            np.equal(bits, 0, out=null[at:at + m])
-            np.putmask(out[at:at + m], null[at:at + m], filler)
-        at += m

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 from tracekit.errors import InputError
+from tracekit.trace.arrow import array_of
 from tracekit.trace.reader import Trace
 from tracekit.trace.validate import remap_mate
 
@@ -42,7 +43,7 @@ def select_device(trace: Trace, device: int) -> Trace:
     keep = trace.events.device == device
     if keep.all():
         return trace
-    extras = trace.extras.filter(pa.array(keep)) if trace.extras is not None else None
+    extras = trace.extras.filter(array_of(keep, pa.bool_())) if trace.extras is not None else None
     return dataclasses.replace(trace, events=trace.events.take(keep), mate=remap_mate(trace.mate, keep),
                                extras=extras)
 
@@ -132,6 +133,6 @@ def split_devices(trace: Trace) -> list[tuple[int, Trace]]:
         idx = order[a:b]  # increasing: the sort is stable
         m = trace.mate[idx]
         mate = np.where(m >= 0, local[np.maximum(m, 0)], -1).astype(np.int64)
-        extras = trace.extras.take(pa.array(idx)) if trace.extras is not None else None
+        extras = trace.extras.take(array_of(idx, pa.int64())) if trace.extras is not None else None
         out.append((d, dataclasses.replace(trace, events=trace.events.take(idx), mate=mate, extras=extras)))
     return out

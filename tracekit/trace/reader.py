@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
+from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.columns import Columns, Window, as_numpy, is_text
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
@@ -295,7 +296,7 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
         mate = remap_mate(pairing.mate, pairing.keep)
         ev = ev.take(pairing.keep)
         if extra_tbl is not None:
-            extra_tbl = extra_tbl.filter(pa.array(pairing.keep))
+            extra_tbl = extra_tbl.filter(array_of(pairing.keep, pa.bool_()))
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
 
 
@@ -352,11 +353,11 @@ def _extra(src: Columns, name: str, extra_tbl: pa.Table | None, null: bool | int
     col = extra_tbl.column(name) if extra_tbl is not None else src.get(name)
     if pa.types.is_null(col.type):
         return None
-    filled = col.fill_null(False if isinstance(null, bool) else 0) if col.null_count else col
-    out = filled.to_numpy(zero_copy_only=False)
-    out = out.astype(np.bool_ if isinstance(null, bool) else np.int64, copy=False)
+    out = filled(col, False if isinstance(null, bool) else 0).astype(
+        np.bool_ if isinstance(null, bool) else np.int64, copy=False)
     if col.null_count and null:
-        out[col.is_null().to_numpy(zero_copy_only=False)] = null
+        out = out if out.flags.writeable else out.copy()
+        out[filled(col.is_null())] = null
     return out
 
 

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from tracekit.inputs import utf8_name
 from tracekit.outputs import Staged, cannot_write
+from tracekit.trace.arrow import array_of, strings_of
 from tracekit.trace.events import Events
 from tracekit.trace.schema import OP_NAMES, STACK_FIELD, Op, TraceMeta, arrow_schema
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
@@ -36,21 +37,21 @@ ROW_GROUP = 1 << 20
 def events_to_arrays(ev: Events) -> list[pa.Array]:
     """The nine v1 columns of ``ev`` as Arrow arrays, with nulls where the op says so (``stack``,
     whose ids depend on the file's whole table, is the writer's)."""
-    op_dict = pa.array(OP_NAMES, type=pa.string())
+    op_dict = strings_of(OP_NAMES)
     no_rounded = (ev.op != Op.MALLOC) & (ev.op != Op.OOM)
-    site_idx = pa.array(ev.site, type=pa.int32(), mask=ev.site < 0)
+    site_idx = array_of(ev.site, pa.int32(), mask=ev.site < 0)
     # A call-site from an untrusted file may hold lone surrogates, which UTF-8 cannot store.
     sites = [s if s.isascii() else s.encode("utf-8", "replace").decode("utf-8") for s in ev.sites]
     return [
-        pa.array(ev.seq, type=pa.uint64()),
-        pa.array(ev.t_ns, type=pa.int64()),
-        pa.DictionaryArray.from_arrays(pa.array(ev.op, type=pa.int8()), op_dict),
-        pa.array(ev.addr, type=pa.uint64(), mask=ev.op == Op.OOM),
-        pa.array(ev.size, type=pa.uint64()),
-        pa.array(ev.rounded, type=pa.uint64(), mask=no_rounded),
-        pa.array(ev.stream, type=pa.uint64()),
-        pa.array(ev.device, type=pa.int16()),
-        pa.DictionaryArray.from_arrays(site_idx, pa.array(sites, type=pa.string())),
+        array_of(ev.seq, pa.uint64()),
+        array_of(ev.t_ns, pa.int64()),
+        pa.DictionaryArray.from_arrays(array_of(ev.op, pa.int8()), op_dict),
+        array_of(ev.addr, pa.uint64(), mask=ev.op == Op.OOM),
+        array_of(ev.size, pa.uint64()),
+        array_of(ev.rounded, pa.uint64(), mask=no_rounded),
+        array_of(ev.stream, pa.uint64()),
+        array_of(ev.device, pa.int16()),
+        pa.DictionaryArray.from_arrays(site_idx, strings_of(sites)),
     ]
 
 
@@ -100,13 +101,13 @@ class TraceWriter:
         arrays = events_to_arrays(ev)
         if self._stacks is not None:
             ids = self._stacks.ids(ev)
-            arrays.append(pa.array(ids, type=pa.int32(), mask=ids < 0))
+            arrays.append(array_of(ids, pa.int32(), mask=ids < 0))
         for f in list(self.schema)[len(arrays):]:
             col = (extras or {}).get(f.name)
             if col is None:
                 arrays.append(pa.nulls(len(ev), type=f.type))
             else:
-                arrays.append(pa.array(col, type=f.type) if not isinstance(col, pa.Array) else col)
+                arrays.append(array_of(col, f.type) if not isinstance(col, pa.Array) else col)
         table = pa.Table.from_arrays(arrays, schema=self.schema)
         try:
             self._pq.write_table(table, row_group_size=self.row_group_size)

@@ -48,6 +48,7 @@ from tracekit.report.page.request import reported_request
 from tracekit.report.page.state import build_state
 from tracekit.report.page.text import safe_strings
 from tracekit.trace import Op, Trace
+from tracekit.trace.arrow import array_of, filled, floats_of
 from tracekit.trace.callsite import CallSites
 from tracekit.trace.devices import device_ids, select_device
 from tracekit.trace.stacks import UserCode
@@ -58,8 +59,8 @@ def device_rows(table: pa.Table, device: int | None, several: bool) -> pa.Table:
     """The analyzer's timeline rows of ``device`` (all rows for a one-device trace)."""
     if not several or device is None:
         return table
-    mask = table.column("device").to_numpy() == device
-    return table.filter(pa.array(mask))
+    mask = filled(table.column("device")) == device
+    return table.filter(array_of(mask, pa.bool_()))
 
 
 def index_of(seq_col: np.ndarray, seq: int | None) -> int | None:
@@ -524,7 +525,7 @@ def baseline_view(s: Summary, rows: pa.Table, name: str, base: Trace,
     starts = np.arange(0, n, b)
 
     def top(col: str) -> np.ndarray:
-        y = np.asarray(brows.column(col).to_numpy(zero_copy_only=False), np.float64)
+        y = floats_of(brows.column(col))
         return np.fmax.reduceat(y, starts) if n else y
 
     mine, theirs = facts(s), facts(bs)

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from tracekit.report.page.columns import column
 from tracekit.report.page.model import Level, Points, SeriesInfo, Timeline
+from tracekit.trace.arrow import filled, floats_of
 
 FINEST = 1 << 16  # buckets of the finest level, at most
 COARSEST = 1 << 11  # the coarsest level has about this many buckets (or fewer, for a short trace)
@@ -40,7 +41,7 @@ SERIES: tuple[tuple[str, str, str, Literal["pool", "device", "frag"], str], ...]
 def _col(table: pa.Table, name: str) -> np.ndarray | None:
     if name not in table.column_names or table.column(name).null_count == len(table):
         return None
-    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+    return floats_of(table.column(name))
 
 
 def bucket_sizes(n: int) -> list[int]:
@@ -101,8 +102,8 @@ def timeline(table: pa.Table, raw_device: bool, limit: int | None,
                 hi={k: column(v[1], "f32") for k, v in cur.items()},
             )
         )
-    t = table.column("t_ns").to_numpy()
-    seq = table.column("seq").to_numpy()
+    t = filled(table.column("t_ns"))
+    seq = filled(table.column("seq"))
     starts = np.arange(0, n, sizes[0])
     t0 = int(t[0]) if n else 0
     measured = _col(table, "device_free_measured")

@@ -34,6 +34,7 @@ import numpy as np
 from tracekit.errors import UsageError
 from tracekit.sim.base import Allocator, Layout, PolicyRun, PolicyTraits, SimConfig
 from tracekit.sim.codes import named_vector
+from tracekit.trace.arrow import filled
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Source
 from tracekit.units import parse_size
@@ -64,7 +65,7 @@ def _thread(trace: Trace) -> np.ndarray | None:
     tbl = trace.extras
     if tbl is None or "thread" not in tbl.column_names:
         return None
-    return np.asarray(tbl.column("thread").fill_null(0).to_numpy(zero_copy_only=False), dtype=np.uint64)
+    return filled(tbl.column("thread"), 0).astype(np.uint64, copy=False)
 
 
 def initial_pool_size(trace: Trace, config: SimConfig) -> int:
