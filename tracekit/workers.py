@@ -183,6 +183,13 @@ class Pool:
             progress.report(done, len(tasks))
             yield r
 
+    def start(self, fn: Callable[[T], R], task: T) -> Future[R]:
+        """``fn(task)`` begun on one of the pool's threads and not waited for (``jobs`` > 1): the
+        caller takes its answer from the future when it needs it, or never (``close`` stops it
+        at its next check, as it stops ``map``'s)."""
+        assert self.jobs > 1, "a pool of one thread runs its tasks in the caller's"
+        return self._thread_pool().submit(_stoppable, self._stop, fn, task)
+
     def each(self, fn: Callable[..., R], args: Sequence[tuple[Any, ...]],
              on_error: OnError) -> Iterator[tuple[int, R]]:
         """``(i, fn(*args[i]))`` as tasks finish, at most ``WINDOW_PER_WORKER`` x jobs in flight.

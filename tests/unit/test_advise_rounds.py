@@ -28,11 +28,11 @@ def test_threads_answer_as_one(threads: int) -> None:
     def answers(r: Runner) -> tuple[object, ...]:
         ahead = [Task(c, None, None, probe=True) for c in singles if c.policy is not None]
         try:
-            first = r.map([Task(c, limit, None) for c in singles] + ahead[:r.idle_beside(len(singles))])
+            r.begin(ahead[:r.idle_beside(len(singles))])  # as advise does: begun, not waited for
+            first = r.map([Task(c, limit, None) for c in singles])
             fits = r.bisect(searches)
         finally:
             r.close()
-        first = first[:len(singles)]  # the replays made ahead are the runner's, for the searches
         return (tuple((o.fits, o.peak_reserved) for o in first),  # type: ignore[union-attr]
                 tuple((f.min_capacity, f.unbounded_peak_reserved, f.error) for f in fits))
 
@@ -40,3 +40,40 @@ def test_threads_answer_as_one(threads: int) -> None:
     # Four threads or more: those the singles leave idle replay the searches' starts ahead.
     assert answers(Runner(t, threads, counterfactual=True)) == alone
     assert all(f[0] is not None for f in alone[1])  # every search found a capacity
+
+
+def test_a_task_begun_ahead_is_replayed_once_and_its_answer_taken() -> None:
+    t = read_trace(DATA / "synth-training-10k.parquet")
+    t = replace(t, meta=replace(t.meta, source=Source.CUPY, pool_limit_bytes=None))
+    c = next(c for c in cands.cupy(None) if c.policy is not None)
+    task = Task(c, None, None, probe=True)
+    alone = Runner(t, 1, counterfactual=True)
+    want = alone.map([task])
+    alone.close()
+    r = Runner(t, 2, counterfactual=True)
+    ran: list[Task] = []
+    run = r._run
+
+    def counted(x: Task) -> object:
+        ran.append(x)
+        return run(x)
+
+    r._run = counted  # type: ignore[method-assign]
+    try:
+        r.begin([task])
+        assert task in r.pending
+        assert r.map([task]) == want
+        assert r.map([task]) == want  # asked again: the answer kept
+    finally:
+        r.close()
+    assert ran == [task]
+    assert not r.pending
+
+
+def test_begin_starts_nothing_where_the_runner_works_in_its_own_thread() -> None:
+    t = read_trace(DATA / "synth-training-10k.parquet")
+    c = next(c for c in cands.cupy(None) if c.policy is not None)
+    r = Runner(t, 1, counterfactual=True)
+    r.begin([Task(c, None, None, probe=True)])
+    assert not r.pending
+    r.close()

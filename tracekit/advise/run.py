@@ -223,8 +223,10 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         searchable = [c for c in singles
                       if c.policy is not None and (kind != "raw" or registry.is_heap(c.policy))]
         idle = max(0, runner.idle_beside(len(singles)))
-        ahead = [Task(c, None, None, probe=True) for c in searchable][:idle]
-        first = outcomes(runner.map([Task(c, cap, device_total) for c in singles] + ahead))
+        # Begun, not waited for: where a setting fits, its bisection needs no unbounded replay (the
+        # replay at the limit already tells), and the search goes on without waiting for them.
+        runner.begin([Task(c, None, None, probe=True) for c in searchable][:idle])
+        first = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))
         tried = [o.judged(margin) for o in first]
         if kind == "raw":
             tried = [o for o in tried if o.heap]

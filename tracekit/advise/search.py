@@ -19,6 +19,7 @@ Stages (each one ``Runner.map`` over its threads, on the input the runner prepar
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -91,6 +92,7 @@ class Runner:
         self.trace = trace
         self.counterfactual = counterfactual
         self.done: dict[Task, Outcome | Probe] = {}
+        self.pending: dict[Task, Future[Outcome | Probe]] = {}  # begun (``begin``), not yet asked for
         self.facts: InertFacts | None = None  # ``_same_as``'s reading of the trace, once
         self._run = partial(_run, _input(trace, counterfactual), counterfactual)  # prepared here, once
         self.pool = Pool(jobs)
@@ -98,9 +100,24 @@ class Runner:
     def map(self, tasks: Sequence[Task]) -> list[Outcome | Probe]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
         same = [self._same_as(t) for t in tasks]
-        todo = list(dict.fromkeys(t for t in same if t not in self.done))
+        todo = list(dict.fromkeys(t for t in same if t not in self.done and t not in self.pending))
         self.done.update(zip(todo, self.pool.map(self._run, todo), strict=True))
+        for s in same:
+            if s in self.pending:  # begun ahead: its answer, waited for only now
+                self.done[s] = self.pending.pop(s).result()
         return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
+
+    def begin(self, tasks: Sequence[Task]) -> None:
+        """Start ``tasks`` on the threads the next batch leaves idle (``idle_beside``) without
+        waiting for them: a later ``map`` or ``bisect`` that asks for one takes its answer, waiting
+        only then; one never asked for holds back nothing. The same replays as ``map`` would make,
+        so the same answers. Nothing is started where the runner works in this thread."""
+        if not self.pool.parallel(self.jobs):
+            return
+        for t in tasks:
+            s = self._same_as(t)
+            if s not in self.done and s not in self.pending:
+                self.pending[s] = self.pool.start(self._run, s)
 
     def idle_beside(self, tasks: int) -> int:
         """Threads a batch of ``tasks`` tasks running side by side would leave idle (0 where the
