@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from tracekit.trace import Op
-from tracekit.trace.columns import Columns, as_numpy
+from tracekit.trace.arrow import as_numpy
+from tracekit.trace.columns import Columns
 from tracekit.trace.issues import Found
 from tracekit.trace.reader import read_trace
 from tracekit.trace.validate import pair_and_check, pair_events

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["array_of", "copy_into", "filled", "floats_of", "strings_of", "values_of"]
+__all__ = ["array_of", "as_numpy", "copy_into", "filled", "floats_of", "strings_of", "values_of"]
 
 
 def values_of(chunk: pa.Array) -> np.ndarray:
@@ -31,17 +31,28 @@ def values_of(chunk: pa.Array) -> np.ndarray:
     return view
 
 
+def as_numpy(col: pa.ChunkedArray, filler: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """An integer column as one NumPy array of its own type, each null as ``filler``; and, where
+    the column has nulls, the bool mask of them (None where it has none).
+
+    One chunk without nulls: Arrow's memory itself (read-only, ``values_of``). Otherwise one copy
+    (``copy_into``).
+    """
+    if not col.null_count and col.num_chunks == 1:
+        return values_of(col.chunk(0)), None
+    out = np.empty(len(col), np.dtype(col.type.to_pandas_dtype()))
+    null = np.zeros(len(col), np.bool_) if col.null_count else None
+    copy_into(col, out, null, filler)
+    return out, null
+
+
 def filled(col: pa.ChunkedArray | pa.Array, null: bool | int = 0) -> np.ndarray:
     """An integer or boolean column as NumPy, each null as ``null``, without pyarrow's ``to_numpy``
-    (see the module): integers as ``values_of`` (no copy for one chunk without nulls) or copied,
+    (see the module): integers as ``as_numpy`` gives them (no copy for one chunk without nulls),
     booleans unpacked from their bitmaps. Other types go through ``to_numpy``."""
     chunked = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col], type=col.type)
     if pa.types.is_integer(chunked.type):
-        if not chunked.null_count and chunked.num_chunks == 1:
-            return values_of(chunked.chunk(0))
-        out = np.empty(len(chunked), np.dtype(chunked.type.to_pandas_dtype()))
-        copy_into(chunked, out, np.zeros(len(chunked), np.bool_) if chunked.null_count else None, int(null))
-        return out
+        return as_numpy(chunked, int(null))[0]
     if not pa.types.is_boolean(chunked.type):
         return np.asarray(chunked.to_numpy())
     out = np.empty(len(chunked), np.bool_)

@@ -1,4 +1,4 @@
-"""A trace's columns read at once, and integer columns as NumPy with their nulls filled in one copy.
+"""A trace's columns read at once, the integer columns copied into whole-file NumPy arrays.
 
 ``Columns`` reads every column a reader needs at once, in multi-threaded Parquet reads of a window
 of row groups each (text columns as dictionaries, ``text_column``), the integer columns copied from
@@ -7,9 +7,9 @@ result plus one window, and no page is touched twice. Where a read fails (a dama
 little memory), it keeps nothing: each column is then read when it is asked for, one at a time, as
 the reader always did, so a bad file fails at the same column with the same sentence.
 
-``as_numpy`` turns an integer column into one NumPy array of its own type: no copy for one chunk
+A column read later, one at a time, becomes NumPy through ``arrow.as_numpy``: no copy for one chunk
 without nulls, one copy otherwise, the null slots written with a filler and their mask returned
-(no Arrow ``fill_null``, which makes a second copy; a column without nulls pays nothing for them).
+(no Arrow ``fill_null``, which makes a second copy and imports pandas where it is installed).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from tracekit.trace import arrow
 
-__all__ = ["Columns", "Window", "as_numpy", "is_text", "text_column"]
+__all__ = ["Columns", "Window", "is_text", "text_column"]
 
 
 def is_text(t: pa.DataType) -> bool:
@@ -129,9 +129,9 @@ class Columns:
                       if name in types}
 
     def ints(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-        """Integer column ``name`` as ``as_numpy`` gives it (nulls as 0), no longer held here."""
+        """Integer column ``name`` as ``arrow.as_numpy`` gives it (nulls as 0), no longer held here."""
         held = self._ints.pop(name, None)
-        return held if held is not None else as_numpy(text_column(self.path, self.pf, name), 0)
+        return held if held is not None else arrow.as_numpy(text_column(self.path, self.pf, name), 0)
 
     def take(self, name: str) -> pa.ChunkedArray:
         """Column ``name``, no longer held here (read now where it was not read at once)."""
@@ -155,21 +155,3 @@ def _windows(md: pq.FileMetaData) -> list[list[int]]:
         out[-1].append(g)
         rows += md.row_group(g).num_rows
     return out
-
-
-def as_numpy(col: pa.ChunkedArray, filler: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """An integer column as one NumPy array of its own type, each null as ``filler``; and, where
-    the column has nulls, the bool mask of them (None where it has none).
-
-    One chunk without nulls: Arrow's memory itself (read-only). Otherwise one copy (``arrow.copy_into``).
-    """
-    if not col.null_count and col.num_chunks == 1:
-        return arrow.values_of(col.chunk(0)), None
-    if not col.null_count:
-        out = np.empty(len(col), np.dtype(col.type.to_pandas_dtype()))
-        arrow.copy_into(col, out, None, filler)
-        return out, None
-    out = np.empty(len(col), np.dtype(col.type.to_pandas_dtype()))
-    null = np.zeros(len(col), np.bool_)
-    arrow.copy_into(col, out, null, filler)
-    return out, null

@@ -32,8 +32,8 @@ import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
-from tracekit.trace.arrow import array_of, filled
-from tracekit.trace.columns import Columns, Window, as_numpy, is_text
+from tracekit.trace.arrow import array_of, as_numpy, filled
+from tracekit.trace.columns import Columns, Window, is_text
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.finishing import wait_for
