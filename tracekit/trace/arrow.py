@@ -50,7 +50,7 @@ def filled(col: pa.ChunkedArray | pa.Array, null: bool | int = 0) -> np.ndarray:
     """An integer or boolean column as NumPy, each null as ``null``, without pyarrow's ``to_numpy``
     (see the module): integers as ``as_numpy`` gives them (no copy for one chunk without nulls),
     booleans unpacked from their bitmaps. Other types go through ``to_numpy``."""
-    chunked = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col], type=col.type)
+    chunked = _chunked(col)
     if pa.types.is_integer(chunked.type):
         return as_numpy(chunked, int(null))[0]
     if not pa.types.is_boolean(chunked.type):
@@ -71,7 +71,7 @@ def filled(col: pa.ChunkedArray | pa.Array, null: bool | int = 0) -> np.ndarray:
 
 def floats_of(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """An integer or floating column as float64, each null as NaN (what ``to_numpy`` gives)."""
-    chunked = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col], type=col.type)
+    chunked = _chunked(col)
     if not (pa.types.is_integer(chunked.type) or pa.types.is_floating(chunked.type)):
         return np.asarray(chunked.to_numpy(zero_copy_only=False), np.float64)
     out = np.empty(len(chunked), np.float64)
@@ -96,6 +96,10 @@ def strings_of(values: Sequence[str]) -> pa.Array:
     np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
     buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
     return pa.Array.from_buffers(pa.string(), len(data), buffers)
+
+
+def _chunked(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
+    return col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col], type=col.type)
 
 
 def _bits(buf: pa.Buffer, off: int, m: int) -> np.ndarray:
@@ -130,11 +134,9 @@ def copy_into(col: pa.ChunkedArray, out: np.ndarray, null: np.ndarray | None, fi
         m, off = len(chunk), chunk.offset
         if m == 0:
             continue
-        validity, values = chunk.buffers()[:2]
-        out[at:at + m] = np.frombuffer(values, out.dtype, count=off + m)[off:]
+        out[at:at + m] = values_of(chunk)
         if chunk.null_count:
             assert null is not None
-            bits = np.unpackbits(np.frombuffer(validity, np.uint8), count=off + m, bitorder="little")[off:]
-            np.equal(bits, 0, out=null[at:at + m])
+            np.equal(_bits(chunk.buffers()[0], off, m), 0, out=null[at:at + m])
             np.putmask(out[at:at + m], null[at:at + m], filler)
         at += m
