@@ -105,13 +105,21 @@ def test_an_error_here_ends_the_child_and_is_raised(monkeypatch) -> None:
     assert len(pids) == 1 and _reaped(pids[0])
 
 
-def test_a_slow_child_that_keeps_drawing_is_waited_for(monkeypatch) -> None:
+def test_a_slow_child_that_keeps_drawing_is_waited_for(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(rd, "CHILD_GRACE_S", 0.5)
     drawn_here: list[int] = []
+    started = tmp_path / "child-started"
 
     def slow(k: int) -> Figure:
         if os.getpid() == PARENT:
             drawn_here.append(k)
+            # This process's first figure waits until the child has taken one: on a loaded
+            # machine the child can start after this process emptied the queue by itself.
+            deadline = time.monotonic() + (30 if len(drawn_here) == 1 else 0)
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            started.touch()
         time.sleep(0.3)  # each figure well within the grace, all of them together not
         return _line(k)
 
