@@ -39,7 +39,7 @@ from tracekit.analysis import analyze_trace
 from tracekit.analysis import largest_free as lf
 from tracekit.trace import Events, TraceMeta, Source, read_trace
 from tracekit.trace.writer import TraceWriter
-from tracekit.trace._kernels import read_pass
+from tracekit.trace._kernels import pass_until_full
 one = read_trace("traces/cupy-mlp.parquet")  # one row group: columns read zero-copy
 ev = one.events
 w = TraceWriter("{tmp}/groups.parquet", one.meta, row_group_size=4096)  # several: concatenated
@@ -50,7 +50,7 @@ built = Events.build(np.array(ev.op), np.array(ev.size), addr=np.array(ev.addr),
                      rounded=np.array(ev.rounded), t_ns=np.array(ev.t_ns), stream=np.array(ev.stream))
 for t in (one, many):
     analyze_trace(t)
-print(len(lf.scan.signatures), len(read_pass.signatures), all(not getattr(built, f).flags.writeable
+print(len(lf.scan.signatures), len(pass_until_full.signatures), all(not getattr(built, f).flags.writeable
       for f in ("op", "size", "addr")))
 """
 

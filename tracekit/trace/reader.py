@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
+from tracekit.trace.ahead import PairingAhead
 from tracekit.trace.arrow import array_of, as_numpy, filled
 from tracekit.trace.columns import Columns, Window, is_text
 from tracekit.trace.containment import check_pool
@@ -264,11 +265,21 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
     extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
     wanted = extra_names if extras else [n for n in ("expandable", "pool") if n in names]
     loading = _load_pass()
+    ahead = PairingAhead(pf.metadata.num_rows, MAX_REQUEST, MAX_SIZE)
+
+    def window(w: Window) -> None:
+        ahead.on_window(w)
+        if on_window is not None:
+            on_window(w)
+
     try:
-        src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
-                              or n in wanted], [*_INT_COLUMNS, STACK_FIELD.name], on_window)
+        try:
+            src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
+                                  or n in wanted], [*_INT_COLUMNS, STACK_FIELD.name], window)
+        finally:
+            ahead.stop()  # its rows passed, or (a failed read) the thread ended
         loading.join()
-        ev, pairing, found = _read_events(p, src, schema, stacks)
+        ev, pairing, found = _read_events(p, src, schema, stacks, ahead)
         ev = _with_kinds(ev, meta)
         extra_tbl = _read_extras(src, extra_names) if (extras and extra_names) else None
     except MemoryError as e:
@@ -309,6 +320,9 @@ def _load_pass() -> threading.Thread:
             none = np.zeros(0, np.uint64)  # the types of the real call: one compiled signature
             pair_and_check(np.zeros(0, np.int8), none, none.view(np.int64), none, none, none.copy(),
                            np.zeros(0, np.int16), MAX_REQUEST, MAX_SIZE)
+            from tracekit.trace.live_table import grow, new_table  # the pass's table grows past 2,048 live
+
+            grow(*new_table())
 
     thread = threading.Thread(target=load, name="tracekit-load-pass", daemon=True)
     thread.start()
@@ -416,8 +430,8 @@ def _read_stack(src: Columns, table: StackTable | None, seq: np.ndarray) -> np.n
     return out if bool((out >= 0).any()) else None
 
 
-def _read_events(p: Path, src: Columns, schema: pa.Schema,
-                 stacks: StackTable | None) -> tuple[Events, Pairing, np.ndarray]:
+def _read_events(p: Path, src: Columns, schema: pa.Schema, stacks: StackTable | None,
+                 ahead: PairingAhead) -> tuple[Events, Pairing, np.ndarray]:
     """The events, checked; their pairing; and per ``Found`` the first event with that fault, of
     the faults raised once the extras are read (``_check_found``)."""
     cols: dict[str, np.ndarray] = {}
@@ -436,8 +450,10 @@ def _read_events(p: Path, src: Columns, schema: pa.Schema,
     c = cols
     # One compiled pass: the pairing, and the checks below by the first event that fails each. An
     # unknown rounding (null, or 0) falls back to the requested size there.
-    pairing, found = pair_and_check(op, c["seq"], c["t_ns"], c["addr"], c["size"], c["rounded"], c["device"],
-                                    MAX_REQUEST, MAX_SIZE)
+    # Made during the read where it could be (``tracekit.trace.ahead``): the same answer.
+    made = ahead.result(op, cols, c["addr"], c["size"])
+    pairing, found = made if made is not None else pair_and_check(
+        op, c["seq"], c["t_ns"], c["addr"], c["size"], c["rounded"], c["device"], MAX_REQUEST, MAX_SIZE)
     seq = cols["seq"]
     if (i := int(found[Found.BIG_REQUEST])) >= 0:  # room for an allocator's rounding (at most doubling)
         raise TraceFormatError(f"{p}: a request of {int(cols['size'][i])} bytes at seq "

@@ -22,8 +22,8 @@ import numpy as np
 from tracekit.trace.issues import EventIssue, Found, IssueKind, Severity
 from tracekit.trace.schema import Op
 
-__all__ = ["EventIssue", "Found", "IssueKind", "Pairing", "Severity", "pair_and_check", "pair_events",
-           "remap_mate"]
+__all__ = ["EventIssue", "Found", "IssueKind", "Pairing", "Severity", "checked_pairing", "finish_pairing",
+           "pair_and_check", "pair_events", "pass_tables", "read_only", "remap_mate"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,14 +37,14 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
                 size: np.ndarray | None = None) -> Pairing:
     """Pair frees with mallocs (and segment frees with segment allocs); with ``size``, also
     flag blocks that lie in another device's segments only."""
-    keep, mate, counts, first = _tables(len(op))
+    keep, mate, counts, first = pass_tables(len(op))
     from tracekit.trace._kernels import read_pass  # numba: loaded here, once the events are read
 
     none = np.zeros(0, np.uint64)  # not read without the checks; of the types the checks take
-    op_, seq_, t_ns_, addr_, size_, device_ = _frozen(op, seq, none.view(np.int64), addr, none, device)
+    op_, seq_, t_ns_, addr_, size_, device_ = read_only(op, seq, none.view(np.int64), addr, none, device)
     read_pass(op_, seq_, t_ns_, addr_, size_, none, device_, keep, mate, counts, first, np.zeros(0, np.int64),
               np.uint64(0), np.int64(0), False)
-    return _finish(op, addr, device, seq, size, keep, mate, counts, first)
+    return finish_pairing(op, addr, device, seq, size, keep, mate, counts, first)
 
 
 def pair_and_check(op: np.ndarray, seq: np.ndarray, t_ns: np.ndarray, addr: np.ndarray, size: np.ndarray,
@@ -56,20 +56,27 @@ def pair_and_check(op: np.ndarray, seq: np.ndarray, t_ns: np.ndarray, addr: np.n
     ``rounded`` must be writable. The totals and ranges in ``found`` are of the events the pass
     kept; where the cross-device check drops more (``IssueKind.BLOCK_OTHER_DEVICE``), they are -1
     and left to ``totals.check_totals`` and ``check_ranges`` over the final pairing."""
-    keep, mate, counts, first = _tables(len(op))
+    keep, mate, counts, first = pass_tables(len(op))
     found = np.full(len(Found), -1, np.int64)
     from tracekit.trace._kernels import read_pass  # numba: loaded here, once the events are read
 
-    op_, seq_, t_ns_, addr_, size_, device_ = _frozen(op, seq, t_ns, addr, size, device)
+    op_, seq_, t_ns_, addr_, size_, device_ = read_only(op, seq, t_ns, addr, size, device)
     read_pass(op_, seq_, t_ns_, addr_, size_, rounded, device_, keep, mate, counts, first, found,
               np.uint64(max_request), np.int64(limit), True)
-    pairing = _finish(op, addr, device, seq, size, keep, mate, counts, first)
+    return checked_pairing(op, addr, device, seq, size, keep, mate, counts, first, found)
+
+
+def checked_pairing(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray, size: np.ndarray,
+                    keep: np.ndarray, mate: np.ndarray, counts: np.ndarray, first: np.ndarray,
+                    found: np.ndarray) -> tuple[Pairing, np.ndarray]:
+    """``pair_and_check``'s answer once its pass (``_kernels.read_pass``) has seen every event."""
+    pairing = finish_pairing(op, addr, device, seq, size, keep, mate, counts, first)
     if counts[IssueKind.BLOCK_OTHER_DEVICE]:
         found[[Found.OVER_LIVE, Found.OVER_RESERVED, Found.PAST_END]] = -1
     return pairing, found
 
 
-def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+def read_only(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     """Read-only views: numba compiles a kernel once per writability, and Events' columns (what
     the other callers pass) are read-only, so every caller reaches the one compiled pass."""
     out = []
@@ -81,15 +88,16 @@ def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def _tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def pass_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """keep and mate (uninitialized: ``read_pass`` writes each event's first), and the counts and
     first index of each ``IssueKind`` (none)."""
     return (np.empty(n, dtype=np.bool_), np.empty(n, dtype=np.int64), np.zeros(len(IssueKind), np.int64),
             np.full(len(IssueKind), -1, dtype=np.int64))
 
 
-def _finish(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray, size: np.ndarray | None,
-            keep: np.ndarray, mate: np.ndarray, counts: np.ndarray, first: np.ndarray) -> Pairing:
+def finish_pairing(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.ndarray,
+                   size: np.ndarray | None, keep: np.ndarray, mate: np.ndarray, counts: np.ndarray,
+                   first: np.ndarray) -> Pairing:
     """The cross-device checks after the scan, and the issues found."""
     _other_device(op, addr, device, keep, counts, first)
     if size is not None:
