@@ -127,6 +127,20 @@ def test_a_clean_trace_is_replayed_during_the_read_alike(tmp_path: Path) -> None
         _same(plain, run)
 
 
+def test_a_table_that_grows_during_the_head_start(tmp_path: Path) -> None:
+    # 10,000 blocks live at once (the table of live blocks starts at 4,096 slots): the pairing stops
+    # where the table must grow, mid-window, and goes on from that row.
+    k = 10_000
+    addr = np.concatenate([np.arange(1, k + 1, dtype=np.uint64) << np.uint64(20)] * 2)
+    op = np.concatenate([np.full(k, Op.MALLOC, np.int8), np.full(k, Op.FREE, np.int8)])
+    size = np.full(2 * k, 4096, np.uint64)
+    rounded = np.where(op == Op.MALLOC, size, 0).astype(np.uint64)
+    path = _write(tmp_path, "grows", Events.build(op, size, addr=addr, rounded=rounded))
+    plain, run, done = _both(path, "best-fit", SimConfig())
+    assert run is not None and done == 2 * k
+    _same(plain, run)
+
+
 def test_an_oom_row_stops_the_head_start_and_the_rest_is_replayed_from_the_trace(tmp_path: Path) -> None:
     ev = _program(2, 4000, 0.0, 0.0, False, 1, False)
     at = 2500  # a failed request the program survived, inserted there

@@ -5,21 +5,22 @@ they run in the head start's threads, beside the reader."""
 
 from __future__ import annotations
 
-from numba import njit
-
 from tracekit.compiled import plain
 from tracekit.sim.codes import Kind
-from tracekit.trace.live_table import EMPTY, grow, remove, slot, tag_of, too_full
+from tracekit.trace.live_table import EMPTY, remove, slot, tag_of, too_full
 from tracekit.trace.schema import Op
 
 SIZE_CLAMP = 1 << 62  # as ``tracekit.sim.prepare``: larger requests are clamped there, so they stop here
 
 
-@njit(cache=True, nogil=True)
+@plain(nogil=True)
 def pair(op, addr, device, size, lo, hi, kind, mate, keys, tags, vals, state):  # pragma: no cover
     """Rows lo..hi: ``kind`` (``Kind``) and, for a free, ``mate`` (its malloc), through the table of
     live blocks (``keys``/``tags``/``vals``; ``state``: [live, most live, used slots]). Returns (the
-    first row the head start cannot replay, -1 for none; the table, grown where it had to)."""
+    first row the head start cannot replay, -1 for none; the row to go on from, hi at the end).
+    It stops early where an allocation left the table too full: the caller grows the table
+    (``live_table.grow``, which makes arrays: a ``plain`` kernel makes none, and counts no
+    references, ``tracekit.compiled``) and calls again from that row."""
     for i in range(lo, hi):
         o = op[i]
         if o == Op.MALLOC or o == Op.FREE:
@@ -28,7 +29,7 @@ def pair(op, addr, device, size, lo, hi, kind, mate, keys, tags, vals, state):  
             live = tags[j] != EMPTY
             if o == Op.MALLOC:
                 if live or size[i] >= SIZE_CLAMP:  # a malloc the reader drops, a size prepare clamps
-                    return i, keys, tags, vals
+                    return i, hi
                 keys[j] = addr[i]
                 tags[j] = tag_of(device[i], False)
                 vals[j] = i
@@ -38,10 +39,10 @@ def pair(op, addr, device, size, lo, hi, kind, mate, keys, tags, vals, state):  
                 state[1] = max(state[1], state[0])
                 state[2] += 1
                 if too_full(state[2], keys.shape[0]):
-                    keys, tags, vals = grow(keys, tags, vals)
+                    return -1, i + 1
             else:
                 if not live:
-                    return i, keys, tags, vals  # a free of no live block: the reader drops it
+                    return i, hi  # a free of no live block: the reader drops it
                 kind[i] = Kind.FREE
                 mate[i] = vals[j]
                 remove(keys, tags, vals, j, mask)
@@ -51,8 +52,8 @@ def pair(op, addr, device, size, lo, hi, kind, mate, keys, tags, vals, state):  
             kind[i] = Kind.OTHER
             mate[i] = -1
         else:  # an oom row (handled or not: known once the read ends) or an unknown code
-            return i, keys, tags, vals
-    return -1, keys, tags, vals
+            return i, hi
+    return -1, hi
 
 
 @plain(nogil=True)

@@ -29,12 +29,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import pyarrow as pa
 
 from tracekit import interrupts
-from tracekit.trace.arrow import filled
-from tracekit.trace.columns import Window
-from tracekit.trace.schema import op_codes
+from tracekit.trace.columns import Window, window_op_codes
 
 if TYPE_CHECKING:  # the kernels (numba) load in the head start's thread, during the read
     from tracekit.sim.base import PolicyRun, SimConfig
@@ -171,7 +168,7 @@ class HeadStart:
         requests live so far, up to the first row the head start cannot replay."""
         try:
             from tracekit.sim._head_kernel import pair
-            from tracekit.trace.live_table import new_table
+            from tracekit.trace.live_table import grow, new_table
 
             keys, tags, vals = new_table()
             state = np.zeros(3, np.int64)
@@ -184,8 +181,12 @@ class HeadStart:
                     continue
                 addr, device, self.size = cols
                 hi = window.at + window.rows
-                stop, keys, tags, vals = pair(self.op, addr, device, self.size, window.at, hi, self.kind,
-                                              self.mate, keys, tags, vals, state)
+                stop, at = pair(self.op, addr, device, self.size, window.at, hi, self.kind, self.mate, keys,
+                                tags, vals, state)
+                while stop < 0 and at < hi:  # stopped for the table to grow
+                    keys, tags, vals = grow(keys, tags, vals)
+                    stop, at = pair(self.op, addr, device, self.size, at, hi, self.kind, self.mate, keys,
+                                    tags, vals, state)
                 self._paired.put((hi if stop < 0 else int(stop), int(state[1])))
                 if stop >= 0:
                     self._drain_windows()
@@ -248,10 +249,10 @@ def _load_kernels(model: Stepped, config: SimConfig) -> None:
     (so numba loads the same compiled versions)."""
     with contextlib.suppress(Exception):  # anything amiss shows again in the real calls
         from tracekit.sim._head_kernel import pair
-        from tracekit.trace.live_table import new_table
+        from tracekit.trace.live_table import grow, new_table
 
         none = np.zeros(0, np.int64)
-        keys, tags, vals = new_table()
+        keys, tags, vals = grow(*new_table())
         pair(np.zeros(0, np.int8), np.zeros(0, np.uint64), np.zeros(0, np.int16), none.copy(), 0, 0,
              np.zeros(0, np.int8), none.copy(), keys, tags, vals, np.zeros(3, np.int64))
         model.stepper(config, 0, 0).step(np.zeros(0, np.int8), none.copy(), none.copy(), none, none, 0, 0)
@@ -268,26 +269,6 @@ def _columns(window: Window, op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
         return None
     if addr.dtype != np.uint64 or device.dtype != np.int16 or size.dtype != np.uint64:
         return None
-    if not _op_codes(window, op):
+    if not window_op_codes(window, op):
         return None
     return addr, device, size.view(np.int64)
-
-
-def _op_codes(window: Window, out: np.ndarray) -> bool:
-    """The window's ops as ``Op`` codes into ``out`` (-1 for a name the format does not have);
-    False where the column has nulls or is not dictionary-encoded text."""
-    col = window.table.column("op") if "op" in window.table.column_names else None
-    if col is None or col.null_count:
-        return False
-    at = window.at
-    for chunk in col.chunks:
-        m = len(chunk)
-        if pa.types.is_dictionary(chunk.type):
-            lut = op_codes(chunk.dictionary.to_pylist())
-            out[at:at + m] = lut[filled(chunk.indices)]
-        else:
-            return False
-        at += m
-    return True
-
-

@@ -27,12 +27,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
-from tracekit.trace.arrow import as_numpy
-from tracekit.trace.columns import Window
+from tracekit.trace.columns import Window, window_op_codes
 from tracekit.trace.issues import Found
-from tracekit.trace.schema import op_codes
 from tracekit.trace.validate import Pairing, checked_pairing, pass_tables, read_only
 
 if TYPE_CHECKING:
@@ -70,7 +67,9 @@ class PairingAhead:
             return
         if self._thread is None and not self._begin(w.ints):
             return
-        if w.at != self._coded or not self._code(w.table.column("op"), w.at, w.rows):
+        # The window's op codes (-1 for a name the format does not have: the reader says which)
+        ok = w.at == self._coded and window_op_codes(w, self._op)
+        if not ok or (w.rows and int(self._op[w.at:w.at + w.rows].min()) < 0):
             self.stop()
             return
         self._coded = w.at + w.rows
@@ -106,23 +105,6 @@ class PairingAhead:
         self._thread = threading.Thread(target=self._loop, name="tracekit-pairing-ahead", daemon=True)
         self._thread.start()
         return True
-
-    def _code(self, col: pa.ChunkedArray, at: int, rows: int) -> bool:
-        """The window's ``op`` codes into the whole-file array; False where one is not a known op
-        (the reader says which), or the column is not the dictionary ``Columns`` reads."""
-        start = at
-        for chunk in col.chunks:
-            if not (pa.types.is_dictionary(chunk.type) and pa.types.is_string(chunk.type.value_type)):
-                return False
-            names = chunk.dictionary.to_pylist()
-            lut = np.append(op_codes(names), np.int8(-1))  # a null: refused by the reader too
-            idx, _ = as_numpy(pa.chunked_array([chunk.indices]), len(names))
-            codes = lut[idx]
-            if len(codes) and codes.min() < 0:
-                return False
-            self._op[at:at + len(codes)] = codes
-            at += len(codes)
-        return at == start + rows
 
     def _loop(self) -> None:
         from tracekit.trace._kernels import ReadPass  # numba: loaded by the reader's loading thread

@@ -23,8 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.trace import arrow
+from tracekit.trace.schema import op_codes
 
-__all__ = ["Columns", "Window", "is_text", "text_column"]
+__all__ = ["Columns", "Window", "is_text", "text_column", "window_op_codes"]
 
 
 def is_text(t: pa.DataType) -> bool:
@@ -155,3 +156,20 @@ def _windows(md: pq.FileMetaData) -> list[list[int]]:
         out[-1].append(g)
         rows += md.row_group(g).num_rows
     return out
+
+
+def window_op_codes(window: Window, out: np.ndarray) -> bool:
+    """The window's ops as ``Op`` codes into ``out`` (the whole file's int8 array, at the window's
+    rows), -1 for a name the format does not have; False where the column has nulls or is not the
+    dictionary-encoded text ``Columns`` reads (the reader then refuses or reads it its own way)."""
+    col = window.table.column("op") if "op" in window.table.column_names else None
+    if col is None or col.null_count:
+        return False
+    at = window.at
+    for chunk in col.chunks:
+        if not (pa.types.is_dictionary(chunk.type) and is_text(chunk.type.value_type)):
+            return False
+        m = len(chunk)
+        out[at:at + m] = op_codes(chunk.dictionary.to_pylist())[arrow.filled(chunk.indices)]
+        at += m
+    return at == window.at + window.rows
