@@ -127,7 +127,7 @@ class ReadPass:
             _classify_unpaired(op, addr, device, self.keep, self.counts, self.first)
 
 
-@plain
+@plain(nogil=True)  # nogil: run beside the read, in the reader's pairing thread (``trace.ahead``)
 def pass_until_full(keys, tags, vals, state, op, seq, t_ns, addr, size, rounded, device, keep, mate,
                     counts, first, found, max_request, limit, checks, end):  # pragma: no cover - compiled
     """``read_pass``'s events from ``state[AT]`` on, until ``end``, or until an allocation left

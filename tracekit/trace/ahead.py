@@ -50,10 +50,10 @@ class PairingAhead:
     def __init__(self, n: int, max_request: int, limit: int) -> None:
         self._n = n
         self._max_request, self._limit = np.uint64(max_request), np.int64(limit)
-        self._op = np.empty(n, np.int8)
+        self._op = np.empty(0, np.int8)  # made at the first window, with the tables (``_begin``)
         self._cols: dict[str, np.ndarray] = {}
         self._views: tuple[np.ndarray, ...] = ()
-        self._tables = pass_tables(n)
+        self._tables: tuple[np.ndarray, ...] = ()
         self._found = np.full(len(Found), -1, np.int64)
         self._pass: ReadPass | None = None
         self._work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
@@ -96,6 +96,12 @@ class PairingAhead:
         if any(name not in ints or ints[name].dtype != np.dtype(t) for name, t in PASSED.items()):
             self._failed = True
             return False
+        try:  # 10 bytes a row: short of them, the reader's own pass says so, as before
+            self._op = np.empty(self._n, np.int8)
+            self._tables = pass_tables(self._n)
+        except MemoryError:
+            self._failed = True
+            return False
         self._cols = {name: ints[name] for name in PASSED}
         c = self._cols
         # Read-only views but ``rounded`` (the pass fills unknown roundings): the reader's own call has
@@ -121,8 +127,8 @@ class PairingAhead:
 
     def stop(self) -> None:
         """Wait for the rows handed over so far to be passed; the thread then ends."""
+        self._work.put(None)  # first: an interrupt after it still leaves the thread its way out
         if self._thread is not None:
-            self._work.put(None)
             with contextlib.suppress(RuntimeError):
                 self._thread.join()
             self._thread = None

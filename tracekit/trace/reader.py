@@ -265,7 +265,7 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
     extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
     wanted = extra_names if extras else [n for n in ("expandable", "pool") if n in names]
     loading = _load_pass()
-    ahead = PairingAhead(pf.metadata.num_rows, MAX_REQUEST, MAX_SIZE)
+    ahead = PairingAhead(pf.metadata.num_rows, MAX_REQUEST, MAX_SIZE)  # allocates at its first window
 
     def window(w: Window) -> None:
         ahead.on_window(w)
