@@ -199,8 +199,6 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         asked.append(f"--limit {limit} asked instead of the room the device left: {room.sentence()}")
         room = None
     cap = room.bytes if room is not None else pick_limit(trace, limit, device_total)
-    live = live_curve(trace)  # once: the lower bound and the sites at the peak both read it
-    lb = lower_bound(trace, live)
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
     from tracekit.sim import policies as registry
 
@@ -223,10 +221,17 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         searchable = [c for c in singles
                       if c.policy is not None and (kind != "raw" or registry.is_heap(c.policy))]
         idle = max(0, runner.idle_beside(len(singles)))
+        singles_at_cap = [Task(c, cap, device_total) for c in singles]
+        runner.begin(singles_at_cap)
         # Begun, not waited for: where a setting fits, its bisection needs no unbounded replay (the
         # replay at the limit already tells), and the search goes on without waiting for them.
         runner.begin([Task(c, None, None, probe=True) for c in searchable][:idle])
-        first = outcomes(runner.map([Task(c, cap, device_total) for c in singles]))
+        # While those replay (where they run on threads): the live curve, once (the lower bound and
+        # the sites at the peak both read it; NumPy, which lets the GIL go), which only the
+        # bisections and the answer need: 0.18 s of 4M events that waited before every replay.
+        live = live_curve(trace)
+        lb = lower_bound(trace, live)
+        first = outcomes(runner.map(singles_at_cap))
         tried = [o.judged(margin) for o in first]
         if kind == "raw":
             tried = [o for o in tried if o.heap]
