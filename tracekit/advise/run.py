@@ -228,7 +228,8 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         runner.begin([Task(c, None, None, probe=True) for c in searchable][:idle])
         # While those replay (where they run on threads): the live curve, once (the lower bound and
         # the sites at the peak both read it; NumPy, which lets the GIL go), which only the
-        # bisections and the answer need: 0.18 s of 4M events that waited before every replay.
+        # bisections and the answer need; computed first, it held back every replay (4M events on the
+        # 2-core machine: the first replay began 0.11 s into the search, now 0.07 s).
         live = live_curve(trace)
         lb = lower_bound(trace, live)
         first = outcomes(runner.map(singles_at_cap))
