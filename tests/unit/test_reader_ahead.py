@@ -169,3 +169,19 @@ def test_a_pass_that_fails_in_its_thread_leaves_the_pairing_to_the_reader(
     ahead, alone, used = _read_both(path, monkeypatch)
     _same(ahead, alone)
     assert used[0] is False
+
+
+def test_a_window_it_cannot_code_leaves_the_pairing_to_the_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tracekit.trace.ahead as ahead_module
+
+    path = _write(tmp_path / "t.parquet", _random_events(6, 300), 50)
+    monkeypatch.setattr(columns_module, "WINDOW_ROWS", 60)
+
+    def broken(window: object, out: object) -> bool:
+        raise IndexError("a dictionary index out of range")
+
+    monkeypatch.setattr(ahead_module, "window_op_codes", broken)
+    ahead, alone, used = _read_both(path, monkeypatch)
+    _same(ahead, alone)
+    assert used == [False]

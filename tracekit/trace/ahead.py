@@ -68,8 +68,12 @@ class PairingAhead:
         if self._thread is None and not self._begin(w.ints):
             return
         # The window's op codes (-1 for a name the format does not have: the reader says which)
-        ok = w.at == self._coded and window_op_codes(w, self._op)
-        if not ok or (w.rows and int(self._op[w.at:w.at + w.rows].min()) < 0):
+        try:
+            ok = w.at == self._coded and window_op_codes(w, self._op)
+            ok = ok and not (w.rows and int(self._op[w.at:w.at + w.rows].min()) < 0)
+        except Exception:  # anything amiss in the column: the reader reads it its own way, and says
+            ok = False
+        if not ok:
             self.stop()
             return
         self._coded = w.at + w.rows
