@@ -32,6 +32,7 @@ import numpy as np
 
 from tracekit import interrupts
 from tracekit.trace.columns import Window, window_op_codes
+from tracekit.trace.schema import INT_COLUMNS
 
 if TYPE_CHECKING:  # the kernels (numba) load in the head start's thread, during the read
     from tracekit.sim.base import PolicyRun, SimConfig
@@ -267,7 +268,7 @@ def _columns(window: Window, op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     addr, device, size = ints.get("addr"), ints.get("device"), ints.get("size")
     if addr is None or device is None or size is None:  # a null in them (a filler here) fails the read
         return None
-    if addr.dtype != np.uint64 or device.dtype != np.int16 or size.dtype != np.uint64:
+    if any(a.dtype != INT_COLUMNS[name] for name, a in (("addr", addr), ("device", device), ("size", size))):
         return None
     if not window_op_codes(window, op):
         return None

@@ -30,6 +30,7 @@ import numpy as np
 
 from tracekit.trace.columns import Window, window_op_codes
 from tracekit.trace.issues import Found
+from tracekit.trace.schema import INT_COLUMNS
 from tracekit.trace.validate import Pairing, checked_pairing, pass_tables, read_only
 
 if TYPE_CHECKING:
@@ -39,8 +40,7 @@ __all__ = ["PASSED", "PairingAhead"]
 
 # The columns the pass reads, in the format's types: a file of other integer types is converted by
 # the reader after the read (new arrays), so nothing is begun for it.
-PASSED = {"seq": np.uint64, "t_ns": np.int64, "addr": np.uint64, "size": np.uint64, "rounded": np.uint64,
-          "device": np.int16}
+PASSED = {name: INT_COLUMNS[name] for name in ("seq", "t_ns", "addr", "size", "rounded", "device")}
 
 
 class PairingAhead:

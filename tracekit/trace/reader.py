@@ -39,16 +39,20 @@ from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.finishing import wait_for
 from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
-from tracekit.trace.schema import META_KEY, OP_NAMES, REQUIRED, STACK_FIELD, Op, TraceMeta, op_codes
+from tracekit.trace.schema import (
+    INT_COLUMNS,
+    META_KEY,
+    OP_NAMES,
+    REQUIRED,
+    STACK_FIELD,
+    Op,
+    TraceMeta,
+    op_codes,
+)
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
 from tracekit.trace.stacks import StackTable, from_json, with_kinds
 from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals, over_error, past_end_error
 from tracekit.trace.validate import EventIssue, Found, IssueKind, Pairing, pair_and_check, remap_mate
-
-_INT_COLUMNS = {
-    "seq": np.uint64, "t_ns": np.int64, "addr": np.uint64, "size": np.uint64,
-    "rounded": np.uint64, "stream": np.uint64, "device": np.int16,
-}
 
 
 @dataclass(frozen=True, eq=False)
@@ -275,7 +279,7 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
     try:
         try:
             src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
-                                  or n in wanted], [*_INT_COLUMNS, STACK_FIELD.name], window)
+                                  or n in wanted], [*INT_COLUMNS, STACK_FIELD.name], window)
         finally:
             ahead.stop()  # its rows passed, or (a failed read) the thread ended
         loading.join()
@@ -437,7 +441,7 @@ def _read_events(p: Path, src: Columns, schema: pa.Schema, stacks: StackTable | 
     cols: dict[str, np.ndarray] = {}
     n = src.pf.metadata.num_rows
     op = _read_op(src)
-    for name, dtype in _INT_COLUMNS.items():
+    for name, dtype in INT_COLUMNS.items():
         typ = schema.field(name).type
         if not pa.types.is_integer(typ):
             raise TraceFormatError(f"{p}: column '{name}' has type {typ}, expected an integer type")
