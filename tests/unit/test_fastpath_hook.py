@@ -227,3 +227,34 @@ def test_the_stream_comes_from_cupys_c_function_where_given(lib: types.ModuleTyp
     backends = types.SimpleNamespace(__pyx_capi__={"get_current_stream_ptr": "backends' capsule"})
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.stream", backends)  # loaded by CuPy: one lookup less
     assert hook_mod.stream_capsule(fake) == "backends' capsule"
+
+
+def many_lines(n: int, where: Path) -> types.FunctionType:
+    """A function (in a file of the user's) whose ``n`` lines each make one malloc: ``n`` distinct
+    windows from one frame."""
+    body = "".join(f"    h.malloc_postprocess(device_id=0, size={k + 1}, mem_size=512,"
+                   f" mem_ptr=base + {k} * 512, pmem_id=1)\n" for k in range(n))
+    path = where / f"many_lines_{n}.py"
+    path.write_text(f"def lines(h, base):\n{body}")
+    ns: dict[str, object] = {}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    return ns["lines"]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("n", [300, 3000])  # a few hundred windows, then more than the C table holds
+def test_many_windows_hit_again_keep_their_own_answers(lib: types.ModuleType, n: int, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows seen again are answered from the compiled hook's own table: each keeps its own site and
+    stack, however many windows share its slots or push each other out."""
+    lines = many_lines(n, tmp_path)
+    got = {}
+    for compiled in (True, False):
+        buf, h, sites, stacks = make(lib, "stacks", compiled, monkeypatch)
+        for round_ in range(3):
+            lines(h, BASE + round_ * n * 512)
+        rows = unpack(buf.take())
+        got[compiled] = ([sites.names[s] for s in rows["site"].tolist()], stack_labels(stacks, rows["stack"]))
+    assert got[True] == got[False]
+    names, labels = got[True]
+    assert len(set(names[:n])) == n and names[:n] == names[n:2 * n] == names[2 * n:]
+    assert labels[:n] == labels[n:2 * n] == labels[2 * n:]

@@ -893,7 +893,8 @@ static PyObject *str_trim, *str_ptr;
 static const int malloc_params[] = {K_DEVICE_ID, K_SIZE, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
 static const int free_params[] = {K_DEVICE_ID, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
 
-#define HOOK_SEEN 256 /* a power of two */
+#define HOOK_SEEN 1024 /* a power of two */
+#define HOOK_SEEN_PROBE 4 /* slots a key may sit in, from its own: a few dozen stacks seldom evict each other */
 
 typedef struct {
     PyObject_HEAD
@@ -909,8 +910,9 @@ typedef struct {
     PyObject *stream_capsule; /* NULL or CuPy's get_current_stream_ptr as a C function (kept alive) */
     intptr_t (*stream_fn)(void); /* the capsule's function: "intptr_t (void)", Cython's "except? -1" */
     Py_ssize_t depth;   /* frames per window */
-    /* hot's final answers seen, by the window's hash (direct-mapped): a window hit again costs no
-     * int object and no dict lookup. A final answer is never replaced in hot (LiveStacks sets each
+    /* hot's final answers seen, by the window's hash (open addressing, HOOK_SEEN_PROBE slots from the
+     * key's own; a training step's few dozen stacks would evict each other in a direct-mapped table of
+     * this size): a window hit again costs no int object and no dict lookup. A final answer is never replaced in hot (LiveStacks sets each
      * key once), so a copy stays right; answers that resolve gives are not kept (a LONGER window's
      * answer depends on the frames beyond it). Zeroed with the object. */
     struct {
@@ -1153,12 +1155,19 @@ static int hook_answer(HookObject *self, int64_t *bits, int64_t *stack)
     if (self->hot == NULL)
         return 0;
     uint64_t h = window_key(0, self->depth, self->launcher);
-    size_t slot = (size_t)(h & (HOOK_SEEN - 1));
+    size_t home = (size_t)(h & (HOOK_SEEN - 1)), slot = home;
 #ifndef Py_GIL_DISABLED /* the table is read and written under the GIL only */
-    if (self->seen[slot].used && self->seen[slot].key == h) {
-        *bits = self->seen[slot].bits;
-        *stack = self->seen[slot].stack;
-        return 0;
+    for (int i = 0; i < HOOK_SEEN_PROBE; i++) {
+        size_t at = (home + (size_t)i) & (HOOK_SEEN - 1);
+        if (!self->seen[at].used) { /* keys are never removed: none lies past a free slot */
+            slot = at;
+            break;
+        }
+        if (self->seen[at].key == h) {
+            *bits = self->seen[at].bits;
+            *stack = self->seen[at].stack;
+            return 0;
+        }
     }
 #else
     (void)slot;
