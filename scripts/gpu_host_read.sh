@@ -27,6 +27,10 @@ run precompile 240 python3 -m tracekit.cli.precompile
 [ -f "$TRACE" ] || run synth 90 python3 -m tracekit synth --pattern random --events 10000000 -o "$TRACE"
 pack
 
+step "start-up to the first read"
+run startup 60 python3 scripts/bench_startup.py --runs 5
+pack
+
 step "the read, against the tree before"
 run read 150 python3 scripts/bench_trace_io.py --read "$TRACE" ${BASE:+--against "$BASE"} --runs "${RUNS:-5}"
 pack
@@ -35,8 +39,6 @@ step "whole replay and analyze against the C++ process"
 run whole 200 python3 scripts/bench_whole.py --trace "$TRACE" --runs 3 --json "$R/whole.json"
 pack
 
-step "start-up to the first read"
-run startup 60 python3 scripts/bench_startup.py --runs 5
 else
 step "advise at 10M events against one replay"
 run advise "${ADVISE_S:-420}" python3 scripts/bench_advise.py --events 10000000 --replay 2 \
