@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-import os
 import signal
 import sys
 import threading
@@ -27,7 +26,7 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
-from tracekit import interrupts
+from tracekit import blas, interrupts
 from tracekit.cli import startup_handlers_installed
 from tracekit.cli.common import say
 from tracekit.errors import Interrupted, TracekitError
@@ -216,36 +215,21 @@ _no_access_checks(app)
 # Verbs that read traces and run no program of the user's in this process: they do no linear algebra.
 NO_BLAS = frozenset({"info", "synth", "replay", "analyze", "whatif", "advise", "recover", "importer",
                      "report", "export", "fleet"})
-BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
 
-def load_numpy_with_one_blas_thread(argv: Sequence[str]) -> None:
-    """Load NumPy (which every verb in ``NO_BLAS`` reads its trace with) with one BLAS thread.
-
-    NumPy's bundled OpenBLAS starts a thread per core when it is loaded, unless
-    ``OPENBLAS_NUM_THREADS`` says otherwise, and those threads spin for a while before they sleep
-    (NumPy's issue 29193: 1.28 s of CPU for one ``import numpy`` on a many-core machine, 0.05 s with
-    one thread). Verbs that never multiply a matrix would pay that on every start, and advise's
-    replay threads would share the cores with them (``scripts/probe_import_floor.py`` measures the
-    import both ways). The variable is set for the load alone and then put back as it was, so no
-    process these verbs start (a rerun of the user's program) inherits it; a value the user set is
-    kept."""
+def one_blas_thread_for(argv: Sequence[str]) -> None:
+    """NumPy loaded with one BLAS thread (``tracekit.blas``) where the verb is one of ``NO_BLAS``
+    and not asking for help; ``record`` leaves NumPy to load as the user's program loads it."""
     verb = next((a for a in argv if not a.startswith("-")), None)
-    if (verb not in NO_BLAS or BLAS_THREADS in os.environ or "numpy" in sys.modules
-            or "--help" in argv or "-h" in argv):  # help needs no NumPy
-        return
-    os.environ[BLAS_THREADS] = "1"
-    try:
-        import numpy  # noqa: F401  (loaded here, under the setting)
-    finally:
-        del os.environ[BLAS_THREADS]
+    if verb in NO_BLAS and "--help" not in argv and "-h" not in argv:
+        blas.load_numpy_with_one_blas_thread()
 
 
 def main() -> None:
     """Console entry point (ends without the interpreter's teardown where the verb allows it)."""
     from tracekit.cli.quick_exit import _STATE, end_now_if_marked
 
-    load_numpy_with_one_blas_thread(sys.argv[1:])
+    one_blas_thread_for(sys.argv[1:])
     _STATE["console"] = announced  # this module's own, also when run as ``python -m tracekit.cli.app``
     try:
         app(prog_name="tracekit")
