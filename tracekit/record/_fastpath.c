@@ -894,7 +894,7 @@ static const int malloc_params[] = {K_DEVICE_ID, K_SIZE, K_MEM_SIZE, K_MEM_PTR, 
 static const int free_params[] = {K_DEVICE_ID, K_MEM_SIZE, K_MEM_PTR, K_PMEM_ID};
 
 #define HOOK_SEEN 1024 /* a power of two */
-#define HOOK_SEEN_PROBE 4 /* slots a key may sit in, from its own: a few dozen stacks seldom evict each other */
+#define HOOK_SEEN_PROBE 4 /* slots a key may sit in, from its own */
 
 typedef struct {
     PyObject_HEAD
@@ -911,10 +911,10 @@ typedef struct {
     intptr_t (*stream_fn)(void); /* the capsule's function: "intptr_t (void)", Cython's "except? -1" */
     Py_ssize_t depth;   /* frames per window */
     /* hot's final answers seen, by the window's hash (open addressing, HOOK_SEEN_PROBE slots from the
-     * key's own; a training step's few dozen stacks would evict each other in a direct-mapped table of
-     * this size): a window hit again costs no int object and no dict lookup. A final answer is never replaced in hot (LiveStacks sets each
-     * key once), so a copy stays right; answers that resolve gives are not kept (a LONGER window's
-     * answer depends on the frames beyond it). Zeroed with the object. */
+     * key's own; a training step's few dozen stacks would evict each other in a direct-mapped table):
+     * a window hit again costs no int object and no dict lookup. A final answer is never replaced in
+     * hot (LiveStacks sets each key once), so a copy stays right; answers that resolve gives are not
+     * kept (a LONGER window's answer depends on the frames beyond it). Zeroed with the object. */
     struct {
         uint64_t key;
         int64_t bits, stack;
