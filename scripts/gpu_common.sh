@@ -11,6 +11,8 @@
 #   lim SECONDS            SECONDS, or what is left of the budget if that is less (at least 3)
 #   left                   the seconds left before END
 #   run NAME LIMIT CMD...  CMD within lim LIMIT, its output in $R/NAME.log ending with its exit code
+#   import_floor RUNS LIMIT  the libraries' import floor with and without one BLAS thread at load
+#                          (probe_import_floor.py) and NumPy's -X importtime both ways, into $R
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${NAME:?set NAME before sourcing gpu_common.sh}"
@@ -47,4 +49,11 @@ run() {
   local name=$1 limit=$2; shift 2
   timeout "$(lim "$limit")" "$@" > "$R/$name.log" 2>&1
   echo "exit code $?" >> "$R/$name.log"
+}
+import_floor() {
+  step "the libraries' import floor, with and without one BLAS thread at load"
+  run floor "$2" python3 scripts/probe_import_floor.py --runs "$1"
+  python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime.txt"
+  OPENBLAS_NUM_THREADS=1 python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime-1thread.txt"
+  pack
 }

@@ -14,11 +14,7 @@ step machine
 { nproc; lscpu | grep -i "model name"; uptime; python3 --version; } > "$R/machine.txt" 2>&1
 
 if [ "${ADVISE:-0}" = 0 ]; then
-step "the libraries' import floor, with and without one BLAS thread at load"
-run floor 60 python3 scripts/probe_import_floor.py --runs 7
-python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime.txt"
-OPENBLAS_NUM_THREADS=1 python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime-1thread.txt"
-pack
+import_floor 7 60
 
 step "kernels compiled (this tree, then the reader's of the tree before)"
 run precompile 240 python3 -m tracekit.cli.precompile

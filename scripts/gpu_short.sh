@@ -27,11 +27,7 @@ run fresh "${FRESH_S:-330}" python3 scripts/bench_record_fresh.py --processes "$
   --steps "${STEPS:-3000}" --repeats "${REPEATS:-3}" --shuffle --json "$R/fresh.json"
 pack
 
-step "the libraries' import floor, with and without one BLAS thread at load"
-run floor 40 python3 scripts/probe_import_floor.py --runs 5
-python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime.txt"
-OPENBLAS_NUM_THREADS=1 python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime-1thread.txt"
-pack
+import_floor 5 40
 
 step "start-up to the first read"
 run startup 40 python3 scripts/bench_startup.py --runs 5
