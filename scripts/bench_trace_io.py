@@ -44,6 +44,11 @@ def run(*args: str) -> tuple[float, float, float]:
 
 READ = """
 import resource, sys, time
+try:
+    from tracekit.numpy_setup import load_numpy  # NumPy as the verbs load it
+except ImportError:  # a tree from before it
+    load_numpy = lambda: None
+load_numpy()
 from tracekit.trace.reader import read_trace
 t0 = time.perf_counter(); read_trace(sys.argv[1]); t1 = time.perf_counter(); read_trace(sys.argv[1])
 t2 = time.perf_counter()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the device machine's host CPUs (issue 45): the read of a 10M-event trace against the tree
-# before a change (GPU_BASE, a copy of its tracekit/ folder), the whole replay and analyze against the
-# C++ process, start-up to the first read, and (ADVISE=1) advise at 10M events against one replay.
+# On the device machine's host CPUs (issue 45): the whole replay and analyze against the C++ process
+# (without and with NumPy's huge pages), the read of a 10M-event trace against the tree before a
+# change (GPU_BASE, a copy of its tracekit/ folder), start-up to the first read, and (ADVISE=1)
+# advise at 10M events against one replay.
 # GPU unused. ONE tarball $OUT/hostread.tar.gz.
 #   OUT=/some/empty/dir BUDGET_S=560 [GPU_BASE=.gpu_base] [ADVISE=0] bash scripts/gpu_host_read.sh
 NAME=hostread
@@ -27,12 +28,17 @@ step "start-up to the first read"
 run startup 60 python3 scripts/bench_startup.py --runs 5
 pack
 
-step "the read, against the tree before"
-run read 150 python3 scripts/bench_trace_io.py --read "$TRACE" ${BASE:+--against "$BASE"} --runs "${RUNS:-5}"
+step "whole replay and analyze against the C++ process"
+run whole 150 python3 scripts/bench_whole.py --trace "$TRACE" --runs 3 --json "$R/whole.json"
 pack
 
-step "whole replay and analyze against the C++ process"
-run whole 200 python3 scripts/bench_whole.py --trace "$TRACE" --runs 3 --json "$R/whole.json"
+step "the same with NumPy's huge pages (as before tracekit.numpy_setup turned them off)"
+run whole-hugepages 150 env NUMPY_MADVISE_HUGEPAGE=1 python3 scripts/bench_whole.py --trace "$TRACE" \
+  --runs 3 --json "$R/whole-hugepages.json"
+pack
+
+step "the read, against the tree before"
+run read 100 python3 scripts/bench_trace_io.py --read "$TRACE" ${BASE:+--against "$BASE"} --runs "${RUNS:-5}"
 pack
 
 else

@@ -2,7 +2,8 @@
 # One short device call for both open speed issues, most wanted first: the recorder's overhead against
 # CuPy's no-op hook (issue 39: PROCS fresh processes x REPEATS x STEPS, variants shuffled), the
 # libraries' import floor with and without one BLAS thread, start-up to the first read (no kernel
-# needed), then the reader's kernels compiled and a 10M-event read (issue 45 item 1).
+# needed), then the reader's kernels compiled and a 10M-event read (issue 45 item 1), without and
+# with NumPy's huge pages.
 # ONE tarball $OUT/short.tar.gz.
 #   OUT=/some/empty/dir BUDGET_S=540 [PROCS=3] [REPEATS=3] [STEPS=3000] bash scripts/gpu_short.sh
 NAME=short
@@ -37,4 +38,8 @@ step "the reader's kernels, a 10M-event trace, its read"
 run compile 90 python3 -c "from tracekit.trace.reader import read_trace; read_trace('traces/cupy-mlp.parquet')"
 [ -f "$TRACE" ] || run synth 90 python3 -m tracekit synth --pattern random --events 10000000 -o "$TRACE"
 run read 90 python3 scripts/bench_trace_io.py --read "$TRACE" --runs "${RUNS:-3}"
+pack
+step "the same read with NumPy's huge pages (as before tracekit.numpy_setup turned them off)"
+run read-hugepages 90 env NUMPY_MADVISE_HUGEPAGE=1 python3 scripts/bench_trace_io.py --read "$TRACE" \
+  --runs "${RUNS:-3}"
 step done

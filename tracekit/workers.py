@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tracekit import blas, interrupts, progress
+from tracekit import interrupts, numpy_setup, progress
 
 if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts: most verbs never start one
     from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -145,9 +145,9 @@ def _stoppable(stop: threading.Event, fn: Callable[[T], R], task: T) -> R:
 
 
 def _start(imports: Sequence[str]) -> None:
-    """A worker process's start: NumPy with one BLAS thread (``tracekit.blas``: a worker's tasks
-    multiply no matrix), then ``imports`` (warming what they load)."""
-    blas.load_numpy_with_one_blas_thread()
+    """A worker process's start: NumPy loaded as the verbs load it (``tracekit.numpy_setup``: a
+    worker's tasks multiply no matrix), then ``imports`` (warming what they load)."""
+    numpy_setup.load_numpy()
     for name in imports:
         importlib.import_module(name)
 

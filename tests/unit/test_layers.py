@@ -3,7 +3,7 @@
 Rooms (tracekit's packages) stand on floors, lowest first (``FLOORS``). A module
 may import its own room, a room on its floor or a lower one, and the
 foundation (tracekit's top-level modules: errors, units, inputs, outputs,
-progress, interrupts, workers, blas), never a room above it. The rooms' import
+progress, interrupts, workers, numpy_setup), never a room above it. The rooms' import
 graph has no cycle, even between rooms of one floor, nor has the modules'; no module imports
 another package's private ``_name`` module; and the few arrows the plan
 forbids by name (``FORBIDDEN``) are absent. Every import counts: at the top

@@ -26,7 +26,7 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
-from tracekit import blas, interrupts
+from tracekit import interrupts, numpy_setup
 from tracekit.cli import startup_handlers_installed
 from tracekit.cli.common import say
 from tracekit.errors import Interrupted, TracekitError
@@ -212,24 +212,26 @@ for _verb in VERBS:
 _no_access_checks(app)
 
 
-# Verbs that read traces and run no program of the user's in this process: they do no linear algebra.
-NO_BLAS = frozenset({"info", "synth", "replay", "analyze", "whatif", "advise", "recover", "importer",
+# Verbs that read traces and run no program of the user's in this process: NumPy loads as they want
+# it (``tracekit.numpy_setup``: no linear algebra, arrays written once).
+READING_VERBS = frozenset({"info", "synth", "replay", "analyze", "whatif", "advise", "recover", "importer",
                      "report", "export", "fleet"})
 
 
-def one_blas_thread_for(argv: Sequence[str]) -> None:
-    """NumPy loaded with one BLAS thread (``tracekit.blas``) where the verb is one of ``NO_BLAS``
-    and not asking for help; ``record`` leaves NumPy to load as the user's program loads it."""
+def numpy_for(argv: Sequence[str]) -> None:
+    """NumPy loaded as the verbs that read traces want it (``tracekit.numpy_setup``) where the verb
+    is one of ``READING_VERBS`` and not asking for help; ``record`` leaves NumPy to load as the user's
+    program loads it."""
     verb = next((a for a in argv if not a.startswith("-")), None)
-    if verb in NO_BLAS and "--help" not in argv and "-h" not in argv:
-        blas.load_numpy_with_one_blas_thread()
+    if verb in READING_VERBS and "--help" not in argv and "-h" not in argv:
+        numpy_setup.load_numpy()
 
 
 def main() -> None:
     """Console entry point (ends without the interpreter's teardown where the verb allows it)."""
     from tracekit.cli.quick_exit import _STATE, end_now_if_marked
 
-    one_blas_thread_for(sys.argv[1:])
+    numpy_for(sys.argv[1:])
     _STATE["console"] = announced  # this module's own, also when run as ``python -m tracekit.cli.app``
     try:
         app(prog_name="tracekit")
