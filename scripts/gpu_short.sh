@@ -3,16 +3,20 @@
 # CuPy's no-op hook (issue 39: PROCS fresh processes x REPEATS x STEPS, variants shuffled), the
 # libraries' import floor with and without one BLAS thread, start-up to the first read (no kernel
 # needed), then the reader's kernels compiled and a 10M-event read (issue 45 item 1), without and
-# with NumPy's huge pages.
+# with NumPy's huge pages the other way.
 # ONE tarball $OUT/short.tar.gz.
 #   OUT=/some/empty/dir BUDGET_S=540 [PROCS=3] [REPEATS=3] [STEPS=3000] bash scripts/gpu_short.sh
 NAME=short
 source "$(dirname "$0")/gpu_common.sh"
+# NumPy's huge pages the other way from the verbs' own choice (tracekit.numpy_setup), for the A/B
+HUGE_ALT=$(python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print(int(f()))")
 TRACE=${TRACE_DIR:-/tmp/tracekit-host}/r10.parquet
 mkdir -p "$(dirname "$TRACE")"
 
 step machine
-{ nproc; lscpu | grep -i "model name"; uptime; python3 --version;
+{ nproc; lscpu | grep -i "model name"; uptime; python3 --version; cat /sys/kernel/mm/transparent_hugepage/enabled;
+  cat /sys/bus/virtio/drivers/virtio_balloon/virtio*/features;
+  python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print('free pages reported', f())";
   nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv; } > "$R/machine.txt" 2>&1
 
 step "recorder overhead, fresh processes"
@@ -39,7 +43,7 @@ run compile 90 python3 -c "from tracekit.trace.reader import read_trace; read_tr
 [ -f "$TRACE" ] || run synth 90 python3 -m tracekit synth --pattern random --events 10000000 -o "$TRACE"
 run read 90 python3 scripts/bench_trace_io.py --read "$TRACE" --runs "${RUNS:-3}"
 pack
-step "the same read with NumPy's huge pages (as before tracekit.numpy_setup turned them off)"
-run read-hugepages 90 env NUMPY_MADVISE_HUGEPAGE=1 python3 scripts/bench_trace_io.py --read "$TRACE" \
+step "the same read with NumPy's huge pages the other way (NUMPY_MADVISE_HUGEPAGE=$HUGE_ALT)"
+run read-hugepages 90 env NUMPY_MADVISE_HUGEPAGE="$HUGE_ALT" python3 scripts/bench_trace_io.py --read "$TRACE" \
   --runs "${RUNS:-3}"
 step done

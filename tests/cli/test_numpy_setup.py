@@ -1,5 +1,6 @@
 """Verbs that read traces, and worker processes, load NumPy as ``tracekit.numpy_setup`` says (one
-BLAS thread, no huge pages asked for), and leave the environment as it was.
+BLAS thread; no huge pages asked for where the machine's balloon reports free pages to its host),
+and leave the environment as it was.
 
 Each case runs in a fresh interpreter, where NumPy is not loaded yet. A thread count of the process
 tells how many threads loading NumPy started; the huge pages a 64 MiB array got (``AnonHugePages``
@@ -14,6 +15,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tracekit.numpy_setup import free_pages_reported
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
                                 reason="counts threads in /proc (Linux)")
@@ -102,13 +105,32 @@ def test_record_and_a_value_the_user_set_are_left_alone() -> None:
 
 @pytest.mark.skipif(thp_mode() != "madvise",
                     reason="needs transparent huge pages in madvise mode (given only where asked for)")
-def test_a_reading_verb_asks_for_no_huge_pages_unless_the_user_does() -> None:
-    assert python(HUGE, "replay", "t.parquet") == 0
+def test_a_reading_verb_asks_for_huge_pages_only_where_they_cost_nothing_extra() -> None:
+    verb = python(HUGE, "replay", "t.parquet")
     asked = python(HUGE, "replay", "t.parquet", env={"NUMPY_MADVISE_HUGEPAGE": "1"})
     record = python(HUGE, "record", "app.py")  # the user's program: NumPy as it loads by itself
     if asked == 0 and record == 0:
         pytest.skip("the kernel gave no huge page to an array that asked for them (none free)")
     assert asked > 0 and record > 0
+    assert (verb == 0) if free_pages_reported() else (verb > 0)
+
+
+@pytest.mark.parametrize(("features", "reported"), [
+    ("01100101" + "0" * 120, True),  # this development machine's balloon: bit 5 set
+    ("01100001" + "0" * 120, False),
+    ("01100", False),  # too short to say
+    (None, False),  # no balloon at all
+])
+def test_free_page_reporting_is_read_from_the_balloons_feature_bits(tmp_path: object,
+                                                                    features: str | None,
+                                                                    reported: bool) -> None:
+    devices = os.path.join(str(tmp_path), "virtio_balloon")
+    if features is not None:
+        os.makedirs(os.path.join(devices, "virtio0"))
+        with open(os.path.join(devices, "virtio0", "features"), "w") as f:
+            f.write(features + "\n")
+        os.makedirs(os.path.join(devices, "module"))  # the driver's other entries are not devices
+    assert free_pages_reported(devices) is reported
 
 
 def test_worker_processes_load_numpy_with_one_blas_thread(tmp_path: object) -> None:
