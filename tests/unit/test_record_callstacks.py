@@ -170,7 +170,11 @@ def test_a_seen_window_is_served_from_the_cache(fakelib: types.ModuleType) -> No
         seen.append((len(stacks.hot), stacks.n_stacks))
     rows = unpack(buf.take())
     assert len(set(rows["stack"].tolist())) == 1  # one line, one stack
-    assert len(set(seen)) == 1  # nothing new after the first
+    # Nothing new after the first: one stack throughout, and at most one more window, the same call's
+    # once CPython 3.11 specialises it (its f_lasti moves; above) whenever its warm-up ends: a cache
+    # that did not serve would add a window per call.
+    assert len({n_stacks for _, n_stacks in seen}) == 1
+    assert seen[0][0] == 1 and seen[-1][0] <= 2 and sorted(seen) == seen
 
 
 def test_frees_carry_no_stack_and_cost_what_they_did(fakelib: types.ModuleType) -> None:

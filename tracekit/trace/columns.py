@@ -2,8 +2,9 @@
 
 ``Columns`` reads every column a reader needs at once, in multi-threaded Parquet reads of a window
 of row groups each (text columns as dictionaries, ``text_column``), the integer columns copied from
-each window straight into their whole-file NumPy arrays, so memory stays near the size of the
-result plus one window, and no page is touched twice. Where a read fails (a damaged page, too
+each window straight into their whole-file NumPy arrays while the next window is read (a thread
+of its own: the copy is one core's work, the read many cores'), so memory stays near the size of
+the result plus two windows, and no page is touched twice. Where a read fails (a damaged page, too
 little memory), it keeps nothing: each column is then read when it is asked for, one at a time, as
 the reader always did, so a bad file fails at the same column with the same sentence.
 
@@ -15,6 +16,7 @@ without nulls, one copy otherwise, the null slots written with a filler and thei
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,12 +106,20 @@ class Columns:
         kept: dict[str, list[pa.Array]] = {name: [] for name in names if name not in out}
         types: dict[str, pa.DataType] = {}
         text = [name for name in names if _decodes_per_row(schema.field(name).type)]
-        with open(self.path, "rb") as f:  # opened again with the dictionary request (text_column)
-            again = pq.ParquetFile(f, metadata=md, read_dictionary=text)
+
+        def read(groups: list[int]) -> pa.Table:
+            return again.read_row_groups(groups, columns=names, use_threads=True) if groups else \
+                again.read(columns=names, use_threads=True)
+
+        windows = _windows(md)
+        with open(self.path, "rb") as f, ThreadPoolExecutor(1, thread_name_prefix="tracekit-read") as ahead:
+            again = pq.ParquetFile(f, metadata=md, read_dictionary=text)  # with the dictionary request
             at = 0
-            for groups in _windows(md):
-                table = again.read_row_groups(groups, columns=names, use_threads=True) if groups else \
-                    again.read(columns=names, use_threads=True)
+            coming = ahead.submit(read, windows[0])
+            for k in range(len(windows)):
+                table = coming.result()
+                if k + 1 < len(windows):  # the next window decoded while this one is copied
+                    coming = ahead.submit(read, windows[k + 1])
                 m = table.num_rows
                 for name, values in out.items():
                     col = table.column(name)

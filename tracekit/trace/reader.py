@@ -416,21 +416,22 @@ def _read_stack(src: Columns, table: StackTable | None, seq: np.ndarray) -> np.n
     # wraps before it is checked.
     ids, null = src.ints(STACK_FIELD.name)
     n_stacks = table.n_stacks if table is not None else 0
-    below = ids < -1 if ids.dtype.kind == "i" else np.zeros(len(ids), np.bool_)
-    bad = np.flatnonzero(below | (ids >= n_stacks))
-    if null is not None:
-        bad = bad[~null[bad]]
-    if len(bad):
-        i = int(bad[0])
+    bad = ids >= n_stacks
+    if ids.dtype.kind == "i":
+        bad |= ids < -1
+    if null is not None:  # a null's 0 is no id (every row of a file without stacks' table)
+        bad &= ~null
+    i = int(bad.argmax()) if len(bad) else 0  # the first bad row, where there is one
+    if len(bad) and bad[i]:
         held = (f"the 'tracekit.stacks' table holds {n_stacks:,}" if table is not None
                 else "the file has no 'tracekit.stacks' metadata")
         raise TraceFormatError(f"{p}: column 'stack' names stack {int(ids[i])} at seq {int(seq[i])}, "
                                f"but {held}")
     if null is None:
         out = ids.astype(np.int32, copy=False)  # every id checked in range: none wraps
-    else:  # ids is as_numpy's own copy where there are nulls: written in place when it is int32
+    else:  # ids is as_numpy's own copy where there are nulls (0 there): written in place when int32
         out = ids if ids.dtype == np.int32 else ids.astype(np.int32)
-        out[null] = -1
+        out -= null  # -1 where null (a subtraction: NumPy's masked assignment is five times slower)
     return out if bool((out >= 0).any()) else None
 
 
