@@ -31,30 +31,8 @@ def _over(runs: list[dict], key: str) -> dict[str, float]:  # type: ignore[type-
     return {v: statistics.median([g[v] for g in got]) for v in got[0]} if got else {}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--processes", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--shuffle", action="store_true", help="each process runs its variants in a random order")
-    ap.add_argument("--blocking-sync", action="store_true",
-                    help="waits for the device sleep (bench_record_overhead.py --blocking-sync)")
-    args = ap.parse_args()
-    runs = []
-    for i in range(args.processes):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "r.json"
-            cmd = [sys.executable, str(HERE / "bench_record_overhead.py"), "--steps", str(args.steps),
-                   "--repeats", str(args.repeats), "--json", str(out)]
-            if args.shuffle:
-                cmd += ["--shuffle", str(i)]
-            if args.blocking_sync:
-                cmd += ["--blocking-sync"]
-            subprocess.run(cmd, env=dict(os.environ), check=True, stdout=subprocess.DEVNULL)
-            runs.append(json.loads(out.read_text()))
-        print(f"process {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1]["ratio_to_noop"].items()),
-              flush=True)
+def summary(runs: list[dict], args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
+    """The figures of the processes run so far (written after each one: a run cut short keeps them)."""
     variants = list(runs[0]["seconds_all"])
     pooled = {v: [s for r in runs for s in r["seconds_all"][v]] for v in variants}
     lo = {v: min(s) for v, s in pooled.items()}
@@ -98,10 +76,41 @@ def main() -> int:
         "paired_cycles_to_noop": _over(runs, "paired_cycles_to_noop"),
         "runs": runs,
     }
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--processes", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--shuffle", action="store_true", help="each process runs its variants in a random order")
+    ap.add_argument("--blocking-sync", action="store_true",
+                    help="waits for the device sleep (bench_record_overhead.py --blocking-sync)")
+    args = ap.parse_args()
+    runs = []
+    for i in range(args.processes):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            cmd = [sys.executable, str(HERE / "bench_record_overhead.py"), "--steps", str(args.steps),
+                   "--repeats", str(args.repeats), "--json", str(out)]
+            if args.shuffle:
+                cmd += ["--shuffle", str(i)]
+            if args.blocking_sync:
+                cmd += ["--blocking-sync"]
+            subprocess.run(cmd, env=dict(os.environ), check=True, stdout=subprocess.DEVNULL)
+            runs.append(json.loads(out.read_text()))
+        print(f"process {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1]["ratio_to_noop"].items()),
+              flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(summary(runs, args), indent=1))
+    result = summary(runs, args)
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text)
-    for v in variants:
+    lo, mid = result["seconds_min"], result["seconds_median"]
+    for v in lo:
         print(f"{v:16s} min {lo[v]:.3f}s median {mid[v]:.3f}s  min/noop {result['min_to_noop'][v]:.3f}"
               f"  median/noop {result['median_to_noop'][v]:.3f}"
               f"  paired median {result['paired_median_to_noop'].get(v, float('nan')):.3f}"
