@@ -10,8 +10,9 @@ ahead of the verb, in no other order. The clock is ``CLOCK_MONOTONIC``, read by 
 before it starts the process and by the hook, so process creation and the interpreter's own start are
 counted. Each verb runs ``--runs`` times (default 7); the minimum is the figure, the median beside it.
 Beside it: the whole command's wall time (the same command run to the end, min of the same number of
-runs), the number of modules loaded at the first read, and which of the modules the verbs must not
-import before reading (``AVOIDED``) were loaded all the same.
+runs), the number of modules loaded at the first read and the top-level packages with the most of
+them, and which of the modules the verbs must not import before reading (``AVOIDED``) were loaded
+all the same.
 
     .venv/bin/python scripts/bench_startup.py [--runs N] [--trace traces/cupy-oom-frag.parquet]
 
@@ -21,12 +22,15 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +52,9 @@ def _first_read(real):
         t = time.clock_gettime(time.CLOCK_MONOTONIC)
         loaded = sorted(m for m in AVOIDED if m in sys.modules)
         said = "%r %d %s" % (t, len(sys.modules), ",".join(loaded))
+        if os.environ.get("TRACEKIT_BENCH_MODULES"):  # the modules themselves, for where they come from
+            with open(os.environ["TRACEKIT_BENCH_MODULES"], "w") as f:
+                f.write("\n".join(sorted(sys.modules)))
         os.write(int(os.environ["TRACEKIT_BENCH_FD"]), said.encode())
         os._exit(0)
     return opened
@@ -80,13 +87,15 @@ def commands(trace: Path) -> dict[str, list[str]]:
     }
 
 
-def first_read(args: list[str]) -> tuple[float, int, list[str]]:
-    """Seconds from starting the process to its first ``open_parquet``; modules then; avoided ones."""
+def first_read(args: list[str], modules: Path | None = None) -> tuple[float, int, list[str]]:
+    """Seconds from starting the process to its first ``open_parquet``; modules then; avoided ones.
+    ``modules``: a file to write the loaded modules' names to."""
     r, w = os.pipe()
     start = time.clock_gettime(time.CLOCK_MONOTONIC)
     proc = subprocess.Popen([sys.executable, "-c", HOOK.format(avoided=AVOIDED), *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=(w,),
-                            env={**os.environ, "TRACEKIT_BENCH_FD": str(w)})
+                            env={**os.environ, "TRACEKIT_BENCH_FD": str(w),
+                                 "TRACEKIT_BENCH_MODULES": str(modules or "")})
     os.close(w)
     with os.fdopen(r, "rb") as f:
         said = f.read().decode()
@@ -115,14 +124,20 @@ def main() -> None:
     }
     for verb, args in commands(ns.trace).items():
         whole(args)  # warm the file cache and numba's index once
-        reads = [first_read(args) for _ in range(ns.runs)]
+        listing = Path(tempfile.mkdtemp()) / "modules.txt"
+        reads = [first_read(args, listing if i == 0 else None) for i in range(ns.runs)]
+        names = listing.read_text().split()
+        packages = collections.Counter(name.split(".")[0] for name in names)
         walls = [whole(args) for _ in range(ns.runs)]
         firsts = [t for t, _, _ in reads]
         out["verbs"][verb] = {  # type: ignore[index]
             "first_read_s": round(min(firsts), 3), "first_read_median_s": round(statistics.median(firsts), 3),
             "whole_command_s": round(min(walls), 3), "modules_at_first_read": reads[0][1],
             "avoided_but_loaded": reads[0][2],
+            # where the modules come from: the top-level packages with the most modules loaded
+            "packages_at_first_read": dict(packages.most_common(15)),
         }
+        shutil.rmtree(listing.parent, ignore_errors=True)
     print(json.dumps(out, indent=2))
 
 
