@@ -215,7 +215,7 @@ _no_access_checks(app)
 # Verbs that read traces and run no program of the user's in this process: NumPy loads as they want
 # it (``tracekit.numpy_setup``: no linear algebra, arrays written once).
 READING_VERBS = frozenset({"info", "synth", "replay", "analyze", "whatif", "advise", "recover", "importer",
-                     "report", "export", "fleet"})
+                           "report", "export", "fleet"})
 
 
 def numpy_for(argv: Sequence[str]) -> None:
