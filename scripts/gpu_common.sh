@@ -13,6 +13,10 @@
 #   run NAME LIMIT CMD...  CMD within lim LIMIT, its output in $R/NAME.log ending with its exit code
 #   import_floor RUNS LIMIT  the libraries' import floor with and without one BLAS thread at load
 #                          (probe_import_floor.py) and NumPy's -X importtime both ways, into $R
+#   machine [CMD...]       the machine described in $R/machine.txt (CPUs, Python, huge pages, the
+#                          balloon's free page reporting), then CMD's output (say, nvidia-smi)
+#   HUGE_ALT               NumPy's huge pages the other way from the verbs' own choice
+#                          (tracekit.numpy_setup), for an A/B: NUMPY_MADVISE_HUGEPAGE=$HUGE_ALT
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${NAME:?set NAME before sourcing gpu_common.sh}"
@@ -57,3 +61,11 @@ import_floor() {
   OPENBLAS_NUM_THREADS=1 python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime-1thread.txt"
   pack
 }
+machine() {
+  step machine
+  { nproc; lscpu | grep -i "model name"; uptime; python3 --version
+    cat /sys/kernel/mm/transparent_hugepage/enabled /sys/bus/virtio/drivers/virtio_balloon/virtio*/features
+    python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print('free pages reported', f())"
+    [ $# -gt 0 ] && "$@"; } > "$R/machine.txt" 2>&1
+}
+HUGE_ALT=$(python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print(int(f()))")

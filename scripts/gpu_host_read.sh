@@ -7,16 +7,11 @@
 #   OUT=/some/empty/dir BUDGET_S=560 [GPU_BASE=.gpu_base] [ADVISE=0] bash scripts/gpu_host_read.sh
 NAME=hostread
 source "$(dirname "$0")/gpu_common.sh"
-# NumPy's huge pages the other way from the verbs' own choice (tracekit.numpy_setup), for the A/B
-HUGE_ALT=$(python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print(int(f()))")
 BASE=${GPU_BASE:-.gpu_base}
 TRACE=${TRACE_DIR:-/tmp/tracekit-host}/r10.parquet
 mkdir -p "$(dirname "$TRACE")"
 
-step machine
-{ nproc; lscpu | grep -i "model name"; uptime; python3 --version; cat /sys/kernel/mm/transparent_hugepage/enabled;
-  cat /sys/bus/virtio/drivers/virtio_balloon/virtio*/features;
-  python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print('free pages reported', f())"; } > "$R/machine.txt" 2>&1
+machine
 
 if [ "${ADVISE:-0}" = 0 ]; then
 import_floor 7 60

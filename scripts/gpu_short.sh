@@ -8,16 +8,10 @@
 #   OUT=/some/empty/dir BUDGET_S=540 [PROCS=3] [REPEATS=3] [STEPS=3000] bash scripts/gpu_short.sh
 NAME=short
 source "$(dirname "$0")/gpu_common.sh"
-# NumPy's huge pages the other way from the verbs' own choice (tracekit.numpy_setup), for the A/B
-HUGE_ALT=$(python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print(int(f()))")
 TRACE=${TRACE_DIR:-/tmp/tracekit-host}/r10.parquet
 mkdir -p "$(dirname "$TRACE")"
 
-step machine
-{ nproc; lscpu | grep -i "model name"; uptime; python3 --version; cat /sys/kernel/mm/transparent_hugepage/enabled;
-  cat /sys/bus/virtio/drivers/virtio_balloon/virtio*/features;
-  python3 -c "from tracekit.numpy_setup import free_pages_reported as f; print('free pages reported', f())";
-  nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv; } > "$R/machine.txt" 2>&1
+machine nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv
 
 step "recorder overhead, fresh processes"
 run build 60 python3 setup.py build_ext --inplace
