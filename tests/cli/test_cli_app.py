@@ -45,6 +45,26 @@ def test_the_no_arguments_exception_is_the_one_typer_raises() -> None:
     assert any(getattr(getattr(typer.core, m, None), "exceptions", None) is home for m in ("_click", "click"))
 
 
+def test_the_usage_error_funnel_catches_the_click_typer_raises_from() -> None:
+    import typer.core
+
+    from tracekit.cli.app import UsageOrClickError
+
+    # typer 0.28 raises its vendored click's ClickException (typer.TyperException), earlier typers
+    # click's own; the funnel names whichever this typer uses, never the stand-in
+    assert UsageOrClickError.__name__ == "ClickException"
+    home = sys.modules[UsageOrClickError.__module__]
+    assert any(getattr(getattr(typer.core, m, None), "exceptions", None) is home for m in ("_click", "click"))
+    if hasattr(typer, "TyperException"):  # 0.28: its only subclass, so nothing it raised goes uncaught
+        assert typer.TyperException.__subclasses__() == [UsageOrClickError]
+
+
+def test_an_unknown_option_is_one_line_and_exits_2() -> None:
+    res = _tracekit("replay", str(ROOT / "traces" / "cupy-oom-frag.parquet"), "--nope")
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("tracekit: error: No such option"), res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+
 
 @pytest.mark.parametrize("args", [
     ["report", "{t}", "--advise", "--limit", "0", "-o", "{o}"],  # as advise refuses --limit 0

@@ -36,19 +36,22 @@ class _NeverRaised(Exception):
     """Stands in for an exception this click does not have (so its handler never matches)."""
 
 
-def _no_args_is_help_error() -> type[Exception]:
-    """Click's NoArgsIsHelpError from the click typer runs on: its own vendored copy (``typer.core``
-    imports it as ``_click``) or, in typers that depend on click, the ``click`` package itself.
-    Looked up by attribute, so a typer that moves or drops it changes no behaviour here."""
-    for name in ("_click", "click"):
-        exceptions = getattr(getattr(typer.core, name, None), "exceptions", None)
-        found = getattr(exceptions, "NoArgsIsHelpError", None)
+def _click_exception(name: str) -> type[Exception]:
+    """Click's exception ``name`` from the click typer runs on: its own vendored copy (``typer.core``
+    imports it as ``_click``, typer 0.28) or, in typers that depend on click, the ``click`` package
+    itself (typer 0.12-0.27, which have no ``typer.TyperException``). Looked up by attribute, so a
+    typer that moves or drops it changes no behaviour here."""
+    for module in ("_click", "click"):
+        exceptions = getattr(getattr(typer.core, module, None), "exceptions", None)
+        found = getattr(exceptions, name, None)
         if isinstance(found, type) and issubclass(found, Exception):
             return found
     return _NeverRaised
 
 
-NoArgsIsHelpError: Any = _no_args_is_help_error()  # a click exception: format_message(), exit_code
+NoArgsIsHelpError: Any = _click_exception("NoArgsIsHelpError")  # format_message(), exit_code
+UsageOrClickError: Any = _click_exception("ClickException")  # "No such option" and the like; exit_code
+
 
 VERBS = (
     "info", "synth", "replay", "analyze", "whatif", "advise", "record", "recover", "budget",
@@ -103,7 +106,7 @@ class TracekitGroup(TyperGroup):
             except NoArgsIsHelpError as e:
                 typer.echo(e.format_message(), err=True)
                 code = e.exit_code
-            except typer.TyperException as e:
+            except UsageOrClickError as e:
                 say(f"tracekit: error: {_one_sentence(e)}", err=True)
                 code = e.exit_code
             except typer.Abort:
@@ -134,7 +137,7 @@ def _announce(code: int) -> int:
     return code
 
 
-def _one_sentence(e: typer.TyperException) -> str:
+def _one_sentence(e: Any) -> str:
     msg = " ".join(e.format_message().split())
     ctx = getattr(e, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
