@@ -21,7 +21,9 @@ from tracekit.trace.recorded import (
     PoolInfo,
     ProcessUse,
     RecordedMeta,
+    Rerun,
     StackSettings,
+    TorchSettings,
     as_bytes,
     as_int,
 )
@@ -204,3 +206,38 @@ def test_the_reader_gives_the_typed_view(tmp_path: Path) -> None:
     assert t.meta.recorded.oom_states == {1: OOMState(1, mem_free=5)}
     assert t.meta.recorded.exit == ExitInfo("exception", oom_seq=1)
     assert t.meta.recorded.pool_limits == {(0, 0): 4096}
+
+
+def test_torch_settings_as_recorded_and_as_imported() -> None:
+    snap = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "expandable_segments": True,
+            "garbage_collection_threshold": 0.6, "max_split_size": 1 << 62}
+    s = RecordedMeta.from_extra({"torch_allocator_settings": snap}).torch_settings
+    assert s.raw == snap and s.snapshot == snap
+    assert s.alloc_conf == "expandable_segments:True" and s.gc_threshold == 0.6 and s.expandable_segments
+    # an imported snapshot's flags are text; the recorder's conf may be blank
+    s = TorchSettings.from_extra({"expandable_segments": " Yes ", "PYTORCH_CUDA_ALLOC_CONF": "  "})
+    assert s.expandable_segments and s.alloc_conf is None and s.gc_threshold == 0.0
+
+
+def test_torch_settings_malformed_are_the_defaults() -> None:
+    for bad in (None, [], "expandable_segments:True", 7):
+        s = TorchSettings.from_extra(bad)
+        assert s.raw is None and s.snapshot == {} and s.alloc_conf is None
+        assert s.gc_threshold == 0.0 and not s.expandable_segments
+    for gc in (0, 1, 1.5, -0.2, True, "0.6", float("nan")):
+        assert TorchSettings.from_extra({"garbage_collection_threshold": gc}).gc_threshold == 0.0, gc
+    assert TorchSettings.from_extra({"PYTORCH_CUDA_ALLOC_CONF": 3}).alloc_conf is None
+    assert not TorchSettings.from_extra({"expandable_segments": "no"}).expandable_segments
+
+
+def test_rerun() -> None:
+    r = RecordedMeta.from_extra({"rerun": {"argv": ["app.py", 3], "module": 1, "cwd": "/w",
+                                           "limit_bytes": 1 << 30}}).rerun
+    assert r == Rerun(("app.py", "3"), True, "/w", 1 << 30)
+    assert Rerun.from_extra({"argv": ["-m", "x"]}) == Rerun(("-m", "x"), False, None, None)
+    # no limit (0), a negative or non-integer one: none
+    for lim in (0, -5, "1G", 2.5, True):
+        got = Rerun.from_extra({"argv": ["a.py"], "limit_bytes": lim})
+        assert got is not None and got.limit_bytes is None, lim
+    for bad in (None, {}, {"argv": []}, {"argv": "app.py"}, ["app.py"], {"argv": None}):
+        assert Rerun.from_extra(bad) is None, bad

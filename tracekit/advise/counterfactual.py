@@ -98,9 +98,7 @@ def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
 
 
 def _gc_threshold(trace: Trace) -> float:
-    settings = trace.meta.extra.get(SETTINGS_KEY) or {}
-    value = settings.get("garbage_collection_threshold") if isinstance(settings, dict) else None
-    return float(value) if isinstance(value, int | float) and 0.0 < value < 1.0 else 0.0
+    return trace.meta.recorded.torch_settings.gc_threshold
 
 
 def prepare(trace: Trace, limit: int | None = None) -> Trace:

@@ -27,7 +27,7 @@ from typing import TypedDict
 
 import numpy as np
 
-from tracekit.advise.counterfactual import SETTINGS_KEY, counterfactual_replay, initial_mask, prepare
+from tracekit.advise.counterfactual import counterfactual_replay, initial_mask, prepare
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator, PolicyRun, SimConfig
 from tracekit.trace.events import segment_delta
@@ -183,7 +183,7 @@ def run_setting(run: Trace) -> tuple[str, str, dict[str, str], int | None]:
     if run.meta.source == Source.TORCH:
         from tracekit.sim.torch_rules import options_from_snapshot
 
-        opts = options_from_snapshot(run.meta.extra.get(SETTINGS_KEY) or {})
+        opts = options_from_snapshot(run.meta.recorded.torch_settings.snapshot)
         return _conf_text(opts), policies.modelling(Allocator.TORCH), opts, run.meta.pool_limit_bytes
     limit = run.meta.pool_limit_bytes
     text = f"set_limit({format_size(limit)})" if limit else "no limit"

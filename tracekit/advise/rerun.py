@@ -67,12 +67,10 @@ class Command:
 
     @classmethod
     def of(cls, trace: Trace, kind: str) -> Command:
-        extra = trace.meta.extra.get("rerun")
+        rerun = trace.meta.recorded.rerun
         torch = kind == Allocator.TORCH
-        if isinstance(extra, dict) and isinstance(extra.get("argv"), list) and extra["argv"]:
-            lim = extra.get("limit_bytes")
-            return cls(tuple(str(a) for a in extra["argv"]), bool(extra.get("module")),
-                       str(extra.get("cwd") or os.getcwd()), torch, int(lim) if lim else None, False)
+        if rerun is not None:
+            return cls(rerun.argv, rerun.module, rerun.cwd or os.getcwd(), torch, rerun.limit_bytes, False)
         program = program_of(trace.meta.command)
         if program is None:
             where = f"{trace.path}: " if trace.path else ""

@@ -281,14 +281,12 @@ def recorded_setting(trace: Trace, kind: str) -> Candidate | None:
     """The candidate the run was recorded under: PyTorch's recorded ``PYTORCH_CUDA_ALLOC_CONF`` (its
     defaults when none), CuPy's pool, RMM's pool; None for raw traces."""
     from tracekit.advise.candidates import torch as torch_setting
-    from tracekit.advise.counterfactual import SETTINGS_KEY
     from tracekit.sim.options import parse_alloc_conf
 
     if kind == Allocator.TORCH:
-        recorded = trace.meta.extra.get(SETTINGS_KEY) or {}
-        text = recorded.get("PYTORCH_CUDA_ALLOC_CONF") if isinstance(recorded, dict) else None
+        text = trace.meta.recorded.torch_settings.alloc_conf
         try:
-            opts = parse_alloc_conf(text) if isinstance(text, str) and text.strip() else {}
+            opts = parse_alloc_conf(text) if text is not None else {}
         except UsageError:
             return None
         return torch_setting(opts)

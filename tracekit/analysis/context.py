@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tracekit.inputs import optional_int
+from tracekit.trace.recorded import truthy
 from tracekit.trace.schema import Source, TraceMeta
 
 # Budget keys that break the overhead down, in the words the explanation uses.
@@ -84,17 +85,12 @@ def _parts(budget: tuple[tuple[str, int], ...], names: tuple[tuple[str, str], ..
     return sorted(((label, b[key]) for key, label in names if b.get(key)), key=lambda p: -p[1])
 
 
-def _truthy(v: Any) -> bool:
-    return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes"))
-
-
 def expandable(meta: TraceMeta) -> bool:
     """PyTorch expandable segments: adjacent segment rows are pieces of one virtual segment."""
-    settings = meta.extra.get("torch_allocator_settings")
-    if isinstance(settings, Mapping) and _truthy(settings.get("expandable_segments")):
+    if meta.recorded.torch_settings.expandable_segments:
         return True
     options = meta.extra.get("options")
-    return isinstance(options, Mapping) and _truthy(options.get("expandable_segments"))
+    return isinstance(options, Mapping) and truthy(options.get("expandable_segments"))
 
 
 def _replay_context(meta: TraceMeta) -> DeviceContext:

@@ -87,7 +87,7 @@ def replay_torch_on_device(trace: Trace, conf: str | Mapping[str, str] | None = 
 
 def replay_torch(trace: Trace, cfg: DeviceConfig) -> DeviceRun:
     """The torch replay for a ``DeviceConfig`` (``cfg.options``: the settings, as parsed options)."""
-    plan = plan_settings(trace.meta.extra.get("torch_allocator_settings"), cfg.options)
+    plan = plan_settings(trace.meta.recorded.torch_settings.raw, cfg.options)
     ev = trace.events
     init = prepare(trace).initial
     ops = np.where(init, -1, ev.op.astype(np.int64))  # the starting state is rebuilt, not replayed

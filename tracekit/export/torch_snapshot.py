@@ -106,8 +106,8 @@ def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> Cut:
     w.obj(final_segments(trace, stack, stacks))
     w.obj("device_traces")
     _device_traces(w, trace, stack, stacks, names)
-    settings = trace.meta.extra.get("torch_allocator_settings")
-    if isinstance(settings, dict):
+    settings = trace.meta.recorded.torch_settings.raw
+    if settings is not None:
         w.obj("allocator_settings")
         w.obj(settings)
     w.obj("tracekit")

@@ -4,7 +4,9 @@ A trace's ``tracekit`` metadata holds, beyond the keys ``TraceMeta`` has fields 
 recorder measured (docs/trace-format.md): the device at every OOM (``oom_states``), the hook's
 view of each OOM (``ooms``), the pools (``pools``, ``pools_end``), the device budget at the start
 (``budget``), the ``cudaLimit`` values (``device_limits``), how the program ended (``exit``) and
-how stacks were recorded (``recorder``, ``sites_relative_to``). ``RecordedMeta.from_extra`` reads
+how stacks were recorded (``recorder``, ``sites_relative_to``), the PyTorch allocator settings the
+run had (``torch_allocator_settings``) and how to run the program again (``rerun``).
+``RecordedMeta.from_extra`` reads
 them from ``TraceMeta.extra`` once; every verb takes these objects instead of the raw mapping, which
 stays as it is for writers and exports.
 
@@ -319,6 +321,74 @@ class RmmPoolSettings:
         return cls(as_bytes(pool.get("initial_bytes")), as_bytes(pool.get("maximum_bytes")))
 
 
+def truthy(v: Any) -> bool:
+    """A JSON flag: true, or "true"/"1"/"yes" as text (any case, spaces around)."""
+    return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes"))
+
+
+@dataclass(frozen=True)
+class TorchSettings:
+    """PyTorch's caching-allocator settings the run had (``torch_allocator_settings``: the recorder's
+    ``allocator_settings`` snapshot or an imported snapshot's, keys as PyTorch names them, plus the
+    recorder's ``PYTORCH_CUDA_ALLOC_CONF`` text). ``raw`` is the mapping as written (None: no such
+    key, or not a mapping): ``sim.torch_rules.options_from_snapshot`` turns it into options and an
+    export writes it back as it is."""
+
+    raw: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_extra(cls, d: Any) -> TorchSettings:
+        return cls(d if isinstance(d, Mapping) else None)
+
+    @property
+    def snapshot(self) -> Mapping[str, Any]:
+        """``raw``, or an empty mapping (PyTorch's defaults) where there is none."""
+        return self.raw if self.raw is not None else {}
+
+    @property
+    def alloc_conf(self) -> str | None:
+        """The ``PYTORCH_CUDA_ALLOC_CONF`` text the program ran under; None: unset or blank."""
+        text = self.snapshot.get("PYTORCH_CUDA_ALLOC_CONF")
+        return text if isinstance(text, str) and text.strip() else None
+
+    @property
+    def gc_threshold(self) -> float:
+        """``garbage_collection_threshold`` (a fraction of the limit, strictly between 0 and 1);
+        0.0: none, or not a usable number."""
+        value = self.snapshot.get("garbage_collection_threshold")
+        return float(value) if isinstance(value, int | float) and 0.0 < value < 1.0 else 0.0
+
+    @property
+    def expandable_segments(self) -> bool:
+        """Whether the run had expandable segments (a boolean, or "true"/"1"/"yes" as text)."""
+        return truthy(self.snapshot.get("expandable_segments"))
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """How the recorded program was started (``rerun``, written by ``record``): its arguments
+    (``python ARGV...``; with ``module``, ``python -m ARGV...``), the folder it ran in (None: not
+    said) and the ``record --limit`` it ran under (bytes; None: none)."""
+
+    argv: tuple[str, ...]
+    module: bool = False
+    cwd: str | None = None
+    limit_bytes: int | None = None
+
+    @classmethod
+    def from_extra(cls, d: Any) -> Rerun | None:
+        """None where there is no argument list to run."""
+        if not isinstance(d, Mapping):
+            return None
+        argv = d.get("argv")
+        if not isinstance(argv, list) or not argv:
+            return None
+        cwd = d.get("cwd")
+        limit = as_bytes(d.get("limit_bytes"))
+        return cls(tuple(str(a) for a in argv), bool(d.get("module")),
+                   str(cwd) if cwd else None, limit or None)
+
+
 @dataclass(frozen=True)
 class RecordedMeta:
     """Every recorder key a verb reads, typed (see the module docstring). ``oom_states`` by seq (the
@@ -336,6 +406,8 @@ class RecordedMeta:
     stacks: StackSettings = StackSettings()
     pool_limits: Mapping[tuple[int, int], int | None] = field(default_factory=dict)
     rmm_pool: RmmPoolSettings = RmmPoolSettings()
+    torch_settings: TorchSettings = TorchSettings()
+    rerun: Rerun | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> RecordedMeta:
@@ -356,6 +428,8 @@ class RecordedMeta:
             stacks=StackSettings.from_extra(extra.get("recorder"), extra.get("sites_relative_to")),
             pool_limits={(p.device, p.id): p.limit for p in table},
             rmm_pool=RmmPoolSettings.from_extra(extra.get("rmm_record")),
+            torch_settings=TorchSettings.from_extra(extra.get("torch_allocator_settings")),
+            rerun=Rerun.from_extra(extra.get("rerun")),
         )
 
     @classmethod

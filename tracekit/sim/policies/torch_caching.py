@@ -332,9 +332,8 @@ def with_recorded_settings(trace: Trace, options: Mapping[str, str]) -> dict[str
     An imported snapshot stores PyTorch's ``allocator_settings``; replaying it
     under the settings it ran with is what a user means by default.
     """
-    recorded = trace.meta.extra.get("torch_allocator_settings")
     try:  # the file's settings are input, not usage: a bad one is the file's fault (exit 1)
-        base = options_from_snapshot(recorded) if isinstance(recorded, Mapping) else {}
+        base = options_from_snapshot(trace.meta.recorded.torch_settings.snapshot)
         settings(base)
     except (UsageError, TypeError, ValueError, OverflowError) as e:
         raise InputError(
