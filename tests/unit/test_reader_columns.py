@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracekit.trace import Op
 from tracekit.trace.arrow import as_numpy
 from tracekit.trace.columns import Columns
 from tracekit.trace.issues import Found
-from tracekit.trace.reader import read_trace
+from tracekit.trace.reader import read_trace, utf8_lengths
 from tracekit.trace.validate import pair_and_check, pair_events
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,3 +83,18 @@ def test_the_one_pass_stops_the_totals_at_their_first_step_past_the_limit() -> N
     seq, t_ns = np.arange(5, dtype=np.uint64), np.zeros(5, np.int64)
     _, found = pair_and_check(op, seq, t_ns, addr, size, rounded, np.zeros(5, np.int16), 1 << 60, 1 << 62)
     assert found[Found.OVER_LIVE] == 3 and found[Found.OVER_RESERVED] == -1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(max_size=40)), max_size=30), st.booleans(),
+       st.integers(0, 5), st.integers(0, 5))
+def test_call_site_lengths_are_arrows_byte_lengths(texts: list[str | None], large: bool, cut: int,
+                                                   keep: int) -> None:
+    """The reader's check of call-site sizes reads each string's UTF-8 bytes off the offsets (so it
+    need not import pyarrow.compute): the same as Arrow's own ``binary_length``, slices included."""
+    import pyarrow.compute as pc
+
+    arr = pa.array(texts, pa.large_string() if large else pa.string())
+    arr = arr.slice(min(cut, len(arr)), keep + len(arr))
+    want = [n or 0 for n in pc.binary_length(arr).to_pylist()]
+    assert utf8_lengths(arr).tolist() == want
