@@ -95,6 +95,13 @@ def test_call_site_lengths_are_arrows_byte_lengths(texts: list[str | None], larg
     import pyarrow.compute as pc
 
     arr = pa.array(texts, pa.large_string() if large else pa.string())
-    arr = arr.slice(min(cut, len(arr)), keep + len(arr))
+    arr = arr.slice(min(cut, len(arr)), keep)
     want = [n or 0 for n in pc.binary_length(arr).to_pylist()]
     assert utf8_lengths(arr).tolist() == want
+    assert utf8_lengths(pa.array(["ab", "c"], pa.string()).slice(1, 0)).tolist() == []
+
+
+def test_call_site_lengths_refuse_other_types() -> None:
+    for arr in (pa.array([b"ab"], pa.binary()), pa.array([1, 2])):
+        with pytest.raises(TypeError, match="not a string type"):
+            utf8_lengths(arr)

@@ -21,7 +21,7 @@ from tracekit.trace.recorded import (
     PoolInfo,
     ProcessUse,
     RecordedMeta,
-    Rerun,
+    RerunCommand,
     StackSettings,
     TorchSettings,
     as_bytes,
@@ -233,11 +233,11 @@ def test_torch_settings_malformed_are_the_defaults() -> None:
 def test_rerun() -> None:
     r = RecordedMeta.from_extra({"rerun": {"argv": ["app.py", 3], "module": 1, "cwd": "/w",
                                            "limit_bytes": 1 << 30}}).rerun
-    assert r == Rerun(("app.py", "3"), True, "/w", 1 << 30)
-    assert Rerun.from_extra({"argv": ["-m", "x"]}) == Rerun(("-m", "x"), False, None, None)
+    assert r == RerunCommand(("app.py", "3"), True, "/w", 1 << 30)
+    assert RerunCommand.from_extra({"argv": ["-m", "x"]}) == RerunCommand(("-m", "x"), False, None, None)
     # no limit (0), a negative or non-integer one: none
     for lim in (0, -5, "1G", 2.5, True):
-        got = Rerun.from_extra({"argv": ["a.py"], "limit_bytes": lim})
+        got = RerunCommand.from_extra({"argv": ["a.py"], "limit_bytes": lim})
         assert got is not None and got.limit_bytes is None, lim
     for bad in (None, {}, {"argv": []}, {"argv": "app.py"}, ["app.py"], {"argv": None}):
-        assert Rerun.from_extra(bad) is None, bad
+        assert RerunCommand.from_extra(bad) is None, bad

@@ -39,7 +39,7 @@ class _NeverRaised(Exception):
 def _click_exception(name: str) -> type[Exception]:
     """Click's exception ``name`` from the click typer runs on: its own vendored copy (``typer.core``
     imports it as ``_click``, typer 0.28) or, in typers that depend on click, the ``click`` package
-    itself (typer 0.12-0.27, which have no ``typer.TyperException``). Looked up by attribute, so a
+    itself (typer 0.19-0.27, which have no ``typer.TyperException``). Looked up by attribute, so a
     typer that moves or drops it changes no behaviour here."""
     for module in ("_click", "click"):
         exceptions = getattr(getattr(typer.core, module, None), "exceptions", None)

@@ -109,7 +109,7 @@ def write_snapshot(trace: Trace, f: BinaryIO, exporter: str) -> Cut:
     settings = trace.meta.recorded.torch_settings.raw
     if settings is not None:
         w.obj("allocator_settings")
-        w.obj(settings)
+        w.obj(dict(settings))
     w.obj("tracekit")
     w.obj(tracekit_record(trace, exporter))
     w.op(Opcode.SETITEMS)

@@ -365,7 +365,7 @@ class TorchSettings:
 
 
 @dataclass(frozen=True)
-class Rerun:
+class RerunCommand:
     """How the recorded program was started (``rerun``, written by ``record``): its arguments
     (``python ARGV...``; with ``module``, ``python -m ARGV...``), the folder it ran in (None: not
     said) and the ``record --limit`` it ran under (bytes; None: none)."""
@@ -376,7 +376,7 @@ class Rerun:
     limit_bytes: int | None = None
 
     @classmethod
-    def from_extra(cls, d: Any) -> Rerun | None:
+    def from_extra(cls, d: Any) -> RerunCommand | None:
         """None where there is no argument list to run."""
         if not isinstance(d, Mapping):
             return None
@@ -407,7 +407,7 @@ class RecordedMeta:
     pool_limits: Mapping[tuple[int, int], int | None] = field(default_factory=dict)
     rmm_pool: RmmPoolSettings = RmmPoolSettings()
     torch_settings: TorchSettings = TorchSettings()
-    rerun: Rerun | None = None
+    rerun: RerunCommand | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> RecordedMeta:
@@ -429,7 +429,7 @@ class RecordedMeta:
             pool_limits={(p.device, p.id): p.limit for p in table},
             rmm_pool=RmmPoolSettings.from_extra(extra.get("rmm_record")),
             torch_settings=TorchSettings.from_extra(extra.get("torch_allocator_settings")),
-            rerun=Rerun.from_extra(extra.get("rerun")),
+            rerun=RerunCommand.from_extra(extra.get("rerun")),
         )
 
     @classmethod
