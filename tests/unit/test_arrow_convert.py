@@ -9,7 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.trace.arrow import array_of, copy_into, filled, floats_of, strings_of, values_of
+from tracekit.trace.arrow import array_of, copy_into, filled, floats_of, numpy_dtype, strings_of, values_of
 
 TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint16(), pa.uint64()]
 
@@ -92,3 +92,13 @@ def test_values_of_is_a_read_only_view_and_strings_of_is_pa_array() -> None:
     assert not view.flags.writeable
     names = ["malloc", "", "µ-site.py:3", "free"]
     assert strings_of(names).equals(pa.array(names, type=pa.string()))
+
+
+def test_numpy_dtype_is_pyarrows_own_without_pandas() -> None:
+    """Every integer, floating and boolean type maps to the dtype pyarrow's ``to_pandas_dtype`` names
+    (which pyarrow 25 and earlier answer by importing pandas); another type falls back to it."""
+    fixed = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
+             pa.uint64(), pa.float16(), pa.float32(), pa.float64(), pa.bool_()]
+    for t in fixed:
+        assert numpy_dtype(t) == np.dtype(t.to_pandas_dtype()), t
+    assert numpy_dtype(pa.timestamp("ns")) == np.dtype(pa.timestamp("ns").to_pandas_dtype())

@@ -101,7 +101,7 @@ class Columns:
     def _read_all(self, names: list[str], numeric: list[str]) -> None:
         md, schema = self.pf.metadata, self.pf.schema_arrow
         n = md.num_rows
-        out = {name: np.empty(n, np.dtype(schema.field(name).type.to_pandas_dtype())) for name in numeric}
+        out = {name: np.empty(n, arrow.numpy_dtype(schema.field(name).type)) for name in numeric}
         null: dict[str, np.ndarray] = {}
         kept: dict[str, list[pa.Array]] = {name: [] for name in names if name not in out}
         types: dict[str, pa.DataType] = {}

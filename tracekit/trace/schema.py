@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
+from tracekit.trace.arrow import numpy_dtype
 from tracekit.trace.recorded import RecordedMeta
 from tracekit.trace.stacks import MAX_FRAME_TEXT_BYTES, Folders, FrameKind
 
@@ -83,7 +84,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
 REQUIRED = tuple(name for name, _, _ in COLUMNS)  # all but ``site`` must be present on read
 # The integer columns by their NumPy types: what the reader hands over (another integer type in a
 # file is converted to these, each value checked to fit).
-INT_COLUMNS: Mapping[str, type] = {name: t.to_pandas_dtype() for name, t, _ in COLUMNS
+INT_COLUMNS: Mapping[str, type] = {name: numpy_dtype(t).type for name, t, _ in COLUMNS
                                    if pa.types.is_integer(t)}
 # Version 3's stack id per event (null: none), after the v1 columns; optional on read.
 STACK_FIELD = pa.field("stack", pa.int32(), nullable=True)
