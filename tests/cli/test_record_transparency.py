@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -215,7 +216,12 @@ def test_a_daemon_that_closes_every_descriptor_keeps_its_trace(tmp_path: Path) -
     same(plain, rec)
     t = read_trace(tmp_path / "rec" / "t.parquet", strict=True)
     assert mallocs(tmp_path / "rec" / "t.parquet") == [1000, 2000, 2000, 2000]
-    assert "spool_error" not in t.meta.extra
+    assert "spool_error" not in t.meta.extra and t.meta.extra["complete"] is True
+    # the watcher heard the trace was written (its pipe survived the closerange): it wrote no second
+    # trace beside the first, said nothing, and left with record (it used to, a moment after)
+    time.sleep(1.5)
+    assert sorted(p.name for p in (tmp_path / "rec").glob("t*")) == ["t.parquet"]
+    assert "wrote its own file" not in rec.stderr
 
 
 def test_streams_set_to_none_keep_the_exit_code_and_the_trace(tmp_path: Path) -> None:

@@ -37,6 +37,27 @@ def high_floor() -> int:
     return max(10, limit - HEADROOM)
 
 
+def move_high(fd: int) -> int:
+    """``fd`` moved to a close-on-exec number at or above ``high_floor()`` (the old one closed), so a
+    program that closes the low descriptors (``os.closerange(3, 1024)``) usually misses it; ``fd``
+    itself where no number is free up there."""
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high_floor())
+    except OSError:
+        return fd
+    os.close(fd)
+    return high
+
+
+def identity(fd: int) -> tuple[int, int] | None:
+    """(device, inode) of what ``fd`` names now; None where it names nothing."""
+    try:
+        st = os.fstat(fd)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
 class HeldFile:
     """An append-only file written through one held descriptor (``write`` appends, ``sync`` fsyncs)."""
 
@@ -48,13 +69,7 @@ class HeldFile:
 
     def open(self, flags: int = 0) -> None:
         """Open (``flags`` e.g. ``O_CREAT | O_EXCL`` the first time) and move the descriptor high."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | flags, 0o644)
-        try:
-            high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high_floor())
-        except OSError:  # no number free up there: keep the one we have
-            high = fd
-        else:
-            os.close(fd)
+        high = move_high(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | flags, 0o644))
         st = os.fstat(high)
         self.fd, self._ident = high, (st.st_dev, st.st_ino)
 
@@ -93,11 +108,7 @@ class HeldFile:
         fd = self.fd
         if fd is None:
             return None
-        try:
-            st = os.fstat(fd)
-        except OSError:  # EBADF: the program closed it
-            st = None
-        if st is None or (st.st_dev, st.st_ino) != self._ident:
+        if identity(fd) != self._ident:  # None: the program closed it (EBADF)
             self.fd = None
             return None
         return fd

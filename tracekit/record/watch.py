@@ -39,6 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from tracekit.record.final import Keep
+from tracekit.record.held_file import identity, move_high
 
 DONE, FINISH = b"D", b"F"
 FINISH_WAIT_S = 600.0
@@ -61,6 +62,12 @@ class Watcher:
 
     def __init__(self, fd: int, answer: int, pid: int) -> None:
         self.fd, self.answer, self.pid = fd, answer, pid
+        # what the two pipe ends are: a program that closed them may have its own files under
+        # those numbers since, and is never written to nor read from through them
+        self._ends = identity(fd), identity(answer)
+
+    def _ours(self) -> bool:
+        return (identity(self.fd), identity(self.answer)) == self._ends and None not in self._ends
 
     @classmethod
     def start(cls, spool: Path, output: Path, keep: Keep | None = None,
@@ -92,14 +99,15 @@ class Watcher:
             os.close(w)
             os.close(ar)
             return None
-        return cls(w, ar, os.getpid())
+        # high numbers, as the spool's: a program that closes its low descriptors usually keeps them
+        return cls(move_high(w), move_high(ar), os.getpid())
 
     def done(self) -> None:
         """The trace is written: the watcher removes its mark and leaves; waited for (a few ms), so no
         ``.finishing`` mark is left beside the trace once ``record`` returns."""
         if self._say(DONE, close=False):
             with contextlib.suppress(OSError, ValueError):
-                select.select([self.answer], [], [], DONE_WAIT_S)
+                _readable(self.answer, DONE_WAIT_S)
         self.close()
 
     def finish(self) -> Path | None:
@@ -111,7 +119,7 @@ class Watcher:
         got = b""
         try:
             while True:
-                ok, _, _ = select.select([self.answer], [], [], FINISH_WAIT_S)
+                ok = _readable(self.answer, FINISH_WAIT_S)
                 chunk = os.read(self.answer, 1 << 16) if ok else b""
                 if not chunk:
                     break
@@ -123,7 +131,7 @@ class Watcher:
         return Path(os.fsdecode(got[1:])) if got[:1] == DONE and len(got) > 1 else None
 
     def _say(self, what: bytes, close: bool = True) -> bool:
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or not self._ours():
             return False
         try:
             os.write(self.fd, what)
@@ -135,10 +143,20 @@ class Watcher:
                 self.close()
 
     def close(self) -> None:
-        for fd in (self.fd, self.answer):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Close the ends that still are the pipes (a number the program took since is its own)."""
+        for fd, ident in zip((self.fd, self.answer), self._ends, strict=True):
+            if fd >= 0 and ident is not None and identity(fd) == ident:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self.fd = self.answer = -1
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether ``fd`` has something to read (or its end) within ``timeout_s``: ``poll``, since the
+    recorded process's pipe ends sit above ``select``'s 1,024 (``held_file.move_high``)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(timeout_s * 1000))
 
 
 def _cmdline(pid: int) -> bytes | None:
