@@ -18,7 +18,10 @@ program never sees it as a child: ``os.wait()`` and Ctrl-C are the program's own
 The recorded process says one byte before it closes its end: ``D``, the trace is written (the
 watcher just leaves), or ``F``, its own finishing failed (a program that broke the standard
 library, the recursion limit): the watcher then writes the trace from the spool in its clean
-process and answers on a second pipe (``D`` and the path the trace went to). On end of file without
+process and answers on a second pipe (``D`` and the path the trace went to). Both pipe ends sit high
+in the recorded process (``held_file.move_high``) and are checked to still be the pipes before use;
+where the program closed them all the same (every descriptor), ``D`` goes as a line ``done PID``
+into the mark, which the watcher reads once that process has ended. On end of file without
 a byte, it writes the trace from the spool (``complete: false``, ``ended`` saying how), with the rows
 made after the spool's last write taken from the shared ring beside it (``tracekit.record.tail``),
 removes both and leaves. Where the program made its own file at the output, the trace goes to a
@@ -40,8 +43,10 @@ from pathlib import Path
 
 from tracekit.record.final import Keep
 from tracekit.record.held_file import identity, move_high
+from tracekit.trace.finishing import mark_path
 
 DONE, FINISH = b"D", b"F"
+DONE_NOTE = "done"  # the mark's line for DONE from a process whose pipe the program closed
 FINISH_WAIT_S = 600.0
 DONE_WAIT_S = 5.0
 GONE = ("the program deleted or replaced the spool while it ran; the trace is written from the recorder's "
@@ -60,8 +65,9 @@ class Watched(StrEnum):
 class Watcher:
     """The recorded process's end of the watcher (pid of the process it watches: this one)."""
 
-    def __init__(self, fd: int, answer: int, pid: int) -> None:
+    def __init__(self, fd: int, answer: int, pid: int, mark: Path | None = None) -> None:
         self.fd, self.answer, self.pid = fd, answer, pid
+        self.mark = mark  # the watcher's ``.finishing`` mark: where DONE goes when the pipe is gone
         # what the two pipe ends are: a program that closed them may have its own files under
         # those numbers since, and is never written to nor read from through them
         self._ends = identity(fd), identity(answer)
@@ -100,7 +106,7 @@ class Watcher:
             os.close(ar)
             return None
         # high numbers, as the spool's: a program that closes its low descriptors usually keeps them
-        return cls(move_high(w), move_high(ar), os.getpid())
+        return cls(move_high(w), move_high(ar), os.getpid(), mark_path(output))
 
     def done(self) -> None:
         """The trace is written: the watcher removes its mark and leaves; waited for (a few ms), so no
@@ -108,6 +114,15 @@ class Watcher:
         if self._say(DONE, close=False):
             with contextlib.suppress(OSError, ValueError):
                 _readable(self.answer, DONE_WAIT_S)
+        elif os.getpid() == self.pid and self.mark is not None:
+            # the program closed the pipe (every descriptor): say it in the mark instead, which the
+            # watcher reads once this process has ended, before it would write a trace of its own
+            with contextlib.suppress(OSError):
+                fd = os.open(self.mark, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+                try:
+                    os.write(fd, f"{DONE_NOTE} {self.pid}\n".encode())
+                finally:
+                    os.close(fd)
         self.close()
 
     def finish(self) -> Path | None:
@@ -157,6 +172,16 @@ def _readable(fd: int, timeout_s: float) -> bool:
     p = select.poll()
     p.register(fd, select.POLLIN)
     return bool(p.poll(timeout_s * 1000))
+
+
+def _said_done(mark: int, pid: int) -> bool:
+    """Whether the recorded process ``pid`` noted in the mark that its trace is written
+    (``Watcher.done`` when its pipe was gone)."""
+    try:
+        text = os.pread(mark, 4096, 0).decode("ascii", "replace")
+    except OSError:
+        return False
+    return f"{DONE_NOTE} {pid}" in text.splitlines()
 
 
 def _cmdline(pid: int) -> bytes | None:
@@ -281,14 +306,12 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int,
     """The watcher's whole life (module docstring); ``ready`` is told once the mark is held, ``err``
     is the recording's standard error."""
     from tracekit.record.tail import tail_path
-    from tracekit.trace.finishing import mark_path
-
     cwd = os.getcwd()  # the user's, as record's own lines name paths
     finish = FINISHERS[kind]
     spooled = kind is Watched.CUPY_SPOOL  # a spool with a tail and a head; a torch ring has neither
     held = _hold(spool), _hold(tail_path(spool)) if spooled else -1
     head = _read_head(held[0]) if held[0] >= 0 and spooled else None
-    mark = os.open(mark_path(output), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    mark = os.open(mark_path(output), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)  # read: _said_done
     fcntl.flock(mark, fcntl.LOCK_EX)
     os.write(mark, f"{pid}\n".encode())
     os.write(ready, b"R")
@@ -320,6 +343,8 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int,
         gone = bool(select.select([pidfd], [], [], 0)[0]) or not now  # a zombie's command line is empty
         if not gone and now == start:
             select.select([pidfd], [], [])  # still running: wait for its end
+            if _said_done(mark, pid):  # it wrote the trace, after closing the pipe: nothing to do
+                return
             ended = "the process ended (os._exit or a signal) without finishing the recording"
         elif not gone:
             ended = "the process replaced itself (exec) before finishing the recording"
