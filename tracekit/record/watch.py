@@ -343,11 +343,11 @@ def watch(pid: int, fd: int, answer: int, spool: Path, output: Path, ready: int,
         gone = bool(select.select([pidfd], [], [], 0)[0]) or not now  # a zombie's command line is empty
         if not gone and now == start:
             select.select([pidfd], [], [])  # still running: wait for its end
-            if _said_done(mark, pid):  # it wrote the trace, after closing the pipe: nothing to do
-                return
             ended = "the process ended (os._exit or a signal) without finishing the recording"
         elif not gone:
             ended = "the process replaced itself (exec) before finishing the recording"
+        if _said_done(mark, pid):  # it wrote the trace after the program closed the pipe: nothing to do
+            return
         _say_taken(err, output, finish(spool, output, ended, held, head, keep), cwd)
     finally:
         if mark >= 0:
