@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracekit.trace import Op
-from tracekit.trace.arrow import as_numpy
+from tracekit.trace.arrow import as_numpy, utf8_lengths
 from tracekit.trace.columns import Columns
 from tracekit.trace.issues import Found
-from tracekit.trace.reader import read_trace, utf8_lengths
+from tracekit.trace.reader import read_trace
 from tracekit.trace.validate import pair_and_check, pair_events
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -50,13 +50,13 @@ from tracekit.sim.prepare import prepare as replay_input
 from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.events import Events, segment_delta
 from tracekit.trace.reader import Trace
+from tracekit.trace.recorded import TORCH_SETTINGS_KEY
 from tracekit.trace.schema import Op, Source
 from tracekit.trace.validate import remap_mate
 
 if TYPE_CHECKING:
     from tracekit.sim.head_start import HeadStart
 
-SETTINGS_KEY = "torch_allocator_settings"
 PAGE = 2 << 20
 TOP = float(1 << 47)  # the key of a first fresh range: above every user-space address
 BASE = 1 << 40  # where a counterfactual layout starts
@@ -87,7 +87,7 @@ def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
     internal = nxt_op == Op.OOM
     if limit:
         internal |= (nxt_op == Op.SEGMENT_ALLOC) & (before + nxt_size > limit)
-        gc = _gc_threshold(trace)
+        gc = trace.meta.recorded.torch_settings.gc_threshold
         if gc > 0:
             internal |= (nxt_op == Op.SEGMENT_ALLOC) & (before > gc * limit)
     run_id = np.cumsum(release_points(ev.op, init)) - 1
@@ -95,10 +95,6 @@ def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
     hit[:-1] = internal
     out[free] = hit[run_id[free]]
     return out
-
-
-def _gc_threshold(trace: Trace) -> float:
-    return trace.meta.recorded.torch_settings.gc_threshold
 
 
 def prepare(trace: Trace, limit: int | None = None) -> Trace:
@@ -109,8 +105,8 @@ def prepare(trace: Trace, limit: int | None = None) -> Trace:
     limit = trace.meta.pool_limit_bytes if limit is None else limit
     drop = internal_releases(trace, limit)
     out = _keep(trace, ~drop) if drop.any() else trace
-    if SETTINGS_KEY in trace.meta.extra:
-        extra = {k: v for k, v in trace.meta.extra.items() if k != SETTINGS_KEY}
+    if TORCH_SETTINGS_KEY in trace.meta.extra:
+        extra = {k: v for k, v in trace.meta.extra.items() if k != TORCH_SETTINGS_KEY}
         out = replace(out, meta=replace(out.meta, extra=extra))
     return out
 

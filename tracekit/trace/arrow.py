@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = ["array_of", "as_numpy", "copy_into", "filled", "floats_of", "numpy_dtype", "strings_of",
-           "values_of"]
+           "utf8_lengths", "values_of"]
 
 
 def numpy_dtype(t: pa.DataType) -> np.dtype:
@@ -161,3 +161,23 @@ def copy_into(col: pa.ChunkedArray, out: np.ndarray, null: np.ndarray | None, fi
                 out[at:at + m] = values_of(chunk)
                 np.putmask(out[at:at + m], null[at:at + m], filler)
         at += m
+
+
+def utf8_lengths(values: pa.Array) -> np.ndarray:
+    """Each string's UTF-8 byte count, from a ``string`` or ``large_string`` array's offsets buffer
+    (a null slot counts the bytes its offsets span, 0 as Arrow writes nulls; a Parquet dictionary
+    holds none): what ``pyarrow.compute.binary_length`` gives, without importing
+    ``pyarrow.compute`` (26-34 ms on the 2-core machine, at a verb's first read: it builds 286
+    functions and their docstrings). TypeError for any other type."""
+    width: np.dtype[np.signedinteger]
+    if pa.types.is_large_string(values.type):
+        width = np.dtype(np.int64)
+    elif pa.types.is_string(values.type):
+        width = np.dtype(np.int32)
+    else:
+        raise TypeError(f"utf8_lengths: {values.type} is not a string type")
+    if not len(values):
+        return np.zeros(0, np.int64)
+    start = values.offset
+    offsets = np.frombuffer(values.buffers()[1], dtype=width, count=start + len(values) + 1)
+    return np.diff(offsets[start:]).astype(np.int64, copy=False)

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tracekit.errors import InputError, TraceFormatError
 from tracekit.inputs import byte_count, check_regular, load_json, os_cause, safe_text, stat_or_none, utf8_name
 from tracekit.trace.ahead import PairingAhead
-from tracekit.trace.arrow import array_of, as_numpy, filled
+from tracekit.trace.arrow import array_of, as_numpy, filled, utf8_lengths
 from tracekit.trace.columns import Columns, Window, is_text
 from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
@@ -565,26 +565,6 @@ def _check_sites(p: Path, sites: pa.Array) -> None:
     if total > MAX_SITES_BYTES:
         raise TraceFormatError(f"{p}: {len(sites):,} distinct call-sites of {total:,} bytes together; "
                                f"call-sites are refused beyond {MAX_SITES_BYTES:,} bytes in all")
-
-
-def utf8_lengths(values: pa.Array) -> np.ndarray:
-    """Each string's UTF-8 byte count, from a ``string`` or ``large_string`` array's offsets buffer
-    (a null slot counts the bytes its offsets span, 0 as Arrow writes nulls; a Parquet dictionary
-    holds none): what ``pyarrow.compute.binary_length`` gives, without importing
-    ``pyarrow.compute`` (26-34 ms on the 2-core machine, at a verb's first read: it builds 286
-    functions and their docstrings). TypeError for any other type."""
-    width: np.dtype[np.signedinteger]
-    if pa.types.is_large_string(values.type):
-        width = np.dtype(np.int64)
-    elif pa.types.is_string(values.type):
-        width = np.dtype(np.int32)
-    else:
-        raise TypeError(f"utf8_lengths: {values.type} is not a string type")
-    if not len(values):
-        return np.zeros(0, np.int64)
-    start = values.offset
-    offsets = np.frombuffer(values.buffers()[1], dtype=width, count=start + len(values) + 1)
-    return np.diff(offsets[start:]).astype(np.int64, copy=False)
 
 
 def _text_dictionary(src: Columns, name: str) -> tuple[pa.Array, pa.ChunkedArray]:

@@ -28,6 +28,7 @@ from tracekit.inputs import optional_int
 
 MAX_STATES = 100_000  # a longer list of per-OOM entries is not a recording; the rest is ignored
 MAX_ENTRIES = 4096  # pools, process lists, folders: more is not a recording either
+TORCH_SETTINGS_KEY = "torch_allocator_settings"  # PyTorch's allocator settings (``TorchSettings``)
 
 
 def as_int(v: Any) -> int | None:
@@ -428,7 +429,7 @@ class RecordedMeta:
             stacks=StackSettings.from_extra(extra.get("recorder"), extra.get("sites_relative_to")),
             pool_limits={(p.device, p.id): p.limit for p in table},
             rmm_pool=RmmPoolSettings.from_extra(extra.get("rmm_record")),
-            torch_settings=TorchSettings.from_extra(extra.get("torch_allocator_settings")),
+            torch_settings=TorchSettings.from_extra(extra.get(TORCH_SETTINGS_KEY)),
             rerun=RerunCommand.from_extra(extra.get("rerun")),
         )
 
