@@ -98,3 +98,17 @@ def test_round_size_equals_the_old_one(xs: list[int], d: list[int], no_table: bo
     dv = None if no_table else np.array(d, np.uint64)
     assert round_size(s, dv).tolist() == _old_round_size(s, dv).tolist()
     assert round_size(s[0], dv).tolist() == _old_round_size(s[0], dv).tolist()  # a 0-d array too
+
+
+@given(st.lists(st.integers(min_value=0, max_value=(1 << 62) - 1), min_size=1, max_size=64),
+       st.lists(st.sampled_from([0, 1, 2, 4, 8, 16, 1 << 20, 1 << 32]), min_size=16, max_size=16))
+def test_divisions_never_move_a_request_between_the_pools(xs: list[int], d: list[int]) -> None:
+    """The model sizes the trace's groups once for every rounding setting (``_Setup.sized``): a
+    rounded size of at most 1 MiB (the small pool) stays so under any divisions, and one above
+    stays above. Sizes below 2^62, as the reader admits."""
+    from tracekit.sim.policies._torch_kernel import round_sizes
+
+    s = np.array(xs + [MiB - 1, MiB, MiB + 1, MiB - 511, (MiB >> 1) + 1], np.uint64)
+    plain = round_sizes(s, np.zeros(16, np.uint64)) <= MiB
+    divided = round_sizes(s, np.array(d, np.uint64)) <= MiB
+    assert divided.tolist() == plain.tolist()

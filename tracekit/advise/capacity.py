@@ -228,7 +228,7 @@ def probe(trace: Trace, policy: str, capacity: int | None, options: Mapping[str,
     from tracekit.sim.base import SimConfig
     from tracekit.sim.codes import Stat
 
-    config = SimConfig(capacity=capacity, options=dict(options or {}), alike=alike)
+    config = SimConfig(capacity=capacity, options=dict(options or {}), alike=alike, per_event=False)
     res = _replayer(trace, policy, counterfactual)(config)
     stats = res.run.stats
     return Probe(capacity, res.ran_out, res.summary.peak_reserved_bytes, int(stats[Stat.ASKED]),
@@ -389,8 +389,11 @@ def _run(trace: Trace, tasks: list[_Task], jobs: int) -> list[PolicyFit]:
     kernel lets the GIL go; the inputs are made once, here, and shared)."""
     from functools import partial
 
+    from tracekit.sim.scratch import WORK
+
     pool = Pool(jobs)
     try:
-        return list(pool.map(partial(_work, _Inputs(trace, tasks)), tasks))
+        with WORK.keeping():  # the replays' work arrays, lent from one replay to the next
+            return list(pool.map(partial(_work, _Inputs(trace, tasks)), tasks))
     finally:
         pool.close()

@@ -118,7 +118,9 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     """``cand`` at ``capacity``; ``trace`` is the counterfactual input (raw traces: as read)."""
     assert cand.policy is not None
     src = input_for(cand, trace)
-    cfg = SimConfig(capacity=capacity, device_total=device_total, options=cand.opts, alike=True)
+    # The summary alone is read: no per-event outputs (``SimConfig.per_event``).
+    cfg = SimConfig(capacity=capacity, device_total=device_total, options=cand.opts, alike=True,
+                    per_event=False)
     if cand.kind == Kind.FREE_LIST:
         res = replay(src, cand.policy, cfg)
     else:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -30,6 +31,7 @@ from tracekit.advise.candidates import Candidate, Kind
 from tracekit.advise.capacity import PolicyFit, bisection_for, fit_of, probe
 from tracekit.advise.evaluate import Outcome, evaluate, input_for
 from tracekit.sim.base import Allocator
+from tracekit.sim.scratch import WORK
 from tracekit.trace.reader import Trace
 from tracekit.workers import Pool
 
@@ -96,6 +98,10 @@ class Runner:
         self.facts: InertFacts | None = None  # ``_same_as``'s reading of the trace, once
         self._run = partial(_run, _input(trace, counterfactual), counterfactual)  # prepared here, once
         self.pool = Pool(jobs)
+        # The replays' work arrays, kept from one replay to the next until ``close``: a search's
+        # replays then take no fresh memory after the first on each thread (``tracekit.sim.scratch``).
+        self._keeping = ExitStack()
+        self._keeping.enter_context(WORK.keeping())
 
     def map(self, tasks: Sequence[Task]) -> list[Outcome | Probe]:
         """Run ``tasks``, reporting each one done (a batch of tasks is one pass of the bar)."""
@@ -168,6 +174,7 @@ class Runner:
 
     def close(self) -> None:
         self.pool.close()
+        self._keeping.close()
 
 
 def _as(result: Outcome | Probe, candidate: Candidate) -> Outcome | Probe:

@@ -62,7 +62,9 @@ def summarize(trace: Trace, policy: str, config: SimConfig, run: PolicyRun) -> R
         ev = trace.events
         rounded = s[Stat.OOM_ROUNDED]
         if rounded <= 0:  # a policy that leaves the slot empty: its per-event rounding, else the request
-            rounded = int(run.rounded[first]) if run.rounded is not None else int(ev.size[first])
+            per_event = run.rounded  # None or empty: the policy gives none, or none was wanted
+            kept = per_event is not None and len(per_event) > first
+            rounded = int(per_event[first]) if per_event is not None and kept else int(ev.size[first])
         oom = OOMInfo(
             seq=int(ev.seq[first]), size=int(ev.size[first]), rounded=rounded,
             free_bytes=s[Stat.OOM_FREE], largest_free_block=s[Stat.OOM_LARGEST],

@@ -139,6 +139,35 @@ def capacity_for_state(trace: Trace) -> tuple[int, int]:
     return min(max(n // 4, 1024), 1 << 20), min(max(n // 8, 1024), 1 << 20)
 
 
+NO_STATUS = np.zeros(0, np.int8)  # a run's ``status`` where its per-event outputs are not wanted
+NO_STATUS.flags.writeable = False
+NO_VALUES = np.zeros(0, np.int64)  # a kernel's ``addr`` (a run's ``rounded``) where they are not wanted
+NO_VALUES.flags.writeable = False
+
+
+def work_arrays(n: int, per_event: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A pool kernel's per-event arrays for ``n`` events: (addr, status, blk). ``addr`` and ``status``
+    are the run's outputs where ``per_event`` (fresh, zero); otherwise ``addr`` is empty (the
+    kernel writes none) and ``status``, like ``blk`` always, is lent (``tracekit.sim.scratch``).
+    Hand them back with ``given_back`` when the kernel has returned."""
+    from tracekit.sim.scratch import WORK
+
+    blk = WORK.take(n, np.int64, zeroed=False)
+    if per_event:
+        return np.zeros(n, np.int64), np.zeros(n, np.int8), blk
+    return np.zeros(0, np.int64), WORK.take(n, np.int8, zeroed=True), blk  # writable: a kernel takes it
+
+
+def given_back(status: np.ndarray, blk: np.ndarray, per_event: bool) -> None:
+    """Hand back what ``work_arrays`` lent: ``blk``, and ``status`` unless it is the run's output."""
+    from tracekit.sim.scratch import WORK
+
+    if per_event:
+        WORK.give(blk)
+    else:
+        WORK.give(status, blk)
+
+
 def pack(
     addr: np.ndarray, status: np.ndarray, rounded: np.ndarray, R: np.ndarray, S: np.ndarray,
     stats: np.ndarray,

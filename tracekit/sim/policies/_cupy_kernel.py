@@ -55,17 +55,15 @@ def _try_malloc(C, S, R, i, s, limit, dev_total, stream):  # pragma: no cover - 
 
 @njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
 def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, hints, stream, cfg,
-                C, R, S, stats):  # pragma: no cover - compiled
+                C, R, S, stats, addr, rounded, status, blk):  # pragma: no cover - compiled
+    """Replay every event; ``cfg`` is the ``CupySetting`` vector. The per-event arrays are the
+    caller's, as ``_torch_kernel.torch_replay`` takes them; ``rounded`` (each malloc's size
+    rounded to 512 B) is an output like ``addr``, empty where neither is wanted."""
     limit = cfg[CupySetting.LIMIT]
     dev_total = cfg[CupySetting.DEVICE_TOTAL]
     ties = cfg[CupySetting.TIES] != 0
     n = op.shape[0]
-    addr = np.zeros(n, dtype=np.int64)
-    status = np.zeros(n, dtype=np.int8)
-    rounded = np.zeros(n, dtype=np.int64)
-    # Each row's block where its malloc is DONE (-1: none), read only there (a free's mate is always
-    # a malloc row): untouched until written (``_torch_kernel.torch_replay`` says why).
-    blk = np.empty(n, dtype=np.int64)
+    outputs = addr.shape[0] > 0
     # Starting state (rows marked initial): device allocations first, then live blocks; the rows
     # found in one tight pass (a loop over every row that may grow C and R costs tens of ns a row).
     start = np.flatnonzero(init)
@@ -82,8 +80,9 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
             s = (size[j] + 511) // 512 * 512
             x = sg.place_at(C, S, R, j, init_addr[j], s, arena[j], stream)
             blk[j] = x
-            addr[j] = init_addr[j]
-            rounded[j] = s
+            if outputs:
+                addr[j] = init_addr[j]
+                rounded[j] = s
             status[j] = Status.DONE
             ck.add_live(S, s)
     for i in range(n):
@@ -97,14 +96,16 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
         h = stand_in(kind, rep, holder, i)
         if h >= 0:  # a served handled attempt stands in for this malloc: its block
             blk[i] = blk[h]
-            addr[i] = addr[h]
-            rounded[i] = rounded[h]
+            if outputs:
+                addr[i] = addr[h]
+                rounded[i] = rounded[h]
         if h != -1:
             status[i] = Status.DONE if h >= 0 else Status.TRIED
             continue
         if kd == Kind.ALLOC or kd == Kind.TRY:
             s = (size[i] + 511) // 512 * 512
-            rounded[i] = s
+            if outputs:
+                rounded[i] = s
             if s == 0:  # CuPy returns a null pointer without touching the pool
                 status[i] = Status.DONE
                 blk[i] = -1
@@ -143,9 +144,10 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
             if kd == Kind.TRY:  # served: it lives in place of the retry that replaced it
                 holder[rep[i]] = i
             blk[i] = x
-            addr[i] = C[x, F.ADDR]
+            if outputs:
+                addr[i] = C[x, F.ADDR]
             status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
             ck.add_live(S, s)
         elif o == Op.FREE:
             ck.free_request(C, S, blk, status, mate, i)
-    return addr, status, rounded, C, R
+    return C, R

@@ -268,21 +268,21 @@ def _take(C, S, x, g, s, cfg):  # pragma: no cover - compiled
 
 @njit(cache=True, error_model="numpy", nogil=True)  # nogil: advise replays settings in threads
 def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_exp, init_addr, rel, retry,
-                 hints, stream, cfg, C, R, S, X, stats):  # pragma: no cover - compiled
+                 hints, stream, cfg, C, R, S, X, stats, addr, status, blk):  # pragma: no cover - compiled
     """Replay every event; ``cfg`` is the ``TorchSetting`` vector.
 
     ``rel``: the program released cached memory before this row
     (``release_cached_blocks``); ``retry``: bytes the recorded allocator
     released while retrying this request (0: none), see ``_new_block``.
+
+    The per-event arrays, the caller's (``tracekit.sim.scratch``): ``addr`` (each placed malloc's
+    address; empty: not wanted, ``SimConfig.per_event`` off) and ``status`` (all zero on entry)
+    are the outputs; ``blk``, each row's block where its malloc is DONE (-1: none), is read only
+    there (a free reads its mate's, and a free's mate is always a malloc row: the reader pairs by
+    address), so it needs no first value and a replay that stops early never touches the rest.
     """
     n = op.shape[0]
-    addr = np.zeros(n, dtype=np.int64)
-    status = np.zeros(n, dtype=np.int8)
-    # Each row's block where its malloc is DONE (-1: none), read only there (a free reads its mate's,
-    # and a free's mate is always a malloc row: the reader pairs by address): np.empty touches no
-    # memory (numba's np.zeros and np.full write every byte), so a replay that stops early pays
-    # nothing for the rows it never reaches.
-    blk = np.empty(n, dtype=np.int64)
+    outputs = addr.shape[0] > 0
     # The starting state's rows, found in one tight pass: the loops below then visit only them
     # (a loop over every row that may grow C and R costs tens of ns a row, even where none is initial).
     start = np.flatnonzero(init)
@@ -300,7 +300,8 @@ def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_e
             C = ck.room(C, S, 4)
             R = ck.rows_room(R, S, 4)
             blk[j] = sg.place_at(C, S, R, j, init_addr[j], rounded[j], group[j], stream)
-            addr[j] = init_addr[j]
+            if outputs:
+                addr[j] = init_addr[j]
             status[j] = Status.DONE
             ck.add_live(S, rounded[j])
     for i in range(n):
@@ -315,7 +316,8 @@ def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_e
         h = stand_in(kind, rep, holder, i)
         if h >= 0:  # a served handled attempt stands in for this malloc: its block
             blk[i] = blk[h]
-            addr[i] = addr[h]
+            if outputs:
+                addr[i] = addr[h]
         if h != -1:
             status[i] = Status.DONE if h >= 0 else Status.TRIED
             continue
@@ -356,9 +358,10 @@ def torch_replay(op, kind, rep, holder, size, rounded, group, mate, init, init_e
             if kd == Kind.TRY:  # served: it lives in place of the retry that replaced it
                 holder[rep[i]] = i
             blk[i] = x
-            addr[i] = C[x, F.ADDR]
+            if outputs:
+                addr[i] = C[x, F.ADDR]
             status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
             ck.add_live(S, C[x, F.SIZE])
         elif o == Op.FREE:
             ck.free_request(C, S, blk, status, mate, i)
-    return addr, status, C, R
+    return C, R

@@ -62,14 +62,17 @@ class CupyPool:
         from tracekit.sim import chunks as ck
         from tracekit.sim.policies._cupy_kernel import cupy_replay
         from tracekit.sim.pool_run import (
+            NO_STATUS,
             address_hints,
             addresses_option,
             capacity_for_state,
+            given_back,
             next_address,
             pack,
             pool_stats,
             release_option,
             release_points,
+            work_arrays,
         )
         from tracekit.sim.prepare import attempt_kinds, holders, prepare
 
@@ -89,11 +92,17 @@ class CupyPool:
             CupySetting.CONTINUE: config.continue_on_oom,
             CupySetting.TIES: ties == "trace" and hints.shape[1] > 0,
         })
-        addr, status, rounded, C, R = cupy_replay(
-            ev.op, attempt_kinds(inp, config.stop_at_first_oom), inp.replaced_by, holders(inp), inp.size,
-            arena, trace.mate, init, ev.addr.view(np.int64), rel, hints, streams.view(np.int64), cfg, C, R, S,
-            stats,
-        )
+        addr, status, blk = work_arrays(len(ev), config.per_event)
+        rounded = np.zeros_like(addr)
+        try:
+            C, R = cupy_replay(
+                ev.op, attempt_kinds(inp, config.stop_at_first_oom), inp.replaced_by, holders(inp), inp.size,
+                arena, trace.mate, init, ev.addr.view(np.int64), rel, hints, streams.view(np.int64), cfg,
+                C, R, S, stats, addr, rounded, status, blk,
+            )
+        finally:
+            given_back(status, blk, config.per_event)
+        status = status if config.per_event else NO_STATUS
         # The limit enters the kernel only in its limit tests (``_cupy_kernel._passes``): at a
         # limit from the most a test asked up, this run is the one without a limit; from the most
         # its tests let through up to below the least they refused, this run itself.

@@ -16,9 +16,9 @@ loaded first at their recorded addresses; new segments get invented addresses.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import numpy as np
 
@@ -58,6 +58,8 @@ def prepare_input(trace: Trace) -> ReplayInput:
 
     return prepare(trace)
 
+_P = TypeVar("_P")
+assert TorchPool.SMALL == 1 and TorchPool.LARGE == 0  # _pools counts on it
 LARGE_PAGE = 20 * MIB  # expandable segments map the large pool in 20 MiB pages
 SMALL_PAGE = 2 * MIB
 DEFAULT_TOTAL = 1 << 40  # device size assumed for reservations when the trace names none
@@ -74,7 +76,7 @@ def _pools(trace: Trace, inp: ReplayInput, rounded: np.ndarray) -> np.ndarray:
     """
     ev = trace.events
     init = inp.initial
-    pool = np.where(rounded <= MIB, TorchPool.SMALL, TorchPool.LARGE).astype(np.int64)
+    pool = (rounded <= MIB).astype(np.int64)  # TorchPool.SMALL is 1, LARGE 0: no np.where copy
     segs = np.flatnonzero(init & (ev.op == Op.SEGMENT_ALLOC))
     if len(segs) == 0:
         return pool
@@ -132,7 +134,11 @@ class _Setup:
     computed on first use and kept for the trace's lifetime, keyed by the few settings it
     depends on (the rounding divisions, whether handled attempts stop the replay, whether
     recorded releases and addresses are followed). Arrays the kernel writes are copied out. It
-    holds no reference to the trace (the cache's key): each method is given it."""
+    holds no reference to the trace (the cache's key): each method is given it.
+
+    Advise's threads share one setup. Each part is made once (``_once``), and a thread making
+    one part holds up only the threads that want that part: three rounding settings tried side
+    by side size the trace at the same time, not one after another."""
 
     def __init__(self, trace: Trace) -> None:
         from tracekit.sim.pool_run import next_address
@@ -140,63 +146,84 @@ class _Setup:
 
         self.inp = prepare(trace)
         self.next_address = next_address(trace, self.inp.initial, LARGE_PAGE)
-        self._sized: dict[tuple[tuple[int, ...], bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._rounded: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
-        self._kinds: dict[bool, np.ndarray] = {}
-        self._releases: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
-        self._hints: dict[bool, np.ndarray] = {}
-        self._lock = threading.RLock()  # advise's threads share one setup: each part is made once
+        self._parts: dict[tuple[str, object], object] = {}
+        self._making: dict[tuple[str, object], threading.Lock] = {}
+        self._lock = threading.Lock()  # guards the two tables; no part is made while it is held
+
+    def _once(self, key: tuple[str, object], make: Callable[[], _P]) -> _P:
+        """The part ``key``, made by ``make`` on first use, once whatever the threads asking."""
+        with self._lock:
+            if key in self._parts:
+                return self._parts[key]  # type: ignore[return-value]
+            gate = self._making.setdefault(key, threading.Lock())
+        with gate:  # one thread makes it; the others asking for it wait here, then take it
+            with self._lock:
+                if key in self._parts:
+                    return self._parts[key]  # type: ignore[return-value]
+            value = make()
+            with self._lock:
+                self._parts[key] = value
+                del self._making[key]
+            return value
 
     def kinds(self, stop_at_first_oom: bool) -> np.ndarray:
         from tracekit.sim.prepare import attempt_kinds
 
-        with self._lock:
-            if stop_at_first_oom not in self._kinds:
-                self._kinds[stop_at_first_oom] = attempt_kinds(self.inp, stop_at_first_oom)
-            return self._kinds[stop_at_first_oom]
+        return self._once(("kinds", stop_at_first_oom), lambda: attempt_kinds(self.inp, stop_at_first_oom))
 
-    def sized(self, trace: Trace, divisions: tuple[int, ...], stop_at_first_oom: bool
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rounded size, group, the rounded sizes a run reports) per event, under ``divisions``."""
-        key = (divisions, stop_at_first_oom)
-        with self._lock:
-            if key not in self._sized:
-                if divisions not in self._rounded:
-                    from tracekit.sim.policies._torch_kernel import round_sizes as compiled_round_sizes
+    def sized(self, trace: Trace, divisions: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(rounded size, group) per event under ``divisions`` (int64 both). The groups are the
+        same under every ``divisions``: a request's pool is the small one when its rounded size
+        is at most 1 MiB, and the division rule rounds a request of at most 1 MiB up to at most
+        the power of two above it, so never past 1 MiB, and one above 1 MiB never below its
+        512-byte rounding (``tests/unit/test_torch_rounding.py`` holds this)."""
+        return self._once(("sized", divisions), lambda: self._size(trace, divisions))
 
-                    inp, ev = self.inp, trace.events
-                    rounded = compiled_round_sizes(inp.size, np.asarray(divisions, dtype=np.uint64))
-                    # A live block at the start keeps the size PyTorch gave it (slack included).
-                    held = inp.initial & (ev.op == Op.MALLOC) & (ev.rounded > 0)
-                    rounded = np.where(held, ev.rounded.view(np.int64), rounded)
-                    group = _pools(trace, inp, rounded) * len(inp.streams) + inp.stream_index
-                    self._rounded[divisions] = rounded, group
-                rounded, group = self._rounded[divisions]
-                kind = self.kinds(stop_at_first_oom)
-                packed = np.where((kind == Kind.ALLOC) | (kind == Kind.TRY), rounded, 0)
-                self._sized[key] = rounded, group, packed
-            return self._sized[key]
+    def _size(self, trace: Trace, divisions: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        # In place where NumPy allows: each array of a 10M-event trace is 80 MB of fresh pages.
+        from tracekit.sim.policies._torch_kernel import round_sizes as compiled_round_sizes
+
+        inp, ev = self.inp, trace.events
+        rounded = compiled_round_sizes(inp.size, np.asarray(divisions, dtype=np.uint64))
+        # A live block at the start keeps the size PyTorch gave it (slack included).
+        start = np.flatnonzero(inp.initial)
+        held = start[(ev.op[start] == Op.MALLOC) & (ev.rounded[start] > 0)]
+        rounded[held] = ev.rounded[held].view(np.int64)
+        if divisions:  # the groups are those of the plain rounding (``_groups``): shared, not made again
+            return rounded, self.sized(trace, ())[1]
+        group = _pools(trace, inp, rounded)
+        group *= len(inp.streams)
+        group += inp.stream_index
+        return rounded, group
+
+    def reported(self, trace: Trace, divisions: tuple[int, ...], stop_at_first_oom: bool) -> np.ndarray:
+        """The rounded sizes a run reports per event (its ``PolicyRun.rounded``): a request's
+        rounded size, 0 on rows the replay does not place."""
+        def make() -> np.ndarray:
+            rounded = self.sized(trace, divisions)[0]
+            kind = self.kinds(stop_at_first_oom)
+            return np.where((kind == Kind.ALLOC) | (kind == Kind.TRY), rounded, 0)
+
+        return self._once(("reported", (divisions, stop_at_first_oom)), make)
 
     def releases(self, trace: Trace, at_trace_frees: bool) -> tuple[np.ndarray, np.ndarray]:
         """``retry_releases`` (``at_trace_frees``), or none: (release before the row, bytes refused)."""
         from tracekit.sim.pool_run import retry_releases
 
-        with self._lock:
-            if at_trace_frees not in self._releases:
-                n = len(trace.events)
-                none = np.zeros(n, np.bool_), np.zeros(n, np.int64)
-                op, size, initial = trace.events.op, self.inp.size, self.inp.initial
-                self._releases[at_trace_frees] = retry_releases(op, size, initial) if at_trace_frees else none
-            return self._releases[at_trace_frees]
+        def make() -> tuple[np.ndarray, np.ndarray]:
+            n = len(trace.events)
+            if not at_trace_frees:
+                return np.zeros(n, np.bool_), np.zeros(n, np.int64)
+            return retry_releases(trace.events.op, self.inp.size, self.inp.initial)
+
+        return self._once(("releases", at_trace_frees), make)
 
     def hints(self, trace: Trace, recorded_addresses: bool) -> np.ndarray:
         """``address_hints``, a fresh copy (the kernel marks the hints it takes)."""
         from tracekit.sim.pool_run import address_hints
 
-        with self._lock:
-            if recorded_addresses not in self._hints:
-                self._hints[recorded_addresses] = address_hints(trace, self.inp.initial, recorded_addresses)
-            return self._hints[recorded_addresses].copy()
+        return self._once(("hints", recorded_addresses),
+                          lambda: address_hints(trace, self.inp.initial, recorded_addresses)).copy()
 
 
 # Setups kept at once: advise's prepared trace, which every setting replays, stays (least recently
@@ -230,7 +257,15 @@ class TorchCaching:
         # Compiled, on first use (the registry's convention: importing a policy module loads no kernel).
         from tracekit.sim import chunks as ck
         from tracekit.sim.policies._torch_kernel import torch_replay
-        from tracekit.sim.pool_run import capacity_for_state, pack, pool_stats
+        from tracekit.sim.pool_run import (
+            NO_STATUS,
+            NO_VALUES,
+            capacity_for_state,
+            given_back,
+            pack,
+            pool_stats,
+            work_arrays,
+        )
         from tracekit.sim.prepare import holders, prepare
 
         st = settings(with_recorded_settings(trace, config.options))
@@ -239,7 +274,7 @@ class TorchCaching:
         streams, ns = inp.streams, len(inp.streams)
         init = inp.initial
         setup = _setup(trace)
-        rounded, group, packed = setup.sized(trace, st.roundup_power2_divisions, config.stop_at_first_oom)
+        rounded, group = setup.sized(trace, st.roundup_power2_divisions)
         rel, retry = setup.releases(trace, st.release_at_trace_frees)
         hints = setup.hints(trace, st.recorded_addresses)
         X = _reservations(trace, config, ns)
@@ -255,11 +290,17 @@ class TorchCaching:
         C, R, S = ck.new_state(cap, rows_cap, setup.next_address)
         stats = pool_stats()
         kind = setup.kinds(config.stop_at_first_oom)
-        addr, status, C, R = torch_replay(
-            ev.op, kind, inp.replaced_by, holders(inp), inp.size, rounded, group, trace.mate, init,
-            init_exp, ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
-            C, R, S, X, stats,
-        )
+        n = len(ev)
+        addr, status, blk = work_arrays(n, config.per_event)
+        try:
+            C, R = torch_replay(
+                ev.op, kind, inp.replaced_by, holders(inp), inp.size, rounded, group, trace.mate, init,
+                init_exp, ev.addr.view(np.int64), rel, retry, hints, np.tile(streams, 2).view(np.int64), cfg,
+                C, R, S, X, stats, addr, status, blk,
+            )
+        finally:
+            given_back(status, blk, config.per_event)
+        status = status if config.per_event else NO_STATUS
         # The capacity enters the kernel only in _alloc_block's limit test, and in collecting
         # garbage (a threshold x the capacity, none without one): without a threshold, a capacity
         # at or above every sum that test saw replays this run step by step.
@@ -269,7 +310,9 @@ class TorchCaching:
             stats[Stat.ASKED] = S[Slot.ASKED]
             stats[Stat.SAME_FROM] = S[Slot.PASSED]
             stats[Stat.SAME_BELOW] = S[Slot.REFUSED] if S[Slot.REFUSED] > 0 else NO_REFUSAL
-        return pack(addr, status, packed, R, S, stats), C, S
+        reported = (setup.reported(trace, st.roundup_power2_divisions, config.stop_at_first_oom)
+                    if config.per_event else NO_VALUES)
+        return pack(addr, status, reported, R, S, stats), C, S
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""Work arrays lent to replays: per-event arrays a kernel needs only while it runs.
+
+A pool kernel keeps two arrays of one entry per event: each row's status (int8: a free reads its
+malloc's) and each malloc's block (int64). A replay returns the status only where its per-event
+outputs are wanted (``SimConfig.per_event``); the blocks never. Advise's searches replay one trace
+a few dozen times and read only the summaries, so a replay there takes both arrays from ``WORK``
+and gives them back when it ends.
+
+While a ``WORK.keeping()`` is open (advise's runner, for the life of its search), arrays given
+back are kept and lent again to the next replay of as many events, so the search's replays take
+no fresh memory after the first on each thread. Fresh memory is what made a dozen replays side by
+side slower than the longest of them: each first touch of a page is a fault, and a process's
+faults wait on one lock (about 39,000 pages a replay of 10M PyTorch events; docs/performance.md).
+Outside one, an array given back is dropped at once. At most as many arrays are kept as replays
+held at once, so memory stays what the search would have used anyway, and goes when it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+
+class Lender:
+    """Arrays of (length, dtype) lent out and, while ``keeping``, kept for the next borrower."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = 0  # ``keeping`` blocks open (nested and threaded ones count each)
+        self._kept: dict[tuple[int, np.dtype], list[np.ndarray]] = {}
+
+    @contextmanager
+    def keeping(self) -> Iterator[None]:
+        """Keep arrays given back inside this block for later borrowers; drop them all at its end."""
+        with self._lock:
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open -= 1
+                if self._open == 0:
+                    self._kept.clear()
+
+    def take(self, n: int, dtype: type[np.generic], *, zeroed: bool) -> np.ndarray:
+        """An array of ``n`` entries of ``dtype``: a kept one, else fresh; all zero if ``zeroed``
+        (else its entries are whatever a former borrower left)."""
+        key = (n, np.dtype(dtype))
+        with self._lock:
+            kept = self._kept.get(key)
+            out = kept.pop() if kept else None
+        if out is None:  # NumPy's own allocation: zeros come from the kernel, untouched until written
+            return np.zeros(n, dtype) if zeroed else np.empty(n, dtype)
+        if zeroed:
+            out.fill(0)
+        return out
+
+    def give(self, *arrays: np.ndarray) -> None:
+        """Hand ``arrays`` back: the borrower holds no reference to them any more."""
+        with self._lock:
+            if self._open == 0:
+                return
+            for a in arrays:
+                self._kept.setdefault((len(a), a.dtype), []).append(a)
+
+    def kept_bytes(self) -> int:
+        """Bytes held for later borrowers now (0 outside ``keeping``)."""
+        with self._lock:
+            return sum(a.nbytes for arrays in self._kept.values() for a in arrays)
+
+
+WORK = Lender()  # the process's one lender: every kernel's work arrays
