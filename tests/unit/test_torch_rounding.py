@@ -108,7 +108,7 @@ def test_divisions_never_move_a_request_between_the_pools(xs: list[int], d: list
     stays above. Sizes below 2^62, as the reader admits."""
     from tracekit.sim.policies._torch_kernel import round_sizes
 
-    s = np.array(xs + [MiB - 1, MiB, MiB + 1, MiB - 511, (MiB >> 1) + 1], np.uint64)
+    s = np.array([*xs, MiB - 1, MiB, MiB + 1, MiB - 511, (MiB >> 1) + 1], np.uint64)
     plain = round_sizes(s, np.zeros(16, np.uint64)) <= MiB
     divided = round_sizes(s, np.array(d, np.uint64)) <= MiB
     assert divided.tolist() == plain.tolist()

@@ -177,7 +177,8 @@ class _Setup:
         is at most 1 MiB, and the division rule rounds a request of at most 1 MiB up to at most
         the power of two above it, so never past 1 MiB, and one above 1 MiB never below its
         512-byte rounding (``tests/unit/test_torch_rounding.py`` holds this)."""
-        return self._once(("sized", divisions), lambda: self._size(trace, divisions))
+        plain = _plain(divisions)
+        return self._once(("sized", plain), lambda: self._size(trace, plain))
 
     def _size(self, trace: Trace, divisions: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         # In place where NumPy allows: each array of a 10M-event trace is 80 MB of fresh pages.
@@ -189,7 +190,7 @@ class _Setup:
         start = np.flatnonzero(inp.initial)
         held = start[(ev.op[start] == Op.MALLOC) & (ev.rounded[start] > 0)]
         rounded[held] = ev.rounded[held].view(np.int64)
-        if divisions:  # the groups are those of the plain rounding (``_groups``): shared, not made again
+        if divisions:  # the groups are those of the plain rounding (see ``sized``): shared, not made again
             return rounded, self.sized(trace, ())[1]
         group = _pools(trace, inp, rounded)
         group *= len(inp.streams)
@@ -204,7 +205,7 @@ class _Setup:
             kind = self.kinds(stop_at_first_oom)
             return np.where((kind == Kind.ALLOC) | (kind == Kind.TRY), rounded, 0)
 
-        return self._once(("reported", (divisions, stop_at_first_oom)), make)
+        return self._once(("reported", (_plain(divisions), stop_at_first_oom)), make)
 
     def releases(self, trace: Trace, at_trace_frees: bool) -> tuple[np.ndarray, np.ndarray]:
         """``retry_releases`` (``at_trace_frees``), or none: (release before the row, bytes refused)."""
@@ -224,6 +225,12 @@ class _Setup:
 
         return self._once(("hints", recorded_addresses),
                           lambda: address_hints(trace, self.inp.initial, recorded_addresses)).copy()
+
+
+def _plain(divisions: tuple[int, ...]) -> tuple[int, ...]:
+    """``divisions`` as a key: () where none divides (every entry 0 or 1, as unset), as the kernel
+    reads them (``round_sizes``: a table with no entry above 1 rounds to 512 bytes alone)."""
+    return divisions if any(d > 1 for d in divisions) else ()
 
 
 # Setups kept at once: advise's prepared trace, which every setting replays, stays (least recently
