@@ -120,6 +120,20 @@ def new_state(
     return C, R, S
 
 
+@plain(error_model="numpy")
+def short_of_room(C, S, extra):  # pragma: no cover - compiled
+    """Whether ``room`` must grow C for ``extra`` more live pieces. A kernel tests this before it
+    calls ``room``: ``room`` makes arrays, so each call counts references to C and S (two atomic
+    instructions each way, ``tracekit.compiled``); the test, made per event, counts none."""
+    return C.shape[0] - S[Slot.NALIVE] < extra
+
+
+@plain(error_model="numpy")
+def short_of_rows(R, S, extra):  # pragma: no cover - compiled
+    """Whether ``rows_room`` must grow R for ``extra`` more rows (``short_of_room`` says why)."""
+    return R.shape[0] - S[Slot.NROWS] < extra
+
+
 @njit(cache=True, error_model="numpy")
 def room(C, S, extra):  # pragma: no cover - compiled
     """C with room for ``extra`` more live pieces (a new matrix if it had to grow)."""

@@ -69,14 +69,18 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
     start = np.flatnonzero(init)
     for j in start:
         if op[j] == Op.SEGMENT_ALLOC:
-            C = ck.room(C, S, 4)
-            R = ck.rows_room(R, S, 4)
+            if ck.short_of_room(C, S, 4):
+                C = ck.room(C, S, 4)
+            if ck.short_of_rows(R, S, 4):
+                R = ck.rows_room(R, S, 4)
             x = sg.add_segment(C, S, R, j, init_addr[j], size[j], arena[j], stream[arena[j]])
             ck.insert_free(C, S, x)
     for j in start:
         if op[j] == Op.MALLOC:
-            C = ck.room(C, S, 4)
-            R = ck.rows_room(R, S, 4)
+            if ck.short_of_room(C, S, 4):
+                C = ck.room(C, S, 4)
+            if ck.short_of_rows(R, S, 4):
+                R = ck.rows_room(R, S, 4)
             s = (size[j] + 511) // 512 * 512
             x = sg.place_at(C, S, R, j, init_addr[j], s, arena[j], stream)
             blk[j] = x
@@ -90,7 +94,8 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
         if init[i]:
             continue
         if rel[i] != NO_RELEASE:  # the program (or a retry) released cached memory here
-            R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
+            if ck.short_of_rows(R, S, S[Slot.NALIVE] + 4):
+                R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
             sg.release_whole_in(C, S, R, i, stream, rel[i])
         kd = kind[i]
         h = stand_in(kind, rep, holder, i)
@@ -110,8 +115,10 @@ def cupy_replay(op, kind, rep, holder, size, arena, mate, init, init_addr, rel, 
                 status[i] = Status.DONE
                 blk[i] = -1
                 continue
-            C = ck.room(C, S, 4)
-            R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
+            if ck.short_of_room(C, S, 4):
+                C = ck.room(C, S, 4)
+            if ck.short_of_rows(R, S, S[Slot.NALIVE] + 4):
+                R = ck.rows_room(R, S, S[Slot.NALIVE] + 4)
             a = arena[i]
             x = ck.lower_bound(C, S, a, s)
             if x != -1 and C[x, F.GROUP] == a:

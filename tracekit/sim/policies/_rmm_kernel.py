@@ -224,8 +224,10 @@ def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, 
     maximum = cfg[RmmSetting.MAXIMUM]
     dev_total = cfg[RmmSetting.DEVICE_TOTAL]
     if cfg[RmmSetting.INITIAL] > 0:  # initialize_pool: one upstream block on the legacy stream's list
-        C = ck.room(C, S, 4)
-        R = ck.rows_room(R, S, 4)
+        if ck.short_of_room(C, S, 4):
+            C = ck.room(C, S, 4)
+        if ck.short_of_rows(R, S, 4):
+            R = ck.rows_room(R, S, 4)
         x = from_upstream(C, S, R, 0, cfg[RmmSetting.INITIAL], 0, group_stream[0])
         ck.insert_free(C, S, x)
     for i in range(n):
@@ -246,8 +248,10 @@ def rmm_replay(op, kind, rep, holder, size, group, ngroups, group_stream, mate, 
             s = align_up(size[i])
             rounded[i] = s
             g = group[i]
-            C = ck.room(C, S, 4)
-            R = ck.rows_room(R, S, 4 + S[Slot.SEGA] - S[Slot.SEGF])  # a reclaim may free every block
+            if ck.short_of_room(C, S, 4):
+                C = ck.room(C, S, 4)
+            if ck.short_of_rows(R, S, 4 + S[Slot.SEGA] - S[Slot.SEGF]):  # a reclaim may free every block
+                R = ck.rows_room(R, S, 4 + S[Slot.SEGA] - S[Slot.SEGF])
             x = get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, group_stream, found)
             if x == -1 and kd == Kind.TRY:  # the program survived this failure: it goes on
                 status[i] = Status.OOM
