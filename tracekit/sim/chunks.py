@@ -23,7 +23,7 @@ from numba import njit
 
 from tracekit.compiled import plain
 from tracekit.sim import treap
-from tracekit.sim.codes import N_FIELDS, N_ROW, N_SLOTS, Op, Row, Slot, Stat, Status, Tree
+from tracekit.sim.codes import N_FIELDS, N_ROW, N_SLOTS, Kind, Op, Row, Slot, Stat, Status, Tree
 from tracekit.sim.codes import Field as F
 from tracekit.sim.codes import Piece as P
 from tracekit.sim.treap import K1, K2, K3, TREE_FIELDS
@@ -323,3 +323,20 @@ def note_oom(C, S, i, g, s, stats):  # pragma: no cover - compiled
         stats[Stat.OOM_LIVE] = S[Slot.LIVE]
         stats[Stat.OOM_RESERVED] = S[Slot.RESERVED]
         stats[Stat.OOM_ROUNDED] = s
+
+
+@plain(error_model="numpy")
+def placed(C, S, i, x, kd, rep, holder, addr, status, blk):  # pragma: no cover - compiled
+    """Row i's malloc (or handled attempt, ``kd``: a ``Kind``) has block x, taken and split to its
+    size: what the row becomes (the pool kernels' common step after a placement)."""
+    if kd == Kind.TRY and rep[i] < 0:  # served; nothing replaced it: released at once
+        free_merge(C, S, x)
+        status[i] = Status.TRIED
+        return
+    if kd == Kind.TRY:  # served: it lives in place of the retry that replaced it
+        holder[rep[i]] = i
+    blk[i] = x
+    if addr.shape[0] > 0:
+        addr[i] = C[x, F.ADDR]
+    status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
+    add_live(S, C[x, F.SIZE])

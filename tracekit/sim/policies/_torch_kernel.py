@@ -300,7 +300,7 @@ def _easy_row(i, op, kind, rep, holder, size, rounded, group, mate, init, rel, r
         _count_lookup(S, g, cfg)  # ``_cached``, as it goes when a cached block fits
         ck.remove_free(C, S, x)
         _take(C, S, x, g, s, cfg)
-        _placed(C, S, i, x, kd, rep, holder, addr, status, blk)
+        ck.placed(C, S, i, x, kd, rep, holder, addr, status, blk)
     elif op[i] == Op.FREE:
         ck.free_request(C, S, blk, status, mate, i)
     return True
@@ -336,22 +336,6 @@ def _stood_in(i, kind, rep, holder, addr, status, blk):  # pragma: no cover - co
         status[i] = Status.DONE if h >= 0 else Status.TRIED
         return True
     return False
-
-
-@plain(error_model="numpy")
-def _placed(C, S, i, x, kd, rep, holder, addr, status, blk):  # pragma: no cover - compiled
-    """Row i's malloc (or handled attempt, ``kd``) has block x, taken and split: what it becomes."""
-    if kd == Kind.TRY and rep[i] < 0:  # served; nothing replaced it: released at once
-        ck.free_merge(C, S, x)
-        status[i] = Status.TRIED
-        return
-    if kd == Kind.TRY:  # served: it lives in place of the retry that replaced it
-        holder[rep[i]] = i
-    blk[i] = x
-    if addr.shape[0] > 0:
-        addr[i] = C[x, F.ADDR]
-    status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
-    ck.add_live(S, C[x, F.SIZE])
 
 
 @njit(cache=True, error_model="numpy", nogil=True)
@@ -403,7 +387,7 @@ def _hard_row(i, op, kind, rep, holder, size, rounded, group, mate, init, rel, r
             if cfg[T.CONTINUE] == 0:
                 return C, R, True
             return C, R, False
-        _placed(C, S, i, x, kd, rep, holder, addr, status, blk)
+        ck.placed(C, S, i, x, kd, rep, holder, addr, status, blk)
     elif o == Op.FREE:
         ck.free_request(C, S, blk, status, mate, i)
     return C, R, False
