@@ -340,3 +340,12 @@ def placed(C, S, i, x, kd, rep, holder, addr, status, blk):  # pragma: no cover 
         addr[i] = C[x, F.ADDR]
     status[i] = Status.TRIED if kd == Kind.TRY else Status.DONE
     add_live(S, C[x, F.SIZE])
+
+
+@plain(error_model="numpy")
+def take_front(C, S, x, s):  # pragma: no cover - compiled
+    """Free piece x in use for its low s bytes; the rest, where there is any, a free piece of its own."""
+    remove_free(C, S, x)
+    C[x, F.STATE] = P.USED
+    if C[x, F.SIZE] > s:
+        split_front(C, S, x, s)

@@ -24,7 +24,6 @@ from tracekit.sim import limit_test
 from tracekit.sim import segments as sg
 from tracekit.sim.codes import CupySetting, Kind, Op, Reservation, Slot, Stat, Status
 from tracekit.sim.codes import Field as F
-from tracekit.sim.codes import Piece as P
 from tracekit.sim.prepare import stand_in
 
 NO_RELEASE = -2  # ``rel``: no release here; -1 releases every arena, k >= 0 arena k alone
@@ -68,15 +67,6 @@ def _cached(C, S, a, s, ties, recorded):  # pragma: no cover - compiled
 
 
 @plain(error_model="numpy")
-def _take(C, S, x, s):  # pragma: no cover - compiled
-    """Free block x in use for s bytes, split where it is longer."""
-    ck.remove_free(C, S, x)
-    C[x, F.STATE] = P.USED
-    if C[x, F.SIZE] > s:
-        ck.split_front(C, S, x, s)
-
-
-@plain(error_model="numpy")
 def _stood_in(i, kind, rep, holder, addr, rounded, status, blk):  # pragma: no cover - compiled
     """Row i done by the handled attempt standing in for it, or skipped (``prepare.stand_in``): True;
     False: row i is placed as usual."""
@@ -113,7 +103,7 @@ def _easy_row(i, op, kind, rep, holder, size, arena, mate, init, init_addr, rel,
             return False
         if addr.shape[0] > 0:
             rounded[i] = s
-        _take(C, S, x, s)
+        ck.take_front(C, S, x, s)
         ck.placed(C, S, i, x, kd, rep, holder, addr, status, blk)
     elif op[i] == Op.FREE:
         ck.free_request(C, S, blk, status, mate, i)
@@ -167,7 +157,7 @@ def _hard_row(i, op, kind, rep, holder, size, arena, mate, init, init_addr, rel,
         a = arena[i]
         x = _cached(C, S, a, s, cfg[CupySetting.TIES] != 0, init_addr[i])
         if x != -1:
-            _take(C, S, x, s)
+            ck.take_front(C, S, x, s)
         elif _try_malloc(C, S, R, i, s, limit, dev_total, stream):
             at = sg.recorded_addr(C, S, NO_X, i, s, hints, True)
             x = sg.add_segment(C, S, R, i, at, s, a, stream[a])

@@ -128,15 +128,6 @@ def merge_list(C, S, h, g):  # pragma: no cover - compiled
 
 
 @plain(error_model="numpy")
-def take(C, S, x, s):  # pragma: no cover - compiled
-    """Use the low s bytes of free piece x; the rest stays free on x's list."""
-    ck.remove_free(C, S, x)
-    C[x, F.STATE] = P.USED
-    if C[x, F.SIZE] > s:
-        ck.split_front(C, S, x, s)
-
-
-@plain(error_model="numpy")
 def from_upstream(C, S, R, i, t, g, stream):  # pragma: no cover - compiled
     """``block_from_upstream``: a new device allocation of t bytes, one used piece on list g, at an
     invented address a page below every earlier one (``cudaMalloc`` hands out falling addresses)."""
@@ -200,7 +191,7 @@ def get_block(C, S, R, i, s, g, ngroups, maximum, dev_total, group_stream, found
             step = Found.MERGED
         h += 1
     if x != -1:
-        take(C, S, x, s)
+        ck.take_front(C, S, x, s)
         found[step] += 1
         return x
     x = grow(C, S, R, i, s, g, maximum, dev_total, group_stream)
