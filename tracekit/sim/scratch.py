@@ -7,10 +7,10 @@ a few dozen times and read only the summaries, so a replay there takes both arra
 and gives them back when it ends.
 
 While a ``WORK.keeping()`` is open (advise's runner, for the life of its search), arrays given
-back are kept and lent again to the next replay of as many events, so the search's replays take
-no fresh memory after the first on each thread. Fresh memory is what made a dozen replays side by
-side slower than the longest of them: each first touch of a page is a fault, and a process's
-faults wait on one lock (about 39,000 pages a replay of 10M PyTorch events; docs/performance.md).
+back are kept and lent again to the next replay, so the search's replays take no fresh memory
+after the first on each thread. Fresh memory was most of a search's system time: each first touch
+of a page is a fault, and a process's faults wait on one another (about 39,000 pages a replay of
+10M PyTorch events; 7.8 s of system time in one advise on the 2-core machine; docs/performance.md).
 Outside one, an array given back is dropped at once. The replays of one search differ in length
 (a counterfactual round inserts rows), so a kept array lends its first ``n`` entries to a borrower
 of ``n`` or fewer, and an array given back replaces a shorter kept one: no more arrays of a type are
