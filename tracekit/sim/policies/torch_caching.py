@@ -58,7 +58,8 @@ def prepare_input(trace: Trace) -> ReplayInput:
 
     return prepare(trace)
 
-_P = TypeVar("_P")
+
+_P = TypeVar("_P")  # a part of ``_Setup``
 assert TorchPool.SMALL == 1 and TorchPool.LARGE == 0  # _pools counts on it
 LARGE_PAGE = 20 * MIB  # expandable segments map the large pool in 20 MiB pages
 SMALL_PAGE = 2 * MIB
