@@ -28,8 +28,10 @@ def test_threads_answer_as_one(threads: int) -> None:
     def answers(r: Runner) -> tuple[object, ...]:
         ahead = [Task(c, None, None, probe=True) for c in singles if c.policy is not None]
         try:
-            r.begin(ahead[:r.idle_beside(len(singles))])  # as advise does: begun, not waited for
-            first = r.map([Task(c, limit, None) for c in singles])
+            at_limit = [Task(c, limit, None) for c in singles]
+            r.begin(at_limit)  # as advise does: begun, not waited for
+            r.begin(ahead, at_most=r.idle())
+            first = r.map(at_limit)
             fits = r.bisect(searches)
         finally:
             r.close()
@@ -77,3 +79,23 @@ def test_begin_starts_nothing_where_the_runner_works_in_its_own_thread() -> None
     r.begin([Task(c, None, None, probe=True)])
     assert not r.pending
     r.close()
+
+
+def test_begin_at_most_counts_the_replays_it_starts() -> None:
+    """``at_most`` bounds the replays started, not the tasks named: one already begun, or named
+    twice, takes no thread; ``idle`` is the threads the begun tasks leave."""
+    t = read_trace(DATA / "synth-training-10k.parquet")
+    cs = [c for c in cands.cupy(None) if c.policy is not None]
+    assert len(cs) >= 2
+    r = Runner(t, 4, counterfactual=True)
+    try:
+        one, two = (Task(c, None, None, probe=True) for c in cs[:2])
+        r.begin([one])
+        assert r.idle() == 3
+        r.begin([one, one, two], at_most=1)
+        assert set(r.pending) == {one, two}
+        assert r.idle() == 2
+        r.map([one, two])
+        assert r.idle() == 4
+    finally:
+        r.close()

@@ -26,7 +26,7 @@ class Oracle:
     def __call__(self, cap: int | None) -> Probe:
         self.made += 1
         if cap is None or cap >= self.cuts[-1]:  # from the last cut up: the unbounded run
-            same = (self.cuts[-1], NO_REFUSAL, False) if self.ranges else None
+            same = ((self.cuts[-1], NO_REFUSAL, False),) if self.ranges else ()
             peak = self.peak if cap is None else min(self.peak, cap)
             return Probe(cap, False, peak, self.cuts[-1] if self.ranges else -1, same)
         k = sorted_search.bisect_right(self.cuts, cap) - 1
@@ -34,7 +34,7 @@ class Oracle:
         hi = self.cuts[k + 1]
         ran_out = self.out[k + 1]
         # a bounded replay's peak reserved stays within its capacity (the allocator's limit test)
-        same = (lo, hi, ran_out) if self.ranges else None
+        same = ((lo, hi, ran_out),) if self.ranges else ()
         return Probe(cap, ran_out, min(self.peak, cap), NO_REFUSAL, same)
 
 
@@ -104,7 +104,7 @@ def test_a_replay_made_ahead_that_failed_is_not_the_search_s_failure() -> None:
         def __call__(self, cap: int | None) -> Probe:
             if cap == 7 * STEP:
                 self.made += 1
-                return Probe(cap, True, 0, -1, None, error="ValueError: boom")
+                return Probe(cap, True, 0, -1, (), error="ValueError: boom")
             return super().__call__(cap)
 
     one = Failing([10 * STEP], [True, False], 16 * STEP, False)
@@ -115,9 +115,9 @@ def test_a_replay_made_ahead_that_failed_is_not_the_search_s_failure() -> None:
     assert 7 * STEP in b.probes and b.error is None  # made ahead, not on the path
     assert end7.min_capacity == end.min_capacity == 10 * STEP
     reached = Bisection(3 * STEP, STEP, 1 << 50)  # a failure on the path ends the search
-    reached.learn(Probe(None, False, 16 * STEP, -1, None))
-    reached.learn(Probe(16 * STEP, False, 16 * STEP, -1, None))  # the upper end fits
-    reached.learn(Probe(9 * STEP, True, 0, -1, None, error="ValueError: boom"))
+    reached.learn(Probe(None, False, 16 * STEP, -1, ()))
+    reached.learn(Probe(16 * STEP, False, 16 * STEP, -1, ()))  # the upper end fits
+    reached.learn(Probe(9 * STEP, True, 0, -1, (), error="ValueError: boom"))
     assert reached.error == "ValueError: boom" and reached.wanted(7) == []
 
 
@@ -125,18 +125,38 @@ def test_a_replay_that_gets_through_above_its_capacity_is_no_fit() -> None:
     """Expandable segments map whole pages past the limit test's request: a replay at 10 steps that
     gets through at a peak of 11 is no fit there (its headroom, and verdict, would be negative), so
     the smallest capacity is the first whose replay's peak is within it; a range such a replay is
-    alike in answers only from its peak up."""
+    alike in answers "no fit" below its peak and "fits" from its peak up."""
     class Overshoot(Oracle):
         def __call__(self, cap: int | None) -> Probe:
             self.made += 1
             if cap is None or cap >= 10 * STEP:  # from 10 steps up: the same steps, peak 11 steps
-                return Probe(cap, False, 11 * STEP, 10 * STEP, (10 * STEP, NO_REFUSAL, False))
-            return Probe(cap, True, cap, NO_REFUSAL, None)
+                return Probe(cap, False, 11 * STEP, 10 * STEP, alike(10 * STEP, NO_REFUSAL, False, 11 * STEP))
+            return Probe(cap, True, cap, NO_REFUSAL, ())
 
     for width in (1, 7):
         end, _ = _run(Bisection(3 * STEP, STEP, 1 << 50, reuse=True), Overshoot([10 * STEP], [True, False],
                                                                                  11 * STEP, True), width)
         assert end.min_capacity == 11 * STEP
+
+
+def test_a_replay_alike_below_its_peak_answers_no_fit_there() -> None:
+    """A replay made elsewhere got through at a peak of 12 steps and is alike from 9 steps to 20: at
+    9, 10 and 11 steps the same steps reach the same peak, above the capacity, so none fits there and
+    none is replayed. Fits from 12 steps; the walk replays only 7 steps (lo 2, hi 12: 7, 9, 10, 11)."""
+    seen = alike(9 * STEP, 20 * STEP, False, 12 * STEP)
+    assert seen == ((9 * STEP, 12 * STEP, True), (12 * STEP, 20 * STEP, False))
+    b = Bisection(3 * STEP, STEP, 1 << 50, known=(12 * STEP, 20 * STEP, False), seen=seen, reuse=True)
+    replayed = []
+    while wanted := b.wanted(1):
+        replayed += wanted
+        b.learn(Probe(wanted[0], True, wanted[0], NO_REFUSAL, ()))  # below 12 steps: runs out
+    end = b.walk()
+    assert isinstance(end, Found) and end.min_capacity == 12 * STEP
+    assert replayed == [7 * STEP]
+    assert alike(9 * STEP, 20 * STEP, True, 12 * STEP) == ((9 * STEP, 20 * STEP, True),)
+    assert alike(13 * STEP, 20 * STEP, False, 12 * STEP) == ((13 * STEP, 20 * STEP, False),)
+    assert alike(9 * STEP, 11 * STEP, False, 12 * STEP) == ((9 * STEP, 11 * STEP, True),)
+    assert alike(-1, 20 * STEP, False, 12 * STEP) == ()
 
 
 class Overshooting:

@@ -23,19 +23,23 @@ from dataclasses import dataclass
 
 from tracekit.trace.live import round_up
 
-Same = tuple[int, int, bool]  # a bounded replay: its Stat.SAME_FROM and Stat.SAME_BELOW, and it ran out
+Same = tuple[int, int, bool]  # capacities [lo, below) a replay is alike at, and that none of them fits
 Unbounded = tuple[int, int, bool]  # an unbounded replay: (peak reserved, its Stat.ASKED, ran out)
 
 
-def alike(lo: int, below: int, ran_out: bool, peak: int) -> Same | None:
+def alike(lo: int, below: int, ran_out: bool, peak: int) -> tuple[Same, ...]:
     """The capacities ``[lo, below)`` at which a replay replays alike (the same steps, so the same
-    peak reserved ``peak``), as the search reads them: where it ran out none of them fits; where it
-    got through only those at or above its peak do (below it the headroom, and so the verdict, would
-    be negative: expandable segments map whole pages past the limit test's request), so the range
-    is cut there. None: no such capacity is known."""
-    if not ran_out:
-        lo = max(lo, peak)
-    return (lo, below, ran_out) if 0 <= lo < below else None
+    peak reserved ``peak``), with the answer the search reads there: where it ran out none of them
+    fits; where it got through, those at or above its peak fit and those below it do not (the same
+    steps reach the same peak, above such a capacity: expandable segments map whole pages past the
+    limit test's request, so the headroom, and the verdict, would be negative). Empty: no such
+    capacity is known."""
+    if not 0 <= lo < below:
+        return ()
+    if ran_out:
+        return ((lo, below, True),)
+    cut = min(max(lo, peak), below)
+    return tuple(r for r in ((lo, cut, True), (cut, below, False)) if r[0] < r[1])
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Probe:
     ran_out: bool
     peak_reserved: int  # bytes
     asked: int  # its ``Stat.ASKED`` (-1: not known)
-    same: Same | None  # where it replays alike (``capacity.same_of``), None: not known
+    same: tuple[Same, ...]  # where it replays alike, and its answer there (``capacity.same_of``)
     error: str | None = None  # the replay failed: "Type: message"
 
 
@@ -129,7 +133,7 @@ class Bisection:
         return (lo + hi) // 2 // self.step * self.step
 
     def _ranges(self) -> list[Same]:
-        return [*self.seen, *(p.same for p in self.probes.values() if p.same is not None)]
+        return [*self.seen, *(r for p in self.probes.values() for r in p.same)]
 
     def _answer(self, cap: int, ranges: Sequence[Same]) -> bool | None:
         """Whether the setting fits at ``cap`` without a replay: from the unbounded replay (at or
@@ -182,8 +186,7 @@ class Bisection:
                 raise _Missing(cap, halving)
             if p.error is not None:  # one at a time, the search would have made it and failed
                 raise _Failed(p.error)
-            if p.same is not None:
-                runs.append(p.same)
+            runs.extend(p.same)
             return not p.ran_out and p.peak_reserved <= cap  # a fit: got through, peak within it
 
         replays = 1

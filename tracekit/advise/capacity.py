@@ -211,9 +211,9 @@ def live_curve(trace: Trace) -> np.ndarray:
     return live_bytes(req, needed_requests(trace), paired_frees(ev.op, trace.mate), trace.mate)
 
 
-def same_of(stats: np.ndarray, ran_out: bool, peak: int) -> Same | None:
+def same_of(stats: np.ndarray, ran_out: bool, peak: int) -> tuple[Same, ...]:
     """The capacities at which a replay (its ``stats``, its peak reserved ``peak``) replays alike, with
-    its answer (``bisection.alike``); None: not known."""
+    the answer there (``bisection.alike``); empty: not known."""
     from tracekit.sim.codes import Stat
 
     return alike(int(stats[Stat.SAME_FROM]), int(stats[Stat.SAME_BELOW]), ran_out, peak)

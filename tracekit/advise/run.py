@@ -202,9 +202,10 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
     from tracekit.sim import policies as registry
 
-    margin = margin_for(kind, trace)
-    names = registry.names() if kind == "raw" else []
-    singles = single_candidates(kind, _site_of_failure(trace), names)
+    # A raw trace is advised among the heaps alone (only those answer "this device, this heap"):
+    # the other policies are not replayed, where their answers were thrown away after the replay.
+    heaps = [name for name in registry.names() if registry.is_heap(name)] if kind == "raw" else []
+    singles = single_candidates(kind, _site_of_failure(trace), heaps)
     # The singles, about as many combinations, and three bisections, every replay whole: the most
     # work there can be.
     work = 2 * len(singles) + 3 * BISECT_REPLAYS
@@ -217,21 +218,23 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     room_advice = None
     try:
         # Threads the singles leave idle make, ahead, the unbounded replays their bisections start
-        # from (a raw trace's heaps alone: only those are searched); kept by the runner, not redone.
-        searchable = [c for c in singles
-                      if c.policy is not None and (kind != "raw" or registry.is_heap(c.policy))]
-        idle = max(0, runner.idle_beside(len(singles)))
+        # from; kept by the runner, not redone.
+        searchable = [c for c in singles if c.policy is not None]
         singles_at_cap = [Task(c, cap, device_total) for c in singles]
         runner.begin(singles_at_cap)
         # Begun, not waited for: where a setting fits, its bisection needs no unbounded replay (the
-        # replay at the limit already tells), and the search goes on without waiting for them.
-        runner.begin([Task(c, None, None, probe=True) for c in searchable][:idle])
-        # While those replay (where they run on threads): the live curve, once (the lower bound and
-        # the sites at the peak both read it; NumPy, which lets the GIL go), which only the
-        # bisections and the answer need; computed first, it held back every replay (4M events on the
-        # 2-core machine: the first replay began 0.11 s into the search, now 0.07 s).
+        # replay at the limit already tells), and the search goes on without waiting for them. As
+        # many as the threads the singles leave idle, counted after the settings that replay alike
+        # are folded into one (five PyTorch settings can be one replay).
+        runner.begin([Task(c, None, None, probe=True) for c in searchable], at_most=runner.idle())
+        # While those replay (where they run on threads): what only the answer needs, computed in
+        # this thread, which would otherwise wait. The live curve once (the lower bound and the
+        # sites at the peak both read it; NumPy, which lets the GIL go); computed before the first
+        # replay began, it held back every replay (4M events on the 2-core machine: 0.11 s).
+        margin = margin_for(kind, trace)
         live = live_curve(trace)
         lb = lower_bound(trace, live)
+        top_sites = top_sites_at_peak(trace, user_code, live)
         first = outcomes(runner.map(singles_at_cap))
         tried = [o.judged(margin) for o in first]
         if kind == "raw":
@@ -271,7 +274,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         failing_seq=fatal_seq(trace.events, trace.meta.recorded), tried=tuple(tried), fits=fits,
         min_capacity=best.min_capacity if best else None, min_capacity_setting=setting, lower_bound=lb,
         fit_capacity=at_margin.capacity if at_margin is not None else None,
-        top_sites=top_sites_at_peak(trace, user_code, live),
+        top_sites=top_sites,
         command=trace.meta.command if kind == Allocator.TORCH else None,
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )

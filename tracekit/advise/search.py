@@ -74,7 +74,7 @@ def _run(trace: Trace, counterfactual: bool, task: Task) -> Outcome | Probe:
     except Exception as e:  # one candidate failing must not hide the others' answers
         why = f"{type(e).__name__}: {e}"
         if task.probe:
-            return Probe(task.capacity, True, 0, -1, None, error=why)
+            return Probe(task.capacity, True, 0, -1, (), error=why)
         return Outcome(c, task.capacity, False, 0, 0, 0, None, True, error=why)
 
 
@@ -113,22 +113,25 @@ class Runner:
                 self.done[s] = self.pending.pop(s).result()
         return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
 
-    def begin(self, tasks: Sequence[Task]) -> None:
-        """Start ``tasks`` on the threads the next batch leaves idle (``idle_beside``) without
+    def begin(self, tasks: Sequence[Task], at_most: int | None = None) -> None:
+        """Start ``tasks`` (the first ``at_most`` not already run or begun, when given) without
         waiting for them: a later ``map`` or ``bisect`` that asks for one takes its answer, waiting
         only then; one never asked for holds back nothing. The same replays as ``map`` would make,
         so the same answers. Nothing is started where the runner works in this thread."""
         if not self.pool.parallel(self.jobs):
             return
         for t in tasks:
+            if at_most is not None and at_most <= 0:
+                break
             s = self._same_as(t)
             if s not in self.done and s not in self.pending:
                 self.pending[s] = self.pool.start(self._run, s)
+                at_most = None if at_most is None else at_most - 1
 
-    def idle_beside(self, tasks: int) -> int:
-        """Threads a batch of ``tasks`` tasks running side by side would leave idle (0 where the
-        batch would run one task after another in this process)."""
-        return self.jobs - tasks if self.pool.parallel(self.jobs) else 0
+    def idle(self) -> int:
+        """Threads that the tasks begun and not yet asked for leave idle (0 where the runner works
+        in this thread)."""
+        return max(0, self.jobs - len(self.pending)) if self.pool.parallel(self.jobs) else 0
 
     def bisect(self, tasks: Sequence[Task]) -> list[PolicyFit]:
         """The bisections ``tasks`` (``bisect_tasks``), their replays made in rounds by this runner:
@@ -235,8 +238,7 @@ def _seen(o: Outcome, device_total: int | None) -> tuple[Same, ...]:
     lo, below = o.same
     if device_total is not None or o.error is not None or o.capacity is None:
         return ()
-    same = alike(lo, below, not o.fits, o.peak_reserved)
-    return (same,) if same is not None else ()
+    return alike(lo, below, not o.fits, o.peak_reserved)
 
 
 def bisect_tasks(kind: str, ranked: Sequence[Outcome], lb: int, device_total: int | None) -> list[Task]:
