@@ -130,7 +130,8 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     s = res.summary
     failed = None
     if s.oom is not None:
-        failed = int(np.searchsorted(src.events.seq, s.oom.seq))
+        seq = src.events.seq  # the key in the array's own type: a Python int would cast all 10M rows
+        failed = int(np.searchsorted(seq, seq.dtype.type(s.oom.seq)))
     replayed = policies.get(cand.policy).traits.basis == Basis.PLACEMENT
     allocs, frees = (s.segment_allocs, s.segment_frees) if replayed else device_calls(src, failed)
     served = max(0, _handled_before(src, failed) - s.handled_ooms)
