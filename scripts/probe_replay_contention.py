@@ -38,7 +38,7 @@ def main() -> int:
     from tracekit.sim.scratch import WORK
     from tracekit.trace.reader import read_trace
 
-    trace = prepare(read_trace(a.trace), "torch")
+    trace = prepare(read_trace(a.trace))
     key, _, value = a.setting.partition(":")
     options = {key: value} if key else {}
     with WORK.keeping():

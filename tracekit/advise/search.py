@@ -120,7 +120,9 @@ class Runner:
         so the same answers. Nothing is started where the runner works in this thread."""
         if not self.pool.parallel(self.jobs):
             return
-        for t in tasks:
+        # Those whose folding needs no reading of the trace (``_reads_trace``) start first: the
+        # reading (``inert_facts``, 0.07 s at 10M events) then runs beside their replays.
+        for t in sorted(tasks, key=self._reads_trace):
             if at_most is not None and at_most <= 0:
                 break
             s = self._same_as(t)
@@ -155,6 +157,15 @@ class Runner:
                        PolicyFit(policy, None, t.lower_bound, None, 0, 0, error=b.error))
         return out
 
+    def _reads_trace(self, task: Task) -> bool:
+        """Whether ``_same_as(task)`` has the trace still to read before it can answer."""
+        c = task.candidate
+        if self.facts is not None or c.kind != Kind.TORCH_CONF or not self.counterfactual or not c.options:
+            return False
+        from tracekit.sim.policies.torch_caching import may_be_inert
+
+        return may_be_inert(c.opts)
+
     def _same_as(self, task: Task) -> Task:
         """The task whose answer is ``task``'s: itself, or the same PyTorch setting less the keys
         the model ignores on this trace (``torch_caching.inert_keys``: the replays are alike step
@@ -166,8 +177,10 @@ class Runner:
             return task
         from dataclasses import replace
 
-        from tracekit.sim.policies.torch_caching import inert_facts, inert_keys
+        from tracekit.sim.policies.torch_caching import inert_facts, inert_keys, may_be_inert
 
+        if not may_be_inert(c.opts):
+            return task  # no key the model could ignore: the trace need not be read
         if self.facts is None:  # the trace's side, read once for every setting asked about
             self.facts = inert_facts(self.trace)
         drop = inert_keys(self.trace, c.opts, self.facts)

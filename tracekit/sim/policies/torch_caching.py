@@ -343,6 +343,14 @@ def inert_facts(trace: Trace) -> InertFacts:
                       bool((start & ~inp.expandable).any()))
 
 
+def may_be_inert(options: Mapping[str, str]) -> bool:
+    """Whether ``inert_keys`` can drop a key of ``options`` on some trace: the trace need not be read
+    (``inert_facts``) for a setting where this is False."""
+    st = settings(options)
+    return (("max_split_size_mb" in options and not st.expandable_segments)
+            or ("garbage_collection_threshold" in options and st.expandable_segments))
+
+
 def inert_keys(trace: Trace, options: Mapping[str, str], facts: InertFacts | None = None) -> frozenset[str]:
     """The keys of ``options`` that the model provably ignores on ``trace``: replaying it with them
     and without them makes every step alike (``options`` as the whole setting: a prepared
@@ -363,6 +371,8 @@ def inert_keys(trace: Trace, options: Mapping[str, str], facts: InertFacts | Non
       with expandable segments every new segment is one (``_alloc_block``): the list stays
       empty, so collecting frees nothing; its lookup counter is read by collecting alone.
     """
+    if not may_be_inert(options):
+        return frozenset()
     st = settings(options)
     f = inert_facts(trace) if facts is None else facts
     out = set()
