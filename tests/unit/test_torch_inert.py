@@ -35,7 +35,8 @@ def _steps(trace: object, options: dict[str, str]) -> tuple[object, ...]:
     return (r.run.status.tobytes(), r.run.addr.tobytes(), stats.tobytes(), r.summary)
 
 
-@pytest.mark.parametrize("name", ["torch-train.parquet", "torch-maxsplit.parquet", "torch-expandable.parquet"])
+@pytest.mark.parametrize("name", ["torch-train.parquet", "torch-maxsplit.parquet",
+                                  "torch-expandable.parquet"])
 def test_a_setting_less_its_inert_keys_replays_alike(name: str) -> None:
     t = prepare(read_trace(TRACES / name))
     dropped = 0
