@@ -108,6 +108,11 @@ def test_raw_trace_free_lists():
     fit = {o.candidate.policy for o in r.fits}
     assert "best-fit" in fit and "first-fit" not in fit
     assert all(o.candidate.kind == Kind.FREE_LIST for o in r.tried)
+    from tracekit.sim import policies as registry
+
+    # the registry's heaps, each tried once, nothing else replayed to be dropped
+    assert sorted(o.candidate.policy or "" for o in r.tried) == sorted(
+        n for n in registry.names() if registry.is_heap(n))
     assert r.recommendation().startswith("best-fit free list fits")
 
 

@@ -130,7 +130,7 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     s = res.summary
     failed = None
     if s.oom is not None:
-        seq = src.events.seq  # the key in the array's own type: a Python int would cast all 10M rows
+        seq = src.events.seq  # the key in the column's type: a Python int casts every row (NumPy 1: to float)
         failed = int(np.searchsorted(seq, seq.dtype.type(s.oom.seq)))
     replayed = policies.get(cand.policy).traits.basis == Basis.PLACEMENT
     allocs, frees = (s.segment_allocs, s.segment_frees) if replayed else device_calls(src, failed)

@@ -236,9 +236,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         lb = lower_bound(trace, live)
         top_sites = top_sites_at_peak(trace, user_code, live)
         first = outcomes(runner.map(singles_at_cap))
-        tried = [o.judged(margin) for o in first]
-        if kind == "raw":
-            tried = [o for o in tried if o.heap]
+        tried = [o.judged(margin) for o in first]  # a raw trace's: the heaps', a failed one's error shown
         more = stage_two(kind, tried)
         tried += [o.judged(margin) for o in outcomes(runner.map([Task(c, cap, device_total) for c in more]))]
         ranked = sorted(tried, key=lambda o: (not o.fits, rank_key(o) if o.fits else o.progress()))

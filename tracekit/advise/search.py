@@ -4,8 +4,8 @@ Stages (each one ``Runner.map`` over its threads, on the input the runner prepar
 
 1. every single candidate at the limit (PyTorch: the defaults and each key alone; CuPy:
    its pool, ``free_all_blocks()`` at the failing call-site, the async pool, cudaMalloc;
-   RMM: its pool, the async resource, no pool; raw traces: every
-   registry policy, of which the heaps are kept);
+   RMM: its pool, the async resource, no pool; raw traces: the registry's heap policies,
+   ``registry.is_heap``);
 2. PyTorch only: combinations of the keys whose best value did better alone than the
    defaults (fits, fails later, or peaks lower), ``candidates.combine_torch``;
 3. bisection (``tracekit.advise.bisection``, 2 MiB steps from the live-bytes lower
@@ -114,10 +114,12 @@ class Runner:
         return [_as(self.done[s], t.candidate) for s, t in zip(same, tasks, strict=True)]
 
     def begin(self, tasks: Sequence[Task], at_most: int | None = None) -> None:
-        """Start ``tasks`` (the first ``at_most`` not already run or begun, when given) without
-        waiting for them: a later ``map`` or ``bisect`` that asks for one takes its answer, waiting
-        only then; one never asked for holds back nothing. The same replays as ``map`` would make,
-        so the same answers. Nothing is started where the runner works in this thread."""
+        """Start ``tasks`` (at most ``at_most`` replays not already run or begun, when given)
+        without waiting for them: a later ``map`` or ``bisect`` that asks for one takes its answer,
+        waiting only then; one never asked for holds back nothing. The same replays as ``map``
+        would make, so the same answers. They start in the order given, except that those whose
+        folding has the trace still to read (``_reads_trace``) come last. Nothing is started where
+        the runner works in this thread."""
         if not self.pool.parallel(self.jobs):
             return
         # Those whose folding needs no reading of the trace (``_reads_trace``) start first: the
@@ -159,8 +161,13 @@ class Runner:
 
     def _reads_trace(self, task: Task) -> bool:
         """Whether ``_same_as(task)`` has the trace still to read before it can answer."""
+        return self.facts is None and self._may_fold(task)
+
+    def _may_fold(self, task: Task) -> bool:
+        """Whether ``task``'s setting may replay as another's (``_same_as``): a PyTorch setting of a
+        recording with a key the model could ignore (``torch_caching.may_be_inert``)."""
         c = task.candidate
-        if self.facts is not None or c.kind != Kind.TORCH_CONF or not self.counterfactual or not c.options:
+        if c.kind != Kind.TORCH_CONF or not self.counterfactual or not c.options:
             return False
         from tracekit.sim.policies.torch_caching import may_be_inert
 
@@ -172,15 +179,13 @@ class Runner:
         by step). The trace here is the one read: the counterfactual input drops only
         ``segment_free`` rows and the recorded settings, so its requests and starting state are
         these, and its setting is the candidate's options alone."""
-        c = task.candidate
-        if c.kind != Kind.TORCH_CONF or not self.counterfactual or not c.options:
-            return task
+        if not self._may_fold(task):
+            return task  # no key the model could ignore: the trace need not be read
         from dataclasses import replace
 
-        from tracekit.sim.policies.torch_caching import inert_facts, inert_keys, may_be_inert
+        from tracekit.sim.policies.torch_caching import inert_facts, inert_keys
 
-        if not may_be_inert(c.opts):
-            return task  # no key the model could ignore: the trace need not be read
+        c = task.candidate
         if self.facts is None:  # the trace's side, read once for every setting asked about
             self.facts = inert_facts(self.trace)
         drop = inert_keys(self.trace, c.opts, self.facts)
