@@ -27,6 +27,7 @@ from tracekit.sim import policies
 from tracekit.sim.base import Basis, SimConfig
 from tracekit.sim.codes import Stat
 from tracekit.sim.engine import replay
+from tracekit.trace.events import seq_row
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size
@@ -130,8 +131,7 @@ def evaluate(cand: Candidate, trace: Trace, capacity: int | None, device_total: 
     s = res.summary
     failed = None
     if s.oom is not None:
-        seq = src.events.seq  # the key in the column's type: a Python int casts every row (NumPy 1: to float)
-        failed = int(np.searchsorted(seq, seq.dtype.type(s.oom.seq)))
+        failed = seq_row(src.events.seq, s.oom.seq)
     replayed = policies.get(cand.policy).traits.basis == Basis.PLACEMENT
     allocs, frees = (s.segment_allocs, s.segment_frees) if replayed else device_calls(src, failed)
     served = max(0, _handled_before(src, failed) - s.handled_ooms)

@@ -38,6 +38,7 @@ from tracekit.report.style import PALETTE, RGB, Legend, short_site, site_colours
 from tracekit.report.timeline import Marks, TimelineData, timeline_data
 from tracekit.trace import Op, Trace
 from tracekit.trace.devices import select_device
+from tracekit.trace.events import seq_row
 
 if TYPE_CHECKING:
     from tracekit.advise.capacity import WhatIfResult
@@ -46,8 +47,7 @@ if TYPE_CHECKING:
 
 
 def _index_of_seq(trace: Trace, seq: int) -> int:
-    k = int(np.searchsorted(trace.events.seq, np.uint64(seq)))
-    return min(k, len(trace.events) - 1)
+    return min(seq_row(trace.events.seq, seq), len(trace.events) - 1)
 
 
 def _analyze(trace: Trace, analysis: AnalysisResult | None) -> AnalysisResult:

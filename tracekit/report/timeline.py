@@ -24,6 +24,7 @@ import pyarrow as pa
 from tracekit.report.envelope import Envelope, envelope
 from tracekit.report.style import Scale, TimeAxis, byte_scale, time_axis
 from tracekit.trace.arrow import filled, floats_of
+from tracekit.trace.events import seq_row
 
 if TYPE_CHECKING:
     from tracekit.analysis.summary import Summary
@@ -126,7 +127,7 @@ def timeline_data(
     oom_seq, oom_x, oom_text = marks.oom_seq, None, None
     oom_reserved = oom_request = None
     if oom_seq is not None:
-        row = min(int(np.searchsorted(seq, np.uint64(oom_seq))), len(x) - 1)
+        row = min(seq_row(seq, oom_seq), len(x) - 1)
         oom_x = float(x[row]) if len(x) else 0.0
         oom_text, oom_reserved, oom_request = marks.oom_text, marks.oom_reserved, marks.oom_request
         if oom_reserved is not None and oom_request:

@@ -180,6 +180,13 @@ class Events:
         return self.sites[s] if s >= 0 else None
 
 
+def seq_row(seq_col: np.ndarray, seq: int) -> int:
+    """The first row of an ascending seq column whose seq is at least ``seq`` (its length: none).
+    The key is given in the column's own type: with a Python int NumPy casts every row first
+    (22 ms at 10M events; under NumPy 1, to float, inexact above 2^53)."""
+    return int(np.searchsorted(seq_col, seq_col.dtype.type(seq)))
+
+
 def segment_delta(ev: Events) -> np.ndarray:
     """Bytes each row adds to what the pools hold from the device (int64): + size for a
     ``segment_alloc``, - size for a ``segment_free``, 0 for every other row."""

@@ -51,6 +51,7 @@ from tracekit.trace import Op, Trace
 from tracekit.trace.arrow import array_of, filled, floats_of
 from tracekit.trace.callsite import CallSites
 from tracekit.trace.devices import device_ids, select_device
+from tracekit.trace.events import seq_row
 from tracekit.trace.stacks import UserCode
 from tracekit.units import format_size
 
@@ -67,7 +68,7 @@ def index_of(seq_col: np.ndarray, seq: int | None) -> int | None:
     """The event index of ``seq`` in an ascending seq column (None for None or an empty column)."""
     if seq is None or len(seq_col) == 0:
         return None
-    return min(int(np.searchsorted(seq_col, np.uint64(seq))), len(seq_col) - 1)
+    return min(seq_row(seq_col, seq), len(seq_col) - 1)
 
 
 DETAILS = 1000  # OOMs (besides the reported one) whose explanation and budget the page carries
