@@ -34,6 +34,34 @@ CASES = [
 ]
 
 
+def run_workload(label: str, conf: str, cap: int, total: int, steps: int, out: Path,
+                 timeout: float) -> dict:  # type: ignore[type-arg]
+    """One run of the workload for ``steps`` steps under ``PYTORCH_CUDA_ALLOC_CONF=conf``, its own
+    fraction ``cap / total``, recorded to ``out/label.parquet`` (log ``out/label.log``) with the witness
+    beside it: exit code, seconds, the steps it printed and the witness's last line."""
+    witness = out / f"{label}-witness.jsonl"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "scripts" / "witness")])
+    env["TRACEKIT_WITNESS"] = str(witness)
+    env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    cmd = [sys.executable, "-m", "tracekit", "record", "--torch", "-o", str(out / f"{label}.parquet"),
+           "scripts/torch_workload_resnet.py", "--fraction", repr(cap / total), "--steps", str(steps)]
+    t0 = time.time()
+    with (out / f"{label}.log").open("wb") as fh:
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    log = (out / f"{label}.log").read_text(errors="replace")
+    seen = [json.loads(x) for x in witness.read_text().splitlines()] if witness.exists() else []
+    return {"exit_code": rc, "seconds": round(time.time() - t0, 1),
+            "steps_done": sum(1 for line in log.splitlines() if line.startswith("step ")),
+            "witness": seen[-1] if seen else None,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
@@ -52,29 +80,9 @@ def main() -> int:
         trace, rest = case.split(":", 1)
         conf, cap_s, label = rest.rsplit(":", 2)
         cap = int(cap_s)
-        witness = out / f"{label}-witness.jsonl"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "scripts" / "witness")])
-        env["TRACEKIT_WITNESS"] = str(witness)
-        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        env.pop("PYTORCH_ALLOC_CONF", None)
-        cmd = [sys.executable, "-m", "tracekit", "record", "--torch", "-o", str(out / f"{label}.parquet"),
-               "scripts/torch_workload_resnet.py", "--fraction", repr(cap / total), "--steps", str(STEPS)]
-        t0 = time.time()
-        with (out / f"{label}.log").open("wb") as fh:
-            try:
-                rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                    timeout=a.timeout).returncode
-            except subprocess.TimeoutExpired:
-                rc = 124
-        log = (out / f"{label}.log").read_text(errors="replace")
-        seen = [json.loads(x) for x in witness.read_text().splitlines()] if witness.exists() else []
-        results.append({
-            "label": label, "trace": trace, "conf": conf, "cap_bytes": cap, "fraction": cap / total,
-            "exit_code": rc, "seconds": round(time.time() - t0, 1),
-            "steps_done": sum(1 for line in log.splitlines() if line.startswith("step ")),
-            "witness": seen[-1] if seen else None,
-        })
+        got = run_workload(label, conf, cap, total, STEPS, out, a.timeout)
+        results.append({"label": label, "trace": trace, "conf": conf, "cap_bytes": cap,
+                        "fraction": cap / total, **got})
         print(json.dumps(results[-1]), flush=True)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     doc = {"device": name, "total_bytes": total, "date_utc": when, "steps": STEPS, "runs": results}

@@ -133,15 +133,30 @@ class AdviseDict(TypedDict):
     devices: list[AdviseDict]
 
 
-def _record_again(c: Candidate, capacity: int, command: str | None) -> str:
+@dataclass(frozen=True)
+class OwnLimit:
+    """A PyTorch recording's limit that ``record --limit`` did not set (bytes): the program's own
+    (``set_per_process_memory_fraction``), which would cap a run recorded again under a raised
+    ``--limit`` at the old value; ``certain`` False where the trace does not say how it was run."""
+
+    bytes: int
+    certain: bool
+
+
+def _record_again(c: Candidate, capacity: int, command: str | None, own: OwnLimit | None) -> str:
     """The command that records the program again under ``c`` at ``capacity``: the recorded command's
     script and arguments where it was ``python SCRIPT ...`` or ``python -m MODULE ...``, else a
     placeholder (a recording names its command, not always how to start it again)."""
     got = program_of(command)
     program = "YOUR_SCRIPT.py" if got is None else safe_text(shlex.join(("-m",) * got[1] + got[0]))
-    if c.kind == Kind.TORCH_CONF:
-        return f"{c.line(capacity)} tracekit record --torch --limit {capacity} {program}"
-    return f"tracekit record --limit {capacity} {program}, with {c.line(capacity)}"
+    if c.kind != Kind.TORCH_CONF:
+        return f"tracekit record --limit {capacity} {program}, with {c.line(capacity)}"
+    text = f"{c.line(capacity)} tracekit record --torch --limit {capacity} {program}"
+    if own is not None:
+        whose = "the limit the program sets itself" if own.certain else "any limit the program sets itself"
+        text += (f", with {whose} ({own.bytes} bytes in the recording) raised to {capacity} as well: set "
+                 "after --limit, it would cap the run again")
+    return text
 
 
 def _torch_room(c: Candidate, capacity: int) -> str:
@@ -192,6 +207,7 @@ class AdviseResult:
     reruns: tuple[Rerun, ...] = ()  # with --rerun: the real program under the best settings
     devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer
     fit_capacity: int | None = None  # nothing fits: where min_capacity_setting fits, margin kept
+    own_limit: OwnLimit | None = None  # PyTorch: a limit record's --limit did not set
 
     @property
     def scope(self) -> str:
@@ -241,7 +257,8 @@ class AdviseResult:
                              "and the program asks for more after it (on an H100 the ResNet-50 of "
                              "docs/fidelity.md got past its failing request at such a capacity and ran out "
                              f"a few requests later), so record the run again at {format_size(fit)} "
-                             f"({_record_again(c, fit, self.command)}) and advise on that trace")
+                             f"({_record_again(c, fit, self.command, self.own_limit)}) "
+                             "and advise on that trace")
             elif fit is None and self.margin is not None and self.margin.explains and not self.margin.exact:
                 # no capacity is offered as the fix: the smallest one the replay gets through has
                 # no headroom over the margin, and none raised from it got the margin either

@@ -26,7 +26,7 @@ from tracekit.advise.candidates import Candidate, Cure, Kind, cupy_pool
 from tracekit.advise.capacity import PolicyFit, live_curve, lower_bound, needed_requests
 from tracekit.advise.counterfactual import wrapped_start
 from tracekit.advise.evaluate import Outcome
-from tracekit.advise.result import AdviseResult, RoomAdvice, rank_key
+from tracekit.advise.result import AdviseResult, OwnLimit, RoomAdvice, rank_key
 from tracekit.advise.search import (
     Runner,
     Task,
@@ -71,6 +71,15 @@ def pick_limit(trace: Trace, limit: int | None, device_total: int | None) -> int
         return int(total)
     where = f"{trace.path}: " if trace.path else ""
     raise UsageError(f"{where}the trace records no limit and no device size; give --limit SIZE")
+
+
+def own_limit(trace: Trace) -> OwnLimit | None:
+    """The trace's pool limit where ``record --limit`` did not set it (``OwnLimit``): not of the size
+    ``record`` was given (``rerun``), or with no ``rerun`` to tell (not ``certain``)."""
+    limit, rerun = trace.meta.pool_limit_bytes, trace.meta.recorded.rerun
+    if not limit or (rerun is not None and rerun.limit_bytes == limit):
+        return None
+    return OwnLimit(int(limit), certain=rerun is not None)
 
 
 def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
@@ -274,6 +283,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         fit_capacity=at_margin.capacity if at_margin is not None else None,
         top_sites=top_sites,
         command=trace.meta.command if kind == Allocator.TORCH else None,
+        own_limit=own_limit(trace) if kind == Allocator.TORCH else None,
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )
 

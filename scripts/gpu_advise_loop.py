@@ -1,0 +1,97 @@
+"""On a GPU: follow advise's own instructions on a run that died, round after round, until the
+program completes or advise names nothing (docs/fidelity.md, "The loop advise asks for").
+
+    python3 scripts/gpu_advise_loop.py OUT [--start TRACE ...] [--rounds 3] [--steps 8]
+
+Where nothing fits a recording that ended at its failing request, ``advise`` names a setting and the
+capacity at which it fits with the margin, says the check holds through the failing request only,
+and asks for the run to be recorded again there and advised on again. This does exactly that for
+``scripts/torch_workload_resnet.py`` (torchvision's ResNet-50, AMP, ``cudnn.benchmark``; the program
+sets its own cap with ``--fraction``, which advise says to raise): each round takes ``advise TRACE
+--json``; where a setting fits at the limit it runs that; else it runs ``min_capacity_setting`` at
+``fit_capacity_bytes`` (the program's fraction raised to it), under ``tracekit record --torch`` with
+PyTorch's own ``max_memory_reserved`` and ``num_ooms`` beside it (``scripts/witness``). A run that
+completes ends the loop (the advice held for the whole program); one that dies gives the next round
+its trace. Writes ``OUT/<start>-r<k>.parquet``, ``.log``, ``-advise.json`` and ``OUT/loop.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_fit_capacity import run_workload  # one way to run the workload with its witness
+
+ROOT = Path(__file__).resolve().parent.parent
+START = [f"traces/fidelity/fit-capacity/{name}.parquet" for name in ("fraction-fit", "resnet35-fit")]
+DEFAULTS = "PyTorch defaults"  # the label of the empty setting (``tracekit.advise.candidates``)
+
+
+def conf_of(label: str) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF`` of the setting advise labels ``label`` (the label, but the defaults')."""
+    return "" if label == DEFAULTS else label
+
+
+def advise(trace: Path, out: Path) -> dict:  # type: ignore[type-arg]
+    p = subprocess.run([sys.executable, "-m", "tracekit", "advise", str(trace), "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    out.write_text(p.stdout or p.stderr)
+    if p.returncode not in (0, 3):
+        raise SystemExit(f"advise {trace} failed ({p.returncode}): {p.stderr[-500:]}")
+    return json.loads(p.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--start", action="append", default=None)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=200)
+    a = ap.parse_args()
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    name = torch.cuda.get_device_name(0)
+    del torch
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    loops: list[dict] = []  # type: ignore[type-arg]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    doc = {"device": name, "total_bytes": total, "date_utc": when, "steps": a.steps, "loops": loops}
+    for start in a.start or START:
+        trace, stem, rounds = ROOT / start, Path(start).stem, []
+        for k in range(1, a.rounds + 1):
+            label = f"{stem}-r{k}"
+            advice = advise(trace, out / f"{label}-advise.json")
+            if advice["fits"]:
+                setting, cap, why = advice["fits"][0]["setting"], advice["limit_bytes"], "fits at the limit"
+            elif advice.get("fit_capacity_bytes"):
+                setting, cap = advice["min_capacity_setting"], advice["fit_capacity_bytes"]
+                why = "fit capacity"
+            else:
+                rounds.append({"round": k, "advised": None, "recommendation": advice["recommendation"]})
+                break
+            got = run_workload(label, conf_of(setting), cap, total, a.steps, out, a.timeout)
+            where = trace.relative_to(ROOT) if trace.is_relative_to(ROOT) else trace
+            rounds.append({"round": k, "from": str(where),
+                           "setting": setting, "capacity_bytes": cap, "why": why,
+                           "failing_seq": advice["failing_seq"], **got})
+            print(json.dumps(rounds[-1]), flush=True)
+            so_far = {**doc, "loops": [*loops, {"start": start, "rounds": rounds}]}  # kept if cut short
+            (out / "loop.json").write_text(json.dumps(so_far, indent=1) + "\n")
+            if got["exit_code"] == 0 or not (out / f"{label}.parquet").exists():
+                break
+            trace = out / f"{label}.parquet"
+        loops.append({"start": start, "rounds": rounds})
+    (out / "loop.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
