@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fit_capacity import run_workload  # one way to run the workload with its witness
+from gpu_fit_capacity import device_and_out, run_workload  # one way to run the workload with its witness
 
 ROOT = Path(__file__).resolve().parent.parent
 START = [f"traces/fidelity/fit-capacity/{name}.parquet" for name in ("fraction-fit", "resnet35-fit")]
@@ -54,13 +54,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=200)
     a = ap.parse_args()
-    import torch
-
-    total = torch.cuda.get_device_properties(0).total_memory
-    name = torch.cuda.get_device_name(0)
-    del torch
-    out = a.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    name, total, out = device_and_out(a.out)
     loops: list[dict] = []  # type: ignore[type-arg]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     doc = {"device": name, "total_bytes": total, "date_utc": when, "steps": a.steps, "loops": loops}

@@ -62,19 +62,24 @@ def run_workload(label: str, conf: str, cap: int, total: int, steps: int, out: P
             "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
+def device_and_out(out: Path) -> tuple[str, int, Path]:
+    """Device 0's name and total bytes (torch imported here only, never kept), and ``out`` made."""
+    import torch
+
+    name, total = torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory
+    del torch
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    return name, total, out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--case", action="append", default=None, help="NAME:CONF:CAP:LABEL (CONF may hold ':')")
     ap.add_argument("--timeout", type=float, default=240)
     a = ap.parse_args()
-    import torch
-
-    total = torch.cuda.get_device_properties(0).total_memory
-    name = torch.cuda.get_device_name(0)
-    del torch
-    out = a.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    name, total, out = device_and_out(a.out)
     results = []
     for case in a.case or CASES:
         trace, rest = case.split(":", 1)
