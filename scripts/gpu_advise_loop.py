@@ -13,6 +13,10 @@ sets its own cap with ``--fraction``, which advise says to raise): each round ta
 PyTorch's own ``max_memory_reserved`` and ``num_ooms`` beside it (``scripts/witness``). A run that
 completes ends the loop (the advice held for the whole program); one that dies gives the next round
 its trace. Writes ``OUT/<start>-r<k>.parquet``, ``.log``, ``-advise.json`` and ``OUT/loop.json``.
+
+``--whole LIMIT`` (bytes, repeatable) instead: the workload recorded once with room to finish (its
+fraction ``--room``, PyTorch's defaults: ``OUT/whole.parquet``), then the rounds from that trace with
+``advise --limit LIMIT`` in the first: a trace of the whole program, advised at the cap it must fit.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ def conf_of(label: str) -> str:
     return "" if label == DEFAULTS else label
 
 
-def advise(trace: Path, out: Path) -> dict:  # type: ignore[type-arg]
-    p = subprocess.run([sys.executable, "-m", "tracekit", "advise", str(trace), "--json"], cwd=ROOT,
+def advise(trace: Path, out: Path, limit: int | None = None) -> dict:  # type: ignore[type-arg]
+    ask = ["--limit", str(limit)] if limit is not None else []
+    p = subprocess.run([sys.executable, "-m", "tracekit", "advise", str(trace), "--json", *ask], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     out.write_text(p.stdout or p.stderr)
     if p.returncode not in (0, 3):
@@ -53,16 +58,23 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=200)
+    ap.add_argument("--whole", type=int, action="append", default=None, help="a cap (bytes) to advise at")
+    ap.add_argument("--room", type=float, default=0.5, help="the fraction the whole run is recorded at")
     a = ap.parse_args()
     name, total, out = device_and_out(a.out)
     loops: list[dict] = []  # type: ignore[type-arg]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     doc = {"device": name, "total_bytes": total, "date_utc": when, "steps": a.steps, "loops": loops}
-    for start in a.start or START:
-        trace, stem, rounds = ROOT / start, Path(start).stem, []
+    starts: list[tuple[str, int | None]] = [(s, None) for s in a.start or START]
+    if a.whole:
+        doc["whole"] = run_workload("whole", "", int(a.room * total), total, a.steps, out, a.timeout)
+        starts = [(str(out / "whole.parquet"), cap) for cap in a.whole]
+    for start, first_limit in starts:
+        trace, rounds = ROOT / start, []
+        stem = Path(start).stem + (f"-at{first_limit}" if first_limit else "")
         for k in range(1, a.rounds + 1):
             label = f"{stem}-r{k}"
-            advice = advise(trace, out / f"{label}-advise.json")
+            advice = advise(trace, out / f"{label}-advise.json", first_limit if k == 1 else None)
             if advice["fits"]:
                 setting, cap, why = advice["fits"][0]["setting"], advice["limit_bytes"], "fits at the limit"
             elif advice.get("fit_capacity_bytes"):
@@ -73,7 +85,7 @@ def main() -> int:
                 break
             got = run_workload(label, conf_of(setting), cap, total, a.steps, out, a.timeout)
             where = trace.relative_to(ROOT) if trace.is_relative_to(ROOT) else trace
-            rounds.append({"round": k, "from": str(where),
+            rounds.append({"round": k, "from": str(where), "asked_limit": first_limit if k == 1 else None,
                            "setting": setting, "capacity_bytes": cap, "why": why,
                            "failing_seq": advice["failing_seq"], **got})
             print(json.dumps(rounds[-1]), flush=True)
@@ -82,7 +94,7 @@ def main() -> int:
             if got["exit_code"] == 0 or not (out / f"{label}.parquet").exists():
                 break
             trace = out / f"{label}.parquet"
-        loops.append({"start": start, "rounds": rounds})
+        loops.append({"start": start, "asked_limit": first_limit, "rounds": rounds})
     (out / "loop.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
