@@ -1,5 +1,5 @@
 """On a GPU: follow advise's own instructions on a run that died, round after round, until the
-program completes or advise names nothing (docs/fidelity.md, "The loop advise asks for").
+program completes or advise names nothing (docs/fidelity.md, "The loop advise asked for").
 
     python3 scripts/gpu_advise_loop.py OUT [--start TRACE ...] [--rounds 3] [--steps 8]
 

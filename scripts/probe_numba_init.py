@@ -23,7 +23,9 @@ import json, sys, time
 from importlib import metadata
 from tracekit.numpy_setup import load_numpy
 load_numpy()
+from tracekit.trace import reader  # as a verb has it before its first read
 m0 = len(sys.modules); t0 = time.perf_counter()
+import collections
 eps = [f"{e.name} = {e.value} ({e.dist.name if e.dist else '?'})"
        for e in metadata.entry_points().select(group="numba_extensions")]
 t1 = time.perf_counter()
@@ -32,13 +34,15 @@ m2 = len(sys.modules); t2 = time.perf_counter()
 from numba.core import entrypoints
 entrypoints.init_all()
 m3 = len(sys.modules); t3 = time.perf_counter()
-from tracekit.trace import reader
+before = set(sys.modules)
 th = reader._load_pass(); th.join()
 m4 = len(sys.modules); t4 = time.perf_counter()
+added = collections.Counter(".".join(m.split(".")[:2]) for m in set(sys.modules) - before)
 print(json.dumps({"entry_points": eps, "scan_s": t1 - t0, "import_numba_s": t2 - t1,
                   "init_all_s": t3 - t2, "load_pass_s": t4 - t3,
                   "modules": {"numba": m2 - m0, "init_all": m3 - m2, "load_pass": m4 - m3},
-                  "dists": len(list(metadata.distributions()))}))
+                  "dists": len(list(metadata.distributions())),
+                  "load_pass_packages": dict(added.most_common(25))}))
 """
 
 
@@ -52,8 +56,16 @@ def main() -> int:
         runs.append(json.loads(p.stdout))
     keys = ("scan_s", "import_numba_s", "init_all_s", "load_pass_s")
     out = {k: {"min": min(r[k] for r in runs), "median": statistics.median(r[k] for r in runs)} for k in keys}
+    # where the pass's load spends its time: -X importtime of one more process, the slowest imports
+    p = subprocess.run([sys.executable, "-X", "importtime", "-c", ONE], capture_output=True, text=True,
+                       check=True)
+    rows = [line.split("|") for line in p.stderr.splitlines() if line.startswith("import time:")][1:]
+    slow = sorted(((int(r[1]), r[2].rstrip()) for r in rows if len(r) == 3 and r[1].strip().isdigit()),
+                  reverse=True)[:25]
     print(json.dumps({"python": sys.version.split()[0], "entry_points": runs[0]["entry_points"],
-                      "dists": runs[0]["dists"], "modules": runs[0]["modules"], **out}, indent=1))
+                      "dists": runs[0]["dists"], "modules": runs[0]["modules"],
+                      "load_pass_packages": runs[0]["load_pass_packages"], **out,
+                      "slowest_imports_cumulative_us": slow}, indent=1))
     return 0
 
 

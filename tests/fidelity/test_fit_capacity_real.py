@@ -50,5 +50,8 @@ def test_the_real_run_at_the_named_capacity(run: dict) -> None:
     assert 0 < after < 50
     said = answer.recommendation()
     assert "checked through the failing request only" in said
-    # with the command that records the program again there (its recorded script and arguments)
-    assert f"tracekit record --torch --limit {run['cap_bytes']} scripts/torch_workload_resnet.py" in said
+    # with the command that records the whole program once with room, to advise on at this limit
+    # (tests/fidelity/test_whole_run_real.py: recorded again at each capacity named, it died each time)
+    whole = f"record the whole run once with room to finish (tracekit record --torch -o {run['trace']}-whole"
+    assert whole in said
+    assert f"--limit {recorded.meta.pool_limit_bytes})" in said

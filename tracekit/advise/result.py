@@ -136,27 +136,26 @@ class AdviseDict(TypedDict):
 @dataclass(frozen=True)
 class OwnLimit:
     """A PyTorch recording's limit that ``record --limit`` did not set (bytes): the program's own
-    (``set_per_process_memory_fraction``), which would cap a run recorded again under a raised
-    ``--limit`` at the old value; ``certain`` False where the trace does not say how it was run."""
+    (``set_per_process_memory_fraction``), which would stop the whole run, recorded again with room,
+    where the recording stopped; ``certain`` False where the trace does not say how it was run."""
 
     bytes: int
     certain: bool
 
 
-def _record_again(c: Candidate, capacity: int, command: str | None, own: OwnLimit | None) -> str:
-    """The command that records the program again under ``c`` at ``capacity``: the recorded command's
-    script and arguments where it was ``python SCRIPT ...`` or ``python -m MODULE ...``, else a
-    placeholder (a recording names its command, not always how to start it again)."""
+def _record_whole(torch: bool, trace: str | None, command: str | None,
+                  own: OwnLimit | None) -> tuple[str, str]:
+    """The command that records the whole program once with room to finish, and the trace it writes:
+    the recorded command's script and arguments where it was ``python SCRIPT ...`` or ``python -m
+    MODULE ...``, else a placeholder (a recording names its command, not always how to start it again)."""
     got = program_of(command)
     program = "YOUR_SCRIPT.py" if got is None else safe_text(shlex.join(("-m",) * got[1] + got[0]))
-    if c.kind != Kind.TORCH_CONF:
-        return f"tracekit record --limit {capacity} {program}, with {c.line(capacity)}"
-    text = f"{c.line(capacity)} tracekit record --torch --limit {capacity} {program}"
+    whole = f"{Path(trace).stem}-whole.parquet" if trace else "whole.parquet"
+    text = f"tracekit record{' --torch' if torch else ''} -o {shell_word(whole)} {program}"
     if own is not None:
         whose = "the limit the program sets itself" if own.certain else "any limit the program sets itself"
-        text += (f", with {whose} ({own.bytes} bytes in the recording) raised to {capacity} as well: set "
-                 "after --limit, it would cap the run again")
-    return text
+        text += f", with {whose} ({own.bytes} bytes in the recording) lifted"
+    return text, whole
 
 
 def _torch_room(c: Candidate, capacity: int) -> str:
@@ -252,13 +251,7 @@ class AdviseResult:
                 text += (f"; with {c.label()} the replay gets through from {format_size(self.min_capacity)}, "
                          f"and it fits with the margin ({format_size(self.margin.bytes_at(fit))} there) from "
                          f"{format_size(fit)}: {self.line(c, fit)}{_torch_room(c, fit)}")
-                if self.failing_seq is not None:  # the recording ends at the request that failed
-                    text += ("; that is checked through the failing request only: the trace ends there, "
-                             "and the program asks for more after it (on an H100 the ResNet-50 of "
-                             "docs/fidelity.md got past its failing request at such a capacity and ran out "
-                             f"a few requests later), so record the run again at {format_size(fit)} "
-                             f"({_record_again(c, fit, self.command, self.own_limit)}) "
-                             "and advise on that trace")
+                text += self._whole_run(c)
             elif fit is None and self.margin is not None and self.margin.explains and not self.margin.exact:
                 # no capacity is offered as the fix: the smallest one the replay gets through has
                 # no headroom over the margin, and none raised from it got the margin either
@@ -267,13 +260,27 @@ class AdviseResult:
                          "no capacity is recommended")
             else:
                 text += (f"; the smallest capacity is {format_size(self.min_capacity)} with {c.label()} "
-                         f"({self.line(c, self.min_capacity)}{_torch_room(c, self.min_capacity)})")
+                         f"({self.line(c, self.min_capacity)}{_torch_room(c, self.min_capacity)})"
+                         f"{self._whole_run(c)}")
         text += f"; the live bytes alone need {format_size(self.lower_bound)}"
         if self.top_sites:
             s = self.top_sites[0]
             who = s.site or "unknown call-sites"
             text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
         return text + "."
+
+    def _whole_run(self, c: Candidate) -> str:
+        """For a capacity named on a run that died: what the trace cannot say, and how to get the
+        trace that can (the whole run, recorded once with room, advised at this limit)."""
+        if self.failing_seq is None:  # the recording went to the program's end
+            return ""
+        record, whole = _record_whole(c.kind == Kind.TORCH_CONF, self.trace, self.command, self.own_limit)
+        return ("; that is checked through the failing request only: the trace ends there, and the program "
+                f"asks for more after it, so record the whole run once with room to finish ({record}) and "
+                "advise on that trace at this limit "
+                f"(tracekit advise {shell_word(whole)} --limit {self.limit}): "
+                "on an H100 the ResNet-50 of docs/fidelity.md, recorded again at each capacity named, died a "
+                "few requests further on each time, and recorded whole, got a capacity it completed at")
 
     def _fallbacks(self, o: Outcome) -> str:
         """Said when the verdict rests on the model of handled OOMs served (the original request in
