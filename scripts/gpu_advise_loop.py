@@ -17,6 +17,9 @@ its trace. Writes ``OUT/<start>-r<k>.parquet``, ``.log``, ``-advise.json`` and `
 ``--whole LIMIT`` (bytes, repeatable) instead: the workload recorded once with room to finish (its
 fraction ``--room``, PyTorch's defaults: ``OUT/whole.parquet``), then the rounds from that trace with
 ``advise --limit LIMIT`` in the first: a trace of the whole program, advised at the cap it must fit.
+With ``--capped``, each LIMIT is first run as the user's failing run (``OUT/capped-LIMIT.parquet``)
+and advise's recommendation on it kept (it should name the whole run's recording).
+``--workload`` another script of the same two options (``scripts/torch_workload_gpt2.py``).
 """
 
 from __future__ import annotations
@@ -60,14 +63,23 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=200)
     ap.add_argument("--whole", type=int, action="append", default=None, help="a cap (bytes) to advise at")
     ap.add_argument("--room", type=float, default=0.5, help="the fraction the whole run is recorded at")
+    ap.add_argument("--capped", action="store_true", help="each --whole LIMIT first run as the failing run")
+    ap.add_argument("--workload", default="scripts/torch_workload_resnet.py")
     a = ap.parse_args()
     name, total, out = device_and_out(a.out)
     loops: list[dict] = []  # type: ignore[type-arg]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    doc = {"device": name, "total_bytes": total, "date_utc": when, "steps": a.steps, "loops": loops}
+    doc = {"device": name, "total_bytes": total, "date_utc": when, "steps": a.steps, "workload": a.workload,
+           "loops": loops}
+    for cap in (a.whole or []) if a.capped else []:  # the user's run that died, and what advise says of it
+        label = f"capped-{cap}"
+        got = run_workload(label, "", cap, total, a.steps, out, a.timeout, a.workload)
+        said = advise(out / f"{label}.parquet", out / f"{label}-advise.json")["recommendation"]
+        doc.setdefault("capped", []).append({"cap_bytes": cap, **got, "recommendation": said})
     starts: list[tuple[str, int | None]] = [(s, None) for s in a.start or START]
     if a.whole:
-        doc["whole"] = run_workload("whole", "", int(a.room * total), total, a.steps, out, a.timeout)
+        room = int(a.room * total)
+        doc["whole"] = run_workload("whole", "", room, total, a.steps, out, a.timeout, a.workload)
         starts = [(str(out / "whole.parquet"), cap) for cap in a.whole]
     for start, first_limit in starts:
         trace, rounds = ROOT / start, []
@@ -83,7 +95,7 @@ def main() -> int:
             else:
                 rounds.append({"round": k, "advised": None, "recommendation": advice["recommendation"]})
                 break
-            got = run_workload(label, conf_of(setting), cap, total, a.steps, out, a.timeout)
+            got = run_workload(label, conf_of(setting), cap, total, a.steps, out, a.timeout, a.workload)
             where = trace.relative_to(ROOT) if trace.is_relative_to(ROOT) else trace
             rounds.append({"round": k, "from": str(where), "asked_limit": first_limit if k == 1 else None,
                            "setting": setting, "capacity_bytes": cap, "why": why,

@@ -34,9 +34,10 @@ CASES = [
 ]
 
 
-def run_workload(label: str, conf: str, cap: int, total: int, steps: int, out: Path,
-                 timeout: float) -> dict:  # type: ignore[type-arg]
-    """One run of the workload for ``steps`` steps under ``PYTORCH_CUDA_ALLOC_CONF=conf``, its own
+def run_workload(label: str, conf: str, cap: int, total: int, steps: int, out: Path, timeout: float,
+                 workload: str = "scripts/torch_workload_resnet.py") -> dict:  # type: ignore[type-arg]
+    """One run of ``workload`` (a script taking ``--fraction`` and ``--steps``) for ``steps`` steps
+    under ``PYTORCH_CUDA_ALLOC_CONF=conf``, its own
     fraction ``cap / total``, recorded to ``out/label.parquet`` (log ``out/label.log``) with the witness
     beside it: exit code, seconds, the steps it printed and the witness's last line."""
     witness = out / f"{label}-witness.jsonl"
@@ -46,7 +47,7 @@ def run_workload(label: str, conf: str, cap: int, total: int, steps: int, out: P
     env["PYTORCH_CUDA_ALLOC_CONF"] = conf
     env.pop("PYTORCH_ALLOC_CONF", None)
     cmd = [sys.executable, "-m", "tracekit", "record", "--torch", "-o", str(out / f"{label}.parquet"),
-           "scripts/torch_workload_resnet.py", "--fraction", repr(cap / total), "--steps", str(steps)]
+           workload, "--fraction", repr(cap / total), "--steps", str(steps)]
     t0 = time.time()
     with (out / f"{label}.log").open("wb") as fh:
         try:
