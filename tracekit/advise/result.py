@@ -135,9 +135,10 @@ class AdviseDict(TypedDict):
 
 @dataclass(frozen=True)
 class OwnLimit:
-    """A PyTorch recording's limit that ``record --limit`` did not set (bytes): the program's own
-    (``set_per_process_memory_fraction``), which would stop the whole run, recorded again with room,
-    where the recording stopped; ``certain`` False where the trace does not say how it was run."""
+    """A recording's limit that ``record --limit`` did not set (bytes): the program's own
+    (``set_per_process_memory_fraction``, a CuPy pool's ``set_limit``), which would stop the whole run,
+    recorded again with room, where the recording stopped; ``certain`` False where the trace does not
+    say how it was run."""
 
     bytes: int
     certain: bool
@@ -206,7 +207,7 @@ class AdviseResult:
     reruns: tuple[Rerun, ...] = ()  # with --rerun: the real program under the best settings
     devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer
     fit_capacity: int | None = None  # nothing fits: where min_capacity_setting fits, margin kept
-    own_limit: OwnLimit | None = None  # PyTorch: a limit record's --limit did not set
+    own_limit: OwnLimit | None = None  # a limit record's --limit did not set
 
     @property
     def scope(self) -> str:

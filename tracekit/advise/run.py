@@ -283,7 +283,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         fit_capacity=at_margin.capacity if at_margin is not None else None,
         top_sites=top_sites,
         command=trace.meta.command if kind == Allocator.TORCH else None,
-        own_limit=own_limit(trace) if kind == Allocator.TORCH else None,
+        own_limit=own_limit(trace),
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )
 
