@@ -66,6 +66,6 @@ def test_a_run_that_died_is_told_to_record_the_whole_run() -> None:
     said = advise(recorded, jobs=1).recommendation()
     assert ("record the whole run once with room to finish (tracekit record --torch -o "
             "fraction-fit-whole.parquet scripts/torch_workload_resnet.py --fraction 0.053824048150569195 "
-            "--steps 8, with the limit the program sets itself (4575985664 bytes in the recording) "
-            "lifted)") in said
+            "--steps 8, lifting the limit the program sets itself (4575985664 bytes in the recording) "
+            "wherever the command sets it)") in said
     assert "tracekit advise fraction-fit-whole.parquet --limit 4575985664" in said

@@ -4,13 +4,15 @@ whole program once with room must say to lift it too, or the program caps the ru
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tracekit.advise.result import OwnLimit
-from tracekit.advise.run import own_limit
-from tracekit.trace.reader import read_trace
+from tracekit.advise.run import advise, own_limit
+from tracekit.trace.reader import Trace, read_trace
+from tracekit.trace.schema import Source
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 
@@ -36,16 +38,61 @@ def test_a_trace_that_does_not_say_how_it_ran() -> None:
 
 
 RESNET35 = ("tracekit record --torch -o torch-resnet35-whole.parquet scripts/torch_workload_resnet.py "
-            "--fraction 0.035, with the limit the program sets itself (5253845811 bytes in the recording) "
-            "lifted) and advise on that trace at this limit (tracekit advise torch-resnet35-whole.parquet "
-            "--limit 5253845811)")
-FRACTION = "with any limit the program sets itself (4503296409 bytes in the recording) lifted"
+            "--fraction 0.035, lifting the limit the program sets itself (5253845811 bytes in the recording) "
+            "wherever the command sets it) and advise on that trace at the limit asked about (4.89 GiB: "
+            "tracekit advise torch-resnet35-whole.parquet --limit 5253845811)")
+FRACTION = "lifting any limit the program sets itself (4503296409 bytes in the recording) wherever"
 
 
 @pytest.mark.parametrize(("name", "said"), [("torch-resnet35", RESNET35),
                                            ("torch-resnet-fraction", FRACTION)])
 def test_the_command_to_record_the_whole_run_says_so(name: str, said: str) -> None:
-    from tracekit.advise.run import advise
-
     text = advise(read_trace(TRACES / f"{name}.parquet"), jobs=1).recommendation()
     assert said in text
+
+
+def _with_rerun(t: Trace, pool_limit: int, record_limit: int | None) -> Trace:
+    """``t`` as if recorded under ``record --limit record_limit`` with ``pool_limit`` in its metadata."""
+    rerun = {"argv": ["prog.py"], "module": False, "cwd": "/w", "limit_bytes": record_limit}
+    meta = replace(t.meta, pool_limit_bytes=pool_limit, extra={**t.meta.extra, "rerun": rerun})
+    return replace(t, meta=meta)
+
+
+@pytest.mark.parametrize(("pool", "record", "want"), [
+    (4_294_967_295, 4_294_967_296, None),  # record --torch --limit 4GiB, as PyTorch gives the fraction back
+    (4_294_967_296, 4_294_967_296, None),
+    (3_000_000_000, 4_294_967_296, OwnLimit(3_000_000_000, certain=True)),  # the program's own, below
+    (3_000_000_000, None, OwnLimit(3_000_000_000, certain=True)),
+    (0, None, None),  # no limit in the recording
+])
+def test_whose_limit(pool: int, record: int | None, want: OwnLimit | None) -> None:
+    t = read_trace(TRACES / "torch-wlm.parquet")
+    assert own_limit(_with_rerun(t, pool, record)) == want
+
+
+def test_the_limit_asked_about_is_the_users() -> None:
+    """``advise --limit``: the whole run is advised on at the user's limit, the program's own still lifted."""
+    text = advise(read_trace(TRACES / "torch-resnet35.parquet"), limit=4 << 30, jobs=1).recommendation()
+    assert ("at the limit asked about (4.00 GiB: tracekit advise torch-resnet35-whole.parquet "
+            "--limit 4294967296)") in text
+    assert "lifting the limit the program sets itself (5253845811 bytes in the recording)" in text
+
+
+def test_a_raised_cupy_pool_limit_on_a_run_that_died() -> None:
+    text = advise(read_trace(TRACES / "cupy-oom-frag.parquet"), limit=150 << 20, jobs=1).recommendation()
+    assert "fits with the pool limit raised to" in text
+    assert ("record the whole run once with room to finish (tracekit record -o cupy-oom-frag-whole.parquet "
+            "scripts/record_workloads.py oom, lifting any limit the program sets itself (268435456 "
+            "bytes") in text
+    assert "--torch" not in text
+
+
+def test_a_raw_trace_is_not_told_to_record_with_tracekit() -> None:
+    """No ``tracekit record`` command records a synthetic or imported trace: the sentence says what to do."""
+    t = read_trace(TRACES / "cupy-oom-frag.parquet")
+    raw = replace(t, meta=replace(t.meta, source=Source.SYNTHETIC))
+    text = advise(raw, limit=200 << 20, jobs=1).recommendation()
+    assert "the smallest capacity is" in text
+    assert ("record the whole run once with room to finish and advise on that trace at the limit asked about "
+            "(200.00 MiB: tracekit advise cupy-oom-frag-whole.parquet --limit 209715200)") in text
+    assert "tracekit record" not in text

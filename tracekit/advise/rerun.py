@@ -80,6 +80,22 @@ class Command:
         return cls(argv, module, os.getcwd(), torch, None, True)
 
 
+# ``tracekit record``'s options that capture a trace of each recorded kind (an ``Allocator``); a
+# kind not here (raw: synthetic or imported traces) is not recorded by ``tracekit record``
+RECORD_OPTIONS: dict[str, tuple[str, ...]] = {Allocator.TORCH: ("--torch",), Allocator.CUPY: (),
+                                              Allocator.RMM_POOL: ("--rmm",)}
+
+
+def program_words(trace: Trace) -> tuple[str, ...] | None:
+    """The recorded program as ``record``'s target words (``-m MODULE ARGS`` or ``SCRIPT ARGS``): the
+    recorder's ``rerun`` where the trace has it, else its ``python ...`` command; None: neither."""
+    rerun = trace.meta.recorded.rerun
+    if rerun is not None:
+        return ("-m",) * rerun.module + rerun.argv
+    got = program_of(trace.meta.command)
+    return None if got is None else ("-m",) * got[1] + got[0]
+
+
 def program_of(command: str | None) -> tuple[tuple[str, ...], bool] | None:
     """A recorded ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` command line as the program's
     words (script or module first) and whether it ran as a module; None where it is not one."""

@@ -27,7 +27,7 @@ from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.on_device import DeviceCheck, DeviceCheckDict
 from tracekit.advise.overhead import Room, RoomDict
-from tracekit.advise.rerun import Rerun, RerunDict, program_of
+from tracekit.advise.rerun import RECORD_OPTIONS, Rerun, RerunDict
 from tracekit.advise.verdict import ORDER, WORDS, Margin, Verdict
 from tracekit.analysis.leaks import SiteBytes
 from tracekit.inputs import safe_text, shell_word
@@ -144,18 +144,20 @@ class OwnLimit:
     certain: bool
 
 
-def _record_whole(torch: bool, trace: str | None, command: str | None,
-                  own: OwnLimit | None) -> tuple[str, str]:
-    """The command that records the whole program once with room to finish, and the trace it writes:
-    the recorded command's script and arguments where it was ``python SCRIPT ...`` or ``python -m
-    MODULE ...``, else a placeholder (a recording names its command, not always how to start it again)."""
-    got = program_of(command)
-    program = "YOUR_SCRIPT.py" if got is None else safe_text(shlex.join(("-m",) * got[1] + got[0]))
+def _record_whole(kind: str, trace: str | None, program: tuple[str, ...] | None,
+                  own: OwnLimit | None) -> tuple[str | None, str]:
+    """The command that records the whole program once with room to finish (None for a kind
+    ``tracekit record`` does not record), and the trace it writes; ``program``: the recorded
+    program's words (``rerun.program_words``), else a placeholder."""
     whole = f"{Path(trace).stem}-whole.parquet" if trace else "whole.parquet"
-    text = f"tracekit record{' --torch' if torch else ''} -o {shell_word(whole)} {program}"
+    options = RECORD_OPTIONS.get(kind)
+    if options is None:
+        return None, whole
+    target = "YOUR_SCRIPT.py" if program is None else safe_text(shlex.join(program))
+    text = f"{shlex.join(('tracekit', 'record', *options, '-o', whole))} {target}"
     if own is not None:
         whose = "the limit the program sets itself" if own.certain else "any limit the program sets itself"
-        text += f", with {whose} ({own.bytes} bytes in the recording) lifted"
+        text += f", lifting {whose} ({own.bytes} bytes in the recording) wherever the command sets it"
     return text, whole
 
 
@@ -208,6 +210,7 @@ class AdviseResult:
     devices: tuple[AdviseResult, ...] = ()  # a trace of several devices: each device's own answer
     fit_capacity: int | None = None  # nothing fits: where min_capacity_setting fits, margin kept
     own_limit: OwnLimit | None = None  # a limit record's --limit did not set
+    program: tuple[str, ...] | None = None  # the recorded program, as record's words
 
     @property
     def scope(self) -> str:
@@ -230,7 +233,9 @@ class AdviseResult:
             return (f"{o.label()} fits {where}{model}, peak reserved "
                     f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom"
                     f"{_margin_said(o)}{self._fallbacks(o)}; "
-                    f"rerun with: {self.line(o.candidate, o.capacity)}")
+                    f"rerun with: {self.line(o.candidate, o.capacity)}"
+                    # a raised limit, on a run that died: what lies past the failing request is not known
+                    f"{self._whole_run() if o.candidate.kind == Kind.CUPY_LIMIT else ''}")
         if self.room is not None:
             return self._room_sentence(self.room)
         if self.margin is not None and not self.margin.explains:
@@ -252,7 +257,7 @@ class AdviseResult:
                 text += (f"; with {c.label()} the replay gets through from {format_size(self.min_capacity)}, "
                          f"and it fits with the margin ({format_size(self.margin.bytes_at(fit))} there) from "
                          f"{format_size(fit)}: {self.line(c, fit)}{_torch_room(c, fit)}")
-                text += self._whole_run(c)
+                text += self._whole_run()
             elif fit is None and self.margin is not None and self.margin.explains and not self.margin.exact:
                 # no capacity is offered as the fix: the smallest one the replay gets through has
                 # no headroom over the margin, and none raised from it got the margin either
@@ -262,7 +267,7 @@ class AdviseResult:
             else:
                 text += (f"; the smallest capacity is {format_size(self.min_capacity)} with {c.label()} "
                          f"({self.line(c, self.min_capacity)}{_torch_room(c, self.min_capacity)})"
-                         f"{self._whole_run(c)}")
+                         f"{self._whole_run()}")
         text += f"; the live bytes alone need {format_size(self.lower_bound)}"
         if self.top_sites:
             s = self.top_sites[0]
@@ -270,18 +275,19 @@ class AdviseResult:
             text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
         return text + "."
 
-    def _whole_run(self, c: Candidate) -> str:
+    def _whole_run(self) -> str:
         """For a capacity named on a run that died: what the trace cannot say, and how to get the
         trace that can (the whole run, recorded once with room, advised at this limit)."""
         if self.failing_seq is None:  # the recording went to the program's end
             return ""
-        record, whole = _record_whole(c.kind == Kind.TORCH_CONF, self.trace, self.command, self.own_limit)
+        record, whole = _record_whole(self.kind, self.trace, self.program, self.own_limit)
+        how = f" ({record})" if record is not None else ""
         return ("; that is checked through the failing request only: the trace ends there, and the program "
-                f"asks for more after it, so record the whole run once with room to finish ({record}) and "
-                "advise on that trace at this limit "
-                f"(tracekit advise {shell_word(whole)} --limit {self.limit}): "
-                "on an H100 the ResNet-50 of docs/fidelity.md, recorded again at each capacity named, died a "
-                "few requests further on each time, and recorded whole, got a capacity it completed at")
+                f"asks for more after it, so record the whole run once with room to finish{how} and advise "
+                f"on that trace at the limit asked about ({format_size(self.limit)}: tracekit advise "
+                f"{shell_word(whole)} --limit {self.limit}): on an H100 the ResNet-50 of docs/fidelity.md, "
+                "recorded again at each capacity named, died a few requests further on each time, and, "
+                "recorded whole once, got a capacity at which it completed")
 
     def _fallbacks(self, o: Outcome) -> str:
         """Said when the verdict rests on the model of handled OOMs served (the original request in

@@ -26,6 +26,7 @@ from tracekit.advise.candidates import Candidate, Cure, Kind, cupy_pool
 from tracekit.advise.capacity import PolicyFit, live_curve, lower_bound, needed_requests
 from tracekit.advise.counterfactual import wrapped_start
 from tracekit.advise.evaluate import Outcome
+from tracekit.advise.rerun import program_words
 from tracekit.advise.result import AdviseResult, OwnLimit, RoomAdvice, rank_key
 from tracekit.advise.search import (
     Runner,
@@ -77,7 +78,10 @@ def own_limit(trace: Trace) -> OwnLimit | None:
     """The trace's pool limit where ``record --limit`` did not set it (``OwnLimit``): not of the size
     ``record`` was given (``rerun``), or with no ``rerun`` to tell (not ``certain``)."""
     limit, rerun = trace.meta.pool_limit_bytes, trace.meta.recorded.rerun
-    if not limit or (rerun is not None and rerun.limit_bytes == limit):
+    # record --torch --limit L sets the fraction L / total, which PyTorch turns back into whole bytes:
+    # L or L - 1 (4 GiB on an H100's 85,017,493,504 bytes comes back as 4,294,967,295)
+    said = rerun.limit_bytes if rerun is not None else None
+    if not limit or (said is not None and abs(said - limit) <= 1):
         return None
     return OwnLimit(int(limit), certain=rerun is not None)
 
@@ -283,7 +287,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         fit_capacity=at_margin.capacity if at_margin is not None else None,
         top_sites=top_sites,
         command=trace.meta.command if kind == Allocator.TORCH else None,
-        own_limit=own_limit(trace),
+        own_limit=own_limit(trace), program=program_words(trace),
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )
 
