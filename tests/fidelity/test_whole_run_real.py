@@ -1,6 +1,6 @@
 """advise on a run that died: the trace of the whole run, recorded once with room, against the real
 program at the capacity named (``traces/fidelity/whole-run/``, an H100; ``scripts/gpu_advise_loop.py``
-and ``scripts/gpu_fit_capacity.py``, 2026-12-07).
+and ``scripts/gpu_fit_capacity.py``, 2026-12-07): a ResNet-50 and a GPT-2 (``gpt2/``).
 
 The ResNet-50 of ``traces/fidelity/fit-capacity/`` (torchvision, AMP, ``cudnn.benchmark``, eight
 steps) was first taken round after round as advise used to ask: recorded again at the capacity named,
@@ -69,3 +69,43 @@ def test_a_run_that_died_is_told_to_record_the_whole_run() -> None:
             "--steps 8, lifting the limit the program sets itself (4575985664 bytes in the recording) "
             "wherever the command sets it)") in said
     assert "tracekit advise fraction-fit-whole.parquet --limit 4575985664" in said
+
+
+GPT2 = WHOLE / "gpt2"
+GPT2_RESULTS = json.loads((GPT2 / "results.json").read_text())
+
+
+def test_a_fit_on_a_run_that_died_early_is_said_to_hold_through_its_failing_request_only() -> None:
+    """The GPT-2 (``transformers``, ``scripts/torch_workload_gpt2.py``, 24 steps) capped at 6 GiB died
+    in its second step; on that trace ``expandable_segments:True`` fits with 18 MiB headroom. The whole
+    run, recorded with room, holds 8.12 GiB of live bytes (PyTorch's own ``max_memory_allocated`` says
+    the same), so no setting can take the program through at 6 GiB: the recommendation must say the
+    fit holds through the failing request only, and how to get the trace that answers for the run."""
+    capped = GPT2_RESULTS["capped"]
+    recorded = read_trace(GPT2 / capped["trace"])
+    assert capped["exit_code"] != 0 and capped["steps_done"] == 1
+    answer = advise(recorded, jobs=1)
+    assert answer.fits and answer.failing_seq is not None
+    whole = read_trace(GPT2 / GPT2_RESULTS["whole"]["trace"])
+    whole_answer = advise(whole, limit=capped["cap_bytes"], jobs=1)
+    live = whole_answer.lower_bound
+    assert live > capped["cap_bytes"]  # the whole run cannot fit the cap, whatever the setting
+    assert abs(live - GPT2_RESULTS["whole"]["witness"]["max_allocated"]) <= 4 << 20
+    said = answer.recommendation()
+    assert said.startswith("expandable_segments:True fits under the limit of 6.00 GiB through the failing "
+                           "request")
+    assert ("record the whole run once with room to finish (tracekit record --torch -o capped-whole.parquet "
+            "scripts/torch_workload_gpt2.py --fraction 0.07577794496725417 --steps 24, lifting the limit the "
+            "program sets itself (6442450944 bytes in the recording) wherever the command sets it)") in said
+    assert "tracekit advise capped-whole.parquet --limit 6442450944" in said
+    # and advise on the whole run names a capacity at which the real program completed
+    run = GPT2_RESULTS["advised"][0]
+    assert not whole_answer.fits and whole_answer.failing_seq is None
+    assert whole_answer.fit_capacity == run["capacity_bytes"]
+    assert whole_answer.min_capacity_setting is not None
+    assert whole_answer.min_capacity_setting.label() == run["setting"]
+    assert run["exit_code"] == 0 and run["steps_done"] == GPT2_RESULTS["steps"]
+    assert run["witness"]["num_ooms"] == 0
+    real = read_trace(GPT2 / GPT2_RESULTS["fit_trace"])
+    assert analyze_trace(real, timeline=False).summary.peak_reserved_bytes == run["witness"]["max_reserved"]
+    assert run["witness"]["max_reserved"] <= run["capacity_bytes"] < live * 1.05
