@@ -69,6 +69,7 @@ def test_a_run_that_died_is_told_to_record_the_whole_run() -> None:
             "--steps 8, lifting the limit the program sets itself (4575985664 bytes in the recording) "
             "wherever the command sets it)") in said
     assert "tracekit advise fraction-fit-whole.parquet --limit 4575985664" in said
+    assert said.count("record the whole run") == 1 and said.endswith(".")
 
 
 GPT2 = WHOLE / "gpt2"
@@ -98,6 +99,10 @@ def test_a_fit_on_a_run_that_died_early_is_said_to_hold_through_its_failing_requ
             "scripts/torch_workload_gpt2.py --fraction 0.07577794496725417 --steps 24, lifting the limit the "
             "program sets itself (6442450944 bytes in the recording) wherever the command sets it)") in said
     assert "tracekit advise capped-whole.parquet --limit 6442450944" in said
+    # said once, the scope once, and the line to paste last
+    assert said.count("record the whole run") == 1 and said.count("through the failing request") == 1
+    assert said.endswith("; rerun with: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python "
+                         "scripts/torch_workload_gpt2.py --fraction 0.07577794496725417 --steps 24")
     # and advise on the whole run names a capacity at which the real program completed
     run = GPT2_RESULTS["advised"][0]
     assert not whole_answer.fits and whole_answer.failing_seq is None

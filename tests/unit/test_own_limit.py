@@ -85,6 +85,8 @@ def test_a_raised_cupy_pool_limit_on_a_run_that_died() -> None:
             "scripts/record_workloads.py oom, lifting any limit the program sets itself (268435456 "
             "bytes") in text
     assert "--torch" not in text
+    assert text.count("record the whole run") == 1 and text.count("through the failing request") == 1
+    assert "; rerun with: cupy.get_default_memory_pool().set_limit(size=" in text  # the line, last
 
 
 def test_a_raw_trace_is_not_told_to_record_with_tracekit() -> None:
@@ -96,3 +98,4 @@ def test_a_raw_trace_is_not_told_to_record_with_tracekit() -> None:
     assert ("record the whole run once with room to finish and advise on that trace at the limit asked about "
             "(200.00 MiB: tracekit advise cupy-oom-frag-whole.parquet --limit 209715200)") in text
     assert "tracekit record" not in text
+    assert text.count("record the whole run") == 1 and text.endswith(".")

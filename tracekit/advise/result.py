@@ -232,12 +232,13 @@ class AdviseResult:
             model = "" if o.verified_by_replay else " (by the device-allocator model, not a replay)"
             # a run that died: what lies past the failing request is not known (not said where the device
             # itself ran out: the room is the device's, and the whole run cannot be recorded with more)
-            rest = self._whole_run() if self.room is None else ""
+            # (before the line, which stays last: a CuPy line may end in a comment)
+            rest = self._whole_run(scoped=True) if self.room is None else ""
             scope = " through the failing request" if rest else ""
             return (f"{o.label()} fits {where}{scope}{model}, peak reserved "
                     f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom"
-                    f"{_margin_said(o)}{self._fallbacks(o)}; "
-                    f"rerun with: {self.line(o.candidate, o.capacity)}{rest}")
+                    f"{_margin_said(o)}{self._fallbacks(o)}{rest}; "
+                    f"rerun with: {self.line(o.candidate, o.capacity)}")
         if self.room is not None:
             return self._room_sentence(self.room)
         if self.margin is not None and not self.margin.explains:
@@ -277,20 +278,22 @@ class AdviseResult:
             text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
         return text + "."
 
-    def _whole_run(self) -> str:
+    def _whole_run(self, scoped: bool = False) -> str:
         """For a fit or a capacity on a run that died: what the trace cannot say, and how to get the
-        trace that can (the whole run, recorded once with room, advised at this limit)."""
+        trace that can (the whole run, recorded once with room, advised at this limit); ``scoped``:
+        the caller has said already that the answer holds through the failing request."""
         if self.failing_seq is None:  # the recording went to the program's end
             return ""
         record, whole = _record_whole(self.kind, self.trace, self.program, self.own_limit)
         how = f" ({record})" if record is not None else ""
-        return ("; that is checked through the failing request only: the trace ends there, and the program "
-                f"goes on after it, so record the whole run once with room to finish{how} and advise "
-                f"on that trace at the limit asked about ({format_size(self.limit)}: tracekit advise "
-                f"{shell_word(whole)} --limit {self.limit}); docs/fidelity.md shows why on an H100: a "
-                "GPT-2 whose recording fit in 6 GiB needs 8.12 GiB of live bytes for its whole run, and a "
-                "ResNet-50 recorded again at each capacity named died a few requests further on each time; "
-                "recorded whole once, each got a capacity at which it completed")
+        head = "" if scoped else " that is checked through the failing request only:"
+        return (f";{head} the trace ends there, and the program would have gone on past it, so record the "
+                f"whole run once with room to finish{how} and advise on that trace at the limit asked about "
+                f"({format_size(self.limit)}: tracekit advise {shell_word(whole)} --limit {self.limit}); "
+                "docs/fidelity.md shows why on an H100: a GPT-2 on whose recording expandable_segments:True "
+                "fit 6 GiB needs 8.12 GiB of live bytes for its whole run, and a ResNet-50 recorded again at "
+                "each capacity named died a few requests further on each time; recorded whole once, each got "
+                "a capacity at which it completed")
 
     def _fallbacks(self, o: Outcome) -> str:
         """Said when the verdict rests on the model of handled OOMs served (the original request in
