@@ -78,4 +78,25 @@ def test_the_answer_is_above_the_fold(debian_chromium: Any, pages: dict[str, Pat
     assert said in ("copied", "selected: press Ctrl+C")
     if said != "copied":
         assert page.evaluate("window.getSelection().toString()") == line
+    # each of these runs died: the commands that get the whole run's answer, with their own copy button
+    whole = page.text_content("#whole-lines") or ""
+    assert page.is_visible("#whole") and whole.startswith("tracekit record ")
+    assert f"\ntracekit advise {name}-whole.parquet --limit " in whole
+    page.click("#copy-whole")
+    said = ""
+    for _ in range(100):
+        said = page.text_content("#copied-whole") or ""
+        if said:
+            break
+        page.wait_for_timeout(50)
+    assert said in ("copied", "selected: press Ctrl+C")
+    page.close()
+
+
+def test_a_run_that_completed_gets_no_whole_run_commands(debian_chromium: Any, tmp_path: Path) -> None:
+    out = write_page(TRACES / "torch-expandable.parquet", tmp_path / "p.html", advise=True)
+    page = debian_chromium.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(out.resolve().as_uri())
+    page.wait_for_function("window.tracekit && window.tracekit.ready", timeout=30_000)
+    assert page.is_visible("#answer") and not page.is_visible("#whole")
     page.close()

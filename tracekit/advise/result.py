@@ -222,6 +222,24 @@ class AdviseResult:
             text += f" {safe_text(self.command)}"  # one line, whatever the recorded command held
         return text
 
+    def whole_run_lines(self) -> tuple[str, ...]:
+        """The commands the recommendation gives for a run that died (``_whole_run``): record the whole
+        run once with room, then advise on it at the limit asked about; () where it gives none (the run
+        did not die, the device itself ran out, no fit or capacity is named, or a raw trace, which no
+        ``tracekit record`` makes). Its branches are ``recommendation``'s (a test holds them equal)."""
+        if self.failing_seq is None or self.room is not None:
+            return ()
+        fits = bool(self.fits and not self.fits[0].candidate.cures)
+        if not fits and self.margin is not None and not self.margin.explains:
+            return ()
+        named = self.min_capacity is not None and self.min_capacity_setting is not None and not (
+            self.fit_capacity is None and self.margin is not None and self.margin.explains
+            and not self.margin.exact)
+        record, whole = _record_whole(self.kind, self.trace, self.program, None)
+        if not (fits or named) or record is None:
+            return ()
+        return record, f"tracekit advise {shell_word(whole)} --limit {self.limit}"
+
     def recommendation(self) -> str:
         if self.fits and not self.fits[0].candidate.cures:
             o = self.fits[0]

@@ -295,7 +295,7 @@ def answer_of(advise: AdviseResult | str | None) -> Answer | None:
         return Answer(recommendation=r.recommendation(), setting=None, line=None, verdict="none",
                       headroom_bytes=None, margin_bytes=r.margin.bytes_at(r.limit) if r.margin else None,
                       margin_why=r.margin.why if r.margin else None, verified=None, checks=[],
-                      scope=r.scope, cures=_cures(r))
+                      scope=r.scope, cures=_cures(r), whole_run=list(r.whole_run_lines()))
     return Answer(
         recommendation=r.recommendation(),
         setting=best.label(),
@@ -308,6 +308,7 @@ def answer_of(advise: AdviseResult | str | None) -> Answer | None:
         checks=_checks(r, best),
         scope=r.scope,
         cures=_cures(r),
+        whole_run=list(r.whole_run_lines()),
     )
 
 

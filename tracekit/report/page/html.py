@@ -75,6 +75,10 @@ _BODY = """<header><h1 id="title"></h1><p id="verdict"></p><p id="explanation"><
 <section id="answer" hidden><h2>What to change</h2><p id="answer-text"></p>
 <div class="paste"><pre id="answer-line"></pre><button id="copy-line" type="button">Copy</button>
 <span id="copied" class="help" aria-live="polite"></span></div>
+<div id="whole" hidden><p class="help">The trace ends at the failing request: record the whole run once
+with room to finish (lift any limit the program sets itself), then advise on it at this limit:</p>
+<div class="paste"><pre id="whole-lines"></pre><button id="copy-whole" type="button">Copy</button>
+<span id="copied-whole" class="help" aria-live="polite"></span></div></div>
 <p id="answer-margin" class="help"></p><p id="answer-checks" class="help"></p>
 <div id="answer-cures" hidden></div></section>
 <p id="status">Loading…</p></header>

@@ -319,6 +319,7 @@ class Answer(TypedDict):
     checks: list[Check]  # each way a verdict is had: the replay (or model), the device, a real run
     scope: str
     cures: list[CureView]  # the device ran out: every cure the budget shows, the recommended ones first
+    whole_run: list[str]  # a run that died: record the whole run with room, then advise on it (or none)
 
 
 class PageModel(TypedDict):

@@ -1015,24 +1015,33 @@
   }
 
   /* ---------- the answer: what to change, above everything else ---------- */
+  /* Text shown in `pre` with a button that copies it (or, where a file:// page cannot reach the
+     clipboard API, selects it for Ctrl+C), saying which in `out`. */
+  function pasteable(pre, button, out, text) {
+    $(pre).textContent = text;
+    $(button).addEventListener("click", async () => {
+      let ok = false;
+      try { await navigator.clipboard.writeText(text); ok = true; } catch (e) { ok = false; }
+      if (!ok) {
+        const r = document.createRange(); r.selectNodeContents($(pre));
+        const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
+      }
+      $(out).textContent = ok ? "copied" : "selected: press Ctrl+C";
+    });
+  }
+
   function answer() {
     const A = M.answer;
     if (!A) return;
     $("answer").hidden = false;
     $("answer-text").textContent = A.recommendation;
     const box = $("answer-line").parentElement;
-    if (A.line) {
-      $("answer-line").textContent = A.line;
-      $("copy-line").addEventListener("click", async () => {
-        let ok = false;
-        try { await navigator.clipboard.writeText(A.line); ok = true; } catch (e) { ok = false; }
-        if (!ok) {  // file:// pages may not reach the clipboard API: select the line for Ctrl+C
-          const r = document.createRange(); r.selectNodeContents($("answer-line"));
-          const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
-        }
-        $("copied").textContent = ok ? "copied" : "selected: press Ctrl+C";
-      });
-    } else box.hidden = true;
+    if (A.line) pasteable("answer-line", "copy-line", "copied", A.line);
+    else box.hidden = true;
+    if (A.whole_run.length) {  // a run that died: how to get the trace that answers for the whole run
+      $("whole").hidden = false;
+      pasteable("whole-lines", "copy-whole", "copied-whole", A.whole_run.join("\n"));
+    }
     const parts = [];
     if (A.setting) parts.push(A.setting + ": " + (A.verdict === "fits" ? "fits" : A.verdict));
     if (A.headroom_bytes !== null && A.headroom_bytes !== undefined) parts.push("headroom " + fmtBytes(A.headroom_bytes));
