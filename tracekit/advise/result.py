@@ -120,6 +120,7 @@ class AdviseDict(TypedDict):
     min_capacity_bytes: int | None
     min_capacity_setting: str | None
     fit_capacity_bytes: int | None
+    whole_run: list[str]  # a run that died: record the whole run with room, then advise on it (or none)
     lower_bound_bytes: int
     top_sites_at_peak: list[dict[str, Any]]
     tried: list[OutcomeDict]
@@ -389,6 +390,7 @@ class AdviseResult:
             "min_capacity_bytes": self.min_capacity,
             "min_capacity_setting": self.min_capacity_setting.label() if self.min_capacity_setting else None,
             "fit_capacity_bytes": self.fit_capacity,
+            "whole_run": list(self.whole_run_lines()),
             "lower_bound_bytes": self.lower_bound,
             "top_sites_at_peak": [s.to_dict() for s in self.top_sites],
             "tried": tried,
