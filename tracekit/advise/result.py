@@ -249,9 +249,9 @@ class AdviseResult:
             if self.room is not None:
                 where = f"within the room the process had ({format_size(self.limit)})"
             model = "" if o.verified_by_replay else " (by the device-allocator model, not a replay)"
-            # a run that died: what lies past the failing request is not known (not said where the device
-            # itself ran out: the room is the device's, and the whole run cannot be recorded with more)
-            # (before the line, which stays last: a CuPy line may end in a comment)
+            # A run that died: what lies past its failing request is not known (not said where the device
+            # itself ran out: the room is the device's). Said before the line, which stays last, since a
+            # CuPy line may end in a comment.
             rest = self._whole_run(scoped=True) if self.room is None else ""
             scope = " through the failing request" if rest else ""
             return (f"{o.label()} fits {where}{scope}{model}, peak reserved "
