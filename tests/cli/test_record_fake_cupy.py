@@ -10,6 +10,7 @@ and a SIGTERM from a launcher that must still leave a finished trace.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -181,3 +182,28 @@ def test_the_recorded_script_is_never_the_output_even_with_force(tmp_path: Path)
     (tmp_path / "link.py").symlink_to("app.py")  # the same file under another name
     p = _record(tmp_path, ok, "-o", "link.py", "--force")
     assert p.returncode == 1 and (tmp_path / "app.py").read_text() == ok
+
+
+def test_a_limit_the_program_sets_itself_is_the_limit_advise_answers_at(tmp_path: Path) -> None:
+    """The program caps CuPy's pool itself once recording has begun and dies at that cap: the start
+    metadata has no limit, the OOM's measured state and the pool as the program left it have the
+    program's; advise answers at it, and names it as the program's own to lift for a whole-run
+    recording (it answered at the device's size before, and called the OOM unexplained)."""
+    program = """
+        import cupy
+        cupy.get_default_memory_pool().set_limit(size=8 * MiB)
+        kept = [cupy.empty(MiB) for _ in range(12)]
+    """.replace("MiB", str(MiB))
+    p = _record(tmp_path, program, "-o", "t.parquet")
+    assert p.returncode == 1 and "OutOfMemoryError" in p.stderr, p.stderr
+    t = read_trace(tmp_path / "t.parquet", strict=True)
+    assert t.meta.pool_limit_bytes is None  # read before the program ran
+    (state,) = t.meta.extra["oom_states"]
+    assert state["pool"]["limit_bytes"] == 8 * MiB
+    r = subprocess.run([sys.executable, "-m", "tracekit", "advise", "t.parquet", "--json", "-j", "1"],
+                       capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr  # a raised set_limit fits
+    answer = json.loads(r.stdout)
+    assert answer["limit_bytes"] == 8 * MiB and answer["limit_is"] == "limit"
+    assert "the limit the program sets itself (8388608 bytes in the recording)" in answer["recommendation"]
+    assert "the trace does not explain the failure" not in answer["recommendation"]

@@ -41,9 +41,28 @@ def _compare(path: Path, allocator: Allocator, capacity: int | None) -> tuple[di
     return doc, doc["compare_sim"]
 
 
+def _gpu_total() -> int:
+    """This GPU's memory (bytes), as ``nvidia-smi`` gives it (no CUDA context in the test's process:
+    the replays' processes get the whole device)."""
+    ask = ["nvidia-smi", "-i", "0", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    out = subprocess.run(ask, capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0]) * MiB
+
+
+def _held_here(c: dict) -> None:
+    """Skip an unbounded replay that the device ran out of where the trace's own peak of live bytes
+    does not fit this GPU: the seed's traces, recorded on an H200, hold 135.5 GiB live, more than an
+    H100 has, so the real allocator fails where the model (unbounded) does not."""
+    peak = next(r["sim"] for r in c["rows"] if r["figure"] == "peak_live_bytes")
+    total = _gpu_total()
+    if not c["agree"] and peak is not None and peak > total:
+        pytest.skip(f"the trace holds {peak} live bytes at its peak, more than this GPU's {total} bytes")
+
+
 @pytest.mark.parametrize("path", CUPY, ids=[p.name for p in CUPY])
 def test_cuda_model_agrees_with_cudamalloc_on_committed_cupy_traces(path: Path) -> None:
     _, c = _compare(path, Allocator.CUDA, None)
+    _held_here(c)
     assert c["policy"] == "cuda" and c["agree"], c["rows"]
 
 
@@ -57,6 +76,7 @@ def test_cuda_model_gives_the_device_peak_at_256_mib() -> None:
 @pytest.mark.parametrize("path", CUPY, ids=[p.name for p in CUPY])
 def test_async_model_agrees_on_the_first_oom_unbounded(path: Path) -> None:
     _, c = _compare(path, Allocator.CUPY_ASYNC, None)
+    _held_here(c)
     assert c["policy"] == "cupy-async" and c["agree"], c["rows"]
 
 

@@ -50,6 +50,22 @@ pytestmark = [pytest.mark.gpu, pytest.mark.torch,
               pytest.mark.skipif(_torch_reason() is not None, reason=str(_torch_reason()))]
 
 
+def _other_gpu(trace) -> str | None:
+    """Why the recorded run's layout need not hold here, where this GPU is not the model the trace was
+    recorded on (None where it is): its segments lie at other addresses, PyTorch breaks ties between
+    equal free blocks by address, and so the layout, and a request near the limit, can go another
+    way (seen on an H100 for H200 recordings, 2026-12-07: torch-dcgan from request 192 on, and
+    torch-resnet35 failing 8 rows before its recorded fatal OOM, at a 31.85 MB malloc). The model
+    fed this device's addresses is checked on every request before this is asked."""
+    import torch
+
+    here, there = torch.cuda.get_device_name(0), trace.meta.device.name if trace.meta.device else None
+    if there is None or here == there:
+        return None
+    return (f"replayed on an {here}, recorded on an {there}: other addresses, so ties between equal free "
+            f"blocks fall another way")
+
+
 def _free() -> int:
     import torch
 
@@ -84,10 +100,16 @@ def test_committed_trace_agrees_with_the_model_request_by_request(path: Path, tm
     # the replay follows the program past the OOMs it survived: only the fatal one stops it
     handled = handled_rows(trace.events, trace.meta.extra)
     fatal = np.flatnonzero((trace.events.op == Op.OOM) & ~handled)
+    other = _other_gpu(trace)
+    if run.first_oom != (int(fatal[0]) if len(fatal) else -1) and other is not None:
+        pytest.xfail(f"{other}; here the replay failed at row {run.first_oom}, the recording at "
+                     f"{int(fatal[0]) if len(fatal) else None}")
     assert run.first_oom == (int(fatal[0]) if len(fatal) else -1)
     assert run.handled_ooms <= int(handled.sum())
     if recorded_order.first_index is not None and path.stem in ADDRESS_ORDER:  # the rest was checked above
         pytest.xfail(ADDRESS_ORDER[path.stem])
+    if recorded_order.first_index is not None and other is not None:
+        pytest.xfail(f"{other}; from request {recorded_order.first_index} on")
     assert recorded_order.first_index is None, recorded_order.to_dict()
     # the real allocator also reproduces the recording itself
     req = replayed_requests(trace, run)

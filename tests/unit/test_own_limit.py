@@ -52,10 +52,24 @@ def test_the_command_to_record_the_whole_run_says_so(name: str, said: str) -> No
 
 
 def _with_rerun(t: Trace, pool_limit: int, record_limit: int | None) -> Trace:
-    """``t`` as if recorded under ``record --limit record_limit`` with ``pool_limit`` in its metadata."""
+    """``t`` as if recorded under ``record --limit record_limit`` and held to ``pool_limit`` all along:
+    at the start, at each OOM, at the end."""
     rerun = {"argv": ["prog.py"], "module": False, "cwd": "/w", "limit_bytes": record_limit}
-    meta = replace(t.meta, pool_limit_bytes=pool_limit, extra={**t.meta.extra, "rerun": rerun})
-    return replace(t, meta=meta)
+    return _held(replace(t, meta=replace(t.meta, pool_limit_bytes=pool_limit)), start=pool_limit,
+                 at_oom=pool_limit, end=pool_limit, rerun=rerun)
+
+
+def _held(t: Trace, *, start: int | None, at_oom: int | None, end: int | None,
+          rerun: dict[str, object] | None = None) -> Trace:
+    """``t`` with its pool limit at the start (``pool_limit_bytes``), measured at each OOM
+    (``oom_states``) and as the program left each pool (``pools``) replaced; ``rerun`` as given."""
+    extra = dict(t.meta.extra)
+    extra["pools"] = [{**p, "limit_bytes": end} for p in extra.get("pools") or []]
+    extra["oom_states"] = [{**s, "pool": {**(s.get("pool") or {}), "limit_bytes": at_oom}}
+                           for s in extra.get("oom_states") or []]
+    if rerun is not None:
+        extra["rerun"] = rerun
+    return replace(t, meta=replace(t.meta, pool_limit_bytes=start, extra=extra))
 
 
 @pytest.mark.parametrize(("pool", "record", "want"), [
@@ -99,3 +113,51 @@ def test_a_raw_trace_is_not_told_to_record_with_tracekit() -> None:
             "(200.00 MiB: tracekit advise cupy-oom-frag-whole.parquet --limit 209715200)") in text
     assert "tracekit record" not in text
     assert text.count("record the whole run") == 1 and text.endswith(".")
+
+
+# A CuPy program that calls ``set_limit`` itself once recording has begun: the recorder read no limit
+# at the start, and the pool's limit is in the trace only as measured at the OOM and as the program
+# left the pool. Advise must answer at that limit (``trace.outcome.held_limit``), as it does where the
+# limit was there from the start; before, it advised at the device's 139.80 GiB and called the OOM
+# unexplained.
+LIMIT = 256 << 20
+
+
+def test_a_limit_the_program_set_itself_is_the_limit_advised_at() -> None:
+    t = read_trace(TRACES / "cupy-oom-frag-stacks.parquet")
+    assert t.meta.pool_limit_bytes == LIMIT
+    rerun = {"argv": ["scripts/record_workloads.py", "oom"], "module": False, "cwd": "/w",
+             "limit_bytes": None}
+    own = _held(t, start=None, at_oom=LIMIT, end=LIMIT, rerun=rerun)
+    before, after = advise(t, jobs=1), advise(own, jobs=1)
+    assert after.limit == before.limit == LIMIT
+    assert [(o.candidate.label(), o.verdict, o.peak_reserved) for o in after.tried] == \
+        [(o.candidate.label(), o.verdict, o.peak_reserved) for o in before.tried]
+    assert after.fits and after.fits[0].candidate == before.fits[0].candidate
+    assert own_limit(own) == OwnLimit(LIMIT, certain=True)  # no record --limit: the program's own
+    assert "lifting the limit the program sets itself (268435456 bytes in the recording)" in \
+        after.recommendation()
+
+
+@pytest.mark.parametrize(("start", "at_oom", "end", "want"), [
+    (None, LIMIT, LIMIT, LIMIT),  # set by the program after the start
+    (LIMIT, 300 << 20, 300 << 20, 300 << 20),  # record --limit, then the program's own: the OOM's
+    (None, None, LIMIT, LIMIT),  # not measured at the OOM: as the program left the pool
+    (LIMIT, None, None, None),  # the program lifted it: the pool as it was left has none
+])
+def test_the_limit_held_to(start: int | None, at_oom: int | None, end: int | None, want: int | None) -> None:
+    from tracekit.trace.outcome import held_limit
+
+    t = _held(read_trace(TRACES / "cupy-oom-frag-stacks.parquet"), start=start, at_oom=at_oom, end=end)
+    assert held_limit(t.events, t.meta) == want
+    assert held_limit(t.events, t.meta, device=0) == want
+
+
+def test_without_pools_or_states_the_start_limit() -> None:
+    """A trace with neither (an older recording, a replay's output): the limit at the start."""
+    t = read_trace(TRACES / "cupy-oom-frag.parquet")
+    assert not t.meta.recorded.oom_states and not t.meta.recorded.pool_limits
+    from tracekit.trace.outcome import held_limit
+
+    assert held_limit(t.events, t.meta) == LIMIT
+    assert held_limit(t.events, replace(t.meta, pool_limit_bytes=None)) is None

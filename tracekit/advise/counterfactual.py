@@ -49,6 +49,7 @@ from tracekit.sim.pool_run import release_points
 from tracekit.sim.prepare import prepare as replay_input
 from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.events import Events, segment_delta
+from tracekit.trace.outcome import held_limit
 from tracekit.trace.reader import Trace
 from tracekit.trace.recorded import TORCH_SETTINGS_KEY
 from tracekit.trace.schema import Op, Source
@@ -67,7 +68,7 @@ def initial_mask(trace: Trace) -> np.ndarray:
     return replay_input(trace).initial
 
 
-def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
+def internal_releases(trace: Trace, limit: int | None = None) -> np.ndarray:
     """Bool per event: ``segment_free`` rows of runs the recorded allocator made to serve a request."""
     ev = trace.events
     n = len(ev)
@@ -77,6 +78,8 @@ def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
     starts = np.flatnonzero(release_points(ev.op, init))
     if len(starts) == 0:
         return out
+    if limit is None:
+        limit = held_limit(ev, trace.meta)
     reserved = np.cumsum(segment_delta(ev))  # after each row
     # The row after each run: the first row at or after the start that is not a segment_free.
     not_free = np.where(~free, np.arange(n), n)
@@ -100,9 +103,9 @@ def internal_releases(trace: Trace, limit: int | None) -> np.ndarray:
 def prepare(trace: Trace, limit: int | None = None) -> Trace:
     """The trace as counterfactual input: allocator-internal releases and recorded settings removed.
 
-    ``limit`` is the limit the recording ran under (default: its ``pool_limit_bytes``).
+    ``limit`` is the limit the recording ran under (default: the one it was held to,
+    ``trace.outcome.held_limit``, looked up only where the trace has releases to judge).
     """
-    limit = trace.meta.pool_limit_bytes if limit is None else limit
     drop = internal_releases(trace, limit)
     out = _keep(trace, ~drop) if drop.any() else trace
     if TORCH_SETTINGS_KEY in trace.meta.extra:

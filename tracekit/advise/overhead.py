@@ -54,9 +54,10 @@ import numpy as np
 from tracekit.advise.candidates import Candidate, Cure, Kind, cupy_pool, torch
 from tracekit.analysis.diagnosis import Diagnosis
 from tracekit.analysis.oom_budget import FreeSource, How, Moment, OOMBudget, moment_drop
-from tracekit.analysis.recording import ProcessUse, extra_column, pool_limits
+from tracekit.analysis.recording import ProcessUse, extra_column
 from tracekit.analysis.summary import OOMReport
 from tracekit.sim.base import Allocator
+from tracekit.trace.outcome import held_limit
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.units import format_size as fs
@@ -147,15 +148,12 @@ def room_at(report: OOMReport | None, pool_limit: int | None) -> Room | None:
 
 
 def failing_pool_limit(trace: Trace, report: OOMReport) -> int | None:
-    """The limit of the pool that raised: measured at the OOM, else its ``pools`` entry, else the trace's."""
+    """The limit of the pool that raised: measured at the OOM, else the one the device was held to
+    (``held_limit``)."""
     m = report.budget.moment if report.budget is not None else None
     if m is not None and m.state is not None and m.state.pool_limit is not None:
         return m.state.pool_limit
-    limits = {lim for (dev, _), lim in pool_limits(trace.meta.recorded).items() if dev == report.device}
-    if len(limits) == 1:
-        return limits.pop()
-    lim = trace.meta.pool_limit_bytes
-    return int(lim) if lim else None
+    return held_limit(trace.events, trace.meta, report.device)
 
 
 def cures(trace: Trace, kind: str, report: OOMReport) -> tuple[Cure, ...]:

@@ -8,8 +8,9 @@ fatal OOM (else the first that ran out, else the first device).
 The limit is ``limit`` when given, else, when the device (not a pool limit) ran out at the
 reported OOM and its free memory was measured there, the room the process had
 (``tracekit.advise.overhead``: free + its pools' reserved bytes; overhead cures are then
-offered), else the pool limit the trace was recorded under, else (raw traces) the device
-total. Pool traces (PyTorch, CuPy) are replayed as counterfactual input
+offered), else the limit the run was held to at its failing request
+(``trace.outcome.held_limit``: a limit the program set itself counts), else (raw traces) the
+device total. Pool traces (PyTorch, CuPy) are replayed as counterfactual input
 (``tracekit.advise.counterfactual``); raw traces as they are. The stages and the pruning are
 those of ``tracekit.advise.search``.
 """
@@ -44,7 +45,7 @@ from tracekit.sim import policies
 from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
 from tracekit.trace.devices import split_devices
-from tracekit.trace.outcome import fatal_row, fatal_seq
+from tracekit.trace.outcome import failing_row, fatal_seq, held_limit
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import UserCode
@@ -61,11 +62,15 @@ def trace_kind(trace: Trace) -> str:
     return allocator if allocator is not None else "raw"
 
 
-def pick_limit(trace: Trace, limit: int | None, device_total: int | None) -> int:
+def pick_limit(trace: Trace, limit: int | None, device_total: int | None, device: int | None = None) -> int:
+    """The limit to advise at: ``limit`` where given, else the limit the run was held to on
+    ``device`` (``held_limit``: at the failing request, else the default pool's as the program left
+    it, so a limit the program set itself counts), else the device's size."""
     if limit is not None:
         return limit
-    if trace.meta.pool_limit_bytes:
-        return int(trace.meta.pool_limit_bytes)
+    held = held_limit(trace.events, trace.meta, device)
+    if held:
+        return held
     dev = trace.meta.device
     total = device_total or (dev.total_bytes if dev else None)
     if total:
@@ -74,10 +79,11 @@ def pick_limit(trace: Trace, limit: int | None, device_total: int | None) -> int
     raise UsageError(f"{where}the trace records no limit and no device size; give --limit SIZE")
 
 
-def own_limit(trace: Trace) -> OwnLimit | None:
-    """The trace's pool limit where ``record --limit`` did not set it (``OwnLimit``): not of the size
-    ``record`` was given (``rerun``), or with no ``rerun`` to tell (not ``certain``)."""
-    limit, rerun = trace.meta.pool_limit_bytes, trace.meta.recorded.rerun
+def own_limit(trace: Trace, device: int | None = None) -> OwnLimit | None:
+    """The limit the run was held to on ``device`` (``held_limit``) where ``record --limit`` did not
+    set it (``OwnLimit``): not of the size ``record`` was given (``rerun``), or with no ``rerun`` to
+    tell (not ``certain``). A CuPy program's own ``set_limit`` after recording began counts."""
+    limit, rerun = held_limit(trace.events, trace.meta, device), trace.meta.recorded.rerun
     # record --torch --limit L sets the fraction L / total, which PyTorch turns back into whole bytes:
     # L or L - 1 (4 GiB on an H100's 85,017,493,504 bytes comes back as 4,294,967,295)
     said = rerun.limit_bytes if rerun is not None else None
@@ -101,22 +107,11 @@ def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
     return by_label(stack_ids(ev)[b], ev.size[b], CallSites.of(stack_table(ev), user_code), TOP_SITES)
 
 
-def _failing_row(trace: Trace) -> int | None:
-    """The row of the request the run failed at: the fatal OOM (``trace.outcome.fatal_seq``), else,
-    where the program survived every OOM, the first one; None without OOMs."""
-    ev = trace.events
-    ooms = np.flatnonzero(ev.op == Op.OOM)
-    if len(ooms) == 0:
-        return None
-    row = fatal_row(ev, trace.meta.recorded)
-    return row if row is not None else int(ooms[0])
-
-
 def _site_of_failure(trace: Trace) -> str | None:
     """The failing request's recorded one-frame ``site`` (where ``free_all_blocks()`` would go:
     the candidate's evaluation finds the rows by that name)."""
     ev = trace.events
-    row = _failing_row(trace)
+    row = failing_row(ev, trace.meta.recorded)
     if row is None or ev.site[row] < 0:
         return None
     return ev.sites[ev.site[row]]
@@ -211,7 +206,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     if room is not None and limit is not None:  # the user's question, with the room said beside it
         asked.append(f"--limit {limit} asked instead of the room the device left: {room.sentence()}")
         room = None
-    cap = room.bytes if room is not None else pick_limit(trace, limit, device_total)
+    cap = room.bytes if room is not None else pick_limit(trace, limit, device_total, device)
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
     from tracekit.sim import policies as registry
 
@@ -287,7 +282,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         fit_capacity=at_margin.capacity if at_margin is not None else None,
         top_sites=top_sites,
         command=trace.meta.command if kind == Allocator.TORCH else None,
-        own_limit=own_limit(trace), program=program_words(trace),
+        own_limit=own_limit(trace, device), program=program_words(trace),
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
     )
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tracekit.inputs import optional_int
+from tracekit.trace.outcome import pool_limit_of
 from tracekit.trace.recorded import truthy
 from tracekit.trace.schema import Source, TraceMeta
 
@@ -144,8 +145,7 @@ def device_context_for(meta: TraceMeta, device: int, home: bool) -> DeviceContex
     ctx = device_context(meta)
     if ctx.replay_policy is not None:
         return ctx
-    limits = sorted((pid, lim) for (dev, pid), lim in meta.recorded.pool_limits.items() if dev == device)
-    limit = limits[0][1] if limits else (ctx.limit if home else None)  # the lowest pool id: the default pool
+    limit = pool_limit_of(meta, device, home)
     if home:
         return replace(ctx, limit=limit)
     return DeviceContext(limit=limit, expandable_segments=ctx.expandable_segments)

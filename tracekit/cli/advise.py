@@ -13,7 +13,8 @@ def advise(
     trace: Path = typer.Argument(..., help="A trace (.parquet): a CuPy recording, a PyTorch import, or raw."),
     limit: str | None = typer.Option(
         None, "--limit", help="The limit to fit under (default: where the device ran out and its free memory "
-        "was measured, the room the process had; else the recorded pool limit, else the device)."
+        "was measured, the room the process had; else the pool limit the run was held to, set by record "
+        "or by the program, else the device)."
     ),
     device_total: str | None = typer.Option(
         None, "--device-total", help="The device under the pool (default: unbounded)."

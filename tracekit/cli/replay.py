@@ -175,7 +175,8 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
 
 
 def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
-    """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit."""
+    """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit (the default
+    pool's as the program left it, else at the start: ``trace.outcome.pool_limit_of``)."""
     from tracekit.errors import UsageError
     from tracekit.sim import policies
     from tracekit.trace.reader import read_meta
@@ -189,7 +190,11 @@ def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
         return value
     if not policies.get(sim).traits.recorded_limit:
         return None
-    limit = read_meta(trace).pool_limit_bytes
+    from tracekit.trace.outcome import pool_limit_of
+
+    meta = read_meta(trace)
+    home = meta.recorded.home_device([])
+    limit = pool_limit_of(meta, home if home is not None else 0, True)  # one the program set itself too
     if limit:
         from tracekit.cli.common import say
 

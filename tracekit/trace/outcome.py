@@ -13,6 +13,10 @@ instead; advise and export name the fatal one). The fatal OOM, in order of evide
 
 Every other OOM is *handled* (``handled_rows``). ``tracekit.analysis.fatal`` says who
 handled them.
+
+The limit the run was held to where it failed (``held_limit``) is read here too: a program may set
+its own limit after recording began (CuPy's ``set_limit`` at the top of a script), so the limit at
+the start (``pool_limit_bytes``) is the last evidence of it, not the first.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ import numpy as np
 
 from tracekit.trace.events import Events
 from tracekit.trace.recorded import MAX_STATES, ExitInfo, RecordedMeta, as_int, as_text
-from tracekit.trace.schema import Op
+from tracekit.trace.schema import Op, TraceMeta
 
-__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "fatal_row", "fatal_seq", "handled_rows",
-           "v1_oom_seq"]
+__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "failing_row", "fatal_row", "fatal_seq",
+           "handled_rows", "held_limit", "pool_limit_of", "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
 
@@ -70,6 +74,58 @@ def fatal_row(ev: Events, recorded: RecordedMeta | Mapping[str, Any]) -> int | N
         return None
     at = np.flatnonzero(ev.seq == np.uint64(fatal))
     return int(at[0]) if len(at) else None
+
+
+def failing_row(ev: Events, recorded: RecordedMeta | Mapping[str, Any],
+                device: int | None = None) -> int | None:
+    """The row of the request the run failed at: the fatal OOM (``fatal_row``), else, where the
+    program survived every OOM, the first one; only ``device``'s rows where one is given; None
+    without OOMs there."""
+    ooms = np.flatnonzero(ev.op == Op.OOM)
+    if device is not None:
+        ooms = ooms[ev.device[ooms] == device]
+    if len(ooms) == 0:
+        return None
+    row = fatal_row(ev, recorded)
+    return row if row is not None and (device is None or int(ev.device[row]) == device) else int(ooms[0])
+
+
+def pool_limit_of(meta: TraceMeta, device: int, home: bool) -> int | None:
+    """The limit of ``device``'s default pool as the program left it (bytes; None: none): its
+    ``pools`` entry of the lowest id (the recorder writes each entry's limit at the end), else, for
+    the ``home`` device the start metadata describes, the limit at the start (``pool_limit_bytes``;
+    CuPy's 0 reads as none)."""
+    limits = sorted((pid, lim) for (dev, pid), lim in meta.recorded.pool_limits.items() if dev == device)
+    if limits:
+        return limits[0][1]
+    start = meta.pool_limit_bytes if home else None
+    return int(start) if start else None
+
+
+def held_limit(ev: Events, meta: TraceMeta, device: int | None = None) -> int | None:
+    """The allocator limit the run was held to (bytes; None: none found), on ``device`` (default:
+    the failing request's, else the home device): the pool limit measured at the failing request
+    (its ``oom_states`` entry), else the device's default pool's limit as the program left it
+    (``pool_limit_of``). A limit the program set itself after recording began is found either way;
+    ``pool_limit_bytes`` alone would miss it."""
+    recorded = meta.recorded
+    row = failing_row(ev, recorded, device)
+    if row is not None:
+        state = recorded.oom_states.get(int(ev.seq[row]))
+        if state is not None and state.pool_limit is not None:
+            return state.pool_limit
+        device = int(ev.device[row]) if device is None else device
+    if device is not None:
+        devices = [device]
+    else:  # the sort only for a trace of several devices
+        lo, hi = (int(ev.device.min()), int(ev.device.max())) if len(ev) else (0, 0)
+        devices = [lo] if lo == hi else [int(d) for d in np.unique(ev.device)]
+    home = recorded.home_device(devices)
+    where = device if device is not None else home
+    if where is None:
+        start = meta.pool_limit_bytes
+        return int(start) if start else None
+    return pool_limit_of(meta, where, where == home)
 
 
 def _device_of(recorded: RecordedMeta, seq: int) -> int | None:
