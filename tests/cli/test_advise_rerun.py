@@ -50,6 +50,7 @@ def test_rerun_runs_the_program_under_the_best_settings(tmp_path: Path) -> None:
     assert raised["ran"] and raised["predicted"] == "fits"
     assert raised["finished"] and raised["exit_code"] == 0 and raised["got_past_failing_request"]
     assert raised["agrees"] is True and raised["real_ooms"] == 0
+    assert raised["limit_held_bytes"] == raised["limit_asked_bytes"] and not raised["overridden"]
     assert raised["real_peak_reserved_bytes"] == 5 << 20  # five 1 MiB device allocations
     pool = runs["CuPy default pool"]
     assert pool["ran"] and not pool["finished"] and pool["got_past_failing_request"] is False
@@ -100,3 +101,29 @@ def test_past_the_failing_request_is_named_by_stack_size_and_ordinal(tmp_path: P
     assert past(failing, recorded("sooner.parquet", 3, "2MiB")) is False  # died before making it
     assert past(failing, recorded("fits.parquet", 5, "8MiB")) is True
     assert past(None, read_trace(tmp_path / "fits.parquet")) is None  # nothing failed: nothing to get past
+
+
+OWN_LIMIT = """
+    import cupy
+    cupy.get_default_memory_pool().set_limit(size=4 << 20)  # whatever record's --limit said
+    keep = [cupy.empty(1 << 20) for _ in range(5)]
+    print("done", len(keep))
+"""
+
+
+def test_a_rerun_the_program_held_to_its_own_limit_claims_nothing(tmp_path: Path) -> None:
+    """The program sets its own limit whatever ``record --limit`` set: the rerun of a raised ``set_limit``
+    runs under the program's limit, not the setting's. It is said so, and neither agrees nor disagrees."""
+    (tmp_path / "app.py").write_text(textwrap.dedent(OWN_LIMIT))
+    rec = _tk(tmp_path, "record", "-o", "t.parquet", "app.py")
+    assert rec.returncode == 1 and "OutOfMemoryError" in rec.stderr, rec.stderr
+    res = _tk(tmp_path, "advise", "t.parquet", "--json", "--jobs", "1", "--rerun", "1")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["limit_bytes"] == 4 << 20  # the program's own, not the device's
+    (raised,) = [r for r in d["reruns"] if r["setting"].startswith("CuPy pool, set_limit")]
+    assert raised["ran"] and raised["limit_asked_bytes"] > 4 << 20 and raised["limit_held_bytes"] == 4 << 20
+    assert raised["overridden"] and raised["agrees"] is None and not raised["finished"]
+    assert "the program set a limit of its own (4194304 bytes) over record's --limit" in raised["note"]
+    text = _tk(tmp_path, "advise", "t.parquet", "--jobs", "1", "--rerun", "1", "--rerun-dir", "again")
+    assert "(not run under it)" in text.stdout, text.stdout

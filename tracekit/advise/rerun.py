@@ -46,7 +46,7 @@ from tracekit.advise.verdict import ORDER, Verdict
 from tracekit.errors import UsageError
 from tracekit.sim.base import Allocator
 from tracekit.trace.events import segment_delta
-from tracekit.trace.outcome import fatal_row
+from tracekit.trace.outcome import fatal_row, held_limit
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 
@@ -126,6 +126,9 @@ class RerunDict(TypedDict):
     agrees: bool | None
     trace: str | None
     seconds: float | None
+    limit_asked_bytes: int | None
+    limit_held_bytes: int | None
+    overridden: bool
 
 
 @dataclass(frozen=True)
@@ -145,11 +148,21 @@ class Rerun:
     real_ooms: int | None = None
     trace: str | None = None
     seconds: float | None = None
+    limit_asked: int | None = None  # record's --limit for the rerun
+    limit_held: int | None = None  # the limit the rerun was held to (``trace.outcome.held_limit``)
+
+    @property
+    def overridden(self) -> bool:
+        """The program set a limit of its own over record's ``--limit``: it did not run under the
+        setting (PyTorch's ±1-byte rounding of a fraction is not another limit)."""
+        return self.limit_asked is not None and self.limit_held is not None and \
+            abs(self.limit_held - self.limit_asked) > 1
 
     @property
     def agrees(self) -> bool | None:
-        """A fit must get past the failing request (or finish), a no must not; borderline claims neither."""
-        if not self.ran or self.predicted in (Verdict.BORDERLINE, Verdict.ERROR):
+        """A fit must get past the failing request (or finish), a no must not; borderline claims neither,
+        nor does a run the program held to a limit of its own."""
+        if not self.ran or self.overridden or self.predicted in (Verdict.BORDERLINE, Verdict.ERROR):
             return None
         real = self.got_past if self.got_past is not None else self.finished
         return None if real is None else real == (self.predicted == Verdict.FITS)
@@ -161,7 +174,8 @@ class Rerun:
             ran=self.ran, note=self.note, exit_code=self.exit_code, timed_out=self.timed_out,
             got_past_failing_request=self.got_past, finished=self.finished,
             real_peak_reserved_bytes=self.real_peak, real_ooms=self.real_ooms, agrees=self.agrees,
-            trace=self.trace, seconds=self.seconds)
+            trace=self.trace, seconds=self.seconds, limit_asked_bytes=self.limit_asked,
+            limit_held_bytes=self.limit_held, overridden=self.overridden)
 
 
 def choose(tried: Sequence[Outcome], n: int) -> tuple[list[Outcome], list[Outcome]]:
@@ -253,8 +267,14 @@ def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, 
     except Exception as e:  # a rerun's trace that cannot be read is said, not raised
         return replace(base, note=f"the rerun's trace could not be read: {e}")
     got_past = past(need, t)
-    return replace(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
-                 real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)))
+    ran = replace(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
+                  real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)), limit_asked=cap,
+                  limit_held=held_limit(t.events, t.meta))
+    if ran.overridden:  # a set_limit (or memory fraction) in the program, after record set its own
+        said = (f"the program set a limit of its own ({ran.limit_held} bytes) over record's --limit {cap}: "
+                f"it did not run under this setting; change the limit where the program sets it")
+        ran = replace(ran, note="; ".join(n for n in (ran.note, said) if n))
+    return ran
 
 
 def _stop(p: subprocess.Popen[bytes]) -> int:

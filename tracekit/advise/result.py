@@ -482,7 +482,8 @@ def rerun_lines(reruns: Sequence[Rerun]) -> list[str]:
         done = yn(r.finished) + (" (timed out)" if r.timed_out else "") + f" (exit {r.exit_code})"
         rows.append((r.setting, WORDS[r.predicted], yn(r.got_past), done,
                      f"{format_size(r.predicted_peak)} / {real}",
-                     {True: "yes", False: "NO", None: "(borderline: no claim)"}[r.agrees]))
+                     "(not run under it)" if r.overridden
+                     else {True: "yes", False: "NO", None: "(borderline: no claim)"}[r.agrees]))
     out = ["rerun: the recorded program run for real under each setting (tracekit record):"]
     out += ["  " + line for line in _table(rows, right=())]
     out += [f"  {r.setting}: {r.note}" for r in reruns if r.ran and r.note]
