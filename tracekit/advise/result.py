@@ -306,13 +306,11 @@ class AdviseResult:
         record, whole = _record_whole(self.kind, self.trace, self.program, self.own_limit)
         how = f" ({record})" if record is not None else ""
         head = "" if scoped else " that is checked through the failing request only:"
-        return (f";{head} the trace ends there, and the program would have gone on past it, so record the "
-                f"whole run once with room to finish{how} and advise on that trace at the limit asked about "
-                f"({format_size(self.limit)}: tracekit advise {shell_word(whole)} --limit {self.limit}); "
-                "docs/fidelity.md shows why on an H100: a GPT-2 on whose recording expandable_segments:True "
-                "fit 6 GiB needs 8.12 GiB of live bytes for its whole run, and a ResNet-50 recorded again at "
-                "each capacity named died a few requests further on each time; recorded whole once, each got "
-                "a capacity at which it completed")
+        advise_whole = f"tracekit advise {shell_word(whole)} --limit {self.limit}"
+        return (f";{head} the trace ends there, and the program would have gone on past it "
+                "(docs/fidelity.md: a GPT-2 that fit 6 GiB up to its failing request needed 8.12 GiB for its "
+                f"whole run), so record the whole run once with room to finish{how} and advise on that trace "
+                f"at the limit asked about ({format_size(self.limit)}: {advise_whole})")
 
     def _fallbacks(self, o: Outcome) -> str:
         """Said when the verdict rests on the model of handled OOMs served (the original request in
