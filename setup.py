@@ -10,10 +10,12 @@ files' contents and on the CPU, so a wheel's kernels load on any machine with
 the build machine's CPU model; elsewhere they compile on first use, or with
 ``python -m tracekit.cli.precompile``. ``TRACEKIT_NO_PRECOMPILE=1`` skips the step.
 
-The C extension ``tracekit.record._fastpath`` (the recorder's frame-window hash and shared-memory
-ring) is built where a C compiler is found and left out elsewhere (``optional=True``: the build
-warns and goes on), since ``tracekit.record.fastpath`` falls back to pure Python without it. An
-editable install builds it beside its source; ``python setup.py build_ext --inplace`` rebuilds it.
+The C extensions ``tracekit.record._fastpath`` (the recorder's frame-window hash and shared-memory
+ring) and ``tracekit.trace._readpass`` (the reader's pass, so a first read need not wait for numba)
+are built where a C compiler is found and left out elsewhere (``optional=True``: the build warns
+and goes on), since ``tracekit.record.fastpath`` falls back to pure Python and
+``tracekit.trace.readpass`` to numba without them. An editable install builds them beside their
+sources; ``python setup.py build_ext --inplace`` rebuilds them.
 """
 
 import os
@@ -46,5 +48,6 @@ class BuildPy(build_py):
 
 setup(
     cmdclass={"build_py": BuildPy},
-    ext_modules=[Extension("tracekit.record._fastpath", ["tracekit/record/_fastpath.c"], optional=True)],
+    ext_modules=[Extension("tracekit.record._fastpath", ["tracekit/record/_fastpath.c"], optional=True),
+                 Extension("tracekit.trace._readpass", ["tracekit/trace/_readpass.c"], optional=True)],
 )

@@ -10,6 +10,8 @@ compiled pairing pass into numba's cache, as after the first use on a machine.
 twice: the first read (numba loading the reader's compiled pass from its cache included) and a
 second one, with the peak RSS of the process. ``--against DIR``: the same runs, interleaved, with
 the tracekit of another checkout (the code before a change); min and median of ``--runs``.
+``--pass-ab``: the same runs, interleaved, with the reader's pass in numba
+(``TRACEKIT_READ_PASS=numba``) beside the C pass this tree was built with (``tracekit.trace.readpass``).
 
     python3 scripts/bench_trace_io.py [--events 10000000] [--pattern random ...]
     python3 scripts/bench_trace_io.py --read /tmp/r10m.parquet [--against /tmp/base] [--runs 5]
@@ -56,21 +58,22 @@ print(t1 - t0, t2 - t1, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 102
 """
 
 
-def read_once(tree: Path, trace: str) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+def read_once(tree: Path, trace: str, read_pass: str = "") -> list[float]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "TRACEKIT_READ_PASS": read_pass}
     out = subprocess.run([sys.executable, "-c", READ, trace], cwd=tree, env=env, capture_output=True,
                          text=True, check=True)
     return [float(x) for x in out.stdout.split()]
 
 
-def reads(trace: str, against: Path | None, runs: int) -> None:
-    trees = {"this tree": ROOT, **({f"against {against}": against} if against else {})}
-    for tree in trees.values():
-        read_once(tree, trace)  # the kernels into numba's cache for that tree
+def reads(trace: str, against: Path | None, runs: int, pass_ab: bool = False) -> None:
+    trees = {"this tree": (ROOT, ""), **({f"against {against}": (against, "")} if against else {}),
+             **({"this tree, the numba pass": (ROOT, "numba")} if pass_ab else {})}
+    for tree, how in trees.values():
+        read_once(tree, trace, how)  # the kernels into numba's cache for that tree
     got: dict[str, list[list[float]]] = {name: [] for name in trees}
     for _ in range(runs):
-        for name, tree in trees.items():
-            got[name].append(read_once(tree, trace))
+        for name, (tree, how) in trees.items():
+            got[name].append(read_once(tree, trace, how))
     head = f"{'read ' + Path(trace).name:<40}{'first s':>9}{'(med)':>7}{'second s':>10}{'(med)':>7}"
     print(f"{head}{'RSS GiB':>9}")
     for name, rows in got.items():
@@ -85,12 +88,13 @@ def main() -> None:
     ap.add_argument("--pattern", nargs="+", default=["random", "training", "fragmenting"])
     ap.add_argument("--read", metavar="TRACE", help="time the read of TRACE alone (see above)")
     ap.add_argument("--against", type=Path, default=None, help="with --read: another checkout, interleaved")
+    ap.add_argument("--pass-ab", action="store_true", help="with --read: numba's pass beside, interleaved")
     ap.add_argument("--runs", type=int, default=5)
     a = ap.parse_args()
     if a.read:
         print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")
-        reads(a.read, a.against, a.runs)
+        reads(a.read, a.against, a.runs, a.pass_ab)
         return
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")

@@ -152,20 +152,22 @@ def test_an_unknown_op_is_the_readers_error(tmp_path: Path, monkeypatch: pytest.
 
 def test_a_pass_that_fails_in_its_thread_leaves_the_pairing_to_the_reader(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tracekit.trace import _kernels
+    from tracekit.trace import _kernels, readpass
 
     path = _write(tmp_path / "t.parquet", _random_events(5, 300), 50)
     monkeypatch.setattr(columns_module, "WINDOW_ROWS", 60)
-    real = _kernels.ReadPass.run
     calls = []
 
-    def fails_once(self, *args):
-        calls.append(1)
-        if len(calls) == 2:
-            raise MemoryError("in the thread")
-        return real(self, *args)
+    def fails_once(real):
+        def run(self, *args):
+            calls.append(1)
+            if len(calls) == 2:
+                raise MemoryError("in the thread")
+            return real(self, *args)
+        return run
 
-    monkeypatch.setattr(_kernels.ReadPass, "run", fails_once)
+    for cls in (_kernels.ReadPass, readpass.CReadPass):  # whichever pass this build runs
+        monkeypatch.setattr(cls, "run", fails_once(cls.run))
     ahead, alone, used = _read_both(path, monkeypatch)
     _same(ahead, alone)
     assert used[0] is False

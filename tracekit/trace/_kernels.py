@@ -9,13 +9,11 @@ pairing, which needs numba anyway.
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 import numpy as np
 from numba import njit
 
 from tracekit.compiled import plain
-from tracekit.trace.issues import Found, IssueKind
+from tracekit.trace.issues import Found, IssueKind, PassState
 from tracekit.trace.live_table import EMPTY, grow, new_table, remove, slot, tag_of, too_full
 from tracekit.trace.schema import Op
 
@@ -23,7 +21,7 @@ from tracekit.trace.schema import Op
 # its slot: 10M events whose blocks each have an address of their own paired in 0.3 s, not 1.32 s
 # with every address kept in 16M slots). Whether a free of no live allocation frees an address
 # allocated before (a double free) or one never allocated is decided after the pass, for those
-# frees alone (``_classify_unpaired``).
+# frees alone (``classify_unpaired``).
 
 
 @plain
@@ -57,24 +55,11 @@ def _found(found, what, i):  # pragma: no cover - compiled
         found[what] = i
 
 
-class PassState(IntEnum):
-    """Slots of the pass's scalar state (int64), kept between the calls of ``pass_until_full``:
-    the table of live allocations grows between two calls (``grow`` makes arrays, which a
-    ``plain`` kernel may not)."""
-
-    AT = 0  # the next event to read
-    USED = 1  # live allocations in the table
-    UNPAIRED = 2  # frees of no live allocation so far: counted by kind after the pass
-    LIVE_BYTES = 3  # the rounded sizes of the live blocks kept (bytes)
-    RESERVED = 4  # the sizes of the live segments kept (bytes)
-    COUNTING = 5  # 1 until the totals' first step past the limit (they are exact up to it)
-
-
 def read_pass(op, seq, t_ns, addr, size, rounded, device, keep, mate, counts, first, found,
               max_request, limit, checks):
     """One pass in event order over the pairing table: an allocation claims its key (value := i),
     a free pairs with the value (mate both ways) and empties the slot; the rest is flagged (a free
-    of no live allocation by ``_classify_unpaired`` after the pass); ``keep`` (all
+    of no live allocation by ``classify_unpaired`` after the pass); ``keep`` (all
     True) and ``mate`` (all -1) are initialized here, event by event. With
     ``checks``, also every per-event check of the reader, each fault's first event index written
     to ``found`` (indexed by ``Found``; -1: none); without, ``t_ns``, ``size``, ``rounded`` and
@@ -124,7 +109,7 @@ class ReadPass:
     def finish(self, op, addr, device) -> None:
         """After the last event: the frees of no live allocation counted by kind."""
         if self.state[PassState.UNPAIRED]:
-            _classify_unpaired(op, addr, device, self.keep, self.counts, self.first)
+            classify_unpaired(op, addr, device, self.keep, self.counts, self.first)
 
 
 @plain(nogil=True)  # nogil: run beside the read, in the reader's pairing thread (``trace.ahead``)
@@ -210,7 +195,7 @@ def pass_until_full(keys, tags, vals, state, op, seq, t_ns, addr, size, rounded,
 
 
 @njit(cache=True)
-def _classify_unpaired(op, addr, device, keep, counts, first):  # pragma: no cover - compiled
+def classify_unpaired(op, addr, device, keep, counts, first):  # pragma: no cover - compiled
     """Count each free of no live allocation (dropped by the pass) as a double free where its
     address was allocated before it (on its device, of its class), else as a free of an address
     never allocated: a table of those frees' addresses, then one scan in event order that marks an

@@ -34,7 +34,7 @@ from tracekit.trace.schema import INT_COLUMNS
 from tracekit.trace.validate import Pairing, checked_pairing, pass_tables, read_only
 
 if TYPE_CHECKING:
-    from tracekit.trace._kernels import ReadPass
+    from tracekit.trace.readpass import PassLike
 
 __all__ = ["PASSED", "PairingAhead"]
 
@@ -55,7 +55,7 @@ class PairingAhead:
         self._views: tuple[np.ndarray, ...] = ()
         self._tables: tuple[np.ndarray, ...] = ()
         self._found = np.full(len(Found), -1, np.int64)
-        self._pass: ReadPass | None = None
+        self._pass: PassLike | None = None
         self._work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._failed = False
@@ -117,11 +117,11 @@ class PairingAhead:
         return True
 
     def _loop(self) -> None:
-        from tracekit.trace._kernels import ReadPass  # numba: loaded by the reader's loading thread
+        from tracekit.trace.readpass import new_read_pass  # C, else numba (loaded by the reader's thread)
 
         keep, mate, counts, first = self._tables
         try:
-            run = ReadPass(keep, mate, counts, first, self._found, self._max_request, self._limit, True)
+            run = new_read_pass(keep, mate, counts, first, self._found, self._max_request, self._limit, True)
             self._pass = run
             op, seq, t_ns, addr, size, rounded, device = self._views
             while (end := self._work.get()) is not None:

@@ -1,5 +1,5 @@
 """The kinds of event-level inconsistency a reader finds (``tracekit.trace.validate``), and their counts;
-the faults its one compiled pass looks for (``Found``).
+the faults its one compiled pass looks for (``Found``) and the slots of that pass's state (``PassState``).
 
 Apart from the pairing itself so that its compiled kernels (``tracekit.trace._kernels``) can name
 them without importing the module that loads them.
@@ -43,6 +43,20 @@ class Found(IntEnum):
     OVER_LIVE = 3  # live bytes of the kept events reach 2^62
     OVER_RESERVED = 4  # reserved bytes of the kept events reach 2^62
     PAST_END = 5  # a kept block or segment runs past the end of the 64-bit address space
+
+
+class PassState(IntEnum):
+    """Slots of the reader's pass's scalar state (int64), kept between its calls (``_kernels.
+    pass_until_full``, and the same pass compiled ahead of time, ``_readpass``): the numba pass stops
+    where its table of live allocations must grow (``live_table.grow`` makes arrays, which a ``plain``
+    kernel may not), and both are handed the rows read so far, a window at a time."""
+
+    AT = 0  # the next event to read
+    USED = 1  # live allocations in the table
+    UNPAIRED = 2  # frees of no live allocation so far: counted by kind after the pass
+    LIVE_BYTES = 3  # the rounded sizes of the live blocks kept (bytes)
+    RESERVED = 4  # the sizes of the live segments kept (bytes)
+    COUNTING = 5  # 1 until the totals' first step past the limit (they are exact up to it)
 
 
 class Severity(IntEnum):

@@ -39,6 +39,7 @@ from tracekit.trace.containment import check_pool
 from tracekit.trace.events import Events
 from tracekit.trace.finishing import wait_for
 from tracekit.trace.pages import MAX_PAGES, PageError, decompressed_bytes
+from tracekit.trace.readpass import COMPILED
 from tracekit.trace.schema import (
     INT_COLUMNS,
     META_KEY,
@@ -52,7 +53,16 @@ from tracekit.trace.schema import (
 from tracekit.trace.stacks import META_KEY as STACKS_KEY
 from tracekit.trace.stacks import StackTable, from_json, with_kinds
 from tracekit.trace.totals import MAX_SIZE, check_ranges, check_totals, over_error, past_end_error
-from tracekit.trace.validate import EventIssue, Found, IssueKind, Pairing, pair_and_check, remap_mate
+from tracekit.trace.validate import (
+    EventIssue,
+    Found,
+    IssueKind,
+    Pairing,
+    pair_and_check,
+    pass_tables,
+    read_only,
+    remap_mate,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -282,7 +292,8 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
                                   or n in wanted], [*INT_COLUMNS, STACK_FIELD.name], window)
         finally:
             ahead.stop()  # its rows passed, or (a failed read) the thread ended
-        loading.join()
+        if not COMPILED:
+            loading.join()
         ev, pairing, found = _read_events(p, src, schema, stacks, ahead)
         ev = _with_kinds(ev, meta)
         extra_tbl = _read_extras(src, extra_names) if (extras and extra_names) else None
@@ -316,14 +327,22 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
 
 
 def _load_pass() -> threading.Thread:
-    """numba and the compiled pass loaded (from numba's cache) in a thread while Arrow reads the file
-    (its reads let go of the GIL), so the first read of a process does not wait for them after it."""
+    """numba and its pass loaded (from numba's cache) in a thread while Arrow reads the file (its reads
+    let go of the GIL). Where the reader's pass is numba's (``readpass.COMPILED`` false) the read
+    waits for it after the file is in; where the pass is the C one the read does not wait, and the
+    verbs' own kernels, which follow the read, find numba loaded or loading (2-core machine: whole
+    ``replay`` and ``analyze`` of 10M events 0.1-0.15 s slower where numba began loading only after
+    the read)."""
 
     def load() -> None:
         with contextlib.suppress(Exception):  # anything amiss shows again where the pass is used
+            from tracekit.trace._kernels import read_pass
+
             none = np.zeros(0, np.uint64)  # the types of the real call: one compiled signature
-            pair_and_check(np.zeros(0, np.int8), none, none.view(np.int64), none, none, none.copy(),
-                           np.zeros(0, np.int16), MAX_REQUEST, MAX_SIZE)
+            op, seq, t_ns, addr, size, device = read_only(np.zeros(0, np.int8), none, none.view(np.int64),
+                                                          none, none, np.zeros(0, np.int16))
+            read_pass(op, seq, t_ns, addr, size, none.copy(), device, *pass_tables(0),
+                      np.full(len(Found), -1, np.int64), np.uint64(MAX_REQUEST), np.int64(MAX_SIZE), True)
             from tracekit.trace.live_table import grow, new_table  # the pass's table grows past 2,048 live
 
             grow(*new_table())

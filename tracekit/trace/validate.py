@@ -38,7 +38,7 @@ def pair_events(op: np.ndarray, addr: np.ndarray, device: np.ndarray, seq: np.nd
     """Pair frees with mallocs (and segment frees with segment allocs); with ``size``, also
     flag blocks that lie in another device's segments only."""
     keep, mate, counts, first = pass_tables(len(op))
-    from tracekit.trace._kernels import read_pass  # numba: loaded here, once the events are read
+    from tracekit.trace.readpass import read_pass  # C where built, else numba: loaded here, once read
 
     none = np.zeros(0, np.uint64)  # not read without the checks; of the types the checks take
     op_, seq_, t_ns_, addr_, size_, device_ = read_only(op, seq, none.view(np.int64), addr, none, device)
@@ -58,7 +58,7 @@ def pair_and_check(op: np.ndarray, seq: np.ndarray, t_ns: np.ndarray, addr: np.n
     and left to ``totals.check_totals`` and ``check_ranges`` over the final pairing."""
     keep, mate, counts, first = pass_tables(len(op))
     found = np.full(len(Found), -1, np.int64)
-    from tracekit.trace._kernels import read_pass  # numba: loaded here, once the events are read
+    from tracekit.trace.readpass import read_pass  # C where built, else numba: loaded here, once read
 
     op_, seq_, t_ns_, addr_, size_, device_ = read_only(op, seq, t_ns, addr, size, device)
     read_pass(op_, seq_, t_ns_, addr_, size_, rounded, device_, keep, mate, counts, first, found,
