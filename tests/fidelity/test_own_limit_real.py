@@ -58,3 +58,12 @@ def test_the_raised_limit_ran_past_the_failing_request_with_the_peak_predicted()
     through = np.flatnonzero(real.events.seq <= 164)
     reserved = np.cumsum(segment_delta(real.events))[through]
     assert int(reserved.max()) == raised.peak_reserved == 322_437_120
+
+
+def test_the_setting_a_real_run_ran_under_names_the_programs_limit() -> None:
+    """``advise.fidelity.run_setting``, what a real run is compared under: the program's 256 MiB, not
+    "no limit" (its start metadata has none)."""
+    from tracekit.advise.fidelity import run_setting
+
+    text, _, _, capacity = run_setting(read_trace(HERE / "own.parquet"))
+    assert (text, capacity) == ("set_limit(256.00 MiB)", 256 * MiB)

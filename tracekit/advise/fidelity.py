@@ -31,6 +31,7 @@ from tracekit.advise.counterfactual import counterfactual_replay, initial_mask, 
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator, PolicyRun, SimConfig
 from tracekit.trace.events import segment_delta
+from tracekit.trace.outcome import held_limit
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op, Source
 from tracekit.units import format_size
@@ -179,13 +180,14 @@ def compare(base: Trace, run: Trace, setting: str, options: dict[str, str], poli
 
 
 def run_setting(run: Trace) -> tuple[str, str, dict[str, str], int | None]:
-    """(setting text, policy, options, capacity) that ``run`` was recorded under."""
+    """(setting text, policy, options, capacity) that ``run`` was recorded under; the capacity is the
+    limit it was held to (``held_limit``: one the program set itself counts)."""
+    limit = held_limit(run.events, run.meta)
     if run.meta.source == Source.TORCH:
         from tracekit.sim.torch_rules import options_from_snapshot
 
         opts = options_from_snapshot(run.meta.recorded.torch_settings.snapshot)
-        return _conf_text(opts), policies.modelling(Allocator.TORCH), opts, run.meta.pool_limit_bytes
-    limit = run.meta.pool_limit_bytes
+        return _conf_text(opts), policies.modelling(Allocator.TORCH), opts, limit
     text = f"set_limit({format_size(limit)})" if limit else "no limit"
     return text, policies.modelling(Allocator.CUPY), {}, limit
 
