@@ -207,3 +207,31 @@ def test_a_limit_the_program_sets_itself_is_the_limit_advise_answers_at(tmp_path
     assert answer["limit_bytes"] == 8 * MiB and answer["limit_is"] == "limit"
     assert "the limit the program sets itself (8388608 bytes in the recording)" in answer["recommendation"]
     assert "the trace does not explain the failure" not in answer["recommendation"]
+
+
+def test_a_killed_recordings_limit_is_records(tmp_path: Path) -> None:
+    """Killed before its end, a recording's ``pools`` entries do not say the pools' limits (the recorder
+    reads them at the program's normal end): ``record --limit``'s, from the start, is the one advise
+    and replay answer at, not none."""
+    program = """
+        import os, signal, time, cupy
+        keep = [cupy.empty(MiB) for _ in range(3)]
+        for _ in range(3000):  # rows enough for the spool to be written, with its note of the pools
+            del keep[-1]
+            keep.append(cupy.empty(4096))
+        time.sleep(1.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """.replace("MiB", str(MiB))
+    p = _record(tmp_path, program, "--limit", "8MiB", "-o", "t.parquet")
+    assert p.returncode == -signal.SIGKILL or p.returncode == 128 + signal.SIGKILL, p.stderr
+    t = read_trace(tmp_path / "t.parquet")
+    assert t.meta.extra["complete"] is False and t.meta.pool_limit_bytes == 8 * MiB
+    assert [e.get("limit_bytes") for e in t.meta.extra["pools"]] == [None]  # not read: killed
+    env = _env()
+    r = subprocess.run([sys.executable, "-m", "tracekit", "advise", "t.parquet", "--json", "-j", "1"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["limit_bytes"] == 8 * MiB
+    r = subprocess.run([sys.executable, "-m", "tracekit", "replay", "t.parquet", "--sim", "cupy"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0 and "replaying under the recorded pool limit of 8.00 MiB" in r.stderr, r.stderr

@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tracekit.advise.result import OwnLimit
 from tracekit.advise.run import advise, own_limit
 from tracekit.trace.reader import Trace, read_trace
-from tracekit.trace.schema import Source
+from tracekit.trace.schema import Op, Source
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 
@@ -142,8 +143,10 @@ def test_a_limit_the_program_set_itself_is_the_limit_advised_at() -> None:
 @pytest.mark.parametrize(("start", "at_oom", "end", "want"), [
     (None, LIMIT, LIMIT, LIMIT),  # set by the program after the start
     (LIMIT, 300 << 20, 300 << 20, 300 << 20),  # record --limit, then the program's own: the OOM's
+    (None, 200 << 20, 300 << 20, 200 << 20),  # raised after the failing request: the one it failed at
     (None, None, LIMIT, LIMIT),  # not measured at the OOM: as the program left the pool
-    (LIMIT, None, None, None),  # the program lifted it: the pool as it was left has none
+    (LIMIT, None, 0, None),  # the program lifted it: the pool as it was left has none (CuPy's 0)
+    (LIMIT, None, None, LIMIT),  # a killed recording: its pools entries do not say; record's limit
 ])
 def test_the_limit_held_to(start: int | None, at_oom: int | None, end: int | None, want: int | None) -> None:
     from tracekit.trace.outcome import held_limit
@@ -161,3 +164,36 @@ def test_without_pools_or_states_the_start_limit() -> None:
 
     assert held_limit(t.events, t.meta) == LIMIT
     assert held_limit(t.events, replace(t.meta, pool_limit_bytes=None)) is None
+
+
+def test_a_user_pools_own_limit_is_not_the_default_pools() -> None:
+    """The failing request was a user pool's (``ooms`` names its pool), which had a limit of its own:
+    no setting of the default pool answers that, so the default pool's limit (none) is the one held."""
+    from tracekit.trace.outcome import held_limit
+
+    t = _held(read_trace(TRACES / "cupy-oom-frag-stacks.parquet"), start=None, at_oom=4 << 20, end=0)
+    extra = dict(t.meta.extra)
+    extra["pools"] = [*extra["pools"], {"id": 1, "device": 0, "kind": "pool", "label": "user 1",
+                                        "limit_bytes": 4 << 20}]
+    extra["ooms"] = [{**o, "pool_id": 1} for o in extra["ooms"]]
+    user = replace(t, meta=replace(t.meta, extra=extra))
+    assert held_limit(user.events, user.meta) is None
+    extra["ooms"] = [{**o, "pool_id": 0} for o in extra["ooms"]]  # the default pool's: its measured limit
+    default = replace(t, meta=replace(t.meta, extra=extra))
+    assert held_limit(default.events, default.meta) == 4 << 20
+
+
+def test_each_device_is_held_to_its_own_default_pool() -> None:
+    """A trace's part on device 1 (``trace.devices.split_devices`` keeps the metadata, which describes
+    device 0): device 1's default pool, not the start's limit of device 0."""
+    from tracekit.trace.outcome import held_limit
+
+    t = read_trace(TRACES / "cupy-mlp.parquet")
+    assert not (t.events.op == Op.OOM).any()
+    extra = {**t.meta.extra, "device_id": 0, "pools": [
+        {"id": 0, "device": 0, "kind": "pool", "label": "default", "limit_bytes": 8 << 20},
+        {"id": 1, "device": 1, "kind": "pool", "label": "default", "limit_bytes": 0}]}
+    meta = replace(t.meta, pool_limit_bytes=8 << 20, extra=extra)
+    on1 = replace(t.events, device=np.ones(len(t.events), t.events.device.dtype))
+    assert held_limit(on1, meta) is None and held_limit(on1, meta, device=1) is None
+    assert held_limit(t.events, meta) == 8 << 20 and held_limit(on1, meta, device=0) == 8 << 20

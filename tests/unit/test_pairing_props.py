@@ -9,13 +9,22 @@ every free's malloc, the counts of each issue and the first event of each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.trace._kernels import read_pass
+from tracekit.trace import _kernels, readpass
 from tracekit.trace.issues import IssueKind
 from tracekit.trace.schema import Op
+
+# Both passes: numba's, and the C one where the package was built with it (``trace.readpass``).
+PASSES = [pytest.param(_kernels.read_pass, id="numba"),
+          pytest.param(readpass.read_pass, id="c", marks=pytest.mark.skipif(
+              not readpass.COMPILED,
+              reason="tracekit.trace._readpass was not built (no C compiler at install)"))]
 
 FREED = -1
 
@@ -58,7 +67,8 @@ def _reference(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> Pairing:
     return keep, mate, counts, first
 
 
-def _compiled(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> Pairing:
+def _compiled(read_pass: Callable[..., None], op: np.ndarray, addr: np.ndarray,
+              device: np.ndarray) -> Pairing:
     n = len(op)
     keep, mate = np.empty(n, np.bool_), np.empty(n, np.int64)
     counts, first = np.zeros(len(IssueKind), np.int64), np.full(len(IssueKind), -1, np.int64)
@@ -69,11 +79,12 @@ def _compiled(op: np.ndarray, addr: np.ndarray, device: np.ndarray) -> Pairing:
             {k: int(first[k]) for k in IssueKind if first[k] >= 0})
 
 
+@pytest.mark.parametrize("read_pass", PASSES)
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000),
        addresses=st.sampled_from([4, 64, 5000, 10**6]), devices=st.integers(1, 3), segments=st.booleans())
-def test_the_pass_pairs_and_flags_as_the_reference(seed: int, n: int, addresses: int, devices: int,
-                                                   segments: bool) -> None:
+def test_the_pass_pairs_and_flags_as_the_reference(read_pass: Callable[..., None], seed: int, n: int,
+                                                   addresses: int, devices: int, segments: bool) -> None:
     """Random rows over a pool of ``addresses`` addresses (few: many double frees and mallocs at
     live addresses; many: mostly frees of addresses never allocated and a table that must grow and
     shrink), mallocs weighted so that most frees find their block."""
@@ -88,15 +99,16 @@ def test_the_pass_pairs_and_flags_as_the_reference(seed: int, n: int, addresses:
         back = i - int(rng.integers(1, 20))
         if back >= 0 and op[back] == Op.MALLOC:
             addr[i], device[i] = addr[back], device[back]
-    assert _compiled(op, addr, device) == _reference(op, addr, device)
+    assert _compiled(read_pass, op, addr, device) == _reference(op, addr, device)
 
 
-def test_a_table_that_grows_past_its_first_slots_and_empties_again() -> None:
+@pytest.mark.parametrize("read_pass", PASSES)
+def test_a_table_that_grows_past_its_first_slots_and_empties_again(read_pass: Callable[..., None]) -> None:
     """100,000 blocks live at once at addresses of their own, all freed, again at the same addresses:
     every free finds its malloc, nothing is flagged."""
     k = 100_000
     addr = np.concatenate([np.arange(1, k + 1, dtype=np.uint64) << np.uint64(20)] * 4)
     op = np.concatenate([np.full(k, Op.MALLOC, np.int8), np.full(k, Op.FREE, np.int8)] * 2)
-    keep, mate, counts, first = _compiled(op, addr, np.zeros(len(op), np.int16))
+    keep, mate, counts, first = _compiled(read_pass, op, addr, np.zeros(len(op), np.int16))
     assert all(keep) and not counts and not first
     assert mate[:k] == list(range(k, 2 * k)) and mate[2 * k:3 * k] == list(range(3 * k, 4 * k))

@@ -46,7 +46,7 @@ def _events(draw: st.DrawFn) -> dict[str, np.ndarray]:
     near_end = np.uint64(2**64 - 4096)
     addr_pool = [0x1000, 0x2000, 0x3000, 0x100000, int(near_end)] + [0x10000 * k for k in range(1, 12)]
     addrs = draw(st.lists(st.sampled_from(addr_pool), min_size=n, max_size=n))
-    sizes = draw(st.lists(st.sampled_from([0, 1, 512, 4096, 1 << 20, 1 << 40, 1 << 61, 2**64 - 1]),
+    sizes = draw(st.lists(st.sampled_from([0, 1, 512, 4096, 1 << 20, 1 << 40, 1 << 60, 1 << 61, 2**64 - 1]),
                           min_size=n, max_size=n))
     rounded_zero = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     devices = draw(st.lists(st.sampled_from([0, 0, 0, 1]), min_size=n, max_size=n))
@@ -153,3 +153,23 @@ def test_the_totals_reach_the_limit_at_equality(op: list[Op], limit: int,
     for make in (CReadPass, ReadPass):
         found = _run(make, ev, True, [], limit)[4]
         assert [(Found(k), i) for k, i in enumerate(found) if i >= 0] == ([want] if want else [])
+
+
+def test_a_probe_run_that_wraps_past_the_tables_end() -> None:
+    """0xbfd00 and 0x1acc00 both hash to the last of the 4,096 slots and 0xecf00 to slot 0: the
+    second and third wrap to the start, and freeing the first must move them back across the end."""
+    addr = np.array([0xBFD00, 0x1ACC00, 0xECF00] * 2, np.uint64)
+    ev = {"op": np.array([Op.MALLOC] * 3 + [Op.FREE] * 3, np.int8), "seq": np.arange(6, dtype=np.uint64),
+          "t_ns": np.arange(6, dtype=np.int64), "addr": addr, "size": np.full(6, 512, np.uint64),
+          "rounded": np.full(6, 512, np.uint64), "device": np.zeros(6, np.int16)}
+    for make in (CReadPass, ReadPass):
+        keep, mate, counts = _run(make, ev, True, [], 1 << 62)[:3]
+        assert all(keep) and not any(counts) and mate == [3, 4, 5, 0, 1, 2]
+
+
+def test_counts_too_short_for_the_issue_codes_are_refused() -> None:
+    c = CReadPass(np.empty(1, np.bool_), np.empty(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                  np.full(len(Found), -1, np.int64), 1 << 60, 1 << 62, False)
+    one = np.zeros(1, np.uint64)
+    with pytest.raises(ValueError, match="shorter than the events"):
+        c.run(np.zeros(1, np.int8), one, one.view(np.int64), one, one, one.copy(), np.zeros(1, np.int16), 1)

@@ -46,7 +46,7 @@ from tracekit.advise.verdict import ORDER, Verdict
 from tracekit.errors import UsageError
 from tracekit.sim.base import Allocator
 from tracekit.trace.events import segment_delta
-from tracekit.trace.outcome import fatal_row, held_limit
+from tracekit.trace.outcome import fatal_row, pool_limit_of
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 
@@ -149,14 +149,15 @@ class Rerun:
     trace: str | None = None
     seconds: float | None = None
     limit_asked: int | None = None  # record's --limit for the rerun
-    limit_held: int | None = None  # the limit the rerun was held to (``trace.outcome.held_limit``)
+    limit_held: int | None = None  # the rerun's default pool's limit as the program left it (None: none)
 
     @property
     def overridden(self) -> bool:
-        """The program set a limit of its own over record's ``--limit``: it did not run under the
-        setting (PyTorch's ±1-byte rounding of a fraction is not another limit)."""
-        return self.limit_asked is not None and self.limit_held is not None and \
-            abs(self.limit_held - self.limit_asked) > 1
+        """The program set a limit of its own over record's ``--limit`` (or lifted it): it did not run
+        under the setting (PyTorch's ±1-byte rounding of a fraction is not another limit)."""
+        if self.limit_asked is None:
+            return False
+        return self.limit_held is None or abs(self.limit_held - self.limit_asked) > 1
 
     @property
     def agrees(self) -> bool | None:
@@ -267,12 +268,16 @@ def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, 
     except Exception as e:  # a rerun's trace that cannot be read is said, not raised
         return replace(base, note=f"the rerun's trace could not be read: {e}")
     got_past = past(need, t)
+    # record --limit sets the default pool of the device the program starts on: that pool, as the
+    # program left it (a killed rerun's entries do not say: the limit at the start, record's own)
+    home = t.meta.recorded.home_device([])
     ran = replace(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
                   real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)), limit_asked=cap,
-                  limit_held=held_limit(t.events, t.meta))
+                  limit_held=pool_limit_of(t.meta, home if home is not None else 0, True))
     if ran.overridden:  # a set_limit (or memory fraction) in the program, after record set its own
-        said = (f"the program set a limit of its own ({ran.limit_held} bytes) over record's --limit {cap}: "
-                f"it did not run under this setting; change the limit where the program sets it")
+        held = f"a limit of its own ({ran.limit_held} bytes)" if ran.limit_held is not None else "no limit"
+        said = (f"the program set {held} over record's --limit {cap}: it did not run under this "
+                f"setting; change the limit where the program sets it")
         ran = replace(ran, note="; ".join(n for n in (ran.note, said) if n))
     return ran
 

@@ -142,15 +142,15 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
     from tracekit.trace.devices import require_single_device_file
     from tracekit.units import format_size, parse_size
 
+    device = require_single_device_file(trace, "a simulated replay")
     config = SimConfig(
-        capacity=_capacity(trace, sim, capacity),
+        capacity=_capacity(trace, sim, capacity, device),
         device_total=parse_size(device_total, "--device-total") if device_total is not None else None,
         continue_on_oom=continue_on_oom,
         options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
         stop_at_first_oom=stop_at_first_oom,
         per_event=output is not None,  # printed: the summary alone
     )
-    require_single_device_file(trace, "a simulated replay")
     bar = Progress("replaying", enabled=sys.stderr.isatty(), min_total=PROGRESS_MIN_EVENTS)
     try:
         result = replay_file(trace, sim, config, output=output, command=" ".join(["tracekit", *sys.argv[1:]]),
@@ -174,9 +174,10 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
         )
 
 
-def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
-    """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit (the default
-    pool's as the program left it, else at the start: ``trace.outcome.pool_limit_of``)."""
+def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None) -> int | None:
+    """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit of the trace's
+    ``device`` (its default pool's as the program left it, else at the start:
+    ``trace.outcome.pool_limit_of``)."""
     from tracekit.errors import UsageError
     from tracekit.sim import policies
     from tracekit.trace.reader import read_meta
@@ -193,8 +194,9 @@ def _capacity(trace: Path, sim: str, capacity: str | None) -> int | None:
     from tracekit.trace.outcome import pool_limit_of
 
     meta = read_meta(trace)
-    home = meta.recorded.home_device([])
-    limit = pool_limit_of(meta, home if home is not None else 0, True)  # one the program set itself too
+    home = meta.recorded.home_device([] if device is None else [device])
+    where = device if device is not None else home if home is not None else 0
+    limit = pool_limit_of(meta, where, where == home)  # one the program set itself too
     if limit:
         from tracekit.cli.common import say
 

@@ -22,6 +22,7 @@ enum { IK_MALLOC_LIVE, IK_SEGMENT_ALLOC_LIVE, N_IK };
 enum { F_SEQ_BACK, F_T_BACK, F_BIG_REQUEST, F_OVER_LIVE, F_OVER_RESERVED, F_PAST_END, N_F };
 enum { S_AT, S_USED, S_UNPAIRED, S_LIVE_BYTES, S_RESERVED, S_COUNTING, N_S };
 static long long op_code[N_OP], issue_code[N_IK], found_code[N_F], state_slot[N_S];
+static long long max_issue, max_found, max_state; /* the largest index into counts/first, found, state */
 static int configured = 0;
 
 #define EMPTY (-1)
@@ -163,6 +164,10 @@ static PyObject *table_run(TableObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_RuntimeError, "_readpass.configure() was not called");
         return NULL;
     }
+    if (!self->keys) {
+        PyErr_SetString(PyExc_RuntimeError, "run(): the Table was not initialized");
+        return NULL;
+    }
     if (nargs != N_ARRAYS + 4) {
         PyErr_Format(PyExc_TypeError, "run() takes %d arguments (%zd given)", N_ARRAYS + 4, nargs);
         return NULL;
@@ -189,10 +194,11 @@ static PyObject *table_run(TableObject *self, PyObject *const *args, Py_ssize_t 
         goto fail;
     Py_ssize_t n = v[A_OP].len;
     int64_t *state = v[A_STATE].buf;
-    if (v[A_STATE].len / 8 < N_S || end_ll < 0 || end_ll > n || v[A_SEQ].len / 8 < n
+    if (v[A_STATE].len / 8 < max_state + 1 || v[A_COUNTS].len / 8 < max_issue + 1
+        || v[A_FIRST].len / 8 < max_issue + 1 || end_ll < 0 || end_ll > n || v[A_SEQ].len / 8 < n
         || v[A_ADDR].len / 8 < n || v[A_DEVICE].len / 2 < n || v[A_KEEP].len < n || v[A_MATE].len / 8 < n
         || (checks && (v[A_T_NS].len / 8 < n || v[A_SIZE].len / 8 < n || v[A_ROUNDED].len / 8 < n
-                       || v[A_FOUND].len / 8 < N_F))
+                       || v[A_FOUND].len / 8 < max_found + 1))
         || state[state_slot[S_AT]] < 0 || state[state_slot[S_AT]] > n) {
         PyErr_SetString(PyExc_ValueError, "run(): the arrays are shorter than the events passed");
         goto fail;
@@ -378,6 +384,26 @@ static PyObject *configure(PyObject *module, PyObject *args)
     if (codes_from(ops, op_code, N_OP, "ops") < 0 || codes_from(issues, issue_code, N_IK, "issues") < 0
         || codes_from(found, found_code, N_F, "found") < 0 || codes_from(state, state_slot, N_S, "state") < 0)
         return NULL;
+    long long *const tables[] = {issue_code, found_code, state_slot};
+    const int sizes[] = {N_IK, N_F, N_S};
+    long long *const maxima[] = {&max_issue, &max_found, &max_state};
+    for (int t = 0; t < 3; t++) {
+        *maxima[t] = 0;
+        for (int k = 0; k < sizes[t]; k++) {
+            if (tables[t][k] < 0 || tables[t][k] > 1024) {
+                PyErr_SetString(PyExc_ValueError, "configure(): an index out of range");
+                return NULL;
+            }
+            if (tables[t][k] > *maxima[t])
+                *maxima[t] = tables[t][k];
+        }
+    }
+    for (int k = 0; k < N_OP; k++) {
+        if (op_code[k] < -128 || op_code[k] > 127) {
+            PyErr_SetString(PyExc_ValueError, "configure(): an op code is not an int8");
+            return NULL;
+        }
+    }
     configured = 1;
     Py_RETURN_NONE;
 }

@@ -59,12 +59,10 @@ def single_device(trace: Trace, what: str) -> Trace:
     raise InputError(_mixed(trace.path if trace.path is not None else "the trace", devs, what))
 
 
-def require_single_device_file(path: str | os.PathLike[str], what: str) -> None:
+def require_single_device_file(path: str | os.PathLike[str], what: str) -> int | None:
     """``single_device`` for a trace file, from its ``device`` column's statistics where they say
-    one device (nothing read), else from that column alone (cheap).
-
-    A file that cannot be read this way is left for the full reader to reject.
-    """
+    one device (nothing read), else from that column alone (cheap); the one device, None where the
+    file has no events or cannot be read this way (left for the full reader to reject)."""
     from tracekit.trace.reader import close_parquet, open_parquet  # the input policy
 
     _, pf = open_parquet(path)
@@ -76,11 +74,12 @@ def require_single_device_file(path: str | os.PathLike[str], what: str) -> None:
             col = pf.read(columns=["device"]).column(0)
             devs = sorted(int(d) for d in pc.unique(col).to_pylist() if d is not None)
     except (OSError, ValueError, KeyError, IndexError, pa.ArrowException):
-        return
+        return None
     finally:
         close_parquet(pf)
     if len(devs) > 1:
         raise InputError(_mixed(path, devs, what))
+    return devs[0] if devs else None
 
 
 def _one_device_by_statistics(pf: pq.ParquetFile) -> list[int] | None:

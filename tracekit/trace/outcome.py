@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.trace.events import Events
-from tracekit.trace.recorded import MAX_STATES, ExitInfo, RecordedMeta, as_int, as_text
+from tracekit.trace.recorded import MAX_STATES, ExitInfo, PoolInfo, RecordedMeta, as_int, as_text
 from tracekit.trace.schema import Op, TraceMeta
 
 __all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "failing_row", "fatal_row", "fatal_seq",
@@ -92,34 +92,46 @@ def failing_row(ev: Events, recorded: RecordedMeta | Mapping[str, Any],
 
 def pool_limit_of(meta: TraceMeta, device: int, home: bool) -> int | None:
     """The limit of ``device``'s default pool as the program left it (bytes; None: none): its
-    ``pools`` entry of the lowest id (the recorder writes each entry's limit at the end), else, for
-    the ``home`` device the start metadata describes, the limit at the start (``pool_limit_bytes``;
-    CuPy's 0 reads as none)."""
-    limits = sorted((pid, lim) for (dev, pid), lim in meta.recorded.pool_limits.items() if dev == device)
-    if limits:
-        return limits[0][1]
+    ``pools`` entry of the lowest id, where the entry says it (``PoolInfo.limit_known``: the
+    recorder writes it at the program's normal end), else, for the ``home`` device the start
+    metadata describes, the limit at the start (``pool_limit_bytes``; CuPy's 0 reads as none)."""
+    default = _default_pool(meta.recorded, device)
+    if default is not None and default.limit_known:
+        return default.limit
     start = meta.pool_limit_bytes if home else None
     return int(start) if start else None
 
 
+def _default_pool(recorded: RecordedMeta, device: int) -> PoolInfo | None:
+    """``device``'s default pool: its ``pools`` entry of the lowest id; None where it has none."""
+    return min((p for p in recorded.pools if p.device == device), key=lambda p: p.id, default=None)
+
+
 def held_limit(ev: Events, meta: TraceMeta, device: int | None = None) -> int | None:
-    """The allocator limit the run was held to (bytes; None: none found), on ``device`` (default:
-    the failing request's, else the home device): the pool limit measured at the failing request
-    (its ``oom_states`` entry), else the device's default pool's limit as the program left it
-    (``pool_limit_of``). A limit the program set itself after recording began is found either way;
-    ``pool_limit_bytes`` alone would miss it."""
+    """The allocator limit the run was held to (bytes; None: none found), on ``device`` (default: the
+    failing request's, else the events' one device, else the home device): the limit of the default
+    pool measured at the failing request (its ``oom_states`` entry; not where another pool of the
+    program's raised it, which no setting of the default pool answers), else the device's default
+    pool's limit as the program left it (``pool_limit_of``). A limit the program set itself after
+    recording began is found either way; ``pool_limit_bytes`` alone would miss it."""
     recorded = meta.recorded
     row = failing_row(ev, recorded, device)
     if row is not None:
-        state = recorded.oom_states.get(int(ev.seq[row]))
-        if state is not None and state.pool_limit is not None:
-            return state.pool_limit
+        seq = int(ev.seq[row])
         device = int(ev.device[row]) if device is None else device
-    if device is not None:
-        devices = [device]
-    else:  # the sort only for a trace of several devices
+        state = recorded.oom_states.get(seq)
+        pool = next((o.pool_id for o in recorded.ooms if o.seq == seq and o.pool_id is not None), None)
+        default = _default_pool(recorded, device)
+        ours = pool is None or default is None or pool == default.id
+        if ours and state is not None and state.pool_limit is not None:
+            return state.pool_limit
+    if device is None:  # the sort only for a trace of several devices
         lo, hi = (int(ev.device.min()), int(ev.device.max())) if len(ev) else (0, 0)
         devices = [lo] if lo == hi else [int(d) for d in np.unique(ev.device)]
+        if len(ev) and lo == hi:
+            device = lo
+    else:
+        devices = [device]
     home = recorded.home_device(devices)
     where = device if device is not None else home
     if where is None:

@@ -180,8 +180,15 @@ class PoolInfo:
 
     @property
     def limit(self) -> int | None:
-        """The pool's limit; None where it has none."""
+        """The pool's limit; None where it has none (or it is not known: ``limit_known``)."""
         return self.limit_bytes if self.limit_bytes is not None and self.limit_bytes > 0 else None
+
+    @property
+    def limit_known(self) -> bool:
+        """Whether the entry says the pool's limit: the recorder writes an entry with none when it
+        first sees the pool and reads the limit at the program's normal end (CuPy: 0 for none), so
+        a recording that was killed has entries that do not say it."""
+        return self.limit_bytes is not None
 
     @classmethod
     def from_extra(cls, d: Any) -> PoolInfo | None:

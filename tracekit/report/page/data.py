@@ -268,8 +268,9 @@ def _checks(r: AdviseResult, best: Outcome) -> list[Check]:
             got += ", got past the failing request" if rr.got_past else ", ran out at the failing request"
         if rr.real_peak is not None:
             got += f", peak reserved {format_size(rr.real_peak)}"
-        if rr.overridden and rr.limit_held is not None:
-            got += f"; not under this setting: the program set its own limit ({format_size(rr.limit_held)})"
+        if rr.overridden:
+            own = f"its own limit ({format_size(rr.limit_held)})" if rr.limit_held is not None else "no limit"
+            got += f"; not under this setting: the program set {own}"
         out.append(Check(how="real run", done=True, said=f"real run: {got}"))
     return out
 
