@@ -173,3 +173,15 @@ def test_counts_too_short_for_the_issue_codes_are_refused() -> None:
     one = np.zeros(1, np.uint64)
     with pytest.raises(ValueError, match="shorter than the events"):
         c.run(np.zeros(1, np.int8), one, one.view(np.int64), one, one, one.copy(), np.zeros(1, np.int16), 1)
+
+
+def test_a_negative_device_is_a_device_like_any_other() -> None:
+    """Device -1's segment tag (-1 · 2 + 1) was the empty slot's mark: its allocations vanished from the
+    table and their frees were dropped unreported. Both passes now pair them."""
+    ev = {"op": np.array([Op.SEGMENT_ALLOC, Op.MALLOC, Op.FREE, Op.SEGMENT_FREE], np.int8),
+          "seq": np.arange(4, dtype=np.uint64), "t_ns": np.arange(4, dtype=np.int64),
+          "addr": np.array([0x1000, 0x1000, 0x1000, 0x1000], np.uint64), "size": np.full(4, 512, np.uint64),
+          "rounded": np.full(4, 512, np.uint64), "device": np.full(4, -1, np.int16)}
+    for make in (CReadPass, ReadPass):
+        keep, mate, counts = _run(make, ev, True, [], 1 << 62)[:3]
+        assert all(keep) and not any(counts) and mate == [3, 2, 1, 0]

@@ -25,7 +25,7 @@ static long long op_code[N_OP], issue_code[N_IK], found_code[N_F], state_slot[N_
 static long long max_issue, max_found, max_state; /* the largest index into counts/first, found, state */
 static int configured = 0;
 
-#define EMPTY (-1)
+#define EMPTY (-1) /* tags are never negative: live_table.tag_of */
 #define INITIAL_SLOTS 4096
 #define ADDR_SHIFT 8
 #define HASH_SHIFT 20
@@ -243,7 +243,7 @@ static PyObject *table_run(TableObject *self, PyObject *const *args, Py_ssize_t 
         if (o == OOM)
             continue;
         int seg = o == SEG_ALLOC || o == SEG_FREE;
-        int32_t tag = (int32_t)device[at] * 2 + (seg ? 1 : 0);
+        int32_t tag = ((int32_t)device[at] & 0xFFFF) * 2 + (seg ? 1 : 0); /* live_table.tag_of */
         int64_t j = slot(self, addr[at], tag);
         int live = self->tags[j] != EMPTY;
         if (o == MALLOC || o == SEG_ALLOC) {

@@ -1,9 +1,9 @@
 """The table of live allocations that pairs frees with their mallocs, compiled (numba).
 
 Open addressing over (key, tag) slots with linear probing. A key is an address; a tag is
-``device · N_CLASSES + class`` (``BLOCK`` or ``SEGMENT``, ``tag_of``), so blocks and segments of one
-address, and one address on two devices, are separate keys; a slot's value is the row of the live
-allocation. A free empties its slot (``remove``: the probe run after it shifted back, no
+``(device mod 2^16) · N_CLASSES + class`` (``BLOCK`` or ``SEGMENT``, ``tag_of``), so blocks and
+segments of one address, and one address on two devices, are separate keys; a slot's value is the
+row of the live allocation. A free empties its slot (``remove``: the probe run after it shifted back, no
 tombstones), so the table holds the live allocations only: a few thousand where a trace has
 millions of blocks at addresses of their own, and it stays in the cache. Used by the reader's pass
 (``tracekit.trace._kernels.read_pass``) and by a replay begun during the read
@@ -20,7 +20,7 @@ from numba import njit
 
 from tracekit.compiled import plain
 
-EMPTY = -1  # the tag of an unused slot
+EMPTY = -1  # the tag of an unused slot (tags are never negative: ``tag_of``)
 BLOCK, SEGMENT, N_CLASSES = 0, 1, 2
 INITIAL_SLOTS = 1 << 12  # a power of two: the slot index is the hash masked by slots − 1
 # Fibonacci hashing: h = ((addr >> ADDR_SHIFT) · ⌊2^64/φ⌋ mod 2^64) >> HASH_SHIFT. Device
@@ -40,8 +40,9 @@ def new_table():  # pragma: no cover - compiled
 
 @plain(inline="always")
 def tag_of(device, seg):  # pragma: no cover - compiled
-    """The tag of an allocation of ``device``: a segment's (``seg``) or a block's."""
-    return np.int32(device) * N_CLASSES + (SEGMENT if seg else BLOCK)
+    """The tag of an allocation of ``device``: a segment's (``seg``) or a block's. The device's 16 bits
+    as an unsigned number, so that no device (-1 included) makes a tag of EMPTY."""
+    return (np.int32(device) & np.int32(0xFFFF)) * N_CLASSES + (SEGMENT if seg else BLOCK)
 
 
 @plain
