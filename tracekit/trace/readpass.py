@@ -83,7 +83,8 @@ class CReadPass:
 
     def run(self, op: np.ndarray, seq: np.ndarray, t_ns: np.ndarray, addr: np.ndarray, size: np.ndarray,
             rounded: np.ndarray, device: np.ndarray, end: int) -> None:
-        """The events up to ``end`` (exclusive)."""
+        """The events up to ``end`` (exclusive). The arrays must be C-contiguous (the reader's and
+        ``Events``' are; numba's pass also takes strided ones): a BufferError says so otherwise."""
         self._table.run(self.state, op, seq, t_ns, addr, size, rounded, device, self.keep.view(np.uint8),
                         self.mate, self.counts, self.first, self.found, self.max_request, self.limit,
                         self.checks, int(end))
