@@ -270,10 +270,9 @@ def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, 
     got_past = past(need, t)
     # record --limit sets the default pool of the device the program starts on: that pool, as the
     # program left it (a killed rerun's entries do not say: the limit at the start, record's own)
-    home = t.meta.recorded.home_device([])
     ran = replace(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
                   real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)), limit_asked=cap,
-                  limit_held=pool_limit_of(t.meta, home if home is not None else 0, True))
+                  limit_held=pool_limit_of(t.meta))
     if ran.overridden:  # a set_limit (or memory fraction) in the program, after record set its own
         held = f"a limit of its own ({ran.limit_held} bytes)" if ran.limit_held is not None else "no limit"
         said = (f"the program set {held} over record's --limit {cap}: it did not run under this "

@@ -193,10 +193,7 @@ def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None) -
         return None
     from tracekit.trace.outcome import pool_limit_of
 
-    meta = read_meta(trace)
-    home = meta.recorded.home_device([] if device is None else [device])
-    where = device if device is not None else home if home is not None else 0
-    limit = pool_limit_of(meta, where, where == home)  # one the program set itself too
+    limit = pool_limit_of(read_meta(trace), device)  # one the program set itself too
     if limit:
         from tracekit.cli.common import say
 

@@ -90,12 +90,20 @@ def failing_row(ev: Events, recorded: RecordedMeta | Mapping[str, Any],
     return row if row is not None and (device is None or int(ev.device[row]) == device) else int(ooms[0])
 
 
-def pool_limit_of(meta: TraceMeta, device: int, home: bool) -> int | None:
+def pool_limit_of(meta: TraceMeta, device: int | None = None, home: bool | None = None) -> int | None:
     """The limit of ``device``'s default pool as the program left it (bytes; None: none): its
     ``pools`` entry of the lowest id, where the entry says it (``PoolInfo.limit_known``: the
     recorder writes it at the program's normal end), else, for the ``home`` device the start
-    metadata describes, the limit at the start (``pool_limit_bytes``; CuPy's 0 reads as none)."""
-    default = _default_pool(meta.recorded, device)
+    metadata describes, the limit at the start (``pool_limit_bytes``; CuPy's 0 reads as none).
+    ``device`` None: the device the start metadata names (``RecordedMeta.home_device``; where it
+    names none, device 0, not taken for it); ``home`` None: whether ``device`` is that one."""
+    recorded = meta.recorded
+    if device is None:
+        named = recorded.home_device([])
+        device, home = (named, True) if named is not None else (0, False)
+    elif home is None:
+        home = device == recorded.home_device([device])
+    default = _default_pool(recorded, device)
     if default is not None and default.limit_known:
         return default.limit
     start = meta.pool_limit_bytes if home else None
@@ -125,19 +133,11 @@ def held_limit(ev: Events, meta: TraceMeta, device: int | None = None) -> int | 
         ours = pool is None or default is None or pool == default.id
         if ours and state is not None and state.pool_limit is not None:
             return state.pool_limit
-    if device is None:  # the sort only for a trace of several devices
+    if device is None:  # the events' one device, else the home device (the sort only for several)
         lo, hi = (int(ev.device.min()), int(ev.device.max())) if len(ev) else (0, 0)
         devices = [lo] if lo == hi else [int(d) for d in np.unique(ev.device)]
-        if len(ev) and lo == hi:
-            device = lo
-    else:
-        devices = [device]
-    home = recorded.home_device(devices)
-    where = device if device is not None else home
-    if where is None:
-        start = meta.pool_limit_bytes
-        return int(start) if start else None
-    return pool_limit_of(meta, where, where == home)
+        device = lo if len(ev) and lo == hi else recorded.home_device(devices)
+    return pool_limit_of(meta, device)
 
 
 def _device_of(recorded: RecordedMeta, seq: int) -> int | None:
