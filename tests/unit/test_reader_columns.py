@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.trace import Op
+from tracekit.trace import Op, columns
 from tracekit.trace.arrow import as_numpy, utf8_lengths
 from tracekit.trace.columns import Columns
 from tracekit.trace.issues import Found
@@ -56,6 +56,23 @@ def test_a_failed_read_at_once_reads_column_by_column_to_the_same_trace(
     assert (at_once.extras is None) == (one_by_one.extras is None)
     if at_once.extras is not None and one_by_one.extras is not None:
         assert at_once.extras.equals(one_by_one.extras)
+
+
+@pytest.mark.parametrize("name", ["cupy-oom-frag", "torch-expandable", "cupy-seed-base"])
+def test_the_copies_give_the_same_columns_on_the_reading_thread_and_in_parallel(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One core copies on the reading thread, several in a thread a column: the same arrays, nulls'
+    fillers and masks included."""
+    path = ROOT / "traces" / f"{name}.parquet"
+    reads = []
+    for copiers in (0, 1, 8):
+        monkeypatch.setattr(columns, "_copiers", lambda n, k=copiers: min(n, k))
+        reads.append(read_trace(path))
+    first = reads[0]
+    for other in reads[1:]:
+        for field in ("seq", "t_ns", "op", "addr", "size", "rounded", "stream", "device", "site"):
+            assert np.array_equal(getattr(first.events, field), getattr(other.events, field)), field
+        assert np.array_equal(first.mate, other.mate) and first.issues == other.issues
 
 
 def test_the_one_pass_finds_each_fault_at_its_first_event(tmp_path: Path) -> None:

@@ -3,10 +3,11 @@
 ``Columns`` reads every column a reader needs at once, in multi-threaded Parquet reads of a window
 of row groups each (text columns as dictionaries, ``text_column``), the integer columns copied from
 each window straight into their whole-file NumPy arrays while the next window is read (a thread
-of its own: the copy is one core's work, the read many cores'), so memory stays near the size of
-the result plus two windows, and no page is touched twice. Where a read fails (a damaged page, too
-little memory), it keeps nothing: each column is then read when it is asked for, one at a time, as
-the reader always did, so a bad file fails at the same column with the same sentence.
+of its own; the columns' copies in parallel where there are cores, ``_copiers``), so memory
+stays near the size of the result plus two windows, and no page is touched twice. Where a read
+fails (a damaged page, too little memory), it keeps nothing: each column is then read when it is
+asked for, one at a time, as the reader always did, so a bad file fails at the same column with
+the same sentence.
 
 A column read later, one at a time, becomes NumPy through ``arrow.as_numpy``: no copy for one chunk
 without nulls, one copy otherwise, the null slots written with a filler and their mask returned
@@ -15,6 +16,7 @@ without nulls, one copy otherwise, the null slots written with a filler and thei
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -112,7 +114,9 @@ class Columns:
                 again.read(columns=names, use_threads=True)
 
         windows = _windows(md)
-        with open(self.path, "rb") as f, ThreadPoolExecutor(1, thread_name_prefix="tracekit-read") as ahead:
+        copiers = _copiers(len(out))
+        with open(self.path, "rb") as f, \
+                ThreadPoolExecutor(1 + copiers, thread_name_prefix="tracekit-read") as ahead:
             again = pq.ParquetFile(f, metadata=md, read_dictionary=text)  # with the dictionary request
             at = 0
             coming = ahead.submit(read, windows[0])
@@ -121,12 +125,19 @@ class Columns:
                 if k + 1 < len(windows):  # the next window decoded while this one is copied
                     coming = ahead.submit(read, windows[k + 1])
                 m = table.num_rows
+                copies = []
                 for name, values in out.items():
                     col = table.column(name)
                     if col.null_count and name not in null:
                         null[name] = np.zeros(n, np.bool_)
                     nulls = null[name][at:at + m] if name in null else None
-                    arrow.copy_into(col, values[at:at + m], nulls, 0)
+                    copies.append((col, values[at:at + m], nulls))
+                if copiers:
+                    for done in [ahead.submit(arrow.copy_into, *c, 0) for c in copies]:
+                        done.result()
+                else:
+                    for c in copies:
+                        arrow.copy_into(*c, 0)
                 for name, chunks in kept.items():
                     col = table.column(name)
                     types[name] = col.type
@@ -153,6 +164,16 @@ class Columns:
         """Column ``name``, still held for a later ``take`` or ``get``."""
         held = self._held.get(name)
         return held if held is not None else text_column(self.path, self.pf, name)
+
+
+def _copiers(columns: int) -> int:
+    """Threads for the copies of a window's ``columns`` integer columns: one a column, at most one a
+    core the process may use; 0 (the reading thread copies) on one core. NumPy's copies let go of
+    the GIL, so the columns' copies, and their first touch of fresh pages, run in parallel beside the
+    next window's decode (2-core machine, 10M events, 5 interleaved first reads: 0.85-0.95 s against
+    0.87-0.98 s copied on the reading thread)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(columns, cores) if cores > 1 else 0
 
 
 def _windows(md: pq.FileMetaData) -> list[list[int]]:
