@@ -13,7 +13,8 @@ the tracekit of another checkout (the code before a change); min and median of `
 ``--pass-ab``: the same runs, interleaved, with the reader's pass in numba
 (``TRACEKIT_READ_PASS=numba``) beside the C pass this tree was built with (``tracekit.trace.readpass``).
 ``--copy-ab``: the same runs, interleaved, with the integer columns copied on the reading thread
-(``tracekit.trace.columns._copiers`` 0) beside the copies in parallel.
+(``tracekit.trace.columns._copiers`` 0) beside the copies in parallel. ``--switch-ab``: the same
+runs with Python's 5 ms GIL switch interval through the read (``reader.READ_SWITCH_S``) beside.
 
     python3 scripts/bench_trace_io.py [--events 10000000] [--pattern random ...]
     python3 scripts/bench_trace_io.py --read /tmp/r10m.parquet [--against /tmp/base] [--runs 5]
@@ -58,31 +59,39 @@ from tracekit.trace.reader import read_trace
 if os.environ.get("BENCH_COPIES_ON_READER"):  # --copy-ab: the columns copied on the reading thread
     from tracekit.trace import columns
     columns._copiers = lambda n: 0
+if os.environ.get("BENCH_DEFAULT_SWITCH"):  # --switch-ab: Python's own switch interval through the read
+    from tracekit.trace import reader
+    reader.READ_SWITCH_S = 0.005
 t0 = time.perf_counter(); read_trace(sys.argv[1]); t1 = time.perf_counter(); read_trace(sys.argv[1])
 t2 = time.perf_counter()
 print(t1 - t0, t2 - t1, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2)
 """
 
 
-def read_once(tree: Path, trace: str, read_pass: str = "", copies_on_reader: bool = False) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "TRACEKIT_READ_PASS": read_pass,
-           "BENCH_COPIES_ON_READER": "1" if copies_on_reader else ""}
+def read_once(tree: Path, trace: str, env: dict[str, str]) -> list[float]:
+    env = {**os.environ, "PYTHONPATH": str(tree), **env}
     out = subprocess.run([sys.executable, "-c", READ, trace], cwd=tree, env=env, capture_output=True,
                          text=True, check=True)
     return [float(x) for x in out.stdout.split()]
 
 
-def reads(trace: str, against: Path | None, runs: int, pass_ab: bool = False, copy_ab: bool = False) -> None:
-    trees = {"this tree": (ROOT, "", False),
-             **({f"against {against}": (against, "", False)} if against else {}),
-             **({"this tree, the numba pass": (ROOT, "numba", False)} if pass_ab else {}),
-             **({"this tree, copies on the reading thread": (ROOT, "", True)} if copy_ab else {})}
-    for tree, how, serial in trees.values():
-        read_once(tree, trace, how, serial)  # the kernels into numba's cache for that tree
+def reads(trace: str, against: Path | None, runs: int, pass_ab: bool = False, copy_ab: bool = False,
+          switch_ab: bool = False) -> None:
+    trees: dict[str, tuple[Path, dict[str, str]]] = {"this tree": (ROOT, {})}
+    if against:
+        trees[f"against {against}"] = (against, {})
+    if pass_ab:
+        trees["this tree, the numba pass"] = (ROOT, {"TRACEKIT_READ_PASS": "numba"})
+    if copy_ab:
+        trees["this tree, copies on the reading thread"] = (ROOT, {"BENCH_COPIES_ON_READER": "1"})
+    if switch_ab:
+        trees["this tree, switch interval 5 ms"] = (ROOT, {"BENCH_DEFAULT_SWITCH": "1"})
+    for tree, env in trees.values():
+        read_once(tree, trace, env)  # the kernels into numba's cache for that tree
     got: dict[str, list[list[float]]] = {name: [] for name in trees}
     for _ in range(runs):
-        for name, (tree, how, serial) in trees.items():
-            got[name].append(read_once(tree, trace, how, serial))
+        for name, (tree, env) in trees.items():
+            got[name].append(read_once(tree, trace, env))
     head = f"{'read ' + Path(trace).name:<40}{'first s':>9}{'(med)':>7}{'second s':>10}{'(med)':>7}"
     print(f"{head}{'RSS GiB':>9}")
     for name, rows in got.items():
@@ -100,12 +109,14 @@ def main() -> None:
     ap.add_argument("--pass-ab", action="store_true", help="with --read: numba's pass beside, interleaved")
     ap.add_argument("--copy-ab", action="store_true",
                     help="with --read: the columns copied on the reading thread beside, interleaved")
+    ap.add_argument("--switch-ab", action="store_true",
+                    help="with --read: Python's own GIL switch interval through the read beside, interleaved")
     ap.add_argument("--runs", type=int, default=5)
     a = ap.parse_args()
     if a.read:
         print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")
-        reads(a.read, a.against, a.runs, a.pass_ab, a.copy_ab)
+        reads(a.read, a.against, a.runs, a.pass_ab, a.copy_ab, a.switch_ab)
         return
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")

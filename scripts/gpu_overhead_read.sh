@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call for this session's device work: issue 39's overhead measurement first where the machine
 # is an H200 (bench_record_fresh.py --shuffle at the issue's size), then on any GPU's 16-core host
-# issue 45's first read: the columns' copies in parallel against on the reading thread
-# (bench_trace_io.py --copy-ab), a profile of one first read, and start-up to the first read.
+# issue 45's first read: the columns' copies in parallel against on the reading thread, and the
+# read's short GIL switch interval against Python's own (bench_trace_io.py --copy-ab --switch-ab),
+# a profile of one first read, and start-up to the first read.
 # ONE tarball $OUT/overhead_read.tar.gz.
 #   OUT=/some/empty/dir BUDGET_S=570 PROCESSES=4 REPEATS=3 bash scripts/gpu_overhead_read.sh
 NAME=overhead_read
@@ -21,7 +22,7 @@ fi
 step synth
 run synth 60 python3 -m tracekit synth -p random -n 10000000 --seed 1 -o "$WORK/r10m.parquet"
 step read
-run read 80 python3 scripts/bench_trace_io.py --read "$WORK/r10m.parquet" --copy-ab --runs "${RUNS:-5}"
+run read 80 python3 scripts/bench_trace_io.py --read "$WORK/r10m.parquet" --copy-ab --switch-ab --runs "${RUNS:-5}"
 step profile
 run profile 30 python3 scripts/profile_read.py "$WORK/r10m.parquet"
 pack

@@ -8,6 +8,7 @@ each fault as the separate checks did.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.trace import Op, columns
+from tracekit.errors import InputError
+from tracekit.trace import Op, columns, reader
 from tracekit.trace.arrow import as_numpy, utf8_lengths
 from tracekit.trace.columns import Columns
 from tracekit.trace.issues import Found
@@ -73,6 +75,22 @@ def test_the_copies_give_the_same_columns_on_the_reading_thread_and_in_parallel(
         for field in ("seq", "t_ns", "op", "addr", "size", "rounded", "stream", "device", "site"):
             assert np.array_equal(getattr(first.events, field), getattr(other.events, field)), field
         assert np.array_equal(first.mate, other.mate) and first.issues == other.issues
+
+
+def test_a_read_gives_the_switch_interval_back(tmp_path: Path) -> None:
+    """The read hands the GIL round quickly (``reader.quick_switches``) and leaves the process's
+    interval as it found it, after a read that fails too."""
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    read_trace(ROOT / "traces" / "cupy-oom-frag.parquet",
+               on_window=lambda w: seen.append(sys.getswitchinterval()))
+    assert seen and max(seen) <= reader.READ_SWITCH_S < before
+    assert sys.getswitchinterval() == before
+    bad = tmp_path / "cut.parquet"
+    bad.write_bytes((ROOT / "traces" / "cupy-oom-frag.parquet").read_bytes()[:-100])
+    with pytest.raises(InputError):
+        read_trace(bad)
+    assert sys.getswitchinterval() == before
 
 
 def test_the_one_pass_finds_each_fault_at_its_first_event(tmp_path: Path) -> None:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -278,7 +279,6 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
     stacks = _read_stack_table(p, pf)
     extra_names = [n for n in schema.names if n not in REQUIRED and not _is_stack_ids(schema, n)]
     wanted = extra_names if extras else [n for n in ("expandable", "pool") if n in names]
-    loading = _load_pass()
     ahead = PairingAhead(pf.metadata.num_rows, MAX_REQUEST, MAX_SIZE)  # allocates at its first window
 
     def window(w: Window) -> None:
@@ -286,21 +286,23 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
         if on_window is not None:
             on_window(w)
 
-    try:
+    with quick_switches():
+        loading = _load_pass()
         try:
-            src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
-                                  or n in wanted], [*INT_COLUMNS, STACK_FIELD.name], window)
-        finally:
-            ahead.stop()  # its rows passed, or (a failed read) the thread ended
-        if not COMPILED:
-            loading.join()
-        ev, pairing, found = _read_events(p, src, schema, stacks, ahead)
-        ev = _with_kinds(ev, meta)
-        extra_tbl = _read_extras(src, extra_names) if (extras and extra_names) else None
-    except MemoryError as e:
-        raise _out_of_memory(p, e) from None
-    except (pa.ArrowException, OSError) as e:
-        raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
+            try:
+                src = Columns(p, pf, [n for n in schema.names if n in REQUIRED or _is_stack_ids(schema, n)
+                                      or n in wanted], [*INT_COLUMNS, STACK_FIELD.name], window)
+            finally:
+                ahead.stop()  # its rows passed, or (a failed read) the thread ended
+            if not COMPILED:
+                loading.join()
+            ev, pairing, found = _read_events(p, src, schema, stacks, ahead)
+            ev = _with_kinds(ev, meta)
+            extra_tbl = _read_extras(src, extra_names) if (extras and extra_names) else None
+        except MemoryError as e:
+            raise _out_of_memory(p, e) from None
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{p}: the file is damaged or truncated ({e})") from None
     _check_found(p, ev, pairing, found)
     pooled = bool((ev.op == Op.SEGMENT_ALLOC).any())
     try:
@@ -324,6 +326,24 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
         if extra_tbl is not None:
             extra_tbl = extra_tbl.filter(array_of(pairing.keep, pa.bool_()))
     return Trace(p, meta, ev, mate, extra_tbl, pairing.issues, dropped, warnings)
+
+
+# The GIL's switch interval while a trace's columns are read (s; Python's default is 0.005). numba
+# loads in a thread beside the read (``_load_pass``), and each step of the read that needs the GIL (a
+# window handed over, each column's copy begun and ended: about 300 for 10M events) may otherwise
+# wait a whole interval for that thread to let go.
+READ_SWITCH_S = 0.0005
+
+
+@contextlib.contextmanager
+def quick_switches() -> Iterator[None]:
+    """The GIL handed between threads every ``READ_SWITCH_S`` at most, the interval as it was after."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, READ_SWITCH_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def _load_pass() -> threading.Thread:
