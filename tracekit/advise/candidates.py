@@ -21,6 +21,9 @@
   capacity by construction, so headroom cannot judge it.
 - **Raw traces** (anything else): the free-list policies of the simulator registry
   (policies whose replay reports a heap extent), at the limit as heap size.
+- **The program's own CuPy pool** (``PoolScope``): where the failing request was in a
+  ``MemoryPool`` the program made and set a limit on, every CuPy line is said of that pool (its
+  ``set_limit``, its ``free_all_blocks()``, its ``malloc`` replaced), never of the default pool.
 - **Overhead cures** (when the device ran out, not a pool limit): one ``Cure`` per term of
   the device budget the user controls (the stack limit, the malloc heap, the printf FIFO,
   module loading, another process, another pool of this process), each with the bytes it
@@ -118,6 +121,41 @@ class CureDict(TypedDict):
     own_process: bool
 
 
+class PoolScopeDict(TypedDict):
+    """``pool`` in ``advise --json``: the program's own pool the search was of (``PoolScope``)."""
+
+    id: int
+    device: int
+    label: str | None
+    limit_bytes: int
+    alone: bool
+
+
+@dataclass(frozen=True)
+class PoolScope:
+    """The program's own CuPy pool the failing request was in (not its device's default pool), which
+    advise searched at the limit the program set on it (``limit``, bytes). ``alone``: its rows were
+    replayed alone (the trace's ``pool`` column marks them); False: the column does not mark the
+    failing request as that pool's, so every row of the device was replayed under its limit (what
+    the search finds is then an upper estimate of what that pool needs). ``label``: the recorder's, text
+    from the trace."""
+
+    id: int
+    device: int
+    label: str | None
+    limit: int
+    alone: bool = True
+
+    def name(self) -> str:
+        """``'user 1' (pool 1 on device 0)``; the label made safe to print."""
+        where = f"pool {self.id} on device {self.device}"
+        return f"'{safe_text(self.label)}' ({where})" if self.label else where
+
+    def to_dict(self) -> PoolScopeDict:
+        return {"id": self.id, "device": self.device, "label": self.label, "limit_bytes": self.limit,
+                "alone": self.alone}
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One setting to try: ``options`` are policy options as sorted (key, value) pairs.
@@ -165,9 +203,13 @@ class Candidate:
             Kind.RMM_CUDA: "RMM CudaMemoryResource, no pool (modelled as the device allocator)",
         }[self.kind]
 
-    def line(self, capacity: int | None, trace: str = "TRACE") -> str:
-        """The paste-ready line for this candidate (``capacity``: the limit it was checked at)."""
+    def line(self, capacity: int | None, trace: str = "TRACE", pool: PoolScope | None = None) -> str:
+        """The paste-ready line for this candidate (``capacity``: the limit it was checked at); ``pool``:
+        the program's own CuPy pool the search was of, which a CuPy line then names instead of the
+        default pool."""
         cap = str(capacity) if capacity else "SIZE"
+        if pool is not None and self.kind in _OWN_POOL_LINES:
+            return _OWN_POOL_LINES[self.kind].format(cap=cap, site=safe_text(self.site), pool=pool.name())
         if self.cures:
             return "; ".join(c.action for c in self.cures)
         if self.kind == Kind.TORCH_CONF:  # PyTorch's defaults: the variable unset, not set empty
@@ -194,6 +236,20 @@ class Candidate:
             return "rmm.reinitialize(pool_allocator=False)"
         where = shell_word(trace) if trace != "TRACE" else trace
         return f"tracekit replay {where} --sim {self.policy} --capacity {cap}"
+
+
+# A CuPy line said of the program's own pool (``PoolScope``): the program holds it in a variable this
+# trace cannot name (``pool`` below), and installs it with ``set_allocator``/``using_allocator``.
+_OWN = "pool: the program's own cupy.cuda.MemoryPool {pool}, not the default pool"
+_OWN_POOL_LINES = {
+    Kind.CUPY_LIMIT: "pool.set_limit(size={cap})  # " + _OWN,
+    Kind.CUPY_POOL: "pool.set_limit(size={cap})  # " + _OWN,
+    Kind.CUPY_RELEASE: "pool.free_all_blocks()  # at {site}, before allocating; " + _OWN,
+    Kind.CUPY_ASYNC: ("cupy.cuda.MemoryAsyncPool().malloc  # in place of pool.malloc where the program "
+                      "installs it; " + _OWN),
+    Kind.CUDA_MALLOC: ("cupy.cuda.using_allocator(None)  # in place of pool.malloc where the program "
+                       "installs it (plain cudaMalloc); " + _OWN),
+}
 
 
 def conf_text(opts: Mapping[str, str]) -> str:

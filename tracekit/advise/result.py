@@ -13,6 +13,11 @@ When the device ran out (``room``, ``tracekit.advise.overhead``), the limit is t
 process had, a setting that fits within it comes first (it needs no cure), then the
 smallest set of overhead cures with which the run fits; when even every cure falls short,
 the sentence says how many bytes are missing.
+
+When the failing request was in a pool the program made itself, with a limit of its own (``pool``,
+a ``PoolScope``: a CuPy ``MemoryPool`` it set a limit on), the search was of that pool alone at
+that limit: the recommendation and the table say so first, every CuPy line names that pool, and
+no whole-run ``advise --limit`` command is given (that option asks the default pool's question).
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
-from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind
+from tracekit.advise.candidates import Candidate, Cure, CureDict, Kind, PoolScope, PoolScopeDict
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.on_device import DeviceCheck, DeviceCheckDict
 from tracekit.advise.overhead import Room, RoomDict
@@ -105,7 +110,9 @@ class MarginDict(TypedDict):
 
 
 class AdviseDict(TypedDict):
-    """``tracekit advise --json``: ``devices`` holds each device's own answer (several devices only)."""
+    """``tracekit advise --json``: ``devices`` holds each device's own answer (several devices only);
+    ``pool`` only where the search was of the program's own pool (``PoolScope``; answers of the
+    default pool keep the document they always had)."""
 
     trace: str | None
     kind: str
@@ -132,6 +139,7 @@ class AdviseDict(TypedDict):
     device_checks: list[DeviceCheckDict]
     reruns: list[RerunDict]
     devices: list[AdviseDict]
+    pool: NotRequired[PoolScopeDict]
 
 
 @dataclass(frozen=True)
@@ -139,10 +147,11 @@ class OwnLimit:
     """A recording's limit that ``record --limit`` did not set (bytes): the program's own
     (``set_per_process_memory_fraction``, a CuPy pool's ``set_limit``), which would stop the whole run,
     recorded again with room, where the recording stopped; ``certain`` False where the trace does not
-    say how it was run."""
+    say how it was run; ``pool``: the program's own pool the limit is of (None: the default pool)."""
 
     bytes: int
     certain: bool
+    pool: PoolScope | None = None
 
 
 def _record_whole(kind: str, trace: str | None, program: tuple[str, ...] | None,
@@ -158,6 +167,8 @@ def _record_whole(kind: str, trace: str | None, program: tuple[str, ...] | None,
     text = f"{shlex.join(('tracekit', 'record', *options, '-o', whole))} {target}"
     if own is not None:
         whose = "the limit the program sets itself" if own.certain else "any limit the program sets itself"
+        if own.pool is not None:
+            whose = f"the limit the program sets on its own pool {own.pool.name()}"
         text += f", lifting {whose} ({own.bytes} bytes in the recording) wherever the command sets it"
     return text, whole
 
@@ -212,13 +223,14 @@ class AdviseResult:
     fit_capacity: int | None = None  # nothing fits: where min_capacity_setting fits, margin kept
     own_limit: OwnLimit | None = None  # a limit record's --limit did not set
     program: tuple[str, ...] | None = None  # the recorded program, as record's words
+    pool: PoolScope | None = None  # the program's own pool the search was of (None: the default pool)
 
     @property
     def scope(self) -> str:
         return RECORDED_PART if self.failing_seq is not None else WHOLE_RUN
 
     def line(self, cand: Candidate, capacity: int | None) -> str:
-        text = cand.line(capacity, self.trace or "TRACE")
+        text = cand.line(capacity, self.trace or "TRACE", self.pool)
         if cand.kind == Kind.TORCH_CONF and self.command:
             text += f" {safe_text(self.command)}"  # one line, whatever the recorded command held
         return text
@@ -226,9 +238,10 @@ class AdviseResult:
     def whole_run_lines(self) -> tuple[str, ...]:
         """The commands the recommendation gives for a run that died (``_whole_run``): record the whole
         run once with room, then advise on it at the limit asked about; () where it gives none (the run
-        did not die, the device itself ran out, no fit or capacity is named, or a raw trace, which no
-        ``tracekit record`` makes). Its branches are ``recommendation``'s (a test holds them equal)."""
-        if self.failing_seq is None or self.room is not None:
+        did not die, the device itself ran out, no fit or capacity is named, a raw trace, which no
+        ``tracekit record`` makes, or a search of the program's own pool, whose question ``advise
+        --limit`` does not ask). Its branches are ``recommendation``'s (a test holds them equal)."""
+        if self.failing_seq is None or self.room is not None or self.pool is not None:
             return ()
         fits = bool(self.fits and not self.fits[0].candidate.cures)
         if not fits and self.margin is not None and not self.margin.explains:
@@ -254,15 +267,15 @@ class AdviseResult:
             # CuPy line may end in a comment.
             rest = self._whole_run(scoped=True) if self.room is None else ""
             scope = " through the failing request" if rest else ""
-            return (f"{o.label()} fits {where}{scope}{model}, peak reserved "
+            return (f"{self._pool_said()}{o.label()} fits {where}{scope}{model}, peak reserved "
                     f"{format_size(o.peak_reserved)} with {format_size(o.headroom or 0)} headroom"
                     f"{_margin_said(o)}{self._fallbacks(o)}{rest}; "
                     f"rerun with: {self.line(o.candidate, o.capacity)}")
         if self.room is not None:
             return self._room_sentence(self.room)
         if self.margin is not None and not self.margin.explains:
-            return f"No setting is recommended: {self.margin.why}."
-        text = f"Nothing tried fits under {format_size(self.limit)}"
+            return f"{self._opening('No setting is recommended')}: {self.margin.why}."
+        text = f"{self._opening('Nothing tried fits')} under {format_size(self.limit)}"
         if self.borderline:
             b = self.borderline[0]
             text += (f" with the margin; borderline: {b.label()} gets through the replay at a peak reserved "
@@ -297,6 +310,23 @@ class AdviseResult:
             text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
         return text + "."
 
+    def _pool_said(self) -> str:
+        """Where the search was of the program's own pool (``pool``): which pool, at which limit, and
+        that it was replayed alone, said before the answer; else nothing."""
+        p = self.pool
+        if p is None:
+            return ""
+        how = ("that pool replayed alone (each CuPy pool has its own limit)" if p.alone else
+               "the trace's pool column does not mark that pool's rows, so every row of the device was "
+               "replayed under its limit (an upper estimate of what that pool needs)")
+        return (f"The request failed in the program's own pool {p.name()}, at the limit the program set on "
+                f"it ({format_size(p.limit)}); {how}: ")
+
+    def _opening(self, words: str) -> str:
+        """``words`` opening the recommendation, after what ``_pool_said`` says where it says it."""
+        said = self._pool_said()
+        return said + words[:1].lower() + words[1:] if said else words
+
     def _whole_run(self, scoped: bool = False) -> str:
         """For a fit or a capacity on a run that died: what the trace cannot say, and how to get the
         trace that can (the whole run, recorded once with room, advised at this limit); ``scoped``:
@@ -306,6 +336,10 @@ class AdviseResult:
         record, whole = _record_whole(self.kind, self.trace, self.program, self.own_limit)
         how = f" ({record})" if record is not None else ""
         head = "" if scoped else " that is checked through the failing request only:"
+        if self.pool is not None:  # ``advise --limit`` asks the default pool's question: no command for it
+            return (f";{head} the trace ends there, and the program would have gone on past it, so what "
+                    f"that pool needs for the whole run is not in this trace: record the program's whole run "
+                    f"with room to finish{how} and read that pool's peak in it")
         advise_whole = f"tracekit advise {shell_word(whole)} --limit {self.limit}"
         return (f";{head} the trace ends there, and the program would have gone on past it "
                 "(docs/fidelity.md: a GPT-2 that fit 6 GiB up to its failing request needed 8.12 GiB for its "
@@ -380,7 +414,7 @@ class AdviseResult:
         margin = None if m is None else MarginDict(
             workload=m.workload.value, fraction=m.fraction, floor_bytes=m.floor,
             bytes_at_limit=m.bytes_at(self.limit), why=m.why)
-        return {
+        doc: AdviseDict = {
             "trace": self.trace, "kind": self.kind, "device": self.device, "limit_bytes": self.limit,
             "limit_is": "room" if ra is not None else "limit",
             "failing_seq": self.failing_seq, "fits": fits, "borderline": borderline, "margin": margin,
@@ -400,6 +434,9 @@ class AdviseResult:
             "reruns": [r.to_dict() for r in self.reruns],
             "devices": [r.as_json() for r in self.devices],
         }
+        if self.pool is not None:  # only here: the default pool's answers keep the document they had
+            doc["pool"] = self.pool.to_dict()
+        return doc
 
     def to_text(self) -> str:
         """The table(s) and the recommendation; a trace of several devices gets one section each."""
@@ -422,6 +459,11 @@ class AdviseResult:
         else:
             head = [f"limit {fs(self.limit)} ({self.limit} bytes); {len(self.tried)} settings tried; "
                     f"{self.scope}"]
+        if self.pool is not None:
+            rows_said = ("its rows alone were replayed (each CuPy pool has its own limit)" if self.pool.alone
+                         else "every row of the device was replayed (the pool column does not mark its rows)")
+            head.insert(0, f"pool {self.pool.name()}, the program's own, at the limit the program set on it: "
+                           f"{rows_said}")
         if self.margin is not None:
             head.append(f"fits = headroom above the {self.margin.sentence(self.limit)}")
         rows: list[tuple[str, ...]] = [("setting", "fits", "peak reserved", "headroom", "device allocs/frees",

@@ -10,7 +10,11 @@ reported OOM and its free memory was measured there, the room the process had
 (``tracekit.advise.overhead``: free + its pools' reserved bytes; overhead cures are then
 offered), else the limit the run was held to at its failing request
 (``trace.outcome.held_limit``: a limit the program set itself counts), else (raw traces) the
-device total. Pool traces (PyTorch, CuPy) are replayed as counterfactual input
+device total. Where no ``limit`` is given and a CuPy request failed in a pool the program made
+itself, at the limit it set on that pool (``trace.outcome.failing_pool``; not where the device ran
+out), no setting of the default pool answers it: that pool's rows are advised alone at that limit
+(``trace.devices.select_pool``: CuPy's pools never share memory, and each has its own limit), and
+the answer says so (``AdviseResult.pool``). Pool traces (PyTorch, CuPy) are replayed as counterfactual input
 (``tracekit.advise.counterfactual``); raw traces as they are. The stages and the pruning are
 those of ``tracekit.advise.search``.
 """
@@ -23,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tracekit.advise import overhead
-from tracekit.advise.candidates import Candidate, Cure, Kind, cupy_pool
+from tracekit.advise.candidates import Candidate, Cure, Kind, PoolScope, cupy_pool
 from tracekit.advise.capacity import PolicyFit, live_curve, lower_bound, needed_requests
 from tracekit.advise.counterfactual import wrapped_start
 from tracekit.advise.evaluate import Outcome
@@ -44,8 +48,8 @@ from tracekit.errors import UsageError
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
-from tracekit.trace.devices import split_devices
-from tracekit.trace.outcome import failing_row, fatal_seq, held_limit
+from tracekit.trace.devices import pool_ids, select_pool, split_devices
+from tracekit.trace.outcome import failing_pool, failing_row, fatal_seq, held_limit
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import UserCode
@@ -79,10 +83,14 @@ def pick_limit(trace: Trace, limit: int | None, device_total: int | None, device
     raise UsageError(f"{where}the trace records no limit and no device size; give --limit SIZE")
 
 
-def own_limit(trace: Trace, device: int | None = None) -> OwnLimit | None:
+def own_limit(trace: Trace, device: int | None = None, pool: PoolScope | None = None) -> OwnLimit | None:
     """The limit the run was held to on ``device`` (``held_limit``) where ``record --limit`` did not
     set it (``OwnLimit``): not of the size ``record`` was given (``rerun``), or with no ``rerun`` to
-    tell (not ``certain``). A CuPy program's own ``set_limit`` after recording began counts."""
+    tell (not ``certain``). A CuPy program's own ``set_limit`` after recording began counts. ``pool``:
+    the program's own pool the run failed in, whose limit is the program's, certainly (``record
+    --limit`` sets the default pool's alone)."""
+    if pool is not None:
+        return OwnLimit(pool.limit, certain=True, pool=pool)
     limit, rerun = held_limit(trace.events, trace.meta, device), trace.meta.recorded.rerun
     # record --torch --limit L sets the fraction L / total, which PyTorch turns back into whole bytes:
     # L or L - 1 (4 GiB on an H100's 85,017,493,504 bytes comes back as 4,294,967,295)
@@ -105,6 +113,26 @@ def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
     held = needed_requests(trace) & (idx <= k) & ((trace.mate < 0) | (trace.mate > k))
     b = np.flatnonzero(held)
     return by_label(stack_ids(ev)[b], ev.size[b], CallSites.of(stack_table(ev), user_code), TOP_SITES)
+
+
+def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | None:
+    """Where a CuPy request failed in a ``MemoryPool`` the program made itself, at the limit it set
+    on it (``failing_pool``): what advise searches instead of the device, that pool's rows alone
+    (``select_pool``), and the pool (``PoolScope``); None otherwise. Where the trace's pool column
+    does not put the failing request in that pool, its rows cannot be told apart: every row of the
+    device stands in for them (``PoolScope.alone`` False): an upper estimate of that pool."""
+    if kind != Allocator.CUPY:
+        return None
+    from tracekit.record.pools import PoolKind  # the recorder's names of the pools' kinds
+
+    failed = failing_pool(trace.events, trace.meta, device)
+    if failed is None or failed.pool.kind not in (None, PoolKind.POOL):  # an async pool is no MemoryPool
+        return None
+    p = failed.pool
+    row = failing_row(trace.events, trace.meta.recorded, device)
+    alone = row is not None and int(pool_ids(trace)[row]) == p.id
+    scope = PoolScope(p.id, p.device, p.label, failed.limit, alone)
+    return (select_pool(trace, p.id) if alone else trace), scope
 
 
 def _site_of_failure(trace: Trace) -> str | None:
@@ -206,7 +234,14 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     if room is not None and limit is not None:  # the user's question, with the room said beside it
         asked.append(f"--limit {limit} asked instead of the room the device left: {room.sentence()}")
         room = None
-    cap = room.bytes if room is not None else pick_limit(trace, limit, device_total, device)
+    # The program's own pool ran out at its own limit (the device did not: no room): that pool's question.
+    scoped = own_pool(trace, device, kind) if room is None and limit is None else None
+    pool = None
+    if scoped is not None:
+        trace, pool = scoped
+        report = None  # the analysis was of the whole device; the room and its cures are the device's
+    cap = (pool.limit if pool is not None else room.bytes if room is not None
+           else pick_limit(trace, limit, device_total, device))
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
     from tracekit.sim import policies as registry
 
@@ -260,7 +295,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
             if raised is not None:
                 tried.append(raised)
         if room is None and limit is None and len(ooms):
-            unexplained = _unexplained(trace, kind, tried, cap, runner, device_total, margin)
+            unexplained = _unexplained(trace, kind, tried, cap, runner, device_total, margin, pool)
             if unexplained is not None:
                 margin = dataclasses.replace(margin, explains=False, why=unexplained)
                 tried = [o.judged(margin) for o in tried]
@@ -282,8 +317,8 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         fit_capacity=at_margin.capacity if at_margin is not None else None,
         top_sites=top_sites,
         command=trace.meta.command if kind == Allocator.TORCH else None,
-        own_limit=own_limit(trace, device), program=program_words(trace),
-        notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline,
+        own_limit=own_limit(trace, device, pool), program=program_words(trace),
+        notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline, pool=pool,
     )
 
 
@@ -308,12 +343,14 @@ def recorded_setting(trace: Trace, kind: str) -> Candidate | None:
 
 
 def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int, runner: Runner,
-                 device_total: int | None, margin: Margin) -> str | None:
+                 device_total: int | None, margin: Margin, pool: PoolScope | None = None) -> str | None:
     """Why no headroom of this trace is evidence, or None. The recorded setting's prediction at the
     recorded limit gets through the failing request or serves OOMs the program met: when the
     recording replayed exactly as recorded does so too, the trace does not explain the failure;
     else the prediction departs from the recording for its own setting. The recorded setting is
-    replayed here where the search did not try it (a setting off the candidates' grid)."""
+    replayed here where the search did not try it (a setting off the candidates' grid). ``pool``:
+    the program's own pool ``trace`` is the rows of, which ran out at its own limit: nothing outside
+    it (another process, the context) counts against that limit, so none is named."""
     from tracekit.sim.base import SimConfig
     from tracekit.sim.engine import replay
     from tracekit.trace.outcome import handled_rows
@@ -334,6 +371,11 @@ def _unexplained(trace: Trace, kind: str, tried: Sequence[Outcome], cap: int, ru
     exact = replay(trace, rec.candidate.policy, SimConfig(capacity=cap)).summary
     handled = int(handled_rows(trace.events, trace.meta.recorded).sum())
     if (died and exact.oom is None) or exact.handled_ooms < handled:
+        if pool is not None:  # nothing outside the pool counts against its own limit: none is named
+            return (f"the setting the run was recorded under ({rec.label()}), replayed exactly as recorded "
+                    f"on that pool's rows at the limit the program set on it, {what}: its rows in the trace "
+                    "do not explain its failure, so no setting is called a fit (tracekit analyze shows the "
+                    "pool measured at the OOM)")
         return (f"the setting the run was recorded under ({rec.label()}), replayed exactly as recorded at "
                 f"the recorded limit, {what}: the trace does not explain the failure, so no setting is "
                 "called a fit. The memory went to something the trace does not hold (another process, "

@@ -5,6 +5,9 @@ several GPUs is never analyzed or replayed as one device: ``select_device`` cuts
 device's events (with their malloc/free and segment pairing re-indexed and the extra
 columns filtered alike), and ``single_device`` refuses a mixed trace in one sentence
 where a stage models one device only (``replay --sim``).
+
+One pool at a time, likewise (``select_pool``): CuPy's pools never share memory and each
+``MemoryPool`` has its own limit, so one pool's rows replayed alone under its limit model it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 from tracekit.errors import InputError
-from tracekit.trace.arrow import array_of
+from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.reader import Trace
+from tracekit.trace.schema import TraceMeta
 from tracekit.trace.validate import remap_mate
 
 
@@ -46,6 +50,52 @@ def select_device(trace: Trace, device: int) -> Trace:
     extras = trace.extras.filter(array_of(keep, pa.bool_())) if trace.extras is not None else None
     return dataclasses.replace(trace, events=trace.events.take(keep), mate=remap_mate(trace.mate, keep),
                                extras=extras)
+
+
+def pool_ids(trace: Trace) -> np.ndarray:
+    """The pool of each event (int64): the ``pool`` extra column, 0 (the default pool, as the recorder
+    numbers it) where a row has none or the trace has no such column (as ``sim.prepare`` reads it)."""
+    tbl = trace.extras
+    if tbl is None or "pool" not in tbl.column_names:
+        return np.zeros(len(trace.events), np.int64)
+    return filled(tbl.column("pool"), 0).astype(np.int64, copy=False)
+
+
+def select_pool(trace: Trace, pool: int) -> Trace:
+    """The events of pool ``pool`` only (``pool_ids``), in order, paired among themselves, and metadata
+    that describes that pool alone: its ``pools`` entry (and its ``pools_end`` one) is the only one, so
+    every reader takes it for its device's one pool, whose limit is the pool's own (``outcome.held_limit``
+    then reads the limit measured at its failing request: the counterfactual input judges its releases
+    by it). ``pool_limit_bytes``, the default pool's limit at the start, is kept only where ``pool`` is
+    that default pool (its device's lowest id).
+
+    A malloc and its free, a segment's allocation and its release, are always in one pool, so no
+    pair is cut; ``path`` and ``issues`` are kept.
+    """
+    keep = pool_ids(trace) == pool
+    meta = _one_pool(trace.meta, pool)
+    if keep.all():
+        return dataclasses.replace(trace, meta=meta)
+    extras = trace.extras.filter(array_of(keep, pa.bool_())) if trace.extras is not None else None
+    return dataclasses.replace(trace, events=trace.events.take(keep), mate=remap_mate(trace.mate, keep),
+                               extras=extras, meta=meta)
+
+
+def _one_pool(meta: TraceMeta, pool: int) -> TraceMeta:
+    """``meta`` with ``pool``'s ``pools`` entry alone (``pools_end`` alike where it has one entry per
+    pool); written from the parsed entries, whose fields are the format's keys."""
+    recorded = meta.recorded
+    kept = [i for i, p in enumerate(recorded.pools) if p.id == pool]
+    ends = recorded.pools_end if len(recorded.pools_end) == len(recorded.pools) else None
+    extra: dict[str, object] = {**meta.extra, "pools": [dataclasses.asdict(recorded.pools[i]) for i in kept]}
+    if ends is not None:
+        extra["pools_end"] = [None if (e := ends[i]) is None else dataclasses.asdict(e) for i in kept]
+    else:
+        extra.pop("pools_end", None)  # not one entry per pool: which is this pool's cannot be told
+    # the default pool: its device's lowest id; without an entry, 0 (the recorder's number for it)
+    default = any(min(p.id for p in recorded.pools if p.device == recorded.pools[i].device) == pool
+                  for i in kept) if kept else pool == 0
+    return dataclasses.replace(meta, extra=extra, pool_limit_bytes=meta.pool_limit_bytes if default else None)
 
 
 def single_device(trace: Trace, what: str) -> Trace:

@@ -16,12 +16,15 @@ handled them.
 
 The limit the run was held to where it failed (``held_limit``) is read here too: a program may set
 its own limit after recording began (CuPy's ``set_limit`` at the top of a script), so the limit at
-the start (``pool_limit_bytes``) is the last evidence of it, not the first.
+the start (``pool_limit_bytes``) is the last evidence of it, not the first. Where the failing request
+was in a pool the program made itself, with a limit of its own (a CuPy ``MemoryPool`` it set a limit
+on), ``failing_pool`` names that pool and that limit instead: no setting of the default pool answers it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,8 +33,8 @@ from tracekit.trace.events import Events
 from tracekit.trace.recorded import MAX_STATES, ExitInfo, PoolInfo, RecordedMeta, as_int, as_text
 from tracekit.trace.schema import Op, TraceMeta
 
-__all__ = ["MAX_STATES", "ExitInfo", "as_int", "as_text", "failing_row", "fatal_row", "fatal_seq",
-           "handled_rows", "held_limit", "pool_limit_of", "v1_oom_seq"]
+__all__ = ["MAX_STATES", "ExitInfo", "FailingPool", "as_int", "as_text", "failing_pool", "failing_row",
+           "fatal_row", "fatal_seq", "handled_rows", "held_limit", "pool_limit_of", "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
 
@@ -128,7 +131,7 @@ def held_limit(ev: Events, meta: TraceMeta, device: int | None = None) -> int | 
         seq = int(ev.seq[row])
         device = int(ev.device[row]) if device is None else device
         state = recorded.oom_states.get(seq)
-        pool = next((o.pool_id for o in recorded.ooms if o.seq == seq and o.pool_id is not None), None)
+        pool = _pool_of(recorded, seq)
         default = _default_pool(recorded, device)
         ours = pool is None or default is None or pool == default.id
         if ours and state is not None and state.pool_limit is not None:
@@ -138,6 +141,46 @@ def held_limit(ev: Events, meta: TraceMeta, device: int | None = None) -> int | 
         devices = [lo] if lo == hi else [int(d) for d in np.unique(ev.device)]
         device = lo if len(ev) and lo == hi else recorded.home_device(devices)
     return pool_limit_of(meta, device)
+
+
+@dataclass(frozen=True)
+class FailingPool:
+    """The pool of the program's own that the failing request was in (not its device's default pool),
+    and the limit the program had set on it there (bytes, > 0)."""
+
+    pool: PoolInfo
+    limit: int
+
+
+def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> FailingPool | None:
+    """The failing request's pool (``failing_row``; only ``device``'s rows where one is given) where
+    the recorder named it (its ``ooms`` entry's ``pool_id``), it is not its device's default pool and
+    its limit is known; else None. The limit: the pool's as measured at that request (its
+    ``oom_states`` entry: the hook reads the failing pool's own counters, the same figure as the
+    ``ooms`` entry's ``limit``), else the pool's ``pools`` entry where it says the limit
+    (``PoolInfo.limit_known``). A pool without a ``pools`` entry is named by its id alone."""
+    recorded = meta.recorded
+    row = failing_row(ev, recorded, device)
+    if row is None:
+        return None
+    seq, device = int(ev.seq[row]), int(ev.device[row])
+    pool_id, default = _pool_of(recorded, seq), _default_pool(recorded, device)
+    # Without a pools entry on the device, which pool is the default cannot be told: none is named.
+    if pool_id is None or default is None or pool_id == default.id:
+        return None
+    entry = next((p for p in recorded.pools if p.id == pool_id and p.device == device), None)
+    state = recorded.oom_states.get(seq)
+    limit = state.pool_limit if state is not None else None
+    if limit is None and entry is not None and entry.limit_known:
+        limit = entry.limit
+    # CuPy's 0 is no limit: a pool without one ran out of the device, not of its limit
+    return FailingPool(entry or PoolInfo(pool_id, device), limit) if limit else None
+
+
+def _pool_of(recorded: RecordedMeta, seq: int) -> int | None:
+    """The pool id the recorder's hook noted for the OOM row ``seq`` (its ``ooms`` entry); None where
+    it noted none."""
+    return next((o.pool_id for o in recorded.ooms if o.seq == seq and o.pool_id is not None), None)
 
 
 def _device_of(recorded: RecordedMeta, seq: int) -> int | None:
