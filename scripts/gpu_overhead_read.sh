@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call for this session's device work: issue 39's overhead measurement first where the machine
-# is an H200 (bench_record_fresh.py --shuffle at the issue's size), then on any GPU's 16-core host
+# is an H200 (bench_record_fresh.py --shuffle at the issue's size); then on any GPU, advise on a
+# CuPy program's own pool that ran out at its own limit, checked by the real program run again
+# (gpu_user_pool_limit.py); then on the 16-core host
 # issue 45's first read: the columns' copies in parallel against on the reading thread, and the
 # read's short GIL switch interval against Python's own (bench_trace_io.py --copy-ab --switch-ab),
 # a profile of one first read, and start-up to the first read.
@@ -15,10 +17,13 @@ step build
 run build 60 python3 setup.py build_ext --inplace
 if grep -q H200 "$R/host.log"; then
   step "issue 39: fresh processes"
-  run fresh "$(( $(left) - 150 ))" python3 scripts/bench_record_fresh.py --processes "${PROCESSES:-4}" \
+  run fresh "$(( $(left) - 240 ))" python3 scripts/bench_record_fresh.py --processes "${PROCESSES:-4}" \
     --steps 3000 --repeats "${REPEATS:-3}" --shuffle --json "$R/fresh.json"
   pack
 fi
+step "a program's own pool out at its own limit"
+run user_pool 150 python3 scripts/gpu_user_pool_limit.py "$R/user_pool"
+pack
 step synth
 run synth 60 python3 -m tracekit synth -p random -n 10000000 --seed 1 -o "$WORK/r10m.parquet"
 step read

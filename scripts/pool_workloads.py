@@ -12,6 +12,12 @@ pool_threads: each of three threads makes its own pool and allocates from it
 under ``cupy.cuda.using_allocator``.
 oom_probe: fills the default pool under a 64 MiB limit until it raises, reads
 ``cudaMemGetInfo`` right at the raise and re-raises.
+user_pool_limit: 64 MiB held in the default pool (no limit), then a ``MemoryPool`` of the
+program's own with ``set_limit(USER_POOL_LIMIT_BYTES)`` (48 MiB unless the environment says)
+under ``cupy.cuda.using_allocator``: blocks of growing size, each freed after a 4 MiB block
+taken beside it, so the pool's free space is splintered, then one 24 MiB block. Under 48 MiB it
+raises CuPy's OutOfMemoryError in that pool; nothing is allocated after the last block, so the
+recording up to a failure is the whole program (advise's answer holds for the whole run).
 
 ``--witness PATH`` writes what the program itself saw as JSON: every event of
 an independent ``cupy.cuda.MemoryHook`` registered beside the recorder
@@ -141,7 +147,28 @@ def run_oom_probe(steps: int = 0) -> None:
         raise
 
 
-WORKLOADS = {"user_pool": run_user_pool, "async": run_async, "pool_threads": run_pool_threads,
+def run_user_pool_limit(steps: int = 6) -> None:
+    import os
+
+    # cupy.cuda.alloc: raw blocks from the current allocator, as an array's memory is taken
+    kept_default = [cp.cuda.alloc(16 * MiB) for _ in range(4)]  # the default pool's 64 MiB
+    pool = cp.cuda.MemoryPool()
+    KEEP.append(pool)
+    pool.set_limit(size=int(os.environ.get("USER_POOL_LIMIT_BYTES", 48 * MiB)))
+    with cp.cuda.using_allocator(pool.malloc):
+        held = []
+        for i in range(steps):
+            a = cp.cuda.alloc((8 + 2 * i) * MiB)
+            held.append(cp.cuda.alloc(4 * MiB))
+            del a
+        held.append(cp.cuda.alloc(24 * MiB))
+    cp.cuda.Device().synchronize()
+    SEEN["pools"].append({"label": "user 1", **counters(pool), "kept": len(held) + len(kept_default)})
+    print("user pool total bytes", pool.total_bytes(), "limit", pool.get_limit())
+
+
+WORKLOADS = {"user_pool": run_user_pool, "user_pool_limit": run_user_pool_limit, "async": run_async,
+             "pool_threads": run_pool_threads,
              "oom_probe": run_oom_probe}
 
 
