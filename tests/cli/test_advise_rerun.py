@@ -127,3 +127,21 @@ def test_a_rerun_the_program_held_to_its_own_limit_claims_nothing(tmp_path: Path
     assert "the program set a limit of its own (4194304 bytes) over record's --limit" in raised["note"]
     text = _tk(tmp_path, "advise", "t.parquet", "--jobs", "1", "--rerun", "1", "--rerun-dir", "again")
     assert "(not run under it)" in text.stdout, text.stdout
+
+
+def test_a_setting_of_the_programs_own_pool_is_not_rerun(tmp_path: Path) -> None:
+    """advise answered for a pool the program made itself (a real H100 recording,
+    ``traces/fidelity/user-pool-limit``): ``record --limit`` sets the default pool's limit alone, so a
+    rerun would run under the recorded limit of that pool and fail where the recording did. Nothing is
+    run, each setting says why, and no folder is made."""
+    trace = tmp_path / "t.parquet"
+    trace.write_bytes((ROOT / "traces" / "fidelity" / "user-pool-limit" / "user-pool-limit.parquet")
+                      .read_bytes())
+    res = _tk(tmp_path, "advise", "t.parquet", "--json", "--jobs", "1", "--rerun", "2")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["pool"]["id"] == 1 and len(d["reruns"]) == 2
+    for r in d["reruns"]:
+        assert not r["ran"] and r["agrees"] is None
+        assert "the program's own pool 'user 1' (pool 1 on device 0)" in r["note"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]

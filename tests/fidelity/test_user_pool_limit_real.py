@@ -60,3 +60,16 @@ def test_the_real_program_fits_at_advises_limit_and_fails_below_it() -> None:
     recorded = runs["as recorded"]
     assert recorded["USER_POOL_LIMIT_BYTES"] == 48 * MiB and recorded["exit"] != 0
     assert REQUEST in recorded["last_line"]
+
+
+def test_the_page_says_the_pools_setting_is_made_in_the_program() -> None:
+    """The report page's checks of the answer: ``advise --rerun`` cannot apply a setting of the program's
+    own pool (``record --limit`` sets the default pool's), so the page does not offer it."""
+    from tracekit.report.page.data import answer_of
+
+    answer = answer_of(advise(read_trace(HERE / "user-pool-limit.parquet"), jobs=1))
+    assert answer is not None
+    (real,) = [c for c in answer["checks"] if c["how"] == "real run"]
+    assert not real["done"]
+    assert "own pool 'user 1' (pool 1 on device 0) is made in the program" in real["said"]
+    assert "--rerun 1" not in real["said"]

@@ -9,7 +9,9 @@ setting applied the way a user would apply it:
   memory fraction again, or ``record --torch --limit`` does as it did when recorded);
 - CuPy's pool at the recorded limit, or a raised ``set_limit``, through ``record --limit``;
 - every other candidate (``free_all_blocks()`` at a call-site, ``MemoryAsyncPool``, plain
-  ``cudaMalloc``, an overhead cure) needs a change to the program: listed, not run.
+  ``cudaMalloc``, an overhead cure) needs a change to the program: listed, not run; so does every
+  setting of a pool the program made itself (``PoolScope``: ``record --limit`` sets the default
+  pool's limit alone, and a run under it would fail where the recording did).
 
 Each run gets a fresh folder's file (``DIR/rerun-K.parquet``; ``DIR`` defaults to a new folder
 beside the trace, never an existing one), its output in ``rerun-K.log``, and at most
@@ -40,7 +42,7 @@ from typing import TypedDict
 
 import numpy as np
 
-from tracekit.advise.candidates import Kind, conf_text
+from tracekit.advise.candidates import Kind, PoolScope, conf_text
 from tracekit.advise.evaluate import Outcome
 from tracekit.advise.verdict import ORDER, Verdict
 from tracekit.errors import UsageError
@@ -211,9 +213,18 @@ def new_folder(trace: Trace, given: Path | None) -> Path:
 
 
 def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: Path | None = None,
-          timeout: float = 900.0, limit: int | None = None) -> tuple[Rerun, ...]:
+          timeout: float = 900.0, limit: int | None = None,
+          pool: PoolScope | None = None) -> tuple[Rerun, ...]:
     """Run the program under the ``n`` best settings (module docstring); ``limit``: advise's own
-    ``--limit``, applied to PyTorch reruns with ``record --torch --limit``."""
+    ``--limit``, applied to PyTorch reruns with ``record --torch --limit``; ``pool``: the program's own
+    pool advise answered for, whose settings are all changes to the program (none is run)."""
+    if pool is not None:
+        rated = sorted(tried, key=lambda o: (ORDER[o.verdict or Verdict.NO], o.progress()))
+        why = (f"a setting of the program's own pool {pool.name()}, made in the program (its set_limit): "
+               "record --limit sets the default pool's alone, so not re-runnable; run the program with the "
+               "line")
+        return tuple(Rerun(o.label(), o.verdict or Verdict.NO, o.peak_reserved, False, why)
+                     for o in rated[:n] if o.error is None)
     cmd = Command.of(trace, kind)
     chosen, changes = choose(tried, n)
     out = [Rerun(o.label(), o.verdict or Verdict.NO, o.peak_reserved, False,

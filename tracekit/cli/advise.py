@@ -70,6 +70,10 @@ def advise(
         from tracekit.trace.devices import select_device
 
         own = select_device(t, result.device) if result.device is not None else t  # its device's events
+        if result.pool is not None and result.pool.alone:  # advise answered for the program's own pool
+            from tracekit.trace.devices import select_pool
+
+            own = select_pool(own, result.pool.id)
         result = replace(result, device_checks=verify(own, result.fits, verify_on_device))
     if rerun is not None:
         from dataclasses import replace
@@ -78,7 +82,7 @@ def advise(
 
         with terminal_progress("running the program again"):
             runs = run_again(t, result.kind, [o for o in result.tried if o.verdict is not None], rerun,
-                             folder=rerun_dir, timeout=rerun_timeout, limit=lim)
+                             folder=rerun_dir, timeout=rerun_timeout, limit=lim, pool=result.pool)
         result = replace(result, reruns=runs)
     if json_out:
         echo_json(result.to_dict())

@@ -258,8 +258,13 @@ def _checks(r: AdviseResult, best: Outcome) -> list[Check]:
             + ("" if dc.agrees else " (disagrees with the replay)")))
     rr = next((x for x in r.reruns if x.setting == best.label()), None)
     if rr is None or not rr.ran:
-        why = rr.note if rr is not None and rr.note \
-            else f"not run (tracekit advise {r.trace or 'TRACE'} --rerun 1)"
+        if rr is not None and rr.note:
+            why = rr.note
+        elif r.pool is not None:  # record --limit sets the default pool's limit alone
+            why = (f"not run: a setting of the program's own pool {r.pool.name()} is made in the program "
+                   "(advise --rerun cannot apply it); run the program with the line above")
+        else:
+            why = f"not run (tracekit advise {r.trace or 'TRACE'} --rerun 1)"
         out.append(Check(how="real run", done=False, said=f"real run: {why}"))
     else:
         got = ("finished" if rr.finished else "timed out" if rr.timed_out
