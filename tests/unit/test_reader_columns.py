@@ -93,6 +93,29 @@ def test_a_read_gives_the_switch_interval_back(tmp_path: Path) -> None:
     assert sys.getswitchinterval() == before
 
 
+def test_overlapping_reads_give_the_interval_back_once_the_last_ends() -> None:
+    """Reads in two threads, the first ending while the second is under way: the short interval holds
+    until the second ends, then the process's own comes back (not the short one the second saw)."""
+    import threading
+
+    before = sys.getswitchinterval()
+    second_in, first_out, seen = threading.Event(), threading.Event(), []
+
+    def second() -> None:
+        with reader.quick_switches():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(sys.getswitchinterval())
+
+    with reader.quick_switches():
+        t = threading.Thread(target=second)
+        t.start()
+        second_in.wait(5)
+    first_out.set()
+    t.join(5)
+    assert seen == [reader.READ_SWITCH_S] and sys.getswitchinterval() == before
+
+
 def test_the_one_pass_finds_each_fault_at_its_first_event(tmp_path: Path) -> None:
     op = np.array([Op.MALLOC, Op.MALLOC, Op.FREE, Op.OOM, Op.MALLOC, Op.FREE, Op.FREE], np.int8)
     seq = np.array([1, 2, 2, 4, 5, 6, 3], np.uint64)  # not increasing at rows 2 and 6

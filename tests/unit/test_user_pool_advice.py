@@ -116,7 +116,8 @@ def test_the_failing_pool_and_its_limit(tmp_path: Path, user: Trace) -> None:
     assert failing_pool(user.events, user.meta, device=0) == got
     assert held_limit(user.events, user.meta) == DEFAULT_LIMIT  # the default pool's: not this question
     unmeasured = build(tmp_path, measured=False)  # the pools entry says it
-    assert failing_pool(unmeasured.events, unmeasured.meta) == got
+    assert failing_pool(unmeasured.events, unmeasured.meta) == replace(got, total=None)
+    assert got.over_limit and got.request == 4 * MiB and got.total == 6 * MiB
     unknown = build(tmp_path, measured=False, user_limit=None)  # nothing says it: not named
     assert failing_pool(unknown.events, unknown.meta) is None
     none = build(tmp_path, measured=False, user_limit=0)  # CuPy's 0: the pool had no limit
@@ -168,7 +169,9 @@ def test_the_recommendation_names_the_pool(user_answer: AdviseResult) -> None:
     assert "does not explain" not in text and "another process" not in text
     assert "lifting the limit the program sets on its own pool 'user 1' (pool 1 on device 0) (8388608 bytes" \
         in text
-    assert user_answer.whole_run_lines() == ()  # advise --limit would ask the default pool's question
+    # the record command alone: advise --limit would ask the default pool's question
+    (record,) = user_answer.whole_run_lines()
+    assert record.startswith("tracekit record") and record in text and "tracekit advise" not in text
     table = user_answer.to_text()
     assert table.splitlines()[0] == ("pool 'user 1' (pool 1 on device 0), the program's own, at the limit "
                                      "the program set on it: its rows alone were replayed (each CuPy pool "
@@ -258,3 +261,69 @@ def test_a_recording_whose_pool_was_the_programs_own(tmp_path: Path) -> None:
     assert "get_default_memory_pool" not in after.recommendation()
     assert after.recommendation().startswith("The request failed in the program's own pool 'user 1' (pool 1 "
                                              "on device 0), at the limit the program set on it (256.00 MiB)")
+
+
+def _with_extra(t: Trace, **keys: Any) -> Trace:
+    return replace(t, meta=replace(t.meta, extra={**t.meta.extra, **keys}))
+
+
+def test_a_pool_that_ran_out_of_the_device_under_its_limit_is_not_named(tmp_path: Path) -> None:
+    """CuPy raises the same error ("limit set to" included) where the device refused the pool under its
+    limit: the pool measured at the OOM (6 MiB + 4 MiB, under 1 GiB) says the limit was not what
+    failed, so the question is not that pool's limit."""
+    t = build(tmp_path)
+    (state,) = t.meta.extra["oom_states"]
+    default, pool = _pools(1 << 30)
+    under = _with_extra(t, pools=[default, pool],
+                        oom_states=[{**state, "pool": {**state["pool"], "limit_bytes": 1 << 30}}])
+    got = failing_pool(under.events, under.meta)
+    assert got is not None and got.limit == 1 << 30 and got.over_limit is False
+    assert advise(under, jobs=1).pool is None
+    # not measured: the pool's own rows say it (6 MiB reserved before the 4 MiB request)
+    unmeasured = _with_extra(t, pools=[default, pool], oom_states=[])
+    assert failing_pool(unmeasured.events, unmeasured.meta).over_limit is None  # type: ignore[union-attr]
+    assert advise(unmeasured, jobs=1).pool is None
+    assert advise(_with_extra(t, oom_states=[]), jobs=1).pool is not None  # at 8 MiB: 6 + 4 is over
+
+
+def test_the_default_pool_is_the_one_labelled_so(tmp_path: Path) -> None:
+    """The recorder numbers pools by first use: where the program's own pool was used first, it has
+    the lowest id; the label says which is CuPy's default pool. A device where only the program's own
+    pools were used has no default pool entry at all."""
+    t = build(tmp_path)
+    default, pool = _pools(USER_LIMIT)
+    first = _with_extra(t, pools=[{**pool, "id": 0}, {**default, "id": 1}],
+                        ooms=[{**o, "pool_id": 0} for o in t.meta.extra["ooms"]])
+    got = failing_pool(first.events, first.meta)
+    assert got is not None and got.pool.id == 0 and got.pool.label == "user 1"
+    alone = _with_extra(t, pools=[pool])  # the default pool never used on this device
+    got = failing_pool(alone.events, alone.meta)
+    assert got is not None and got.pool.id == 1
+    assert advise(alone, jobs=1).pool is not None
+
+
+def test_a_pool_column_of_nulls_only(tmp_path: Path) -> None:
+    """A ``pool`` column of Arrow's null type (a tool that rewrote the file): no pool told apart, no
+    traceback; the failing pool named from the metadata, every row of the device standing in for it."""
+    import pyarrow as pa
+
+    t = build(tmp_path, marked=False)
+    ev = t.events
+    path = write_trace(tmp_path / "nulls.parquet", t.meta, ev, {"pool": pa.nulls(len(ev))})
+    nulls = read_trace(path)
+    assert pool_ids(nulls).tolist() == [0] * len(ev)
+    r = advise(nulls, jobs=1)
+    assert r.pool is not None and not r.pool.alone
+
+
+def test_an_async_pool_at_its_own_limit_is_said(tmp_path: Path) -> None:
+    """A ``MemoryAsyncPool`` of the program's, measured over the limit it set on it: advise models such a
+    pool as the device allocator (no limit of its own to search), and says which pool ran out, and why,
+    instead of blaming another process."""
+    t = build(tmp_path)
+    default, pool = _pools(USER_LIMIT)
+    r = advise(_with_extra(t, pools=[default, {**pool, "kind": "async", "label": "async 1"}]), jobs=1)
+    assert r.pool is None
+    text = r.recommendation()
+    assert "the request failed in the program's own MemoryAsyncPool 'async 1' (pool 1 on device 0)" in text
+    assert "8.00 MiB; 6.00 MiB held, 4.00 MiB asked" in text and "another process" not in text

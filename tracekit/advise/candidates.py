@@ -147,9 +147,11 @@ class PoolScope:
     alone: bool = True
 
     def name(self) -> str:
-        """``'user 1' (pool 1 on device 0)``; the label made safe to print."""
-        where = f"pool {self.id} on device {self.device}"
-        return f"'{safe_text(self.label)}' ({where})" if self.label else where
+        """What follows "the program's own pool" in a sentence: ``'user 1' (pool 1 on device 0)``, or
+        ``1 on device 0`` for a pool without a label; the label made safe to print."""
+        if not self.label:
+            return f"{self.id} on device {self.device}"
+        return f"'{safe_text(self.label)}' (pool {self.id} on device {self.device})"
 
     def to_dict(self) -> PoolScopeDict:
         return {"id": self.id, "device": self.device, "label": self.label, "limit_bytes": self.limit,

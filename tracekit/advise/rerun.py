@@ -220,9 +220,8 @@ def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: 
     pool advise answered for, whose settings are all changes to the program (none is run)."""
     if pool is not None:
         rated = sorted(tried, key=lambda o: (ORDER[o.verdict or Verdict.NO], o.progress()))
-        why = (f"a setting of the program's own pool {pool.name()}, made in the program (its set_limit): "
-               "record --limit sets the default pool's alone, so not re-runnable; run the program with the "
-               "line")
+        why = (f"a setting of the program's own pool {pool.name()}, made in the program: record --limit "
+               "sets the default pool's limit alone, so not re-runnable; run the program with the line")
         return tuple(Rerun(o.label(), o.verdict or Verdict.NO, o.peak_reserved, False, why)
                      for o in rated[:n] if o.error is None)
     cmd = Command.of(trace, kind)

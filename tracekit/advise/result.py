@@ -238,10 +238,11 @@ class AdviseResult:
     def whole_run_lines(self) -> tuple[str, ...]:
         """The commands the recommendation gives for a run that died (``_whole_run``): record the whole
         run once with room, then advise on it at the limit asked about; () where it gives none (the run
-        did not die, the device itself ran out, no fit or capacity is named, a raw trace, which no
-        ``tracekit record`` makes, or a search of the program's own pool, whose question ``advise
-        --limit`` does not ask). Its branches are ``recommendation``'s (a test holds them equal)."""
-        if self.failing_seq is None or self.room is not None or self.pool is not None:
+        did not die, the device itself ran out, no fit or capacity is named, or a raw trace, which no
+        ``tracekit record`` makes); the record command alone for a search of the program's own pool,
+        whose question ``advise --limit`` does not ask. Its branches are ``recommendation``'s (a test
+        holds them equal)."""
+        if self.failing_seq is None or self.room is not None:
             return ()
         fits = bool(self.fits and not self.fits[0].candidate.cures)
         if not fits and self.margin is not None and not self.margin.explains:
@@ -252,6 +253,8 @@ class AdviseResult:
         record, whole = _record_whole(self.kind, self.trace, self.program, None)
         if not (fits or named) or record is None:
             return ()
+        if self.pool is not None:
+            return (record,)
         return record, f"tracekit advise {shell_word(whole)} --limit {self.limit}"
 
     def recommendation(self) -> str:
@@ -282,8 +285,7 @@ class AdviseResult:
                      f"of "
                      f"{format_size(b.peak_reserved)}, {format_size(b.headroom or 0)} headroom, within the "
                      f"{format_size(b.margin or 0)} a real run of this workload can exceed the replay by"
-                     f"{self._fallbacks(b)}: try it for real before relying on it (tracekit advise "
-                     f"{shell_word(self.trace) if self.trace else 'TRACE'} --rerun 1, or: "
+                     f"{self._fallbacks(b)}: try it for real before relying on it ({self._try_for_real()}"
                      f"{self.line(b.candidate, b.capacity)})")
         if self.min_capacity is not None and self.min_capacity_setting is not None:
             c = self.min_capacity_setting
@@ -309,6 +311,13 @@ class AdviseResult:
             who = s.site or "unknown call-sites"
             text += f"; shrink what {who} holds ({format_size(s.bytes)} at the peak)"
         return text + "."
+
+    def _try_for_real(self) -> str:
+        """How to run the program under a setting, before its line: ``advise --rerun`` where it can
+        apply it; a setting of the program's own pool is made in the program."""
+        if self.pool is not None:
+            return "run the program with: "
+        return f"tracekit advise {shell_word(self.trace) if self.trace else 'TRACE'} --rerun 1, or: "
 
     def _pool_said(self) -> str:
         """Where the search was of the program's own pool (``pool``): which pool, at which limit, and
@@ -338,8 +347,8 @@ class AdviseResult:
         head = "" if scoped else " that is checked through the failing request only:"
         if self.pool is not None:  # ``advise --limit`` asks the default pool's question: no command for it
             return (f";{head} the trace ends there, and the program would have gone on past it, so what "
-                    f"that pool needs for the whole run is not in this trace: record the program's whole run "
-                    f"with room to finish{how} and read that pool's peak in it")
+                    f"that pool needs for the whole run is not in this trace: record the whole run once with "
+                    f"room to finish{how} and read that pool's peak in it")
         advise_whole = f"tracekit advise {shell_word(whole)} --limit {self.limit}"
         return (f";{head} the trace ends there, and the program would have gone on past it "
                 "(docs/fidelity.md: a GPT-2 that fit 6 GiB up to its failing request needed 8.12 GiB for its "

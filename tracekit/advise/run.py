@@ -49,10 +49,13 @@ from tracekit.sim import policies
 from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
 from tracekit.trace.devices import pool_ids, select_pool, split_devices
+from tracekit.trace.events import segment_delta
 from tracekit.trace.outcome import failing_pool, failing_row, fatal_seq, held_limit
 from tracekit.trace.reader import Trace
+from tracekit.trace.recorded import PoolKind
 from tracekit.trace.schema import Op
 from tracekit.trace.stacks import UserCode
+from tracekit.units import format_size
 from tracekit.workers import BISECT_REPLAYS, cap_workers, default_threads
 
 TOP_SITES = 5
@@ -116,23 +119,49 @@ def top_sites_at_peak(trace: Trace, user_code: UserCode = UserCode(),
 
 
 def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | None:
-    """Where a CuPy request failed in a ``MemoryPool`` the program made itself, at the limit it set
-    on it (``failing_pool``): what advise searches instead of the device, that pool's rows alone
-    (``select_pool``), and the pool (``PoolScope``); None otherwise. Where the trace's pool column
-    does not put the failing request in that pool, its rows cannot be told apart: every row of the
-    device stands in for them (``PoolScope.alone`` False): an upper estimate of that pool."""
+    """Where a CuPy request failed in a ``MemoryPool`` the program made itself because the request
+    would have taken it over the limit the program set on it (``failing_pool``): what advise searches
+    instead of the device, that pool's rows alone (``select_pool``), and the pool (``PoolScope``);
+    None otherwise (the device ran out under that limit: the device's question). Whether the limit
+    was what failed: the pool measured at the OOM (``FailingPool.over_limit``), else its own
+    reserved bytes before the request, from its rows. Where the trace's pool column does not put
+    the failing request in that pool, its rows cannot be told apart: every row of the device stands
+    in for them (``PoolScope.alone`` False), an upper estimate of that pool, and only a measured
+    total tells that the limit failed."""
     if kind != Allocator.CUPY:
         return None
-    from tracekit.record.pools import PoolKind  # the recorder's names of the pools' kinds
-
     failed = failing_pool(trace.events, trace.meta, device)
     if failed is None or failed.pool.kind not in (None, PoolKind.POOL):  # an async pool is no MemoryPool
         return None
     p = failed.pool
     row = failing_row(trace.events, trace.meta.recorded, device)
     alone = row is not None and int(pool_ids(trace)[row]) == p.id
-    scope = PoolScope(p.id, p.device, p.label, failed.limit, alone)
-    return (select_pool(trace, p.id) if alone else trace), scope
+    sub = select_pool(trace, p.id) if alone else trace
+    over = failed.over_limit
+    if over is None and alone:
+        at = failing_row(sub.events, sub.meta.recorded, device)
+        reserved = int(np.cumsum(segment_delta(sub.events))[at]) if at is not None else 0
+        over = reserved + failed.request > failed.limit
+    if not over:
+        return None
+    return sub, PoolScope(p.id, p.device, p.label, failed.limit, alone)
+
+
+def own_async_pool(trace: Trace, device: int, kind: str) -> str | None:
+    """Where a CuPy request failed in a ``MemoryAsyncPool`` the program made itself, measured over the
+    limit it set on it: the sentence that says so (advise models such a pool as the device allocator,
+    with no limit of its own to search); None otherwise."""
+    if kind != Allocator.CUPY:
+        return None
+    failed = failing_pool(trace.events, trace.meta, device)
+    if failed is None or failed.pool.kind != PoolKind.ASYNC or not failed.over_limit:
+        return None
+    scope = PoolScope(failed.pool.id, failed.pool.device, failed.pool.label, failed.limit, False)
+    return (f"the request failed in the program's own MemoryAsyncPool {scope.name()}, which would have "
+            f"gone over the limit the program set on it ({format_size(failed.limit)}; "
+            f"{format_size(failed.total or 0)} held, {format_size(failed.request)} asked): raise that "
+            "pool's limit in the program; advise models a MemoryAsyncPool as the device allocator, with no "
+            "limit of its own to search")
 
 
 def _site_of_failure(trace: Trace) -> str | None:
@@ -296,7 +325,8 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
                 tried.append(raised)
         if room is None and limit is None and len(ooms):
             unexplained = _unexplained(trace, kind, tried, cap, runner, device_total, margin, pool)
-            if unexplained is not None:
+            if unexplained is not None:  # a MemoryAsyncPool of the program's at its own limit says so
+                unexplained = own_async_pool(trace, device, kind) or unexplained
                 margin = dataclasses.replace(margin, explains=False, why=unexplained)
                 tried = [o.judged(margin) for o in tried]
         fits = _ranked_fits(tried, room_advice)

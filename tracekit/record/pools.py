@@ -42,7 +42,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from enum import StrEnum
 from typing import Any
 
 from tracekit.record.callstacks import LiveStacks, capture_of
@@ -50,17 +49,10 @@ from tracekit.record.device_alloc import HookedSegments, async_pool_state, devic
 from tracekit.record.hook import FREE, MALLOC, OOM, UNMEASURED, EventBuffer, code_of
 from tracekit.record.sites import SiteTable
 from tracekit.trace.live import round_up
+from tracekit.trace.recorded import DEFAULT_POOL_LABEL, PoolKind
 
 RESERVED_MEM_HIGH = 0x6  # cudaMemPoolAttrReservedMemHigh
 UNATTRIBUTED = "unattributed"  # label of the pool id for segments made under a non-pool allocator
-
-
-class PoolKind(StrEnum):
-    """What a pool is (``pools[].kind``)."""
-
-    POOL = "pool"  # a CuPy MemoryPool (or PyTorch's caching allocator)
-    ASYNC = "async"  # a CuPy MemoryAsyncPool: stream-ordered, device-level
-    CUDA = "cuda"  # plain device allocations
 
 
 class AsyncAllocator:
@@ -212,7 +204,7 @@ class PoolRegistry:
 
     def adopt_default(self, pool: Any) -> None:
         """CuPy's own default pool: pool key 0, ``default``."""
-        self.add(pool, PoolKind.POOL, "default", own=True)
+        self.add(pool, PoolKind.POOL, DEFAULT_POOL_LABEL, own=True)
 
     # -- the functions ----------------------------------------------------------------------------
     def _adopt(self, allocator: Any) -> tuple[Any, tuple[int, Any] | None]:

@@ -26,6 +26,7 @@ from tracekit.compiled import plain
 from tracekit.sim.codes import Kind, Op
 from tracekit.sim.trace_cache import TraceCache
 from tracekit.trace.arrow import filled
+from tracekit.trace.devices import pool_ids
 from tracekit.trace.events import Events
 from tracekit.trace.reader import Trace
 
@@ -103,13 +104,6 @@ def _bool_column(trace: Trace, name: str) -> np.ndarray:
     return filled(tbl.column(name), False).astype(np.bool_, copy=False)
 
 
-def _pool_column(trace: Trace) -> np.ndarray:
-    tbl = trace.extras
-    if tbl is None or "pool" not in tbl.column_names:
-        return np.zeros(len(trace.events), np.int64)
-    return filled(tbl.column("pool"), 0).astype(np.int64, copy=False)
-
-
 def _segment_small(trace: Trace) -> np.ndarray:
     tbl = trace.extras
     out = np.full(len(trace.events), -1, np.int8)
@@ -158,7 +152,7 @@ def _prepare(trace: Trace) -> ReplayInput:
     out = ReplayInput(
         kind=kind, size=size, mate=mate, max_live=int(max_live), streams=streams,
         stream_index=stream_index, initial=_bool_column(trace, "initial"),
-        expandable=_bool_column(trace, "expandable"), pool=_pool_column(trace),
+        expandable=_bool_column(trace, "expandable"), pool=pool_ids(trace),
         segment_small=_segment_small(trace), replaced_by=replacements(ev, handled),
     )
     return out

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 from tracekit.errors import InputError
 from tracekit.trace.arrow import array_of, filled
+from tracekit.trace.outcome import default_pool
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import TraceMeta
 from tracekit.trace.validate import remap_mate
@@ -54,10 +55,10 @@ def select_device(trace: Trace, device: int) -> Trace:
 
 def pool_ids(trace: Trace) -> np.ndarray:
     """The pool of each event (int64): the ``pool`` extra column, 0 (the default pool, as the recorder
-    numbers it) where a row has none or the trace has no such column (as ``sim.prepare`` reads it)."""
+    numbers it) where a row has none or the trace has no such column."""
     tbl = trace.extras
-    if tbl is None or "pool" not in tbl.column_names:
-        return np.zeros(len(trace.events), np.int64)
+    if tbl is None or "pool" not in tbl.column_names or pa.types.is_null(tbl.schema.field("pool").type):
+        return np.zeros(len(trace.events), np.int64)  # a column of Arrow's null type holds no pool
     return filled(tbl.column("pool"), 0).astype(np.int64, copy=False)
 
 
@@ -67,7 +68,7 @@ def select_pool(trace: Trace, pool: int) -> Trace:
     every reader takes it for its device's one pool, whose limit is the pool's own (``outcome.held_limit``
     then reads the limit measured at its failing request: the counterfactual input judges its releases
     by it). ``pool_limit_bytes``, the default pool's limit at the start, is kept only where ``pool`` is
-    that default pool (its device's lowest id).
+    that default pool (``outcome.default_pool``).
 
     A malloc and its free, a segment's allocation and its release, are always in one pool, so no
     pair is cut; ``path`` and ``issues`` are kept.
@@ -92,8 +93,8 @@ def _one_pool(meta: TraceMeta, pool: int) -> TraceMeta:
         extra["pools_end"] = [None if (e := ends[i]) is None else dataclasses.asdict(e) for i in kept]
     else:
         extra.pop("pools_end", None)  # not one entry per pool: which is this pool's cannot be told
-    # the default pool: its device's lowest id; without an entry, 0 (the recorder's number for it)
-    default = any(min(p.id for p in recorded.pools if p.device == recorded.pools[i].device) == pool
+    # the default pool (``outcome.default_pool``); without an entry, 0 (the recorder's number for it)
+    default = any(getattr(default_pool(recorded, recorded.pools[i].device), "id", None) == pool
                   for i in kept) if kept else pool == 0
     return dataclasses.replace(meta, extra=extra, pool_limit_bytes=meta.pool_limit_bytes if default else None)
 

@@ -30,11 +30,20 @@ from typing import Any
 import numpy as np
 
 from tracekit.trace.events import Events
-from tracekit.trace.recorded import MAX_STATES, ExitInfo, PoolInfo, RecordedMeta, as_int, as_text
+from tracekit.trace.recorded import (
+    DEFAULT_POOL_LABEL,
+    MAX_STATES,
+    ExitInfo,
+    PoolInfo,
+    RecordedMeta,
+    as_int,
+    as_text,
+)
 from tracekit.trace.schema import Op, TraceMeta
 
-__all__ = ["MAX_STATES", "ExitInfo", "FailingPool", "as_int", "as_text", "failing_pool", "failing_row",
-           "fatal_row", "fatal_seq", "handled_rows", "held_limit", "pool_limit_of", "v1_oom_seq"]
+__all__ = ["MAX_STATES", "ExitInfo", "FailingPool", "as_int", "as_text", "default_pool", "failing_pool",
+           "failing_row", "fatal_row", "fatal_seq", "handled_rows", "held_limit", "pool_limit_of",
+           "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
 
@@ -95,7 +104,7 @@ def failing_row(ev: Events, recorded: RecordedMeta | Mapping[str, Any],
 
 def pool_limit_of(meta: TraceMeta, device: int | None = None, home: bool | None = None) -> int | None:
     """The limit of ``device``'s default pool as the program left it (bytes; None: none): its
-    ``pools`` entry of the lowest id, where the entry says it (``PoolInfo.limit_known``: the
+    ``pools`` entry (``default_pool``), where the entry says it (``PoolInfo.limit_known``: the
     recorder writes it at the program's normal end), else, for the ``home`` device the start
     metadata describes, the limit at the start (``pool_limit_bytes``; CuPy's 0 reads as none).
     ``device`` None: the device the start metadata names (``RecordedMeta.home_device``; where it
@@ -106,16 +115,23 @@ def pool_limit_of(meta: TraceMeta, device: int | None = None, home: bool | None 
         device, home = (named, True) if named is not None else (0, False)
     elif home is None:
         home = device == recorded.home_device([device])
-    default = _default_pool(recorded, device)
+    default = default_pool(recorded, device)
     if default is not None and default.limit_known:
         return default.limit
     start = meta.pool_limit_bytes if home else None
     return int(start) if start else None
 
 
-def _default_pool(recorded: RecordedMeta, device: int) -> PoolInfo | None:
-    """``device``'s default pool: its ``pools`` entry of the lowest id; None where it has none."""
-    return min((p for p in recorded.pools if p.device == device), key=lambda p: p.id, default=None)
+def default_pool(recorded: RecordedMeta, device: int) -> PoolInfo | None:
+    """``device``'s default pool: its ``pools`` entry labelled as CuPy's default pool
+    (``DEFAULT_POOL_LABEL``); where no entry of the device has a label (a trace from before labels),
+    its entry of the lowest id; None where it has no entry, or labelled entries none of which is the
+    default pool (a program that used only pools of its own there: the recorder numbers pools by
+    first use, so on a device other than the first one of those may have the lowest id)."""
+    mine = [p for p in recorded.pools if p.device == device]
+    if any(p.label is not None for p in mine):
+        mine = [p for p in mine if p.label == DEFAULT_POOL_LABEL]
+    return min(mine, key=lambda p: p.id, default=None)
 
 
 def held_limit(ev: Events, meta: TraceMeta, device: int | None = None) -> int | None:
@@ -132,7 +148,7 @@ def held_limit(ev: Events, meta: TraceMeta, device: int | None = None) -> int | 
         device = int(ev.device[row]) if device is None else device
         state = recorded.oom_states.get(seq)
         pool = _pool_of(recorded, seq)
-        default = _default_pool(recorded, device)
+        default = default_pool(recorded, device)
         ours = pool is None or default is None or pool == default.id
         if ours and state is not None and state.pool_limit is not None:
             return state.pool_limit
@@ -150,6 +166,15 @@ class FailingPool:
 
     pool: PoolInfo
     limit: int
+    request: int  # the failing request's bytes as the pool rounds them (the trace's ``rounded``)
+    total: int | None = None  # the pool's own reserved bytes measured at the OOM (None: not measured)
+
+    @property
+    def over_limit(self) -> bool | None:
+        """Whether the request would have taken the pool over its limit as measured at the OOM (CuPy
+        raises at ``total + request > limit``, after releasing its free blocks; the same error, "limit
+        set to" included, where the device ran out under the limit); None where not measured."""
+        return None if self.total is None else self.total + self.request > self.limit
 
 
 def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> FailingPool | None:
@@ -158,23 +183,33 @@ def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> Fail
     its limit is known; else None. The limit: the pool's as measured at that request (its
     ``oom_states`` entry: the hook reads the failing pool's own counters, the same figure as the
     ``ooms`` entry's ``limit``), else the pool's ``pools`` entry where it says the limit
-    (``PoolInfo.limit_known``). A pool without a ``pools`` entry is named by its id alone."""
+    (``PoolInfo.limit_known``). A pool without a ``pools`` entry is named by its id alone. Whether
+    that limit is what failed: ``FailingPool.over_limit``."""
     recorded = meta.recorded
     row = failing_row(ev, recorded, device)
     if row is None:
         return None
     seq, device = int(ev.seq[row]), int(ev.device[row])
-    pool_id, default = _pool_of(recorded, seq), _default_pool(recorded, device)
-    # Without a pools entry on the device, which pool is the default cannot be told: none is named.
-    if pool_id is None or default is None or pool_id == default.id:
+    pool_id, default = _pool_of(recorded, seq), default_pool(recorded, device)
+    if pool_id is None:
         return None
     entry = next((p for p in recorded.pools if p.id == pool_id and p.device == device), None)
+    # The program's own: not the device's default pool, where one is known; where none is, a pool
+    # whose entry names it as another (without entries, which is the default cannot be told).
+    own = pool_id != default.id if default is not None else (
+        entry is not None and entry.label is not None and entry.label != DEFAULT_POOL_LABEL)
+    if not own:
+        return None
     state = recorded.oom_states.get(seq)
     limit = state.pool_limit if state is not None else None
     if limit is None and entry is not None and entry.limit_known:
         limit = entry.limit
     # CuPy's 0 is no limit: a pool without one ran out of the device, not of its limit
-    return FailingPool(entry or PoolInfo(pool_id, device), limit) if limit else None
+    if not limit:
+        return None
+    request = int(max(ev.rounded[row], ev.size[row]))
+    total = state.pool_total if state is not None else None
+    return FailingPool(entry or PoolInfo(pool_id, device), limit, request, total)
 
 
 def _pool_of(recorded: RecordedMeta, seq: int) -> int | None:

@@ -335,15 +335,33 @@ def _read_open(p: Path, pf: pq.ParquetFile, strict: bool, extras: bool,
 READ_SWITCH_S = 0.0005
 
 
+@dataclass
+class _Reads:
+    """The reads under way in this process's threads (``depth``) and the interval before the first."""
+
+    depth: int = 0
+    interval: float = 0.0
+
+
+_READS, _READS_LOCK = _Reads(), threading.Lock()
+
+
 @contextlib.contextmanager
 def quick_switches() -> Iterator[None]:
-    """The GIL handed between threads every ``READ_SWITCH_S`` at most, the interval as it was after."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(interval, READ_SWITCH_S))
+    """The GIL handed between threads every ``READ_SWITCH_S`` at most; the process's own interval back
+    once the last of the reads under way ends (reads in several threads may overlap)."""
+    with _READS_LOCK:
+        if _READS.depth == 0:
+            _READS.interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_READS.interval, READ_SWITCH_S))
+        _READS.depth += 1
     try:
         yield
     finally:
-        sys.setswitchinterval(interval)
+        with _READS_LOCK:
+            _READS.depth -= 1
+            if _READS.depth == 0:
+                sys.setswitchinterval(_READS.interval)
 
 
 def _load_pass() -> threading.Thread:

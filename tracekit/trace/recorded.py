@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from tracekit.inputs import optional_int
@@ -166,6 +167,17 @@ class OOMEntry:
             return None
         return cls(seq, as_text(d.get("message")), as_text(d.get("exception")), as_int(d.get("device")),
                    as_bytes(d.get("size")), as_bytes(d.get("rounded")), as_int(d.get("pool_id")))
+
+
+class PoolKind(StrEnum):
+    """What a pool is (``pools[].kind``)."""
+
+    POOL = "pool"  # a CuPy MemoryPool (or PyTorch's caching allocator)
+    ASYNC = "async"  # a CuPy MemoryAsyncPool: stream-ordered, device-level
+    CUDA = "cuda"  # plain device allocations
+
+
+DEFAULT_POOL_LABEL = "default"  # ``pools[].label`` of CuPy's default pool on each device (the recorder's)
 
 
 @dataclass(frozen=True)
