@@ -18,6 +18,10 @@ under ``cupy.cuda.using_allocator``: blocks of growing size, each freed after a 
 taken beside it, so the pool's free space is splintered, then one 24 MiB block. Under 48 MiB it
 raises CuPy's OutOfMemoryError in that pool; nothing is allocated after the last block, so the
 recording up to a failure is the whole program (advise's answer holds for the whole run).
+default_limit_beside_user_pool: 32 MiB held by a ``MemoryPool`` of the program's own (no limit),
+then the default pool, limited to 64 MiB unless a limit is set already (``record --limit``),
+takes 6, 7, ..., 13 MiB and holds them (76 MiB in all): its 13 MiB request fails at 64 MiB. The
+default pool's limit holds its own bytes alone, so it needs 76 MiB, not 76 + 32.
 
 ``--witness PATH`` writes what the program itself saw as JSON: every event of
 an independent ``cupy.cuda.MemoryHook`` registered beside the recorder
@@ -167,7 +171,22 @@ def run_user_pool_limit(steps: int = 6) -> None:
     print("user pool total bytes", pool.total_bytes(), "limit", pool.get_limit())
 
 
-WORKLOADS = {"user_pool": run_user_pool, "user_pool_limit": run_user_pool_limit, "async": run_async,
+def run_default_limit_beside_user_pool(steps: int = 8) -> None:
+    pool = cp.cuda.MemoryPool()
+    KEEP.append(pool)
+    with cp.cuda.using_allocator(pool.malloc):
+        user_held = [cp.cuda.alloc(8 * MiB) for _ in range(4)]
+    default = cp.get_default_memory_pool()
+    if default.get_limit() == 0:  # record --limit (advise --rerun) sets its own
+        default.set_limit(size=64 * MiB)
+    held = [cp.cuda.alloc((6 + i) * MiB) for i in range(steps)]
+    cp.cuda.Device().synchronize()
+    SEEN["pools"].append({"label": "default", **counters(default), "kept": len(held) + len(user_held)})
+    print("default pool total bytes", default.total_bytes(), "limit", default.get_limit())
+
+
+WORKLOADS = {"user_pool": run_user_pool, "user_pool_limit": run_user_pool_limit,
+             "default_limit_beside_user_pool": run_default_limit_beside_user_pool, "async": run_async,
              "pool_threads": run_pool_threads,
              "oom_probe": run_oom_probe}
 

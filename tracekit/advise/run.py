@@ -50,7 +50,7 @@ from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
 from tracekit.trace.devices import pool_ids, select_pool, split_devices
 from tracekit.trace.events import segment_delta
-from tracekit.trace.outcome import failing_pool, failing_row, fatal_seq, held_limit
+from tracekit.trace.outcome import default_pool, failing_pool, failing_row, fatal_seq, held_limit
 from tracekit.trace.reader import Trace
 from tracekit.trace.recorded import PoolKind
 from tracekit.trace.schema import Op
@@ -145,6 +145,27 @@ def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | 
     if not over:
         return None
     return sub, PoolScope(p.id, p.device, p.label, failed.limit, alone)
+
+
+def default_rows(trace: Trace, device: int, kind: str) -> Trace:
+    """A CuPy trace's rows of ``device``'s default pool alone where its ``pool`` column marks rows of
+    other pools too (the program's own pools, device allocations outside any pool): CuPy's
+    ``set_limit`` holds the default pool's own bytes, never another pool's, so those rows do not
+    count against it (the device's room, which they do count against, is not this question). Only
+    where the failing request was the default pool's: ``trace`` itself for a run that did not fail (a
+    program that made every request through a pool of its own leaves the default pool no rows) and
+    where another pool's request failed (a pool of the program's that the device refused under its
+    limit: the device's question)."""
+    if kind != Allocator.CUPY:
+        return trace
+    default = default_pool(trace.meta.recorded, device)
+    row = failing_row(trace.events, trace.meta.recorded, device)
+    if default is None or row is None:
+        return trace
+    ids = pool_ids(trace)
+    if int(ids[row]) != default.id or bool((ids == default.id).all()):
+        return trace
+    return select_pool(trace, default.id)
 
 
 def own_async_pool(trace: Trace, device: int, kind: str) -> str | None:
@@ -269,6 +290,8 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     if scoped is not None:
         trace, pool = scoped
         report = None  # the analysis was of the whole device; the room and its cures are the device's
+    elif room is None:  # a limit's question: the default pool's limit holds its own rows alone
+        trace = default_rows(trace, device, kind)
     cap = (pool.limit if pool is not None else room.bytes if room is not None
            else pick_limit(trace, limit, device_total, device))
     ooms = np.flatnonzero(trace.events.op == Op.OOM)
