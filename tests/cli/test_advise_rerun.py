@@ -145,3 +145,32 @@ def test_a_setting_of_the_programs_own_pool_is_not_rerun(tmp_path: Path) -> None
         assert not r["ran"] and r["agrees"] is None
         assert "the program's own pool 'user 1' (pool 1 on device 0)" in r["note"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
+
+
+BESIDE_USER_POOL = """
+    import cupy
+    MiB = 1 << 20
+    pool = cupy.cuda.MemoryPool()
+    with cupy.cuda.using_allocator(pool.malloc):
+        user_held = [cupy.cuda.alloc(8 * MiB) for _ in range(4)]
+    held = [cupy.cuda.alloc((6 + i) * MiB) for i in range(8)]
+    print("done", len(held), len(user_held))
+"""
+
+
+def test_the_default_pools_limit_holds_its_own_rows(tmp_path: Path) -> None:
+    """A pool of the program's own holds 32 MiB; the default pool, under ``record --limit 64MiB``, takes 6,
+    7, ..., 13 MiB: its 13 MiB request fails (63 + 13 > 64). CuPy's ``set_limit`` holds the default pool's
+    own bytes alone, so advise names 76 MiB (not 76 + 32), and the program run again under advise's raised
+    limit finishes (the stand-in keeps a limit per pool, as CuPy does)."""
+    (tmp_path / "app.py").write_text(textwrap.dedent(BESIDE_USER_POOL))
+    rec = _tk(tmp_path, "record", "--limit", "64MiB", "-o", "t.parquet", "app.py")
+    assert rec.returncode == 1 and "allocating 13,631,488 bytes" in rec.stderr, rec.stderr
+    res = _tk(tmp_path, "advise", "t.parquet", "--json", "--jobs", "1", "--rerun", "1")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert "pool" not in d and d["limit_bytes"] == 64 << 20
+    assert d["lower_bound_bytes"] == d["min_capacity_bytes"] == 76 << 20
+    (raised,) = [r for r in d["reruns"] if r["setting"].startswith("CuPy pool, set_limit")]
+    assert raised["ran"] and raised["finished"] and raised["agrees"] is True
+    assert raised["limit_asked_bytes"] < (76 + 32) << 20
