@@ -116,7 +116,7 @@ def test_the_failing_pool_and_its_limit(tmp_path: Path, user: Trace) -> None:
     assert failing_pool(user.events, user.meta, device=0) == got
     assert held_limit(user.events, user.meta) == DEFAULT_LIMIT  # the default pool's: not this question
     unmeasured = build(tmp_path, measured=False)  # the pools entry says it
-    assert failing_pool(unmeasured.events, unmeasured.meta) == replace(got, total=None)
+    assert failing_pool(unmeasured.events, unmeasured.meta) == replace(got, total=None, used=None)
     assert got.over_limit and got.request == 4 * MiB and got.total == 6 * MiB
     unknown = build(tmp_path, measured=False, user_limit=None)  # nothing says it: not named
     assert failing_pool(unknown.events, unknown.meta) is None
@@ -329,3 +329,31 @@ def test_an_async_pool_at_its_own_limit_is_said(tmp_path: Path) -> None:
     text = r.recommendation()
     assert "the request failed in the program's own MemoryAsyncPool 'async 1' (pool 1 on device 0)" in text
     assert "8.00 MiB; 6.00 MiB held, 4.00 MiB asked" in text and "another process" not in text
+
+
+def test_the_default_pools_rows_only_where_they_account_for_it(tmp_path: Path) -> None:
+    """The default pool's rows alone only where they hold what the pool was measured to hold at the
+    failing request (65 MiB: its 64 and 1 MiB segments, marked as its own); a pool whose
+    segments the recorder could not tell apart (a program that wraps its ``malloc``) measures more than
+    its marked rows: every row of the device stays."""
+    t = build(tmp_path, default_oom=True)
+    (state,) = t.meta.extra["oom_states"]
+    measured = _with_extra(t, oom_states=[{**state, "pool": {**state["pool"], "total_bytes": 65 * MiB}}])
+    r = advise(measured, jobs=1)
+    assert r.lower_bound == (64 + 32) * MiB
+    assert any("the default pool's rows alone were replayed" in n for n in r.notes)
+    other = _with_extra(t, oom_states=[{**state, "pool": {**state["pool"], "total_bytes": 90 * MiB}}])
+    r = advise(other, jobs=1)
+    assert r.lower_bound == (64 + 4 + 2 + 32) * MiB
+    assert not any("the default pool's rows alone" in n for n in r.notes)
+
+
+def test_pytorchs_allocator_is_its_devices_default_pool() -> None:
+    """``record --torch`` labels each device's pool as PyTorch's caching allocator: that entry's limit is
+    the one the run was held to (``advise --rerun`` compares it with the limit it asked for)."""
+    from tracekit.trace.outcome import default_pool, pool_limit_of
+
+    t = read_trace(TRACES / "fidelity" / "resnet35r-reruns" / "rerun-1.parquet")
+    (entry,) = t.meta.recorded.pools
+    assert default_pool(t.meta.recorded, 0) == entry and entry.label == "caching allocator"
+    assert entry.limit and pool_limit_of(t.meta) == entry.limit

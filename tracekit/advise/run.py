@@ -50,7 +50,7 @@ from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
 from tracekit.trace.devices import pool_ids, select_pool, split_devices
 from tracekit.trace.events import segment_delta
-from tracekit.trace.outcome import default_pool, failing_pool, failing_row, fatal_seq, held_limit
+from tracekit.trace.outcome import default_pool, failing_pool, failing_row, fatal_row, fatal_seq, held_limit
 from tracekit.trace.reader import Trace
 from tracekit.trace.recorded import PoolKind
 from tracekit.trace.schema import Op
@@ -137,6 +137,8 @@ def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | 
     row = failing_row(trace.events, trace.meta.recorded, device)
     alone = row is not None and int(pool_ids(trace)[row]) == p.id
     sub = select_pool(trace, p.id) if alone else trace
+    if alone and fatal_seq(sub.events, sub.meta.recorded) != fatal_seq(trace.events, trace.meta.recorded):
+        return None  # its rows alone would end the run otherwise (it survived there and went on elsewhere)
     over = failed.over_limit
     if over is None and alone:
         at = failing_row(sub.events, sub.meta.recorded, device)
@@ -148,24 +150,39 @@ def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | 
 
 
 def default_rows(trace: Trace, device: int, kind: str) -> Trace:
-    """A CuPy trace's rows of ``device``'s default pool alone where its ``pool`` column marks rows of
-    other pools too (the program's own pools, device allocations outside any pool): CuPy's
-    ``set_limit`` holds the default pool's own bytes, never another pool's, so those rows do not
-    count against it (the device's room, which they do count against, is not this question). Only
-    where the failing request was the default pool's: ``trace`` itself for a run that did not fail (a
-    program that made every request through a pool of its own leaves the default pool no rows) and
-    where another pool's request failed (a pool of the program's that the device refused under its
-    limit: the device's question)."""
+    """A CuPy trace's rows of ``device``'s default pool alone, where the run died of that pool's request
+    at the limit it was held to and the trace's ``pool`` column marks rows of other pools too (the
+    program's own pools): CuPy's ``set_limit`` holds the default pool's own bytes, never another
+    pool's. Only where those rows account for the pool: their reserved bytes at the failing request
+    are the pool's measured there (``oom_states``), or, not measured, they and the request go over
+    the limit (a program that wraps the default pool's ``malloc`` in a function of its own has its
+    segments recorded as no pool's); and where the run still dies of that request on those rows alone
+    (a program that survived it and went on in another pool). ``trace`` itself otherwise: a run that
+    did not die, another pool's request, no limit (the device's question, which every pool's bytes
+    count against)."""
     if kind != Allocator.CUPY:
         return trace
-    default = default_pool(trace.meta.recorded, device)
-    row = failing_row(trace.events, trace.meta.recorded, device)
-    if default is None or row is None:
+    recorded = trace.meta.recorded
+    default, row = default_pool(recorded, device), fatal_row(trace.events, recorded)
+    if default is None or row is None or int(trace.events.device[row]) != device:
         return trace
     ids = pool_ids(trace)
     if int(ids[row]) != default.id or bool((ids == default.id).all()):
         return trace
-    return select_pool(trace, default.id)
+    limit = held_limit(trace.events, trace.meta, device)
+    if not limit:
+        return trace
+    seq = int(trace.events.seq[row])
+    sub = select_pool(trace, default.id)
+    at = fatal_row(sub.events, sub.meta.recorded)
+    if at is None or int(sub.events.seq[at]) != seq:
+        return trace
+    reserved = int(np.cumsum(segment_delta(sub.events))[at])
+    state = recorded.oom_states.get(seq)
+    if state is not None and state.pool_total is not None:
+        return sub if reserved == state.pool_total else trace
+    request = int(max(trace.events.rounded[row], trace.events.size[row]))
+    return sub if reserved + request > limit else trace
 
 
 def own_async_pool(trace: Trace, device: int, kind: str) -> str | None:
@@ -177,6 +194,8 @@ def own_async_pool(trace: Trace, device: int, kind: str) -> str | None:
     failed = failing_pool(trace.events, trace.meta, device)
     if failed is None or failed.pool.kind != PoolKind.ASYNC or not failed.over_limit:
         return None
+    if failed.used is None or failed.total is None or failed.total - failed.used >= failed.request:
+        return None  # room inside the pool: CuPy raises at the limit only where the pool has none free
     scope = PoolScope(failed.pool.id, failed.pool.device, failed.pool.label, failed.limit, False)
     return (f"the request failed in the program's own MemoryAsyncPool {scope.name()}, which would have "
             f"gone over the limit the program set on it ({format_size(failed.limit)}; "
@@ -290,8 +309,12 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
     if scoped is not None:
         trace, pool = scoped
         report = None  # the analysis was of the whole device; the room and its cures are the device's
-    elif room is None:  # a limit's question: the default pool's limit holds its own rows alone
+    elif room is None and limit is None:  # the recorded limit's question: the default pool's own rows
+        whole = len(trace.events)
         trace = default_rows(trace, device, kind)
+        if len(trace.events) < whole:
+            asked.append(f"the default pool's rows alone were replayed ({len(trace.events)} of {whole} "
+                         "events): CuPy's set_limit holds that pool's own bytes, never another pool's")
     cap = (pool.limit if pool is not None else room.bytes if room is not None
            else pick_limit(trace, limit, device_total, device))
     ooms = np.flatnonzero(trace.events.op == Op.OOM)

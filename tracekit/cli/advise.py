@@ -74,6 +74,10 @@ def advise(
             from tracekit.trace.devices import select_pool
 
             own = select_pool(own, result.pool.id)
+        elif result.pool is None and result.room is None and lim is None:  # the rows advise replayed
+            from tracekit.advise.run import default_rows
+
+            own = default_rows(own, result.device or 0, result.kind)
         result = replace(result, device_checks=verify(own, result.fits, verify_on_device))
     if rerun is not None:
         from dataclasses import replace

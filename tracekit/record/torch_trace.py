@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.record.final import Keep, write_final
+from tracekit.trace.recorded import TORCH_POOL_LABEL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,7 @@ def write_torch_trace(snap: dict[str, Any], rec: TorchEnd, out: Path, exit_info:
     if exit_info["oom_seq"] is not None:
         events = with_site(events, int(oom_rows[-1]), exit_info.get("site"))
     devices = sorted({int(d) for d in np.unique(events.device)} | {rec.device})
-    pools = [{"id": i, "device": d, "kind": "pool", "label": "caching allocator",
+    pools = [{"id": i, "device": d, "kind": "pool", "label": TORCH_POOL_LABEL,
               "limit_bytes": rec.allowed_bytes} for i, d in enumerate(devices)]
     pool_of = np.zeros(max(devices) + 1, np.int64)
     pool_of[devices] = np.arange(len(devices))

@@ -31,7 +31,7 @@ import numpy as np
 
 from tracekit.trace.events import Events
 from tracekit.trace.recorded import (
-    DEFAULT_POOL_LABEL,
+    DEFAULT_LABELS,
     MAX_STATES,
     ExitInfo,
     PoolInfo,
@@ -123,14 +123,15 @@ def pool_limit_of(meta: TraceMeta, device: int | None = None, home: bool | None 
 
 
 def default_pool(recorded: RecordedMeta, device: int) -> PoolInfo | None:
-    """``device``'s default pool: its ``pools`` entry labelled as CuPy's default pool
-    (``DEFAULT_POOL_LABEL``); where no entry of the device has a label (a trace from before labels),
-    its entry of the lowest id; None where it has no entry, or labelled entries none of which is the
-    default pool (a program that used only pools of its own there: the recorder numbers pools by
-    first use, so on a device other than the first one of those may have the lowest id)."""
+    """``device``'s default pool: its ``pools`` entry labelled as the device's own allocator (CuPy's
+    default pool, PyTorch's caching allocator: ``DEFAULT_LABELS``); where no entry of the device has
+    a label (a trace from before labels), its entry of the lowest id; None where it has no entry, or
+    labelled entries none of which is the default pool (a program that used only pools of its own
+    there: the recorder numbers pools by first use, so on a device other than the first one of
+    those may have the lowest id)."""
     mine = [p for p in recorded.pools if p.device == device]
     if any(p.label is not None for p in mine):
-        mine = [p for p in mine if p.label == DEFAULT_POOL_LABEL]
+        mine = [p for p in mine if p.label in DEFAULT_LABELS]
     return min(mine, key=lambda p: p.id, default=None)
 
 
@@ -168,12 +169,14 @@ class FailingPool:
     limit: int
     request: int  # the failing request's bytes as the pool rounds them (the trace's ``rounded``)
     total: int | None = None  # the pool's own reserved bytes measured at the OOM (None: not measured)
+    used: int | None = None  # of those, the bytes in use (None: not measured)
 
     @property
     def over_limit(self) -> bool | None:
         """Whether the request would have taken the pool over its limit as measured at the OOM (CuPy
-        raises at ``total + request > limit``, after releasing its free blocks; the same error, "limit
-        set to" included, where the device ran out under the limit); None where not measured."""
+        raises at ``total + request > limit``, after releasing its free blocks in CuPy 14; the same
+        error, "limit set to" included, where the device ran out under the limit); None where not
+        measured."""
         return None if self.total is None else self.total + self.request > self.limit
 
 
@@ -197,7 +200,7 @@ def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> Fail
     # The program's own: not the device's default pool, where one is known; where none is, a pool
     # whose entry names it as another (without entries, which is the default cannot be told).
     own = pool_id != default.id if default is not None else (
-        entry is not None and entry.label is not None and entry.label != DEFAULT_POOL_LABEL)
+        entry is not None and entry.label is not None and entry.label not in DEFAULT_LABELS)
     if not own:
         return None
     state = recorded.oom_states.get(seq)
@@ -209,7 +212,8 @@ def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> Fail
         return None
     request = int(max(ev.rounded[row], ev.size[row]))
     total = state.pool_total if state is not None else None
-    return FailingPool(entry or PoolInfo(pool_id, device), limit, request, total)
+    used = state.pool_used if state is not None else None
+    return FailingPool(entry or PoolInfo(pool_id, device), limit, request, total, used)
 
 
 def _pool_of(recorded: RecordedMeta, seq: int) -> int | None:

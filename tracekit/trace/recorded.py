@@ -178,6 +178,9 @@ class PoolKind(StrEnum):
 
 
 DEFAULT_POOL_LABEL = "default"  # ``pools[].label`` of CuPy's default pool on each device (the recorder's)
+TORCH_POOL_LABEL = "caching allocator"  # ``pools[].label`` of PyTorch's allocator on each device
+# The labels of a device's own allocator, not a pool the program made (``outcome.default_pool``).
+DEFAULT_LABELS = frozenset({DEFAULT_POOL_LABEL, TORCH_POOL_LABEL})
 
 
 @dataclass(frozen=True)
