@@ -59,3 +59,16 @@ def test_replay_follows_the_program_to_the_oom_it_died_of() -> None:
 def test_as_recorded_applies_to_sim_only(tmp_path: Path) -> None:
     res = runner.invoke(app, ["replay", str(TRACES / "torch-oom.parquet"), "--device", "0", "--as-recorded"])
     assert res.exit_code == 2 and "--as-recorded applies to --sim" in res.stderr
+
+
+def test_an_oom_in_a_pool_of_the_programs_own_is_said() -> None:
+    """The real H100 recording whose own pool ran out at its own 48 MiB (``traces/fidelity/user-pool-limit``):
+    the simulator holds every pool to one limit (the default pool's: none here), so it replays without
+    the OOM; the note says why, and where that pool's question is answered."""
+    trace = TRACES / "fidelity" / "user-pool-limit" / "user-pool-limit.parquet"
+    res = runner.invoke(app, ["replay", str(trace), "--sim", "cupy", "--json"])
+    assert res.exit_code == 0
+    assert "the recorded out-of-memory errors were in pool(s) the program made itself (1)" in res.stderr
+    assert json.loads(res.stdout)["oom"] is None
+    plain = runner.invoke(app, ["replay", str(TRACES / "cupy-oom-frag.parquet"), "--sim", "cupy", "--json"])
+    assert "pool(s) the program made itself" not in plain.stderr
