@@ -15,6 +15,11 @@
 #                          (probe_import_floor.py) and NumPy's -X importtime both ways, into $R
 #   machine [CMD...]       the machine described in $R/machine.txt (CPUs, Python, huge pages, the
 #                          balloon's free page reporting), then CMD's output (say, nvidia-smi)
+#   host_info              the GPU's name, the CPUs and the uptime in $R/host.log (a step of its own)
+#   on_h200                true where host_info found an H200
+#   overhead_on_h200 [KEEP]  issue 39's overhead measurement (bench_record_fresh.py --shuffle, CuPy MLP,
+#                          3,000 steps, $PROCESSES x $REPEATS, default 4 x 3) where the machine is an
+#                          H200, leaving KEEP seconds (default 0) of the budget for what follows
 #   HUGE_ALT               NumPy's huge pages the other way from the verbs' own choice
 #                          (tracekit.numpy_setup), for an A/B: NUMPY_MADVISE_HUGEPAGE=$HUGE_ALT
 set -uo pipefail
@@ -59,6 +64,18 @@ import_floor() {
   run floor "$2" python3 scripts/probe_import_floor.py --runs "$1"
   python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime.txt"
   OPENBLAS_NUM_THREADS=1 python3 -X importtime -c "import numpy" 2> "$R/numpy-importtime-1thread.txt"
+  pack
+}
+host_info() {
+  step host
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; uptime; } > "$R/host.log" 2>&1
+}
+on_h200() { grep -q H200 "$R/host.log"; }
+overhead_on_h200() {
+  on_h200 || return 0
+  step "issue 39: fresh processes"
+  run fresh "$(( $(left) - ${1:-0} ))" python3 scripts/bench_record_fresh.py --processes "${PROCESSES:-4}" \
+    --steps 3000 --repeats "${REPEATS:-3}" --shuffle --json "$R/fresh.json"
   pack
 }
 machine() {

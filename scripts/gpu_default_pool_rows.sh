@@ -9,16 +9,10 @@
 NAME=default_rows
 source "$(dirname "$0")/gpu_common.sh"
 
-step host
-{ nvidia-smi --query-gpu=name --format=csv,noheader; nproc; uptime; } > "$R/host.log" 2>&1
+host_info
 step build
 run build 60 python3 setup.py build_ext --inplace
-if grep -q H200 "$R/host.log"; then
-  step "issue 39: fresh processes"
-  run fresh "$(( $(left) - 130 ))" python3 scripts/bench_record_fresh.py --processes "${PROCESSES:-4}" \
-    --steps 3000 --repeats "${REPEATS:-3}" --shuffle --json "$R/fresh.json"
-  pack
-fi
+overhead_on_h200 130
 step "the default pool's limit beside a pool of the program's own"
 run record 60 python3 -m tracekit record -o "$R/default-beside-user.parquet" scripts/pool_workloads.py \
   default_limit_beside_user_pool

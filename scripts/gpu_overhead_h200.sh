@@ -7,15 +7,12 @@
 NAME=overhead_h200
 source "$(dirname "$0")/gpu_common.sh"
 
-step host
-{ nvidia-smi --query-gpu=name --format=csv,noheader; nproc; uptime; } > "$R/host.log" 2>&1
-if ! grep -q H200 "$R/host.log"; then
+host_info
+if ! on_h200; then
   step "not an H200: nothing measured"
   exit 0
 fi
 step build
 run build 60 python3 setup.py build_ext --inplace
-step "issue 39: fresh processes"
-run fresh "$(left)" python3 scripts/bench_record_fresh.py --processes "${PROCESSES:-4}" --steps 3000 \
-  --repeats "${REPEATS:-3}" --shuffle --json "$R/fresh.json"
+overhead_on_h200
 step done

@@ -11,16 +11,10 @@
 NAME=overhead_read
 source "$(dirname "$0")/gpu_common.sh"
 
-step host
-{ nvidia-smi --query-gpu=name --format=csv,noheader; nproc; uptime; } > "$R/host.log" 2>&1
+host_info
 step build
 run build 60 python3 setup.py build_ext --inplace
-if grep -q H200 "$R/host.log"; then
-  step "issue 39: fresh processes"
-  run fresh "$(( $(left) - 240 ))" python3 scripts/bench_record_fresh.py --processes "${PROCESSES:-4}" \
-    --steps 3000 --repeats "${REPEATS:-3}" --shuffle --json "$R/fresh.json"
-  pack
-fi
+overhead_on_h200 240
 step "a program's own pool out at its own limit"
 run user_pool 150 python3 scripts/gpu_user_pool_limit.py "$R/user_pool"
 pack

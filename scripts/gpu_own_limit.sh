@@ -10,8 +10,7 @@
 NAME=own_limit
 source "$(dirname "$0")/gpu_common.sh"
 
-step host
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; uptime; } > "$R/host.log" 2>&1
+host_info
 step build
 run build 60 python3 setup.py build_ext --inplace
 step record
@@ -22,9 +21,5 @@ run advise_text 120 python3 -m tracekit advise "$R/own.parquet"
 step rerun
 run rerun 200 python3 -m tracekit advise "$R/own.parquet" --rerun 2 --rerun-timeout 90 --rerun-dir "$R/reruns"
 pack
-if grep -q H200 "$R/host.log"; then
-  step "issue 39: fresh processes"
-  run fresh "$(left)" python3 scripts/bench_record_fresh.py --processes "${PROCS:-4}" --steps 3000 \
-    --repeats "${REPEATS:-2}" --shuffle --json "$R/fresh.json"
-fi
+REPEATS=${REPEATS:-2} overhead_on_h200
 step done

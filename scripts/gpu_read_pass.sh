@@ -8,8 +8,7 @@
 NAME=read_pass
 source "$(dirname "$0")/gpu_common.sh"
 
-step host
-{ nvidia-smi --query-gpu=name --format=csv,noheader; nproc; uptime; } > "$R/host.log" 2>&1
+host_info
 step build
 run build 60 python3 setup.py build_ext --inplace
 python3 -c "import tracekit.trace.readpass as r; print('C pass', r.COMPILED)" >> "$R/build.log" 2>&1
@@ -26,9 +25,5 @@ pack
 step startup
 run startup 60 python3 scripts/bench_startup.py
 pack
-if grep -q H200 "$R/host.log"; then
-  step "issue 39: fresh processes"
-  run fresh "$(left)" python3 scripts/bench_record_fresh.py --processes 4 --steps 3000 --repeats 2 --shuffle \
-    --json "$R/fresh.json"
-fi
+REPEATS=${REPEATS:-2} overhead_on_h200
 step done

@@ -49,8 +49,16 @@ from tracekit.sim import policies
 from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
 from tracekit.trace.devices import pool_ids, select_pool, split_devices
-from tracekit.trace.events import segment_delta
-from tracekit.trace.outcome import default_pool, failing_pool, failing_row, fatal_row, fatal_seq, held_limit
+from tracekit.trace.events import reserved_through
+from tracekit.trace.outcome import (
+    default_pool,
+    failing_pool,
+    failing_row,
+    fatal_row,
+    fatal_seq,
+    held_limit,
+    request_bytes,
+)
 from tracekit.trace.reader import Trace
 from tracekit.trace.recorded import PoolKind
 from tracekit.trace.schema import Op
@@ -142,7 +150,7 @@ def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | 
     over = failed.over_limit
     if over is None and alone:
         at = failing_row(sub.events, sub.meta.recorded, device)
-        reserved = int(np.cumsum(segment_delta(sub.events))[at]) if at is not None else 0
+        reserved = reserved_through(sub.events, at) if at is not None else 0
         over = reserved + failed.request > failed.limit
     if not over:
         return None
@@ -177,12 +185,11 @@ def default_rows(trace: Trace, device: int, kind: str) -> Trace:
     at = fatal_row(sub.events, sub.meta.recorded)
     if at is None or int(sub.events.seq[at]) != seq:
         return trace
-    reserved = int(np.cumsum(segment_delta(sub.events))[at])
+    reserved = reserved_through(sub.events, at)
     state = recorded.oom_states.get(seq)
     if state is not None and state.pool_total is not None:
         return sub if reserved == state.pool_total else trace
-    request = int(max(trace.events.rounded[row], trace.events.size[row]))
-    return sub if reserved + request > limit else trace
+    return sub if reserved + request_bytes(trace.events, row) > limit else trace
 
 
 def own_async_pool(trace: Trace, device: int, kind: str) -> str | None:

@@ -192,7 +192,7 @@ def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None) -
     if not policies.get(sim).traits.recorded_limit:
         return None
     from tracekit.cli.common import say
-    from tracekit.trace.outcome import default_pool, pool_limit_of
+    from tracekit.trace.outcome import is_own_pool, pool_limit_of
 
     meta = read_meta(trace)
     limit = pool_limit_of(meta, device)  # one the program set itself too
@@ -201,8 +201,7 @@ def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None) -
             f"{format_size(limit)} ({limit} bytes); --capacity none lifts it", err=True)
     recorded = meta.recorded
     own = sorted({o.pool_id for o in recorded.ooms if o.pool_id is not None
-                  and (d := default_pool(recorded, o.device if o.device is not None else device or 0))
-                  is not None and o.pool_id != d.id})
+                  and is_own_pool(recorded, o.pool_id, o.device if o.device is not None else device or 0)})
     if own:  # the simulator holds every pool of the device to one limit; CuPy keeps one a pool
         say(f"tracekit: note: {trace}: the recorded out-of-memory errors were in pool(s) the program made "
             f"itself ({', '.join(map(str, own))}), each with a limit of its own; this replay holds every "

@@ -40,6 +40,7 @@ from tracekit.record.pools import PoolKind, PoolRegistry
 from tracekit.record.probe import cupy_probe
 from tracekit.record.session import oom_note, patch_threads
 from tracekit.record.sites import SiteTable, default_skip_dirs, site_roots
+from tracekit.trace.recorded import DEFAULT_POOL_LABEL
 
 
 def import_cupy() -> tuple[Any, int]:
@@ -219,7 +220,7 @@ def _end_state(registry: PoolRegistry, device_id: int) -> EndState:
         total = out.setdefault(str(entry["device"]), dict(zero))
         for k in keys:
             total[k] += int(end.get(k) or 0)
-        if entry["label"] == "default":
+        if entry["label"] == DEFAULT_POOL_LABEL:
             total["limit_bytes"] = end.get("limit_bytes")
     for total in out.values():
         total["limit"] = total["limit_bytes"] or 0

@@ -61,6 +61,7 @@ from tracekit.record.sites import SiteTable, default_skip_dirs, exception_site, 
 from tracekit.record.spool import SpoolWriter, spool_path
 from tracekit.record.tail import Tail, tail_path
 from tracekit.record.watch import GONE, Watcher
+from tracekit.trace.recorded import DEFAULT_POOL_LABEL
 
 
 def patch_threads(install: Callable[[], None]) -> Callable[[], None]:
@@ -215,7 +216,7 @@ class CupyRecording:
             total = out.setdefault(str(entry["device"]), dict(zero))
             for k in keys:
                 total[k] += int(end.get(k) or 0)
-            if entry["label"] == "default":
+            if entry["label"] == DEFAULT_POOL_LABEL:
                 total["limit_bytes"] = end.get("limit_bytes")
         for total in out.values():
             total["limit"] = total["limit_bytes"] or 0

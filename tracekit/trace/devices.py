@@ -45,12 +45,18 @@ def select_device(trace: Trace, device: int) -> Trace:
     A malloc and its free are always on one device (the reader pairs by device and
     address), so no pair is cut; the result keeps ``meta``, ``path`` and ``issues``.
     """
-    keep = trace.events.device == device
+    return _rows(trace, trace.events.device == device)
+
+
+def _rows(trace: Trace, keep: np.ndarray, meta: TraceMeta | None = None) -> Trace:
+    """``trace``'s rows where ``keep``, paired among themselves, the extra columns filtered alike;
+    ``meta`` in place of its metadata where given; ``trace`` itself where nothing changes."""
+    meta = trace.meta if meta is None else meta
     if keep.all():
-        return trace
+        return trace if meta is trace.meta else dataclasses.replace(trace, meta=meta)
     extras = trace.extras.filter(array_of(keep, pa.bool_())) if trace.extras is not None else None
     return dataclasses.replace(trace, events=trace.events.take(keep), mate=remap_mate(trace.mate, keep),
-                               extras=extras)
+                               extras=extras, meta=meta)
 
 
 def pool_ids(trace: Trace) -> np.ndarray:
@@ -73,13 +79,7 @@ def select_pool(trace: Trace, pool: int) -> Trace:
     A malloc and its free, a segment's allocation and its release, are always in one pool, so no
     pair is cut; ``path`` and ``issues`` are kept.
     """
-    keep = pool_ids(trace) == pool
-    meta = _one_pool(trace.meta, pool)
-    if keep.all():
-        return dataclasses.replace(trace, meta=meta)
-    extras = trace.extras.filter(array_of(keep, pa.bool_())) if trace.extras is not None else None
-    return dataclasses.replace(trace, events=trace.events.take(keep), mate=remap_mate(trace.mate, keep),
-                               extras=extras, meta=meta)
+    return _rows(trace, pool_ids(trace) == pool, _one_pool(trace.meta, pool))
 
 
 def _one_pool(meta: TraceMeta, pool: int) -> TraceMeta:

@@ -192,3 +192,8 @@ def segment_delta(ev: Events) -> np.ndarray:
     ``segment_alloc``, - size for a ``segment_free``, 0 for every other row."""
     size = ev.size.astype(np.int64)
     return np.where(ev.op == Op.SEGMENT_ALLOC, size, np.where(ev.op == Op.SEGMENT_FREE, -size, 0))
+
+
+def reserved_through(ev: Events, row: int) -> int:
+    """Bytes the pools held from the device after ``row`` (``segment_delta`` summed to it)."""
+    return int(segment_delta(ev)[: row + 1].sum())

@@ -42,8 +42,8 @@ from tracekit.trace.recorded import (
 from tracekit.trace.schema import Op, TraceMeta
 
 __all__ = ["MAX_STATES", "ExitInfo", "FailingPool", "as_int", "as_text", "default_pool", "failing_pool",
-           "failing_row", "fatal_row", "fatal_seq", "handled_rows", "held_limit", "pool_limit_of",
-           "v1_oom_seq"]
+           "failing_row", "fatal_row", "fatal_seq", "handled_rows", "held_limit", "is_own_pool",
+           "pool_limit_of", "request_bytes", "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
 
@@ -193,15 +193,11 @@ def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> Fail
     if row is None:
         return None
     seq, device = int(ev.seq[row]), int(ev.device[row])
-    pool_id, default = _pool_of(recorded, seq), default_pool(recorded, device)
+    pool_id = _pool_of(recorded, seq)
     if pool_id is None:
         return None
-    entry = next((p for p in recorded.pools if p.id == pool_id and p.device == device), None)
-    # The program's own: not the device's default pool, where one is known; where none is, a pool
-    # whose entry names it as another (without entries, which is the default cannot be told).
-    own = pool_id != default.id if default is not None else (
-        entry is not None and entry.label is not None and entry.label not in DEFAULT_LABELS)
-    if not own:
+    entry = _entry(recorded, pool_id, device)
+    if not is_own_pool(recorded, pool_id, device):
         return None
     state = recorded.oom_states.get(seq)
     limit = state.pool_limit if state is not None else None
@@ -210,10 +206,31 @@ def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> Fail
     # CuPy's 0 is no limit: a pool without one ran out of the device, not of its limit
     if not limit:
         return None
-    request = int(max(ev.rounded[row], ev.size[row]))
+    request = request_bytes(ev, row)
     total = state.pool_total if state is not None else None
     used = state.pool_used if state is not None else None
     return FailingPool(entry or PoolInfo(pool_id, device), limit, request, total, used)
+
+
+def is_own_pool(recorded: RecordedMeta, pool_id: int, device: int) -> bool:
+    """Whether pool ``pool_id`` of ``device`` is one the program made itself: not the device's default
+    pool where one is known (``default_pool``); where none is, a pool whose entry names it as another
+    (without entries, which is the default cannot be told: False)."""
+    default = default_pool(recorded, device)
+    if default is not None:
+        return pool_id != default.id
+    entry = _entry(recorded, pool_id, device)
+    return entry is not None and entry.label is not None and entry.label not in DEFAULT_LABELS
+
+
+def request_bytes(ev: Events, row: int) -> int:
+    """The bytes request ``row`` took as its allocator rounds them (``rounded``, at least ``size``)."""
+    return int(max(ev.rounded[row], ev.size[row]))
+
+
+def _entry(recorded: RecordedMeta, pool_id: int, device: int) -> PoolInfo | None:
+    """Pool ``pool_id``'s ``pools`` entry on ``device``; None where it has none."""
+    return next((p for p in recorded.pools if p.id == pool_id and p.device == device), None)
 
 
 def _pool_of(recorded: RecordedMeta, seq: int) -> int | None:
