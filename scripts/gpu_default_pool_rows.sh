@@ -4,7 +4,9 @@
 # limit while a pool of its own holds 32 MiB (scripts/pool_workloads.py default_limit_beside_user_pool):
 # advise on the default pool's rows alone (CuPy's set_limit holds that pool's bytes only), and the
 # real program run again under advise's best settings (advise --rerun 2, record --limit) as the
-# witness. ONE tarball $OUT/default_rows.tar.gz.
+# witness. Last, scripts/pool_workloads.py user_pool_limit run for real at the pool limits where
+# replay --sim cupy --pool 1 of its recording is not monotone (traces/fidelity/user-pool-limit/).
+# ONE tarball $OUT/default_rows.tar.gz.
 #   OUT=/some/empty/dir BUDGET_S=580 PROCESSES=4 REPEATS=3 bash scripts/gpu_default_pool_rows.sh
 NAME=default_rows
 source "$(dirname "$0")/gpu_common.sh"
@@ -19,4 +21,8 @@ run record 60 python3 -m tracekit record -o "$R/default-beside-user.parquet" scr
 run advise 60 bash -c "python3 -m tracekit advise '$R/default-beside-user.parquet' --json > '$R/advise.json'"
 run rerun 90 python3 -m tracekit advise "$R/default-beside-user.parquet" --rerun 2 --rerun-timeout 40 \
   --rerun-dir "$R/reruns" --json
+step "the program's own pool at limits where the model's fitting is not monotone (50-54 fit, 56-60 fail)"
+for m in 50 52 54 56 58 60 62; do
+  run "user-pool-${m}MiB" 30 env USER_POOL_LIMIT_BYTES=$(( m << 20 )) python3 scripts/pool_workloads.py user_pool_limit
+done
 step done

@@ -357,3 +357,19 @@ def test_pytorchs_allocator_is_its_devices_default_pool() -> None:
     (entry,) = t.meta.recorded.pools
     assert default_pool(t.meta.recorded, 0) == entry and entry.label == "caching allocator"
     assert entry.limit and pool_limit_of(t.meta) == entry.limit
+
+
+def test_a_pool_s_recorded_limit_is_its_own(tmp_path: Path) -> None:
+    """``outcome.pool_limit``: the default pool's is its own (80 MiB), the user pool's its entry's; where
+    the entry does not say it (a killed recording), the one measured at its OOM; none where neither."""
+    from tracekit.trace.outcome import pool_limit
+
+    def meta(name: str, **kw: Any) -> TraceMeta:
+        (tmp_path / name).mkdir()
+        return build(tmp_path / name, **kw).meta
+
+    full = meta("a")
+    assert pool_limit(full, 0, 0) == DEFAULT_LIMIT and pool_limit(full, 1, 0) == USER_LIMIT
+    assert pool_limit(meta("b", user_limit=None), 1, 0) == USER_LIMIT  # measured at the OOM
+    assert pool_limit(meta("c", user_limit=None, measured=False), 1, 0) is None
+    assert pool_limit(meta("d", user_limit=0), 1, 0) is None  # CuPy's 0: no limit

@@ -9,6 +9,7 @@ because the prediction is advise's: the simulator below knows nothing of it.
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,22 +35,30 @@ def replay_file(
     on_progress: progress.Callback | None = None,
     force: bool = False,
     as_recorded: bool = False,
+    pool: int | None = None,
 ) -> ReplayResult:
     """Read the trace at ``path``, replay it, and write the replay to ``output`` if given.
 
     The replay is the prediction ``advise`` and ``whatif`` make for the same setting
     (``tracekit.advise.counterfactual.predict``: a recording under a pool policy is prepared
     as counterfactual input); ``as_recorded`` replays the recording exactly as recorded,
-    every hint kept. The policy name and the output path are checked before the trace is
-    read, so a typo costs nothing on a large file; an existing output is refused unless ``force``.
+    every hint kept. ``pool``: that pool's rows alone (``trace.devices.only_pool``; CuPy's pools
+    never share memory), one sentence where the trace has none of it. The policy name and the output
+    path are checked before the trace is read, so a typo costs nothing on a large file; an existing
+    output is refused unless ``force``.
     """
     model = policies.get(policy)
     if output is not None:
         check_output(Path(output), (Path(path),), force=force)
     # A policy that replays in steps starts on the rows read while the reader reads the next ones.
-    with head_start(model, config) as head:
+    # One pool's rows are known only once the whole trace is read: no start during the read then.
+    with head_start(model, config) if pool is None else nullcontext() as head:
         # extras too: policies start from an imported `initial` state
         trace = read_trace(path, on_window=head.take if head is not None else None)
+        if pool is not None:
+            from tracekit.trace.devices import only_pool
+
+            trace = only_pool(trace, pool)
         # Imported once the trace is read (issue 45: nothing a verb needs only after reading is loaded
         # before it); the counterfactual preparation only where it is used.
         from tracekit.sim.engine import replay, write_replay

@@ -71,6 +71,11 @@ def replay(
         help="Stop at the first request that fails, also one the program survived (a handled OOM); "
         "by default a replay goes on past those, as the program did, to the OOM it died of.",
     ),
+    pool: int | None = typer.Option(
+        None, "--pool", metavar="ID",
+        help="With --sim: that pool's events alone (the trace's pool column, as analyze lists them), "
+        "under its own recorded limit unless --capacity is given: each CuPy pool has its own.",
+    ),
     as_recorded: bool = typer.Option(
         False, "--as-recorded",
         help="With --sim: replay the recording exactly as recorded (every release point, address and "
@@ -93,6 +98,8 @@ def replay(
             raise UsageError("--device-total applies to --sim, not --device")
         if as_recorded:
             raise UsageError("--as-recorded applies to --sim; a device replay follows the recording as it is")
+        if pool is not None:
+            raise UsageError("--pool applies to --sim; a device replay serves every pool's requests")
         _device(trace, device, allocator.value, capacity, output, json_out, fail_on_oom,
                 continue_on_oom, compare_sim, force, torch_conf, stop_at_first_oom)
         return
@@ -100,7 +107,7 @@ def replay(
         raise UsageError("--compare-sim applies to --device; with --sim, run replay once per policy")
     assert sim is not None
     _simulate(trace, sim, capacity, device_total, torch_conf, output, json_out, continue_on_oom,
-              fail_on_oom, force, stop_at_first_oom, as_recorded)
+              fail_on_oom, force, stop_at_first_oom, as_recorded, pool)
 
 
 def _device(trace: Path, device: int, allocator: str, capacity: str | None, output: Path | None,
@@ -132,7 +139,8 @@ def _device(trace: Path, device: int, allocator: str, capacity: str | None, outp
 
 def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | None,
               torch_conf: str | None, output: Path | None, json_out: bool, continue_on_oom: bool,
-              fail_on_oom: bool, force: bool, stop_at_first_oom: bool, as_recorded: bool) -> None:
+              fail_on_oom: bool, force: bool, stop_at_first_oom: bool, as_recorded: bool,
+              pool: int | None) -> None:
     from tracekit.advise.replay import replay_file
     from tracekit.cli.common import echo_json, say, wrote
     from tracekit.errors import OOMVerdict
@@ -144,7 +152,7 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
 
     device = require_single_device_file(trace, "a simulated replay")
     config = SimConfig(
-        capacity=_capacity(trace, sim, capacity, device),
+        capacity=_capacity(trace, sim, capacity, device, pool),
         device_total=parse_size(device_total, "--device-total") if device_total is not None else None,
         continue_on_oom=continue_on_oom,
         options=parse_alloc_conf(torch_conf) if torch_conf is not None else {},
@@ -154,7 +162,7 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
     bar = Progress("replaying", enabled=sys.stderr.isatty(), min_total=PROGRESS_MIN_EVENTS)
     try:
         result = replay_file(trace, sim, config, output=output, command=" ".join(["tracekit", *sys.argv[1:]]),
-                             on_progress=bar, force=force, as_recorded=as_recorded)
+                             on_progress=bar, force=force, as_recorded=as_recorded, pool=pool)
     finally:
         bar.close()
     for warning in result.warnings:
@@ -174,10 +182,11 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
         )
 
 
-def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None) -> int | None:
+def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None,
+              pool: int | None) -> int | None:
     """``--capacity`` in bytes; for a pool policy, absent means the recorded pool limit of the trace's
     ``device`` (its default pool's as the program left it, else at the start:
-    ``trace.outcome.pool_limit_of``)."""
+    ``trace.outcome.pool_limit_of``), or of ``pool`` where one is named (``trace.outcome.pool_limit``)."""
     from tracekit.errors import UsageError
     from tracekit.sim import policies
     from tracekit.trace.reader import read_meta
@@ -192,9 +201,15 @@ def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None) -
     if not policies.get(sim).traits.recorded_limit:
         return None
     from tracekit.cli.common import say
-    from tracekit.trace.outcome import is_own_pool, pool_limit_of
+    from tracekit.trace.outcome import is_own_pool, pool_limit, pool_limit_of
 
     meta = read_meta(trace)
+    if pool is not None:
+        limit = pool_limit(meta, pool, device if device is not None else 0)
+        if limit:
+            say(f"tracekit: note: {trace}: replaying pool {pool} alone under its recorded limit of "
+                f"{format_size(limit)} ({limit} bytes); --capacity none lifts it", err=True)
+        return limit
     limit = pool_limit_of(meta, device)  # one the program set itself too
     if limit:
         say(f"tracekit: note: {trace}: replaying under the recorded pool limit of "
@@ -205,8 +220,8 @@ def _capacity(trace: Path, sim: str, capacity: str | None, device: int | None) -
     if own:  # the simulator holds every pool of the device to one limit; CuPy keeps one a pool
         say(f"tracekit: note: {trace}: the recorded out-of-memory errors were in pool(s) the program made "
             f"itself ({', '.join(map(str, own))}), each with a limit of its own; this replay holds every "
-            "pool to one limit (--capacity); tracekit advise answers for that pool on its rows alone",
-            err=True)
+            f"pool to one limit (--capacity); --pool {own[0]} replays that pool alone under its own, and "
+            "tracekit advise answers for it", err=True)
     return limit
 
 

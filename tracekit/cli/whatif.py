@@ -19,6 +19,11 @@ def whatif(
     max_capacity: str | None = typer.Option(
         None, "--max-capacity", help="Search no higher than this (e.g. 80GiB); default: unbounded."
     ),
+    pool: int | None = typer.Option(
+        None, "--pool", metavar="ID",
+        help="That pool's events alone (the trace's pool column, as analyze lists them): each CuPy pool "
+        "has its own memory and limit.",
+    ),
     jobs: int | None = typer.Option(
         None, "--jobs", "-j", min=1,
         help="Threads searching side by side (default: one per CPU; one for short work)."),
@@ -44,7 +49,12 @@ def whatif(
     if cap == 0:  # as replay refuses --capacity 0: no capacity to search below
         raise UsageError("--max-capacity must be positive")
     with terminal_progress("whatif"):
-        result = run_whatif(read_trace(trace), names, max_capacity=cap, jobs=jobs)
+        events = read_trace(trace)
+        if pool is not None:
+            from tracekit.trace.devices import only_pool
+
+            events = only_pool(events, pool)
+        result = run_whatif(events, names, max_capacity=cap, jobs=jobs)
     if json_out:
         echo_json(result.to_dict())
     else:

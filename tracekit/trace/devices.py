@@ -82,6 +82,23 @@ def select_pool(trace: Trace, pool: int) -> Trace:
     return _rows(trace, pool_ids(trace) == pool, _one_pool(trace.meta, pool))
 
 
+def only_pool(trace: Trace, pool: int) -> Trace:
+    """``select_pool`` for a pool the user named (``--pool``): one sentence naming the file and the
+    pools it has where ``pool`` has no events in it."""
+    ids = pool_ids(trace)
+    if not (ids == pool).any():
+        present = ", ".join(_describe_pool(trace.meta, int(p)) for p in np.unique(ids)) or "none (no events)"
+        where = trace.path or "the trace"
+        raise InputError(f"{where}: pool {pool} has no events there; its pools: {present}")
+    return select_pool(trace, pool)
+
+
+def _describe_pool(meta: TraceMeta, pool: int) -> str:
+    """``pool``'s id and the label its ``pools`` entry gives it (``1 ('user 1')``), the id alone without."""
+    label = next((p.label for p in meta.recorded.pools if p.id == pool and p.label is not None), None)
+    return f"{pool} ({label!r})" if label is not None else str(pool)
+
+
 def _one_pool(meta: TraceMeta, pool: int) -> TraceMeta:
     """``meta`` with ``pool``'s ``pools`` entry alone (``pools_end`` alike where it has one entry per
     pool); written from the parsed entries, whose fields are the format's keys."""

@@ -43,7 +43,7 @@ from tracekit.trace.schema import Op, TraceMeta
 
 __all__ = ["MAX_STATES", "ExitInfo", "FailingPool", "as_int", "as_text", "default_pool", "failing_pool",
            "failing_row", "fatal_row", "fatal_seq", "handled_rows", "held_limit", "is_own_pool",
-           "pool_limit_of", "request_bytes", "v1_oom_seq"]
+           "pool_limit", "pool_limit_of", "request_bytes", "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
 
@@ -120,6 +120,24 @@ def pool_limit_of(meta: TraceMeta, device: int | None = None, home: bool | None 
         return default.limit
     start = meta.pool_limit_bytes if home else None
     return int(start) if start else None
+
+
+def pool_limit(meta: TraceMeta, pool_id: int, device: int) -> int | None:
+    """The limit of pool ``pool_id`` of ``device`` as recorded (bytes; None: none or not known): the
+    default pool's is ``pool_limit_of``'s; a pool the program made itself (``is_own_pool``) has the
+    one its ``pools`` entry says (the program's end, ``PoolInfo.limit_known``), else the one measured
+    at the last out-of-memory error in it (``oom_states``: a recording that was killed). CuPy's 0
+    reads as none."""
+    recorded = meta.recorded
+    if not is_own_pool(recorded, pool_id, device):
+        return pool_limit_of(meta, device)
+    entry = _entry(recorded, pool_id, device)
+    if entry is not None and entry.limit_known:
+        return entry.limit
+    measured = [state.pool_limit for o in recorded.ooms
+                if o.pool_id == pool_id and o.device in (None, device)
+                and (state := recorded.oom_states.get(o.seq)) is not None and state.pool_limit]
+    return measured[-1] if measured else None
 
 
 def default_pool(recorded: RecordedMeta, device: int) -> PoolInfo | None:
