@@ -73,3 +73,14 @@ def test_whatif_of_one_pool_searches_its_rows_alone() -> None:
     assert whole["lower_bound_bytes"] > one["lower_bound_bytes"]
     fit = one["policies"][0]["min_capacity_bytes"]
     assert fit is not None and fit >= one["lower_bound_bytes"]
+
+
+def test_info_lists_the_pools_with_their_limits_and_events() -> None:
+    code, d, _ = _json("info", str(TRACE))
+    assert code == 0
+    assert [(p["id"], p["label"], p["limit_bytes"], p["events"]) for p in d["pools"]] == [
+        (0, "default", None, 8), (1, "user 1", 48 << 20, 31)]
+    assert d["extra_columns"] == ["pool", "device_free"]
+    text = runner.invoke(app, ["info", str(TRACE)]).stdout
+    assert "pools        0 'default' (device 0, no limit): 8 events" in text
+    assert "1 'user 1' (device 0, limit 48.00 MiB): 31 events" in text

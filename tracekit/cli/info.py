@@ -22,7 +22,7 @@ def info(
     from tracekit.trace.reader import read_trace
 
     with terminal_progress("reading"):
-        events = read_trace(trace, strict=strict, extras=False)
+        events = read_trace(trace, strict=strict)  # the extra columns too: their names, the pools
         report(1, 2)  # reading is most of the work; the counts are the rest
         summary = trace_info(events)
     if json_out:

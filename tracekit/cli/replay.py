@@ -73,7 +73,7 @@ def replay(
     ),
     pool: int | None = typer.Option(
         None, "--pool", metavar="ID",
-        help="With --sim: that pool's events alone (the trace's pool column, as analyze lists them), "
+        help="With --sim: that pool's events alone (the trace's pool column, as info lists them), "
         "under its own recorded limit unless --capacity is given: each CuPy pool has its own.",
     ),
     as_recorded: bool = typer.Option(

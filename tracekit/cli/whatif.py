@@ -21,7 +21,7 @@ def whatif(
     ),
     pool: int | None = typer.Option(
         None, "--pool", metavar="ID",
-        help="That pool's events alone (the trace's pool column, as analyze lists them): each CuPy pool "
+        help="That pool's events alone (the trace's pool column, as info lists them): each CuPy pool "
         "has its own memory and limit.",
     ),
     jobs: int | None = typer.Option(
