@@ -84,3 +84,9 @@ def test_info_lists_the_pools_with_their_limits_and_events() -> None:
     text = runner.invoke(app, ["info", str(TRACE)]).stdout
     assert "pools        0 'default' (device 0, no limit): 8 events" in text
     assert "1 'user 1' (device 0, limit 48.00 MiB): 31 events" in text
+
+
+def test_analyze_names_the_program_s_pool_whose_limit_ran_out() -> None:
+    text = runner.invoke(app, ["analyze", str(TRACE)]).stdout
+    assert ("would have taken the program's own pool 'user 1' (pool 1) to 50.00 MiB, over its pool limit "
+            "of 48.00 MiB") in text

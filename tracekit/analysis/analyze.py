@@ -28,12 +28,13 @@ from tracekit.analysis.recording import OOMState, StartState, extra_column, star
 from tracekit.analysis.summary import OOMReport, Summary, ratio_over
 from tracekit.analysis.timeline import ScanResult, scan_events, timeline_table
 from tracekit.analysis.tree import TreeInputs, TreeLimits, trees_of
+from tracekit.inputs import safe_text
 from tracekit.sim.torch_rules import segment_sizes
 from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table, unmatched
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events
-from tracekit.trace.outcome import fatal_seq
+from tracekit.trace.outcome import fatal_seq, is_own_pool
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 from tracekit.trace.stacks import UserCode
@@ -291,6 +292,7 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
                      usable_largest_free=usable, device_free=dev_free, raw_device=not scan.pooled,
                      device=device, free_measured=source is FreeSource.MEASURED,
                      pool_reserved=st.pool_total if st is not None else None,
+                     own_pool=_own_pool(trace, k, device, at.pool_col),
                      takers=budget.takers if budget is not None else "")
     diagnosis, explanation = diagnose(facts, ctx)
     cs, label, stack = sites.cs, int(sites.label[k]), int(sites.stack[k])
@@ -305,6 +307,19 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         user_site=cs.user_site(label), request_site=cs.request_site(label),
         stack=tuple(frame_text(f) for f in ends.inner + ends.outer), stack_left_out=ends.left_out,
     )
+
+
+def _own_pool(trace: Trace, k: int, device: int, pools: np.ndarray | None) -> str:
+    """Row k's pool, named, where the program made it (``trace.outcome.is_own_pool``): "the
+    program's own pool 'user 1' (pool 1)"; empty for the default pool or where no pool is marked."""
+    if pools is None or pools[k] < 0:
+        return ""
+    pool, recorded = int(pools[k]), trace.meta.recorded
+    if not is_own_pool(recorded, pool, device):
+        return ""
+    label = next((p.label for p in recorded.pools if p.id == pool and p.device == device and p.label), None)
+    return f"the program's own pool {safe_text(repr(label))} (pool {pool})" if label else \
+        f"the program's own pool {pool}"
 
 
 def _pool_limit(trace: Trace, k: int, device: int, st: OOMState | None, default: int | None,

@@ -53,6 +53,7 @@ class OOMFacts:
     free_measured: bool = False  # device_free was measured at the OOM (else derived from the start)
     takers: str = ""  # what took the device's memory, from the budget at the OOM (may be empty)
     pool_reserved: int | None = None  # the failing pool's own reserved bytes, measured at the OOM
+    own_pool: str = ""  # the failing pool where the program made it ("the program's own pool 'user 1' ...")
 
     @property
     def free_in_pool(self) -> int:
@@ -91,7 +92,7 @@ def _diagnose(f: OOMFacts, ctx: DeviceContext) -> tuple[Diagnosis, str]:
                 else "(how much the device had left is not recorded)")
         seg = f" (a new {fs(n)} segment)" if n != r else ""
         return Diagnosis.LIMIT, (
-            f"The request for {fs(r)}{seg} on device {f.device} would have taken {held} to "
+            f"The request for {fs(r)}{seg} on device {f.device} would have taken {f.own_pool or held} to "
             f"{fs(sp + n)}, over its {ctx.limit_what} of {fs(ctx.limit)}, {room}: the limit ran out, "
             "not the device."
         )
