@@ -90,3 +90,9 @@ def test_analyze_names_the_program_s_pool_whose_limit_ran_out() -> None:
     text = runner.invoke(app, ["analyze", str(TRACE)]).stdout
     assert ("would have taken the program's own pool 'user 1' (pool 1) to 50.00 MiB, over its pool limit "
             "of 48.00 MiB") in text
+
+
+def test_a_trace_without_pools_is_refused_for_any_pool() -> None:
+    other = TRACE.parents[2] / "torch-train.parquet"  # PyTorch: one caching allocator, no pool column
+    res = runner.invoke(app, ["whatif", str(other), "--pool", "0"])
+    assert res.exit_code == 1 and "no pools are marked there (no pool column" in res.stderr

@@ -84,11 +84,15 @@ def select_pool(trace: Trace, pool: int) -> Trace:
 
 def only_pool(trace: Trace, pool: int) -> Trace:
     """``select_pool`` for a pool the user named (``--pool``): one sentence naming the file and the
-    pools it has where ``pool`` has no events in it."""
+    pools it has where ``pool`` has no events in it, or that it marks none (no ``pool`` column)."""
+    where = trace.path or "the trace"
+    tbl = trace.extras
+    if tbl is None or "pool" not in tbl.column_names or pa.types.is_null(tbl.schema.field("pool").type):
+        raise InputError(f"{where}: no pools are marked there (no pool column: tracekit record marks "
+                         "CuPy's pools), so --pool cannot pick one")
     ids = pool_ids(trace)
     if not (ids == pool).any():
         present = ", ".join(_describe_pool(trace.meta, int(p)) for p in np.unique(ids)) or "none (no events)"
-        where = trace.path or "the trace"
         raise InputError(f"{where}: pool {pool} has no events there; its pools: {present}")
     return select_pool(trace, pool)
 
