@@ -174,3 +174,5 @@ def test_the_default_pools_limit_holds_its_own_rows(tmp_path: Path) -> None:
     (raised,) = [r for r in d["reruns"] if r["setting"].startswith("CuPy pool, set_limit")]
     assert raised["ran"] and raised["finished"] and raised["agrees"] is True
     assert raised["limit_asked_bytes"] < (76 + 32) << 20
+    # its peak is the default pool's, as the prediction's is (the user pool's 32 MiB are not counted)
+    assert raised["real_peak_reserved_bytes"] == raised["predicted_peak_reserved_bytes"], raised

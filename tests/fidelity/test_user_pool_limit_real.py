@@ -73,3 +73,28 @@ def test_the_page_says_the_pools_setting_is_made_in_the_program() -> None:
     assert not real["done"]
     assert "own pool 'user 1' (pool 1 on device 0) is made in the program" in real["said"]
     assert "--rerun 1" not in real["said"]
+
+
+def test_the_pools_model_and_the_real_pool_are_not_monotone_in_the_limit_alike() -> None:
+    """The program run for real at 50-62 MiB (``real-runs.json`` ``limit_scan``, H100, 22:59 UTC): it finished
+    at 50, 52 and 54 MiB, failed at 56, 58 and 60 MiB with 39,845,888 bytes allocated, and finished at
+    62 MiB. ``replay --sim cupy --pool 1`` at each limit says the same, the bytes included: CuPy's
+    "allocated so far" at each failure is the replay's reserved bytes there, and where it finished the
+    pool's total (printed by the program) is the replay's peak reserved."""
+    from tracekit.advise.replay import replay_file
+    from tracekit.sim.base import SimConfig
+
+    runs = _real()["limit_scan"]["runs"]
+    assert len(runs) == 7
+    for limit_text, run in runs.items():
+        limit = int(limit_text)
+        got = replay_file(HERE / "user-pool-limit.parquet", "cupy", SimConfig(capacity=limit), pool=1).summary
+        if run["exit"] == 0:
+            assert got.oom is None, limit
+            assert run["last_line"] == f"user pool total bytes {got.peak_reserved_bytes} limit {limit}", limit
+        else:
+            assert got.oom is not None and got.oom.seq == 38, limit
+            assert REQUEST in run["last_line"], limit
+            assert f"allocated so far: {got.oom.reserved_bytes:,} bytes" in run["last_line"], limit
+    fails = sorted(int(k) >> 20 for k, r in runs.items() if r["exit"] != 0)
+    assert fails == [56, 58, 60]

@@ -17,14 +17,15 @@ Each run gets a fresh folder's file (``DIR/rerun-K.parquet``; ``DIR`` defaults t
 beside the trace, never an existing one), its output in ``rerun-K.log``, and at most
 ``timeout`` seconds (then SIGTERM, which still writes its trace, and SIGKILL 30 s later).
 
-The real outcome, beside the prediction: whether it finished (exit 0), its peak reserved (the
-trace's device allocations), and whether it **got past the recorded failing request**. That request
-is named by its whole stack, its size and how many requests of that stack and size came before it
-(a program that reacts to memory makes a different number of other requests: cuDNN's workspace
-attempts): the rerun got past it when it died of no OOM, or when its request of that ordinal was
-served or survived; not when that request failed fatally. A rerun that never made that request (a
-trace without stacks, a workspace of another size) got past it when it made more ``malloc``
-requests before its fatal OOM than the recording made before its own.
+The real outcome, beside the prediction: whether it finished (exit 0), its peak reserved (the trace's
+device allocations; where advise replayed the default pool's rows alone, ``run.default_rows``, that
+pool's in the rerun too, so the two peaks are of the same memory), and whether it **got past the
+recorded failing request**. That request is named by its whole stack, its size and how many requests of
+that stack and size came before it (a program that reacts to memory makes a different number of other
+requests: cuDNN's workspace attempts): the rerun got past it when it died of no OOM, or when its request
+of that ordinal was served or survived; not when that request failed fatally. A rerun that never made
+that request (a trace without stacks, a workspace of another size) got past it when it made more
+``malloc`` requests before its fatal OOM than the recording made before its own.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from tracekit.advise.verdict import ORDER, Verdict
 from tracekit.errors import UsageError
 from tracekit.sim.base import Allocator
 from tracekit.trace.events import segment_delta
-from tracekit.trace.outcome import fatal_row, pool_limit_of
+from tracekit.trace.outcome import default_pool, fatal_row, pool_limit_of
 from tracekit.trace.reader import Trace, read_trace
 from tracekit.trace.schema import Op
 
@@ -214,10 +215,12 @@ def new_folder(trace: Trace, given: Path | None) -> Path:
 
 def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: Path | None = None,
           timeout: float = 900.0, limit: int | None = None,
-          pool: PoolScope | None = None) -> tuple[Rerun, ...]:
+          pool: PoolScope | None = None, default_alone: bool = False) -> tuple[Rerun, ...]:
     """Run the program under the ``n`` best settings (module docstring); ``limit``: advise's own
     ``--limit``, applied to PyTorch reruns with ``record --torch --limit``; ``pool``: the program's own
-    pool advise answered for, whose settings are all changes to the program (none is run)."""
+    pool advise answered for, whose settings are all changes to the program (none is run);
+    ``default_alone``: advise replayed the default pool's rows alone, so each rerun's peak is that
+    pool's."""
     if pool is not None:
         rated = sorted(tried, key=lambda o: (ORDER[o.verdict or Verdict.NO], o.progress()))
         why = (f"a setting of the program's own pool {pool.name()}, made in the program: record --limit "
@@ -233,12 +236,12 @@ def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: 
     where = new_folder(trace, folder)
     need = FailingRequest.of(trace)
     for k, o in enumerate(chosen, 1):
-        out.append(_run_one(cmd, o, where / f"rerun-{k}.parquet", need, timeout, limit))
+        out.append(_run_one(cmd, o, where / f"rerun-{k}.parquet", need, timeout, limit, default_alone))
     return tuple(out)
 
 
 def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, timeout: float,
-             limit: int | None) -> Rerun:
+             limit: int | None, default_alone: bool = False) -> Rerun:
     env = dict(os.environ)
     args = [sys.executable, "-m", "tracekit", "record", "-o", str(path)]
     if cmd.torch:
@@ -280,7 +283,7 @@ def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, 
     got_past = past(need, t)
     # record --limit sets the default pool of the device the program starts on: that pool, as the
     # program left it (a killed rerun's entries do not say: the limit at the start, record's own)
-    ran = replace(base, got_past=got_past, real_peak=_peak_reserved(t), trace=str(path),
+    ran = replace(base, got_past=got_past, real_peak=real_peak_reserved(t, default_alone), trace=str(path),
                   real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)), limit_asked=cap,
                   limit_held=pool_limit_of(t.meta))
     if ran.overridden:  # a set_limit (or memory fraction) in the program, after record set its own
@@ -365,6 +368,22 @@ def _same_requests(t: Trace, frames: tuple[str, ...], size: int) -> np.ndarray:
     stacks = np.unique(ev.stack[rows])
     mine = [s for s in stacks.tolist() if _frames(t, int(s), cs) == frames]
     return rows[np.isin(ev.stack[rows], np.asarray(mine, ev.stack.dtype))]
+
+
+def real_peak_reserved(t: Trace, default_alone: bool = False) -> int:
+    """A rerun's peak reserved bytes (``_peak_reserved``): its default pool's alone where the prediction
+    was of that pool's rows alone (``default_alone``), else every pool's."""
+    return _peak_reserved(_default_pool(t) if default_alone else t)
+
+
+def _default_pool(t: Trace) -> Trace:
+    """A rerun's rows of its first device's default pool (``outcome.default_pool``; ``t`` itself where
+    the rerun names none): the memory a prediction on the default pool's rows alone is of."""
+    from tracekit.trace.devices import device_ids, select_pool
+
+    devices = device_ids(t)
+    default = default_pool(t.meta.recorded, devices[0]) if devices else None
+    return select_pool(t, default.id) if default is not None else t
 
 
 def _peak_reserved(t: Trace) -> int:

@@ -48,7 +48,7 @@ from tracekit.errors import UsageError
 from tracekit.sim import policies
 from tracekit.sim.base import Allocator
 from tracekit.trace.callsite import CallSites, stack_ids, stack_table
-from tracekit.trace.devices import pool_ids, select_pool, split_devices
+from tracekit.trace.devices import pool_ids, select_device, select_pool, split_devices
 from tracekit.trace.events import reserved_through
 from tracekit.trace.outcome import (
     default_pool,
@@ -155,6 +155,26 @@ def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | 
     if not over:
         return None
     return sub, PoolScope(p.id, p.device, p.label, failed.limit, alone)
+
+
+def replayed_rows(trace: Trace, result: AdviseResult, limit: int | None) -> Trace:
+    """The rows of ``trace`` that ``advise(trace, limit=limit)`` replayed for ``result``: its device's,
+    and of those the program's own pool's where it answered for that pool alone (``own_pool``), or the
+    default pool's alone where it answered the recorded limit's question (``default_rows``)."""
+    own = select_device(trace, result.device) if result.device is not None else trace
+    if result.pool is not None:
+        return select_pool(own, result.pool.id) if result.pool.alone else own
+    if result.room is None and limit is None:
+        return default_rows(own, result.device or 0, result.kind)
+    return own
+
+
+def default_alone(trace: Trace, result: AdviseResult, limit: int | None) -> bool:
+    """Whether advise replayed the default pool's rows alone for ``result`` (``default_rows`` cut some)."""
+    if result.pool is not None:
+        return False
+    own = select_device(trace, result.device) if result.device is not None else trace
+    return len(replayed_rows(trace, result, limit).events) < len(own.events)
 
 
 def default_rows(trace: Trace, device: int, kind: str) -> Trace:

@@ -67,26 +67,20 @@ def advise(
         from dataclasses import replace
 
         from tracekit.advise.on_device import verify
-        from tracekit.trace.devices import select_device
+        from tracekit.advise.run import replayed_rows
 
-        own = select_device(t, result.device) if result.device is not None else t  # its device's events
-        if result.pool is not None and result.pool.alone:  # advise answered for the program's own pool
-            from tracekit.trace.devices import select_pool
-
-            own = select_pool(own, result.pool.id)
-        elif result.pool is None and result.room is None and lim is None:  # the rows advise replayed
-            from tracekit.advise.run import default_rows
-
-            own = default_rows(own, result.device or 0, result.kind)
+        own = replayed_rows(t, result, lim)
         result = replace(result, device_checks=verify(own, result.fits, verify_on_device))
     if rerun is not None:
         from dataclasses import replace
 
         from tracekit.advise.rerun import rerun as run_again
+        from tracekit.advise.run import default_alone
 
         with terminal_progress("running the program again"):
             runs = run_again(t, result.kind, [o for o in result.tried if o.verdict is not None], rerun,
-                             folder=rerun_dir, timeout=rerun_timeout, limit=lim, pool=result.pool)
+                             folder=rerun_dir, timeout=rerun_timeout, limit=lim, pool=result.pool,
+                             default_alone=default_alone(t, result, lim))
         result = replace(result, reruns=runs)
     if json_out:
         echo_json(result.to_dict())
