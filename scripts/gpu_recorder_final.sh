@@ -10,7 +10,7 @@
 #     not committed) plain, under `tracekit record`, and under the plugin's --gpu-memory, each test
 #     bounded by pytest-timeout and the runs by timeout -k, compared by scripts/junit_compare.py;
 #   - scripts/gpu_ends.py: every way a recorded program can end.
-#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR [SLICE=0] [AB=0] [IDENTITY=0] [TESTS=0] [ENDS=0] \
+#   OUT=/some/empty/dir BUDGET_S=560 BASE=DIR [SLICE=0] [AB=0] [IDENTITY=0] [TESTS=0] [ENDS=0] [H200=1] \
 #     bash scripts/gpu_recorder_final.sh
 NAME=final
 source "$(dirname "$0")/gpu_common.sh"
@@ -23,6 +23,9 @@ run build 60 python3 setup.py build_ext --inplace
 [ -n "${BASE:-}" ] && [ -f "$BASE/setup.py" ] && (cd "$BASE" && TRACEKIT_NO_PRECOMPILE=1 python3 setup.py build_ext --inplace) >> "$R/build.log" 2>&1
 [ -n "${BASE:-}" ] && PYTHONPATH=$BASE python3 -c "import tracekit.record.fastpath as f; print('base compiled', f.COMPILED)" >> "$R/build.log" 2>&1
 python3 -c "import tracekit.record.fastpath as f; print('compiled', f.COMPILED, f.Hook)" >> "$R/build.log" 2>&1
+
+# H200=1: issue 39's measurement first where the machine is an H200 (gpu_common.sh), leaving KEEP_H200 s
+[ "${H200:-0}" = 1 ] && overhead_on_h200 "${KEEP_H200:-240}"
 
 if [ "${AB:-1}" = 1 ]; then  # AB=0: no A/B (the overhead measured by gpu_overhead_fresh.sh instead)
 step "overhead A/B against $BASE"
