@@ -17,6 +17,7 @@ source "$(dirname "$0")/gpu_common.sh"
 REPO=$(pwd)
 before_pack() { rm -rf "$R/ends"; }
 
+host_info
 step build
 run build 60 python3 setup.py build_ext --inplace
 # the earlier tree compiled too (where it has a setup.py), so the A/B compares like with like
