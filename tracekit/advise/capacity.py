@@ -184,7 +184,10 @@ class WhatIfResult:
 
         pools = [f.policy for f in self.fits if registry.is_pool(f.policy)]
         note = f"; for {' and '.join(pools)} the capacity is the pool limit" if pools else ""
-        lines.append(f"(capacities in steps of {format_size(self.step)}{note})")
+        lines.append(f"(capacities in steps of {format_size(self.step)}{note}; each fits, and one step "
+                     "below it does not, but fitting need not be monotone: a smaller capacity may get "
+                     "through, as a real CuPy pool did at 50-54 MiB where it failed at 56-60 MiB, "
+                     "docs/fidelity.md)")
         return "\n".join(lines)
 
 
