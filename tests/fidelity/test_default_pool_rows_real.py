@@ -68,3 +68,19 @@ def test_the_real_program_failed_under_the_recorded_limit_where_predicted() -> N
     rerun = read_trace(HERE / run["trace"])
     assert real_peak_reserved(rerun, default_alone=True) == run["predicted_peak_reserved_bytes"] == 63 * MiB
     assert int(np.count_nonzero(rerun.events.op == Op.OOM)) == 1  # the one it died of
+
+
+def test_analyze_and_the_page_say_the_failing_pools_own_bytes_beside_every_pools() -> None:
+    """The 64 MiB limit held the default pool's 63 MiB (CuPy's "allocated so far"), not the 95 MiB of both
+    pools: the report's verdict and analyze say the pool's own figure, measured, beside every pool's."""
+    from tracekit.analysis.analyze import analyze_trace
+    from tracekit.report.page.data import build_model
+
+    trace = read_trace(HERE / "default-beside-user.parquet")
+    analysis = analyze_trace(trace, timeline=True)
+    oom = analysis.summary.oom
+    assert oom is not None and oom.pool_reserved_bytes == 63 * MiB and oom.reserved_bytes == 95 * MiB
+    text = build_model(trace, analysis, "t")["verdict"]["text"]
+    assert "with 63.00 MiB reserved in its pool of the 64.00 MiB pool limit (95.00 MiB in all pools" in text
+    one = analyze_trace(read_trace(HERE.parents[1] / "cupy-oom-frag.parquet")).summary.oom  # one pool
+    assert one is not None and one.pool_reserved_bytes is None

@@ -306,7 +306,17 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         handler=handler(sites.request_text(stack), detail and retried_smaller(ev, k, sites.label)),
         user_site=cs.user_site(label), request_site=cs.request_site(label),
         stack=tuple(frame_text(f) for f in ends.inner + ends.outer), stack_left_out=ends.left_out,
+        pool_reserved_bytes=_pool_reserved(st, reserved, at.pool_col),
     )
+
+
+def _pool_reserved(st: OOMState | None, reserved: int, pools: np.ndarray | None) -> int | None:
+    """The failing pool's own reserved bytes measured at the OOM, where the trace marks more than one
+    pool and they differ from every pool's (``reserved``); None otherwise."""
+    if st is None or st.pool_total is None or pools is None or st.pool_total == reserved:
+        return None
+    marked = pools[pools >= 0]
+    return st.pool_total if len(marked) and marked.min() != marked.max() else None
 
 
 def _own_pool(trace: Trace, k: int, device: int, pools: np.ndarray | None) -> str:

@@ -50,6 +50,7 @@ class OOMBriefJSON(TypedDict):
     handler: str | None
     live_bytes: int
     reserved_bytes: int
+    pool_reserved_bytes: int | None
     free_in_pool: int | None
     largest_free_block: int
     device_free: int | None
@@ -116,6 +117,9 @@ class OOMReport:
     request_site: str | None = None  # the frame that made the request
     stack: tuple[str, ...] = ()  # the frames, innermost first, capped (the detailed OOMs only)
     stack_left_out: int = 0  # frames of a deep stack not in ``stack``: between its two ends
+    # the failing pool's own reserved bytes measured at the OOM (its counters), where other pools of the
+    # device held memory too (``reserved_bytes`` counts every pool's segments); None otherwise
+    pool_reserved_bytes: int | None = None
 
     def to_dict(self) -> OOMJSON:
         return OOMJSON(
@@ -130,7 +134,7 @@ class OOMReport:
             seq=self.seq, t_ns=self.t_ns, device=self.device, stream=self.stream, size=self.size,
             rounded=self.rounded, site=self.site, user_site=self.user_site, request_site=self.request_site,
             handled=self.handled, handler=self.handler, live_bytes=self.live_bytes,
-            reserved_bytes=self.reserved_bytes,
+            reserved_bytes=self.reserved_bytes, pool_reserved_bytes=self.pool_reserved_bytes,
             free_in_pool=self.free_in_pool if self.free_in_pool >= 0 else None,  # None: see _free_row
             largest_free_block=self.largest_free_block, device_free=self.device_free,
             device_free_bytes=self.device_free, device_free_source=self.device_free_source.value,
@@ -268,7 +272,9 @@ class Summary:
              f"requested ({format_size(o.rounded)} rounded) at {site_text(o.site)}"),
             ("  diagnosis", o.diagnosis.value.upper()),
             ("  why", o.explanation),
-            ("  live / reserved", f"{format_size(o.live_bytes)} / {format_size(o.reserved_bytes)}"),
+            ("  live / reserved", f"{format_size(o.live_bytes)} / {format_size(o.reserved_bytes)}"
+             + (f" (all pools; the failing pool's own: {format_size(o.pool_reserved_bytes)} reserved, "
+                "measured)" if o.pool_reserved_bytes is not None else "")),
             _free_row(o),
             _device_free_row(o),
         ]

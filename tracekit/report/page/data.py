@@ -222,7 +222,9 @@ def _verdict(trace: Trace, s: Summary) -> Verdict:
         explanation=o.explanation or None,
         text=f"{kind} OOM at seq {o.seq} on device {o.device}: {o.diagnosis.value} "
         f"({fs(o.rounded)} requested" + (f"; the error said \u201c{said}\u201d)" if said else ")")
-        + f" with {fs(o.reserved_bytes)} reserved{cap}{pool}{dev}.",
+        + (f" with {fs(o.pool_reserved_bytes)} reserved in its pool{cap} ({fs(o.reserved_bytes)} in all "
+           "pools of the device)" if o.pool_reserved_bytes is not None
+           else f" with {fs(o.reserved_bytes)} reserved{cap}") + f"{pool}{dev}.",
     )
 
 
