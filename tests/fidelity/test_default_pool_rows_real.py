@@ -56,7 +56,7 @@ def test_the_real_program_finished_under_advises_limit_with_the_predicted_peak()
     said = f"default pool total bytes {run['predicted_peak_reserved_bytes']} limit {78 * MiB}"
     assert run["last_line"] == said
     rerun = read_trace(HERE / run["trace"])
-    assert real_peak_reserved(rerun, default_alone=True) == run["predicted_peak_reserved_bytes"]
+    assert real_peak_reserved(rerun, default_of=0) == run["predicted_peak_reserved_bytes"]
     assert real_peak_reserved(rerun) == run["all_pools_peak_reserved_bytes"] == (76 + 32) * MiB
 
 
@@ -66,7 +66,7 @@ def test_the_real_program_failed_under_the_recorded_limit_where_predicted() -> N
     assert run["limit_bytes"] == 64 * MiB and run["exit"] != 0 and not run["got_past_failing_request"]
     assert run["last_line"] == real["recorded_last_line"]  # the same request, the same 63 MiB held
     rerun = read_trace(HERE / run["trace"])
-    assert real_peak_reserved(rerun, default_alone=True) == run["predicted_peak_reserved_bytes"] == 63 * MiB
+    assert real_peak_reserved(rerun, default_of=0) == run["predicted_peak_reserved_bytes"] == 63 * MiB
     assert int(np.count_nonzero(rerun.events.op == Op.OOM)) == 1  # the one it died of
 
 

@@ -215,12 +215,13 @@ def new_folder(trace: Trace, given: Path | None) -> Path:
 
 def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: Path | None = None,
           timeout: float = 900.0, limit: int | None = None,
-          pool: PoolScope | None = None, default_alone: bool = False) -> tuple[Rerun, ...]:
+          pool: PoolScope | None = None, default_alone: bool = False,
+          device: int = 0) -> tuple[Rerun, ...]:
     """Run the program under the ``n`` best settings (module docstring); ``limit``: advise's own
     ``--limit``, applied to PyTorch reruns with ``record --torch --limit``; ``pool``: the program's own
     pool advise answered for, whose settings are all changes to the program (none is run);
     ``default_alone``: advise replayed the default pool's rows alone, so each rerun's peak is that
-    pool's."""
+    pool's, on ``device`` (advise's)."""
     if pool is not None:
         rated = sorted(tried, key=lambda o: (ORDER[o.verdict or Verdict.NO], o.progress()))
         why = (f"a setting of the program's own pool {pool.name()}, made in the program: record --limit "
@@ -236,12 +237,13 @@ def rerun(trace: Trace, kind: str, tried: Sequence[Outcome], n: int, *, folder: 
     where = new_folder(trace, folder)
     need = FailingRequest.of(trace)
     for k, o in enumerate(chosen, 1):
-        out.append(_run_one(cmd, o, where / f"rerun-{k}.parquet", need, timeout, limit, default_alone))
+        out.append(_run_one(cmd, o, where / f"rerun-{k}.parquet", need, timeout, limit,
+                            device if default_alone else None))
     return tuple(out)
 
 
 def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, timeout: float,
-             limit: int | None, default_alone: bool = False) -> Rerun:
+             limit: int | None, default_of: int | None = None) -> Rerun:
     env = dict(os.environ)
     args = [sys.executable, "-m", "tracekit", "record", "-o", str(path)]
     if cmd.torch:
@@ -283,7 +285,7 @@ def _run_one(cmd: Command, o: Outcome, path: Path, need: FailingRequest | None, 
     got_past = past(need, t)
     # record --limit sets the default pool of the device the program starts on: that pool, as the
     # program left it (a killed rerun's entries do not say: the limit at the start, record's own)
-    ran = replace(base, got_past=got_past, real_peak=real_peak_reserved(t, default_alone), trace=str(path),
+    ran = replace(base, got_past=got_past, real_peak=real_peak_reserved(t, default_of), trace=str(path),
                   real_ooms=int(np.count_nonzero(t.events.op == Op.OOM)), limit_asked=cap,
                   limit_held=pool_limit_of(t.meta))
     if ran.overridden:  # a set_limit (or memory fraction) in the program, after record set its own
@@ -370,19 +372,18 @@ def _same_requests(t: Trace, frames: tuple[str, ...], size: int) -> np.ndarray:
     return rows[np.isin(ev.stack[rows], np.asarray(mine, ev.stack.dtype))]
 
 
-def real_peak_reserved(t: Trace, default_alone: bool = False) -> int:
-    """A rerun's peak reserved bytes (``_peak_reserved``): its default pool's alone where the prediction
-    was of that pool's rows alone (``default_alone``), else every pool's."""
-    return _peak_reserved(_default_pool(t) if default_alone else t)
+def real_peak_reserved(t: Trace, default_of: int | None = None) -> int:
+    """A rerun's peak reserved bytes (``_peak_reserved``): those of device ``default_of``'s default pool
+    alone where the prediction was of that pool's rows alone, else every pool's."""
+    return _peak_reserved(t if default_of is None else _default_pool(t, default_of))
 
 
-def _default_pool(t: Trace) -> Trace:
-    """A rerun's rows of its first device's default pool (``outcome.default_pool``; ``t`` itself where
-    the rerun names none): the memory a prediction on the default pool's rows alone is of."""
-    from tracekit.trace.devices import device_ids, select_pool
+def _default_pool(t: Trace, device: int) -> Trace:
+    """A rerun's rows of ``device``'s default pool (``outcome.default_pool``; ``t`` itself where the
+    rerun names none): the memory a prediction on the default pool's rows alone is of."""
+    from tracekit.trace.devices import select_pool
 
-    devices = device_ids(t)
-    default = default_pool(t.meta.recorded, devices[0]) if devices else None
+    default = default_pool(t.meta.recorded, device)
     return select_pool(t, default.id) if default is not None else t
 
 

@@ -33,7 +33,7 @@ from tracekit.sim.torch_rules import segment_sizes
 from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table, unmatched
 from tracekit.trace.devices import device_ids, split_devices
-from tracekit.trace.events import Events
+from tracekit.trace.events import Events, segment_delta
 from tracekit.trace.outcome import fatal_seq, is_own_pool
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
@@ -288,10 +288,12 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         dev_free, source = None, FreeSource.UNKNOWN
     if ctx.replay_policy is None:
         ctx = replace(ctx, limit=_pool_limit(trace, k, device, st, ctx.limit, at.pool_col))
+    own_reserved = _pool_reserved(ev, k, st, reserved, at.pool_col, detail)
     facts = OOMFacts(request=request, segment=segment, live=live, reserved=reserved, largest_free=lfb,
                      usable_largest_free=usable, device_free=dev_free, raw_device=not scan.pooled,
                      device=device, free_measured=source is FreeSource.MEASURED,
-                     pool_reserved=st.pool_total if st is not None else None,
+                     pool_reserved=st.pool_total if st is not None and st.pool_total is not None
+                     else own_reserved,
                      own_pool=_own_pool(trace, k, device, at.pool_col),
                      takers=budget.takers if budget is not None else "")
     diagnosis, explanation = diagnose(facts, ctx)
@@ -306,17 +308,28 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         handler=handler(sites.request_text(stack), detail and retried_smaller(ev, k, sites.label)),
         user_site=cs.user_site(label), request_site=cs.request_site(label),
         stack=tuple(frame_text(f) for f in ends.inner + ends.outer), stack_left_out=ends.left_out,
-        pool_reserved_bytes=_pool_reserved(st, reserved, at.pool_col),
+        pool_reserved_bytes=own_reserved,
     )
 
 
-def _pool_reserved(st: OOMState | None, reserved: int, pools: np.ndarray | None) -> int | None:
-    """The failing pool's own reserved bytes measured at the OOM, where the trace marks more than one
-    pool and they differ from every pool's (``reserved``); None otherwise."""
-    if st is None or st.pool_total is None or pools is None or st.pool_total == reserved:
+def _pool_reserved(ev: Events, k: int, st: OOMState | None, reserved: int, pools: np.ndarray | None,
+                   detail: bool) -> int | None:
+    """The failing pool's own reserved bytes at OOM row k, where the trace marks more than one pool and
+    they differ from every pool's (``reserved``): measured at the OOM (the pool's counters), else, for a
+    detailed OOM, its own segment rows summed to k; None otherwise."""
+    if pools is None or pools[k] < 0:
         return None
     marked = pools[pools >= 0]
-    return st.pool_total if len(marked) and marked.min() != marked.max() else None
+    if not len(marked) or marked.min() == marked.max():
+        return None
+    if st is not None and st.pool_total is not None:
+        own = st.pool_total
+    elif detail:
+        mine = pools[: k + 1] == pools[k]
+        own = int(segment_delta(ev.take(np.flatnonzero(mine))).sum())
+    else:
+        return None
+    return own if own != reserved else None
 
 
 def _own_pool(trace: Trace, k: int, device: int, pools: np.ndarray | None) -> str:

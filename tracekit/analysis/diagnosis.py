@@ -52,7 +52,7 @@ class OOMFacts:
     device: int = 0
     free_measured: bool = False  # device_free was measured at the OOM (else derived from the start)
     takers: str = ""  # what took the device's memory, from the budget at the OOM (may be empty)
-    pool_reserved: int | None = None  # the failing pool's own reserved bytes, measured at the OOM
+    pool_reserved: int | None = None  # the failing pool's own reserved bytes (measured, else its rows)
     own_pool: str = ""  # the failing pool where the program made it ("the program's own pool 'user 1' ...")
 
     @property

@@ -117,8 +117,8 @@ class OOMReport:
     request_site: str | None = None  # the frame that made the request
     stack: tuple[str, ...] = ()  # the frames, innermost first, capped (the detailed OOMs only)
     stack_left_out: int = 0  # frames of a deep stack not in ``stack``: between its two ends
-    # the failing pool's own reserved bytes measured at the OOM (its counters), where other pools of the
-    # device held memory too (``reserved_bytes`` counts every pool's segments); None otherwise
+    # the failing pool's own reserved bytes at the OOM (its counters, else its segment rows), where other
+    # pools of the device held memory too (``reserved_bytes`` counts every pool's segments); None otherwise
     pool_reserved_bytes: int | None = None
 
     def to_dict(self) -> OOMJSON:
@@ -273,8 +273,8 @@ class Summary:
             ("  diagnosis", o.diagnosis.value.upper()),
             ("  why", o.explanation),
             ("  live / reserved", f"{format_size(o.live_bytes)} / {format_size(o.reserved_bytes)}"
-             + (f" (all pools; the failing pool's own: {format_size(o.pool_reserved_bytes)} reserved, "
-                "measured)" if o.pool_reserved_bytes is not None else "")),
+             + (f" (all pools; the failing pool's own: {format_size(o.pool_reserved_bytes)})"
+                if o.pool_reserved_bytes is not None else "")),
             _free_row(o),
             _device_free_row(o),
         ]

@@ -80,7 +80,7 @@ def advise(
         with terminal_progress("running the program again"):
             runs = run_again(t, result.kind, [o for o in result.tried if o.verdict is not None], rerun,
                              folder=rerun_dir, timeout=rerun_timeout, limit=lim, pool=result.pool,
-                             default_alone=default_alone(t, result, lim))
+                             default_alone=default_alone(t, result, lim), device=result.device or 0)
         result = replace(result, reruns=runs)
     if json_out:
         echo_json(result.to_dict())

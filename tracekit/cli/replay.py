@@ -150,7 +150,12 @@ def _simulate(trace: Path, sim: str, capacity: str | None, device_total: str | N
     from tracekit.trace.devices import require_single_device_file
     from tracekit.units import format_size, parse_size
 
-    device = require_single_device_file(trace, "a simulated replay")
+    if pool is not None:  # the pool's device (checked first: a wrong id costs no note, nor a read)
+        from tracekit.trace.devices import pool_device_file
+
+        device: int | None = pool_device_file(trace, pool)
+    else:
+        device = require_single_device_file(trace, "a simulated replay")
     config = SimConfig(
         capacity=_capacity(trace, sim, capacity, device, pool),
         device_total=parse_size(device_total, "--device-total") if device_total is not None else None,

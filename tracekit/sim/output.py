@@ -121,7 +121,9 @@ def write_replay_trace(result: ReplayResult, trace: Trace, path: Path, *, comman
     if trace.extras is not None and trace.extras.num_columns:
         idx = array_of(src, pa.int64(), mask=src < 0)
         taken = trace.extras.take(idx)
-        extras = {name: taken.column(name).combine_chunks() for name in taken.column_names}
+        # Every row went through the one simulated allocator: the recording's pools are not the replay's
+        # (its own segment rows would read as the default pool's), so no pool column is written.
+        extras = {name: taken.column(name).combine_chunks() for name in taken.column_names if name != "pool"}
         if "initial" in extras:
             extras["initial"] = _initial_with_policy_rows(trace, src)
     return write_trace(path, replay_meta(result, trace, command), out, extras)

@@ -59,13 +59,21 @@ def _rows(trace: Trace, keep: np.ndarray, meta: TraceMeta | None = None) -> Trac
                                extras=extras, meta=meta)
 
 
+def marks_pools(trace: Trace) -> bool:
+    """Whether the trace has a ``pool`` column that can say a row's pool (one of Arrow's null type
+    holds none)."""
+    tbl = trace.extras
+    return (tbl is not None and "pool" in tbl.column_names
+            and not pa.types.is_null(tbl.schema.field("pool").type))
+
+
 def pool_ids(trace: Trace) -> np.ndarray:
     """The pool of each event (int64): the ``pool`` extra column, 0 (the default pool, as the recorder
-    numbers it) where a row has none or the trace has no such column."""
-    tbl = trace.extras
-    if tbl is None or "pool" not in tbl.column_names or pa.types.is_null(tbl.schema.field("pool").type):
-        return np.zeros(len(trace.events), np.int64)  # a column of Arrow's null type holds no pool
-    return filled(tbl.column("pool"), 0).astype(np.int64, copy=False)
+    numbers it) where a row has none or the trace has no such column (``marks_pools``)."""
+    if not marks_pools(trace):
+        return np.zeros(len(trace.events), np.int64)
+    assert trace.extras is not None
+    return filled(trace.extras.column("pool"), 0).astype(np.int64, copy=False)
 
 
 def select_pool(trace: Trace, pool: int) -> Trace:
@@ -86,15 +94,45 @@ def only_pool(trace: Trace, pool: int) -> Trace:
     """``select_pool`` for a pool the user named (``--pool``): one sentence naming the file and the
     pools it has where ``pool`` has no events in it, or that it marks none (no ``pool`` column)."""
     where = trace.path or "the trace"
-    tbl = trace.extras
-    if tbl is None or "pool" not in tbl.column_names or pa.types.is_null(tbl.schema.field("pool").type):
-        raise InputError(f"{where}: no pools are marked there (no pool column: tracekit record marks "
-                         "CuPy's pools), so --pool cannot pick one")
+    if not marks_pools(trace):
+        raise InputError(_no_pools(where))
     ids = pool_ids(trace)
     if not (ids == pool).any():
-        present = ", ".join(_describe_pool(trace.meta, int(p)) for p in np.unique(ids)) or "none (no events)"
-        raise InputError(f"{where}: pool {pool} has no events there; its pools: {present}")
+        raise InputError(_no_such_pool(where, trace.meta, pool, np.unique(ids)))
     return select_pool(trace, pool)
+
+
+def pool_device_file(path: str | os.PathLike[str], pool: int) -> int:
+    """The device of pool ``pool``'s events in the trace file at ``path``, from its ``pool`` and
+    ``device`` columns alone (a pool id counts (pool, device) pairs, so they are one device's); one
+    sentence naming the file where it marks no pools or none of its events are that pool's (as
+    ``only_pool``). Files that cannot be read this way are left for the full reader to reject."""
+    from tracekit.trace.reader import close_parquet, open_parquet, read_meta
+
+    _, pf = open_parquet(path)
+    try:
+        if "pool" not in pf.schema_arrow.names or pa.types.is_null(pf.schema_arrow.field("pool").type):
+            raise InputError(_no_pools(path))
+        tbl = pf.read(columns=["pool", "device"])
+    except (OSError, ValueError, KeyError, pa.ArrowException):
+        return 0
+    finally:
+        close_parquet(pf)
+    ids = filled(tbl.column("pool"), 0).astype(np.int64, copy=False)
+    rows = np.flatnonzero(ids == pool)
+    if not len(rows):
+        raise InputError(_no_such_pool(path, read_meta(path), pool, np.unique(ids)))
+    return int(filled(tbl.column("device"), 0)[rows[0]])
+
+
+def _no_pools(where: object) -> str:
+    return (f"{where}: no pools are marked there (no pool column: tracekit record marks CuPy's pools), "
+            "so --pool cannot pick one")
+
+
+def _no_such_pool(where: object, meta: TraceMeta, pool: int, present: np.ndarray) -> str:
+    listed = ", ".join(_describe_pool(meta, int(p)) for p in present) or "none (no events)"
+    return f"{where}: pool {pool} has no events there; its pools: {listed}"
 
 
 def _describe_pool(meta: TraceMeta, pool: int) -> str:

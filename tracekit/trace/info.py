@@ -43,7 +43,7 @@ class PoolLine:
 
     def to_text(self) -> str:
         name = f"{self.id} {safe_text(repr(self.label))}" if self.label is not None else str(self.id)
-        limit = f"limit {format_size(self.limit)}" if self.limit else "no limit"
+        limit = f"limit {format_size(self.limit)}" if self.limit else "no limit recorded"
         events = f"{self.events:,} event{'' if self.events == 1 else 's'}"
         return f"{name} (device {self.device}, {limit}): {events}"
 
@@ -151,9 +151,10 @@ def _pools(trace: Trace) -> tuple[PoolLine, ...]:
     """The pools of the trace's ``pool`` column with their events (by (device, pool): an id counts
     (pool, device) pairs, so one id is on one device), described by their ``pools`` entries; none
     where the trace has no such column."""
-    if trace.extras is None or "pool" not in trace.extras.column_names:
+    from tracekit.trace.devices import marks_pools, pool_ids
+
+    if not marks_pools(trace):
         return ()
-    from tracekit.trace.devices import pool_ids
     from tracekit.trace.outcome import pool_limit
 
     ids, dev = pool_ids(trace), trace.events.device.astype(np.int64)

@@ -124,14 +124,17 @@ def pool_limit_of(meta: TraceMeta, device: int | None = None, home: bool | None 
 
 def pool_limit(meta: TraceMeta, pool_id: int, device: int) -> int | None:
     """The limit of pool ``pool_id`` of ``device`` as recorded (bytes; None: none or not known): the
-    default pool's is ``pool_limit_of``'s; a pool the program made itself (``is_own_pool``) has the
-    one its ``pools`` entry says (the program's end, ``PoolInfo.limit_known``), else the one measured
-    at the last out-of-memory error in it (``oom_states``: a recording that was killed). CuPy's 0
-    reads as none."""
+    default pool's (``default_pool``; on a device without ``pools`` entries, id 0, the recorder's
+    number for it) is ``pool_limit_of``'s; any other has the one its ``pools`` entry says (the
+    program's end, ``PoolInfo.limit_known``), else the one measured at the last out-of-memory error
+    in it (``oom_states``: a recording that was killed). CuPy's 0 reads as none."""
     recorded = meta.recorded
-    if not is_own_pool(recorded, pool_id, device):
-        return pool_limit_of(meta, device)
+    default = default_pool(recorded, device)
     entry = _entry(recorded, pool_id, device)
+    # without entries on the device, the default pool is the recorder's 0 and no other id's limit is known
+    unlisted = default is None and not any(p.device == device for p in recorded.pools)
+    if (default is not None and pool_id == default.id) or (unlisted and pool_id == 0):
+        return pool_limit_of(meta, device)
     if entry is not None and entry.limit_known:
         return entry.limit
     measured = [state.pool_limit for o in recorded.ooms
