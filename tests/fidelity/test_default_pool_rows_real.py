@@ -80,7 +80,10 @@ def test_analyze_and_the_page_say_the_failing_pools_own_bytes_beside_every_pools
     analysis = analyze_trace(trace, timeline=True)
     oom = analysis.summary.oom
     assert oom is not None and oom.pool_reserved_bytes == 63 * MiB and oom.reserved_bytes == 95 * MiB
-    text = build_model(trace, analysis, "t")["verdict"]["text"]
-    assert "with 63.00 MiB reserved in its pool of the 64.00 MiB pool limit (95.00 MiB in all pools" in text
+    model = build_model(trace, analysis, "t")
+    assert "with 63.00 MiB reserved in its pool of the 64.00 MiB pool limit (95.00 MiB in all pools" in \
+        model["verdict"]["text"]
+    # the chart's limit line is named as the failing pool's, beside every pool's reserved bytes
+    assert model["timeline"]["limit_what"] == "the failing pool's limit (reserved counts every pool)"
     one = analyze_trace(read_trace(HERE.parents[1] / "cupy-oom-frag.parquet")).summary.oom  # one pool
     assert one is not None and one.pool_reserved_bytes is None

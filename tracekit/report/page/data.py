@@ -201,6 +201,13 @@ def facts(s: Summary) -> list[list[str]]:
     ]
 
 
+def _limit_line(s: Summary) -> str:
+    """What the timeline's limit line is: where several pools share the device, the failing pool's own
+    limit, drawn beside the reserved bytes of every pool (``OOMReport.pool_reserved_bytes``)."""
+    several = s.oom is not None and s.oom.pool_reserved_bytes is not None
+    return "the failing pool's limit (reserved counts every pool)" if several else s.context.limit_what
+
+
 def _verdict(trace: Trace, s: Summary) -> Verdict:
     """The verdict in one sentence with its measured numbers: the reported OOM's request (and the error's
     own figure), what the pool held against its limit, its free space and largest free block, the device
@@ -397,7 +404,7 @@ def build_model(
         verdict=_verdict(trace, s),
         answer=answer_of(advise),
         facts=facts(s),
-        timeline=lod.timeline(rows, s.raw_device, ctx.limit, ctx.limit_what),
+        timeline=lod.timeline(rows, s.raw_device, ctx.limit, _limit_line(s)),
         ooms=ooms,
         oom_groups=groups,
         oom_details=details,
