@@ -21,7 +21,7 @@ import numpy as np
 
 from tracekit.advise.candidates import Kind
 from tracekit.advise.rerun import real_peak_reserved
-from tracekit.advise.run import advise, default_alone
+from tracekit.advise.run import advise
 from tracekit.trace.reader import read_trace
 from tracekit.trace.schema import Op
 
@@ -38,7 +38,7 @@ def test_advise_replays_the_default_pools_rows_alone_and_names_the_limit_the_rea
     trace = read_trace(HERE / "default-beside-user.parquet")
     answer, real = advise(trace, jobs=1), _real()
     assert answer.pool is None and answer.limit == 64 * MiB  # the default pool's question
-    assert default_alone(trace, answer, None)
+    assert answer.default_alone
     assert any("the default pool's rows alone were replayed (22 of 30 events)" in n for n in answer.notes)
     fit = answer.fits[0]
     assert fit.candidate.kind == Kind.CUPY_LIMIT

@@ -224,6 +224,7 @@ class AdviseResult:
     own_limit: OwnLimit | None = None  # a limit record's --limit did not set
     program: tuple[str, ...] | None = None  # the recorded program, as record's words
     pool: PoolScope | None = None  # the program's own pool the search was of (None: the default pool)
+    default_alone: bool = False  # the default pool's rows alone were replayed (``run.default_rows``)
 
     @property
     def scope(self) -> str:

@@ -157,24 +157,14 @@ def own_pool(trace: Trace, device: int, kind: str) -> tuple[Trace, PoolScope] | 
     return sub, PoolScope(p.id, p.device, p.label, failed.limit, alone)
 
 
-def replayed_rows(trace: Trace, result: AdviseResult, limit: int | None) -> Trace:
-    """The rows of ``trace`` that ``advise(trace, limit=limit)`` replayed for ``result``: its device's,
-    and of those the program's own pool's where it answered for that pool alone (``own_pool``), or the
-    default pool's alone where it answered the recorded limit's question (``default_rows``)."""
+def replayed_rows(trace: Trace, result: AdviseResult) -> Trace:
+    """The rows of ``trace`` that advise replayed for ``result``: its device's, and of those the
+    program's own pool's where it answered for that pool alone (``own_pool``), or the default pool's
+    where it replayed those alone (``AdviseResult.default_alone``: ``default_rows``)."""
     own = select_device(trace, result.device) if result.device is not None else trace
     if result.pool is not None:
         return select_pool(own, result.pool.id) if result.pool.alone else own
-    if result.room is None and limit is None:
-        return default_rows(own, result.device or 0, result.kind)
-    return own
-
-
-def default_alone(trace: Trace, result: AdviseResult, limit: int | None) -> bool:
-    """Whether advise replayed the default pool's rows alone for ``result`` (``default_rows`` cut some)."""
-    if result.pool is not None:
-        return False
-    own = select_device(trace, result.device) if result.device is not None else trace
-    return len(replayed_rows(trace, result, limit).events) < len(own.events)
+    return default_rows(own, result.device or 0, result.kind) if result.default_alone else own
 
 
 def default_rows(trace: Trace, device: int, kind: str) -> Trace:
@@ -332,14 +322,15 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         room = None
     # The program's own pool ran out at its own limit (the device did not: no room): that pool's question.
     scoped = own_pool(trace, device, kind) if room is None and limit is None else None
-    pool = None
+    pool, alone = None, False
     if scoped is not None:
         trace, pool = scoped
         report = None  # the analysis was of the whole device; the room and its cures are the device's
     elif room is None and limit is None:  # the recorded limit's question: the default pool's own rows
         whole = len(trace.events)
         trace = default_rows(trace, device, kind)
-        if len(trace.events) < whole:
+        alone = len(trace.events) < whole
+        if alone:
             asked.append(f"the default pool's rows alone were replayed ({len(trace.events)} of {whole} "
                          "events): CuPy's set_limit holds that pool's own bytes, never another pool's")
     cap = (pool.limit if pool is not None else room.bytes if room is not None
@@ -422,6 +413,7 @@ def _advise_device(trace: Trace, device: int, report: OOMReport | None, limit: i
         command=trace.meta.command if kind == Allocator.TORCH else None,
         own_limit=own_limit(trace, device, pool), program=program_words(trace),
         notes=notes, device=device, room=room_advice, margin=margin, borderline=borderline, pool=pool,
+        default_alone=alone,
     )
 
 

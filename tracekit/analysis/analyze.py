@@ -34,7 +34,7 @@ from tracekit.trace.arrow import array_of, filled
 from tracekit.trace.callsite import CallSites, StackEnds, frame_text, stack_ids, stack_table, unmatched
 from tracekit.trace.devices import device_ids, split_devices
 from tracekit.trace.events import Events, segment_delta
-from tracekit.trace.outcome import fatal_seq, is_own_pool
+from tracekit.trace.outcome import fatal_seq, is_own_pool, pool_entry
 from tracekit.trace.reader import Trace
 from tracekit.trace.schema import Op, Source
 from tracekit.trace.stacks import UserCode
@@ -135,7 +135,10 @@ def _analyze_device(trace: Trace, timeline: bool, device: int, home: bool, fatal
     progress.report(2, 3)  # the compiled scan is most of the work; the timeline table the rest
     table = timeline_table(ev, scan, ctx.free_at_start, free_col) if timeline else None
     progress.report(3, 3)
-    at = _Probed(probes, scan.probed, measured, free_col, extra_column(trace, "pool"))
+    pools = extra_column(trace, "pool")
+    marked = pools[pools >= 0] if pools is not None else np.zeros(0, np.int64)
+    at = _Probed(probes, scan.probed, measured, free_col, pools,
+                 several_pools=bool(len(marked)) and int(marked.min()) != int(marked.max()))
     start = start_state(trace.meta.recorded, ctx.device_total, ctx.free_at_start) if home else None
     states = trace.meta.recorded.oom_states
     sites = _Sites(asked.sites, stack_ids(ev))
@@ -189,6 +192,7 @@ class _Probed:
     measured: np.ndarray
     free_col: np.ndarray | None
     pool_col: np.ndarray | None = None
+    several_pools: bool = False  # ``pool_col`` marks rows of more than one pool (known once, not per OOM)
 
     def row(self, k: int) -> np.ndarray:
         return self.values[int(np.searchsorted(self.probes, k))]
@@ -288,7 +292,7 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
         dev_free, source = None, FreeSource.UNKNOWN
     if ctx.replay_policy is None:
         ctx = replace(ctx, limit=_pool_limit(trace, k, device, st, ctx.limit, at.pool_col))
-    own_reserved = _pool_reserved(ev, k, st, reserved, at.pool_col, detail)
+    own_reserved = _pool_reserved(ev, k, st, reserved, at, detail)
     facts = OOMFacts(request=request, segment=segment, live=live, reserved=reserved, largest_free=lfb,
                      usable_largest_free=usable, device_free=dev_free, raw_device=not scan.pooled,
                      device=device, free_measured=source is FreeSource.MEASURED,
@@ -312,15 +316,13 @@ def _oom_report(trace: Trace, scan: ScanResult, ctx: DeviceContext, k: int, at: 
     )
 
 
-def _pool_reserved(ev: Events, k: int, st: OOMState | None, reserved: int, pools: np.ndarray | None,
+def _pool_reserved(ev: Events, k: int, st: OOMState | None, reserved: int, at: _Probed,
                    detail: bool) -> int | None:
     """The failing pool's own reserved bytes at OOM row k, where the trace marks more than one pool and
     they differ from every pool's (``reserved``): measured at the OOM (the pool's counters), else, for a
     detailed OOM, its own segment rows summed to k; None otherwise."""
-    if pools is None or pools[k] < 0:
-        return None
-    marked = pools[pools >= 0]
-    if not len(marked) or marked.min() == marked.max():
+    pools = at.pool_col
+    if pools is None or pools[k] < 0 or not at.several_pools:
         return None
     if st is not None and st.pool_total is not None:
         own = st.pool_total
@@ -340,7 +342,7 @@ def _own_pool(trace: Trace, k: int, device: int, pools: np.ndarray | None) -> st
     pool, recorded = int(pools[k]), trace.meta.recorded
     if not is_own_pool(recorded, pool, device):
         return ""
-    label = next((p.label for p in recorded.pools if p.id == pool and p.device == device and p.label), None)
+    label = entry.label if (entry := pool_entry(recorded, pool, device)) is not None else None
     return f"the program's own pool {safe_text(repr(label))} (pool {pool})" if label else \
         f"the program's own pool {pool}"
 

@@ -69,18 +69,17 @@ def advise(
         from tracekit.advise.on_device import verify
         from tracekit.advise.run import replayed_rows
 
-        own = replayed_rows(t, result, lim)
+        own = replayed_rows(t, result)
         result = replace(result, device_checks=verify(own, result.fits, verify_on_device))
     if rerun is not None:
         from dataclasses import replace
 
         from tracekit.advise.rerun import rerun as run_again
-        from tracekit.advise.run import default_alone
 
         with terminal_progress("running the program again"):
             runs = run_again(t, result.kind, [o for o in result.tried if o.verdict is not None], rerun,
                              folder=rerun_dir, timeout=rerun_timeout, limit=lim, pool=result.pool,
-                             default_alone=default_alone(t, result, lim), device=result.device or 0)
+                             default_alone=result.default_alone, device=result.device or 0)
         result = replace(result, reruns=runs)
     if json_out:
         echo_json(result.to_dict())

@@ -43,7 +43,7 @@ from tracekit.trace.schema import Op, TraceMeta
 
 __all__ = ["MAX_STATES", "ExitInfo", "FailingPool", "as_int", "as_text", "default_pool", "failing_pool",
            "failing_row", "fatal_row", "fatal_seq", "handled_rows", "held_limit", "is_own_pool",
-           "pool_limit", "pool_limit_of", "request_bytes", "v1_oom_seq"]
+           "pool_entry", "pool_limit", "pool_limit_of", "request_bytes", "v1_oom_seq"]
 
 MASKED_KEYS = 8  # distinct (device, stream) pairs of the OOMs searched with one mask each
 
@@ -130,7 +130,7 @@ def pool_limit(meta: TraceMeta, pool_id: int, device: int) -> int | None:
     in it (``oom_states``: a recording that was killed). CuPy's 0 reads as none."""
     recorded = meta.recorded
     default = default_pool(recorded, device)
-    entry = _entry(recorded, pool_id, device)
+    entry = pool_entry(recorded, pool_id, device)
     # without entries on the device, the default pool is the recorder's 0 and no other id's limit is known
     unlisted = default is None and not any(p.device == device for p in recorded.pools)
     if (default is not None and pool_id == default.id) or (unlisted and pool_id == 0):
@@ -217,7 +217,7 @@ def failing_pool(ev: Events, meta: TraceMeta, device: int | None = None) -> Fail
     pool_id = _pool_of(recorded, seq)
     if pool_id is None:
         return None
-    entry = _entry(recorded, pool_id, device)
+    entry = pool_entry(recorded, pool_id, device)
     if not is_own_pool(recorded, pool_id, device):
         return None
     state = recorded.oom_states.get(seq)
@@ -240,7 +240,7 @@ def is_own_pool(recorded: RecordedMeta, pool_id: int, device: int) -> bool:
     default = default_pool(recorded, device)
     if default is not None:
         return pool_id != default.id
-    entry = _entry(recorded, pool_id, device)
+    entry = pool_entry(recorded, pool_id, device)
     return entry is not None and entry.label is not None and entry.label not in DEFAULT_LABELS
 
 
@@ -249,7 +249,7 @@ def request_bytes(ev: Events, row: int) -> int:
     return int(max(ev.rounded[row], ev.size[row]))
 
 
-def _entry(recorded: RecordedMeta, pool_id: int, device: int) -> PoolInfo | None:
+def pool_entry(recorded: RecordedMeta, pool_id: int, device: int) -> PoolInfo | None:
     """Pool ``pool_id``'s ``pools`` entry on ``device``; None where it has none."""
     return next((p for p in recorded.pools if p.id == pool_id and p.device == device), None)
 
